@@ -1,0 +1,338 @@
+"""Run configuration: plain dataclasses of primitives, loaded from TOML, overridable with ``--set``.
+
+A :class:`Config` has one section per pipeline stage. Every field is a primitive (``int``,
+``float``, ``str``, ``bool``) or a list of ``int``, so a config round-trips through JSON and a
+checkpoint that embeds it loads with ``torch.load(weights_only=True)``.
+
+Unknown sections, unknown keys and values of the wrong type are errors that name the key::
+
+    >>> cfg = load_config(None, ["model.dim=32", "train.lr=0.01"])
+    >>> cfg.model.dim
+    32
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid; the message names the offending key."""
+
+
+@dataclass
+class SyntheticConfig:
+    """The built-in multi-interest click generator (the default dataset)."""
+
+    num_users: int = 20000
+    num_items: int = 4000
+    num_categories: int = 40
+    interests_per_user: int = 4  # planted interests (categories) per user
+    mean_length: int = 40  # mean clicks per user
+    switch_prob: float = 0.25  # chance the active interest changes after each click
+    popularity_alpha: float = 1.0  # Zipf exponent of item popularity inside a category
+    noise: float = 0.05  # share of clicks on a uniformly random item
+    seed: int = 7
+
+
+@dataclass
+class DataConfig:
+    """Where the clicks come from and how they are filtered and split."""
+
+    source: str = "synthetic"  # "synthetic" or a path to a file or folder
+    format: str = "auto"  # auto | csv | tsv | parquet | comirec | movielens | sequences
+    user_col: str = "user"
+    item_col: str = "item"
+    time_col: str = "timestamp"  # empty: use row order within a user
+    category_col: str = ""
+    categories: str = ""  # optional item -> category file for any format
+    skip_bad_rows: bool = False  # report and drop malformed rows instead of failing
+    min_item_count: int = 5
+    min_user_count: int = 5
+    kcore: bool = False  # iterate both filters until stable
+    split: str = "user"  # user (ComiRec 8:1:1) | time (global cutoff)
+    valid_frac: float = 0.1
+    test_frac: float = 0.1
+    time_cutoff_quantile: float = 0.9  # time split: clicks before this quantile train
+    eval_input_frac: float = 0.8  # eval users: first int(frac * n) clicks are the input
+    max_len: int = 20
+    seed: int = 2020
+    cache_dir: str = ""  # where `recsys data` writes the prepared dataset
+
+
+@dataclass
+class ModelConfig:
+    """Which encoder turns a click sequence into K interests, and its sizes."""
+
+    name: str = "comirec_sa"
+    dim: int = 64
+    num_interests: int = 4
+    hidden: int = 0  # self-attentive hidden size; 0 means 4 * dim
+    num_layers: int = 2  # transformer encoders
+    num_heads: int = 2
+    dropout: float = 0.1
+    routing_iters: int = 3  # capsule models
+    qk_norm: str = ""  # "" | rms | layer
+    softcap: float = 0.0  # attention logit soft-cap; 0 disables
+    backend: str = "auto"  # kernel backend: auto | triton | torch
+
+
+@dataclass
+class TrainConfig:
+    """The optimisation loop."""
+
+    optimizer: str = "adam"  # adam | adamw
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    batch_size: int = 128
+    max_steps: int = 3000
+    eval_every: int = 500
+    patience: int = 5  # evaluations without improvement before stopping; 0 disables
+    num_negatives: int = 0  # shared sampled negatives; 0 means 10 * batch_size
+    sampler: str = "log_uniform"  # uniform | log_uniform | unigram
+    sampler_alpha: float = 0.75  # unigram exponent
+    logq: bool = True  # subtract log Q(item) from sampled logits
+    remove_accidental_hits: bool = True
+    full_softmax: bool = False  # exact softmax over the whole catalogue
+    z_loss: float = 0.0
+    grad_clip: float = 5.0  # 0 disables
+    amp: bool = True  # bf16 autocast on CUDA
+    compile: bool = False
+    device: str = "auto"  # auto | cpu | cuda
+    seed: int = 42
+    log_every: int = 100
+    num_workers: int = 0
+
+
+@dataclass
+class EvalConfig:
+    """Offline evaluation (ComiRec protocol)."""
+
+    topn: list[int] = field(default_factory=lambda: [20, 50])
+    comirec_ndcg: bool = False  # ComiRec's NDCG variant instead of the standard one
+    batch_size: int = 2048
+    exclude_history: bool = False
+    diversity_lambda: float = 0.0  # > 0: ComiRec's greedy diversity-controlled aggregation
+
+
+@dataclass
+class RetrievalConfig:
+    """Candidate retrieval over item embeddings."""
+
+    factory: str = "Flat"  # FAISS index_factory string
+    backend: str = "auto"  # auto | faiss | torch
+    nprobe: int = 16
+    ef_search: int = 128
+
+
+@dataclass
+class ServeConfig:
+    """The HTTP service."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    n: int = 50
+    fallback_popular: bool = False
+
+
+@dataclass
+class Config:
+    """A whole run's configuration. ``name`` and ``output_dir`` place the run directory."""
+
+    name: str = ""
+    output_dir: str = "runs"
+    data: DataConfig = field(default_factory=DataConfig)
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False)
+
+    def to_toml(self) -> str:
+        """The resolved config as TOML (printed at the start of every command)."""
+        top, sections = [], []
+        for key, value in self.to_dict().items():
+            if isinstance(value, dict):
+                sections.append(f"\n[{key}]")
+                sections.extend(f"{k} = {_toml_value(v)}" for k, v in value.items())
+            else:
+                top.append(f"{key} = {_toml_value(value)}")
+        return "\n".join(top + sections) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return repr(value)
+
+
+def _check_type(key: str, value: Any, hint: Any) -> Any:
+    """Return ``value`` converted to ``hint`` (int -> float allowed), or raise naming ``key``."""
+    origin = typing.get_origin(hint)
+    if origin is list:
+        (inner,) = typing.get_args(hint)
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list of {inner.__name__}, got {value!r}")
+        return [_check_type(f"{key}[{i}]", v, inner) for i, v in enumerate(value)]
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint is int and isinstance(value, bool) or not isinstance(value, hint):
+        raise ConfigError(
+            f"{key}: expected {hint.__name__}, got {type(value).__name__} {value!r}"
+        )
+    return value
+
+
+def _parse_override_value(text: str, hint: Any) -> Any:
+    """Parse the right-hand side of ``--set a.b=v`` by the field's type."""
+    if hint is str:
+        return text
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text  # left as a string; the type check names the key
+
+
+def _apply(obj: Any, values: dict[str, Any], prefix: str) -> None:
+    hints = typing.get_type_hints(type(obj))
+    names = {f.name for f in dataclasses.fields(obj)}
+    for key, value in values.items():
+        path = f"{prefix}{key}"
+        if key not in names:
+            known = ", ".join(sorted(names))
+            raise ConfigError(f"unknown config key '{path}' (known here: {known})")
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{path}: expected a [{path}] table, got {value!r}")
+            _apply(getattr(obj, key), value, f"{path}.")
+        else:
+            setattr(obj, key, _check_type(path, value, hint))
+
+
+def _set_override(cfg: Config, assignment: str) -> None:
+    if "=" not in assignment:
+        raise ConfigError(f"override '{assignment}' is not of the form section.key=value")
+    path, text = assignment.split("=", 1)
+    parts = path.strip().split(".")
+    obj: Any = cfg
+    for i, part in enumerate(parts[:-1]):
+        if not dataclasses.is_dataclass(obj) or part not in {f.name for f in dataclasses.fields(obj)}:
+            raise ConfigError(f"unknown config key '{'.'.join(parts[: i + 1])}' in override '{assignment}'")
+        obj = getattr(obj, part)
+    leaf = parts[-1]
+    if not dataclasses.is_dataclass(obj) or leaf not in {f.name for f in dataclasses.fields(obj)}:
+        raise ConfigError(f"unknown config key '{path.strip()}' in override '{assignment}'")
+    hint = typing.get_type_hints(type(obj))[leaf]
+    if dataclasses.is_dataclass(hint):
+        raise ConfigError(f"'{path.strip()}' is a section; set one of its keys")
+    setattr(obj, leaf, _check_type(path.strip(), _parse_override_value(text.strip(), hint), hint))
+
+
+def config_from_dict(values: dict[str, Any]) -> Config:
+    """Build a config from nested plain data (a parsed TOML file or a saved ``config.json``)."""
+    cfg = Config()
+    _apply(cfg, values, "")
+    validate(cfg)
+    return cfg
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Defaults, then the TOML file at ``path`` (if any), then each ``section.key=value``."""
+    cfg = Config()
+    if path is not None:
+        path = Path(path)
+        try:
+            values = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"{path}: invalid TOML: {err}") from None
+        try:
+            _apply(cfg, values, "")
+        except ConfigError as err:
+            raise ConfigError(f"{path}: {err}") from None
+    for assignment in overrides or []:
+        _set_override(cfg, assignment)
+    validate(cfg)
+    return cfg
+
+
+_CHOICES = {
+    "data.format": ("auto", "csv", "tsv", "parquet", "comirec", "movielens", "sequences"),
+    "data.split": ("user", "time"),
+    "model.qk_norm": ("", "rms", "layer"),
+    "model.backend": ("auto", "triton", "torch"),
+    "train.optimizer": ("adam", "adamw"),
+    "train.sampler": ("uniform", "log_uniform", "unigram"),
+    "train.device": ("auto", "cpu", "cuda"),
+    "retrieval.backend": ("auto", "faiss", "torch"),
+}
+
+_POSITIVE = (
+    "data.max_len", "model.dim", "model.num_interests", "model.num_layers", "model.num_heads",
+    "model.routing_iters", "train.batch_size", "train.max_steps", "train.eval_every",
+    "train.log_every", "eval.batch_size", "synthetic.num_users", "synthetic.num_items",
+    "synthetic.num_categories", "synthetic.interests_per_user", "synthetic.mean_length",
+)
+_NON_NEGATIVE = (
+    "data.min_item_count", "data.min_user_count", "model.hidden", "model.softcap",
+    "model.dropout", "train.lr", "train.weight_decay", "train.patience", "train.num_negatives",
+    "train.z_loss", "train.grad_clip", "eval.diversity_lambda", "synthetic.noise",
+)
+
+
+def _get(cfg: Config, path: str) -> Any:
+    obj: Any = cfg
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def validate(cfg: Config) -> None:
+    """Check values (not only types) so a bad config fails before any work starts."""
+    for path, choices in _CHOICES.items():
+        if _get(cfg, path) not in choices:
+            raise ConfigError(f"{path}: {_get(cfg, path)!r} is not one of {list(choices)}")
+    for path in _POSITIVE:
+        if _get(cfg, path) <= 0:
+            raise ConfigError(f"{path}: must be > 0, got {_get(cfg, path)!r}")
+    for path in _NON_NEGATIVE:
+        if _get(cfg, path) < 0:
+            raise ConfigError(f"{path}: must be >= 0, got {_get(cfg, path)!r}")
+    if not 0.0 <= cfg.model.dropout < 1.0:
+        raise ConfigError(f"model.dropout: must be in [0, 1), got {cfg.model.dropout!r}")
+    if not 0.0 < cfg.data.eval_input_frac < 1.0:
+        raise ConfigError(f"data.eval_input_frac: must be in (0, 1), got {cfg.data.eval_input_frac!r}")
+    if not 0.0 < cfg.data.time_cutoff_quantile < 1.0:
+        raise ConfigError("data.time_cutoff_quantile: must be in (0, 1)")
+    if cfg.data.valid_frac < 0 or cfg.data.test_frac <= 0 or cfg.data.valid_frac + cfg.data.test_frac >= 1:
+        raise ConfigError("data.valid_frac/test_frac: need valid >= 0, test > 0, valid + test < 1")
+    if not cfg.eval.topn or any(n <= 0 for n in cfg.eval.topn):
+        raise ConfigError(f"eval.topn: need a non-empty list of positive ints, got {cfg.eval.topn!r}")
+    if cfg.model.dim % cfg.model.num_heads:
+        raise ConfigError(
+            f"model.num_heads: {cfg.model.num_heads} does not divide model.dim {cfg.model.dim}"
+        )

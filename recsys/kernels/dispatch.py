@@ -1,0 +1,140 @@
+"""Public kernel entry points: check arguments, then run the Triton kernel or its PyTorch twin.
+
+``backend="auto"`` picks Triton for CUDA tensors (and for CPU tensors when
+``TRITON_INTERPRET=1`` is set, which is how the kernel tests run without a GPU) and the
+PyTorch twin otherwise. ``backend="triton"`` or ``"torch"`` forces one.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import Tensor
+
+from recsys.kernels import reference
+
+BACKENDS = ("auto", "triton", "torch")
+
+
+def triton_available(device: torch.device) -> bool:
+    """True where the Triton kernels can run on tensors of ``device``."""
+    if device.type == "cuda":
+        return True
+    return device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _use_triton(backend: str, device: torch.device) -> bool:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "torch":
+        return False
+    if backend == "triton":
+        if not triton_available(device):
+            raise RuntimeError(
+                f"backend='triton' needs CUDA tensors or TRITON_INTERPRET=1, got a {device.type} tensor"
+            )
+        return True
+    return triton_available(device)
+
+
+def _check_lengths(key_lengths: Tensor | None, batch: int, name: str) -> None:
+    if key_lengths is None:
+        return
+    if key_lengths.shape != (batch,):
+        raise ValueError(f"{name} must have shape [{batch}], got {tuple(key_lengths.shape)}")
+    if key_lengths.dtype.is_floating_point or key_lengths.dtype == torch.bool:
+        raise ValueError(f"{name} must be an integer tensor, got {key_lengths.dtype}")
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    key_lengths: Tensor | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+    softcap: float | None = None,
+    backend: str = "auto",
+) -> Tensor:
+    """Scaled dot-product attention with key padding, causal masking and logit soft-capping.
+
+    Args:
+        q: ``[B or 1, H, Lq, D]``; ``B = 1`` broadcasts shared learned queries over the batch.
+        k: ``[B, H, Lk, D]``.
+        v: ``[B, H, Lk, D]``.
+        key_lengths: ``[B]`` int; keys at positions ``>= key_lengths[b]`` are masked.
+        causal: query ``i`` sees keys ``j <= i``.
+        scale: logit scale, default ``1 / sqrt(D)``.
+        softcap: if > 0, logits become ``softcap * tanh(logits / softcap)``.
+        backend: ``"auto" | "triton" | "torch"``.
+
+    Returns:
+        ``[B, H, Lq, D]``; rows with no visible key are 0 (and get zero gradients).
+    """
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(
+            f"q, k, v must be 4-d [B, H, L, D]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    b, h, lk, d = k.shape
+    if v.shape[:3] != (b, h, lk):
+        raise ValueError(f"v {tuple(v.shape)} does not match k {tuple(k.shape)} in [B, H, Lk]")
+    if q.shape[0] not in (1, b) or q.shape[1] != h or q.shape[3] != d:
+        raise ValueError(f"q {tuple(q.shape)} must be [{b} or 1, {h}, Lq, {d}] to match k")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    if causal and q.shape[2] != lk:
+        raise ValueError(f"causal attention needs Lq == Lk, got {q.shape[2]} and {lk}")
+    _check_lengths(key_lengths, b, "key_lengths")
+    softcap = softcap or None
+    if _use_triton(backend, q.device):
+        from recsys.kernels.attention import triton_attention
+
+        return triton_attention(
+            q, k, v, key_lengths=key_lengths, causal=causal, scale=scale, softcap=softcap
+        )
+    return reference.attention_ref(
+        q, k, v, key_lengths=key_lengths, causal=causal, scale=scale, softcap=softcap
+    )
+
+
+def multi_interest(
+    h: Tensor,
+    lengths: Tensor,
+    w1: Tensor,
+    w2: Tensor,
+    *,
+    pos: Tensor | None = None,
+    backend: str = "auto",
+) -> Tensor:
+    """ComiRec-SA self-attentive multi-interest extraction.
+
+    ``A = softmax over L of tanh((H + P) W1) W2`` (padding masked), interests ``= Aᵀ H``.
+
+    Args:
+        h: ``[B, L, d]`` item embeddings, right-padded.
+        lengths: ``[B]`` int valid lengths (0 gives zero interests).
+        w1: ``[d, hidden]``.
+        w2: ``[hidden, K]``.
+        pos: optional ``[L_max, d]`` position embeddings added for the scores only.
+        backend: ``"auto" | "triton" | "torch"``.
+
+    Returns:
+        ``[B, K, d]``.
+    """
+    if h.dim() != 3:
+        raise ValueError(f"h must be [B, L, d], got {tuple(h.shape)}")
+    b, seq_len, d = h.shape
+    if w1.dim() != 2 or w1.shape[0] != d:
+        raise ValueError(f"w1 must be [{d}, hidden], got {tuple(w1.shape)}")
+    if w2.dim() != 2 or w2.shape[0] != w1.shape[1]:
+        raise ValueError(f"w2 must be [{w1.shape[1]}, K], got {tuple(w2.shape)}")
+    if pos is not None and (pos.dim() != 2 or pos.shape[0] < seq_len or pos.shape[1] != d):
+        raise ValueError(f"pos must be [L_max >= {seq_len}, {d}], got {tuple(pos.shape)}")
+    _check_lengths(lengths, b, "lengths")
+    if _use_triton(backend, h.device):
+        from recsys.kernels.multi_interest import triton_multi_interest
+
+        return triton_multi_interest(h, lengths, w1, w2, pos=pos)
+    return reference.multi_interest_ref(h, lengths, w1, w2, pos=pos)

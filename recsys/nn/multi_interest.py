@@ -1,0 +1,36 @@
+"""ComiRec-SA's self-attentive multi-interest head, on top of ``recsys.kernels.multi_interest``."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from recsys.kernels import multi_interest
+
+
+class SelfAttentiveHead(nn.Module):
+    """``A = softmax_L(tanh((H + P) W1) W2)``, interests ``= Aᵀ H``.
+
+    Args:
+        dim: item embedding size ``d``.
+        hidden: size of the tanh projection (ComiRec uses ``4 d``).
+        num_interests: ``K``.
+        max_len: longest sequence, for the learned position embeddings ``P [max_len, d]``.
+        backend: kernel backend (``auto | triton | torch``).
+    """
+
+    def __init__(self, dim: int, hidden: int, num_interests: int, max_len: int, backend: str = "auto"):
+        super().__init__()
+        self.w1 = nn.Parameter(torch.empty(dim, hidden))
+        self.w2 = nn.Parameter(torch.empty(hidden, num_interests))
+        self.pos = nn.Parameter(torch.empty(max_len, dim))
+        self.backend = backend
+        nn.init.xavier_uniform_(self.w1)
+        nn.init.xavier_uniform_(self.w2)
+        nn.init.normal_(self.pos, std=1.0 / math.sqrt(dim))
+
+    def forward(self, h: Tensor, lengths: Tensor) -> Tensor:
+        """``h [B, L, d]``, ``lengths [B]`` -> interests ``[B, K, d]``."""
+        return multi_interest(h, lengths, self.w1, self.w2, pos=self.pos, backend=self.backend)
