@@ -112,6 +112,7 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda
     seed: int = 42
     log_every: int = 100
+    min_target: int = 4  # earliest target position in a training sequence (ComiRec's code: 4)
     num_workers: int = 0
 
 
@@ -259,11 +260,20 @@ def config_from_dict(values: dict[str, Any]) -> Config:
     return cfg
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Defaults, then the TOML file at ``path`` (if any), then each ``section.key=value``."""
+def load_config(
+    paths: str | Path | list[str | Path] | None = None, overrides: list[str] | None = None
+) -> Config:
+    """Defaults, then each TOML file in ``paths`` in order (later files win), then each
+    ``section.key=value`` override. Layering lets a dataset file and a model file combine::
+
+        load_config(["experiments/configs/data/taobao.toml", "experiments/configs/models/comirec_sa.toml"])
+    """
     cfg = Config()
-    if path is not None:
-        path = Path(path)
+    if paths is None:
+        paths = []
+    elif isinstance(paths, (str, Path)):
+        paths = [paths]
+    for path in map(Path, paths):
         try:
             values = tomllib.loads(path.read_text())
         except FileNotFoundError:
@@ -294,7 +304,7 @@ _CHOICES = {
 _POSITIVE = (
     "data.max_len", "model.dim", "model.num_interests", "model.num_layers", "model.num_heads",
     "model.routing_iters", "train.batch_size", "train.max_steps", "train.eval_every",
-    "train.log_every", "eval.batch_size", "synthetic.num_users", "synthetic.num_items",
+    "train.log_every", "train.min_target", "eval.batch_size", "synthetic.num_users", "synthetic.num_items",
     "synthetic.num_categories", "synthetic.interests_per_user", "synthetic.mean_length",
 )
 _NON_NEGATIVE = (

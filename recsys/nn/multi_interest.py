@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from recsys.kernels import multi_interest
+from recsys.nn.masking import length_mask
 
 
 class SelfAttentiveHead(nn.Module):
@@ -19,6 +20,10 @@ class SelfAttentiveHead(nn.Module):
         num_interests: ``K``.
         max_len: longest sequence, for the learned position embeddings ``P [max_len, d]``.
         backend: kernel backend (``auto | triton | torch``).
+
+    With ``track_stats = True`` the forward pass also records ``last_max_logit``, the largest
+    score ``tanh((H + P) W1) W2`` over valid positions (detached 0-d tensor, no host sync), read
+    by ``recsys.nn.attention.max_attention_logit``.
     """
 
     def __init__(self, dim: int, hidden: int, num_interests: int, max_len: int, backend: str = "auto"):
@@ -30,7 +35,14 @@ class SelfAttentiveHead(nn.Module):
         nn.init.xavier_uniform_(self.w1)
         nn.init.xavier_uniform_(self.w2)
         nn.init.normal_(self.pos, std=1.0 / math.sqrt(dim))
+        self.track_stats = False
+        self.last_max_logit: Tensor | None = None
 
     def forward(self, h: Tensor, lengths: Tensor) -> Tensor:
         """``h [B, L, d]``, ``lengths [B]`` -> interests ``[B, K, d]``."""
+        if self.track_stats:
+            with torch.no_grad():
+                scores = torch.tanh((h + self.pos[: h.shape[1]]) @ self.w1) @ self.w2  # [B, L, K]
+                valid = length_mask(lengths, h.shape[1])[..., None]
+                self.last_max_logit = scores.float().masked_fill(~valid, float("-inf")).amax()
         return multi_interest(h, lengths, self.w1, self.w2, pos=self.pos, backend=self.backend)

@@ -31,7 +31,7 @@ from recsys.data.split import Split, split_dataset
 from recsys.evaluate.evaluator import evaluate_with_config
 from recsys.models import InterestModel, build_model
 from recsys.train import distributed
-from recsys.train.checkpoint import RunDir, new_run_dir
+from recsys.train.checkpoint import RunDir, capture_rng, make_checkpoint, new_run_dir, restore_rng
 from recsys.train.losses import (
     LossOutput,
     full_softmax_loss,
@@ -126,21 +126,6 @@ def _to_device(arrays: tuple[np.ndarray, ...], device: torch.device) -> tuple[Te
     return tuple(out)
 
 
-def _rng_state(sampler: TrainSampler, generator: torch.Generator) -> dict:
-    state = {"numpy": sampler.get_state(), "torch": torch.get_rng_state(), "neg": generator.get_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict, sampler: TrainSampler, generator: torch.Generator) -> None:
-    sampler.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    generator.set_state(state["neg"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
 def train(cfg: Config, *, run_dir: str | None = None, resume: bool = False, log: Log = print) -> TrainResult:
     """Run a whole experiment (train, validate, early-stop, test). See the module docstring.
 
@@ -163,7 +148,10 @@ def train(cfg: Config, *, run_dir: str | None = None, resume: bool = False, log:
 
     if resume and run_dir is None:
         raise ValueError("--resume needs the run directory to continue")
-    rd = RunDir(run_dir) if run_dir else RunDir(new_run_dir(cfg.output_dir, cfg.name or f"{cfg.model.name}-{_data_name(cfg)}"))
+    if run_dir is not None:
+        rd = RunDir(run_dir)
+    else:
+        rd = RunDir(new_run_dir(cfg.output_dir, cfg.name, model=cfg.model.name, dataset=_data_name(cfg)))
     if dist.is_main and not resume:
         rd.save_config(cfg.to_dict())
         ds.save(rd.path / "dataset")
@@ -184,7 +172,8 @@ def train(cfg: Config, *, run_dir: str | None = None, resume: bool = False, log:
     if model.trainable:
         generator = torch.Generator(device=device)
         generator.manual_seed(cfg.train.seed + 1000 + dist.rank)
-        batches = TrainSampler(split.train_indptr, split.train_items, cfg.data.max_len, seed=cfg.train.seed + dist.rank)
+        batches = TrainSampler(split.train_indptr, split.train_items, cfg.data.max_len,
+                               seed=cfg.train.seed + dist.rank, min_target=cfg.train.min_target)
         trainer_model = model
         if dist.world_size > 1:
             trainer_model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -195,7 +184,8 @@ def train(cfg: Config, *, run_dir: str | None = None, resume: bool = False, log:
             model.load_state_dict(ck["model"])
             optimizer.load_state_dict(ck["optimizer"])
             step, best, best_step, bad_evals = ck["step"], ck["best"], ck["best_step"], ck["bad_evals"]
-            _set_rng_state(ck["rng"], batches, generator)
+            restore_rng(ck["rng"], {"batches": batches.rng}, {"neg": generator})
+            rd.rewind_metrics(step)
             log(f"resumed at step {step} (best {key} {best:.4f} at step {best_step})")
         t = cfg.train
         step_fn = torch.compile(stepper.loss, dynamic=False) if t.compile else stepper.loss
@@ -246,11 +236,10 @@ def train(cfg: Config, *, run_dir: str | None = None, resume: bool = False, log:
                     rd.append_metrics({"step": step, "split": "valid", **metrics})
                     log(f"valid @ {step}: " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items() if "@" in k)
                         + ("  (best)" if improved else f"  (no improvement {bad_evals}/{t.patience})"))
-                    rd.save_checkpoint({
-                        "model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                        "best": best, "best_step": best_step, "bad_evals": bad_evals,
-                        "rng": _rng_state(batches, generator),
-                    })
+                    rd.save_checkpoint(make_checkpoint(
+                        model, optimizer, step=step, best=best, best_step=best_step, bad_evals=bad_evals,
+                        rng=capture_rng({"batches": batches.rng}, {"neg": generator}),
+                    ))
                     stop = t.patience > 0 and bad_evals >= t.patience
                 if distributed.broadcast_flag(stop, device):
                     log(f"early stop at step {step}: no {key} improvement in {t.patience} evaluations")

@@ -1,0 +1,86 @@
+"""The click-data pipeline: read → prepare (filter, id maps) → split → training batches.
+
+Entry points: :func:`load_dataset` (read or generate, then prepare, with an optional on-disk
+cache), :func:`describe` (the statistics ``recsys data`` prints), :func:`split_dataset` and
+:class:`TrainSampler`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from recsys.config import Config
+from recsys.data.batches import TrainSampler, pad_sequences
+from recsys.data.prepare import Dataset, prepare
+from recsys.data.readers import DataError, DataWarning, read_interactions
+from recsys.data.split import EvalSet, Split, split_dataset
+from recsys.data.synthetic import generate
+
+__all__ = [
+    "DataError", "DataWarning", "Dataset", "EvalSet", "Split", "TrainSampler", "describe",
+    "generate", "load_dataset", "pad_sequences", "prepare", "read_interactions", "split_dataset",
+]
+
+_CACHE_VERSION = 1  # bump when reading or preparation changes what a cached dataset holds
+
+
+def load_dataset(cfg: Config) -> Dataset:
+    """The prepared dataset of ``cfg.data`` (``source = "synthetic"`` generates it from
+    ``cfg.synthetic``). With ``cfg.data.cache_dir`` set, the result is cached there under a
+    key of every setting and source file (size and modification time) that shapes it."""
+    cache = _cache_path(cfg) if cfg.data.cache_dir else None
+    if cache is not None and (cache / "dataset.json").is_file():
+        try:
+            return Dataset.load(cache)
+        except DataError:
+            pass  # an unreadable cache entry is rebuilt below
+    if cfg.data.source == "synthetic":
+        df = generate(cfg.synthetic)
+    else:
+        df = read_interactions(cfg.data)
+    ds = prepare(df, cfg.data)
+    if cache is not None:
+        ds.save(cache)
+    return ds
+
+
+def describe(ds: Dataset) -> str:
+    """Human-readable statistics of a prepared dataset (after filtering)."""
+    s = ds.stats()
+    rows = [
+        ("source", s["source"] or "-"),
+        ("users", f"{s['users']:,}"),
+        ("items", f"{s['items']:,}"),
+        ("interactions", f"{s['interactions']:,}"),
+        ("clicks/user", f"mean {s['mean_length']:.1f}, median {s['median_length']:g}, max {s['max_length']:,}"),
+        ("categories", f"{s['categories']:,} ({s['items_with_category']:,} items labelled)"),
+        ("density", f"{s['density']:.5f}"),
+        ("timestamps", "yes" if s["timestamps"] else "no (click order only)"),
+    ]
+    return "\n".join(f"{name:<14}{value}" for name, value in rows)
+
+
+def _cache_path(cfg: Config) -> Path:
+    data = cfg.data
+    key: dict[str, object] = {
+        "version": _CACHE_VERSION,
+        "data": {name: getattr(data, name) for name in (
+            "source", "format", "user_col", "item_col", "time_col", "category_col", "categories",
+            "skip_bad_rows", "min_item_count", "min_user_count", "kcore")},
+    }
+    if data.source == "synthetic":
+        key["synthetic"] = vars(cfg.synthetic)
+        name = "synthetic"
+    else:
+        key["files"] = _fingerprint(Path(data.source)) + (_fingerprint(Path(data.categories)) if data.categories else [])
+        name = Path(data.source).stem or "data"
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return Path(data.cache_dir) / f"{name}-{digest}"
+
+
+def _fingerprint(path: Path) -> list[list[object]]:
+    """``[path, size, mtime_ns]`` of a file, or of every file directly inside a folder."""
+    files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
+    return [[str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for p in files if p.exists()]

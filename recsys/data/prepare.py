@@ -1,0 +1,293 @@
+"""From a tidy click table to a :class:`Dataset`: filtering, id maps, time-ordered sequences.
+
+Filtering follows ComiRec: drop items with fewer than ``min_item_count`` clicks, then users
+with fewer than ``min_user_count`` clicks (``kcore=True`` repeats both until nothing changes).
+Internal item ids start at 1 (0 is padding) and follow falling click count after filtering;
+ties, and the order of users and categories, go by raw id (numerically when every id is a
+non-negative integer, otherwise as text), so the result never depends on the row order.
+Each user's clicks are sorted by time; equal times keep the source's row order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from recsys.config import DataConfig
+from recsys.data.readers import DataError
+
+PAD = "<pad>"
+UNKNOWN = "<unknown>"
+_ARRAYS = "dataset.npz"
+_META = "dataset.json"
+_FORMAT_VERSION = 1
+
+
+@dataclass(eq=False)
+class Dataset:
+    """Prepared click sequences in CSR layout (user ``u``'s clicks are
+    ``items[indptr[u]:indptr[u + 1]]``, oldest first).
+
+    Arrays:
+        item_raw ``[num_items]`` str: raw item id of each internal id (``[0] = "<pad>"``).
+        user_raw ``[num_users]`` str: raw user id of each user index.
+        indptr ``[num_users + 1]`` int64, items ``[nnz]`` int64 (internal ids >= 1).
+        times ``[nnz]`` float64 click times, or ``None`` when the source only had positions.
+        item_category ``[num_items]`` int64: category id per item (0 = unknown; ``[0] = 0``).
+        category_raw ``[num_categories]`` str: raw category names (``[0] = "<unknown>"``).
+        item_counts ``[num_items]`` int64: clicks per item after filtering (``[0] = 0``).
+    """
+
+    item_raw: np.ndarray
+    user_raw: np.ndarray
+    indptr: np.ndarray
+    items: np.ndarray
+    times: np.ndarray | None
+    item_category: np.ndarray
+    category_raw: np.ndarray
+    item_counts: np.ndarray
+    source: str = ""
+    _item_index: pd.Index | None = field(default=None, init=False, repr=False)
+    _user_index: pd.Index | None = field(default=None, init=False, repr=False)
+
+    @property
+    def num_items(self) -> int:
+        """Size of the item id space, padding included (real items are ``1..num_items-1``)."""
+        return len(self.item_raw)
+
+    @property
+    def num_users(self) -> int:
+        return len(self.user_raw)
+
+    @property
+    def num_categories(self) -> int:
+        """Size of the category id space, ``0 = unknown`` included."""
+        return len(self.category_raw)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """``[num_users]`` int64 clicks per user."""
+        return np.diff(self.indptr)
+
+    def stats(self) -> dict[str, float | int | bool | str]:
+        """Counts for printing: users, items, interactions, lengths, categories, density."""
+        lengths = self.lengths
+        real_items = self.num_items - 1
+        return {
+            "source": self.source,
+            "users": self.num_users,
+            "items": real_items,
+            "interactions": len(self.items),
+            "mean_length": float(lengths.mean()) if len(lengths) else 0.0,
+            "median_length": float(np.median(lengths)) if len(lengths) else 0.0,
+            "max_length": int(lengths.max()) if len(lengths) else 0,
+            "categories": self.num_categories - 1,
+            "items_with_category": int(np.count_nonzero(self.item_category)),
+            "density": len(self.items) / max(1, self.num_users * real_items),
+            "timestamps": self.times is not None,
+        }
+
+    def encode_items(self, raw: list[str] | np.ndarray) -> tuple[np.ndarray, list[str]]:
+        """Raw item ids -> ``(ids [n_known] int64, unknown)``: the internal ids of the known
+        items in input order, and the raw ids not in the catalogue (also in input order)."""
+        if self._item_index is None:
+            self._item_index = pd.Index(self.item_raw[1:])
+        pos = self._item_index.get_indexer(pd.Index(np.asarray(raw, dtype=str)))
+        return (pos[pos >= 0] + 1).astype(np.int64), [r for r, p in zip(raw, pos) if p < 0]
+
+    def encode_users(self, raw: list[str] | np.ndarray) -> tuple[np.ndarray, list[str]]:
+        """Raw user ids -> ``(user indices [n_known] int64, unknown raw ids)``."""
+        if self._user_index is None:
+            self._user_index = pd.Index(self.user_raw)
+        pos = self._user_index.get_indexer(pd.Index(np.asarray(raw, dtype=str)))
+        return pos[pos >= 0].astype(np.int64), [r for r, p in zip(raw, pos) if p < 0]
+
+    def save(self, directory: str | Path) -> None:
+        """Write ``dataset.npz`` (arrays, no pickles) and ``dataset.json`` (stats) atomically."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        arrays = {
+            "item_raw": self.item_raw.astype(str), "user_raw": self.user_raw.astype(str),
+            "indptr": self.indptr, "items": self.items, "item_category": self.item_category,
+            "category_raw": self.category_raw.astype(str), "item_counts": self.item_counts,
+        }
+        if self.times is not None:
+            arrays["times"] = self.times
+        with tempfile.NamedTemporaryFile(dir=directory, suffix=".npz", delete=False) as tmp:
+            np.savez(tmp, **arrays)
+        os.replace(tmp.name, directory / _ARRAYS)
+        meta = {"format_version": _FORMAT_VERSION, "stats": self.stats()}
+        with tempfile.NamedTemporaryFile("w", dir=directory, suffix=".json", delete=False) as tmp:
+            json.dump(meta, tmp, indent=2)
+        os.replace(tmp.name, directory / _META)
+
+    @classmethod
+    def load(cls, directory: str | Path) -> Dataset:
+        """Read a dataset written by :meth:`save`; inconsistent files raise :class:`DataError`."""
+        directory = Path(directory)
+        path = directory / _ARRAYS
+        try:
+            meta = json.loads((directory / _META).read_text())
+            with np.load(path, allow_pickle=False) as npz:
+                arrays = {key: npz[key] for key in npz.files}
+        except (OSError, ValueError) as err:
+            raise DataError(f"{directory}: not a saved dataset ({err})") from err
+        if meta.get("format_version") != _FORMAT_VERSION:
+            raise DataError(f"{directory / _META}: unsupported format_version {meta.get('format_version')!r}")
+        try:
+            ds = cls(
+                item_raw=arrays["item_raw"], user_raw=arrays["user_raw"], indptr=arrays["indptr"],
+                items=arrays["items"], times=arrays.get("times"), item_category=arrays["item_category"],
+                category_raw=arrays["category_raw"], item_counts=arrays["item_counts"],
+                source=str(meta["stats"].get("source", "")),
+            )
+        except KeyError as err:
+            raise DataError(f"{path}: missing array {err}") from None
+        ds.check(path)
+        return ds
+
+    def check(self, where: str | Path = "dataset") -> None:
+        """Raise :class:`DataError` (naming ``where``) unless the arrays fit together."""
+        problems = []
+        if self.indptr.ndim != 1 or len(self.indptr) != self.num_users + 1 or self.indptr[0] != 0:
+            problems.append("indptr must be [num_users + 1] starting at 0")
+        elif np.any(np.diff(self.indptr) < 0) or self.indptr[-1] != len(self.items):
+            problems.append("indptr must be non-decreasing and end at len(items)")
+        if len(self.items) and (self.items.min() < 1 or self.items.max() >= self.num_items):
+            problems.append("items must be in 1..num_items-1")
+        if self.times is not None and len(self.times) != len(self.items):
+            problems.append("times must have one entry per click")
+        if len(self.item_category) != self.num_items or len(self.item_counts) != self.num_items:
+            problems.append("item_category and item_counts must have num_items entries")
+        elif self.item_category.min(initial=0) < 0 or self.item_category.max(initial=0) >= self.num_categories:
+            problems.append("item_category must be in 0..num_categories-1")
+        if problems:
+            raise DataError(f"{where}: " + "; ".join(problems))
+
+
+def prepare(df: pd.DataFrame, cfg: DataConfig) -> Dataset:
+    """Filter ``df`` (columns ``user``, ``item``, ``time``, optional ``category``; see
+    :func:`recsys.data.readers.read_interactions`) and build the :class:`Dataset`.
+
+    ``times`` is kept unless ``df.attrs["time_is_position"]`` is true. An item's category is
+    the first non-missing one in row order.
+    """
+    missing = [col for col in ("user", "item", "time") if col not in df]
+    if missing:
+        raise DataError(f"click table lacks columns {missing} (has {list(df.columns)})")
+    user_codes, user_uniques = pd.factorize(df["user"])
+    item_codes, item_uniques = pd.factorize(df["item"])
+    time = df["time"].to_numpy(np.float64)
+    for name, codes in (("user", user_codes), ("item", item_codes)):
+        if (codes < 0).any():
+            raise DataError(f"click table: {int((codes < 0).sum())} rows have a missing {name}")
+    if not np.isfinite(time).all():
+        raise DataError(f"click table: {int((~np.isfinite(time)).sum())} rows have a missing or infinite time")
+
+    keep = filter_counts(user_codes, item_codes, cfg.min_item_count, cfg.min_user_count, cfg.kcore)
+    if not keep.any():
+        raise DataError(
+            f"no clicks left after filtering (data.min_item_count={cfg.min_item_count}, "
+            f"data.min_user_count={cfg.min_user_count}, data.kcore={cfg.kcore})"
+        )
+    row_items = item_codes  # [n_rows], for the categories of items
+    user_codes, item_codes, time = user_codes[keep], item_codes[keep], time[keep]
+
+    item_raw = np.asarray(item_uniques, dtype=str)
+    clicks = np.bincount(item_codes, minlength=len(item_raw))
+    kept_items = np.flatnonzero(clicks)
+    item_order = kept_items[np.lexsort((*_raw_keys(item_raw[kept_items]), -clicks[kept_items]))]
+    new_item = np.zeros(len(item_raw), dtype=np.int64)
+    new_item[item_order] = np.arange(1, len(item_order) + 1)
+
+    user_raw = np.asarray(user_uniques, dtype=str)
+    kept_users = np.flatnonzero(np.bincount(user_codes, minlength=len(user_raw)))
+    user_order = kept_users[np.lexsort(_raw_keys(user_raw[kept_users]))]
+    new_user = np.zeros(len(user_raw), dtype=np.int64)
+    new_user[user_order] = np.arange(len(user_order))
+
+    users, items = new_user[user_codes], new_item[item_codes]
+    order = _time_order(users, time)
+    indptr = np.zeros(len(user_order) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(users, minlength=len(user_order)), out=indptr[1:])
+    item_counts = np.concatenate([[0], clicks[item_order]]).astype(np.int64)
+
+    if "category" in df:
+        item_category, category_raw = _categories(df["category"], row_items, item_order, item_counts)
+    else:
+        item_category, category_raw = np.zeros(len(item_counts), dtype=np.int64), np.array([UNKNOWN])
+    return Dataset(
+        item_raw=np.concatenate([[PAD], item_raw[item_order]]),
+        user_raw=user_raw[user_order],
+        indptr=indptr,
+        items=items[order],
+        times=None if df.attrs.get("time_is_position", False) else time[order],
+        item_category=item_category,
+        category_raw=category_raw,
+        item_counts=item_counts,
+        source=str(df.attrs.get("source", "")),
+    )
+
+
+def _time_order(users: np.ndarray, time: np.ndarray) -> np.ndarray:
+    """Permutation ``[n]`` sorting clicks by user, then time; equal times keep row order."""
+    same_user = users[1:] == users[:-1]
+    if np.all(users[1:] >= users[:-1]) and np.all(time[1:][same_user] >= time[:-1][same_user]):
+        return np.arange(len(users))  # already in order (the common case for click logs)
+    by_time = np.argsort(time, kind="stable")
+    return by_time[np.argsort(users[by_time], kind="stable")]
+
+
+def filter_counts(
+    user_codes: np.ndarray, item_codes: np.ndarray, min_item_count: int, min_user_count: int, kcore: bool
+) -> np.ndarray:
+    """Rows ``[n]`` (bool) that survive ComiRec's filter: items with >= ``min_item_count``
+    clicks, then users with >= ``min_user_count`` of the remaining clicks; with ``kcore``
+    both repeat until a full pass removes nothing."""
+    keep = np.ones(len(user_codes), dtype=bool)
+    while True:
+        before = int(keep.sum())
+        keep &= np.bincount(item_codes[keep], minlength=item_codes.max(initial=-1) + 1)[item_codes] >= min_item_count
+        keep &= np.bincount(user_codes[keep], minlength=user_codes.max(initial=-1) + 1)[user_codes] >= min_user_count
+        if not kcore or int(keep.sum()) == before:
+            return keep
+
+
+def _categories(
+    category: pd.Series, item_codes: np.ndarray, item_order: np.ndarray, item_counts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``item_category [num_items]`` and ``category_raw [num_categories]`` for the kept items.
+
+    ``category [n_rows]`` and ``item_codes [n_rows]`` (factorized raw items) cover every row
+    before filtering; ``item_order`` holds the codes of the kept items in internal id order.
+    Category ids follow falling clicks, ties by raw name.
+    """
+    cat_codes, cat_uniques = pd.factorize(category)
+    labelled = np.flatnonzero(cat_codes >= 0)
+    first = pd.Series(item_codes[labelled]).drop_duplicates(keep="first")  # index: position in labelled
+    cat_of_code = np.full(item_codes.max(initial=-1) + 1, -1, dtype=np.int64)
+    cat_of_code[first.to_numpy()] = cat_codes[labelled[first.index.to_numpy()]]
+    cat_of_item = cat_of_code[item_order]  # [num_items - 1], -1 = unknown
+    known = cat_of_item >= 0
+    cat_raw = np.asarray(cat_uniques, dtype=str)
+    cat_clicks = np.bincount(cat_of_item[known], weights=item_counts[1:][known], minlength=len(cat_raw))
+    used = np.flatnonzero(np.bincount(cat_of_item[known], minlength=len(cat_raw)))
+    cat_order = used[np.lexsort((*_raw_keys(cat_raw[used]), -cat_clicks[used]))]
+    new_cat = np.zeros(len(cat_raw) + 1, dtype=np.int64)  # last slot: unknown (-1)
+    new_cat[cat_order] = np.arange(1, len(cat_order) + 1)
+    item_category = np.concatenate([[0], new_cat[cat_of_item]]).astype(np.int64)
+    return item_category, np.concatenate([[UNKNOWN], cat_raw[cat_order]])
+
+
+def _raw_keys(raw: np.ndarray) -> tuple[np.ndarray, ...]:
+    """``np.lexsort`` keys ordering raw ids numerically when all are non-negative integers
+    (by length, then text), otherwise as text."""
+    if len(raw) and np.char.isdigit(raw).all():
+        return raw, np.char.str_len(raw)
+    return (raw,)

@@ -1,0 +1,154 @@
+"""The built-in click generator: sequences with planted multi-interest structure.
+
+The model of the data (all draws from one ``numpy`` generator seeded by ``cfg.seed``):
+
+- items are split evenly into ``num_categories`` categories at random; inside a category, item
+  popularity follows Zipf(``popularity_alpha``) over the category's items;
+- each user has ``interests_per_user`` distinct categories with Dirichlet(1) weights;
+- a user's sequence length is ``5 + Geometric`` with mean ``mean_length`` (at least 5, so
+  every user survives the default filtering);
+- the first click's interest is drawn from the weights; after each click, with probability
+  ``switch_prob`` the active interest changes to another of the user's interests (drawn from
+  the weights of the others); a click picks an item of the active category by popularity;
+- a ``noise`` share of clicks is replaced by a uniformly random item;
+- times: each user starts at a uniform moment within one year and clicks at exponential gaps
+  of one day on average (unix seconds from 2020-09-13), so the time split works too.
+
+Raw ids are the decimal indices (``user "0"``, ``item "17"``, ``category "3"``), held in
+categorical columns of str so that millions of rows are built in milliseconds.
+:func:`generate` is vectorised over users (its only loop runs over interest segments).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from recsys.config import SyntheticConfig
+
+_EPOCH = 1_600_000_000.0  # first possible click time (unix seconds)
+_YEAR = 365 * 86_400.0
+_DAY = 86_400.0
+MIN_LENGTH = 5
+
+
+@dataclass(eq=False)
+class SyntheticTruth:
+    """The planted structure. ``user_interests [U, I]`` int64 category indices,
+    ``user_weights [U, I]`` float64 (rows sum to 1), ``item_category [num_items]`` int64."""
+
+    user_interests: np.ndarray
+    user_weights: np.ndarray
+    item_category: np.ndarray
+
+
+def generate(
+    cfg: SyntheticConfig, return_truth: bool = False
+) -> pd.DataFrame | tuple[pd.DataFrame, SyntheticTruth]:
+    """Clicks ``[n]`` with columns ``user``, ``item``, ``time``, ``category`` (as
+    :func:`recsys.data.readers.read_interactions` returns), users in order, clicks in time
+    order; with ``return_truth`` also the :class:`SyntheticTruth`."""
+    if cfg.interests_per_user > cfg.num_categories:
+        raise ValueError("synthetic.interests_per_user must be <= synthetic.num_categories")
+    if cfg.num_items < cfg.num_categories:
+        raise ValueError("synthetic.num_items must be >= synthetic.num_categories")
+    if not 0.0 <= cfg.switch_prob <= 1.0 or not 0.0 <= cfg.noise <= 1.0:
+        raise ValueError("synthetic.switch_prob and synthetic.noise must be in [0, 1]")
+    rng = np.random.default_rng(cfg.seed)
+    n_users, n_items, n_cats, n_int = cfg.num_users, cfg.num_items, cfg.num_categories, cfg.interests_per_user
+
+    item_category = np.empty(n_items, dtype=np.int64)
+    item_category[rng.permutation(n_items)] = np.arange(n_items) % n_cats
+    by_category = np.argsort(item_category, kind="stable")  # [M] items grouped by category
+    block_start = np.searchsorted(item_category[by_category], np.arange(n_cats + 1))  # [C + 1]
+    rank = np.arange(n_items) - block_start[item_category[by_category]]
+    weight = (rank + 1.0) ** -cfg.popularity_alpha
+    weight /= np.bincount(item_category[by_category], weights=weight)[item_category[by_category]]
+    cdf = np.cumsum(weight)  # category c's items span (c, c + 1]
+
+    interests = _distinct_categories(rng, n_users, n_int, n_cats)  # [U, I]
+    weights = rng.dirichlet(np.ones(n_int), size=n_users)  # [U, I]
+    p = 1.0 / max(1.0, cfg.mean_length - MIN_LENGTH + 1.0)
+    lengths = MIN_LENGTH - 1 + rng.geometric(p, size=n_users)  # [U], mean = mean_length
+    owner = np.repeat(np.arange(n_users), lengths)  # [N]
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    first = np.zeros(len(owner), dtype=bool)
+    first[starts] = True
+
+    new_segment = first | (rng.random(len(owner)) < cfg.switch_prob)
+    segment = np.cumsum(new_segment) - 1  # [N] global segment of each click
+    active = _segment_interests(rng, weights, owner[new_segment], first[new_segment])  # [S]
+    category = interests[owner, active[segment]]  # [N]
+
+    u = rng.random(len(owner))
+    pos = np.searchsorted(cdf, category + u)
+    pos = np.clip(pos, block_start[category], block_start[category + 1] - 1)
+    items = by_category[pos]
+    noisy = rng.random(len(owner)) < cfg.noise
+    items[noisy] = rng.integers(0, n_items, size=int(noisy.sum()))
+
+    gaps = rng.exponential(_DAY, size=len(owner))
+    gaps[first] = 0.0
+    clock = np.cumsum(gaps)
+    time = _EPOCH + rng.uniform(0.0, _YEAR, size=n_users)[owner] + clock - clock[starts][owner]
+
+    df = pd.DataFrame({
+        "user": _labels(owner, n_users),
+        "item": _labels(items, n_items),
+        "time": time,
+        "category": _labels(item_category[items], n_cats),
+    })
+    df.attrs["time_is_position"] = False
+    df.attrs["source"] = f"synthetic(seed={cfg.seed}, users={n_users}, items={n_items})"
+    if return_truth:
+        return df, SyntheticTruth(user_interests=interests, user_weights=weights, item_category=item_category)
+    return df
+
+
+def _labels(codes: np.ndarray, n: int) -> pd.Categorical:
+    """Raw ids ``str(code)`` for ``codes [N]``, as a categorical (millions of rows in
+    milliseconds; it behaves as a column of str)."""
+    return pd.Categorical.from_codes(codes, categories=pd.Index(np.arange(n).astype(str), dtype="str"))
+
+
+def _distinct_categories(rng: np.random.Generator, n_users: int, k: int, n_cats: int) -> np.ndarray:
+    """``[n_users, k]`` int64: ``k`` distinct categories per user, uniformly at random."""
+    if 2 * k > n_cats:
+        return np.argsort(rng.random((n_users, n_cats)), axis=1)[:, :k]
+    picks = rng.integers(0, n_cats, size=(n_users, k))
+    while True:  # redraw repeats; each round removes most of them
+        ordered = np.sort(picks, axis=1)
+        rows = np.flatnonzero((ordered[:, 1:] == ordered[:, :-1]).any(axis=1))
+        if len(rows) == 0:
+            return picks
+        picks[rows] = rng.integers(0, n_cats, size=(len(rows), k))
+
+
+def _segment_interests(
+    rng: np.random.Generator, weights: np.ndarray, seg_user: np.ndarray, seg_first: np.ndarray
+) -> np.ndarray:
+    """Interest index ``[S]`` of each segment: the first segment of a user draws from the
+    user's ``weights [U, I]``, every later one from the weights of the other interests.
+
+    ``seg_user [S]`` and ``seg_first [S]`` (segments in user order) give each segment's user
+    and whether it is the user's first. Loops over the segment rank, vectorised over users.
+    """
+    n_int = weights.shape[1]
+    active = np.zeros(len(seg_user), dtype=np.int64)
+    if n_int == 1:
+        return active
+    first_index = np.flatnonzero(seg_first)
+    rank = np.arange(len(seg_user)) - np.repeat(first_index, np.diff(np.append(first_index, len(seg_user))))
+    order = np.argsort(rank, kind="stable")
+    bounds = np.searchsorted(rank[order], np.arange(rank.max() + 2))
+    for r in range(rank.max() + 1):
+        seg = order[bounds[r]:bounds[r + 1]]
+        probs = weights[seg_user[seg]]  # [n, I] (a copy)
+        if r > 0:
+            probs[np.arange(len(seg)), active[seg - 1]] = 0.0
+        cum = np.cumsum(probs, axis=1)
+        draw = rng.random(len(seg)) * cum[:, -1]
+        active[seg] = np.minimum((cum <= draw[:, None]).sum(axis=1), n_int - 1)
+    return active

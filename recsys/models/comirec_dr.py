@@ -1,0 +1,34 @@
+"""ComiRec-DR (Cen et al., KDD 2020): multi-interest extraction by dynamic routing."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from recsys.config import ModelConfig
+from recsys.models.base import register
+from recsys.models.sequence import SequenceModel, reject_attention_switches
+from recsys.nn.capsule import CapsuleRouting
+
+
+class ComiRecDR(SequenceModel):
+    """Per-position bilinear predictions, zero initial routing logits, ``iters`` routing iterations.
+
+    Follows ComiRec's ``CapsuleNetwork(bilinear_type=2, relu_layer=False)``: the interests are the
+    squashed capsules (norm < 1). See :mod:`recsys.nn.capsule` for the routing and the
+    deliberate differences (initial scale of the bilinear weights).
+    """
+
+    def __init__(self, num_items: int, dim: int, num_interests: int, max_len: int, iters: int):
+        super().__init__(num_items, dim, num_interests)
+        self.routing = CapsuleRouting(
+            dim, num_interests, max_len, bilinear="per_position", init_logits="zeros", iters=iters
+        )
+
+    def encode(self, h: Tensor, lengths: Tensor) -> Tensor:
+        return self.routing(h, lengths)  # [B, K, d]
+
+
+@register("comirec_dr")
+def build(cfg: ModelConfig, num_items: int, max_len: int, item_counts: Tensor | None = None) -> ComiRecDR:
+    reject_attention_switches(cfg)
+    return ComiRecDR(num_items, cfg.dim, cfg.num_interests, max_len, cfg.routing_iters)

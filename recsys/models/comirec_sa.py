@@ -1,0 +1,33 @@
+"""ComiRec-SA (Cen et al., KDD 2020): self-attentive multi-interest extraction."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from recsys.config import ModelConfig
+from recsys.models.base import register
+from recsys.models.sequence import SequenceModel, reject_attention_switches
+from recsys.nn.multi_interest import SelfAttentiveHead
+
+
+class ComiRecSA(SequenceModel):
+    """``A = softmax_L(tanh((H + P) W1) W2)`` with padding masked; interests ``= Aᵀ H`` ``[B, K, d]``.
+
+    Learned positions ``P`` enter the attention scores only, as in ComiRec's code. Deliberate
+    difference: ``W1`` and ``W2`` have no bias (ComiRec's ``tf.layers.dense`` layers have one; the
+    bias of ``W2`` cancels in the softmax over ``L`` anyway, the bias of ``W1`` is dropped). The
+    hidden size defaults to ``4 d`` as in ComiRec.
+    """
+
+    def __init__(self, num_items: int, dim: int, num_interests: int, hidden: int, max_len: int, backend: str):
+        super().__init__(num_items, dim, num_interests)
+        self.head = SelfAttentiveHead(dim, hidden, num_interests, max_len, backend=backend)
+
+    def encode(self, h: Tensor, lengths: Tensor) -> Tensor:
+        return self.head(h, lengths)
+
+
+@register("comirec_sa")
+def build(cfg: ModelConfig, num_items: int, max_len: int, item_counts: Tensor | None = None) -> ComiRecSA:
+    reject_attention_switches(cfg)
+    return ComiRecSA(num_items, cfg.dim, cfg.num_interests, cfg.hidden or 4 * cfg.dim, max_len, cfg.backend)

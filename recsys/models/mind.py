@@ -1,0 +1,40 @@
+"""MIND (Li et al., CIKM 2019) as implemented in ComiRec's code: shared-map capsule routing."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from recsys.config import ModelConfig
+from recsys.models.base import register
+from recsys.models.sequence import SequenceModel, reject_attention_switches
+from recsys.nn.capsule import CapsuleRouting
+
+
+class MIND(SequenceModel):
+    """One shared bilinear map, random initial routing logits, then ``ReLU(Linear(capsule))``.
+
+    Follows ComiRec's ``CapsuleNetwork(bilinear_type=0, relu_layer=True)``. Deliberate
+    differences: a fixed number of interests ``K`` (as in ComiRec's code, not MIND's
+    per-user ``log2(n)`` rule); no user-profile features; no bias in the shared map; in eval
+    mode the initial logits come from a fixed table so interests are deterministic (see
+    :mod:`recsys.nn.capsule`); a row of length 0 gives zero interests (instead of
+    ``ReLU(bias)``).
+    """
+
+    def __init__(self, num_items: int, dim: int, num_interests: int, max_len: int, iters: int):
+        super().__init__(num_items, dim, num_interests)
+        self.routing = CapsuleRouting(
+            dim, num_interests, max_len, bilinear="shared", init_logits="normal", iters=iters
+        )
+        self.proj = nn.Linear(dim, dim)
+
+    def encode(self, h: Tensor, lengths: Tensor) -> Tensor:
+        caps = self.routing(h, lengths)  # [B, K, d]
+        return torch.relu(self.proj(caps)) * (lengths > 0).to(h.dtype)[:, None, None]
+
+
+@register("mind")
+def build(cfg: ModelConfig, num_items: int, max_len: int, item_counts: Tensor | None = None) -> MIND:
+    reject_attention_switches(cfg)
+    return MIND(num_items, cfg.dim, cfg.num_interests, max_len, cfg.routing_iters)

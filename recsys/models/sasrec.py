@@ -1,0 +1,65 @@
+"""SASRec-style causal transformer encoders: single-interest ``sasrec`` and multi-interest ``sasrec_mi``."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from recsys.config import ModelConfig
+from recsys.models.base import register
+from recsys.models.sequence import SequenceModel
+from recsys.nn.masking import gather_last
+from recsys.nn.multi_interest import SelfAttentiveHead
+from recsys.nn.transformer import TransformerEncoder
+
+
+def _encoder(cfg: ModelConfig, max_len: int) -> TransformerEncoder:
+    return TransformerEncoder(
+        cfg.dim, cfg.num_layers, cfg.num_heads, max_len, dropout=cfg.dropout,
+        qk_norm=cfg.qk_norm, softcap=cfg.softcap, causal=True, backend=cfg.backend,
+    )
+
+
+class SASRec(SequenceModel):
+    """Causal pre-LN transformer over the clicks; the interest is the output at ``length - 1``.
+
+    Differences from Kang & McAuley's SASRec: pre-LN blocks with a GELU feed-forward of width
+    ``4d``, no ``sqrt(d)`` embedding scale, no attention-probability dropout, and the loss is the
+    trainer's (sampled) softmax on the last position rather than BCE at every position.
+    """
+
+    def __init__(self, num_items: int, cfg: ModelConfig, max_len: int):
+        super().__init__(num_items, cfg.dim, num_interests=1)
+        self.encoder = _encoder(cfg, max_len)
+
+    def encode(self, h: Tensor, lengths: Tensor) -> Tensor:
+        return gather_last(self.encoder(h, lengths), lengths)[:, None]  # [B, 1, d]
+
+
+class SASRecMI(SequenceModel):
+    """The :class:`SASRec` encoder feeding ComiRec-SA's self-attentive head.
+
+    The head's scores read the encoded states (plus its own learned positions) and its values are
+    the encoded states: interests ``= softmax_L(tanh((E + P) W1) W2)ᵀ E`` ``[B, K, d]``.
+    """
+
+    def __init__(self, num_items: int, cfg: ModelConfig, max_len: int):
+        super().__init__(num_items, cfg.dim, num_interests=cfg.num_interests)
+        self.encoder = _encoder(cfg, max_len)
+        self.head = SelfAttentiveHead(
+            cfg.dim, cfg.hidden or 4 * cfg.dim, cfg.num_interests, max_len, backend=cfg.backend
+        )
+
+    def encode(self, h: Tensor, lengths: Tensor) -> Tensor:
+        return self.head(self.encoder(h, lengths), lengths)
+
+
+@register("sasrec")
+def build_sasrec(cfg: ModelConfig, num_items: int, max_len: int, item_counts: Tensor | None = None) -> SASRec:
+    return SASRec(num_items, cfg, max_len)
+
+
+@register("sasrec_mi")
+def build_sasrec_mi(
+    cfg: ModelConfig, num_items: int, max_len: int, item_counts: Tensor | None = None
+) -> SASRecMI:
+    return SASRecMI(num_items, cfg, max_len)

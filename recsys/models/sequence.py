@@ -1,0 +1,50 @@
+"""The shared shape of the learned models: item embeddings in, an encoder, interests out."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from recsys.config import ModelConfig
+from recsys.models.base import InterestModel
+from recsys.nn.embeddings import ItemEmbedding
+from recsys.nn.masking import check_batch
+
+
+class SequenceModel(InterestModel):
+    """Embeds the clicks with a tied item table, then :meth:`encode` turns them into interests.
+
+    Subclasses implement ``encode(h [B, L, d], lengths [B]) -> [B, K, d]``; ``h`` is already
+    zero at padded positions. Contract kept by every subclass: interests never depend on the
+    ids at padded positions, and a row of length 0 gives finite (zero) interests.
+    """
+
+    def __init__(self, num_items: int, dim: int, num_interests: int):
+        super().__init__()
+        self.embedding = ItemEmbedding(num_items, dim)
+        self.num_interests = num_interests
+
+    def item_embeddings(self) -> Tensor:
+        """``[num_items, d]``: the input table itself (tied input/output embeddings)."""
+        return self.embedding.weight
+
+    def interests(self, seq: Tensor, lengths: Tensor) -> Tensor:
+        check_batch(seq, lengths)
+        return self.encode(self.embedding(seq, lengths), lengths)
+
+    def encode(self, h: Tensor, lengths: Tensor) -> Tensor:
+        """``h [B, L, d]`` (masked embeddings), ``lengths [B]`` -> interests ``[B, K, d]``."""
+        raise NotImplementedError
+
+
+def reject_attention_switches(cfg: ModelConfig) -> None:
+    """Fail when ``qk_norm`` or ``softcap`` is set for a model without query-key attention."""
+    if cfg.qk_norm:
+        raise ValueError(
+            f"model.qk_norm={cfg.qk_norm!r} has no effect on {cfg.name} "
+            "(only sasrec and sasrec_mi have query-key attention); set it to \"\""
+        )
+    if cfg.softcap:
+        raise ValueError(
+            f"model.softcap={cfg.softcap!r} has no effect on {cfg.name} "
+            "(only sasrec and sasrec_mi have query-key attention); set it to 0"
+        )

@@ -1,0 +1,1 @@
+"""Layers built on the kernels: embeddings, attention, transformer, multi-interest heads, capsules."""

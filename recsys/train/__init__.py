@@ -1,0 +1,1 @@
+"""Training: losses and samplers, the loop, run directories, distributed setup."""

@@ -1,0 +1,131 @@
+"""Data-parallel setup from the environment ``torchrun`` provides (nanoGPT style).
+
+``torchrun --nproc_per_node=N -m recsys train ...`` sets ``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``; :func:`setup_distributed` reads them and
+joins the process group (NCCL on CUDA, gloo on CPU). Without them it is a no-op that returns a
+single-process :class:`DistInfo`, so the same training code runs either way::
+
+    info = setup_distributed(cfg.train.device)
+    model = build(...).to(info.device)
+    if info.world_size > 1:
+        model = DDP(model, device_ids=[info.local_rank] if info.device.type == "cuda" else None)
+    ...  # seed data sampling with cfg.train.seed + info.rank; write files only if info.is_main
+    cleanup()
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process sits: its global ``rank`` of ``world_size``, ``local_rank`` on the host."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the process that logs and writes the run directory."""
+        return self.rank == 0
+
+
+def _pick_device(device_pref: str, local_rank: int) -> torch.device:
+    if device_pref not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"train.device: {device_pref!r} is not one of ['auto', 'cpu', 'cuda']")
+    if device_pref == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("train.device = 'cuda' but no CUDA device is available")
+    if device_pref == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", local_rank)
+
+
+def setup_distributed(device_pref: str = "auto") -> DistInfo:
+    """Join the process group described by the ``torchrun`` environment, or run alone.
+
+    ``device_pref``: ``auto`` (CUDA when available), ``cpu`` or ``cuda``. Under ``torchrun``
+    each process takes ``cuda:LOCAL_RANK`` (made current) and the NCCL backend, or the CPU and
+    gloo. Without ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` nothing is initialised and
+    ``world_size`` is 1. Partial variables are an error.
+    """
+    present = [name for name in _ENV if name in os.environ]
+    if not present:
+        return DistInfo(rank=0, world_size=1, local_rank=0, device=_pick_device(device_pref, 0))
+    if len(present) != len(_ENV):
+        missing = ", ".join(name for name in _ENV if name not in os.environ)
+        raise RuntimeError(f"distributed launch: {missing} not set (launch with torchrun)")
+    try:
+        rank, world_size, local_rank = (int(os.environ[name]) for name in _ENV)
+    except ValueError:
+        values = ", ".join(f"{name}={os.environ[name]!r}" for name in _ENV)
+        raise RuntimeError(f"distributed launch: non-integer environment ({values})") from None
+    device = _pick_device(device_pref, local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if world_size > 1 and not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend, rank=rank, world_size=world_size)
+    return DistInfo(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
+
+
+def cleanup() -> None:
+    """Leave the process group if one was joined (safe to call always)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def is_main() -> bool:
+    """True on rank 0, and in a single-process run."""
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def barrier() -> None:
+    """Wait for every rank (no-op in a single-process run)."""
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def all_reduce_mean(tensor: Tensor) -> Tensor:
+    """Mean of ``tensor`` over all ranks, detached (the input is not modified); for logging.
+
+    Every rank must call it with the same shape. In a single-process run: ``tensor.detach()``.
+    """
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return tensor.detach()
+    out = tensor.detach().clone()
+    dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out / dist.get_world_size()
+
+
+def broadcast_flag(flag: bool, device: torch.device) -> bool:
+    """Rank 0's ``flag`` on every rank (e.g. early stop decided by the main process).
+
+    Syncs the host; call it at evaluation time, not every step. ``device`` is this rank's device
+    (NCCL needs a CUDA tensor). Single-process: returns ``flag``.
+    """
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return flag
+    value = torch.tensor([int(flag)], device=device)
+    dist.broadcast(value, src=0)
+    return bool(value.item())
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The plain module under DDP (``.module``) and ``torch.compile`` (``._orig_mod``) wrappers."""
+    while True:
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            model = model.module
+        elif hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        else:
+            return model

@@ -1,0 +1,306 @@
+"""Training losses: ComiRec's hard readout, negative samplers, sampled and full softmax, z-loss.
+
+A training step with shared negatives looks like this (no host sync anywhere)::
+
+    sampler = make_sampler("log_uniform", num_items)
+    negatives = sampler.sample(num_sampled, generator=gen, device=device)      # [S]
+    user = readout(model.interests(seq, lengths), item_emb[target])           # [B, d]
+    out = sampled_softmax_loss(
+        user, target, item_emb, negatives,
+        log_q_target=sampler.log_expected_count(target, num_sampled),         # [B]
+        log_q_neg=sampler.log_expected_count(negatives, num_sampled),         # [S]
+    )
+    out.loss.backward()
+
+**logQ convention.** Negatives are ``S`` independent draws (with replacement) from the
+sampler's distribution ``p``. The correction subtracts ``log(S * p(id))``, the log *expected
+count* of ``id`` among the ``S`` draws, from both the target's and the negatives' logits, as
+TensorFlow's ``sampled_softmax_loss`` does (``subtract_log_q=True``; drawing with replacement,
+TF's ``unique=False``, the expected count is exactly ``S * p``). ComiRec's TF code drew unique
+candidates instead (``unique=True``, expected count ``1 - (1 - p) ** tries``); with replacement
+keeps sampling one vectorised draw on the device. The ``log S`` part shifts every logit of a row
+equally, so it leaves the loss unchanged; it makes ``log_z`` an importance-sampling estimate of
+the log-partition over the whole catalogue, so z-loss means roughly the same thing with either
+loss. :meth:`Sampler.log_prob` is the log probability of a single draw, ``log p(id)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+SAMPLER_KINDS = ("uniform", "log_uniform", "unigram")
+
+
+def readout(interests: Tensor, target_emb: Tensor) -> Tensor:
+    """ComiRec's hard readout: per row, the interest with the largest inner product with the target.
+
+    ``interests [B, K, d]``, ``target_emb [B, d]`` -> ``[B, d]``. The choice (argmax) carries no
+    gradient; the gradient flows into the chosen interest only. ``K = 1`` returns the single
+    interest.
+    """
+    if interests.dim() != 3 or target_emb.dim() != 2:
+        raise ValueError(
+            f"readout: expected interests [B, K, d] and target_emb [B, d], "
+            f"got {tuple(interests.shape)} and {tuple(target_emb.shape)}"
+        )
+    batch, _, dim = interests.shape
+    if target_emb.shape != (batch, dim):
+        raise ValueError(
+            f"readout: target_emb {tuple(target_emb.shape)} does not match interests "
+            f"{tuple(interests.shape)} (want [{batch}, {dim}])"
+        )
+    with torch.no_grad():
+        choice = torch.einsum("bkd,bd->bk", interests, target_emb).argmax(dim=1)  # [B]
+    return interests[torch.arange(batch, device=interests.device), choice]  # [B, d]
+
+
+class Sampler:
+    """A distribution over item ids ``1 .. num_items - 1`` (id 0 is padding, never drawn).
+
+    Subclasses implement :meth:`sample` and :meth:`log_prob`; tables live on the CPU and are
+    copied once per device on first use.
+    """
+
+    kind: str = ""
+
+    def __init__(self, num_items: int) -> None:
+        if num_items < 2:
+            raise ValueError(f"num_items: need at least 2 (padding + one item), got {num_items}")
+        self.num_items = num_items
+
+    def sample(
+        self,
+        n: int,
+        generator: torch.Generator | None = None,
+        device: torch.device | str = "cpu",
+    ) -> Tensor:
+        """``n`` independent draws (with replacement) -> ids ``[n]`` long on ``device``.
+
+        ``generator`` (on ``device``) makes the draws reproducible; ``None`` uses torch's
+        default generator for that device. Runs entirely on ``device``.
+        """
+        raise NotImplementedError
+
+    def log_prob(self, ids: Tensor) -> Tensor:
+        """``ids [...]`` long -> ``[...]`` float32: ``log p(id)`` of a single draw."""
+        raise NotImplementedError
+
+    def log_expected_count(self, ids: Tensor, num_sampled: int) -> Tensor:
+        """``ids [...]`` long -> ``[...]`` float32: ``log(num_sampled * p(id))`` (the logQ term)."""
+        return self.log_prob(ids) + math.log(num_sampled)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(num_items={self.num_items})"
+
+
+class UniformSampler(Sampler):
+    """``p(id) = 1 / (num_items - 1)`` for ``id`` in ``1 .. num_items - 1``."""
+
+    kind = "uniform"
+
+    def sample(
+        self, n: int, generator: torch.Generator | None = None, device: torch.device | str = "cpu"
+    ) -> Tensor:
+        return torch.randint(1, self.num_items, (n,), generator=generator, device=device)
+
+    def log_prob(self, ids: Tensor) -> Tensor:
+        return torch.full(ids.shape, -math.log(self.num_items - 1), device=ids.device)
+
+
+class LogUniformSampler(Sampler):
+    """Zipfian prior over popularity-ranked ids (TensorFlow's ``log_uniform_candidate_sampler``).
+
+    ``p(id) = (log(id + 1) - log(id)) / log(num_items)`` for ``id`` in ``1 .. num_items - 1``
+    (TensorFlow's formula with its class ``c = id - 1``, ``range_max = num_items - 1``). It suits
+    our ids, which rank items by falling popularity. One draw is ``floor(exp(u log num_items))``
+    with ``u ~ U[0, 1)``: the inverse CDF in closed form.
+    """
+
+    kind = "log_uniform"
+
+    def sample(
+        self, n: int, generator: torch.Generator | None = None, device: torch.device | str = "cpu"
+    ) -> Tensor:
+        u = torch.rand(n, generator=generator, device=device, dtype=torch.float64)
+        ids = torch.exp(u * math.log(self.num_items)).long()  # floor, in 1 .. num_items - 1
+        return ids.clamp_(1, self.num_items - 1)  # guards exp() rounding up to num_items
+
+    def log_prob(self, ids: Tensor) -> Tensor:
+        x = ids.to(torch.float64)
+        p = torch.log1p(1.0 / x) / math.log(self.num_items)
+        return torch.log(p).float()
+
+
+class UnigramSampler(Sampler):
+    """``p(id)`` proportional to ``item_counts[id] ** alpha`` (word2vec's unigram^0.75).
+
+    Drawn by inverse CDF (``cumsum`` + ``searchsorted`` on one uniform per draw). Items with a
+    zero count have probability 0 (``log_prob`` = ``-inf``) and are never drawn.
+    """
+
+    kind = "unigram"
+
+    def __init__(self, num_items: int, item_counts: Tensor | np.ndarray, alpha: float = 0.75) -> None:
+        super().__init__(num_items)
+        counts = torch.as_tensor(np.asarray(item_counts), dtype=torch.float64)
+        if counts.shape != (num_items,):
+            raise ValueError(
+                f"item_counts: expected shape [{num_items}] (one count per id, row 0 = padding), "
+                f"got {tuple(counts.shape)}"
+            )
+        if not torch.isfinite(counts).all() or (counts < 0).any():
+            raise ValueError("item_counts: counts must be finite and >= 0")
+        if alpha < 0:
+            raise ValueError(f"alpha: must be >= 0, got {alpha}")
+        weights = counts[1:].pow(alpha) * (counts[1:] > 0)  # 0 ** 0 would give weight 1
+        total = weights.sum()
+        if total <= 0:
+            raise ValueError("item_counts: every item (ids 1..num_items-1) has count 0")
+        self.alpha = alpha
+        cum = torch.cumsum(weights, 0)
+        self._cdf = cum / cum[-1]  # [num_items - 1], last entry exactly 1.0
+        log_p = torch.full((num_items,), -math.inf, dtype=torch.float64)
+        log_p[1:] = torch.log(weights / total)
+        self._log_p = log_p.float()  # [num_items]; padding row -inf
+        self._on_device: dict[torch.device, tuple[Tensor, Tensor]] = {}
+
+    def _tables(self, device: torch.device) -> tuple[Tensor, Tensor]:
+        if device.type == "cuda" and device.index is None:  # "cuda" and "cuda:0": one copy
+            device = torch.device("cuda", torch.cuda.current_device())
+        if device not in self._on_device:
+            self._on_device[device] = (self._cdf.to(device), self._log_p.to(device))
+        return self._on_device[device]
+
+    def sample(
+        self, n: int, generator: torch.Generator | None = None, device: torch.device | str = "cpu"
+    ) -> Tensor:
+        cdf, _ = self._tables(torch.device(device))
+        u = torch.rand(n, generator=generator, device=cdf.device, dtype=torch.float64)
+        # first index with cdf > u: never a zero-weight item, never past the end as u < 1 = cdf[-1]
+        return torch.searchsorted(cdf, u, right=True) + 1
+
+    def log_prob(self, ids: Tensor) -> Tensor:
+        _, log_p = self._tables(ids.device)
+        return log_p[ids]
+
+
+def make_sampler(
+    kind: str,
+    num_items: int,
+    item_counts: Tensor | np.ndarray | None = None,
+    alpha: float = 0.75,
+) -> Sampler:
+    """Build a sampler by name (``train.sampler``): ``uniform``, ``log_uniform`` or ``unigram``.
+
+    ``item_counts [num_items]`` (click counts, row 0 = padding) is required by ``unigram``;
+    ``alpha`` is its exponent (``train.sampler_alpha``).
+    """
+    if kind == "uniform":
+        return UniformSampler(num_items)
+    if kind == "log_uniform":
+        return LogUniformSampler(num_items)
+    if kind == "unigram":
+        if item_counts is None:
+            raise ValueError("train.sampler = 'unigram' needs item_counts (click counts per item id)")
+        return UnigramSampler(num_items, item_counts, alpha)
+    raise ValueError(f"train.sampler: unknown sampler {kind!r}; known: {', '.join(SAMPLER_KINDS)}")
+
+
+@dataclass(frozen=True)
+class LossOutput:
+    """What a softmax loss returns. All fields are tensors; none forces a host sync.
+
+    ``loss``: scalar, mean cross-entropy + ``z_loss * mean(log_z ** 2)`` (differentiable).
+    ``log_z``: scalar, detached batch mean of the log-partition (per-row logsumexp of the logits).
+    ``max_logit``: scalar, detached largest logit in the batch.
+    """
+
+    loss: Tensor
+    log_z: Tensor
+    max_logit: Tensor
+
+
+def _check_user_items(name: str, user: Tensor, target: Tensor, item_emb: Tensor) -> None:
+    if user.dim() != 2 or item_emb.dim() != 2 or user.shape[1] != item_emb.shape[1]:
+        raise ValueError(
+            f"{name}: expected user [B, d] and item_emb [N, d], "
+            f"got {tuple(user.shape)} and {tuple(item_emb.shape)}"
+        )
+    if target.shape != (user.shape[0],) or target.dtype != torch.long:
+        raise ValueError(
+            f"{name}: target must be long [{user.shape[0]}], got {target.dtype} {tuple(target.shape)}"
+        )
+
+
+def _finish(logits: Tensor, target_col: Tensor, z_loss: float) -> LossOutput:
+    """``logits [B, C]`` float32, ``target_col [B]`` column of each row's target -> LossOutput."""
+    log_z = torch.logsumexp(logits, dim=1)  # [B]
+    ce = log_z - logits.gather(1, target_col[:, None]).squeeze(1)  # [B]
+    loss = ce.mean()
+    if z_loss > 0:
+        loss = loss + z_loss * log_z.square().mean()
+    return LossOutput(loss=loss, log_z=log_z.detach().mean(), max_logit=logits.detach().max())
+
+
+def sampled_softmax_loss(
+    user: Tensor,
+    target: Tensor,
+    item_emb: Tensor,
+    negatives: Tensor,
+    *,
+    log_q_target: Tensor | None = None,
+    log_q_neg: Tensor | None = None,
+    remove_accidental_hits: bool = True,
+    z_loss: float = 0.0,
+) -> LossOutput:
+    """Softmax cross-entropy over each row's target and ``S`` negatives shared by the batch.
+
+    Args:
+        user: ``[B, d]`` user vectors (after :func:`readout`).
+        target: ``[B]`` long, each row's positive item id.
+        item_emb: ``[N, d]`` item embeddings (tied input/output table; row 0 = padding).
+        negatives: ``[S]`` long, sampled ids shared by all rows.
+        log_q_target: ``[B]`` log expected count of each target
+            (:meth:`Sampler.log_expected_count`); subtracted from the target logit.
+        log_q_neg: ``[S]`` log expected count of each negative; subtracted from its logits.
+        remove_accidental_hits: a negative equal to the row's target gets logit ``-inf``, so a
+            row's own positive never counts as its negative.
+        z_loss: weight of ``mean(log_z ** 2)`` added to the loss (0 disables).
+
+    Row ``b``'s logits are ``[u_b . e_target_b, u_b . e_neg_1, ..., u_b . e_neg_S]`` (minus the
+    logQ terms), computed by the matmul in the ambient (autocast) precision and then cast to
+    float32 for the logsumexp. Ids are not range-checked (that would sync the host).
+    """
+    _check_user_items("sampled_softmax_loss", user, target, item_emb)
+    if negatives.dim() != 1 or negatives.dtype != torch.long:
+        raise ValueError(f"negatives: must be long [S], got {negatives.dtype} {tuple(negatives.shape)}")
+    pos = (user * item_emb[target]).sum(dim=1).float()  # [B]
+    neg = (user @ item_emb[negatives].T).float()  # [B, S]
+    if log_q_target is not None:
+        if log_q_target.shape != target.shape:
+            raise ValueError(f"log_q_target: expected [{target.shape[0]}], got {tuple(log_q_target.shape)}")
+        pos = pos - log_q_target.float()
+    if log_q_neg is not None:
+        if log_q_neg.shape != negatives.shape:
+            raise ValueError(f"log_q_neg: expected [{negatives.shape[0]}], got {tuple(log_q_neg.shape)}")
+        neg = neg - log_q_neg.float()[None, :]
+    if remove_accidental_hits:
+        neg = neg.masked_fill(negatives[None, :] == target[:, None], -math.inf)
+    logits = torch.cat([pos[:, None], neg], dim=1)  # [B, 1 + S]
+    return _finish(logits, torch.zeros_like(target), z_loss)
+
+
+def full_softmax_loss(user: Tensor, target: Tensor, item_emb: Tensor, *, z_loss: float = 0.0) -> LossOutput:
+    """Exact softmax cross-entropy over the whole catalogue, padding row 0 excluded.
+
+    ``user [B, d]``, ``target [B]`` long in ``1 .. N - 1``, ``item_emb [N, d]``. Logits
+    ``[B, N - 1]`` are ``user @ item_emb[1:].T`` cast to float32. For small catalogues.
+    """
+    _check_user_items("full_softmax_loss", user, target, item_emb)
+    logits = (user @ item_emb[1:].T).float()  # [B, N - 1]
+    return _finish(logits, target - 1, z_loss)

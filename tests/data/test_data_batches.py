@@ -1,0 +1,109 @@
+"""pad_sequences / gather_rows against plain loops; TrainSampler's samples against the data."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from recsys.data.batches import TrainSampler, gather_rows, pad_sequences
+
+
+def random_csr(num_rows: int, max_len: int, seed: int = 0, unique: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of 0..max_len clicks; with ``unique`` every click is a different item."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, max_len + 1, size=num_rows)
+    indptr = np.concatenate([[0], np.cumsum(lengths)])
+    items = np.arange(1, indptr[-1] + 1) if unique else rng.integers(1, 50, size=indptr[-1])
+    return indptr, items
+
+
+@pytest.mark.parametrize("max_len", [1, 4, 30])
+def test_pad_sequences_matches_a_loop(max_len):
+    indptr, items = random_csr(60, 12)
+    rng = np.random.default_rng(1)
+    users = rng.integers(0, 60, size=40)
+    ends = indptr[users] + rng.integers(0, 1000, size=40) % (np.diff(indptr)[users] + 1)
+    for use_ends in (False, True):
+        got, lengths = pad_sequences(indptr, items, users, max_len, ends=ends if use_ends else None)
+        assert got.shape == (40, max_len) and got.dtype == np.int64
+        for b, u in enumerate(users):
+            stop = ends[b] if use_ends else indptr[u + 1]
+            window = items[indptr[u]:stop][-max_len:]
+            assert lengths[b] == len(window)
+            assert got[b].tolist() == window.tolist() + [0] * (max_len - len(window))
+
+
+def test_pad_sequences_rejects_ends_outside_the_row():
+    indptr, items = np.array([0, 2, 5]), np.arange(1, 6)
+    with pytest.raises(ValueError, match="ends must lie within"):
+        pad_sequences(indptr, items, np.array([0]), 3, ends=np.array([3]))
+
+
+def test_gather_rows_matches_a_loop():
+    indptr, items = random_csr(30, 10)
+    starts = indptr[:-1] + np.diff(indptr) // 3
+    ends = indptr[1:] - np.diff(indptr) // 4
+    out_indptr, out_items = gather_rows(indptr, items, starts, ends)
+    for r in range(30):
+        assert out_items[out_indptr[r]:out_indptr[r + 1]].tolist() == items[starts[r]:ends[r]].tolist()
+
+
+def test_targets_follow_their_history_in_the_real_sequence():
+    # every click is a distinct item, so a target pins down its user and position
+    indptr, items = random_csr(200, 40, unique=True)
+    owner = np.repeat(np.arange(200), np.diff(indptr))
+    sampler = TrainSampler(indptr, items, max_len=8, seed=0)
+    seq, lengths, targets = sampler.sample(5000)
+    assert seq.shape == (5000, 8) and lengths.shape == targets.shape == (5000,)
+    pos = targets - 1  # position of the target in `items`
+    u = owner[pos]
+    t = pos - indptr[u]
+    assert np.all(t >= 1)
+    assert np.all(lengths == np.minimum(t, 8))
+    for b in range(0, 5000, 7):
+        history = items[indptr[u[b]]:pos[b]][-8:]
+        assert seq[b, : lengths[b]].tolist() == history.tolist()
+        assert not seq[b, lengths[b]:].any()
+
+
+def test_sampler_covers_users_and_positions_uniformly():
+    indptr = np.array([0, 1, 3, 7])  # user 0 has 1 click: never drawn
+    items = np.arange(1, 8)
+    sampler = TrainSampler(indptr, items, max_len=5, seed=4)
+    assert sampler.num_users == 2
+    _, _, targets = sampler.sample(20000)
+    counts = np.bincount(targets, minlength=8)
+    assert counts[1] == 0 and counts[2] == 0 and counts[4] == 0  # no first clicks, no user 0
+    assert counts[3] == pytest.approx(10000, rel=0.05)  # user 1: one possible target
+    assert counts[5:8] == pytest.approx([3333] * 3, rel=0.08)  # user 2: three
+
+
+def test_sampler_is_deterministic_and_respects_the_user_subset():
+    indptr, items = random_csr(50, 10, unique=True)
+    a = TrainSampler(indptr, items, 6, seed=11).sample(64)
+    b = TrainSampler(indptr, items, 6, seed=11).sample(64)
+    c = TrainSampler(indptr, items, 6, seed=12).sample(64)
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+    assert not np.array_equal(a[2], c[2])
+    resumed = TrainSampler(indptr, items, 6, seed=0)
+    resumed.set_state(TrainSampler(indptr, items, 6, seed=11).get_state())
+    np.testing.assert_array_equal(resumed.sample(64)[2], a[2])
+    subset = np.flatnonzero(np.diff(indptr) >= 2)[:3]
+    _, _, targets = TrainSampler(indptr, items, 6, seed=0, users=subset).sample(500)
+    owner = np.repeat(np.arange(50), np.diff(indptr))
+    assert set(owner[targets - 1]) == set(subset)
+
+
+def test_min_target_moves_the_earliest_target():
+    indptr, items = np.array([0, 4, 10]), np.arange(1, 11)  # user 0: 4 clicks, user 1: 6
+    sampler = TrainSampler(indptr, items, max_len=3, seed=0, min_target=4)
+    assert sampler.num_users == 1
+    _, lengths, targets = sampler.sample(2000)
+    assert set(targets.tolist()) == {9, 10}  # positions 4 and 5 of user 1
+    assert np.all(lengths == 3)
+
+
+def test_sampler_needs_a_sequence_with_two_clicks():
+    with pytest.raises(ValueError, match="more than 1 clicks"):
+        TrainSampler(np.array([0, 1, 2]), np.array([1, 2]), max_len=4, seed=0)

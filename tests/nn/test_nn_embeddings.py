@@ -1,0 +1,37 @@
+"""Item embeddings, masks and the last-click gather."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from recsys.nn.embeddings import ItemEmbedding
+from recsys.nn.masking import check_batch, gather_last, length_mask
+
+
+def test_item_embedding_masks_padding_by_length():
+    emb = ItemEmbedding(10, 4)
+    assert emb.weight[0].abs().max() == 0
+    seq = torch.tensor([[3, 4, 9, 9], [5, 0, 0, 0]])
+    out = emb(seq, torch.tensor([2, 1]))
+    torch.testing.assert_close(out[0, :2], emb.weight[[3, 4]])
+    assert out[0, 2:].abs().max() == 0 and out[1, 1:].abs().max() == 0
+
+
+def test_length_mask_and_gather_last():
+    lengths = torch.tensor([0, 1, 3])
+    assert length_mask(lengths, 3).tolist() == [[False] * 3, [True, False, False], [True] * 3]
+    x = torch.arange(18.0).view(3, 3, 2).requires_grad_()
+    last = gather_last(x, lengths)
+    assert last.tolist() == [[0.0, 0.0], [6.0, 7.0], [16.0, 17.0]]
+    last.sum().backward()
+    assert x.grad[0].abs().max() == 0 and x.grad[2, 2].tolist() == [1.0, 1.0]
+
+
+def test_check_batch_names_the_argument():
+    with pytest.raises(ValueError, match="seq"):
+        check_batch(torch.zeros(2, 3), torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="lengths"):
+        check_batch(torch.zeros(2, 3, dtype=torch.long), torch.tensor([1]))
+    with pytest.raises(ValueError, match="lengths"):
+        check_batch(torch.zeros(2, 3, dtype=torch.long), torch.tensor([1.0, 2.0]))

@@ -1,0 +1,67 @@
+"""The causal encoder: no look-ahead, padding ignored, finite on empty rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from recsys.nn.transformer import TransformerEncoder
+
+
+def _encoder(**kw) -> TransformerEncoder:
+    torch.manual_seed(0)
+    args = dict(dropout=0.0, qk_norm="rms", softcap=5.0, backend="torch")
+    args.update(kw)
+    return TransformerEncoder(8, 2, 2, 7, **args).eval()
+
+
+def test_causal_encoder_never_looks_ahead():
+    enc = _encoder()
+    h = torch.randn(2, 7, 8)
+    lengths = torch.tensor([7, 5])
+    base = enc(h, lengths)
+    for j in range(5):
+        changed = h.clone()
+        changed[:, j] += torch.randn(2, 8)
+        out = enc(changed, lengths)
+        torch.testing.assert_close(out[:, :j], base[:, :j], rtol=0, atol=1e-6)
+        assert (out[:, j] - base[:, j]).abs().max() > 1e-4
+
+
+def test_bidirectional_encoder_does_look_ahead():
+    enc = _encoder(causal=False)
+    h = torch.randn(1, 7, 8)
+    lengths = torch.tensor([7])
+    changed = h.clone()
+    changed[:, 6] += torch.randn(8)
+    assert (enc(changed, lengths)[:, 0] - enc(h, lengths)[:, 0]).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_padding_is_ignored_and_zeroed(causal):
+    enc = _encoder(causal=causal)
+    h = torch.randn(3, 7, 8)
+    lengths = torch.tensor([3, 7, 1])
+    base = enc(h, lengths)
+    changed = h.clone()
+    changed[0, 3:] = torch.randn(4, 8)
+    changed[2, 1:] = torch.randn(6, 8)
+    out = enc(changed, lengths)
+    torch.testing.assert_close(out, base, rtol=0, atol=1e-6)
+    assert base[0, 3:].abs().max() == 0 and base[2, 1:].abs().max() == 0
+
+
+def test_empty_and_single_rows_have_finite_outputs_and_gradients():
+    enc = _encoder(dropout=0.1).train()
+    h = torch.randn(2, 7, 8, requires_grad=True)
+    lengths = torch.tensor([0, 1])
+    out = enc(h, lengths)
+    assert torch.isfinite(out).all() and out[0].abs().max() == 0
+    out.pow(2).sum().backward()
+    assert torch.isfinite(h.grad).all()
+    assert all(torch.isfinite(p.grad).all() for p in enc.parameters() if p.grad is not None)
+
+
+def test_too_long_sequence_names_max_len():
+    with pytest.raises(ValueError, match="max_len"):
+        _encoder()(torch.randn(1, 8, 8), torch.tensor([8]))

@@ -1,0 +1,73 @@
+import json
+
+import pytest
+
+from recsys.config import Config, ConfigError, config_from_dict, load_config
+
+
+def test_defaults_round_trip_through_json_and_toml(tmp_path):
+    cfg = load_config(None, ["model.dim=32", "eval.topn=[10, 20]", "data.source=/x/y.csv"])
+    assert cfg.model.dim == 32 and cfg.eval.topn == [10, 20] and cfg.data.source == "/x/y.csv"
+    again = config_from_dict(json.loads(cfg.to_json()))
+    assert again == cfg
+    path = tmp_path / "c.toml"
+    path.write_text(cfg.to_toml())
+    assert load_config(path) == cfg
+
+
+def test_file_then_overrides(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('name = "exp"\n[model]\nname = "youtube_dnn"\ndim = 16\n[train]\nlr = 1\n')
+    cfg = load_config(path, ["model.dim=8"])
+    assert (cfg.name, cfg.model.name, cfg.model.dim) == ("exp", "youtube_dnn", 8)
+    assert cfg.train.lr == 1.0 and isinstance(cfg.train.lr, float)  # int widens to float
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("model.dimm=3", "model.dimm"),
+        ("modle.dim=3", "modle"),
+        ("model.dim=abc", "model.dim"),
+        ("model.dim=1.5", "model.dim"),
+        ("train.amp=yes", "train.amp"),
+        ("eval.topn=[20, 'x']", "eval.topn"),
+        ("model=3", "model"),
+        ("train.batch_size=0", "train.batch_size"),
+        ("train.sampler=zipf", "train.sampler"),
+        ("model.dropout=1.5", "model.dropout"),
+        ("no_equals_sign", "no_equals_sign"),
+    ],
+)
+def test_bad_overrides_name_the_key(override, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
+        load_config(None, [override])
+
+
+def test_bad_file_names_file_and_key(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text("[train]\nbatchsize = 3\n")
+    with pytest.raises(ConfigError, match=r"bad.toml.*train.batchsize"):
+        load_config(path)
+    path.write_text("[train\n")
+    with pytest.raises(ConfigError, match="bad.toml"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.toml")
+
+
+def test_bool_is_not_an_int():
+    with pytest.raises(ConfigError, match="model.dim"):
+        config_from_dict({"model": {"dim": True}})
+
+
+def test_default_config_is_valid():
+    assert Config() == load_config(None, [])
+
+
+def test_layered_files_later_wins(tmp_path):
+    a, b = tmp_path / "a.toml", tmp_path / "b.toml"
+    a.write_text('[data]\nsource = "x.csv"\nmax_len = 50\n[model]\ndim = 16\n')
+    b.write_text('[model]\nname = "gru4rec"\ndim = 32\n')
+    cfg = load_config([a, b])
+    assert (cfg.data.source, cfg.data.max_len, cfg.model.name, cfg.model.dim) == ("x.csv", 50, "gru4rec", 32)

@@ -1,0 +1,106 @@
+"""DDP setup: single-process no-op, and two gloo processes on the CPU."""
+
+import os
+import socket
+import time
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from torch import nn
+
+from recsys.train import distributed
+from recsys.train.distributed import all_reduce_mean, broadcast_flag, setup_distributed, unwrap_model
+
+_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+def test_single_process_is_a_no_op(monkeypatch):
+    for name in _ENV:
+        monkeypatch.delenv(name, raising=False)
+    info = setup_distributed("cpu")
+    assert (info.rank, info.world_size, info.local_rank, info.is_main) == (0, 1, 0, True)
+    assert info.device == torch.device("cpu")
+    assert distributed.is_main()
+    x = torch.tensor([1.0, 3.0], requires_grad=True)
+    reduced = all_reduce_mean(x)
+    assert torch.equal(reduced, x.detach()) and not reduced.requires_grad
+    assert broadcast_flag(True, info.device) is True
+
+
+def test_partial_environment_is_an_error(monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    with pytest.raises(RuntimeError, match="WORLD_SIZE, LOCAL_RANK not set"):
+        setup_distributed("cpu")
+
+
+def test_bad_device_preference(monkeypatch):
+    for name in _ENV:
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ValueError, match="train.device"):
+        setup_distributed("tpu")
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 1))
+
+
+def _global_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(8, 6, generator=g), torch.randn(8, 1, generator=g)
+
+
+def _worker(rank: int, world_size: int, port: int, expected_grads: list[torch.Tensor]) -> None:
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+    )
+    torch.set_num_threads(1)
+    info = setup_distributed("cpu")
+    try:
+        assert (info.rank, info.world_size, info.is_main) == (rank, world_size, rank == 0)
+        assert distributed.is_main() == (rank == 0)
+        assert torch.distributed.get_backend() == "gloo"
+        mean = all_reduce_mean(torch.tensor([float(rank), 10.0 * rank]))
+        torch.testing.assert_close(mean, torch.tensor([0.5, 5.0]))
+        assert broadcast_flag(rank == 0, info.device) is True  # rank 0's value everywhere
+
+        ddp = nn.parallel.DistributedDataParallel(_model())
+        assert isinstance(unwrap_model(ddp), nn.Sequential)
+        x, y = _global_batch()
+        shard = slice(rank * 4, rank * 4 + 4)
+        nn.functional.mse_loss(ddp(x[shard]), y[shard]).backward()
+        for p, expected in zip(ddp.parameters(), expected_grads):
+            torch.testing.assert_close(p.grad, expected)
+    finally:
+        distributed.cleanup()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_gloo_processes_match_single_process_gradients():
+    model = _model()
+    x, y = _global_batch()
+    nn.functional.mse_loss(model(x), y).backward()  # the global batch in one process
+    expected = [p.grad.clone() for p in model.parameters()]
+    # forkserver: one clean process imports torch and what DDP's constructor imports lazily
+    # (torch._dynamo, seconds) once, and forks both workers from it; plain fork from the pytest
+    # process can deadlock in OpenMP after earlier tests ran parallel ops
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch._dynamo", "torch.distributed"])
+    workers = mp.start_processes(
+        _worker, args=(2, _free_port(), expected), nprocs=2, join=False, start_method="forkserver"
+    )
+    deadline = time.monotonic() + 120
+    while not workers.join(timeout=1):  # raises if a worker failed
+        if time.monotonic() > deadline:
+            for process in workers.processes:
+                process.kill()
+            pytest.fail("distributed workers did not finish within 120 s")
