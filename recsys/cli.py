@@ -16,7 +16,8 @@ from recsys.config import Config, ConfigError, config_from_dict, load_config
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="TOML config file (see experiments/configs/)")
+    p.add_argument("--config", action="append", default=[], metavar="FILE",
+                   help="TOML config file; repeatable, later files win (see experiments/configs/)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config value; repeatable (e.g. --set model.dim=32)")
     p.add_argument("--data", help="shortcut for --set data.source=PATH")

@@ -1,0 +1,25 @@
+"""Offline evaluation: ComiRec-protocol metrics and the batched evaluator."""
+
+from recsys.evaluate.evaluator import evaluate, evaluate_with_config, format_table
+from recsys.evaluate.metrics import (
+    category_diversity,
+    compute_metrics,
+    coverage,
+    hit_rate,
+    ndcg,
+    rank_hits,
+    recall,
+)
+
+__all__ = [
+    "category_diversity",
+    "compute_metrics",
+    "coverage",
+    "evaluate",
+    "evaluate_with_config",
+    "format_table",
+    "hit_rate",
+    "ndcg",
+    "rank_hits",
+    "recall",
+]

@@ -1,0 +1,204 @@
+"""The ComiRec evaluation protocol over an :class:`~recsys.data.split.EvalSet`, batched end to end.
+
+For each batch of evaluation users: the model turns their input clicks into ``K`` interests,
+one index search returns every interest's hits, they are merged to the top ``max(topn)``
+items per user (max score, or ComiRec's greedy diversity pick with ``diversity_lambda > 0``),
+and the metrics of :mod:`recsys.evaluate.metrics` are taken at each cutoff. The index is
+built once, from ``model.item_embeddings()``. Smaller cutoffs use the prefix of the
+``max(topn)`` list (both merges are prefix-consistent; the diversity pick draws its
+candidates from each interest's top ``max(topn)``, as ComiRec does with ``topN = 50``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from recsys.evaluate.metrics import (
+    category_diversity,
+    hit_rate,
+    ndcg,
+    rank_hits,
+    recall,
+)
+from recsys.retrieval.index import Retriever
+
+if TYPE_CHECKING:
+    from recsys.config import Config
+    from recsys.data.split import EvalSet
+    from recsys.models.base import InterestModel
+
+__all__ = ["evaluate", "evaluate_with_config", "format_table"]
+
+_TABLE_METRICS = ("recall", "ndcg", "hitrate")
+_TABLE_NAMES = {
+    "recall": "Recall", "ndcg": "NDCG", "hitrate": "HitRate", "diversity": "Diversity", "coverage": "Coverage",
+}
+
+
+def _model_device(model: torch.nn.Module) -> torch.device:
+    for tensor in (*model.parameters(), *model.buffers()):
+        return tensor.device
+    return torch.device("cpu")
+
+
+def evaluate(
+    model: InterestModel,
+    eval_set: EvalSet,
+    *,
+    topn: Sequence[int] = (20, 50),
+    retriever_factory: str = "Flat",
+    backend: str = "auto",
+    exclude_history: bool = False,
+    comirec_ndcg: bool = False,
+    item_category: np.ndarray | None = None,
+    diversity_lambda: float = 0.0,
+    batch_size: int = 2048,
+    device: str | torch.device | None = None,
+    nprobe: int = 16,
+    ef_search: int = 128,
+) -> dict[str, float]:
+    """Recall / NDCG / HitRate (and diversity, coverage) at each ``n`` in ``topn``.
+
+    Args:
+        model: an :class:`InterestModel`; put in eval mode for the call (its mode is restored).
+        eval_set: input sequences ``inputs [U, L]`` / ``lengths [U]`` and truth CSR.
+        topn: cutoffs; the search retrieves ``max(topn)`` items per user.
+        retriever_factory, backend, nprobe, ef_search: see :class:`Retriever`.
+        exclude_history: drop each user's input clicks from the recommendations
+            (ComiRec does not; off by default).
+        comirec_ndcg: ComiRec's NDCG variant (see :mod:`recsys.evaluate.metrics`).
+        item_category: ``[num_items]`` categories: enables ``diversity@n`` (unless every
+            item is 0 = unknown) and the diversity-controlled pick.
+        diversity_lambda: ``> 0`` uses ComiRec's greedy aggregation with this λ.
+        batch_size: users per model call and search.
+        device: where the model runs (default: where its parameters are).
+
+    Returns:
+        ``{"recall@20": ..., "ndcg@20": ..., "hitrate@20": ..., "diversity@20": ...,
+        "coverage@20": ..., ..., "users": U}`` as floats, each averaged over the ``U`` users.
+    """
+    topn = tuple(int(n) for n in topn)
+    if not topn or min(topn) <= 0:
+        raise ValueError(f"eval.topn: need positive cutoffs, got {topn}")
+    if batch_size <= 0:
+        raise ValueError(f"eval.batch_size: must be > 0, got {batch_size}")
+    if diversity_lambda < 0:
+        raise ValueError(f"eval.diversity_lambda: must be >= 0, got {diversity_lambda}")
+    if diversity_lambda > 0 and item_category is None:
+        raise ValueError("eval.diversity_lambda > 0 needs item categories (item_category)")
+    num_users = len(eval_set.lengths)
+    if num_users == 0:
+        raise ValueError("eval_set: has no users")
+    if len(eval_set.inputs) != num_users or len(eval_set.truth_indptr) != num_users + 1:
+        raise ValueError(
+            f"eval_set: inputs has {len(eval_set.inputs)} rows and truth_indptr {len(eval_set.truth_indptr)} "
+            f"entries for {num_users} users (expected {num_users} and {num_users + 1})"
+        )
+    n_max = max(topn)
+    device = torch.device(device) if device is not None else _model_device(model)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            item_emb = model.item_embeddings()
+            num_items = int(item_emb.shape[0])
+            retriever = Retriever(
+                item_emb, retriever_factory, backend, nprobe, ef_search, item_category=item_category
+            )
+            with_diversity = item_category is not None and bool(np.any(np.asarray(item_category) != 0))
+            sums = {f"{m}@{n}": 0.0 for n in topn for m in ("recall", "ndcg", "hitrate")}
+            div_sum = {n: 0.0 for n in topn}
+            div_users = {n: 0 for n in topn}
+            seen = {n: np.zeros(num_items, dtype=bool) for n in topn}
+            indptr = np.asarray(eval_set.truth_indptr, dtype=np.int64)
+            for start in range(0, num_users, batch_size):
+                stop = min(start + batch_size, num_users)
+                inputs = np.asarray(eval_set.inputs[start:stop], dtype=np.int64)
+                seq = torch.from_numpy(inputs).to(device)
+                lengths = torch.from_numpy(np.asarray(eval_set.lengths[start:stop], dtype=np.int64)).to(device)
+                interests = model.interests(seq, lengths).float()  # [b, K, d]
+                ids, _, _ = retriever.search(
+                    interests, n_max, inputs if exclude_history else None, diversity_lambda=diversity_lambda
+                )
+                truth = np.asarray(eval_set.truth_items[indptr[start] : indptr[stop]], dtype=np.int64)
+                hits = rank_hits(ids, indptr[start : stop + 1] - indptr[start], truth)
+                for n in topn:
+                    sums[f"recall@{n}"] += float(recall(hits, n).sum())
+                    sums[f"ndcg@{n}"] += float(ndcg(hits, n, comirec=comirec_ndcg).sum())
+                    sums[f"hitrate@{n}"] += float(hit_rate(hits, n).sum())
+                    top = ids[:, :n]
+                    seen[n][top[top > 0]] = True
+                    if with_diversity:
+                        div = category_diversity(top, item_category)
+                        div_sum[n] += float(np.nansum(div))
+                        div_users[n] += int(np.isfinite(div).sum())
+    finally:
+        model.train(was_training)
+
+    out: dict[str, float] = {}
+    for n in topn:
+        for m in ("recall", "ndcg", "hitrate"):
+            out[f"{m}@{n}"] = sums[f"{m}@{n}"] / num_users
+        if with_diversity:
+            out[f"diversity@{n}"] = div_sum[n] / div_users[n] if div_users[n] else float("nan")
+        out[f"coverage@{n}"] = float(seen[n][1:].sum()) / (num_items - 1)
+    out["users"] = float(num_users)
+    return out
+
+
+def evaluate_with_config(
+    model: InterestModel,
+    eval_set: EvalSet,
+    cfg: Config,
+    item_category: np.ndarray | None = None,
+    *,
+    device: str | torch.device | None = None,
+) -> dict[str, float]:
+    """:func:`evaluate` with ``cfg.eval`` and ``cfg.retrieval`` (the model's device by default)."""
+    return evaluate(
+        model,
+        eval_set,
+        topn=tuple(cfg.eval.topn),
+        retriever_factory=cfg.retrieval.factory,
+        backend=cfg.retrieval.backend,
+        exclude_history=cfg.eval.exclude_history,
+        comirec_ndcg=cfg.eval.comirec_ndcg,
+        item_category=item_category,
+        diversity_lambda=cfg.eval.diversity_lambda,
+        batch_size=cfg.eval.batch_size,
+        device=device,
+        nprobe=cfg.retrieval.nprobe,
+        ef_search=cfg.retrieval.ef_search,
+    )
+
+
+def format_table(
+    results: dict[str, dict[str, float]], metrics: Sequence[str] = _TABLE_METRICS, digits: int = 4
+) -> str:
+    """A Markdown table: one row per run, columns ``Recall@n``, ``NDCG@n``, ``HitRate@n`` per cutoff.
+
+    ``results`` maps a run/model name to :func:`evaluate`'s output. The cutoffs are those
+    found in the results' keys; ``metrics`` may add ``"diversity"`` / ``"coverage"``.
+    Missing values print as ``-``.
+    """
+    if not results:
+        raise ValueError("format_table: no results to show")
+    suffixes = {key.split("@", 1)[1] for row in results.values() for key in row if "@" in key}
+    cutoffs = sorted(int(s) for s in suffixes if s.isdigit())
+    columns = [f"{m}@{n}" for n in cutoffs for m in metrics]
+    header = ["model"] + [f"{_TABLE_NAMES.get(c.split('@')[0], c.split('@')[0])}@{c.split('@')[1]}" for c in columns]
+    rows = [
+        [name] + [f"{row[c]:.{digits}f}" if c in row else "-" for c in columns] for name, row in results.items()
+    ]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        padded = [c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))]
+        return "| " + " | ".join(padded) + " |"
+
+    rule = "|" + "|".join("-" * (w + 1) + (":" if i else "-") for i, w in enumerate(widths)) + "|"
+    return "\n".join([line(header), rule, *(line(r) for r in rows)])

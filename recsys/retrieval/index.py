@@ -1,0 +1,322 @@
+"""Inner-product search over item embeddings, with FAISS or plain torch.
+
+The index holds item rows ``1..N-1`` only: row 0 (padding) is never added, and a FAISS
+label ``j`` stands for item id ``j + 1``. So padding can never be returned, whatever the
+index type. :func:`save_index` / :func:`load_index` keep that convention.
+
+:class:`Retriever` answers ``search(interests [B, K, d], n)`` with one index call for all
+``B·K`` interest vectors, then merges per user (max score, de-duplicated, optional history
+exclusion, or ComiRec's diversity-controlled greedy pick; see :mod:`recsys.retrieval.aggregate`).
+
+Backends:
+
+* ``faiss``: any ``index_factory`` string with the inner-product metric (``Flat``,
+  ``HNSW32,Flat``, ``IVF1024,Flat``, ``IVF256,PQ16``, ...); IVF/PQ indexes are trained on
+  the item embeddings; ``nprobe`` / ``ef_search`` are applied where the index has them.
+* ``torch``: exact search (factory ``Flat`` only) as a chunked ``matmul`` + ``topk`` on the
+  embeddings' device (CPU or CUDA). It returns the same items as FAISS ``Flat`` (up to ties
+  and float rounding of equal scores).
+* ``auto``: torch for ``Flat`` over CUDA embeddings or when FAISS is not installed, else FAISS.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from recsys.retrieval.aggregate import diverse_merge, max_merge
+
+__all__ = ["Exclude", "Retriever", "build_index", "load_index", "save_index", "set_search_params"]
+
+# History to exclude per user: right-padded ``[B, L]`` ids (0 = padding), or CSR as
+# ``(indptr [B+1], items)``; a scipy.sparse CSR matrix (``.indptr`` / ``.indices``) works too.
+Exclude = np.ndarray | torch.Tensor | tuple[np.ndarray, np.ndarray] | None
+
+_BACKENDS = ("auto", "faiss", "torch")
+_TORCH_CHUNK_BYTES = 256 * 2**20  # bound on one [queries, N] score block of the torch backend
+
+
+def _faiss() -> Any:
+    try:
+        import faiss
+    except ImportError as err:  # pragma: no cover - faiss-cpu is a core dependency
+        raise ImportError(
+            "FAISS is not installed: `pip install faiss-cpu`, or use retrieval.backend=torch "
+            "with retrieval.factory=Flat"
+        ) from err
+    return faiss
+
+
+def _as_float32_numpy(x: np.ndarray | torch.Tensor, name: str) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        x = x.detach().to("cpu", torch.float32).numpy()
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if not np.isfinite(x).all():
+        raise ValueError(f"{name}: contains NaN or infinite values")
+    return x
+
+
+def set_search_params(index: Any, *, nprobe: int | None = None, ef_search: int | None = None) -> None:
+    """Set ``nprobe`` (IVF indexes) and ``efSearch`` (HNSW indexes) where ``index`` has them."""
+    faiss = _faiss()
+    if nprobe is not None:
+        if nprobe <= 0:
+            raise ValueError(f"retrieval.nprobe: must be > 0, got {nprobe}")
+        ivf = faiss.try_extract_index_ivf(index)
+        if ivf is not None:
+            ivf.nprobe = min(nprobe, ivf.nlist)
+    if ef_search is not None:
+        if ef_search <= 0:
+            raise ValueError(f"retrieval.ef_search: must be > 0, got {ef_search}")
+        inner = faiss.downcast_index(index)
+        if hasattr(inner, "hnsw"):
+            inner.hnsw.efSearch = ef_search
+
+
+def build_index(
+    item_emb: np.ndarray | torch.Tensor,
+    factory: str = "Flat",
+    *,
+    nprobe: int = 16,
+    ef_search: int = 128,
+) -> Any:
+    """A FAISS inner-product index over ``item_emb [N, d]`` rows ``1..N-1`` (label ``j`` = item ``j+1``).
+
+    ``factory`` is a FAISS ``index_factory`` string; indexes that need training (IVF, PQ)
+    are trained on the same embeddings.
+    """
+    faiss = _faiss()
+    emb = _as_float32_numpy(item_emb, "item_emb")
+    if emb.ndim != 2 or emb.shape[0] < 2:
+        raise ValueError(f"item_emb: expected [num_items >= 2, d] (row 0 = padding), got {emb.shape}")
+    vectors = np.ascontiguousarray(emb[1:])
+    try:
+        index = faiss.index_factory(vectors.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError as err:
+        raise ValueError(f"retrieval.factory: FAISS cannot build {factory!r}: {err}") from None
+    if not index.is_trained:
+        ivf = faiss.try_extract_index_ivf(index)
+        if ivf is not None and ivf.nlist > len(vectors):
+            raise ValueError(
+                f"retrieval.factory: {factory!r} asks for {ivf.nlist} IVF lists but there are "
+                f"only {len(vectors)} items; use fewer lists"
+            )
+        try:
+            index.train(vectors)
+        except RuntimeError as err:
+            raise ValueError(f"retrieval.factory: training {factory!r} failed: {err}") from None
+    index.add(vectors)
+    set_search_params(index, nprobe=nprobe, ef_search=ef_search)
+    return index
+
+
+def save_index(index: Any, path: str | Path) -> None:
+    """Write a FAISS index built by :func:`build_index` (label ``j`` = item ``j+1``)."""
+    _faiss().write_index(index, str(path))
+
+
+def load_index(path: str | Path, *, nprobe: int | None = None, ef_search: int | None = None) -> Any:
+    """Read an index written by :func:`save_index`, then set its search parameters."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"index file not found: {path}")
+    index = _faiss().read_index(str(path))
+    set_search_params(index, nprobe=nprobe, ef_search=ef_search)
+    return index
+
+
+def _exclude_keys(exclude: Exclude, bsz: int, stride: int) -> tuple[np.ndarray, int]:
+    """Flatten ``exclude`` into sorted keys ``row * stride + item`` and the largest row count."""
+    if isinstance(exclude, tuple) or hasattr(exclude, "indptr"):
+        indptr, items = (exclude if isinstance(exclude, tuple) else (exclude.indptr, exclude.indices))
+        indptr = np.asarray(indptr, dtype=np.int64)
+        items = np.asarray(items, dtype=np.int64)
+        if indptr.shape != (bsz + 1,) or indptr[0] != 0 or indptr[-1] != len(items):
+            raise ValueError(f"exclude: CSR indptr must have {bsz + 1} entries from 0 to len(items)")
+        rows = np.repeat(np.arange(bsz, dtype=np.int64), np.diff(indptr))
+    else:
+        if isinstance(exclude, torch.Tensor):
+            exclude = exclude.detach().cpu().numpy()
+        dense = np.asarray(exclude, dtype=np.int64)
+        if dense.ndim != 2 or dense.shape[0] != bsz:
+            raise ValueError(f"exclude: expected [B={bsz}, L] ids padded with 0, got shape {dense.shape}")
+        rows = np.repeat(np.arange(bsz, dtype=np.int64), dense.shape[1])
+        items = dense.reshape(-1)
+    valid = items > 0
+    rows, items = rows[valid], items[valid]
+    if len(items) and items.max() >= stride:
+        raise ValueError(f"exclude: item id {items.max()} is outside the catalogue of {stride} ids")
+    max_count = int(np.bincount(rows, minlength=bsz).max()) if len(rows) else 0
+    return np.unique(rows * stride + items), max_count
+
+
+class Retriever:
+    """Top-``n`` items per user from ``K`` interest vectors, by inner product.
+
+    Args:
+        item_emb: ``[num_items, d]`` (numpy or torch; row 0 = padding, never returned).
+            The torch backend keeps a torch tensor on its device (CUDA works).
+        factory: FAISS ``index_factory`` string; the torch backend needs ``"Flat"``.
+        backend: ``"auto" | "faiss" | "torch"`` (see the module docstring).
+        nprobe, ef_search: search-time parameters of IVF / HNSW indexes.
+        item_category: ``[num_items]`` int categories, needed for ``diversity_lambda > 0``.
+    """
+
+    def __init__(
+        self,
+        item_emb: np.ndarray | torch.Tensor,
+        factory: str = "Flat",
+        backend: str = "auto",
+        nprobe: int = 16,
+        ef_search: int = 128,
+        *,
+        item_category: np.ndarray | None = None,
+    ) -> None:
+        if backend not in _BACKENDS:
+            raise ValueError(f"retrieval.backend: {backend!r} is not one of {list(_BACKENDS)}")
+        if item_emb.ndim != 2 or item_emb.shape[0] < 2:
+            raise ValueError(f"item_emb: expected [num_items >= 2, d] (row 0 = padding), got {tuple(item_emb.shape)}")
+        is_flat = factory.strip() == "Flat"
+        if backend == "auto":
+            on_cuda = isinstance(item_emb, torch.Tensor) and item_emb.is_cuda
+            backend = "torch" if is_flat and (on_cuda or not _has_faiss()) else "faiss"
+        if backend == "torch" and not is_flat:
+            raise ValueError(f"retrieval.backend: 'torch' is exact search and needs factory 'Flat', got {factory!r}")
+        self.backend = backend
+        self.factory = factory
+        self.num_items, self.dim = int(item_emb.shape[0]), int(item_emb.shape[1])
+        self.item_category = _check_categories(item_category, self.num_items)
+        self.index: Any = None
+        self._emb: torch.Tensor | None = None
+        if backend == "faiss":
+            self.index = build_index(item_emb, factory, nprobe=nprobe, ef_search=ef_search)
+        else:
+            emb = item_emb if isinstance(item_emb, torch.Tensor) else torch.from_numpy(np.asarray(item_emb))
+            emb = emb.detach().float()
+            if not torch.isfinite(emb).all():
+                raise ValueError("item_emb: contains NaN or infinite values")
+            self._emb = emb.contiguous()
+
+    @classmethod
+    def from_index(
+        cls,
+        index: Any,
+        *,
+        nprobe: int | None = None,
+        ef_search: int | None = None,
+        item_category: np.ndarray | None = None,
+    ) -> Retriever:
+        """Wrap a FAISS index from :func:`build_index` / :func:`load_index` (no embeddings needed)."""
+        self = cls.__new__(cls)
+        set_search_params(index, nprobe=nprobe, ef_search=ef_search)
+        self.backend, self.factory, self.index, self._emb = "faiss", "", index, None
+        self.num_items, self.dim = int(index.ntotal) + 1, int(index.d)
+        self.item_category = _check_categories(item_category, self.num_items)
+        return self
+
+    def save(self, path: str | Path) -> None:
+        """Write the FAISS index (faiss backend only); reload with :func:`load_index` + :meth:`from_index`."""
+        if self.index is None:
+            raise ValueError("Retriever.save: the torch backend has no index to save; use backend='faiss'")
+        save_index(self.index, path)
+
+    def _knn(self, queries: torch.Tensor | np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``queries [Q, d]`` -> ``(item ids [Q, k] int64, scores [Q, k] float32)``; id 0 = no hit."""
+        if self.index is not None:
+            q = _as_float32_numpy(queries, "interests")
+            scores, labels = self.index.search(q, k)
+            return np.where(labels >= 0, labels + 1, 0), scores
+        emb = self._emb
+        assert emb is not None
+        q = queries if isinstance(queries, torch.Tensor) else torch.from_numpy(np.asarray(queries))
+        q = q.detach().to(emb.device, torch.float32)
+        if not torch.isfinite(q).all():
+            raise ValueError("interests: contains NaN or infinite values")
+        chunk = max(1, _TORCH_CHUNK_BYTES // (4 * self.num_items))
+        ids, scores = [], []
+        for start in range(0, q.shape[0], chunk):
+            block = q[start : start + chunk] @ emb.T  # [chunk, N]
+            block[:, 0] = -torch.inf  # padding
+            top = torch.topk(block, k, dim=1)
+            ids.append(top.indices.cpu())
+            scores.append(top.values.cpu())
+        return torch.cat(ids).numpy().astype(np.int64), torch.cat(scores).numpy()
+
+    def candidates(
+        self, interests: torch.Tensor | np.ndarray, n: int, exclude: Exclude = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Raw per-interest hits, deep enough that merging still yields ``n`` items.
+
+        ``interests [B, K, d]`` -> ``(ids, scores, interest_of)``, each ``[B, K·k]`` with
+        ``k = min(n + max excluded per user, num_items - 1)``; excluded items and missing
+        hits have id ``-1`` and score ``-inf``. Each interest's own top ``n + E`` contains
+        every item whose best interest it is among the user's true top ``n`` (``E`` = that
+        user's excluded count), so max-merging these is exact for exact indexes.
+        """
+        if interests.ndim != 3 or interests.shape[2] != self.dim:
+            raise ValueError(f"interests: expected [B, K, d={self.dim}], got {tuple(interests.shape)}")
+        if n <= 0:
+            raise ValueError(f"n: must be > 0, got {n}")
+        bsz, num_k, _ = interests.shape
+        keys, max_excluded = (np.empty(0, np.int64), 0) if exclude is None else _exclude_keys(
+            exclude, bsz, self.num_items
+        )
+        k = min(n + max_excluded, self.num_items - 1)
+        ids, scores = self._knn(interests.reshape(bsz * num_k, self.dim), k)
+        ids = ids.reshape(bsz, num_k * k)  # row b: interest 0's k hits, then interest 1's, ...
+        scores = scores.reshape(bsz, num_k * k)
+        interest_of = np.broadcast_to(np.repeat(np.arange(num_k, dtype=np.int64), k), ids.shape).copy()
+        invalid = ids <= 0
+        if len(keys):
+            row_keys = np.arange(bsz, dtype=np.int64)[:, None] * self.num_items + ids
+            invalid |= np.isin(row_keys, keys)
+        ids = np.where(invalid, -1, ids)
+        scores = np.where(invalid, np.float32(-np.inf), scores.astype(np.float32))
+        interest_of = np.where(invalid, -1, interest_of)
+        return ids, scores, interest_of
+
+    def search(
+        self,
+        interests: torch.Tensor | np.ndarray,
+        n: int,
+        exclude: Exclude = None,
+        *,
+        diversity_lambda: float = 0.0,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Top ``n`` distinct items per user.
+
+        ``interests [B, K, d]`` (numpy or torch, any device) -> ``(ids [B, n] int64,
+        scores [B, n] float32, interest_of [B, n] int64)``, best first. Each item scores
+        its best inner product over the ``K`` interests; padding and ``exclude``'d items
+        never appear. Where fewer than ``n`` distinct items exist, the row ends with id
+        ``-1``, score ``-inf``, interest ``-1``. With ``diversity_lambda > 0`` the items are
+        picked by ComiRec's greedy category-diversity rule instead (needs ``item_category``).
+        """
+        ids, scores, interest_of = self.candidates(interests, n, exclude)
+        if diversity_lambda > 0:
+            if self.item_category is None:
+                raise ValueError("diversity_lambda > 0 needs item categories: pass item_category to Retriever")
+            return diverse_merge(ids, scores, interest_of, self.item_category, n, diversity_lambda)
+        if diversity_lambda < 0:
+            raise ValueError(f"diversity_lambda: must be >= 0, got {diversity_lambda}")
+        return max_merge(ids, scores, interest_of, n)
+
+
+def _check_categories(item_category: np.ndarray | None, num_items: int) -> np.ndarray | None:
+    if item_category is None:
+        return None
+    cats = np.asarray(item_category, dtype=np.int64)
+    if cats.shape != (num_items,):
+        raise ValueError(f"item_category: expected [{num_items}] (one per item id), got {cats.shape}")
+    return cats
+
+
+def _has_faiss() -> bool:
+    try:
+        import faiss  # noqa: F401
+    except ImportError:
+        return False
+    return True

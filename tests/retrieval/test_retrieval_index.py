@@ -1,0 +1,145 @@
+"""Retriever (FAISS and torch backends) against a brute-force numpy reference."""
+
+import numpy as np
+import pytest
+import torch
+
+from recsys.retrieval import Retriever, build_index, load_index, save_index
+
+
+def _data(seed=0, num_items=800, d=16, bsz=24, k=4):
+    rng = np.random.default_rng(seed)
+    emb = rng.standard_normal((num_items, d)).astype(np.float32)
+    emb[0] = 100.0  # padding row: would win every search if it were indexed
+    # Interests close to each other, so their top lists share many items.
+    base = rng.standard_normal((bsz, 1, d))
+    interests = (base + 0.3 * rng.standard_normal((bsz, k, d))).astype(np.float32)
+    return rng, emb, interests
+
+
+def _brute_force(emb, interests, n, exclude=None):
+    """Dense [B, K, N] scores -> per-item max over interests -> top n (padding, exclusions out)."""
+    scores = np.einsum("bkd,nd->bkn", interests.astype(np.float64), emb.astype(np.float64))
+    best, which = scores.max(axis=1), scores.argmax(axis=1)
+    best[:, 0] = -np.inf
+    if exclude is not None:
+        for b, row in enumerate(exclude):
+            best[b, row[row > 0]] = -np.inf
+    ids = np.argsort(-best, axis=1, kind="stable")[:, :n]
+    return ids, np.take_along_axis(best, ids, axis=1), np.take_along_axis(which, ids, axis=1)
+
+
+@pytest.mark.parametrize("backend", ["faiss", "torch"])
+@pytest.mark.parametrize("with_exclude", [False, True])
+def test_search_equals_brute_force(backend, with_exclude):
+    rng, emb, interests = _data()
+    exclude = None
+    if with_exclude:
+        ref_ids, _, _ = _brute_force(emb, interests, 30)
+        exclude = np.zeros((len(interests), 12), dtype=np.int64)  # right-padded with 0
+        exclude[:, :6] = ref_ids[:, ::5][:, :6]  # the true top items must go
+        exclude[:, 6:9] = rng.integers(1, len(emb), size=(len(interests), 3))
+    n = 30
+    ids, scores, interest_of = Retriever(emb, backend=backend).search(interests, n, exclude)
+    ref_ids, ref_scores, ref_int = _brute_force(emb, interests, n, exclude)
+    np.testing.assert_array_equal(ids, ref_ids)
+    np.testing.assert_allclose(scores, ref_scores, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(interest_of, ref_int)
+    assert ids.dtype == np.int64 and scores.dtype == np.float32 and interest_of.dtype == np.int64
+    # Several interests found the same items, and each appears once.
+    assert len(np.unique(interest_of)) > 1
+    assert all(len(set(row)) == n for row in ids)
+    assert (ids > 0).all()
+    if exclude is not None:
+        for row, ex in zip(ids, exclude):
+            assert not set(row) & set(ex[ex > 0])
+
+
+def test_exclude_as_csr_equals_dense():
+    rng, emb, interests = _data(seed=1)
+    dense = np.zeros((len(interests), 5), dtype=np.int64)
+    lengths = rng.integers(0, 6, size=len(interests))
+    for b, length in enumerate(lengths):
+        dense[b, :length] = rng.integers(1, len(emb), size=length)
+    indptr = np.concatenate([[0], np.cumsum(lengths)])
+    items = np.concatenate([dense[b, :length] for b, length in enumerate(lengths)])
+    retriever = Retriever(emb)
+    np.testing.assert_array_equal(
+        retriever.search(interests, 20, dense)[0], retriever.search(interests, 20, (indptr, items))[0]
+    )
+
+
+def test_faiss_and_torch_backends_agree_on_torch_input():
+    _, emb, interests = _data(seed=2, num_items=3000, d=32)
+    faiss_out = Retriever(emb, backend="faiss").search(torch.from_numpy(interests), 50)
+    torch_out = Retriever(torch.from_numpy(emb), backend="torch").search(torch.from_numpy(interests), 50)
+    np.testing.assert_array_equal(faiss_out[0], torch_out[0])
+    np.testing.assert_allclose(faiss_out[1], torch_out[1], rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(faiss_out[2], torch_out[2])
+
+
+def test_small_catalogue_pads_with_minus_one():
+    rng = np.random.default_rng(3)
+    emb = rng.standard_normal((6, 4)).astype(np.float32)  # 5 real items
+    interests = rng.standard_normal((3, 2, 4)).astype(np.float32)
+    for backend in ("faiss", "torch"):
+        ids, scores, interest_of = Retriever(emb, backend=backend).search(interests, 8, np.array([[1], [0], [0]]))
+        assert sorted(ids[0, :4]) == [2, 3, 4, 5] and (ids[0, 4:] == -1).all()
+        assert sorted(ids[1, :5]) == [1, 2, 3, 4, 5] and (ids[1, 5:] == -1).all()
+        assert np.isneginf(scores[1, 5:]).all() and (interest_of[1, 5:] == -1).all()
+
+
+@pytest.mark.parametrize("factory", ["HNSW16,Flat", "IVF8,Flat", "IVF8,PQ4x4"])
+def test_ann_factories_return_valid_ids(factory):
+    _, emb, interests = _data(seed=4, num_items=2000, d=16)
+    retriever = Retriever(emb, factory=factory, nprobe=8, ef_search=64)
+    ids, scores, _ = retriever.search(interests, 20)
+    assert ids.shape == (len(interests), 20)
+    assert ((ids >= 1) & (ids < len(emb))).all()
+    assert all(len(set(row)) == 20 for row in ids)
+    assert (np.diff(scores, axis=1) <= 1e-6).all()
+    if "PQ" not in factory:  # exact vectors: most of the true top 20 come back
+        ref_ids, _, _ = _brute_force(emb, interests, 20)
+        overlap = np.mean([len(set(a) & set(b)) / 20 for a, b in zip(ids, ref_ids)])
+        assert overlap > 0.8
+
+
+def test_save_load_roundtrip(tmp_path):
+    _, emb, interests = _data(seed=5)
+    index = build_index(emb, "IVF4,Flat", nprobe=4)
+    save_index(index, tmp_path / "items.faiss")
+    loaded = Retriever.from_index(load_index(tmp_path / "items.faiss", nprobe=4))
+    assert loaded.num_items == len(emb)
+    np.testing.assert_array_equal(loaded.search(interests, 10)[0], Retriever(emb).search(interests, 10)[0])
+
+
+def test_bad_inputs_name_the_field():
+    _, emb, interests = _data()
+    with pytest.raises(ValueError, match="retrieval.backend"):
+        Retriever(emb, factory="HNSW32,Flat", backend="torch")
+    with pytest.raises(ValueError, match="retrieval.factory"):
+        Retriever(emb[:50], factory="IVF1024,Flat")
+    with pytest.raises(ValueError, match="interests"):
+        Retriever(emb).search(interests[:, :, :3], 5)
+    with pytest.raises(ValueError, match="exclude"):
+        Retriever(emb).search(interests, 5, np.zeros((2, 3), dtype=np.int64))
+    with pytest.raises(ValueError, match="item_category"):
+        Retriever(emb).search(interests, 5, diversity_lambda=1.0)
+    with pytest.raises(FileNotFoundError, match="index file"):
+        load_index("/nonexistent/items.faiss")
+
+
+def test_search_with_diversity_lambda_uses_categories():
+    _, emb, interests = _data(seed=6)
+    cats = np.arange(len(emb)) % 3
+    retriever = Retriever(emb, item_category=cats)
+    plain = retriever.search(interests, 15)
+    diverse = retriever.search(interests, 15, diversity_lambda=100.0)
+    # With a huge λ the picks cycle through the 3 categories, where the candidates allow it.
+    cand = retriever.candidates(interests, 15)[0]
+    available = np.stack([[len(set(row[(row > 0) & (cats[row] == c)])) for c in range(3)] for row in cand])
+    counts = np.stack([(cats[diverse[0]] == c).sum(axis=1) for c in range(3)], axis=1)
+    enough = (available >= 5).all(axis=1)
+    assert enough.sum() > len(cand) // 2
+    assert (counts[enough] == 5).all()
+    assert not np.array_equal(plain[0], diverse[0])
