@@ -30,6 +30,7 @@ from recsys.data.prepare import Dataset
 from recsys.data.split import Split, split_dataset
 from recsys.evaluate.evaluator import evaluate_with_config
 from recsys.models import InterestModel, build_model
+from recsys.nn.attention import max_attention_logit, set_track_stats
 from recsys.train import distributed
 from recsys.train.checkpoint import RunDir, capture_rng, make_checkpoint, new_run_dir, restore_rng
 from recsys.train.losses import (
@@ -77,20 +78,31 @@ def make_optimizer(model: torch.nn.Module, cfg: Config, device: torch.device) ->
     return cls(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, **extra)
 
 
-class _Step:
-    """One optimisation step: batch -> interests -> readout -> loss -> update."""
+class TrainStep:
+    """One optimisation step: batch -> interests -> readout -> sampled softmax -> update.
+
+    Args:
+        model: the (unwrapped) model; its ``item_embeddings()`` are the output embeddings.
+        forward: ``model`` or its DistributedDataParallel wrapper (which syncs gradients).
+        cfg: the run config (``train`` section: negatives, sampler, logQ, z-loss, AMP, clipping).
+        device: where the batch and the negatives live.
+        item_counts: ``[num_items]`` training click counts (for the unigram sampler).
+        generator: the negative sampler's random stream (on ``device``).
+    """
 
     def __init__(self, model: InterestModel, forward: torch.nn.Module, cfg: Config, device: torch.device,
-                 num_items: int, item_counts: Tensor, generator: torch.Generator):
-        # ``forward`` is ``model`` or its DistributedDataParallel wrapper (which syncs gradients).
+                 item_counts: Tensor, generator: torch.Generator):
         self.model, self.forward, self.cfg, self.device = model, forward, cfg, device
         t = cfg.train
+        num_items = item_counts.shape[0]
         self.num_negatives = t.num_negatives or 10 * t.batch_size
         self.sampler = None if t.full_softmax else make_sampler(
             t.sampler, num_items, item_counts=item_counts, alpha=t.sampler_alpha
         )
         self.generator = generator
         self.amp = t.amp and device.type == "cuda"
+        self.optimizer = make_optimizer(model, cfg, device)
+        self.loss_fn = torch.compile(self.loss, dynamic=False) if t.compile else self.loss
 
     def loss(self, seq: Tensor, lengths: Tensor, targets: Tensor) -> LossOutput:
         """``seq [B, L]``, ``lengths [B]``, ``targets [B]`` on the device -> the loss."""
@@ -115,8 +127,22 @@ class _Step:
                 remove_accidental_hits=t.remove_accidental_hits, z_loss=t.z_loss,
             )
 
+    def __call__(self, seq: Tensor, lengths: Tensor, targets: Tensor) -> tuple[LossOutput, Tensor | None]:
+        """Forward, backward, clip and update; returns the loss and the pre-clip gradient norm
+        (a device tensor, or None without clipping). Never syncs the host."""
+        self.model.train()
+        out = self.loss_fn(seq, lengths, targets)
+        self.optimizer.zero_grad(set_to_none=True)
+        out.loss.backward()
+        grad_norm = None
+        if self.cfg.train.grad_clip > 0:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip)
+        self.optimizer.step()
+        return out, grad_norm
 
-def _to_device(arrays: tuple[np.ndarray, ...], device: torch.device) -> tuple[Tensor, ...]:
+
+def to_device(arrays: tuple[np.ndarray, ...], device: torch.device) -> tuple[Tensor, ...]:
+    """numpy batch -> tensors on ``device`` (through pinned memory, non-blocking, on CUDA)."""
     out = []
     for a in arrays:
         x = torch.from_numpy(a)
@@ -136,6 +162,8 @@ def train(cfg: Config, *, run_dir: str | None = None, resume: bool = False, log:
             an uninterrupted run.
         log: where progress lines go.
     """
+    if resume and run_dir is None:
+        raise ValueError("--resume needs the run directory to continue")
     dist = distributed.setup_distributed(cfg.train.device)
     device = dist.device
     torch.manual_seed(cfg.train.seed + dist.rank)
@@ -146,8 +174,6 @@ def train(cfg: Config, *, run_dir: str | None = None, resume: bool = False, log:
     item_counts = train_item_counts(split, ds.num_items)
     model = build_model(cfg.model, ds.num_items, cfg.data.max_len, item_counts=item_counts).to(device)
 
-    if resume and run_dir is None:
-        raise ValueError("--resume needs the run directory to continue")
     if run_dir is not None:
         rd = RunDir(run_dir)
     else:
@@ -162,104 +188,117 @@ def train(cfg: Config, *, run_dir: str | None = None, resume: bool = False, log:
     def validate() -> dict[str, float]:
         return evaluate_with_config(model, split.valid, cfg, item_category=ds.item_category)
 
-    topk = max(cfg.eval.topn)
-    key = f"recall@{topk}"
-    step = best_step = 0
-    best = -math.inf
-    bad_evals = 0
-    samples_per_s = 0.0
-
+    key = f"recall@{max(cfg.eval.topn)}"
+    state = _LoopState()
     if model.trainable:
-        generator = torch.Generator(device=device)
-        generator.manual_seed(cfg.train.seed + 1000 + dist.rank)
-        batches = TrainSampler(split.train_indptr, split.train_items, cfg.data.max_len,
-                               seed=cfg.train.seed + dist.rank, min_target=cfg.train.min_target)
-        trainer_model = model
-        if dist.world_size > 1:
-            trainer_model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-        optimizer = make_optimizer(model, cfg, device)
-        stepper = _Step(model, trainer_model, cfg, device, ds.num_items, item_counts.to(device), generator)
-        if resume:
-            ck = rd.load_checkpoint(map_location=device)
-            model.load_state_dict(ck["model"])
-            optimizer.load_state_dict(ck["optimizer"])
-            step, best, best_step, bad_evals = ck["step"], ck["best"], ck["best_step"], ck["bad_evals"]
-            restore_rng(ck["rng"], {"batches": batches.rng}, {"neg": generator})
-            rd.rewind_metrics(step)
-            log(f"resumed at step {step} (best {key} {best:.4f} at step {best_step})")
-        t = cfg.train
-        step_fn = torch.compile(stepper.loss, dynamic=False) if t.compile else stepper.loss
-        loss_sum = torch.zeros((), device=device)
-        logz_sum = torch.zeros((), device=device)
-        window_start, window_steps = time.perf_counter(), 0
-        run_start_step, run_start = step, time.perf_counter()
-        while step < t.max_steps:
-            model.train()
-            seq, lengths, targets = _to_device(batches.sample(t.batch_size), device)
-            out = step_fn(seq, lengths, targets)
-            optimizer.zero_grad(set_to_none=True)
-            out.loss.backward()
-            grad_norm = None
-            if t.grad_clip > 0:
-                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
-            optimizer.step()
-            step += 1
-            window_steps += 1
-            loss_sum += out.loss.detach()
-            logz_sum += out.log_z
-            if step % t.log_every == 0 or step == t.max_steps:
-                elapsed = time.perf_counter() - window_start
-                samples_per_s = window_steps * t.batch_size * dist.world_size / max(elapsed, 1e-9)
-                rate = (step - run_start_step) / max(time.perf_counter() - run_start, 1e-9)
-                eta = (t.max_steps - step) / max(rate, 1e-9)
-                row = {"step": step, "loss": (loss_sum / window_steps).item(),
-                       "log_z": (logz_sum / window_steps).item(), "samples_per_s": round(samples_per_s, 1)}
-                if grad_norm is not None:
-                    row["grad_norm"] = float(grad_norm)
-                if dist.is_main:
-                    rd.append_metrics(row)
-                    log(f"step {step}/{t.max_steps}  loss {row['loss']:.4f}  logZ {row['log_z']:.2f}  "
-                        f"{samples_per_s:,.0f} samples/s  ETA {eta:,.0f}s")
-                loss_sum.zero_()
-                logz_sum.zero_()
-                window_start, window_steps = time.perf_counter(), 0
-            if step % t.eval_every == 0 or step == t.max_steps:
-                stop = False
-                if dist.is_main:
-                    metrics = validate()
-                    improved = metrics[key] > best
-                    if improved:
-                        best, best_step, bad_evals = metrics[key], step, 0
-                        rd.save_best(model.state_dict())
-                    else:
-                        bad_evals += 1
-                    rd.append_metrics({"step": step, "split": "valid", **metrics})
-                    log(f"valid @ {step}: " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items() if "@" in k)
-                        + ("  (best)" if improved else f"  (no improvement {bad_evals}/{t.patience})"))
-                    rd.save_checkpoint(make_checkpoint(
-                        model, optimizer, step=step, best=best, best_step=best_step, bad_evals=bad_evals,
-                        rng=capture_rng({"batches": batches.rng}, {"neg": generator}),
-                    ))
-                    stop = t.patience > 0 and bad_evals >= t.patience
-                if distributed.broadcast_flag(stop, device):
-                    log(f"early stop at step {step}: no {key} improvement in {t.patience} evaluations")
-                    break
+        state = _optimise(model, cfg, dist, split, item_counts, rd, validate, key, resume, log)
         if dist.is_main and rd.has_best():
             model.load_state_dict(rd.load_best(map_location=device))
 
     test_metrics: dict[str, float] = {}
     if dist.is_main:
         if not model.trainable:
-            best = validate()[key]
+            state.best = validate()[key]
+            rd.save_best(model.state_dict())
         test_metrics = evaluate_with_config(model, split.test, cfg, item_category=ds.item_category)
         rd.save_test_metrics(test_metrics)
-        if not model.trainable:
-            rd.save_best(model.state_dict())
     distributed.cleanup()
     return TrainResult(
-        run_dir=str(rd.path), steps=step, best_step=best_step, best_valid=best,
-        test_metrics=test_metrics, samples_per_s=samples_per_s, wall_s=time.perf_counter() - t0,
+        run_dir=str(rd.path), steps=state.step, best_step=state.best_step, best_valid=state.best,
+        test_metrics=test_metrics, samples_per_s=state.samples_per_s, wall_s=time.perf_counter() - t0,
     )
+
+
+@dataclass
+class _LoopState:
+    step: int = 0
+    best: float = -math.inf
+    best_step: int = 0
+    bad_evals: int = 0
+    samples_per_s: float = 0.0
+
+
+def _optimise(model: InterestModel, cfg: Config, dist: distributed.DistInfo, split: Split, item_counts: Tensor,
+              rd: RunDir, validate: Callable[[], dict[str, float]], key: str, resume: bool, log: Log) -> _LoopState:
+    """The optimisation loop with periodic logging, validation, checkpoints and early stopping."""
+    t, device = cfg.train, dist.device
+    generator = torch.Generator(device=device)
+    generator.manual_seed(t.seed + 1000 + dist.rank)
+    batches = TrainSampler(split.train_indptr, split.train_items, cfg.data.max_len,
+                           seed=t.seed + dist.rank, min_target=t.min_target)
+    forward: torch.nn.Module = model
+    if dist.world_size > 1:
+        forward = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
+    step_fn = TrainStep(model, forward, cfg, device, item_counts.to(device), generator)
+    st = _LoopState()
+    if resume:
+        ck = rd.load_checkpoint(map_location=device)
+        model.load_state_dict(ck["model"])
+        step_fn.optimizer.load_state_dict(ck["optimizer"])
+        st = _LoopState(ck["step"], ck["best"], ck["best_step"], ck["bad_evals"])
+        restore_rng(ck["rng"], {"batches": batches.rng}, {"neg": generator})
+        rd.rewind_metrics(st.step)
+        log(f"resumed at step {st.step} (best {key} {st.best:.4f} at step {st.best_step})")
+
+    sums = torch.zeros(4, device=device)  # loss, log Z, max logit, grad norm over the log window
+    window_start, window_steps = time.perf_counter(), 0
+    run_start_step, run_start = st.step, time.perf_counter()
+    while st.step < t.max_steps:
+        log_now = (st.step + 1) % t.log_every == 0 or st.step + 1 == t.max_steps
+        set_track_stats(model, log_now)  # record the max attention logit on logging steps only
+        out, grad_norm = step_fn(*to_device(batches.sample(t.batch_size), device))
+        st.step += 1
+        window_steps += 1
+        sums += torch.stack([out.loss.detach(), out.log_z, out.max_logit,
+                             grad_norm.float() if grad_norm is not None else sums.new_zeros(())])
+        if log_now:
+            elapsed = time.perf_counter() - window_start
+            st.samples_per_s = window_steps * t.batch_size * dist.world_size / max(elapsed, 1e-9)
+            rate = (st.step - run_start_step) / max(time.perf_counter() - run_start, 1e-9)
+            loss, log_z, max_logit, gnorm = (sums / window_steps).tolist()  # the one host sync
+            row = {"step": st.step, "loss": loss, "log_z": log_z, "max_output_logit": max_logit,
+                   "grad_norm": gnorm, "samples_per_s": round(st.samples_per_s, 1)}
+            attn = max_attention_logit(model)
+            if attn is not None:
+                row["max_attention_logit"] = float(attn)
+            if dist.is_main:
+                rd.append_metrics(row)
+                log(f"step {st.step}/{t.max_steps}  loss {loss:.4f}  logZ {log_z:.2f}  |g| {gnorm:.2f}  "
+                    f"{st.samples_per_s:,.0f} samples/s  ETA {(t.max_steps - st.step) / max(rate, 1e-9):,.0f}s")
+            sums.zero_()
+            window_start, window_steps = time.perf_counter(), 0
+        if st.step % t.eval_every == 0 or st.step == t.max_steps:
+            stop = False
+            if dist.is_main:
+                stop = _validate(st, model, step_fn, batches, generator, rd, validate, key, cfg, log)
+            if distributed.broadcast_flag(stop, device):
+                log(f"early stop at step {st.step}: no {key} improvement in {t.patience} evaluations")
+                break
+    set_track_stats(model, False)
+    return st
+
+
+def _validate(st: _LoopState, model: InterestModel, step_fn: TrainStep, batches: TrainSampler,
+              generator: torch.Generator, rd: RunDir, validate: Callable[[], dict[str, float]], key: str,
+              cfg: Config, log: Log) -> bool:
+    """Evaluate on the valid users, keep the best weights, checkpoint; True when it is time to stop."""
+    metrics = validate()
+    improved = metrics[key] > st.best
+    if improved:
+        st.best, st.best_step, st.bad_evals = metrics[key], st.step, 0
+        rd.save_best(model.state_dict())
+    else:
+        st.bad_evals += 1
+    rd.append_metrics({"step": st.step, "split": "valid", **metrics})
+    patience = cfg.train.patience
+    log(f"valid @ {st.step}: " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items() if "@" in k)
+        + ("  (best)" if improved else f"  (no improvement {st.bad_evals}/{patience})"))
+    rd.save_checkpoint(make_checkpoint(
+        model, step_fn.optimizer, step=st.step, best=st.best, best_step=st.best_step, bad_evals=st.bad_evals,
+        rng=capture_rng({"batches": batches.rng}, {"neg": generator}),
+    ))
+    return patience > 0 and st.bad_evals >= patience
 
 
 def _data_name(cfg: Config) -> str:
