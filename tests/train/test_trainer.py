@@ -85,3 +85,22 @@ def test_cli_train_prints_table_and_writes_json(tmp_path, capsys):
 def test_unknown_config_key_is_a_config_error():
     with pytest.raises(ConfigError, match="train.max_step"):
         load_config(None, ["train.max_step=3"])
+
+
+LEARN = [
+    "synthetic.num_users=4000", "synthetic.num_items=2000", "synthetic.num_categories=100",
+    "synthetic.interests_per_user=4", "synthetic.popularity_alpha=1.0", "model.dim=32",
+    "model.backend=torch", "train.batch_size=128", "train.lr=0.01", "train.max_steps=600",
+    "train.eval_every=300", "train.log_every=300", "data.max_len=20",
+]
+
+
+@pytest.mark.slow
+def test_comirec_sa_recovers_planted_interests(tmp_path):
+    """Issue 3 acceptance: Recall@50 of comirec_sa >= 3x MostPopular's and above youtube_dnn's."""
+    recall = {}
+    for name in ("popular", "youtube_dnn", "comirec_sa"):
+        cfg = load_config(None, LEARN + [f"model.name={name}", f"output_dir={tmp_path}", f"name={name}"])
+        recall[name] = train(cfg, log=lambda s: None).test_metrics["recall@50"]
+    assert recall["comirec_sa"] >= 3 * recall["popular"], recall
+    assert recall["comirec_sa"] > recall["youtube_dnn"], recall
