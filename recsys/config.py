@@ -113,7 +113,7 @@ class TrainConfig:
     seed: int = 42
     log_every: int = 100
     min_target: int = 4  # earliest target position in a training sequence (ComiRec's code: 4)
-    num_workers: int = 0
+    cpu_threads: int = 0  # torch intra-op threads on CPU; 0 keeps torch's default
 
 
 @dataclass
@@ -143,8 +143,10 @@ class ServeConfig:
 
     host: str = "127.0.0.1"
     port: int = 8000
-    n: int = 50
-    fallback_popular: bool = False
+    n: int = 50  # default top-N of a request
+    max_n: int = 1000  # largest top-N a request may ask for (larger: 422)
+    max_batch: int = 64  # most concurrent requests answered by one model call (micro-batching)
+    fallback_popular: bool = False  # unknown user / no known item: most clicked items instead of a 4xx
 
 
 @dataclass
@@ -252,6 +254,14 @@ def _set_override(cfg: Config, assignment: str) -> None:
     setattr(obj, leaf, _check_type(path.strip(), _parse_override_value(text.strip(), hint), hint))
 
 
+def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
+    """Apply ``section.key=value`` assignments to ``cfg`` in place, then validate it."""
+    for assignment in overrides:
+        _set_override(cfg, assignment)
+    validate(cfg)
+    return cfg
+
+
 def config_from_dict(values: dict[str, Any]) -> Config:
     """Build a config from nested plain data (a parsed TOML file or a saved ``config.json``)."""
     cfg = Config()
@@ -306,11 +316,12 @@ _POSITIVE = (
     "model.routing_iters", "train.batch_size", "train.max_steps", "train.eval_every",
     "train.log_every", "train.min_target", "eval.batch_size", "synthetic.num_users", "synthetic.num_items",
     "synthetic.num_categories", "synthetic.interests_per_user", "synthetic.mean_length",
+    "serve.n", "serve.max_n", "serve.max_batch", "retrieval.nprobe", "retrieval.ef_search",
 )
 _NON_NEGATIVE = (
     "data.min_item_count", "data.min_user_count", "model.hidden", "model.softcap",
     "model.dropout", "train.lr", "train.weight_decay", "train.patience", "train.num_negatives",
-    "train.z_loss", "train.grad_clip", "eval.diversity_lambda", "synthetic.noise",
+    "train.z_loss", "train.cpu_threads", "train.grad_clip", "eval.diversity_lambda", "synthetic.noise",
 )
 
 
@@ -342,6 +353,10 @@ def validate(cfg: Config) -> None:
         raise ConfigError("data.valid_frac/test_frac: need valid >= 0, test > 0, valid + test < 1")
     if not cfg.eval.topn or any(n <= 0 for n in cfg.eval.topn):
         raise ConfigError(f"eval.topn: need a non-empty list of positive ints, got {cfg.eval.topn!r}")
+    if cfg.serve.n > cfg.serve.max_n:
+        raise ConfigError(f"serve.n: {cfg.serve.n} exceeds serve.max_n {cfg.serve.max_n}")
+    if not 0 <= cfg.serve.port <= 65535:
+        raise ConfigError(f"serve.port: must be in 0..65535, got {cfg.serve.port}")
     if cfg.model.dim % cfg.model.num_heads:
         raise ConfigError(
             f"model.num_heads: {cfg.model.num_heads} does not divide model.dim {cfg.model.dim}"

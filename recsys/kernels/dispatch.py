@@ -89,11 +89,13 @@ def attention(
     _check_lengths(key_lengths, b, "key_lengths")
     softcap = softcap or None
     if _use_triton(backend, q.device):
-        from recsys.kernels.attention import triton_attention
+        from recsys.kernels.triton_attention import triton_attention, triton_supports
 
-        return triton_attention(
-            q, k, v, key_lengths=key_lengths, causal=causal, scale=scale, softcap=softcap
-        )
+        # "auto" sends what the kernel does not cover (fp64, D > 128) to the twin; "triton" raises
+        if backend == "triton" or triton_supports(q):
+            return triton_attention(
+                q, k, v, key_lengths=key_lengths, causal=causal, scale=scale, softcap=softcap
+            )
     return reference.attention_ref(
         q, k, v, key_lengths=key_lengths, causal=causal, scale=scale, softcap=softcap
     )
@@ -134,7 +136,9 @@ def multi_interest(
         raise ValueError(f"pos must be [L_max >= {seq_len}, {d}], got {tuple(pos.shape)}")
     _check_lengths(lengths, b, "lengths")
     if _use_triton(backend, h.device):
-        from recsys.kernels.multi_interest import triton_multi_interest
+        from recsys.kernels.triton_multi_interest import triton_multi_interest, triton_supports
 
-        return triton_multi_interest(h, lengths, w1, w2, pos=pos)
+        # "auto" sends what the kernel does not cover (fp64, d > 128) to the twin; "triton" raises
+        if backend == "triton" or triton_supports(h, w1):
+            return triton_multi_interest(h, lengths, w1, w2, pos=pos)
     return reference.multi_interest_ref(h, lengths, w1, w2, pos=pos)

@@ -164,6 +164,8 @@ def train(cfg: Config, *, run_dir: str | None = None, resume: bool = False, log:
     """
     if resume and run_dir is None:
         raise ValueError("--resume needs the run directory to continue")
+    if cfg.train.cpu_threads:
+        torch.set_num_threads(cfg.train.cpu_threads)
     dist = distributed.setup_distributed(cfg.train.device)
     device = dist.device
     torch.manual_seed(cfg.train.seed + dist.rank)

@@ -1,0 +1,247 @@
+"""Fused multi-interest kernel vs the PyTorch twin, eager and under ``torch.compile`` (CUDA, bf16).
+
+Times forward and forward+backward (gradients of h, W1, W2 and P) with ``triton.testing.do_bench``
+medians, rotating over several input sets so that the inputs are not served from L2. Prints the
+memory and matrix-unit floors per shape and, last, a ratio table.
+
+    python experiments/bench_multi_interest.py             # the three acceptance shapes
+    python experiments/bench_multi_interest.py --sweep     # also time launch configs at the first shape
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+from collections.abc import Callable
+
+import torch
+from triton.testing import do_bench
+
+from recsys.kernels.triton_multi_interest import (
+    BackwardConfig,
+    ForwardConfig,
+    LaunchConfig,
+    _mi_bwd_dx_kernel,
+    _mi_bwd_scores_kernel,
+    _mi_bwd_weights_kernel,
+    _mi_pool_kernel,
+    _mi_scores_kernel,
+    backward_config,
+    forward_config,
+    multi_interest_backward,
+    multi_interest_forward,
+    triton_multi_interest,
+)
+from recsys.kernels.reference import multi_interest_ref
+
+SHAPES = [(4096, 50, 4), (1024, 200, 8), (128, 20, 4)]  # (B, L, K)
+COPY_BYTES_PER_S = 4.3e12  # device-to-device copy on this workplace's H200 (KINDS.md)
+BF16_FLOP_PER_S = 7.9e14  # 8192^3 bf16 matmul on random data, same machine
+TANH_PER_S = 132 * 16 * 1.98e9  # MUFU.TANH: 16 per SM per clock, 132 SMs, 1.98 GHz boost
+
+Inputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def make_inputs(batch: int, seq_len: int, k: int, d: int, hidden: int, full: bool, seed: int) -> Inputs:
+    """bf16 CUDA inputs ``(h, lengths, w1, w2, pos, grad_out)``; h/w1/w2/pos require grad."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    kw = {"device": "cuda", "generator": g}
+    h = torch.randn(batch, seq_len, d, **kw)
+    w1 = torch.randn(d, hidden, **kw) * (2.0 / d) ** 0.5
+    w2 = torch.randn(hidden, k, **kw) * (2.0 / hidden) ** 0.5
+    pos = torch.randn(seq_len, d, **kw) * 0.5
+    if full:
+        lengths = torch.full((batch,), seq_len, device="cuda", dtype=torch.long)
+    else:
+        lengths = torch.randint(1, seq_len + 1, (batch,), **kw)
+    grad = torch.randn(batch, k, d, **kw).bfloat16()
+    leaves = [t.bfloat16().requires_grad_() for t in (h, w1, w2, pos)]
+    return leaves[0], lengths, leaves[1], leaves[2], leaves[3], grad
+
+
+def rotating(sets: list[Inputs], body: Callable[[Inputs], object]) -> Callable[[], object]:
+    """A no-argument function that runs ``body`` on the next input set each call."""
+    cycle = itertools.cycle(sets)
+    return lambda: body(next(cycle))
+
+
+def forward_only(fn: Callable) -> Callable[[Inputs], object]:
+    def body(x: Inputs):
+        h, lengths, w1, w2, pos, _ = x
+        with torch.no_grad():
+            return fn(h, lengths, w1, w2, pos=pos)
+
+    return body
+
+
+def forward_backward(fn: Callable) -> Callable[[Inputs], object]:
+    def body(x: Inputs):
+        h, lengths, w1, w2, pos, grad = x
+        out = fn(h, lengths, w1, w2, pos=pos)
+        return torch.autograd.grad(out, (h, w1, w2, pos), grad)
+
+    return body
+
+
+def median_ms(fn: Callable[[], object]) -> float:
+    """Median time per call launched from Python (CPU launch overhead included)."""
+    return do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def graph_ms(fn: Callable[[], object], calls: int = 20, replays: int = 15) -> float:
+    """Median GPU time per call: ``calls`` calls captured in one CUDA graph, replayed."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    return sorted(times)[len(times) // 2]
+
+
+def floors_ms(batch: int, seq_len: int, k: int, d: int, hidden: int) -> dict[str, float]:
+    """Lower bounds: each input read once and each output written once; matrix-unit FLOPs;
+    and the hardware tanh of this design (forward 1 pass over ``B L hidden``, backward 2)."""
+    h_bytes, o_bytes = batch * seq_len * d * 2, batch * k * d * 2
+    fwd_bytes = h_bytes + o_bytes + batch * 8
+    bwd_bytes = 2 * h_bytes + 2 * o_bytes + batch * k * 4 + batch * 8  # read h, out, dout; write dh
+    mm = 2 * batch * seq_len * (d * hidden + hidden * k + k * d)  # forward products
+    return {
+        "mem_fwd": fwd_bytes / COPY_BYTES_PER_S * 1e3,
+        "mem_fwdbwd": (fwd_bytes + bwd_bytes) / COPY_BYTES_PER_S * 1e3,
+        "mma_fwd": mm / BF16_FLOP_PER_S * 1e3,
+        "mma_fwdbwd": 4 * mm / BF16_FLOP_PER_S * 1e3,  # backward: two recomputes and two more
+        "tanh_fwd": batch * seq_len * hidden / TANH_PER_S * 1e3,
+        "tanh_fwdbwd": 3 * batch * seq_len * hidden / TANH_PER_S * 1e3,
+    }
+
+
+def compiled_kernels(jit_fn) -> list:
+    """Every compiled binary of a ``triton.jit`` function (for register/spill reports)."""
+    out = []
+    for cache in jit_fn.device_caches.values():
+        out.extend(cache[0].values())
+    return out
+
+
+def resource_report(jit_fn, before: int) -> str:
+    kernels = compiled_kernels(jit_fn)[before:]
+    return ", ".join(f"regs={getattr(k, 'n_regs', '?')} spills={getattr(k, 'n_spills', '?')}" for k in kernels)
+
+
+def sweep(sets: list[Inputs]) -> None:
+    """GPU time (CUDA graphs) of each kernel's launch configs, the others at their defaults."""
+    batch, seq_len, d = sets[0][0].shape
+    hidden, k = sets[0][3].shape
+    fwd_default = forward_config(seq_len, d, hidden)
+    bwd_default = backward_config(seq_len, d, hidden)
+    print(f"\n## launch-config sweep at B={batch} L={seq_len} d={d} hidden={hidden} K={k}")
+    print(f"defaults: {fwd_default}\n  {bwd_default}")
+    detached = [tuple(t.detach() for t in x) for x in sets]
+
+    def time_forward(cfg: ForwardConfig) -> float:
+        return graph_ms(rotating(detached, lambda x: multi_interest_forward(x[0], x[1], x[2], x[3], x[4], cfg)))
+
+    saved = [(x, multi_interest_forward(x[0], x[1], x[2], x[3], x[4])) for x in detached]
+
+    def time_backward(cfg: BackwardConfig) -> float:
+        def bwd(p):
+            (h, lengths, w1, w2, pos, grad), (out, lse, scores) = p
+            return multi_interest_backward(h, lengths, w1, w2, pos, out, lse, scores, grad, cfg)
+
+        return graph_ms(rotating(saved, bwd))
+
+    candidates = {
+        ("fwd", "scores", _mi_scores_kernel): [(128, 8, 3, 64), (128, 8, 2, 64), (64, 4, 3, 64), (128, 8, 3, 128), (256, 8, 3, 64)],
+        ("fwd", "pool", _mi_pool_kernel): [(64, 4, 1, 0), (32, 4, 1, 0), (64, 2, 1, 0), (128, 4, 1, 0)],
+        ("bwd", "scores", _mi_bwd_scores_kernel): [(64, 4, 1, 0), (32, 4, 1, 0), (16, 4, 1, 0), (64, 8, 1, 0)],
+        ("bwd", "dx", _mi_bwd_dx_kernel): [(128, 8, 3, 64), (128, 8, 2, 64), (64, 4, 3, 64), (128, 8, 3, 32)],
+        ("bwd", "weights", _mi_bwd_weights_kernel): [(128, 8, 2, 64), (64, 4, 2, 64), (64, 4, 2, 128)],
+    }
+    for (which, field, kernel), shapes in candidates.items():
+        for block_l, warps, stages, block_h in shapes:
+            n0 = len(compiled_kernels(kernel))
+            for pps in ((1, 2, 4) if field == "weights" else (0,)):
+                cfg = LaunchConfig(block_l, warps, stages, pps, block_h or 64)
+                if which == "fwd":
+                    ms = time_forward(dataclasses.replace(fwd_default, **{field: cfg}))
+                else:
+                    ms = time_backward(dataclasses.replace(bwd_default, **{field: cfg}))
+                print(f"{which} total, {field} {cfg}: {ms * 1e3:7.1f} us  {resource_report(kernel, n0)}")
+    random_sets = [make_inputs(batch, seq_len, k, d, hidden, False, 100 + i) for i in range(len(sets))]
+    fwd = median_ms(rotating(random_sets, forward_only(triton_multi_interest)))
+    fb = median_ms(rotating(random_sets, forward_backward(triton_multi_interest)))
+    print(f"ours, lengths uniform in [1, L]: fwd {fwd * 1e3:.1f} us, fwd+bwd {fb * 1e3:.1f} us")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--d", type=int, default=64)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--sets", type=int, default=4, help="input sets to rotate over")
+    parser.add_argument("--sweep", action="store_true", help="time launch configs at the first shape")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_multi_interest.py needs a CUDA GPU")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    compiled = torch.compile(multi_interest_ref, dynamic=False)
+    methods = {"ours": triton_multi_interest, "eager": multi_interest_ref, "compile": compiled}
+    rows = []
+    for batch, seq_len, k in SHAPES:
+        sets = [make_inputs(batch, seq_len, k, args.d, args.hidden, True, s) for s in range(args.sets)]
+        h, lengths, w1, w2, pos, _ = sets[0]
+        with torch.no_grad():
+            ref = multi_interest_ref(h.double(), lengths, w1.double(), w2.double(), pos=pos.double())
+            max_err = (triton_multi_interest(h, lengths, w1, w2, pos=pos).double() - ref).abs().max().item()
+        times = {}
+        for name, fn in methods.items():
+            for mode, body in (("fwd", forward_only(fn)), ("fwd+bwd", forward_backward(fn))):
+                times[name, mode, "launch"] = median_ms(rotating(sets, body))
+                try:
+                    times[name, mode, "graph"] = graph_ms(rotating(sets, body))
+                except RuntimeError as exc:  # a method that cannot be captured is reported, not fatal
+                    print(f"  {name} {mode}: CUDA graph capture failed: {str(exc)[:160]}")
+                    times[name, mode, "graph"] = float("nan")
+        floor = floors_ms(batch, seq_len, k, args.d, args.hidden)
+        print(f"\nB={batch} L={seq_len} K={k} d={args.d} hidden={args.hidden}: max |ours - fp64| = {max_err:.2e}")
+        print("  floors (ms): " + ", ".join(f"{key} {val:.4f}" for key, val in floor.items()))
+        for key, val in times.items():
+            print(f"  {key[0]:8s} {key[1]:8s} {key[2]:7s} {val:.4f} ms")
+        rows.append(((batch, seq_len, k), times, floor))
+    for timing, what in (
+        ("launch", "each call launched from Python, CPU launch overhead included (the issue's numbers)"),
+        ("graph", "GPU time: 20 calls captured in a CUDA graph and replayed"),
+    ):
+        print(f"\n{timing}: {what}")
+        print("| B | L | K | pass | ours ms | eager ms | compile ms | vs eager | vs compile | memory/mma floor ms | tanh floor ms |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        for (batch, seq_len, k), times, floor in rows:
+            for mode, suffix in (("fwd", "fwd"), ("fwd+bwd", "fwdbwd")):
+                ours, eager, comp = (times[m, mode, timing] for m in ("ours", "eager", "compile"))
+                print(
+                    f"| {batch} | {seq_len} | {k} | {mode} | {ours:.4f} | {eager:.4f} | {comp:.4f} "
+                    f"| {eager / ours:.1f}x | {comp / ours:.1f}x "
+                    f"| {max(floor['mem_' + suffix], floor['mma_' + suffix]):.4f} | {floor['tanh_' + suffix]:.4f} |"
+                )
+    if args.sweep:
+        batch, seq_len, k = SHAPES[0]
+        sweep([make_inputs(batch, seq_len, k, args.d, args.hidden, True, s) for s in range(args.sets)])
+
+
+if __name__ == "__main__":
+    main()

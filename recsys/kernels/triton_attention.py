@@ -1,0 +1,655 @@
+"""Triton flash attention (FlashAttention-2 style) for short, padded recommendation sequences.
+
+Forward: one program per (batch, head, query block) streams key/value tiles with an online
+softmax (base-2 exponentials, fp32 accumulation) and saves the per-row log-sum-exp. Tiles wholly
+past a sequence's key length, or wholly above the causal diagonal, are never loaded; only the
+tiles that straddle a boundary pay for masking.
+
+Backward recomputes the probabilities tile by tile from the saved log-sum-exp:
+
+- ``Lq <= 64`` (click sequences of up to 64 items, learned interest queries): one program per
+  (batch, head) holds every query row, walks the valid key tiles once and writes ``dk``/``dv``
+  for each tile plus ``dq`` at the end (the "fused" kernel; no atomics);
+- longer ``Lq`` with ``Lk <= 256``: a ``delta = rowsum(dO * O)`` kernel, then one dk/dv kernel
+  over key blocks that also adds each tile's share of ``dq`` into an fp32 buffer with atomics
+  (fastest there on the H200; the float summation order varies from run to run);
+- longer keys: a ``dq`` kernel over query blocks (which also stores ``delta``) followed by the
+  dk/dv kernel without atomics (deterministic; the second recomputation costs less there than
+  the atomic traffic).
+
+With broadcast queries (``q`` batch 1) each batch row's ``dq`` goes to an fp32 buffer that is
+summed over the batch afterwards, without atomics across the batch.
+
+fp32 inputs use IEEE fp32 dot products (``input_precision="ieee"``; Triton's default for fp32
+would be TF32); fp16/bf16 inputs use the tensor cores with fp32 accumulation.
+
+On CUDA, block sizes are autotuned (``triton.autotune``) keyed on power-of-2 buckets of
+``Lq``/``Lk``, the head dim and the masking flags. Under ``TRITON_INTERPRET=1`` (CPU tests), or
+with ``RECSYS_ATTN_AUTOTUNE=0`` (quick GPU test runs that should not compile every candidate),
+a fixed heuristic configuration per shape bucket is used instead.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+LOG2E = 1.4426950408889634
+MAX_HEAD_DIM = 128
+FUSED_MAX_LQ = 64  # query rows one fused backward program holds
+ATOMIC_DQ_MAX_LK = 256  # split backward: dq by fp32 atomics (no dq kernel) up to this many keys
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_AUTOTUNE = not _INTERPRET and os.environ.get("RECSYS_ATTN_AUTOTUNE", "1") != "0"
+
+
+# --------------------------------------------------------------------------------------------
+# Device helpers
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _load_tile(ptrs, rows_ok, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ROW_MASK: tl.constexpr):
+    """Load a ``[rows, BLOCK_D]`` tile; masked rows and padded head-dim columns read 0."""
+    if BLOCK_D == HEAD_DIM:
+        if ROW_MASK:
+            x = tl.load(ptrs, mask=rows_ok[:, None], other=0.0)
+        else:
+            x = tl.load(ptrs)
+    else:
+        if ROW_MASK:
+            x = tl.load(ptrs, mask=rows_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        else:
+            x = tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+    return x
+
+
+@triton.jit
+def _store_tile(ptrs, x, rows_ok, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Store a ``[rows, BLOCK_D]`` tile, skipping masked rows and padded head-dim columns."""
+    if BLOCK_D == HEAD_DIM:
+        tl.store(ptrs, x, mask=rows_ok[:, None])
+    else:
+        tl.store(ptrs, x, mask=rows_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+
+
+@triton.jit
+def _logits(qk, qk_scale, tanh_scale, cap_log2, SOFTCAP: tl.constexpr):
+    """Scaled (and soft-capped) logits in log2 units, and ``tanh`` for the soft-cap gradient.
+
+    ``qk`` is the raw dot product. Without soft-capping the logit is ``qk * scale * log2(e)``;
+    with it, ``cap * tanh(qk * scale / cap) * log2(e)``, ``tanh(x) = 1 - 2 / (exp(2x) + 1)``
+    written with ``exp2`` (libdevice's tanh is missing in the interpreter). Saturates cleanly:
+    ``exp2 -> inf`` gives ``tanh = 1``, ``exp2 -> 0`` gives ``-1``.
+    """
+    if SOFTCAP:
+        t = 1.0 - 2.0 / (tl.exp2(qk * tanh_scale) + 1.0)
+        s = t * cap_log2
+    else:
+        s = qk * qk_scale
+        t = s
+    return s, t
+
+
+# --------------------------------------------------------------------------------------------
+# Forward
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, skd, svn, svd, lo, hi, kv_len, offs_m, offs_n0, offs_d,
+               qk_scale, tanh_scale, cap_log2,
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr,
+               CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Online-softmax update over key tiles ``[lo, hi)``; ``MASK`` for tiles straddling a bound."""
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        offs_n = start_n + offs_n0
+        n_ok = offs_n < kv_len
+        k = _load_tile(k_base + offs_n[:, None] * skn + offs_d[None, :] * skd, n_ok, offs_d, HEAD_DIM, BLOCK_D, MASK)
+        v = _load_tile(v_base + offs_n[:, None] * svn + offs_d[None, :] * svd, n_ok, offs_d, HEAD_DIM, BLOCK_D, MASK)
+        s, _ = _logits(tl.dot(q, tl.trans(k), input_precision=DOT_PREC), qk_scale, tanh_scale, cap_log2, SOFTCAP)
+        if MASK:
+            visible = n_ok[None, :]
+            if CAUSAL:
+                visible = visible & (offs_n[None, :] <= offs_m[:, None])
+            s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PREC)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _fwd_kernel(Q, K, V, O, LSE, LENS,
+                sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
+                H, LQ, LK, lq_bucket, lk_bucket, qk_scale, tanh_scale, cap_log2,
+                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LENS: tl.constexpr, CAUSAL: tl.constexpr,
+                SOFTCAP: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """O[b, h, m-block] and its log2-sum-exp (``+inf`` for rows that see no key).
+
+    Grid: ``cdiv(LQ, BLOCK_M) * B * H`` programs, query blocks fastest (they share K/V in L2).
+    ``O`` is contiguous ``[B, H, LQ, HEAD_DIM]``, ``LSE`` contiguous ``[B, H, LQ]`` fp32.
+    """
+    num_m = tl.cdiv(LQ, BLOCK_M)
+    pid = tl.program_id(0)
+    pid_m = pid % num_m
+    bh = pid // num_m
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_ok = offs_m < LQ
+    q = _load_tile(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
+                   m_ok, offs_d, HEAD_DIM, BLOCK_D, True)
+
+    kv_len = LK
+    if HAS_LENS:
+        kv_len = tl.minimum(tl.maximum(tl.load(LENS + b).to(tl.int32), 0), LK)
+    hi = kv_len
+    full = kv_len  # keys below `full` are visible to every row of this block
+    if CAUSAL:
+        hi = tl.minimum(hi, (pid_m + 1) * BLOCK_M)
+        full = tl.minimum(full, pid_m * BLOCK_M)
+    full = (full // BLOCK_N) * BLOCK_N
+
+    k_base = K + b * skb + h * skh
+    v_base = V + b * svb + h * svh
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # finite: a fully masked tile gives p = 0, not NaN
+    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, skd, svn, svd, 0, full, kv_len,
+                               offs_m, offs_n0, offs_d, qk_scale, tanh_scale, cap_log2,
+                               HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL, SOFTCAP, DOT_PREC)
+    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, skd, svn, svd, full, hi, kv_len,
+                               offs_m, offs_n0, offs_d, qk_scale, tanh_scale, cap_log2,
+                               HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL, SOFTCAP, DOT_PREC)
+
+    seen = l_i > 0.0
+    l_safe = tl.where(seen, l_i, 1.0)
+    o = acc / l_safe[:, None]
+    lse = tl.where(seen, m_i + tl.log2(l_safe), float("inf"))
+    row = bh.to(tl.int64) * LQ + offs_m
+    _store_tile(O + row[:, None] * HEAD_DIM + offs_d[None, :], o.to(O.dtype.element_ty), m_ok, offs_d,
+                HEAD_DIM, BLOCK_D)
+    tl.store(LSE + row, lse, mask=m_ok)
+
+
+# --------------------------------------------------------------------------------------------
+# Backward
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _dq_tiles(dq, q, do, lse, delta, k_base, v_base, skn, skd, svn, svd, dk_base, dv_base, lo, hi, kv_len, LK,
+              offs_m, offs_n0, offs_d, qk_scale, tanh_scale, cap_log2, sm_scale,
+              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr,
+              CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr, FUSED: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Accumulate ``dq`` over key tiles ``[lo, hi)``; with ``FUSED`` also store each tile's dk, dv.
+
+    ``dq`` accumulates ``dS @ K`` without the logit scale (applied once by the caller).
+    """
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        offs_n = start_n + offs_n0
+        n_ok = offs_n < kv_len
+        k = _load_tile(k_base + offs_n[:, None] * skn + offs_d[None, :] * skd, n_ok, offs_d, HEAD_DIM, BLOCK_D, MASK)
+        v = _load_tile(v_base + offs_n[:, None] * svn + offs_d[None, :] * svd, n_ok, offs_d, HEAD_DIM, BLOCK_D, MASK)
+        s, t = _logits(tl.dot(q, tl.trans(k), input_precision=DOT_PREC), qk_scale, tanh_scale, cap_log2, SOFTCAP)
+        if MASK:
+            visible = n_ok[None, :]
+            if CAUSAL:
+                visible = visible & (offs_n[None, :] <= offs_m[:, None])
+            s = tl.where(visible, s, float("-inf"))
+        p = tl.exp2(s - lse[:, None])
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
+        ds = p * (dp - delta[:, None])
+        if SOFTCAP:
+            ds = ds * (1.0 - t * t)
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PREC)
+        if FUSED:
+            dv = tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=DOT_PREC)
+            dk = tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=DOT_PREC) * sm_scale
+            off = offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+            _store_tile(dk_base + off, dk.to(dk_base.dtype.element_ty), offs_n < LK, offs_d, HEAD_DIM, BLOCK_D)
+            _store_tile(dv_base + off, dv.to(dv_base.dtype.element_ty), offs_n < LK, offs_d, HEAD_DIM, BLOCK_D)
+    return dq
+
+
+@triton.jit
+def _bwd_dq_kernel(Q, K, V, O, DO, LSE, DELTA, DQ, DK, DV, LENS,
+                   sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
+                   H, LQ, LK, lq_bucket, lk_bucket, qk_scale, tanh_scale, cap_log2, sm_scale,
+                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LENS: tl.constexpr, CAUSAL: tl.constexpr,
+                   SOFTCAP: tl.constexpr, FUSED: tl.constexpr, DOT_PREC: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dq for one (batch, head, query block); ``delta = rowsum(dO * O)`` is computed here.
+
+    ``FUSED`` (``BLOCK_M >= LQ``, one program per (batch, head)): the program sees every query
+    row, so it also writes complete ``dk``/``dv`` tiles (zeros past the key length) and keeps
+    ``delta`` to itself. Otherwise ``delta`` is stored for the dk/dv kernel.
+    ``O``, ``DO``, ``DQ`` are contiguous ``[B, H, LQ, HEAD_DIM]`` (``DQ`` is per kv-batch row, fp32,
+    when queries are broadcast); ``DK``, ``DV`` contiguous ``[B, H, LK, HEAD_DIM]``.
+    """
+    num_m = tl.cdiv(LQ, BLOCK_M)
+    pid = tl.program_id(0)
+    pid_m = pid % num_m
+    bh = pid // num_m
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    bh64 = bh.to(tl.int64)
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_ok = offs_m < LQ
+    row_off = offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+    q = _load_tile(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
+                   m_ok, offs_d, HEAD_DIM, BLOCK_D, True)
+    do = _load_tile(DO + bh64 * LQ * HEAD_DIM + row_off, m_ok, offs_d, HEAD_DIM, BLOCK_D, True)
+    o = _load_tile(O + bh64 * LQ * HEAD_DIM + row_off, m_ok, offs_d, HEAD_DIM, BLOCK_D, True)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    if not FUSED:
+        tl.store(DELTA + bh64 * LQ + offs_m, delta, mask=m_ok)
+    lse = tl.load(LSE + bh64 * LQ + offs_m, mask=m_ok, other=float("inf"))
+
+    kv_len = LK
+    if HAS_LENS:
+        kv_len = tl.minimum(tl.maximum(tl.load(LENS + b).to(tl.int32), 0), LK)
+    hi = kv_len
+    full = kv_len
+    if CAUSAL:
+        hi = tl.minimum(hi, (pid_m + 1) * BLOCK_M)
+        full = tl.minimum(full, pid_m * BLOCK_M)
+    full = (full // BLOCK_N) * BLOCK_N
+
+    k_base = K + b * skb + h * skh
+    v_base = V + b * svb + h * svh
+    dk_base = DK + bh64 * LK * HEAD_DIM
+    dv_base = DV + bh64 * LK * HEAD_DIM
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    dq = _dq_tiles(dq, q, do, lse, delta, k_base, v_base, skn, skd, svn, svd, dk_base, dv_base, 0, full, kv_len,
+                   LK, offs_m, offs_n0, offs_d, qk_scale, tanh_scale, cap_log2, sm_scale,
+                   HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL, SOFTCAP, FUSED, DOT_PREC)
+    dq = _dq_tiles(dq, q, do, lse, delta, k_base, v_base, skn, skd, svn, svd, dk_base, dv_base, full, hi, kv_len,
+                   LK, offs_m, offs_n0, offs_d, qk_scale, tanh_scale, cap_log2, sm_scale,
+                   HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL, SOFTCAP, FUSED, DOT_PREC)
+    if FUSED:  # key tiles that were skipped get zero gradients
+        zero = tl.zeros([BLOCK_N, BLOCK_D], dtype=DK.dtype.element_ty)
+        for start_n in range(tl.cdiv(hi, BLOCK_N) * BLOCK_N, LK, BLOCK_N):
+            offs_n = start_n + offs_n0
+            off = offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+            _store_tile(dk_base + off, zero, offs_n < LK, offs_d, HEAD_DIM, BLOCK_D)
+            _store_tile(dv_base + off, zero, offs_n < LK, offs_d, HEAD_DIM, BLOCK_D)
+    _store_tile(DQ + bh64 * LQ * HEAD_DIM + row_off, (dq * sm_scale).to(DQ.dtype.element_ty), m_ok, offs_d,
+                HEAD_DIM, BLOCK_D)
+
+
+@triton.jit
+def _bwd_delta_kernel(O, DO, DELTA, ROWS, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
+    """``delta = rowsum(dO * O)`` over ``ROWS`` contiguous rows of ``HEAD_DIM``; grid ``cdiv(ROWS, BLOCK_R)``."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, BLOCK_D)
+    ok = rows < ROWS
+    off = rows[:, None] * HEAD_DIM + offs_d[None, :]
+    o = _load_tile(O + off, ok, offs_d, HEAD_DIM, BLOCK_D, True)
+    do = _load_tile(DO + off, ok, offs_d, HEAD_DIM, BLOCK_D, True)
+    tl.store(DELTA + rows, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1), mask=ok)
+
+
+@triton.jit
+def _dkdv_tiles(dk, dv, k, v, q_base, sqm, sqd, do_base, lse_base, delta_base, dq_base, lo, hi, LQ, offs_n, offs_m0,
+                offs_d, qk_scale, tanh_scale, cap_log2, sm_scale,
+                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, MASK: tl.constexpr,
+                SOFTCAP: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Accumulate one key tile's ``dk`` (unscaled) and ``dv`` over query blocks ``[lo, hi)``.
+
+    Works on transposed scores ``[BLOCK_N, BLOCK_M]``; ``MASK`` applies the causal mask.
+    Query rows past ``LQ`` read ``lse = +inf``, so their probabilities are 0. ``ATOMIC_DQ`` also
+    adds this tile's share of ``dq`` into the fp32 buffer at ``dq_base`` (keys past the length
+    were read as 0, so they add nothing).
+    """
+    for start_m in range(lo, hi, BLOCK_M):
+        start_m = tl.multiple_of(start_m, BLOCK_M)
+        offs_m = start_m + offs_m0
+        m_ok = offs_m < LQ
+        q = _load_tile(q_base + offs_m[:, None] * sqm + offs_d[None, :] * sqd, m_ok, offs_d, HEAD_DIM, BLOCK_D, True)
+        do = _load_tile(do_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], m_ok, offs_d, HEAD_DIM, BLOCK_D, True)
+        lse = tl.load(lse_base + offs_m, mask=m_ok, other=float("inf"))
+        delta = tl.load(delta_base + offs_m, mask=m_ok, other=0.0)
+        s, t = _logits(tl.dot(k, tl.trans(q), input_precision=DOT_PREC), qk_scale, tanh_scale, cap_log2, SOFTCAP)
+        if MASK:
+            s = tl.where(offs_m[None, :] >= offs_n[:, None], s, float("-inf"))
+        p = tl.exp2(s - lse[None, :])
+        dv = tl.dot(p.to(do.dtype), do, dv, input_precision=DOT_PREC)
+        dp = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)
+        ds = p * (dp - delta[None, :])
+        if SOFTCAP:
+            ds = ds * (1.0 - t * t)
+        dk = tl.dot(ds.to(q.dtype), q, dk, input_precision=DOT_PREC)
+        if ATOMIC_DQ:
+            dq = tl.dot(tl.trans(ds.to(k.dtype)), k, input_precision=DOT_PREC) * sm_scale
+            dq_ptrs = dq_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+            if BLOCK_D == HEAD_DIM:
+                tl.atomic_add(dq_ptrs, dq, mask=m_ok[:, None], sem="relaxed")
+            else:
+                tl.atomic_add(dq_ptrs, dq, mask=m_ok[:, None] & (offs_d[None, :] < HEAD_DIM), sem="relaxed")
+    return dk, dv
+
+
+@triton.jit
+def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DQ, DK, DV, LENS,
+                     sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
+                     H, LQ, LK, lq_bucket, lk_bucket, qk_scale, tanh_scale, cap_log2, sm_scale,
+                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LENS: tl.constexpr, CAUSAL: tl.constexpr,
+                     SOFTCAP: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PREC: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dk, dv for one (batch, head, key block); key blocks past the key length write zeros only.
+
+    Grid: ``cdiv(LK, BLOCK_N) * B * H``. Causal: query blocks before the key block are skipped and
+    only the blocks crossing the diagonal are masked. ``ATOMIC_DQ``: also accumulate ``dq`` into
+    the zeroed fp32 ``DQ`` (contiguous ``[B, H, LQ, HEAD_DIM]``) with atomic adds.
+    """
+    num_n = tl.cdiv(LK, BLOCK_N)
+    pid = tl.program_id(0)
+    pid_n = pid % num_n
+    bh = pid // num_n
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    bh64 = bh.to(tl.int64)
+
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_m0 = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    kv_len = LK
+    if HAS_LENS:
+        kv_len = tl.minimum(tl.maximum(tl.load(LENS + b).to(tl.int32), 0), LK)
+    n_ok = offs_n < kv_len
+    k = _load_tile(K + b * skb + h * skh + offs_n[:, None] * skn + offs_d[None, :] * skd,
+                   n_ok, offs_d, HEAD_DIM, BLOCK_D, True)
+    v = _load_tile(V + b * svb + h * svh + offs_n[:, None] * svn + offs_d[None, :] * svd,
+                   n_ok, offs_d, HEAD_DIM, BLOCK_D, True)
+
+    lo = 0
+    if CAUSAL:
+        lo = (start_n // BLOCK_M) * BLOCK_M
+    hi = tl.where(start_n < kv_len, LQ, lo)  # a key block wholly past the length does no work
+    mid = lo
+    if CAUSAL:
+        mid = tl.minimum(hi, tl.cdiv(start_n + BLOCK_N, BLOCK_M) * BLOCK_M)
+
+    q_base = Q + b * sqb + h * sqh
+    do_base = DO + bh64 * LQ * HEAD_DIM
+    lse_base = LSE + bh64 * LQ
+    delta_base = DELTA + bh64 * LQ
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dq_base = DQ + bh64 * LQ * HEAD_DIM
+    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, sqm, sqd, do_base, lse_base, delta_base, dq_base, lo, mid, LQ, offs_n,
+                         offs_m0, offs_d, qk_scale, tanh_scale, cap_log2, sm_scale,
+                         HEAD_DIM, BLOCK_D, BLOCK_M, True, SOFTCAP, ATOMIC_DQ, DOT_PREC)
+    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, sqm, sqd, do_base, lse_base, delta_base, dq_base, mid, hi, LQ, offs_n,
+                         offs_m0, offs_d, qk_scale, tanh_scale, cap_log2, sm_scale,
+                         HEAD_DIM, BLOCK_D, BLOCK_M, False, SOFTCAP, ATOMIC_DQ, DOT_PREC)
+    # keys past the length were read as 0 and summed nonzero probabilities: their gradients are 0
+    dk = tl.where(n_ok[:, None], dk * sm_scale, 0.0)
+    dv = tl.where(n_ok[:, None], dv, 0.0)
+    off = bh64 * LK * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+    _store_tile(DK + off, dk.to(DK.dtype.element_ty), offs_n < LK, offs_d, HEAD_DIM, BLOCK_D)
+    _store_tile(DV + off, dv.to(DV.dtype.element_ty), offs_n < LK, offs_d, HEAD_DIM, BLOCK_D)
+
+
+# --------------------------------------------------------------------------------------------
+# Launch configuration
+# --------------------------------------------------------------------------------------------
+
+
+def _bucket(n: int) -> int:
+    """Power-of-2 bucket (at least 16, the smallest dot size) used for block caps and tuning keys."""
+    return max(16, triton.next_power_of_2(max(n, 1)))
+
+
+def _cfg(block_n: int, warps: int, stages: int, block_m: int | None = None) -> triton.Config:
+    kwargs = {"BLOCK_N": block_n} if block_m is None else {"BLOCK_M": block_m, "BLOCK_N": block_n}
+    return triton.Config(kwargs, num_warps=warps, num_stages=stages)
+
+
+# candidates: (BLOCK_M, BLOCK_N, num_warps, num_stages); pruned per shape by `_prune`
+_FWD_CONFIGS = [_cfg(n, w, s, m) for m, n, w, s in [
+    (16, 16, 4, 2), (32, 16, 4, 2), (64, 16, 4, 2), (64, 32, 4, 2), (64, 64, 4, 3),
+    (128, 32, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3)]]
+_DQ_CONFIGS = [_cfg(n, w, s, m) for m, n, w, s in [
+    (64, 32, 4, 2), (64, 64, 4, 3), (128, 32, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3)]]
+_FUSED_CONFIGS = [_cfg(n, w, s) for n, w, s in [(16, 4, 2), (32, 4, 2), (64, 4, 2), (16, 2, 2), (32, 8, 2)]]
+_DKDV_CONFIGS = [_cfg(n, w, s, m) for m, n, w, s in [
+    (32, 32, 4, 2), (32, 64, 4, 3), (64, 64, 4, 3), (32, 128, 4, 3), (64, 128, 4, 3), (64, 128, 8, 3)]]
+
+
+def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
+    """Drop candidates whose blocks exceed the (bucketed) sequence lengths."""
+    qb, kb = named_args["lq_bucket"], named_args["lk_bucket"]
+    keep = [
+        c for c in configs
+        if c.kwargs.get("BLOCK_M", 16) <= qb and c.kwargs["BLOCK_N"] <= kb
+    ]
+    return keep or configs[:1]
+
+
+def _heuristic(kind: str, lq: int, lk: int) -> tuple[dict, int, int]:
+    """Fixed (meta-parameters, num_warps, num_stages) when not autotuning: the H200's picks."""
+    qb, kb = _bucket(lq), _bucket(lk)
+    if kind == "fused":
+        return {"BLOCK_N": 16}, 4, 2
+    if kind.startswith("dkdv"):
+        return {"BLOCK_M": 32, "BLOCK_N": 64 if kb <= 256 else 128}, 4, 3
+    if kb <= 256:
+        return {"BLOCK_M": min(qb, 64), "BLOCK_N": 32}, 4, 2
+    return {"BLOCK_M": min(qb, 128), "BLOCK_N": 64}, 8, 3
+
+
+def _autotuned(kernel, configs: list[triton.Config], reset: list[str] | None = None):
+    return triton.autotune(
+        configs=configs,
+        key=["lq_bucket", "lk_bucket", "HEAD_DIM", "HAS_LENS", "CAUSAL", "SOFTCAP"],
+        prune_configs_by={"early_config_prune": _prune},
+        reset_to_zero=reset,
+    )(kernel)
+
+
+if _AUTOTUNE:
+    _TUNED = {
+        "fwd": _autotuned(_fwd_kernel, _FWD_CONFIGS),
+        "dq": _autotuned(_bwd_dq_kernel, _DQ_CONFIGS),
+        "fused": _autotuned(_bwd_dq_kernel, _FUSED_CONFIGS),
+        "dkdv": _autotuned(_bwd_dkdv_kernel, _DKDV_CONFIGS),
+        "dkdv_atomic": _autotuned(_bwd_dkdv_kernel, _DKDV_CONFIGS, reset=["DQ"]),  # timing runs add into DQ
+    }
+_KERNELS = {"fwd": _fwd_kernel, "dq": _bwd_dq_kernel, "fused": _bwd_dq_kernel, "dkdv": _bwd_dkdv_kernel,
+            "dkdv_atomic": _bwd_dkdv_kernel}
+
+
+def _launch(kind: str, grid, args: tuple, lq: int, lk: int, **meta) -> None:
+    """Run kernel ``kind`` autotuned, or with its heuristic configuration."""
+    if _AUTOTUNE:
+        _TUNED[kind][grid](*args, **meta)
+        return
+    cfg, warps, stages = _heuristic(kind, lq, lk)
+    _KERNELS[kind][grid](*args, **meta, **cfg, num_warps=warps, num_stages=stages)
+
+
+def best_configs() -> dict[str, str]:
+    """The autotuner's pick per kernel for the last shape it tuned (empty when not autotuning)."""
+    if not _AUTOTUNE:
+        return {}
+    return {kind: str(t.best_config) for kind, t in _TUNED.items() if getattr(t, "best_config", None) is not None}
+
+
+# --------------------------------------------------------------------------------------------
+# Host side
+# --------------------------------------------------------------------------------------------
+
+
+class _Problem:
+    """Shapes, strides and constants shared by the forward and backward launches."""
+
+    def __init__(self, q: Tensor, k: Tensor, v: Tensor, lens: Tensor | None, causal: bool,
+                 scale: float | None, softcap: float | None) -> None:
+        self.batch, self.heads, self.lk, self.head_dim = k.shape
+        self.lq = q.shape[2]
+        self.broadcast = q.shape[0] != self.batch
+        self.fused = self.lq <= FUSED_MAX_LQ
+        self.atomic_dq = not self.fused and self.lk <= ATOMIC_DQ_MAX_LK
+        scale = 1.0 / math.sqrt(self.head_dim) if scale is None else float(scale)
+        self.scale = scale
+        cap = float(softcap) if softcap else 0.0
+        self.consts = (
+            scale * LOG2E,  # qk_scale
+            2.0 * scale * LOG2E / cap if cap else 0.0,  # tanh_scale
+            cap * LOG2E,  # cap_log2
+        )
+        q_strides = list(q.stride())
+        if self.broadcast:
+            q_strides[0] = 0
+        self.strides = (*q_strides, *k.stride(), *v.stride())
+        self.sizes = (self.heads, self.lq, self.lk, _bucket(self.lq), _bucket(self.lk))
+        self.meta = {
+            "HEAD_DIM": self.head_dim,
+            "BLOCK_D": _bucket(self.head_dim),
+            "HAS_LENS": lens is not None,
+            "CAUSAL": bool(causal),
+            "SOFTCAP": bool(cap),
+            "DOT_PREC": "ieee" if q.dtype == torch.float32 else "tf32",
+        }
+
+    def grid(self, length: int, block: str):
+        n = self.batch * self.heads
+        return lambda meta: (triton.cdiv(length, meta[block]) * n,)
+
+
+def _forward(q: Tensor, k: Tensor, v: Tensor, lens: Tensor | None, pb: _Problem) -> tuple[Tensor, Tensor]:
+    """Returns ``o [B, H, Lq, D]`` and ``lse [B, H, Lq]`` (log2 units, fp32, ``+inf`` for empty rows)."""
+    o = torch.empty((pb.batch, pb.heads, pb.lq, pb.head_dim), dtype=q.dtype, device=q.device)
+    lse = torch.empty((pb.batch, pb.heads, pb.lq), dtype=torch.float32, device=q.device)
+    args = (q, k, v, o, lse, lens if lens is not None else lse, *pb.strides, *pb.sizes, *pb.consts)
+    _launch("fwd", pb.grid(pb.lq, "BLOCK_M"), args, pb.lq, pb.lk, **pb.meta)
+    return o, lse
+
+
+def _backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, lens: Tensor | None,
+              pb: _Problem) -> tuple[Tensor, Tensor, Tensor]:
+    """dq (shape of ``q``), dk, dv; broadcast queries get their per-batch dq summed in fp32."""
+    do = do.contiguous()
+    dev = q.device
+    dq_shape = (pb.batch, pb.heads, pb.lq, pb.head_dim)
+    dk = torch.empty((pb.batch, pb.heads, pb.lk, pb.head_dim), dtype=k.dtype, device=dev)
+    dv = torch.empty((pb.batch, pb.heads, pb.lk, pb.head_dim), dtype=v.dtype, device=dev)
+    lens_arg = lens if lens is not None else lse
+    tail = (*pb.strides, *pb.sizes, *pb.consts, pb.scale)
+    dq_dtype = torch.float32 if pb.broadcast or pb.atomic_dq else q.dtype
+    dq = (torch.zeros if pb.atomic_dq else torch.empty)(dq_shape, dtype=dq_dtype, device=dev)
+    if pb.fused:  # delta stays inside the program: `lse` fills its unused slot
+        args = (q, k, v, o, do, lse, lse, dq, dk, dv, lens_arg, *tail)
+        _launch("fused", (pb.batch * pb.heads,), args, pb.lq, pb.lk, **pb.meta, FUSED=True, BLOCK_M=_bucket(pb.lq))
+    else:
+        delta = torch.empty_like(lse)
+        if pb.atomic_dq:
+            rows = delta.numel()
+            _bwd_delta_kernel[(triton.cdiv(rows, 64),)](o, do, delta, rows, HEAD_DIM=pb.head_dim,
+                                                        BLOCK_D=pb.meta["BLOCK_D"], BLOCK_R=64)
+        else:  # the dq kernel also writes delta
+            args = (q, k, v, o, do, lse, delta, dq, dk, dv, lens_arg, *tail)
+            _launch("dq", pb.grid(pb.lq, "BLOCK_M"), args, pb.lq, pb.lk, **pb.meta, FUSED=False)
+        args = (q, k, v, do, lse, delta, dq, dk, dv, lens_arg, *tail)
+        _launch("dkdv_atomic" if pb.atomic_dq else "dkdv", pb.grid(pb.lk, "BLOCK_N"), args, pb.lq, pb.lk,
+                **pb.meta, ATOMIC_DQ=pb.atomic_dq)
+    if pb.broadcast:
+        dq = dq.sum(0, keepdim=True)
+    return dq.to(q.dtype), dk, dv
+
+
+class _FlashAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, lens, causal, scale, softcap):
+        pb = _Problem(q, k, v, lens, causal, scale, softcap)
+        o, lse = _forward(q, k, v, lens, pb)
+        ctx.save_for_backward(q, k, v, o, lse, lens)
+        ctx.problem = pb
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse, lens = ctx.saved_tensors
+        dq, dk, dv = _backward(do, q, k, v, o, lse, lens, ctx.problem)
+        return dq, dk, dv, None, None, None, None
+
+
+def triton_supports(q: Tensor) -> bool:
+    """Whether the kernel covers ``q``'s dtype and head dim (fp16/bf16/fp32, ``D <= 128``)."""
+    return q.dtype in DTYPES and q.shape[-1] <= MAX_HEAD_DIM
+
+
+def triton_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    key_lengths: Tensor | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+    softcap: float | None = None,
+) -> Tensor:
+    """Flash attention with key padding, causal masking, soft-capping and broadcast queries.
+
+    Args:
+        q: ``[B or 1, H, Lq, D]`` (any strides); ``B = 1`` broadcasts the queries over the batch.
+        k: ``[B, H, Lk, D]``.
+        v: ``[B, H, Lk, D]``.
+        key_lengths: ``[B]`` int; keys at positions ``>= key_lengths[b]`` are masked and their
+            tiles skipped. Values are clamped to ``[0, Lk]``.
+        causal: query ``i`` sees keys ``j <= i`` (needs ``Lq == Lk``).
+        scale: logit scale, default ``1 / sqrt(D)``.
+        softcap: if set (non-zero), logits become ``softcap * tanh(logits / softcap)``.
+
+    Returns:
+        ``[B, H, Lq, D]`` in the input dtype; rows with no visible key are 0 with zero gradients.
+
+    Raises:
+        ValueError: on a dtype other than fp16/bf16/fp32, ``D > 128``, mismatched shapes or
+            devices.
+    """
+    if q.dim() != 4 or k.dim() != 4 or v.shape != k.shape:
+        raise ValueError(f"q, k, v must be [B, H, L, D] with v shaped like k; got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if q.shape[0] not in (1, k.shape[0]) or q.shape[1] != k.shape[1] or q.shape[3] != k.shape[3]:
+        raise ValueError(f"q {tuple(q.shape)} must be [{k.shape[0]} or 1, {k.shape[1]}, Lq, {k.shape[3]}]")
+    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in DTYPES:
+        raise ValueError(f"triton attention needs q, k, v all fp16, bf16 or fp32; got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.shape[3] > MAX_HEAD_DIM:
+        raise ValueError(f"triton attention supports head dim D <= {MAX_HEAD_DIM}, got {q.shape[3]}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v are on different devices: {q.device}, {k.device}, {v.device}")
+    if causal and q.shape[2] != k.shape[2]:
+        raise ValueError(f"causal attention needs Lq == Lk, got {q.shape[2]} and {k.shape[2]}")
+    if q.numel() == 0 or k.numel() == 0:
+        from recsys.kernels.reference import attention_ref
+
+        return attention_ref(q, k, v, key_lengths=key_lengths, causal=causal, scale=scale, softcap=softcap)
+    lens = None
+    if key_lengths is not None:
+        if key_lengths.shape != (k.shape[0],):
+            raise ValueError(f"key_lengths must have shape [{k.shape[0]}], got {tuple(key_lengths.shape)}")
+        lens = key_lengths.to(device=q.device, dtype=torch.int32).contiguous()
+    return _FlashAttention.apply(q, k, v, lens, bool(causal), scale, softcap)

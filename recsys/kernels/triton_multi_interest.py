@@ -1,0 +1,566 @@
+"""Fused Triton kernels for ComiRec-SA's self-attentive multi-interest extraction.
+
+For each sequence ``b`` with ``n = lengths[b]`` valid clicks::
+
+    X = H[b] + P                   [L, d]       (positions feed the scores only)
+    T = tanh(X W1)                 [L, hidden]
+    S = T W2                       [L, K]
+    A = softmax over l < n of S    [L, K]
+    out[b] = Aᵀ H[b]               [K, d]
+
+Forward, two launches. (1) *Scores*: the ``R = B L`` rows of ``H`` as one flat matrix, in
+tiles of ``BLOCK_M`` rows; a loop over slices of the hidden units computes ``tanh(X W1)`` in
+registers and accumulates ``S``, so the ``[B, L, hidden]`` activation never reaches memory;
+``S [B, L, K]`` fp32 (small) does. (2) *Pool*: one program per sequence reads ``S`` and ``H``
+once more and does the masked softmax over ``L`` (online, over blocks) and ``Aᵀ H``; it also
+writes the log-sum-exp ``[B, K]`` for backward.
+
+Backward, three launches, then sums. (1) Per sequence: ``A`` from the saved ``S`` and
+log-sum-exp, the value path ``dH = A dO`` and the score gradients ``dS = A (dA - <dO, O>)``
+(``[B, L, K]``, small). (2) *dX*, flat row tiles: over hidden slices it recomputes ``tanh``,
+forms ``dZ = (dS W2ᵀ) (1 - T²)`` and accumulates ``dX = dZ W1ᵀ``, which it adds to ``dH`` in
+place (and, with positions, stores for ``dP = sum over the batch``). (3) *Weights*: flat row
+tiles on a ``(programs, hidden slices)`` grid; it recomputes ``tanh`` for its slice and sums
+``Xᵀ dZ`` and ``Tᵀ dS`` in registers. Each program stores its partial sums once and a ``sum``
+over programs finishes them: deterministic, no atomics.
+
+Tiles span many rows (several sequences) because one sequence's work is a chain of small
+dependent steps: with a tile per sequence the GPU mostly waits on latency.
+
+Rows at or past ``lengths[b]`` contribute nothing and get zero gradients (they must hold
+finite values, as for the PyTorch twin); a sequence of length 0 gives zero interests. For
+fp16/bf16 on GPU, ``tanh`` is the hardware ``tanh.approx.f32`` (its result is rounded to the
+operand dtype for the next product anyway, as in the PyTorch twin); fp32 and the interpreter
+use an ``exp2`` form exact to fp32 rounding, and fp32 products run in IEEE fp32 (no TF32).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Tile and launch shape of one kernel.
+
+    Attributes:
+        block_l: rows per tile (flat rows of ``B L``, or positions of one sequence for the
+            per-sequence kernels), a power of two >= 16.
+        num_warps: warps per program.
+        num_stages: software-pipelining depth of the kernel's loops.
+        programs_per_sm: persistent programs per multiprocessor, for the weight-gradient
+            kernel (it sums partial gradients); the others launch one program per tile.
+        block_h: hidden units per slice (scores, dX and weights kernels).
+    """
+
+    block_l: int
+    num_warps: int
+    num_stages: int
+    programs_per_sm: int = 0
+    block_h: int = 64
+
+
+@dataclass(frozen=True)
+class ForwardConfig:
+    """Launch shapes of the two forward kernels."""
+
+    scores: LaunchConfig
+    pool: LaunchConfig
+
+
+@dataclass(frozen=True)
+class BackwardConfig:
+    """Launch shapes of the three backward kernels."""
+
+    scores: LaunchConfig
+    dx: LaunchConfig
+    weights: LaunchConfig
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _max_programs(device: torch.device, programs_per_sm: int) -> int:
+    if device.type != "cuda":
+        return 3  # the interpreter runs programs one by one; a few exercise the strided loops
+    return _num_sms(device.index if device.index is not None else torch.cuda.current_device()) * programs_per_sm
+
+
+def forward_config(seq_len: int, d: int, hidden: int) -> ForwardConfig:
+    """Default forward launches for ``h [*, seq_len, d]`` and ``w1 [d, hidden]``.
+
+    The defaults (here and in :func:`backward_config`) are the fastest of one H200 sweep at
+    B = 4096, L = 50, d = 64, hidden = 256 (``experiments/NOTES_multi_interest.md``); none
+    spills registers except the weight kernel's (64 bytes, and still the fastest).
+    """
+    if _interpreting():
+        return ForwardConfig(LaunchConfig(32, 4, 1, block_h=32), LaunchConfig(16, 4, 1))
+    return ForwardConfig(
+        scores=LaunchConfig(block_l=64, num_warps=4, num_stages=3, block_h=64),
+        pool=LaunchConfig(block_l=64, num_warps=4, num_stages=1),
+    )
+
+
+def backward_config(seq_len: int, d: int, hidden: int) -> BackwardConfig:
+    """Default backward launches for ``h [*, seq_len, d]`` and ``w1 [d, hidden]``."""
+    if _interpreting():
+        return BackwardConfig(
+            LaunchConfig(16, 4, 1), LaunchConfig(32, 4, 1, block_h=32), LaunchConfig(16, 4, 1, 1, block_h=32)
+        )
+    return BackwardConfig(
+        scores=LaunchConfig(block_l=64, num_warps=4, num_stages=1),
+        dx=LaunchConfig(block_l=128, num_warps=8, num_stages=3, block_h=64),
+        weights=LaunchConfig(block_l=64, num_warps=4, num_stages=2, programs_per_sm=2, block_h=128),
+    )
+
+
+@triton.jit
+def _tanh(z, dt: tl.constexpr, MODE: tl.constexpr):
+    """tanh of an fp32 tile, returned in ``dt`` (the operand dtype of the next product).
+
+    MODE 0: exact to fp32 rounding via exp2 (fp32 inputs, the interpreter); 1: the hardware
+    ``tanh.approx.f32`` (fp16/bf16 on GPU; one MUFU op per value, and the SASS of the packed
+    ``tanh.approx.bf16x2`` is two MUFU ops, so packing gains nothing).
+    """
+    if MODE == 1:
+        return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [z],
+                                         dtype=tl.float32, is_pure=True, pack=1).to(dt)
+    else:
+        e = tl.exp2(tl.abs(z) * (-2.0 * LOG2E))  # exp(-2|z|) in (0, 1]
+        t = (1.0 - e) / (1.0 + e)
+        return tl.where(z < 0, -t, t).to(dt)
+
+
+@triton.jit
+def _hidden_slice(W1, W2, cols, offs_d, offs_k, d_ok, k_ok, HID, stride_w1, stride_w2):
+    """``W1[:, cols]`` ``[BLOCK_D, BLOCK_H]`` and ``W2[cols]ᵀ`` ``[BLOCK_K, BLOCK_H]``, zero-padded."""
+    c_ok = cols < HID
+    w1 = tl.load(W1 + offs_d[:, None] * stride_w1 + cols[None, :], mask=d_ok[:, None] & c_ok[None, :], other=0.0)
+    w2t = tl.load(W2 + cols[None, :] * stride_w2 + offs_k[:, None], mask=c_ok[None, :] & k_ok[:, None], other=0.0)
+    return w1, w2t
+
+
+@triton.jit
+def _flat_rows(H, POS, rows, offs_d, r_ok, d_ok, L, D, stride_pl, HAS_POS: tl.constexpr):
+    """``H[rows] + P[rows % L]`` ``[M, BLOCK_D]`` for flat rows of a contiguous ``H``."""
+    mask = r_ok[:, None] & d_ok[None, :]
+    x = tl.load(H + rows.to(tl.int64)[:, None] * D + offs_d[None, :], mask=mask, other=0.0)
+    if HAS_POS:
+        p = tl.load(POS + (rows % L)[:, None] * stride_pl + offs_d[None, :], mask=mask, other=0.0)
+        x = (x.to(tl.float32) + p.to(tl.float32)).to(x.dtype)
+    return x
+
+
+@triton.jit
+def _mi_scores_kernel(
+    H, POS, W1, W2, S,
+    R, L, D, HID, K, stride_pl, stride_w1, stride_w2,
+    HAS_POS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
+    TANH_MODE: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """``S[rows] = tanh((H + P)[rows] W1) W2`` (fp32) for one tile of flat rows."""
+    dt = H.dtype.element_ty
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_k = tl.arange(0, BLOCK_K)
+    d_ok = offs_d < D
+    k_ok = offs_k < K
+    r_ok = rows < R
+    x = _flat_rows(H, POS, rows, offs_d, r_ok, d_ok, L, D, stride_pl, HAS_POS)  # [BLOCK_M, BLOCK_D]
+    s = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
+    for c in range(0, HID, BLOCK_H):
+        w1, w2t = _hidden_slice(W1, W2, c + offs_h, offs_d, offs_k, d_ok, k_ok, HID, stride_w1, stride_w2)
+        t = _tanh(tl.dot(x, w1, input_precision=PRECISION), dt, TANH_MODE)  # [BLOCK_M, BLOCK_H]
+        s = tl.dot(t, tl.trans(w2t), s, input_precision=PRECISION)
+    tl.store(S + rows.to(tl.int64)[:, None] * K + offs_k[None, :], s, mask=r_ok[:, None] & k_ok[None, :])
+
+
+@triton.jit
+def _mi_pool_kernel(
+    H, S, LENGTHS, OUT, LSE,
+    L, D, K, stride_hb, stride_hl, stride_ob, stride_ok,
+    SINGLE_BLOCK: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """Masked softmax over the sequence and ``Aᵀ H`` for one sequence; also its log-sum-exp."""
+    b = tl.program_id(0)
+    dt = H.dtype.element_ty
+    offs_l = tl.arange(0, BLOCK_L)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_k = tl.arange(0, BLOCK_K)
+    d_ok = offs_d < D
+    k_ok = offs_k < K
+    n = tl.minimum(tl.maximum(tl.load(LENGTHS + b).to(tl.int32), 0), L)
+    h_seq = H + tl.cast(b, tl.int64) * stride_hb
+    s_seq = S + tl.cast(b, tl.int64) * L * K
+    m_i = tl.full([BLOCK_K], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_K], tl.float32)
+    acc = tl.zeros([BLOCK_K, BLOCK_D], tl.float32)
+    if SINGLE_BLOCK:
+        m_i, l_i, acc = _pool_block(h_seq, s_seq, m_i, l_i, acc, 0, n, K, stride_hl, offs_l,
+                                    offs_d, offs_k, d_ok, k_ok, PRECISION)
+    else:
+        for start in range(0, n, BLOCK_L):
+            m_i, l_i, acc = _pool_block(h_seq, s_seq, m_i, l_i, acc, start, n, K, stride_hl, offs_l,
+                                        offs_d, offs_k, d_ok, k_ok, PRECISION)
+    has = l_i > 0.0  # false exactly when n == 0
+    l_safe = tl.where(has, l_i, 1.0)
+    out = acc / l_safe[:, None]  # [BLOCK_K, BLOCK_D]; 0 when n == 0
+    o_ptr = OUT + tl.cast(b, tl.int64) * stride_ob + offs_k[:, None] * stride_ok + offs_d[None, :]
+    tl.store(o_ptr, out.to(dt), mask=k_ok[:, None] & d_ok[None, :])
+    tl.store(LSE + b * K + offs_k, tl.where(has, m_i + tl.log2(l_safe) * LN2, 0.0), mask=k_ok)
+
+
+@triton.jit
+def _pool_block(h_seq, s_seq, m_i, l_i, acc, start, n, K, stride_hl, offs_l, offs_d, offs_k,
+                d_ok, k_ok, PRECISION: tl.constexpr):
+    """One block of positions: online-softmax update of ``(max, sum, Aᵀ H)``."""
+    rows = start + offs_l
+    r_ok = rows < n
+    s = tl.load(s_seq + rows[:, None] * K + offs_k[None, :], mask=r_ok[:, None] & k_ok[None, :], other=0.0)
+    s = tl.where(r_ok[:, None], s, float("-inf"))  # [BLOCK_L, BLOCK_K]
+    hb = tl.load(h_seq + rows[:, None] * stride_hl + offs_d[None, :], mask=r_ok[:, None] & d_ok[None, :], other=0.0)
+    m_new = tl.maximum(m_i, tl.max(s, axis=0))
+    m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)  # a block with no valid row stays at -inf
+    alpha = tl.exp2((m_i - m_safe) * LOG2E)
+    p = tl.exp2((s - m_safe[None, :]) * LOG2E)  # 0 on masked rows
+    l_i = l_i * alpha + tl.sum(p, axis=0)
+    acc = acc * alpha[:, None] + tl.dot(tl.trans(p.to(hb.dtype)), hb, input_precision=PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _mi_bwd_scores_kernel(
+    H, S, LENGTHS, OUT, DOUT, LSE, DH, DS,
+    L, D, K, stride_hb, stride_hl, stride_ob, stride_ok,
+    BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """One sequence: ``A``, ``dH = A dO`` (value path) and ``dS = A (H dOᵀ - <dO, O>)``; 0 on padding."""
+    b = tl.program_id(0)
+    b64 = tl.cast(b, tl.int64)
+    dt = H.dtype.element_ty
+    offs_l = tl.arange(0, BLOCK_L)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_k = tl.arange(0, BLOCK_K)
+    d_ok = offs_d < D
+    k_ok = offs_k < K
+    n = tl.minimum(tl.maximum(tl.load(LENGTHS + b).to(tl.int32), 0), L)
+    kd_ptr = b64 * stride_ob + offs_k[:, None] * stride_ok + offs_d[None, :]
+    kd_mask = k_ok[:, None] & d_ok[None, :]
+    do = tl.load(DOUT + kd_ptr, mask=kd_mask, other=0.0)  # [BLOCK_K, BLOCK_D]
+    o = tl.load(OUT + kd_ptr, mask=kd_mask, other=0.0)
+    delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), axis=1)  # [BLOCK_K] = dO·O
+    lse = tl.load(LSE + b * K + offs_k, mask=k_ok, other=0.0)
+    for start in range(0, L, BLOCK_L):
+        rows = start + offs_l
+        in_l = rows < L
+        r_ok = rows < n
+        valid = r_ok[:, None] & k_ok[None, :]
+        sk_ptr = (b64 * L + rows[:, None]) * K + offs_k[None, :]
+        s = tl.load(S + sk_ptr, mask=valid, other=0.0)
+        a = tl.where(valid, tl.exp2((s - lse[None, :]) * LOG2E), 0.0)  # [BLOCK_L, BLOCK_K]
+        h_ptr = b64 * stride_hb + rows[:, None] * stride_hl + offs_d[None, :]
+        hb = tl.load(H + h_ptr, mask=r_ok[:, None] & d_ok[None, :], other=0.0)
+        dh = tl.dot(a.to(dt), do, input_precision=PRECISION)  # [BLOCK_L, BLOCK_D]
+        da = tl.dot(hb, tl.trans(do), input_precision=PRECISION)  # [BLOCK_L, BLOCK_K]
+        tl.store(DH + h_ptr, dh.to(dt), mask=in_l[:, None] & d_ok[None, :])
+        tl.store(DS + sk_ptr, (a * (da - delta[None, :])).to(dt), mask=in_l[:, None] & k_ok[None, :])
+
+
+@triton.jit
+def _mi_bwd_dx_kernel(
+    H, POS, DS, W1, W2, DH, DX,
+    R, L, D, HID, K, stride_pl, stride_w1, stride_w2,
+    HAS_POS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
+    TANH_MODE: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """Score path of dH for one tile of flat rows: ``dX = ((dS W2ᵀ) (1 - T²)) W1ᵀ``.
+
+    Adds dX to ``DH`` (which holds the value path) in place; with positions it also stores dX
+    in ``DX`` (summed over the batch into dP afterwards).
+    """
+    dt = H.dtype.element_ty
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_k = tl.arange(0, BLOCK_K)
+    d_ok = offs_d < D
+    k_ok = offs_k < K
+    r_ok = rows < R
+    x = _flat_rows(H, POS, rows, offs_d, r_ok, d_ok, L, D, stride_pl, HAS_POS)  # [BLOCK_M, BLOCK_D]
+    ds = tl.load(DS + rows.to(tl.int64)[:, None] * K + offs_k[None, :],
+                 mask=r_ok[:, None] & k_ok[None, :], other=0.0)  # [BLOCK_M, BLOCK_K]
+    dx = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for c in range(0, HID, BLOCK_H):
+        w1, w2t = _hidden_slice(W1, W2, c + offs_h, offs_d, offs_k, d_ok, k_ok, HID, stride_w1, stride_w2)
+        t = _tanh(tl.dot(x, w1, input_precision=PRECISION), dt, TANH_MODE).to(tl.float32)
+        dz = (tl.dot(ds, w2t, input_precision=PRECISION) * (1.0 - t * t)).to(dt)  # [BLOCK_M, BLOCK_H]
+        dx = tl.dot(dz, tl.trans(w1), dx, input_precision=PRECISION)
+    offs = rows.to(tl.int64)[:, None] * D + offs_d[None, :]
+    mask = r_ok[:, None] & d_ok[None, :]
+    value_path = tl.load(DH + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(DH + offs, (value_path + dx).to(dt), mask=mask)
+    if HAS_POS:
+        tl.store(DX + offs, dx.to(dt), mask=mask)
+
+
+@triton.jit
+def _mi_bwd_weights_kernel(
+    H, POS, DS, W1, W2, DW1_PART, DW2_PART,
+    R, L, D, HID, K, stride_pl, stride_w1, stride_w2,
+    HAS_POS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
+    TANH_MODE: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """Per-program sums of dW1 and dW2 for one slice of hidden units over strided flat-row tiles.
+
+    Padded rows have ``dS = 0`` (written so by the backward scores kernel) and add nothing.
+    """
+    pid_r = tl.program_id(0)
+    nprog_r = tl.num_programs(0)
+    dt = H.dtype.element_ty
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_k = tl.arange(0, BLOCK_K)
+    d_ok = offs_d < D
+    k_ok = offs_k < K
+    c_ok = cols < HID
+    w1, w2t = _hidden_slice(W1, W2, cols, offs_d, offs_k, d_ok, k_ok, HID, stride_w1, stride_w2)
+    dw1 = tl.zeros([BLOCK_D, BLOCK_H], tl.float32)
+    dw2t = tl.zeros([BLOCK_K, BLOCK_H], tl.float32)  # dW2ᵀ
+    for tile in range(pid_r, tl.cdiv(R, BLOCK_M), nprog_r):
+        rows = tile * BLOCK_M + offs_m  # int32: B L < 2**31 rows
+        r_ok = rows < R
+        x = _flat_rows(H, POS, rows, offs_d, r_ok, d_ok, L, D, stride_pl, HAS_POS)
+        ds = tl.load(DS + rows.to(tl.int64)[:, None] * K + offs_k[None, :],
+                     mask=r_ok[:, None] & k_ok[None, :], other=0.0)  # [BLOCK_M, BLOCK_K]
+        tc = _tanh(tl.dot(x, w1, input_precision=PRECISION), dt, TANH_MODE)  # [BLOCK_M, BLOCK_H]
+        t = tc.to(tl.float32)
+        dz = (tl.dot(ds, w2t, input_precision=PRECISION) * (1.0 - t * t)).to(dt)
+        dw1 += tl.dot(tl.trans(x), dz, input_precision=PRECISION)
+        dw2t += tl.dot(tl.trans(ds), tc, input_precision=PRECISION)
+    part = pid_r.to(tl.int64)
+    tl.store(DW1_PART + (part * D + offs_d[:, None]) * HID + cols[None, :], dw1,
+             mask=d_ok[:, None] & c_ok[None, :])
+    tl.store(DW2_PART + (part * HID + cols[None, :]) * K + offs_k[:, None], dw2t,
+             mask=c_ok[None, :] & k_ok[:, None])
+
+
+def _blocks(d: int, hidden: int, k: int, block_h: int) -> dict[str, int]:
+    return {
+        "BLOCK_D": max(16, triton.next_power_of_2(d)),
+        "BLOCK_H": min(max(16, triton.next_power_of_2(hidden)), block_h),
+        "BLOCK_K": max(16, triton.next_power_of_2(k)),
+    }
+
+
+def _kernel_flags(h: Tensor) -> dict[str, object]:
+    fp32 = h.dtype == torch.float32
+    exact = fp32 or not h.is_cuda or _interpreting()
+    return {"TANH_MODE": 0 if exact else 1, "PRECISION": "ieee" if fp32 else "tf32"}
+
+
+def _seq_block(seq_len: int, block_l: int) -> int:
+    """Positions per block for the per-sequence kernels: all of them, up to ``block_l``."""
+    return min(max(16, triton.next_power_of_2(seq_len)), block_l)
+
+
+def _launch(cfg: LaunchConfig) -> dict[str, int]:
+    return {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+
+
+def multi_interest_forward(
+    h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None,
+    config: ForwardConfig | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Launch the two forward kernels on contiguous tensors of one dtype.
+
+    Args:
+        h: ``[B, L, d]``; lengths ``[B]`` int; w1 ``[d, hidden]``; w2 ``[hidden, K]``;
+            pos ``[>= L, d]`` or None.
+        config: launch shapes; default :func:`forward_config`.
+
+    Returns:
+        ``(out [B, K, d] in h's dtype, lse [B, K] fp32, scores [B, L, K] fp32)``: ``lse`` is
+        the log-sum-exp of the scores over the valid positions (0 for empty sequences).
+    """
+    b, seq_len, d = h.shape
+    hidden, k = w2.shape
+    cfg = config or forward_config(seq_len, d, hidden)
+    out = torch.empty(b, k, d, device=h.device, dtype=h.dtype)
+    lse = torch.empty(b, k, device=h.device, dtype=torch.float32)
+    scores = torch.empty(b, seq_len, k, device=h.device, dtype=torch.float32)
+    if b * seq_len == 0:
+        return out.zero_(), lse.zero_(), scores
+    flags = _kernel_flags(h)
+    rows = b * seq_len
+    _mi_scores_kernel[(triton.cdiv(rows, cfg.scores.block_l),)](
+        h, pos if pos is not None else h, w1, w2, scores,
+        rows, seq_len, d, hidden, k, pos.stride(0) if pos is not None else 0, w1.stride(0), w2.stride(0),
+        HAS_POS=pos is not None, BLOCK_M=cfg.scores.block_l,
+        **_blocks(d, hidden, k, cfg.scores.block_h), **flags, **_launch(cfg.scores),
+    )
+    block_l = _seq_block(seq_len, cfg.pool.block_l)
+    _mi_pool_kernel[(b,)](
+        h, scores, lengths, out, lse,
+        seq_len, d, k, h.stride(0), h.stride(1), out.stride(0), out.stride(1),
+        SINGLE_BLOCK=seq_len <= block_l, BLOCK_L=block_l,
+        BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_K=max(16, triton.next_power_of_2(k)),
+        PRECISION=flags["PRECISION"], **_launch(cfg.pool),
+    )
+    return out, lse, scores
+
+
+def multi_interest_backward(
+    h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None,
+    out: Tensor, lse: Tensor, scores: Tensor, dout: Tensor, config: BackwardConfig | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """Launch the three backward kernels, then sum the per-program partial gradients.
+
+    Args:
+        h, lengths, w1, w2, pos: the forward's inputs (contiguous, one dtype).
+        out, lse, scores: the forward's outputs ``[B, K, d]``, ``[B, K]`` and ``[B, L, K]``.
+        dout: ``[B, K, d]`` contiguous gradient of ``out``.
+        config: launch shapes; default :func:`backward_config`.
+
+    Returns:
+        ``(dh [B, L, d], dw1 [d, hidden], dw2 [hidden, K], dpos [L_max, d] or None)`` in the
+        inputs' dtype.
+    """
+    b, seq_len, d = h.shape
+    hidden, k = w2.shape
+    cfg = config or backward_config(seq_len, d, hidden)
+    dh = torch.empty_like(h)
+    if b * seq_len == 0:
+        dpos = None if pos is None else torch.zeros_like(pos)
+        return dh, torch.zeros_like(w1), torch.zeros_like(w2), dpos
+    f32 = {"device": h.device, "dtype": torch.float32}
+    pos_arg = pos if pos is not None else h
+    stride_pl = pos.stride(0) if pos is not None else 0
+    flags = _kernel_flags(h)
+    block_d, block_k = max(16, triton.next_power_of_2(d)), max(16, triton.next_power_of_2(k))
+
+    ds = torch.empty(b, seq_len, k, device=h.device, dtype=h.dtype)  # dLoss/dS; 0 on padding
+    _mi_bwd_scores_kernel[(b,)](
+        h, scores, lengths, out, dout, lse, dh, ds,
+        seq_len, d, k, h.stride(0), h.stride(1), out.stride(0), out.stride(1),
+        BLOCK_L=_seq_block(seq_len, cfg.scores.block_l), BLOCK_D=block_d, BLOCK_K=block_k,
+        PRECISION=flags["PRECISION"], **_launch(cfg.scores),
+    )
+
+    rows = b * seq_len
+    dx = torch.empty_like(h) if pos is not None else dh  # score-path dH, for dP
+    _mi_bwd_dx_kernel[(triton.cdiv(rows, cfg.dx.block_l),)](
+        h, pos_arg, ds, w1, w2, dh, dx,
+        rows, seq_len, d, hidden, k, stride_pl, w1.stride(0), w2.stride(0),
+        HAS_POS=pos is not None, BLOCK_M=cfg.dx.block_l,
+        **_blocks(d, hidden, k, cfg.dx.block_h), **flags, **_launch(cfg.dx),
+    )
+
+    blocks = _blocks(d, hidden, k, cfg.weights.block_h)
+    n_hblocks = triton.cdiv(hidden, blocks["BLOCK_H"])
+    n_tiles = triton.cdiv(rows, cfg.weights.block_l)
+    nprog_r = min(n_tiles, max(1, _max_programs(h.device, cfg.weights.programs_per_sm) // n_hblocks))
+    dw1_part = torch.empty(nprog_r, d, hidden, **f32)
+    dw2_part = torch.empty(nprog_r, hidden, k, **f32)
+    _mi_bwd_weights_kernel[(nprog_r, n_hblocks)](
+        h, pos_arg, ds, w1, w2, dw1_part, dw2_part,
+        rows, seq_len, d, hidden, k, stride_pl, w1.stride(0), w2.stride(0),
+        HAS_POS=pos is not None, BLOCK_M=cfg.weights.block_l, **blocks, **flags, **_launch(cfg.weights),
+    )
+    dw1 = dw1_part.sum(0).to(w1.dtype)
+    dw2 = dw2_part.sum(0).to(w2.dtype)
+    dpos = None
+    if pos is not None:
+        dpos = dx.sum(0, dtype=torch.float32).to(pos.dtype)  # [L, d]
+        if pos.shape[0] > seq_len:
+            dpos = torch.cat([dpos, dpos.new_zeros(pos.shape[0] - seq_len, d)])
+    return dh, dw1, dw2, dpos
+
+
+class _MultiInterest(torch.autograd.Function):
+    """Autograd wrapper: saves the inputs, the output, the scores ``[B, L, K]`` and log-sum-exp."""
+
+    @staticmethod
+    def forward(ctx, h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None) -> Tensor:
+        out, lse, scores = multi_interest_forward(h, lengths, w1, w2, pos)
+        ctx.save_for_backward(h, lengths, w1, w2, pos, out, lse, scores)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout: Tensor):
+        h, lengths, w1, w2, pos, out, lse, scores = ctx.saved_tensors
+        dh, dw1, dw2, dpos = multi_interest_backward(
+            h, lengths, w1, w2, pos, out, lse, scores, dout.contiguous()
+        )
+        need = ctx.needs_input_grad
+        return (
+            dh if need[0] else None,
+            None,
+            dw1 if need[2] else None,
+            dw2 if need[3] else None,
+            dpos if need[4] else None,
+        )
+
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def triton_supports(h: Tensor, w1: Tensor) -> bool:
+    """Whether the kernel covers these inputs: fp16/bf16/fp32 (after autocast), ``d <= 128``."""
+    dtype = torch.get_autocast_dtype("cuda") if h.is_cuda and torch.is_autocast_enabled("cuda") else h.dtype
+    return dtype in SUPPORTED_DTYPES and h.shape[-1] <= 128
+
+
+def triton_multi_interest(
+    h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, *, pos: Tensor | None = None
+) -> Tensor:
+    """Fused ComiRec-SA extraction, differentiable in ``h``, ``w1``, ``w2`` and ``pos``.
+
+    Computes in ``h``'s dtype (the weights are cast to it), or in the autocast dtype when
+    CUDA autocast is on; products accumulate in fp32.
+
+    Args:
+        h: ``[B, L, d]`` item embeddings, right-padded (CUDA, or CPU under ``TRITON_INTERPRET=1``).
+        lengths: ``[B]`` int valid lengths; clamped to ``[0, L]``.
+        w1: ``[d, hidden]``.
+        w2: ``[hidden, K]``.
+        pos: optional ``[L_max >= L, d]``, added to ``h`` for the scores only.
+
+    Returns:
+        ``[B, K, d]`` interests; 0 (with zero gradients) for a sequence of length 0.
+    """
+    if not triton_supports(h, w1):
+        raise ValueError(
+            f"the Triton multi-interest kernel takes fp16/bf16/fp32 and d <= 128; got {h.dtype}, "
+            f"d = {h.shape[-1]} (use backend='torch')"
+        )
+    dtype = h.dtype
+    if h.is_cuda and torch.is_autocast_enabled("cuda"):
+        dtype = torch.get_autocast_dtype("cuda")
+    h, w1, w2 = (t.to(dtype).contiguous() for t in (h, w1, w2))
+    if pos is not None:
+        pos = pos.to(dtype).contiguous()
+    lengths = lengths.to(device=h.device).contiguous()
+    return _MultiInterest.apply(h, lengths, w1, w2, pos)

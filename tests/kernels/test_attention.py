@@ -1,0 +1,176 @@
+"""The Triton flash-attention kernel against an fp64 reference: output and dq, dk, dv.
+
+Acceptance rule (flash-attention's): at a given precision the kernel's largest error against
+the fp64 twin is at most twice the PyTorch twin's own error at that precision, plus a tiny
+absolute epsilon; nothing is ever NaN. CPU runs use the Triton interpreter (fp32, fp16); the
+``gpu`` tests repeat the cases on CUDA in bf16, fp16 and fp32.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from recsys.kernels import attention
+from recsys.kernels.triton_attention import triton_attention
+from recsys.kernels.reference import attention_ref
+
+import recsys.kernels.triton_attention as kernel_module
+
+CUDA = torch.cuda.is_available()
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+needs_interpreter = pytest.mark.skipif(
+    not INTERPRET, reason="CPU interpreter tests need TRITON_INTERPRET=1 (set where there is no GPU)"
+)
+
+# Largest allowed error beyond 2x the twin's, per dtype: a few ulps at the tensors' scale.
+ATOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.5e-2}
+NAMES = ("out", "dq", "dk", "dv")
+
+CPU32 = pytest.param("cpu", torch.float32, marks=needs_interpreter, id="cpu-fp32")
+CPU16 = pytest.param("cpu", torch.float16, marks=needs_interpreter, id="cpu-fp16")
+GPU_MARKS = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")]
+GPU = [pytest.param("cuda", dt, marks=GPU_MARKS, id=f"cuda-{name}")
+       for dt, name in ((torch.bfloat16, "bf16"), (torch.float16, "fp16"), (torch.float32, "fp32"))]
+
+
+def _problem(batch, q_batch, heads, lq, lk, d, seed, device, lengths=True, layout="contiguous"):
+    """fp64 q, k, v, upstream gradient and key lengths (0, random, Lk when ``lengths``)."""
+    g = torch.Generator().manual_seed(seed)
+    f64 = {"dtype": torch.float64, "generator": g}
+    if layout == "packed":  # [B, L, H, D] memory viewed as [B, H, L, D], as a fused qkv projection gives
+        q = torch.randn(q_batch, lq, heads, d, **f64).transpose(1, 2)
+        k = torch.randn(batch, lk, heads, d, **f64).transpose(1, 2)
+        v = torch.randn(batch, lk, heads, d, **f64).transpose(1, 2)
+    else:
+        q = torch.randn(q_batch, heads, lq, d, **f64)
+        k = torch.randn(batch, heads, lk, d, **f64)
+        v = torch.randn(batch, heads, lk, d, **f64)
+    grad = torch.randn(batch, heads, lq, d, **f64)
+    key_lengths = None
+    if lengths:
+        key_lengths = torch.randint(0, lk + 1, (batch,), generator=g)
+        key_lengths[0], key_lengths[-1] = 0, lk
+        key_lengths = key_lengths.to(device)
+    return [t.to(device) for t in (q, k, v)], key_lengths, grad.to(device)
+
+
+def _run(fn, qkv, grad, dtype, **kw):
+    """``fn`` on ``qkv`` cast to ``dtype`` (strides kept); fp64 copies of (out, dq, dk, dv)."""
+    leaves = [t.detach().to(dtype).requires_grad_() for t in qkv]
+    out = fn(*leaves, **kw)
+    out.backward(grad.to(dtype))
+    return [t.detach().double() for t in (out, *(x.grad for x in leaves))]
+
+
+def _check(device, dtype, *, batch=3, q_batch=None, heads=2, lq=50, lk=None, d=64, seed=0, lengths=True,
+           layout="contiguous", **kw):
+    lk = lq if lk is None else lk
+    qkv, key_lengths, grad = _problem(batch, q_batch or batch, heads, lq, lk, d, seed, device, lengths, layout)
+    kw["key_lengths"] = key_lengths
+    ref = _run(attention_ref, qkv, grad, torch.float64, **kw)
+    twin = _run(attention_ref, qkv, grad, dtype, **kw)
+    ours = _run(triton_attention, qkv, grad, dtype, **kw)
+    for name, r, t, o in zip(NAMES, ref, twin, ours):
+        assert torch.isfinite(o).all(), f"{name}: non-finite values"
+        ours_err = (o - r).abs().max().item()
+        twin_err = (t - r).abs().max().item()
+        assert ours_err <= 2 * twin_err + ATOL[dtype], (
+            f"{name}: kernel error {ours_err:.3g} > 2 x twin error {twin_err:.3g} + {ATOL[dtype]}"
+        )
+    if key_lengths is not None:
+        empty = key_lengths == 0
+        assert (ours[0][empty] == 0).all(), "a sequence with no keys must output 0"
+        padded = torch.arange(lk, device=device)[None, :] >= key_lengths[:, None]  # [B, Lk]
+        for name, grad_kv in zip(("dk", "dv"), ours[2:]):
+            assert (grad_kv.transpose(1, 2)[padded] == 0).all(), f"{name}: padded keys must get zero gradient"
+        if (q_batch or batch) == batch:
+            assert (ours[1][empty] == 0).all(), "dq must be 0 for rows that see no key"
+
+
+@pytest.mark.parametrize("device,dtype", [CPU32, *GPU])
+@pytest.mark.parametrize("d", [16, 64, 128])
+@pytest.mark.parametrize("length", [1, 7, 50, 129])
+def test_lengths_and_head_dims(device, dtype, length, d):
+    """Every length x head dim; 50 runs the fused backward, 129 the split one."""
+    _check(device, dtype, lq=length, d=d, heads=1)
+
+
+@pytest.mark.parametrize("device,dtype", [CPU32, CPU16, *GPU])
+@pytest.mark.parametrize("causal,softcap", [(True, None), (False, 2.0), (True, 1.5)])
+@pytest.mark.parametrize("length", [7, 70])
+def test_causal_and_softcap(device, dtype, length, causal, softcap):
+    _check(device, dtype, lq=length, d=32, causal=causal, softcap=softcap, seed=1)
+
+
+@pytest.mark.parametrize("device,dtype", [CPU32, CPU16, *GPU])
+@pytest.mark.parametrize("lq,lk", [(4, 50), (70, 129)])
+def test_broadcast_queries(device, dtype, lq, lk):
+    """q batch 1 shared by every sequence (ComiRec-SA's interest queries): dq sums over the batch."""
+    _check(device, dtype, q_batch=1, lq=lq, lk=lk, d=32, scale=1.0, softcap=3.0, seed=2)
+
+
+@pytest.mark.parametrize("device,dtype", [CPU32, *GPU])
+@pytest.mark.parametrize(
+    "case",
+    [
+        {"d": 48, "causal": True},  # head dim padded to 64 with masks
+        {"d": 24, "lq": 129, "layout": "packed"},  # padded to 32, strided [B, L, H, D] memory
+        {"lq": 129, "lk": 7, "d": 16},  # more queries than keys
+        {"lq": 7, "lk": 129, "d": 16, "lengths": False, "scale": 0.3},
+    ],
+    ids=["d48-causal", "d24-packed", "lq>lk", "lq<lk-nolengths"],
+)
+def test_odd_shapes(device, dtype, case):
+    _check(device, dtype, seed=3, **case)
+
+
+@pytest.mark.parametrize("device,dtype", [CPU32, *GPU])
+@pytest.mark.parametrize("case", [{"causal": True, "softcap": 2.0}, {"q_batch": 1, "lk": 100}],
+                         ids=["causal-softcap", "broadcast"])
+@pytest.mark.parametrize("atomic", [True, False], ids=["atomic-dq", "dq-kernel"])
+def test_split_backward_modes(device, dtype, case, atomic, monkeypatch):
+    """Lq > 64: dq by atomics inside the dk/dv kernel, or by its own kernel (longer keys)."""
+    monkeypatch.setattr(kernel_module, "ATOMIC_DQ_MAX_LK", 1 << 30 if atomic else 0)
+    _check(device, dtype, lq=70, d=32, seed=7, **case)
+
+
+@needs_interpreter
+def test_all_keys_padded_gives_zeros_cpu():
+    qkv, _, grad = _problem(2, 2, 2, 9, 9, 16, 4, "cpu")
+    key_lengths = torch.zeros(2, dtype=torch.long)
+    for causal in (False, True):
+        out, dq, dk, dv = _run(triton_attention, qkv, grad, torch.float32, key_lengths=key_lengths, causal=causal)
+        for name, t in zip(NAMES, (out, dq, dk, dv)):
+            assert (t == 0).all(), f"{name} must be exactly 0 when every key is padding"
+
+
+@needs_interpreter
+def test_broadcast_dq_is_deterministic_cpu():
+    """The per-sequence dq partials are reduced in a fixed order: two runs agree bit for bit."""
+    qkv, key_lengths, grad = _problem(5, 1, 2, 4, 20, 16, 5, "cpu")
+    first = _run(triton_attention, qkv, grad, torch.float32, key_lengths=key_lengths)
+    second = _run(triton_attention, qkv, grad, torch.float32, key_lengths=key_lengths)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+@needs_interpreter
+def test_dispatcher_routes_and_falls_back_cpu():
+    """``auto`` uses the kernel where it applies and the twin for fp64 / D > 128; ``triton`` raises."""
+    (q, k, v), key_lengths, _ = _problem(2, 2, 1, 5, 5, 16, 6, "cpu")
+    q, k, v = q.float(), k.float(), v.float()
+    assert torch.equal(attention(q, k, v, key_lengths=key_lengths),
+                       triton_attention(q, k, v, key_lengths=key_lengths))
+    (q, k, v), _, _ = _problem(2, 2, 1, 5, 5, 160, 6, "cpu")
+    expected = attention_ref(q, k, v)
+    assert torch.equal(attention(q, k, v), expected)
+    with pytest.raises(ValueError, match="D <= 128"):
+        attention(q.float(), k.float(), v.float(), backend="triton")
+    with pytest.raises(ValueError, match="fp16, bf16 or fp32"):
+        attention(q[..., :16], k[..., :16], v[..., :16], backend="triton")

@@ -1,0 +1,177 @@
+"""The fused multi-interest kernel against an fp64 reference, outputs and all gradients.
+
+Acceptance rule (flash-attention's): at a given precision the kernel's largest error against
+the fp64 twin is at most twice the PyTorch twin's own error at that precision, plus a tiny
+absolute epsilon. CPU runs use the Triton interpreter (fp32, fp16); the ``gpu`` tests repeat
+the sweep on CUDA in bf16.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from recsys.kernels import multi_interest
+from recsys.kernels.triton_multi_interest import (
+    multi_interest_backward,
+    multi_interest_forward,
+    triton_multi_interest,
+)
+from recsys.kernels.reference import multi_interest_ref
+
+CUDA = torch.cuda.is_available()
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+needs_interpreter = pytest.mark.skipif(
+    CUDA, reason="CPU interpreter tests run only where there is no GPU (the gpu tests cover CUDA)"
+)
+
+# Largest allowed error beyond 2x the twin's, per dtype: a few ulps at the outputs' scale.
+ATOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.5e-2}
+NAMES = ("out", "dh", "dw1", "dw2", "dpos")
+
+# (L, K, d): every L at one (K, d), then the other K and d values over a subset of L.
+SHAPES = [(seq_len, 4, 16) for seq_len in (1, 7, 20, 50, 129)] + [
+    (20, 1, 16),
+    (129, 8, 16),
+    (7, 8, 64),
+    (50, 1, 64),
+    (129, 4, 64),
+]
+
+
+def _problem(batch: int, seq_len: int, k: int, d: int, hidden: int, seed: int, device: str):
+    """fp64 inputs, random lengths with 0 and L included, and an upstream gradient."""
+    g = torch.Generator().manual_seed(seed)
+    f64 = {"dtype": torch.float64, "generator": g}
+    h = torch.randn(batch, seq_len, d, **f64)
+    w1 = torch.randn(d, hidden, **f64) * (2.0 / d) ** 0.5
+    w2 = torch.randn(hidden, k, **f64) * (2.0 / hidden) ** 0.5
+    pos = torch.randn(seq_len + 3, d, **f64) * 0.5
+    lengths = torch.randint(0, seq_len + 1, (batch,), generator=g)
+    lengths[0], lengths[-1] = 0, seq_len
+    grad = torch.randn(batch, k, d, **f64)
+    to = lambda t: t.to(device)
+    return [to(t) for t in (h, w1, w2, pos)], to(lengths), to(grad)
+
+
+def _run(fn, params, lengths, grad, dtype, with_pos=True):
+    """``fn`` on ``params`` cast to ``dtype``; returns fp64 copies of (out, dh, dw1, dw2, dpos)."""
+    leaves = [p.detach().to(dtype).requires_grad_() for p in params]
+    h, w1, w2, pos = leaves
+    out = fn(h, lengths, w1, w2, pos=pos if with_pos else None)
+    out.backward(grad.to(dtype))
+    grads = [t.grad for t in leaves]
+    if not with_pos:
+        assert grads[3] is None
+        grads[3] = torch.zeros_like(pos)
+    return [t.detach().double() for t in (out, *grads)]
+
+
+def _check(seq_len, k, d, dtype, device, batch=6, seed=0, with_pos=True):
+    params, lengths, grad = _problem(batch, seq_len, k, d, 4 * d, seed, device)
+    ref = _run(multi_interest_ref, params, lengths, grad, torch.float64, with_pos)
+    twin = _run(multi_interest_ref, params, lengths, grad, dtype, with_pos)
+    ours = _run(triton_multi_interest, params, lengths, grad, dtype, with_pos)
+    empty = lengths == 0
+    for name, r, t, o in zip(NAMES, ref, twin, ours):
+        assert torch.isfinite(o).all(), f"{name}: non-finite values"
+        ours_err = (o - r).abs().max().item()
+        twin_err = (t - r).abs().max().item()
+        assert ours_err <= 2 * twin_err + ATOL[dtype], (
+            f"{name}: kernel error {ours_err:.3g} > 2 x twin error {twin_err:.3g} + {ATOL[dtype]}"
+        )
+    assert (ours[0][empty] == 0).all() and (ours[1][empty] == 0).all()
+    padded = torch.arange(seq_len, device=device)[None, :] >= lengths[:, None]  # [B, L]
+    assert (ours[1][padded] == 0).all(), "padding positions must get zero gradient"
+
+
+@needs_interpreter
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("seq_len,k,d", SHAPES)
+def test_matches_fp64_reference_cpu(seq_len, k, d, dtype):
+    _check(seq_len, k, d, dtype, "cpu")
+
+
+@needs_interpreter
+def test_without_positions_cpu():
+    _check(20, 4, 16, torch.float32, "cpu", with_pos=False)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("d,hidden,k", [(24, 40, 3), (128, 32, 16)])
+def test_odd_sizes_cpu(d, hidden, k):
+    """d, hidden and K that are not powers of two, and the ends of the supported range."""
+    params, lengths, grad = _problem(5, 13, k, d, hidden, 1, "cpu")
+    ref = _run(multi_interest_ref, params, lengths, grad, torch.float64)
+    ours = _run(triton_multi_interest, params, lengths, grad, torch.float32)
+    for name, r, o in zip(NAMES, ref, ours):
+        err = (o - r).abs().max().item()
+        assert err < 1e-4 * max(1.0, r.abs().max().item()), f"{name}: error {err:.3g}"
+
+
+@needs_interpreter
+def test_all_empty_gives_zeros_cpu():
+    params, _, grad = _problem(3, 9, 4, 16, 64, 2, "cpu")
+    lengths = torch.zeros(3, dtype=torch.long)
+    out, dh, dw1, dw2, dpos = _run(triton_multi_interest, params, lengths, grad, torch.float32)
+    for name, t in zip(NAMES, (out, dh, dw1, dw2, dpos)):
+        assert (t == 0).all(), f"{name} must be exactly 0 when every sequence is empty"
+
+
+@needs_interpreter
+def test_backward_is_deterministic_and_dispatched_cpu():
+    """Two backward passes give bit-identical gradients; the dispatcher routes to the kernel."""
+    params, lengths, grad = _problem(7, 20, 4, 16, 64, 3, "cpu")
+    h, w1, w2, pos = (p.float().contiguous() for p in params)
+    out, lse, scores = multi_interest_forward(h, lengths, w1, w2, pos)
+    first = multi_interest_backward(h, lengths, w1, w2, pos, out, lse, scores, grad.float())
+    second = multi_interest_backward(h, lengths, w1, w2, pos, out, lse, scores, grad.float())
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+    routed = multi_interest(h, lengths, w1, w2, pos=pos, backend="triton")
+    assert torch.equal(routed, out)
+
+
+@needs_interpreter
+def test_unsupported_inputs_go_to_the_twin_cpu():
+    """fp64 is outside the kernel: ``auto`` runs the twin, ``triton`` says why it can't."""
+    params, lengths, _ = _problem(3, 5, 2, 16, 64, 5, "cpu")
+    h, w1, w2, pos = params
+    assert torch.equal(multi_interest(h, lengths, w1, w2, pos=pos), multi_interest_ref(h, lengths, w1, w2, pos=pos))
+    with pytest.raises(ValueError, match="fp16/bf16/fp32"):
+        multi_interest(h, lengths, w1, w2, pos=pos, backend="triton")
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("seq_len,k,d", SHAPES)
+def test_matches_fp64_reference_gpu_bf16(seq_len, k, d):
+    _check(seq_len, k, d, torch.bfloat16, "cuda", batch=300)
+
+
+@gpu
+@needs_cuda
+def test_fp32_gpu_is_ieee():
+    """fp32 on GPU runs the products in IEEE fp32 (not TF32), so it meets the fp32 bound."""
+    _check(50, 4, 64, torch.float32, "cuda", batch=64)
+
+
+@gpu
+@needs_cuda
+def test_autocast_gpu():
+    """Under bf16 autocast the kernel runs in bf16 and fp32 parameters get fp32 gradients."""
+    params, lengths, grad = _problem(64, 50, 4, 64, 256, 4, "cuda")
+    h, w1, w2, pos = (p.float().requires_grad_() for p in params)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = multi_interest(h, lengths, w1, w2, pos=pos)
+    assert out.dtype == torch.bfloat16
+    out.float().backward(grad.float())
+    assert w1.grad.dtype == torch.float32 and torch.isfinite(w1.grad).all()
+    ref = multi_interest_ref(h.double(), lengths, w1.double(), w2.double(), pos=pos.double())
+    assert (out.double() - ref).abs().max().item() < 5e-2
