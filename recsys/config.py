@@ -109,6 +109,7 @@ class TrainConfig:
     grad_clip: float = 5.0  # 0 disables
     amp: bool = True  # bf16 autocast on CUDA
     compile: bool = False
+    cuda_graph: bool = False  # capture the whole training step in a CUDA graph (CUDA, one process)
     device: str = "auto"  # auto | cpu | cuda
     seed: int = 42
     log_every: int = 100

@@ -14,6 +14,7 @@ The hot path never syncs the host: losses accumulate on the device and are read 
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import time
 from dataclasses import dataclass
@@ -71,15 +72,21 @@ def train_item_counts(split: Split, num_items: int) -> Tensor:
     return torch.from_numpy(np.bincount(split.train_items, minlength=num_items).astype(np.int64))
 
 
-def make_optimizer(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.optim.Optimizer:
-    """Adam/AdamW with the fused implementation on CUDA."""
+def make_optimizer(model: torch.nn.Module, cfg: Config, device: torch.device,
+                   capturable: bool = False) -> torch.optim.Optimizer:
+    """Adam/AdamW, fused on CUDA; ``capturable`` keeps its state on the device for CUDA graphs."""
     cls = torch.optim.AdamW if cfg.train.optimizer == "adamw" else torch.optim.Adam
-    extra = {"fused": True} if device.type == "cuda" else {}
+    extra = {"fused": True, "capturable": capturable} if device.type == "cuda" else {}
     return cls(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, **extra)
 
 
 class TrainStep:
     """One optimisation step: batch -> interests -> readout -> sampled softmax -> update.
+
+    With ``train.cuda_graph`` the whole step (forward, backward, clipping, fused Adam) is
+    captured once into a CUDA graph and replayed: one launch per step instead of hundreds, which
+    is what short click sequences need on a GPU whose CPU launch overhead dominates. Negatives
+    are drawn outside the graph and copied into its static inputs.
 
     Args:
         model: the (unwrapped) model; its ``item_embeddings()`` are the output embeddings.
@@ -94,21 +101,34 @@ class TrainStep:
                  item_counts: Tensor, generator: torch.Generator):
         self.model, self.forward, self.cfg, self.device = model, forward, cfg, device
         t = cfg.train
-        num_items = item_counts.shape[0]
+        if t.cuda_graph and device.type != "cuda":
+            raise ValueError(f"train.cuda_graph: needs a CUDA device, training runs on {device}")
+        if t.cuda_graph and (t.compile or forward is not model):
+            raise ValueError("train.cuda_graph: cannot be combined with train.compile or several processes (DDP)")
         self.num_negatives = t.num_negatives or 10 * t.batch_size
         self.sampler = None if t.full_softmax else make_sampler(
-            t.sampler, num_items, item_counts=item_counts, alpha=t.sampler_alpha
+            t.sampler, item_counts.shape[0], item_counts=item_counts, alpha=t.sampler_alpha
         )
         self.generator = generator
         self.amp = t.amp and device.type == "cuda"
-        self.optimizer = make_optimizer(model, cfg, device)
+        self.optimizer = make_optimizer(model, cfg, device, capturable=t.cuda_graph)
         self.loss_fn = torch.compile(self.loss, dynamic=False) if t.compile else self.loss
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.static_in: tuple[Tensor, ...] = ()
+        self.static_out: tuple[LossOutput, Tensor | None] | None = None
 
-    def loss(self, seq: Tensor, lengths: Tensor, targets: Tensor) -> LossOutput:
-        """``seq [B, L]``, ``lengths [B]``, ``targets [B]`` on the device -> the loss."""
+    def negatives(self) -> Tensor:
+        """``[S]`` shared negatives (an empty tensor with full softmax)."""
+        if self.sampler is None:
+            return torch.empty(0, dtype=torch.long, device=self.device)
+        return self.sampler.sample(self.num_negatives, generator=self.generator, device=self.device)
+
+    def loss(self, seq: Tensor, lengths: Tensor, targets: Tensor, negatives: Tensor) -> LossOutput:
+        """``seq [B, L]``, ``lengths [B]``, ``targets [B]``, ``negatives [S]`` on the device -> the loss."""
         t = self.cfg.train
-        autocast = (
-            torch.autocast("cuda", dtype=torch.bfloat16) if self.amp else contextlib.nullcontext()
+        autocast = (  # the autocast weight cache cannot live across graph replays
+            torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=not t.cuda_graph)
+            if self.amp else contextlib.nullcontext()
         )
         with autocast:
             interests = self.forward(seq, lengths)  # [B, K, d]
@@ -116,7 +136,6 @@ class TrainStep:
             user = readout(interests, item_emb[targets])  # [B, d]
             if self.sampler is None:
                 return full_softmax_loss(user, targets, item_emb, z_loss=t.z_loss)
-            negatives = self.sampler.sample(self.num_negatives, generator=self.generator, device=self.device)
             log_q_t = log_q_n = None
             if t.logq:
                 log_q_t = self.sampler.log_expected_count(targets, self.num_negatives)
@@ -127,18 +146,60 @@ class TrainStep:
                 remove_accidental_hits=t.remove_accidental_hits, z_loss=t.z_loss,
             )
 
-    def __call__(self, seq: Tensor, lengths: Tensor, targets: Tensor) -> tuple[LossOutput, Tensor | None]:
-        """Forward, backward, clip and update; returns the loss and the pre-clip gradient norm
-        (a device tensor, or None without clipping). Never syncs the host."""
-        self.model.train()
-        out = self.loss_fn(seq, lengths, targets)
-        self.optimizer.zero_grad(set_to_none=True)
+    def _update(self, *batch: Tensor) -> tuple[LossOutput, Tensor | None]:
+        """Loss, backward, clip, optimizer step (gradients must be None or zero on entry)."""
+        out = self.loss_fn(*batch)
         out.loss.backward()
         grad_norm = None
         if self.cfg.train.grad_clip > 0:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip)
         self.optimizer.step()
         return out, grad_norm
+
+    def _capture(self, batch: tuple[Tensor, ...]) -> None:
+        """Warm up on a side stream, undo those updates in place, then capture one step.
+
+        The optimizer state must exist before capture (its lazy initialisation would otherwise
+        be recorded and replayed), so the warm-up creates it and the states are then put back
+        in place: copied from before the warm-up where they existed (a resumed run), zeroed
+        (Adam's fresh state) where they did not.
+        """
+        self.static_in = tuple(x.clone() for x in batch)
+        params = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        saved = {p: {k: v.clone() for k, v in st.items() if torch.is_tensor(v)} for p, st in self.optimizer.state.items()}
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                self.optimizer.zero_grad(set_to_none=True)
+                self._update(*self.static_in)
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.no_grad():
+            self.model.load_state_dict(params)
+            for p, st in self.optimizer.state.items():
+                for k, v in st.items():
+                    if torch.is_tensor(v):
+                        v.copy_(saved[p][k]) if k in saved.get(p, {}) else v.zero_()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.static_out = self._update(*self.static_in)
+
+    def __call__(self, seq: Tensor, lengths: Tensor, targets: Tensor) -> tuple[LossOutput, Tensor | None]:
+        """Forward, backward, clip and update; returns the loss and the pre-clip gradient norm
+        (a device tensor, or None without clipping). Never syncs the host."""
+        self.model.train()
+        batch = (seq, lengths, targets, self.negatives())
+        if not self.cfg.train.cuda_graph:
+            self.optimizer.zero_grad(set_to_none=True)
+            return self._update(*batch)
+        if self.graph is None:
+            self._capture(batch)
+        for static, x in zip(self.static_in, batch):
+            static.copy_(x, non_blocking=True)
+        self.graph.replay()
+        assert self.static_out is not None
+        return self.static_out
 
 
 def to_device(arrays: tuple[np.ndarray, ...], device: torch.device) -> tuple[Tensor, ...]:
@@ -248,7 +309,7 @@ def _optimise(model: InterestModel, cfg: Config, dist: distributed.DistInfo, spl
     run_start_step, run_start = st.step, time.perf_counter()
     while st.step < t.max_steps:
         log_now = (st.step + 1) % t.log_every == 0 or st.step + 1 == t.max_steps
-        set_track_stats(model, log_now)  # record the max attention logit on logging steps only
+        set_track_stats(model, log_now and not t.cuda_graph)  # max attention logit, on logging steps
         out, grad_norm = step_fn(*to_device(batches.sample(t.batch_size), device))
         st.step += 1
         window_steps += 1
