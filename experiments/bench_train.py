@@ -120,6 +120,18 @@ class EagerStep:
 
 
 # ----------------------------------------------------------------------------- timing
+def _samples_per_s(step, batch, steps: int, batch_size: int, device: torch.device) -> float:
+    """Run 5 warm-up steps (compilation, autotuning, graph capture), then time ``steps``."""
+    for i in range(5):
+        step(*batch(i))
+    _sync(device)
+    t0 = time.perf_counter()
+    for i in range(steps):
+        step(*batch(i))
+    _sync(device)
+    return steps * batch_size / (time.perf_counter() - t0)
+
+
 def _time_ours(cfg: Config, split, item_counts: Tensor, num_items: int, steps: int, device: torch.device,
                prebuilt: list | None, cuda_graph: bool = False) -> tuple[float, InterestModel]:
     cfg.train.cuda_graph = cuda_graph
@@ -129,15 +141,11 @@ def _time_ours(cfg: Config, split, item_counts: Tensor, num_items: int, steps: i
     gen.manual_seed(1)
     step = TrainStep(model, model, cfg, device, item_counts.to(device), gen)
     sampler = TrainSampler(split.train_indptr, split.train_items, cfg.data.max_len, seed=0, min_target=4)
-    batch = lambda i: prebuilt[i % len(prebuilt)] if prebuilt else to_device(sampler.sample(cfg.train.batch_size), device)  # noqa: E731
-    for i in range(5):  # warm-up: compilation, autotuning, allocator
-        step(*batch(i))
-    _sync(device)
-    t0 = time.perf_counter()
-    for i in range(steps):
-        step(*batch(i))
-    _sync(device)
-    return steps * cfg.train.batch_size / (time.perf_counter() - t0), model
+
+    def batch(i: int):
+        return prebuilt[i % len(prebuilt)] if prebuilt else to_device(sampler.sample(cfg.train.batch_size), device)
+
+    return _samples_per_s(step, batch, steps, cfg.train.batch_size, device), model
 
 
 def _time_eager(cfg: Config, split, num_items: int, steps: int, device: torch.device,
@@ -154,14 +162,7 @@ def _time_eager(cfg: Config, split, num_items: int, steps: int, device: torch.de
         arrays = python_batch(split.train_indptr, split.train_items, users, cfg.train.batch_size, cfg.data.max_len, rng)
         return tuple(torch.from_numpy(a).to(device) for a in arrays)
 
-    for i in range(5):
-        step(*batch(i))
-    _sync(device)
-    t0 = time.perf_counter()
-    for i in range(steps):
-        step(*batch(i))
-    _sync(device)
-    return steps * cfg.train.batch_size / (time.perf_counter() - t0), model
+    return _samples_per_s(step, batch, steps, cfg.train.batch_size, device), model
 
 
 def grid(device: torch.device, steps: int, data: str | None) -> list[tuple]:
