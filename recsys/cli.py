@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from recsys.config import Config, ConfigError, config_from_dict, load_config
+from recsys.config import Config, ConfigError, apply_overrides, config_from_dict, load_config
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -95,6 +95,69 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_index(args: argparse.Namespace) -> int:
+    """Build and save a FAISS index for a run; report build time and recall against exact search."""
+    from recsys.retrieval.run_index import build_run_index
+    from recsys.runs import load_run
+
+    run = load_run(Path(args.run))
+    rc = run.cfg.retrieval
+    report = build_run_index(
+        run, args.factory or rc.factory,
+        nprobe=args.nprobe if args.nprobe is not None else rc.nprobe,
+        ef_search=args.ef_search if args.ef_search is not None else rc.ef_search,
+        n=args.n, log=print,
+    )
+    print(f"built {report.factory} over {report.num_items:,} items (d={report.dim}) in {report.build_s:.2f}s "
+          f"-> {report.index_file}")
+    print(f"recall@{report.n} against exact search on {report.users:,} test users: {report.recall:.4f}  "
+          f"({report.ann_users_per_s:,.0f} users/s vs exact {report.exact_users_per_s:,.0f} users/s)")
+    return 0
+
+
+def cmd_recommend(args: argparse.Namespace) -> int:
+    """Batch top-N for users of a run (raw ids in, raw ids out) to Parquet or CSV."""
+    from recsys.serve.batch import read_user_file, recommend_users, resolve_users, write_recommendations
+    from recsys.serve.recommender import Recommender
+
+    if args.diversity_lambda < 0:
+        raise ValueError(f"--diversity-lambda: must be >= 0, got {args.diversity_lambda}")
+    raw = None if args.all else read_user_file(args.users)
+    rec = Recommender.from_run(args.run, factory=args.factory, nprobe=args.nprobe, ef_search=args.ef_search)
+    users, unknown = resolve_users(rec, raw, strict=args.strict)
+    if unknown:
+        shown = ", ".join(repr(u) for u in unknown[:10]) + (" ..." if len(unknown) > 10 else "")
+        print(f"skipped {len(unknown):,} unknown users: {shown}", file=sys.stderr)
+    table = recommend_users(rec, users, args.n, exclude_seen=args.exclude_seen,
+                            diversity_lambda=args.diversity_lambda, batch_size=args.batch_size)
+    path = write_recommendations(table, args.out)
+    print(f"{len(table):,} recommendations for {len(users):,} users written to {path}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Serve a run over HTTP (needs the serve extra)."""
+    try:
+        from recsys.serve.app import run_server
+    except ImportError as err:
+        print(f"recsys serve: {err}", file=sys.stderr)
+        return 2
+    cfg = _run_config(Path(args.run))
+    overrides = [f"serve.{key}={value}" for key, value in
+                 (("host", args.host), ("port", args.port)) if value is not None] + list(args.overrides)
+    apply_overrides(cfg, overrides)
+    run_server(args.run, cfg.serve, factory=args.factory, nprobe=args.nprobe, ef_search=args.ef_search,
+               device=args.device, threads=args.threads, access_log=args.access_log)
+    return 0
+
+
+def _add_index_args(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("run", help="run directory (written by recsys train)")
+    p.add_argument("--factory", help=f"FAISS index_factory string {what} (default: the run's retrieval.factory)")
+    p.add_argument("--nprobe", type=int, help="IVF lists searched per query")
+    p.add_argument("--ef-search", type=int, help="HNSW search beam width")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="recsys", description="Multi-interest sequential retrieval: train, evaluate, index, serve."
@@ -118,6 +181,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--diversity-lambda", type=float, help="ComiRec's diversity-controlled aggregation")
     p.add_argument("--out", help="also write the metrics as JSON here")
     p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("index", help="build and save a FAISS index beside a run; report its recall")
+    _add_index_args(p, 'e.g. "HNSW32,Flat", "IVF1024,Flat", "Flat"')
+    p.add_argument("--n", type=int, default=50, help="top-N compared with exact search (default 50)")
+    p.set_defaults(func=cmd_index)
+
+    p = sub.add_parser("recommend", help="batch top-N for many users of a run, to Parquet or CSV")
+    _add_index_args(p, "(a saved `recsys index` is reused)")
+    who = p.add_mutually_exclusive_group(required=True)
+    who.add_argument("--users", metavar="FILE", help="raw user ids, one per line")
+    who.add_argument("--all", action="store_true", help="every user of the run's dataset")
+    p.add_argument("--n", type=int, default=50, help="items per user (default 50)")
+    p.add_argument("--out", required=True, help="output file: .parquet, .csv, .csv.gz or .tsv")
+    p.add_argument("--exclude-seen", action="store_true", help="never recommend an item the user clicked")
+    p.add_argument("--diversity-lambda", type=float, default=0.0, help="ComiRec's diversity-controlled pick")
+    p.add_argument("--strict", action="store_true", help="fail on unknown user ids instead of skipping them")
+    p.add_argument("--batch-size", type=int, default=1024, help="users per model call")
+    p.set_defaults(func=cmd_recommend)
+
+    p = sub.add_parser("serve", help="serve a run over HTTP (POST /recommend, GET /health, GET /info)")
+    _add_index_args(p, "(a saved `recsys index` is reused)")
+    p.add_argument("--host", help="bind address (default: serve.host, 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default: serve.port, 8000)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="serve.KEY=VALUE",
+                   help="override a serve setting, e.g. --set serve.fallback_popular=true")
+    p.add_argument("--device", default="cpu", help="where the model runs (default cpu)")
+    p.add_argument("--threads", type=int, default=1, help="torch/FAISS CPU threads (default 1)")
+    p.add_argument("--access-log", action="store_true", help="log every request (slower)")
+    p.set_defaults(func=cmd_serve)
     return parser
 
 

@@ -147,6 +147,7 @@ class ServeConfig:
     n: int = 50  # default top-N of a request
     max_n: int = 1000  # largest top-N a request may ask for (larger: 422)
     max_batch: int = 64  # most concurrent requests answered by one model call (micro-batching)
+    batch_workers: int = 2  # micro-batches computed at once, each in its own thread
     fallback_popular: bool = False  # unknown user / no known item: most clicked items instead of a 4xx
 
 
@@ -317,7 +318,7 @@ _POSITIVE = (
     "model.routing_iters", "train.batch_size", "train.max_steps", "train.eval_every",
     "train.log_every", "train.min_target", "eval.batch_size", "synthetic.num_users", "synthetic.num_items",
     "synthetic.num_categories", "synthetic.interests_per_user", "synthetic.mean_length",
-    "serve.n", "serve.max_n", "serve.max_batch", "retrieval.nprobe", "retrieval.ef_search",
+    "serve.n", "serve.max_n", "serve.max_batch", "serve.batch_workers", "retrieval.nprobe", "retrieval.ef_search",
 )
 _NON_NEGATIVE = (
     "data.min_item_count", "data.min_user_count", "model.hidden", "model.softcap",

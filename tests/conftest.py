@@ -10,3 +10,24 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+import pytest  # noqa: E402
+
+TINY_RUN_OVERRIDES = [
+    "synthetic.num_users=400", "synthetic.num_items=200", "synthetic.num_categories=8",
+    "synthetic.interests_per_user=2", "synthetic.mean_length=12", "data.max_len=10",
+    "model.dim=16", "model.num_interests=4", "model.backend=torch", "train.max_steps=20",
+    "train.eval_every=20", "train.batch_size=32", "train.num_negatives=64", "name=tiny",
+]
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    """A trained run directory (ComiRec-SA, K=4, d=16, ~200 synthetic items, 20 steps; ~3 s),
+    shared by the index / recommend / serve tests, which must not modify its weights."""
+    from recsys.config import load_config
+    from recsys.train.trainer import train
+
+    cfg = load_config(None, TINY_RUN_OVERRIDES + [f"output_dir={tmp_path_factory.mktemp('runs')}"])
+    return train(cfg, log=lambda line: None).run_dir

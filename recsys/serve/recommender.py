@@ -1,0 +1,277 @@
+"""Top-N candidates from a trained run: model + index + dataset in memory, shared by
+``recsys recommend`` (batch) and ``recsys serve`` (HTTP).
+
+Inputs are click sequences of internal item ids; a known user's sequence is their last
+``max_len`` clicks in the run's dataset (every click, including those the evaluation held
+out). :meth:`Recommender.recommend` takes a whole batch of sequences at once, each row with
+its own ``n`` and diversity ``λ``, and gives every row exactly the answer it would get alone:
+each interest contributes its top ``n + E`` hits (``E`` = that row's excluded items), as
+:meth:`Retriever.search` does for one user, whatever else is in the batch. (For exact
+indexes this holds up to float ties; for HNSW it holds while ``ef_search >= n + E``, since
+FAISS widens the beam to ``k`` otherwise.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from recsys.data.batches import gather_rows, pad_sequences
+from recsys.data.prepare import Dataset
+from recsys.models.base import InterestModel
+from recsys.retrieval.aggregate import diverse_merge, max_merge
+from recsys.retrieval.index import Retriever
+
+__all__ = ["Recommendations", "Recommender", "unique_csr"]
+
+CSR = tuple[np.ndarray, np.ndarray]  # (indptr [B + 1] int64, items [nnz] int64)
+
+
+@dataclass
+class Recommendations:
+    """Top-N per row: ``ids [B, n_max]`` int64 internal item ids, ``scores [B, n_max]``
+    float32, ``interest_of [B, n_max]`` int64 (the interest that found the item; ``-1`` for
+    popularity fallbacks); row ``b`` holds ``n[b]`` items at most, the rest is ``-1 / -inf / -1``."""
+
+    ids: np.ndarray
+    scores: np.ndarray
+    interest_of: np.ndarray
+
+
+def unique_csr(indptr: np.ndarray, items: np.ndarray, num_items: int) -> CSR:
+    """The CSR rows with ids ``<= 0`` dropped and each row's ids made unique (sorted)."""
+    indptr = np.asarray(indptr, dtype=np.int64)
+    items = np.asarray(items, dtype=np.int64)
+    rows = np.repeat(np.arange(len(indptr) - 1, dtype=np.int64), np.diff(indptr))
+    keep = items > 0
+    keys = np.unique(rows[keep] * num_items + items[keep])
+    out_indptr = np.zeros(len(indptr), dtype=np.int64)
+    np.cumsum(np.bincount(keys // num_items, minlength=len(indptr) - 1), out=out_indptr[1:])
+    return out_indptr, keys % num_items
+
+
+def _per_row(value: Any, bsz: int, dtype: type, name: str) -> np.ndarray:
+    out = np.broadcast_to(np.asarray(value, dtype=dtype), (bsz,))
+    if out.ndim != 1:
+        raise ValueError(f"{name}: expected a scalar or [B={bsz}] values")
+    return out
+
+
+class Recommender:
+    """A run's model, index and dataset, answering top-N requests in batches.
+
+    Args:
+        model: the trained :class:`InterestModel` (put in eval mode here).
+        dataset: the run's :class:`Dataset` (raw ids, histories, categories, popularity).
+        retriever: a :class:`Retriever` over ``model.item_embeddings()`` with the dataset's
+            ``item_category`` (see :func:`recsys.retrieval.run_index.open_run_index`).
+        max_len: sequence width fed to the model (the run's ``data.max_len``).
+        name, index_name: shown by :meth:`info`.
+    """
+
+    def __init__(
+        self,
+        model: InterestModel,
+        dataset: Dataset,
+        retriever: Retriever,
+        *,
+        max_len: int,
+        name: str = "",
+        index_name: str = "",
+    ) -> None:
+        if retriever.num_items != dataset.num_items:
+            raise ValueError(
+                f"retriever: indexes {retriever.num_items} ids but the dataset has {dataset.num_items}"
+            )
+        self.model = model.eval()
+        self.dataset = dataset
+        self.retriever = retriever
+        self.max_len = int(max_len)
+        self.name = name
+        self.index_name = index_name
+        self.device = next(iter(model.parameters()), torch.empty(0)).device
+        counts = np.asarray(dataset.item_counts, dtype=np.int64)
+        self._popular = (np.argsort(-counts[1:], kind="stable") + 1).astype(np.int64)  # [N - 1]
+        self._counts = counts.astype(np.float32)
+        # raw id -> internal id / user index: a dict answers a short request ~50x faster than
+        # pandas' indexer (Dataset.encode_* stays the tool for bulk lookups)
+        self._item_id = {raw: i for i, raw in enumerate(dataset.item_raw.tolist()) if i > 0}
+        self._user_id = {raw: u for u, raw in enumerate(dataset.user_raw.tolist())}
+
+    @classmethod
+    def from_run(
+        cls,
+        path: str | Path,
+        *,
+        factory: str | None = None,
+        nprobe: int | None = None,
+        ef_search: int | None = None,
+        device: str | torch.device = "cpu",
+        log: Callable[[str], None] = print,
+    ) -> Recommender:
+        """Load run directory ``path`` and its index (``factory`` default: the run's
+        ``retrieval.factory``; a saved ``recsys index`` file is reused when it matches)."""
+        from recsys.retrieval.run_index import open_run_index
+        from recsys.runs import load_run
+
+        run = load_run(path, device=device)
+        retriever, where = open_run_index(run, factory, nprobe=nprobe, ef_search=ef_search, log=log)
+        log(f"index: {where}")
+        return cls(
+            run.model, run.dataset, retriever, max_len=run.cfg.data.max_len,
+            name=run.cfg.model.name, index_name=retriever.factory,
+        )
+
+    # -- inputs ---------------------------------------------------------------------------
+    def encode_items(self, raw: list[str]) -> tuple[np.ndarray, list[str]]:
+        """Raw item ids -> ``(known internal ids [m] in input order, unknown raw ids)``."""
+        found = [self._item_id.get(r, 0) for r in raw]
+        return np.array([i for i in found if i], dtype=np.int64), [r for r, i in zip(raw, found) if not i]
+
+    def encode_users(self, raw: list[str]) -> tuple[np.ndarray, list[str]]:
+        """Raw user ids -> ``(known user indices [m] in input order, unknown raw ids)``."""
+        found = [self._user_id.get(r, -1) for r in raw]
+        return np.array([u for u in found if u >= 0], dtype=np.int64), [r for r, u in zip(raw, found) if u < 0]
+
+    def user_inputs(self, users: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``users [B]`` indices -> their last ``max_len`` clicks ``[B, max_len]`` (right-padded)
+        and lengths ``[B]``."""
+        return pad_sequences(self.dataset.indptr, self.dataset.items, np.asarray(users, np.int64), self.max_len)
+
+    def user_histories(self, users: np.ndarray) -> CSR:
+        """``users [B]`` indices -> every click of each user as CSR ``(indptr [B + 1], items)``."""
+        users = np.asarray(users, dtype=np.int64)
+        return gather_rows(self.dataset.indptr, self.dataset.items,
+                           self.dataset.indptr[users], self.dataset.indptr[users + 1])
+
+    def sequence_inputs(self, sequences: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """Internal id sequences (oldest first) -> the last ``max_len`` of each, ``[B, max_len]``
+        right-padded, and lengths ``[B]``."""
+        indptr, items = self.sequences_csr(sequences)
+        return pad_sequences(indptr, items, np.arange(len(sequences)), self.max_len)
+
+    @staticmethod
+    def sequences_csr(sequences: list[np.ndarray]) -> CSR:
+        """A list of id arrays as CSR ``(indptr [B + 1], items)``."""
+        indptr = np.zeros(len(sequences) + 1, dtype=np.int64)
+        np.cumsum([len(s) for s in sequences], out=indptr[1:])
+        items = np.concatenate(sequences).astype(np.int64) if len(sequences) else np.empty(0, np.int64)
+        return indptr, items
+
+    # -- answers --------------------------------------------------------------------------
+    def recommend(
+        self,
+        inputs: np.ndarray,
+        lengths: np.ndarray,
+        n: int | np.ndarray,
+        *,
+        exclude: CSR | None = None,
+        diversity_lambda: float | np.ndarray = 0.0,
+    ) -> Recommendations:
+        """Top ``n`` items for each of ``B`` sequences.
+
+        Args:
+            inputs: ``[B, L]`` int64 internal ids, right-padded with 0; lengths ``[B]`` >= 1.
+            n: items per row, a scalar or ``[B]``.
+            exclude: items never to return, CSR ``(indptr [B + 1], items)`` (e.g. history).
+            diversity_lambda: ComiRec's diversity λ, a scalar or ``[B]`` (0 = max-score merge).
+
+        Returns :class:`Recommendations` of width ``max(n)``.
+        """
+        inputs = np.asarray(inputs, dtype=np.int64)
+        lengths = np.asarray(lengths, dtype=np.int64)
+        bsz = len(lengths)
+        if inputs.ndim != 2 or len(inputs) != bsz:
+            raise ValueError(f"inputs: expected [B={bsz}, L], got {inputs.shape}")
+        if bsz == 0:
+            raise ValueError("inputs: no sequences")
+        if lengths.min() < 1:
+            raise ValueError("lengths: every sequence needs at least one known item")
+        n = _per_row(n, bsz, np.int64, "n")
+        lam = _per_row(diversity_lambda, bsz, np.float64, "diversity_lambda")
+        if n.min() < 1:
+            raise ValueError(f"n: must be >= 1, got {int(n.min())}")
+        if not np.isfinite(lam).all() or lam.min() < 0:
+            raise ValueError("diversity_lambda: must be finite and >= 0")
+        if exclude is not None:
+            exclude = unique_csr(*exclude, self.dataset.num_items)
+            if len(exclude[0]) != bsz + 1:
+                raise ValueError(f"exclude: CSR indptr must have {bsz + 1} entries, got {len(exclude[0])}")
+        n_max = int(n.max())
+        with torch.inference_mode():
+            seq = torch.from_numpy(inputs).to(self.device)
+            interests = self.model.interests(seq, torch.from_numpy(lengths).to(self.device)).float()
+        ids, scores, interest_of = self.retriever.candidates(interests, n_max, exclude)
+        num_k = interests.shape[1]
+        depth = n if exclude is None else n + np.diff(exclude[0])
+        rank = np.tile(np.arange(ids.shape[1] // num_k), num_k)  # [K * k] rank within its interest
+        cut = rank[None, :] >= depth[:, None]  # deeper than this row's own search would go
+        ids[cut], scores[cut], interest_of[cut] = -1, -np.inf, -1
+
+        out_ids = np.full((bsz, n_max), -1, dtype=np.int64)
+        out_scores = np.full((bsz, n_max), -np.inf, dtype=np.float32)
+        out_int = np.full((bsz, n_max), -1, dtype=np.int64)
+        for value in np.unique(lam):
+            rows = np.flatnonzero(lam == value)
+            args = (ids[rows], scores[rows], interest_of[rows])
+            if value == 0:
+                merged = max_merge(*args, n_max)
+            else:
+                merged = diverse_merge(*args, self.dataset.item_category, n_max, float(value))
+            out_ids[rows], out_scores[rows], out_int[rows] = merged
+        return self._cut(Recommendations(out_ids, out_scores, out_int), n)
+
+    def popular(self, n: int | np.ndarray, *, exclude: CSR | None = None, rows: int = 1) -> Recommendations:
+        """The most clicked items, for ``rows`` requests (``n`` scalar or ``[rows]``), minus
+        ``exclude``; scores are click counts, interests ``-1``."""
+        n = _per_row(n, rows, np.int64, "n")
+        if n.min() < 1:
+            raise ValueError(f"n: must be >= 1, got {int(n.min())}")
+        num_items = self.dataset.num_items
+        extra = 0
+        if exclude is not None:
+            exclude = unique_csr(*exclude, num_items)
+            extra = int(np.diff(exclude[0]).max(initial=0))
+        n_max = int(n.max())
+        ids = np.broadcast_to(self._popular[: n_max + extra], (rows, min(n_max + extra, num_items - 1))).copy()
+        if exclude is not None:
+            keys = np.repeat(np.arange(rows, dtype=np.int64), np.diff(exclude[0])) * num_items + exclude[1]
+            row_keys = np.arange(rows, dtype=np.int64)[:, None] * num_items + ids
+            ids[np.isin(row_keys, keys)] = -1
+            ids = np.take_along_axis(ids, np.argsort(ids <= 0, axis=1, kind="stable"), axis=1)
+        out_ids = np.full((rows, n_max), -1, dtype=np.int64)
+        width = min(n_max, ids.shape[1])
+        out_ids[:, :width] = ids[:, :width]
+        scores = np.where(out_ids > 0, self._counts[np.maximum(out_ids, 0)], np.float32(-np.inf))
+        return self._cut(Recommendations(out_ids, scores.astype(np.float32), np.full_like(out_ids, -1)), n)
+
+    @staticmethod
+    def _cut(recs: Recommendations, n: np.ndarray) -> Recommendations:
+        """Blank the columns past each row's own ``n``."""
+        past = np.arange(recs.ids.shape[1])[None, :] >= n[:, None]
+        recs.ids[past], recs.scores[past], recs.interest_of[past] = -1, -np.inf, -1
+        return recs
+
+    def item_raw(self, ids: np.ndarray) -> np.ndarray:
+        """Internal ids ``[...]`` (> 0) -> raw item ids (str)."""
+        return self.dataset.item_raw[ids]
+
+    def info(self) -> dict[str, Any]:
+        """What is being served: model, dataset, catalogue size, index, K, d, max_len."""
+        emb_dim = self.retriever.dim
+        return {
+            "model": self.name,
+            "dataset": self.dataset.source,
+            "items": self.dataset.num_items - 1,
+            "users": self.dataset.num_users,
+            "categories": self.dataset.num_categories - 1,
+            "index": self.index_name,
+            "num_interests": int(getattr(self.model, "num_interests", 1)),
+            "dim": emb_dim,
+            "max_len": self.max_len,
+        }

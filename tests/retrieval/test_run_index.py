@@ -1,0 +1,107 @@
+"""`recsys index`: build, save, measure and reopen a run's FAISS index (tiny trained run)."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from recsys.cli import main
+from recsys.retrieval.run_index import (
+    ann_recall,
+    clamp_ivf,
+    index_paths,
+    index_slug,
+    open_run_index,
+    run_item_embeddings,
+)
+from recsys.runs import load_run
+
+
+def test_index_slug_and_paths(tmp_path):
+    assert index_slug("HNSW32,Flat") == "HNSW32_Flat"
+    assert index_slug(" IVF1024,PQ16 ") == "IVF1024_PQ16"
+    assert index_paths(tmp_path, "Flat") == (tmp_path / "index" / "Flat.faiss", tmp_path / "index" / "Flat.json")
+    with pytest.raises(ValueError, match="empty"):
+        index_slug(" , ")
+
+
+def test_clamp_ivf():
+    assert clamp_ivf("HNSW32,Flat", 10) == ("HNSW32,Flat", None)
+    assert clamp_ivf("IVF16,Flat", 39 * 16) == ("IVF16,Flat", None)
+    factory, warning = clamp_ivf("IVF1024,Flat", 400)
+    assert factory == "IVF10,Flat" and "1024" in warning and "IVF10,Flat" in warning
+    assert clamp_ivf("IVF64,PQ8", 5)[0] == "IVF1,PQ8"
+
+
+def test_ann_recall():
+    exact = np.array([[1, 2, 3, 4], [5, 6, -1, -1], [-1, -1, -1, -1]])
+    ann = np.array([[4, 3, 9, 8], [6, 5, 7, -1], [1, 2, 3, 4]])
+    got = ann_recall(ann, exact)
+    np.testing.assert_allclose(got[:2], [0.5, 1.0])
+    assert np.isnan(got[2])
+    with pytest.raises(ValueError, match="expected"):
+        ann_recall(ann[:2], exact)
+
+
+@pytest.mark.parametrize(
+    "factory, extra, built",
+    [("Flat", [], "Flat"), ("HNSW16,Flat", ["--ef-search", "64"], "HNSW16,Flat"),
+     ("IVF1024,Flat", ["--nprobe", "2"], None)],
+)
+def test_index_command(tiny_run, capsys, factory, extra, built):
+    assert main(["index", tiny_run, "--factory", factory, "--n", "20", *extra]) == 0
+    out = capsys.readouterr().out
+    index_file, meta_file = index_paths(tiny_run, factory)
+    assert index_file.is_file() and meta_file.is_file()
+    meta = json.loads(meta_file.read_text())
+    run = load_run(tiny_run)
+    assert meta["requested_factory"] == factory
+    assert meta["num_items"] == run.dataset.num_items - 1 and meta["dim"] == 16
+    assert meta["n"] == 20 and meta["users"] == len(run.split.test.users) > 0
+    assert meta["build_s"] >= 0 and 0.0 <= meta["recall"] <= 1.0
+    assert "recall@20" in out and meta["factory"] in out
+    if factory == "Flat":
+        assert meta["recall"] == 1.0
+    if factory.startswith("HNSW"):
+        assert meta["ef_search"] == 64 and meta["recall"] > 0.9  # ~200 items: HNSW is near exact
+    if built is None:  # ~200 items cannot train 1024 lists: clamped, with a warning
+        assert meta["factory"] != factory and meta["factory"].startswith("IVF")
+        assert "warning" in out and meta["nprobe"] == 2
+
+
+def test_open_run_index_reuses_matching_file_and_rebuilds_stale(tiny_run, tmp_path):
+    assert main(["index", tiny_run, "--factory", "HNSW16,Flat", "--ef-search", "40"]) == 0
+    run = load_run(tiny_run)
+    logs = []
+    retriever, where = open_run_index(run, "HNSW16,Flat", log=logs.append)
+    assert "loaded from" in where and "ef_search=40" in where and not logs
+    assert retriever.num_items == run.dataset.num_items and retriever.factory == "HNSW16,Flat"
+    # Loaded labels map to item ids (label j = item j + 1): near-exact on ~200 items.
+    emb = run_item_embeddings(run)
+    interests = np.random.default_rng(0).standard_normal((3, 4, 16)).astype(np.float32)
+    brute = np.argsort(-(interests @ emb[1:].T).max(axis=1), axis=1)[:, :10] + 1
+    assert np.mean(ann_recall(retriever.search(interests, 10)[0], brute)) >= 0.9
+    exact_ids = open_run_index(run, "Flat", log=logs.append)[0].search(interests, 10)[0]
+    np.testing.assert_array_equal(exact_ids, brute)
+
+    # Different weights: the saved file no longer matches and is not used.
+    meta_file = index_paths(tiny_run, "HNSW16,Flat")[1]
+    meta = json.loads(meta_file.read_text())
+    stale = tmp_path / "run"
+    (stale / "index").mkdir(parents=True)
+    for name in ("config.json", "best.pt"):
+        (stale / name).write_bytes((Path(tiny_run) / name).read_bytes())
+    (stale / "dataset").symlink_to(Path(tiny_run) / "dataset")
+    (stale / "index" / "HNSW16_Flat.faiss").write_bytes(index_paths(tiny_run, "HNSW16,Flat")[0].read_bytes())
+    (stale / "index" / "HNSW16_Flat.json").write_text(json.dumps({**meta, "embedding_sha1": "0" * 40}))
+    _, where = open_run_index(load_run(stale), "HNSW16,Flat", log=logs.append)
+    assert "built in memory" in where
+    assert any("other weights" in line for line in logs)
+
+
+def test_index_command_errors(tiny_run, tmp_path, capsys):
+    assert main(["index", str(tmp_path), "--factory", "Flat"]) == 2
+    assert "no config.json" in capsys.readouterr().err
+    assert main(["index", tiny_run, "--factory", "NotAnIndex"]) == 2
+    assert "FAISS cannot build" in capsys.readouterr().err

@@ -1,0 +1,75 @@
+"""`recsys recommend`: output format, unknown users, --all, --exclude-seen, Parquet and CSV."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from recsys.cli import main
+from recsys.data.prepare import Dataset
+from recsys.serve.batch import Progress, read_user_file
+
+
+@pytest.fixture(scope="module")
+def dataset(tiny_run):
+    return Dataset.load(f"{tiny_run}/dataset")
+
+
+def test_recommend_csv_format_and_unknown_users(tiny_run, dataset, tmp_path, capsys):
+    users = [dataset.user_raw[5], "ghost", dataset.user_raw[0], dataset.user_raw[5], ""]
+    (tmp_path / "users.txt").write_text("\n".join(users) + "\n")
+    out = tmp_path / "recs.csv"
+    assert main(["recommend", tiny_run, "--users", str(tmp_path / "users.txt"), "--n", "7",
+                 "--out", str(out), "--factory", "Flat"]) == 0
+    captured = capsys.readouterr()
+    assert "skipped 1 unknown users: 'ghost'" in captured.err
+    table = pd.read_csv(out, dtype={"user": str, "item": str})
+    assert list(table.columns) == ["user", "rank", "item", "score", "interest"]
+    assert list(pd.unique(table["user"])) == [dataset.user_raw[5], dataset.user_raw[0]]  # input order, once each
+    for _, rows in table.groupby("user"):
+        assert list(rows["rank"]) == list(range(1, 8))
+        assert (np.diff(rows["score"].to_numpy()) <= 1e-6).all()  # best first
+        assert rows["item"].is_unique and rows["item"].isin(dataset.item_raw[1:]).all()
+        assert rows["interest"].between(0, 3).all()
+
+
+def test_recommend_all_parquet_exclude_seen(tiny_run, dataset, tmp_path):
+    pytest.importorskip("pyarrow", reason="Parquet output needs pyarrow (the parquet extra)")
+    out = tmp_path / "recs.parquet"
+    assert main(["recommend", tiny_run, "--all", "--n", "5", "--out", str(out), "--exclude-seen",
+                 "--batch-size", "64", "--factory", "Flat"]) == 0
+    table = pd.read_parquet(out)
+    assert table["user"].nunique() == dataset.num_users and len(table) == 5 * dataset.num_users
+    item_id = {raw: i for i, raw in enumerate(dataset.item_raw)}
+    user_id = {raw: u for u, raw in enumerate(dataset.user_raw)}
+    for user, rows in table.groupby("user"):
+        u = user_id[user]
+        seen = set(dataset.items[dataset.indptr[u] : dataset.indptr[u + 1]])
+        assert not seen & {item_id[i] for i in rows["item"]}
+
+
+def test_recommend_errors(tiny_run, tmp_path, capsys):
+    (tmp_path / "users.txt").write_text("ghost\n")
+    out = str(tmp_path / "r.csv")
+    assert main(["recommend", tiny_run, "--users", str(tmp_path / "users.txt"), "--out", out, "--strict"]) == 2
+    assert "unknown user ids (--strict): 'ghost'" in capsys.readouterr().err
+    assert main(["recommend", tiny_run, "--all", "--out", str(tmp_path / "r.json")]) == 2
+    assert ".parquet, .csv" in capsys.readouterr().err
+    assert main(["recommend", tiny_run, "--users", str(tmp_path / "none.txt"), "--out", out]) == 2
+    assert "file not found" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # --users and --all are exclusive
+        main(["recommend", tiny_run, "--all", "--users", "x", "--out", out])
+    (tmp_path / "blank.txt").write_text("\n \n")
+    with pytest.raises(ValueError, match="no user ids"):
+        read_user_file(tmp_path / "blank.txt")
+
+
+def test_progress_line(capsys):
+    import io
+
+    stream = io.StringIO()
+    bar = Progress(10, "users", stream=stream, every_s=0.0)
+    bar.update(4)
+    bar.update(6)
+    text = stream.getvalue()
+    assert "users: 4/10 (40%)" in text and text.endswith("10/10 (100%), " + text.rsplit(", ", 1)[1])
+    assert text.endswith("\n")
