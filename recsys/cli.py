@@ -88,7 +88,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         if args.diversity_lambda is not None:
             cfg.eval.diversity_lambda = args.diversity_lambda
         name, metrics = cfg.model.name, evaluate_untrained(cfg, split=args.split, log=print)
-    print(format_table({name: metrics}))
+    shown = ("recall", "ndcg", "hitrate") + (("diversity",) if any(k.startswith("diversity@") for k in metrics) else ())
+    print(format_table({name: metrics}, metrics=shown))
     if args.out:
         Path(args.out).write_text(json.dumps(metrics, indent=2))
         print(f"metrics written to {args.out}")
