@@ -18,6 +18,7 @@ import copy
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -365,6 +366,10 @@ def _validate(st: _LoopState, model: InterestModel, step_fn: TrainStep, batches:
 
 
 def _data_name(cfg: Config) -> str:
-    from pathlib import Path
-
-    return "synthetic" if cfg.data.source == "synthetic" else Path(cfg.data.source).stem
+    """A readable dataset label for run names: ``synthetic``, or ``<folder>-<file stem>``."""
+    if cfg.data.source == "synthetic":
+        return "synthetic"
+    path = Path(cfg.data.source)
+    if path.suffix:
+        return f"{path.parent.name}-{path.stem}" if path.parent.name else path.stem
+    return path.name
