@@ -19,31 +19,27 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from triton.testing import do_bench
 
 from recsys.kernels.triton_attention import best_configs, triton_attention
 
 import recsys.kernels.triton_attention as attn
+from gpu_timing import graph_ms, launch_ms  # experiments/ is on sys.path when run as a script
 
 SHAPES = [(4096, 50), (1024, 200), (256, 1024), (32, 8192)]
 HEADS, HEAD_DIM = 2, 64
 Method = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def median_ms(fn: Callable[[], object]) -> float:
-    return do_bench(fn, warmup=25, rep=100, return_mode="median")
-
-
 def copy_gbps() -> float:
     """Device-to-device copy of 1 GiB, counting bytes read plus written."""
     x = torch.randn(1 << 28, device="cuda")
     y = torch.empty_like(x)
-    return 2 * x.numel() * 4 / median_ms(lambda: y.copy_(x)) / 1e6
+    return 2 * x.numel() * 4 / launch_ms(lambda: y.copy_(x), rep=100) / 1e6
 
 
 def matmul_tflops() -> float:
     a, b = (torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    return 2 * 8192**3 / median_ms(lambda: a @ b) / 1e9
+    return 2 * 8192**3 / launch_ms(lambda: a @ b, rep=100) / 1e9
 
 
 def make_inputs(batch: int, seq_len: int, seed: int):
@@ -139,8 +135,14 @@ def bench_shape(batch: int, seq_len: int, seed: int) -> dict:
         try:
             row["err"] = errors(fn, inputs, do, ref)  # also compiles / autotunes
             with torch.no_grad():
-                row["fwd_ms"] = median_ms(lambda fn=fn: fn(*inputs))
-            row["fb_ms"] = median_ms(lambda fn=fn: torch.autograd.grad(fn(*inputs), inputs, do))
+                row["fwd_ms"] = launch_ms(lambda fn=fn: fn(*inputs), rep=100)
+            row["fb_ms"] = launch_ms(lambda fn=fn: torch.autograd.grad(fn(*inputs), inputs, do), rep=100)
+            try:  # GPU time without Python launch overhead (some baselines cannot be captured)
+                with torch.no_grad():
+                    row["fwd_graph_ms"] = graph_ms(lambda fn=fn: fn(*inputs))
+                row["fb_graph_ms"] = graph_ms(lambda fn=fn: torch.autograd.grad(fn(*inputs), inputs, do))
+            except Exception as e:  # noqa: BLE001
+                row["graph_failed"] = f"{type(e).__name__}: {str(e)[:120]}"
         except Exception as e:  # noqa: BLE001 - e.g. naive out of memory: record and go on
             row["failed"] = f"{type(e).__name__}: {str(e)[:200]}"
         row["wall_s"] = round(time.time() - t0, 1)
@@ -179,7 +181,13 @@ def table(results: list[dict], copy_bw: float, mm_tflops: float) -> str:
         summary.append(f"{shape:>10} {floor_fwd:9.3f} {our_fwd:7.3f} {min(base_fwd):9.3f} "
                        f"{min(base_fwd) / our_fwd:7.2f}         | {floor_fb:9.3f} {our_fb:7.3f} "
                        f"{ok['sdpa-mask']['fb_ms']:7.3f} {ok['sdpa-mask']['fb_ms'] / our_fb:7.2f}")
-    return "\n".join(lines + [""] + summary)
+    graphed = [f"{'B x L':>10} {'method':15} {'fwd graph ms':>12} {'f+b graph ms':>12}  (CUDA-graph replay: GPU time only)"]
+    for res in results:
+        for name, row in res["methods"].items():
+            if "fwd_graph_ms" in row and "fb_graph_ms" in row:
+                graphed.append(f"{res['batch']}x{res['seq_len']:<5} {name:15} {row['fwd_graph_ms']:12.3f} "
+                               f"{row['fb_graph_ms']:12.3f}")
+    return "\n".join(lines + [""] + graphed + [""] + summary)
 
 
 def main() -> None:

@@ -16,7 +16,8 @@ import itertools
 from collections.abc import Callable
 
 import torch
-from triton.testing import do_bench
+from gpu_timing import graph_ms  # experiments/ is on sys.path when run as a script
+from gpu_timing import launch_ms as median_ms
 
 from recsys.kernels.triton_multi_interest import (
     BackwardConfig,
@@ -82,35 +83,6 @@ def forward_backward(fn: Callable) -> Callable[[Inputs], object]:
         return torch.autograd.grad(out, (h, w1, w2, pos), grad)
 
     return body
-
-
-def median_ms(fn: Callable[[], object]) -> float:
-    """Median time per call launched from Python (CPU launch overhead included)."""
-    return do_bench(fn, warmup=25, rep=200, return_mode="median")
-
-
-def graph_ms(fn: Callable[[], object], calls: int = 20, replays: int = 15) -> float:
-    """Median GPU time per call: ``calls`` calls captured in one CUDA graph, replayed."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / calls)
-    return sorted(times)[len(times) // 2]
 
 
 def floors_ms(batch: int, seq_len: int, k: int, d: int, hidden: int) -> dict[str, float]:
