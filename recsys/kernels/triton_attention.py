@@ -97,6 +97,27 @@ def _logits(qk, qk_scale, tanh_scale, cap_log2, SOFTCAP: tl.constexpr):
     return s, t
 
 
+@triton.jit
+def _key_tile(q, k_base, v_base, skn, skd, svn, svd, offs_m, offs_n, kv_len, offs_d, qk_scale, tanh_scale, cap_log2,
+              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
+              SOFTCAP: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Load the key tile ``offs_n`` of K and V and its logits against ``q`` (log2 units).
+
+    With ``MASK`` (a tile straddling the length or the diagonal), keys past ``kv_len`` and, if
+    ``CAUSAL``, above the diagonal get ``-inf``. Returns ``k, v, s, t`` (``t`` as :func:`_logits`).
+    """
+    n_ok = offs_n < kv_len
+    k = _load_tile(k_base + offs_n[:, None] * skn + offs_d[None, :] * skd, n_ok, offs_d, HEAD_DIM, BLOCK_D, MASK)
+    v = _load_tile(v_base + offs_n[:, None] * svn + offs_d[None, :] * svd, n_ok, offs_d, HEAD_DIM, BLOCK_D, MASK)
+    s, t = _logits(tl.dot(q, tl.trans(k), input_precision=DOT_PREC), qk_scale, tanh_scale, cap_log2, SOFTCAP)
+    if MASK:
+        visible = n_ok[None, :]
+        if CAUSAL:
+            visible = visible & (offs_n[None, :] <= offs_m[:, None])
+        s = tl.where(visible, s, float("-inf"))
+    return k, v, s, t
+
+
 # --------------------------------------------------------------------------------------------
 # Forward
 # --------------------------------------------------------------------------------------------
@@ -111,15 +132,8 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, skd, svn, svd, lo, hi, kv_
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + offs_n0
-        n_ok = offs_n < kv_len
-        k = _load_tile(k_base + offs_n[:, None] * skn + offs_d[None, :] * skd, n_ok, offs_d, HEAD_DIM, BLOCK_D, MASK)
-        v = _load_tile(v_base + offs_n[:, None] * svn + offs_d[None, :] * svd, n_ok, offs_d, HEAD_DIM, BLOCK_D, MASK)
-        s, _ = _logits(tl.dot(q, tl.trans(k), input_precision=DOT_PREC), qk_scale, tanh_scale, cap_log2, SOFTCAP)
-        if MASK:
-            visible = n_ok[None, :]
-            if CAUSAL:
-                visible = visible & (offs_n[None, :] <= offs_m[:, None])
-            s = tl.where(visible, s, float("-inf"))
+        k, v, s, _ = _key_tile(q, k_base, v_base, skn, skd, svn, svd, offs_m, offs_n, kv_len, offs_d,
+                              qk_scale, tanh_scale, cap_log2, HEAD_DIM, BLOCK_D, MASK, CAUSAL, SOFTCAP, DOT_PREC)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
@@ -204,15 +218,8 @@ def _dq_tiles(dq, q, do, lse, delta, k_base, v_base, skn, skd, svn, svd, dk_base
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + offs_n0
-        n_ok = offs_n < kv_len
-        k = _load_tile(k_base + offs_n[:, None] * skn + offs_d[None, :] * skd, n_ok, offs_d, HEAD_DIM, BLOCK_D, MASK)
-        v = _load_tile(v_base + offs_n[:, None] * svn + offs_d[None, :] * svd, n_ok, offs_d, HEAD_DIM, BLOCK_D, MASK)
-        s, t = _logits(tl.dot(q, tl.trans(k), input_precision=DOT_PREC), qk_scale, tanh_scale, cap_log2, SOFTCAP)
-        if MASK:
-            visible = n_ok[None, :]
-            if CAUSAL:
-                visible = visible & (offs_n[None, :] <= offs_m[:, None])
-            s = tl.where(visible, s, float("-inf"))
+        k, v, s, t = _key_tile(q, k_base, v_base, skn, skd, svn, svd, offs_m, offs_n, kv_len, offs_d,
+                              qk_scale, tanh_scale, cap_log2, HEAD_DIM, BLOCK_D, MASK, CAUSAL, SOFTCAP, DOT_PREC)
         p = tl.exp2(s - lse[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
         ds = p * (dp - delta[:, None])
