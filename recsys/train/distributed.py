@@ -15,6 +15,7 @@ single-process :class:`DistInfo`, so the same training code runs either way::
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 
@@ -79,8 +80,14 @@ def setup_distributed(device_pref: str = "auto") -> DistInfo:
 
 
 def cleanup() -> None:
-    """Leave the process group if one was joined (safe to call always)."""
+    """Leave the process group if one was joined (safe to call always).
+
+    Collects garbage first: a DDP wrapper sits in reference cycles, so it is freed only by the
+    cycle collector, and a reducer freed after its process group is destroyed can hang the
+    process (seen with gloo).
+    """
     if dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
 
 

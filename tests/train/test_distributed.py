@@ -68,15 +68,24 @@ def _worker(rank: int, world_size: int, port: int, expected_grads: list[torch.Te
         torch.testing.assert_close(mean, torch.tensor([0.5, 5.0]))
         assert broadcast_flag(rank == 0, info.device) is True  # rank 0's value everywhere
 
-        ddp = nn.parallel.DistributedDataParallel(_model())
-        assert isinstance(unwrap_model(ddp), nn.Sequential)
-        x, y = _global_batch()
-        shard = slice(rank * 4, rank * 4 + 4)
-        nn.functional.mse_loss(ddp(x[shard]), y[shard]).backward()
-        for p, expected in zip(ddp.parameters(), expected_grads):
-            torch.testing.assert_close(p.grad, expected)
+        _check_ddp_gradients(rank, expected_grads)
     finally:
         distributed.cleanup()
+
+
+def _check_ddp_gradients(rank: int, expected_grads: list[torch.Tensor]) -> None:
+    """Half the global batch per rank through DDP gives the single-process gradients.
+
+    A function of its own so the DDP wrapper is freed before the process group is destroyed:
+    a gloo reducer outliving its group can hang the worker at exit.
+    """
+    ddp = nn.parallel.DistributedDataParallel(_model())
+    assert isinstance(unwrap_model(ddp), nn.Sequential)
+    x, y = _global_batch()
+    shard = slice(rank * 4, rank * 4 + 4)
+    nn.functional.mse_loss(ddp(x[shard]), y[shard]).backward()
+    for p, expected in zip(ddp.parameters(), expected_grads):
+        torch.testing.assert_close(p.grad, expected)
 
 
 def _free_port() -> int:
