@@ -279,8 +279,11 @@ def sampled_softmax_loss(
     _check_user_items("sampled_softmax_loss", user, target, item_emb)
     if negatives.dim() != 1 or negatives.dtype != torch.long:
         raise ValueError(f"negatives: must be long [S], got {negatives.dtype} {tuple(negatives.shape)}")
-    pos = (user * item_emb[target]).sum(dim=1).float()  # [B]
-    neg = (user @ item_emb[negatives].T).float()  # [B, S]
+    # one gather for targets and negatives: on the CPU its backward allocates one [N, d]
+    # gradient buffer instead of two
+    rows = item_emb[torch.cat([target, negatives])]  # [B + S, d]
+    pos = (user * rows[: target.shape[0]]).sum(dim=1).float()  # [B]
+    neg = (user @ rows[target.shape[0] :].T).float()  # [B, S]
     if log_q_target is not None:
         if log_q_target.shape != target.shape:
             raise ValueError(f"log_q_target: expected [{target.shape[0]}], got {tuple(log_q_target.shape)}")

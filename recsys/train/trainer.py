@@ -75,10 +75,12 @@ def train_item_counts(split: Split, num_items: int) -> Tensor:
 
 def make_optimizer(model: torch.nn.Module, cfg: Config, device: torch.device,
                    capturable: bool = False) -> torch.optim.Optimizer:
-    """Adam/AdamW, fused on CUDA; ``capturable`` keeps its state on the device for CUDA graphs."""
+    """Fused Adam/AdamW (one pass over each parameter per step, on the CPU too: on taobao's
+    37k-item table the unfused CPU update was a third of a step); ``capturable`` keeps its
+    state on the device for CUDA graphs."""
     cls = torch.optim.AdamW if cfg.train.optimizer == "adamw" else torch.optim.Adam
-    extra = {"fused": True, "capturable": capturable} if device.type == "cuda" else {}
-    return cls(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, **extra)
+    return cls(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, fused=True,
+               capturable=capturable and device.type == "cuda")
 
 
 class TrainStep:
