@@ -9,9 +9,12 @@ all with ``n = --n``. Every non-200 answer, and every 200 answer without ``n`` i
 as an error; the benchmark fails unless there are none.
 
 Without ``--run`` it makes an untrained 100,000-item run (see make_random_run.py; K = 4,
-d = 64, max_len = 50) under ``--work`` and saves its index there first::
+d = 64, max_len = 50; item embeddings clustered by category with noise ``--spread``, as a
+trained table is) under ``--work`` and saves its index there first, printing the index's
+recall@50 against exact search on the run's users::
 
-    python experiments/bench_serving.py                          # 100k items, HNSW32,Flat
+    python experiments/bench_serving.py                          # 100k items, IVF1024,Flat nprobe 16
+    python experiments/bench_serving.py --spread 0 --factory HNSW32,Flat --ef-search 64   # i.i.d. random
     python experiments/bench_serving.py --run RUN --concurrency 1 8 32 --seconds 10
 
 Targets (issue 7): >= 500 requests/s with p99 < 50 ms, K = 4, N = 50, 100k items, no error.
@@ -166,13 +169,14 @@ def ensure_run(args: argparse.Namespace) -> Path:
     else:
         from make_random_run import make_random_run
 
-        run = Path(args.work) / f"random-{args.items // 1000}k"
+        run = Path(args.work) / f"random-{args.items // 1000}k-spread{args.spread:g}"
         if not (run / "best.pt").exists():
             print(f"making an untrained run with {args.items:,} items at {run} ...", flush=True)
-            make_random_run(run, [f"synthetic.num_items={args.items}"])
+            make_random_run(run, [f"synthetic.num_items={args.items}"], spread=args.spread)
     if not index_paths(run, args.factory)[0].exists():
         print(f"building {args.factory} for {run} ...", flush=True)
-        report = build_run_index(load_run(run), args.factory, ef_search=args.ef_search, log=print)
+        report = build_run_index(load_run(run), args.factory, nprobe=args.nprobe, ef_search=args.ef_search,
+                                 log=print)
         print(f"  built in {report.build_s:.1f}s, recall@50 vs exact {report.recall:.3f}", flush=True)
     return run
 
@@ -182,14 +186,17 @@ def main() -> None:
     parser.add_argument("--run", help="run directory (default: an untrained run made under --work)")
     parser.add_argument("--work", default="/tmp/recsys-bench", help="where the default run is made")
     parser.add_argument("--items", type=int, default=100_000, help="catalogue of the default run")
-    parser.add_argument("--factory", default="HNSW32,Flat")
-    parser.add_argument("--ef-search", type=int, default=64)
+    parser.add_argument("--spread", type=float, default=0.5,
+                        help="default run: item-embedding noise around category centres (0: i.i.d. random)")
+    parser.add_argument("--factory", default="IVF1024,Flat")
+    parser.add_argument("--nprobe", type=int, default=16, help="IVF lists searched per query")
+    parser.add_argument("--ef-search", type=int, default=64, help="HNSW search beam width")
     parser.add_argument("--n", type=int, default=50)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 16, 32])
     parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds per concurrency")
     parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds before each measurement")
     parser.add_argument("--max-batch", type=int, default=64, help="serve.max_batch (micro-batch cap)")
-    parser.add_argument("--batch-workers", type=int, default=2, help="serve.batch_workers (batches at once)")
+    parser.add_argument("--batch-workers", type=int, default=1, help="serve.batch_workers (batches at once)")
     parser.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -204,7 +211,7 @@ def main() -> None:
     server_log = Path(args.work) / "server.log"
     server = subprocess.Popen(
         [sys.executable, "-m", "recsys", "serve", str(run), "--port", str(port), "--factory", args.factory,
-         "--ef-search", str(args.ef_search), "--set", f"serve.max_batch={args.max_batch}",
+         "--nprobe", str(args.nprobe), "--ef-search", str(args.ef_search), "--set", f"serve.max_batch={args.max_batch}",
          "--set", f"serve.batch_workers={args.batch_workers}"],
         env=env, stdout=server_log.open("w"), stderr=subprocess.STDOUT,
     )

@@ -147,7 +147,7 @@ class ServeConfig:
     n: int = 50  # default top-N of a request
     max_n: int = 1000  # largest top-N a request may ask for (larger: 422)
     max_batch: int = 64  # most concurrent requests answered by one model call (micro-batching)
-    batch_workers: int = 2  # micro-batches computed at once, each in its own thread
+    batch_workers: int = 1  # micro-batches computed at once, each in its own thread (1: least GIL contention)
     fallback_popular: bool = False  # unknown user / no known item: most clicked items instead of a 4xx
 
 
