@@ -119,7 +119,7 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--k", type=int, default=50)
     parser.add_argument("--hnsw-m", type=int, default=32)
-    parser.add_argument("--ef-construction", type=int, default=40)
+    parser.add_argument("--ef-construction", type=int, default=80, help="HNSW build beam (recsys default)")
     parser.add_argument("--ef-search", type=int, nargs="+", default=[64, 128, 256, 512])
     parser.add_argument("--nlist", type=int, default=1024)
     parser.add_argument("--nprobe", type=int, nargs="+", default=[8, 32, 64])

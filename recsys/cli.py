@@ -107,6 +107,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         run, args.factory or rc.factory,
         nprobe=args.nprobe if args.nprobe is not None else rc.nprobe,
         ef_search=args.ef_search if args.ef_search is not None else rc.ef_search,
+        ef_construction=args.ef_construction if args.ef_construction is not None else rc.ef_construction,
         n=args.n, log=print,
     )
     print(f"built {report.factory} over {report.num_items:,} items (d={report.dim}) in {report.build_s:.2f}s "
@@ -185,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("index", help="build and save a FAISS index beside a run; report its recall")
     _add_index_args(p, 'e.g. "HNSW32,Flat", "IVF1024,Flat", "Flat"')
+    p.add_argument("--ef-construction", type=int, help="HNSW build beam (default: the run's retrieval.ef_construction)")
     p.add_argument("--n", type=int, default=50, help="top-N compared with exact search (default 50)")
     p.set_defaults(func=cmd_index)
 

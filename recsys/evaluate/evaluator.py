@@ -60,6 +60,7 @@ def evaluate(
     device: str | torch.device | None = None,
     nprobe: int = 16,
     ef_search: int = 128,
+    ef_construction: int = 80,
 ) -> dict[str, float]:
     """Recall / NDCG / HitRate (and diversity, coverage) at each ``n`` in ``topn``.
 
@@ -67,7 +68,7 @@ def evaluate(
         model: an :class:`InterestModel`; put in eval mode for the call (its mode is restored).
         eval_set: input sequences ``inputs [U, L]`` / ``lengths [U]`` and truth CSR.
         topn: cutoffs; the search retrieves ``max(topn)`` items per user.
-        retriever_factory, backend, nprobe, ef_search: see :class:`Retriever`.
+        retriever_factory, backend, nprobe, ef_search, ef_construction: see :class:`Retriever`.
         exclude_history: drop each user's input clicks from the recommendations
             (ComiRec does not; off by default).
         comirec_ndcg: ComiRec's NDCG variant (see :mod:`recsys.evaluate.metrics`).
@@ -107,7 +108,8 @@ def evaluate(
             item_emb = model.item_embeddings()
             num_items = int(item_emb.shape[0])
             retriever = Retriever(
-                item_emb, retriever_factory, backend, nprobe, ef_search, item_category=item_category
+                item_emb, retriever_factory, backend, nprobe, ef_search, ef_construction=ef_construction,
+                item_category=item_category,
             )
             with_diversity = item_category is not None and bool(np.any(np.asarray(item_category) != 0))
             sums = {f"{m}@{n}": 0.0 for n in topn for m in ("recall", "ndcg", "hitrate")}
@@ -173,6 +175,7 @@ def evaluate_with_config(
         device=device,
         nprobe=cfg.retrieval.nprobe,
         ef_search=cfg.retrieval.ef_search,
+        ef_construction=cfg.retrieval.ef_construction,
     )
 
 

@@ -60,6 +60,7 @@ class IndexReport:
     requested_factory: str
     nprobe: int
     ef_search: int
+    ef_construction: int
     num_items: int  # catalogue size, padding excluded
     dim: int
     build_s: float
@@ -154,6 +155,7 @@ def build_run_index(
     *,
     nprobe: int = 16,
     ef_search: int = 128,
+    ef_construction: int = 80,
     n: int = 50,
     batch_size: int = 2048,
     log: Log = print,
@@ -170,7 +172,7 @@ def build_run_index(
     if warning:
         log(f"warning: {warning}")
     t0 = time.perf_counter()
-    index = build_index(emb, built_factory, nprobe=nprobe, ef_search=ef_search)
+    index = build_index(emb, built_factory, nprobe=nprobe, ef_search=ef_search, ef_construction=ef_construction)
     build_s = time.perf_counter() - t0
     index_file, meta_file = index_paths(run.path, factory)
     index_file.parent.mkdir(parents=True, exist_ok=True)
@@ -185,7 +187,7 @@ def build_run_index(
     users = len(exact_ids)
     report = IndexReport(
         factory=built_factory, requested_factory=factory, nprobe=nprobe, ef_search=ef_search,
-        num_items=len(emb) - 1, dim=int(emb.shape[1]), build_s=build_s,
+        ef_construction=ef_construction, num_items=len(emb) - 1, dim=int(emb.shape[1]), build_s=build_s,
         embedding_sha1=embedding_hash(emb), n=n, users=users,
         recall=float(np.nanmean(ann_recall(ann_ids, exact_ids))) if users else float("nan"),
         exact_users_per_s=users / max(exact_s, 1e-9), ann_users_per_s=users / max(ann_s, 1e-9),
@@ -231,7 +233,7 @@ def open_run_index(
     nprobe = nprobe if nprobe is not None else cfg.nprobe
     ef_search = ef_search if ef_search is not None else cfg.ef_search
     t0 = time.perf_counter()
-    index = build_index(emb, built_factory, nprobe=nprobe, ef_search=ef_search)
+    index = build_index(emb, built_factory, nprobe=nprobe, ef_search=ef_search, ef_construction=cfg.ef_construction)
     retriever = Retriever.from_index(index, item_category=categories)
     retriever.factory = built_factory
     return retriever, (

@@ -113,6 +113,19 @@ def test_save_load_roundtrip(tmp_path):
     np.testing.assert_array_equal(loaded.search(interests, 10)[0], Retriever(emb).search(interests, 10)[0])
 
 
+def test_ef_construction_sets_the_hnsw_build_beam():
+    import faiss
+
+    _, emb, interests = _data(seed=6)
+    built = [build_index(emb, "HNSW8,Flat", ef_construction=ef) for ef in (8, 200)]  # keep them alive
+    assert [faiss.downcast_index(index).hnsw.efConstruction for index in built] == [8, 200]
+    # a flat index ignores it, and the same search comes back
+    exact = Retriever(emb).search(interests, 10)[0]
+    np.testing.assert_array_equal(Retriever(emb, "Flat", "faiss", ef_construction=8).search(interests, 10)[0], exact)
+    with pytest.raises(ValueError, match="retrieval.ef_construction"):
+        build_index(emb, "HNSW8,Flat", ef_construction=0)
+
+
 def test_bad_inputs_name_the_field():
     _, emb, interests = _data()
     with pytest.raises(ValueError, match="retrieval.backend"):

@@ -46,7 +46,7 @@ def test_ann_recall():
 
 @pytest.mark.parametrize(
     "factory, extra, built",
-    [("Flat", [], "Flat"), ("HNSW16,Flat", ["--ef-search", "64"], "HNSW16,Flat"),
+    [("Flat", [], "Flat"), ("HNSW16,Flat", ["--ef-search", "64", "--ef-construction", "120"], "HNSW16,Flat"),
      ("IVF1024,Flat", ["--nprobe", "2"], None)],
 )
 def test_index_command(tiny_run, capsys, factory, extra, built):
@@ -65,6 +65,7 @@ def test_index_command(tiny_run, capsys, factory, extra, built):
         assert meta["recall"] == 1.0
     if factory.startswith("HNSW"):
         assert meta["ef_search"] == 64 and meta["recall"] > 0.9  # ~200 items: HNSW is near exact
+        assert meta["ef_construction"] == 120
     if built is None:  # ~200 items cannot train 1024 lists: clamped, with a warning
         assert meta["factory"] != factory and meta["factory"].startswith("IVF")
         assert "warning" in out and meta["nprobe"] == 2
