@@ -86,6 +86,7 @@ class ModelConfig:
     qk_norm: str = ""  # "" | rms | layer
     softcap: float = 0.0  # attention logit soft-cap; 0 disables
     backend: str = "auto"  # kernel backend: auto | triton | torch
+    positions: str = "recent"  # learned positions: recent (0 = latest click) | absolute (0 = oldest) | none
 
 
 @dataclass
@@ -307,6 +308,7 @@ _CHOICES = {
     "data.format": ("auto", "csv", "tsv", "parquet", "comirec", "movielens", "sequences"),
     "data.split": ("user", "time"),
     "model.qk_norm": ("", "rms", "layer"),
+    "model.positions": ("recent", "absolute", "none"),
     "model.backend": ("auto", "triton", "torch"),
     "train.optimizer": ("adam", "adamw"),
     "train.sampler": ("uniform", "log_uniform", "unigram"),

@@ -14,14 +14,19 @@ class ComiRecSA(SequenceModel):
     """``A = softmax_L(tanh((H + P) W1) W2)`` with padding masked; interests ``= Aᵀ H`` ``[B, K, d]``.
 
     Learned positions ``P`` enter the attention scores only, as in ComiRec's code. Deliberate
-    difference: ``W1`` and ``W2`` have no bias (ComiRec's ``tf.layers.dense`` layers have one; the
-    bias of ``W2`` cancels in the softmax over ``L`` anyway, the bias of ``W1`` is dropped). The
-    hidden size defaults to ``4 d`` as in ComiRec.
+    differences: positions count back from the most recent click by default
+    (``model.positions = "recent"``; ComiRec's code numbers them from the oldest click of the
+    right-padded window, ``"absolute"``, and on taobao its heads then learned to attend to fixed
+    window slots: one-hot attention at position 2, see experiments/RESULTS.md); ``W1`` and
+    ``W2`` have no bias (ComiRec's ``tf.layers.dense`` layers have one; the bias of ``W2``
+    cancels in the softmax over ``L`` anyway, the bias of ``W1`` is dropped). The hidden size
+    defaults to ``4 d`` as in ComiRec.
     """
 
-    def __init__(self, num_items: int, dim: int, num_interests: int, hidden: int, max_len: int, backend: str):
+    def __init__(self, num_items: int, dim: int, num_interests: int, hidden: int, max_len: int, backend: str,
+                 positions: str = "recent"):
         super().__init__(num_items, dim, num_interests)
-        self.head = SelfAttentiveHead(dim, hidden, num_interests, max_len, backend=backend)
+        self.head = SelfAttentiveHead(dim, hidden, num_interests, max_len, backend=backend, positions=positions)
 
     def encode(self, h: Tensor, lengths: Tensor) -> Tensor:
         return self.head(h, lengths)
@@ -30,4 +35,5 @@ class ComiRecSA(SequenceModel):
 @register("comirec_sa")
 def build(cfg: ModelConfig, num_items: int, max_len: int, item_counts: Tensor | None = None) -> ComiRecSA:
     reject_attention_switches(cfg)
-    return ComiRecSA(num_items, cfg.dim, cfg.num_interests, cfg.hidden or 4 * cfg.dim, max_len, cfg.backend)
+    return ComiRecSA(num_items, cfg.dim, cfg.num_interests, cfg.hidden or 4 * cfg.dim, max_len, cfg.backend,
+                     cfg.positions)

@@ -15,7 +15,7 @@ from recsys.nn.transformer import TransformerEncoder
 def _encoder(cfg: ModelConfig, max_len: int) -> TransformerEncoder:
     return TransformerEncoder(
         cfg.dim, cfg.num_layers, cfg.num_heads, max_len, dropout=cfg.dropout,
-        qk_norm=cfg.qk_norm, softcap=cfg.softcap, causal=True, backend=cfg.backend,
+        qk_norm=cfg.qk_norm, softcap=cfg.softcap, causal=True, backend=cfg.backend, positions=cfg.positions,
     )
 
 
@@ -46,7 +46,8 @@ class SASRecMI(SequenceModel):
         super().__init__(num_items, cfg.dim, num_interests=cfg.num_interests)
         self.encoder = _encoder(cfg, max_len)
         self.head = SelfAttentiveHead(
-            cfg.dim, cfg.hidden or 4 * cfg.dim, cfg.num_interests, max_len, backend=cfg.backend
+            cfg.dim, cfg.hidden or 4 * cfg.dim, cfg.num_interests, max_len, backend=cfg.backend,
+            positions=cfg.positions,
         )
 
     def encode(self, h: Tensor, lengths: Tensor) -> Tensor:

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from recsys.nn.masking import length_mask
+from recsys.nn.masking import length_mask, recency_index
 
 
 class ItemEmbedding(nn.Module):
@@ -39,17 +39,31 @@ class ItemEmbedding(nn.Module):
         return h * length_mask(lengths, seq.shape[1]).to(h.dtype)[..., None]
 
 
-class PositionEmbedding(nn.Module):
-    """Learned absolute positions ``[max_len, d]``; position 0 is the oldest click."""
+POSITIONS = ("recent", "absolute")
 
-    def __init__(self, max_len: int, dim: int):
+
+class PositionEmbedding(nn.Module):
+    """Learned positions ``[max_len, d]`` of right-padded click sequences.
+
+    ``recent``: position 0 is each row's most recent click, 1 the one before, ... (so the
+    latest click always gets the same vector, whatever the row's length). ``absolute``: position
+    0 is the oldest click of the window (ComiRec's code); with right padding the latest click's
+    position then varies with the length.
+    """
+
+    def __init__(self, max_len: int, dim: int, mode: str = "recent"):
         super().__init__()
-        self.max_len = max_len
+        if mode not in POSITIONS:
+            raise ValueError(f"model.positions: {mode!r} is not one of {list(POSITIONS)}")
+        self.max_len, self.mode = max_len, mode
         self.weight = nn.Parameter(torch.empty(max_len, dim))
         nn.init.normal_(self.weight, std=1.0 / math.sqrt(dim))
 
-    def forward(self, seq_len: int) -> Tensor:
-        """-> ``[seq_len, d]``; raises if ``seq_len > max_len``."""
+    def forward(self, lengths: Tensor, seq_len: int) -> Tensor:
+        """``lengths [B]`` -> ``[B, seq_len, d]`` (``recent``) or ``[1, seq_len, d]`` (``absolute``);
+        raises if ``seq_len > max_len``."""
         if seq_len > self.max_len:
             raise ValueError(f"sequence length {seq_len} exceeds max_len {self.max_len} of the position table")
-        return self.weight[:seq_len]
+        if self.mode == "recent":
+            return self.weight[recency_index(lengths, seq_len)]
+        return self.weight[None, :seq_len]

@@ -30,6 +30,14 @@ def length_mask(lengths: Tensor, seq_len: int) -> Tensor:
     return torch.arange(seq_len, device=lengths.device)[None, :] < lengths[:, None]
 
 
+def recency_index(lengths: Tensor, seq_len: int) -> Tensor:
+    """``[B, seq_len]`` long: valid position ``i`` of a row -> ``length - 1 - i`` (clicks back
+    from its most recent one); padded positions keep ``i``, so each row is a permutation."""
+    i = torch.arange(seq_len, device=lengths.device)[None, :]
+    back = lengths[:, None].long() - 1 - i
+    return torch.where(back >= 0, back, i)
+
+
 def gather_last(x: Tensor, lengths: Tensor) -> Tensor:
     """The state at the last valid position: ``x [B, L, d]``, ``lengths [B]`` -> ``[B, d]``.
 

@@ -8,7 +8,8 @@ import torch
 from torch import Tensor, nn
 
 from recsys.kernels import multi_interest
-from recsys.nn.masking import length_mask
+from recsys.nn.embeddings import POSITIONS
+from recsys.nn.masking import length_mask, recency_index
 
 
 class SelfAttentiveHead(nn.Module):
@@ -20,29 +21,42 @@ class SelfAttentiveHead(nn.Module):
         num_interests: ``K``.
         max_len: longest sequence, for the learned position embeddings ``P [max_len, d]``.
         backend: kernel backend (``auto | triton | torch``).
+        positions: ``recent`` (``P[0]`` marks the most recent click), ``absolute`` (``P[0]`` the
+            oldest click of the window) or ``none``. ``recent`` reverses each row's valid clicks
+            before the kernel, which numbers positions from the start: the interests ``Aᵀ H``
+            are a sum over positions, so moving the clicks with their positions changes nothing
+            else.
 
     With ``track_stats = True`` the forward pass also records ``last_max_logit``, the largest
     score ``tanh((H + P) W1) W2`` over valid positions (detached 0-d tensor, no host sync), read
     by ``recsys.nn.attention.max_attention_logit``.
     """
 
-    def __init__(self, dim: int, hidden: int, num_interests: int, max_len: int, backend: str = "auto"):
+    def __init__(self, dim: int, hidden: int, num_interests: int, max_len: int, backend: str = "auto",
+                 positions: str = "recent"):
         super().__init__()
+        if positions not in (*POSITIONS, "none"):
+            raise ValueError(f"model.positions: {positions!r} is not one of {[*POSITIONS, 'none']}")
         self.w1 = nn.Parameter(torch.empty(dim, hidden))
         self.w2 = nn.Parameter(torch.empty(hidden, num_interests))
-        self.pos = nn.Parameter(torch.empty(max_len, dim))
+        self.pos = None if positions == "none" else nn.Parameter(torch.empty(max_len, dim))
+        self.positions = positions
         self.backend = backend
         nn.init.xavier_uniform_(self.w1)
         nn.init.xavier_uniform_(self.w2)
-        nn.init.normal_(self.pos, std=1.0 / math.sqrt(dim))
+        if self.pos is not None:
+            nn.init.normal_(self.pos, std=1.0 / math.sqrt(dim))
         self.track_stats = False
         self.last_max_logit: Tensor | None = None
 
     def forward(self, h: Tensor, lengths: Tensor) -> Tensor:
         """``h [B, L, d]``, ``lengths [B]`` -> interests ``[B, K, d]``."""
+        if self.positions == "recent":  # row i <- the i-th most recent click
+            h = h.gather(1, recency_index(lengths, h.shape[1])[..., None].expand_as(h))
         if self.track_stats:
             with torch.no_grad():
-                scores = torch.tanh((h + self.pos[: h.shape[1]]) @ self.w1) @ self.w2  # [B, L, K]
+                x = h if self.pos is None else h + self.pos[: h.shape[1]]
+                scores = torch.tanh(x @ self.w1) @ self.w2  # [B, L, K]
                 valid = length_mask(lengths, h.shape[1])[..., None]
                 self.last_max_logit = scores.float().masked_fill(~valid, float("-inf")).amax()
         return multi_interest(h, lengths, self.w1, self.w2, pos=self.pos, backend=self.backend)

@@ -40,7 +40,8 @@ class TransformerEncoder(nn.Module):
     """Learned positions, ``num_layers`` pre-LN blocks, a final LayerNorm.
 
     ``forward(h [B, L, d], lengths [B]) -> [B, L, d]``: ``h`` are the (length-masked) item
-    embeddings; positions are added here, then dropout. Keys at padded positions are masked in
+    embeddings; learned positions (``positions``: ``recent``, ``absolute`` or ``none``, see
+    :class:`PositionEmbedding`) are added here, then dropout. Keys at padded positions are masked in
     every layer, and with ``causal`` (SASRec) position ``i`` only sees clicks ``0..i``. Outputs
     at padded positions are set to zero, so they never leak into a downstream head. A row of
     length 0 gives all zeros: attention returns 0 with no visible key and LayerNorm of a
@@ -50,10 +51,11 @@ class TransformerEncoder(nn.Module):
     def __init__(
         self, dim: int, num_layers: int, num_heads: int, max_len: int, *, dropout: float = 0.0,
         qk_norm: str = "", softcap: float = 0.0, causal: bool = True, backend: str = "auto",
+        positions: str = "recent",
     ):
         super().__init__()
         self.causal = causal
-        self.pos = PositionEmbedding(max_len, dim)
+        self.pos = None if positions == "none" else PositionEmbedding(max_len, dim, positions)
         self.drop = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(
             TransformerBlock(dim, num_heads, dropout=dropout, qk_norm=qk_norm, softcap=softcap, backend=backend)
@@ -63,7 +65,7 @@ class TransformerEncoder(nn.Module):
 
     def forward(self, h: Tensor, lengths: Tensor) -> Tensor:
         seq_len = h.shape[1]
-        x = self.drop(h + self.pos(seq_len))  # [B, L, d]
+        x = self.drop(h if self.pos is None else h + self.pos(lengths, seq_len))  # [B, L, d]
         for block in self.blocks:
             x = block(x, lengths, self.causal)
         return self.norm(x) * length_mask(lengths, seq_len).to(x.dtype)[..., None]

@@ -95,13 +95,25 @@ def test_bf16_autocast_forward_and_backward_are_finite(name):
     assert torch.isfinite(out).all()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
 
-def test_comirec_sa_equals_direct_einsum():
-    model = _build("comirec_sa")
+def _positions(head, lengths: torch.Tensor) -> torch.Tensor | float:
+    """What the head adds to click ``l`` of each row, written out: ``[B, L, d]`` (or 0)."""
+    if head.positions == "none":
+        return 0.0
+    if head.positions == "absolute":
+        return head.pos[None, :MAX_LEN]
+    back = (lengths[:, None] - 1 - torch.arange(MAX_LEN)[None]).clamp(min=0)  # clicks back from the latest
+    return head.pos[back]
+
+
+@pytest.mark.parametrize("positions", ["recent", "absolute", "none"])
+def test_comirec_sa_equals_direct_einsum(positions):
+    model = _build("comirec_sa", positions=positions)
     seq, lengths = _batch()
     emb, head = model.item_embeddings(), model.head
     valid = torch.arange(MAX_LEN)[None] < lengths[:, None]  # [B, L]
     h = emb[seq] * valid[..., None]  # [B, L, d]
-    scores = torch.einsum("blh,hk->bkl", torch.tanh(torch.einsum("bld,dh->blh", h + head.pos, head.w1)), head.w2)
+    x = h + _positions(head, lengths)
+    scores = torch.einsum("blh,hk->bkl", torch.tanh(torch.einsum("bld,dh->blh", x, head.w1)), head.w2)
     attn = torch.softmax(scores.masked_fill(~valid[:, None], float("-inf")), dim=-1).nan_to_num(0.0)
     want = torch.einsum("bkl,bld->bkd", attn, h)
     torch.testing.assert_close(model.interests(seq, lengths), want)
@@ -146,7 +158,7 @@ def test_max_attention_logit_is_tracked_on_request(name):
     if name == "comirec_sa":
         head = model.head
         h = model.embedding(seq, lengths)
-        scores = torch.tanh((h + head.pos) @ head.w1) @ head.w2  # [B, L, K]
+        scores = torch.tanh((h + _positions(head, lengths)) @ head.w1) @ head.w2  # [B, L, K]
         valid = torch.arange(MAX_LEN)[None] < lengths[:, None]
         torch.testing.assert_close(value, scores[valid].max())
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from recsys.nn.embeddings import ItemEmbedding
-from recsys.nn.masking import check_batch, gather_last, length_mask
+from recsys.nn.embeddings import ItemEmbedding, PositionEmbedding
+from recsys.nn.masking import check_batch, gather_last, length_mask, recency_index
 
 
 def test_item_embedding_masks_padding_by_length():
@@ -35,3 +35,24 @@ def test_check_batch_names_the_argument():
         check_batch(torch.zeros(2, 3, dtype=torch.long), torch.tensor([1]))
     with pytest.raises(ValueError, match="lengths"):
         check_batch(torch.zeros(2, 3, dtype=torch.long), torch.tensor([1.0, 2.0]))
+
+
+def test_recency_index_counts_back_from_the_latest_click():
+    idx = recency_index(torch.tensor([3, 0, 5]), 5)
+    assert idx.tolist() == [[2, 1, 0, 3, 4], [0, 1, 2, 3, 4], [4, 3, 2, 1, 0]]
+    assert (idx.sort(dim=1).values == torch.arange(5)).all()  # each row a permutation
+
+
+def test_position_embedding_modes():
+    lengths = torch.tensor([3, 1])
+    recent = PositionEmbedding(6, 4, "recent")
+    out = recent(lengths, 4)  # [B, L, d]
+    assert out.shape == (2, 4, 4)
+    torch.testing.assert_close(out[0, :3], recent.weight[[2, 1, 0]])  # the latest click gets P[0]
+    torch.testing.assert_close(out[1, 0], recent.weight[0])
+    absolute = PositionEmbedding(6, 4, "absolute")
+    torch.testing.assert_close(absolute(lengths, 4), absolute.weight[None, :4])
+    with pytest.raises(ValueError, match="exceeds max_len"):
+        recent(lengths, 7)
+    with pytest.raises(ValueError, match="model.positions"):
+        PositionEmbedding(6, 4, "relative")
