@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from recsys.config import Config, ConfigError, apply_overrides, config_from_dict, load_config
+from recsys.config import Config, ConfigError, apply_overrides, load_config, run_config_from_dict
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -39,7 +39,7 @@ def _run_config(run: Path) -> Config:
     path = run / "config.json"
     if not path.exists():
         raise ConfigError(f"{run} is not a run directory (no config.json)")
-    return config_from_dict(json.loads(path.read_text()))
+    return run_config_from_dict(json.loads(path.read_text()))
 
 
 def cmd_data(args: argparse.Namespace) -> int:

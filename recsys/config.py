@@ -274,6 +274,16 @@ def config_from_dict(values: dict[str, Any]) -> Config:
     return cfg
 
 
+def run_config_from_dict(values: dict[str, Any]) -> Config:
+    """A saved run's ``config.json`` -> config, keeping what the run was trained with where a
+    default has changed since: runs saved before ``model.positions`` existed numbered positions
+    from the oldest click (``"absolute"``)."""
+    model = values.get("model", {})
+    if "positions" not in model:
+        values = {**values, "model": {**model, "positions": "absolute"}}
+    return config_from_dict(values)
+
+
 def load_config(
     paths: str | Path | list[str | Path] | None = None, overrides: list[str] | None = None
 ) -> Config:

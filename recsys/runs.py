@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from recsys.config import Config, config_from_dict
+from recsys.config import Config, run_config_from_dict
 from recsys.data import load_dataset
 from recsys.data.prepare import Dataset
 from recsys.data.split import Split, split_dataset
@@ -44,7 +44,7 @@ def load_run(path: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
     config_file = rd.path / "config.json"
     if not config_file.exists():
         raise FileNotFoundError(f"{rd.path} is not a run directory (no config.json)")
-    cfg = config_from_dict(json.loads(config_file.read_text()))
+    cfg = run_config_from_dict(json.loads(config_file.read_text()))
     ds = Dataset.load(rd.path / "dataset")
     split = split_dataset(ds, cfg.data)
     model = _model_for(cfg, ds, split)

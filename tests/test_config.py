@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from recsys.config import Config, ConfigError, config_from_dict, load_config
+from recsys.config import Config, ConfigError, config_from_dict, load_config, run_config_from_dict
 
 
 def test_defaults_round_trip_through_json_and_toml(tmp_path):
@@ -71,3 +71,11 @@ def test_layered_files_later_wins(tmp_path):
     b.write_text('[model]\nname = "gru4rec"\ndim = 32\n')
     cfg = load_config([a, b])
     assert (cfg.data.source, cfg.data.max_len, cfg.model.name, cfg.model.dim) == ("x.csv", 50, "gru4rec", 32)
+
+
+def test_saved_run_config_keeps_what_the_run_was_trained_with():
+    saved = json.loads(Config().to_json())
+    assert run_config_from_dict(saved).model.positions == "recent"
+    del saved["model"]["positions"]  # a run saved before the option existed
+    assert run_config_from_dict(saved).model.positions == "absolute"
+    assert config_from_dict(saved).model.positions == "recent"  # plain config files take today's default

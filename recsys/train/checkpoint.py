@@ -3,7 +3,7 @@
 A run directory is self-contained::
 
     runs/comirec_sa-taobao-20261201-143000/
-      config.json         the resolved config (plain JSON; read back with config_from_dict)
+      config.json         the resolved config (plain JSON; read back with run_config_from_dict)
       model.pt            resume checkpoint: a plain dict (see make_checkpoint)
       best.pt             best weights so far: {"model": state_dict, ...}
       metrics.jsonl       one JSON object per line, appended during training
@@ -213,7 +213,7 @@ class RunDir:
         atomic_write_text(self.file(CONFIG), json.dumps(values, indent=2) + "\n")
 
     def read_config(self) -> dict[str, Any]:
-        """``config.json`` as nested plain data (feed it to ``recsys.config.config_from_dict``)."""
+        """``config.json`` as nested plain data (feed it to ``recsys.config.run_config_from_dict``)."""
         return self.read_json(CONFIG)
 
     # checkpoints ----------------------------------------------------------------------------
