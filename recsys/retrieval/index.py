@@ -94,6 +94,8 @@ def build_index(
     emb = _as_float32_numpy(item_emb, "item_emb")
     if emb.ndim != 2 or emb.shape[0] < 2:
         raise ValueError(f"item_emb: expected [num_items >= 2, d] (row 0 = padding), got {emb.shape}")
+    if ef_construction <= 0:
+        raise ValueError(f"retrieval.ef_construction: must be > 0, got {ef_construction}")
     vectors = np.ascontiguousarray(emb[1:])
     try:
         index = faiss.index_factory(vectors.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
@@ -110,8 +112,6 @@ def build_index(
             index.train(vectors)
         except RuntimeError as err:
             raise ValueError(f"retrieval.factory: training {factory!r} failed: {err}") from None
-    if ef_construction <= 0:
-        raise ValueError(f"retrieval.ef_construction: must be > 0, got {ef_construction}")
     inner = faiss.downcast_index(index)
     if hasattr(inner, "hnsw"):
         inner.hnsw.efConstruction = ef_construction
