@@ -3,8 +3,8 @@
 ``recsys index RUN --factory F`` writes two files under ``RUN/index/``::
 
     <slug>.faiss   the FAISS index over the run's item embeddings (label j = item j + 1)
-    <slug>.json    what it is: factory (as asked and as built), nprobe, ef_search, num_items,
-                   dim, build seconds, a SHA-1 of the embeddings it indexes, and the recall of
+    <slug>.json    what it is: factory (as asked and as built), nprobe, ef_search,
+                   ef_construction, num_items, dim, build seconds, a SHA-1 of the embeddings it indexes, and the recall of
                    its top-n against exact search on the run's held-out (test) users
 
 ``slug`` is the factory string as asked for, made file-safe (``"HNSW32,Flat"`` ->
@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -143,6 +143,18 @@ def _test_interests(run: LoadedRun, eval_set: EvalSet, batch_size: int) -> list[
     return out
 
 
+def _build(emb: np.ndarray, factory: str, nprobe: int, ef_search: int, ef_construction: int,
+           log: Log) -> tuple[Any, str, float]:
+    """Build ``factory`` (IVF lists clamped to the catalogue, with a warning) over ``emb``:
+    ``(index, factory as built, build seconds)``."""
+    built_factory, warning = clamp_ivf(factory, len(emb) - 1)
+    if warning:
+        log(f"warning: {warning}")
+    t0 = time.perf_counter()
+    index = build_index(emb, built_factory, nprobe=nprobe, ef_search=ef_search, ef_construction=ef_construction)
+    return index, built_factory, time.perf_counter() - t0
+
+
 def _timed_search(retriever: Retriever, batches: list[np.ndarray], n: int) -> tuple[np.ndarray, float]:
     t0 = time.perf_counter()
     ids = np.concatenate([retriever.search(b, n)[0] for b in batches])
@@ -168,12 +180,7 @@ def build_run_index(
     if n <= 0:
         raise ValueError(f"--n: must be > 0, got {n}")
     emb = run_item_embeddings(run)
-    built_factory, warning = clamp_ivf(factory, len(emb) - 1)
-    if warning:
-        log(f"warning: {warning}")
-    t0 = time.perf_counter()
-    index = build_index(emb, built_factory, nprobe=nprobe, ef_search=ef_search, ef_construction=ef_construction)
-    build_s = time.perf_counter() - t0
+    index, built_factory, build_s = _build(emb, factory, nprobe, ef_search, ef_construction, log)
     index_file, meta_file = index_paths(run.path, factory)
     index_file.parent.mkdir(parents=True, exist_ok=True)
     save_index(index, index_file)
@@ -227,16 +234,12 @@ def open_run_index(
             retriever.factory = meta["factory"]
             return retriever, f"{meta['factory']} loaded from {index_file} (nprobe={nprobe}, ef_search={ef_search})"
         log(f"warning: {index_file} was built from other weights; building {factory!r} in memory instead")
-    built_factory, warning = clamp_ivf(factory, len(emb) - 1)
-    if warning:
-        log(f"warning: {warning}")
     nprobe = nprobe if nprobe is not None else cfg.nprobe
     ef_search = ef_search if ef_search is not None else cfg.ef_search
-    t0 = time.perf_counter()
-    index = build_index(emb, built_factory, nprobe=nprobe, ef_search=ef_search, ef_construction=cfg.ef_construction)
+    index, built_factory, build_s = _build(emb, factory, nprobe, ef_search, cfg.ef_construction, log)
     retriever = Retriever.from_index(index, item_category=categories)
     retriever.factory = built_factory
     return retriever, (
-        f"{built_factory} built in memory in {time.perf_counter() - t0:.1f}s "
+        f"{built_factory} built in memory in {build_s:.1f}s "
         f"(nprobe={nprobe}, ef_search={ef_search}; save it with `recsys index`)"
     )
