@@ -100,6 +100,7 @@ class TrainConfig:
     max_steps: int = 3000
     eval_every: int = 500
     patience: int = 5  # evaluations without improvement before stopping; 0 disables
+    max_minutes: float = 0.0  # wall-clock budget of the training loop; at the limit: validate, stop, test; 0 disables
     num_negatives: int = 0  # shared sampled negatives; 0 means 10 * batch_size
     sampler: str = "log_uniform"  # uniform | log_uniform | unigram
     sampler_alpha: float = 0.75  # unigram exponent
@@ -337,7 +338,7 @@ _POSITIVE = (
 _NON_NEGATIVE = (
     "data.min_item_count", "data.min_user_count", "model.hidden", "model.softcap",
     "model.dropout", "train.lr", "train.weight_decay", "train.patience", "train.num_negatives",
-    "train.z_loss", "train.cpu_threads", "train.grad_clip", "eval.diversity_lambda", "synthetic.noise",
+    "train.z_loss", "train.max_minutes", "train.cpu_threads", "train.grad_clip", "eval.diversity_lambda", "synthetic.noise",
 )
 
 

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 
@@ -79,3 +80,14 @@ def test_saved_run_config_keeps_what_the_run_was_trained_with():
     del saved["model"]["positions"]  # a run saved before the option existed
     assert run_config_from_dict(saved).model.positions == "absolute"
     assert config_from_dict(saved).model.positions == "recent"  # plain config files take today's default
+
+
+def test_every_experiment_config_pair_loads():
+    """Each dataset config under experiments/configs/ combines with each model config."""
+    configs = Path(__file__).resolve().parents[1] / "experiments" / "configs"
+    datas, models = sorted((configs / "data").glob("*.toml")), sorted((configs / "models").glob("*.toml"))
+    assert len(datas) >= 4 and len(models) == 8
+    for data in datas:
+        for model in models:
+            cfg = load_config([data, model])
+            assert cfg.model.name == model.stem and cfg.data.source != "synthetic", (data.name, model.name)

@@ -15,13 +15,16 @@ class ComiRecDR(SequenceModel):
 
     Follows ComiRec's ``CapsuleNetwork(bilinear_type=2, relu_layer=False)``: the interests are the
     squashed capsules (norm < 1). See :mod:`recsys.nn.capsule` for the routing and the
-    deliberate differences (initial scale of the bilinear weights).
+    deliberate differences (per-position maps indexed from the latest click by default, initial
+    scale of the bilinear weights).
     """
 
-    def __init__(self, num_items: int, dim: int, num_interests: int, max_len: int, iters: int):
+    def __init__(self, num_items: int, dim: int, num_interests: int, max_len: int, iters: int,
+                 positions: str = "recent"):
         super().__init__(num_items, dim, num_interests)
         self.routing = CapsuleRouting(
-            dim, num_interests, max_len, bilinear="per_position", init_logits="zeros", iters=iters
+            dim, num_interests, max_len, bilinear="per_position", init_logits="zeros", iters=iters,
+            positions=positions,
         )
 
     def encode(self, h: Tensor, lengths: Tensor) -> Tensor:
@@ -31,4 +34,4 @@ class ComiRecDR(SequenceModel):
 @register("comirec_dr")
 def build(cfg: ModelConfig, num_items: int, max_len: int, item_counts: Tensor | None = None) -> ComiRecDR:
     reject_attention_switches(cfg)
-    return ComiRecDR(num_items, cfg.dim, cfg.num_interests, max_len, cfg.routing_iters)
+    return ComiRecDR(num_items, cfg.dim, cfg.num_interests, max_len, cfg.routing_iters, cfg.positions)

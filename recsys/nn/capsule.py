@@ -14,6 +14,10 @@ under ``torch.no_grad`` here, which computes the same values and gradients with 
 
 Deliberate differences from ComiRec's code:
 
+- with ``positions="recent"`` (the library's default) the per-position map ``W_l`` belongs to the
+  ``l``-th most recent click instead of the ``l``-th slot of the right-padded window, for the
+  reason ComiRec-SA's learned positions count back from the latest click
+  (:class:`recsys.nn.multi_interest.SelfAttentiveHead`); ``"absolute"`` is ComiRec's indexing;
 - the per-position bilinear weights start at ``N(0, 1/d)`` instead of ``N(0, 1)``, so ``Ĥ`` has
   the scale of the item embeddings (ComiRec's tiny Glorot-initialised embeddings made the
   ``N(0, 1)`` map roughly scale-preserving; our embeddings start at norm about 1);
@@ -29,7 +33,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from recsys.nn.masking import length_mask
+from recsys.nn.masking import length_mask, recency_index
 
 BILINEAR = ("per_position", "shared")
 INIT_LOGITS = ("zeros", "normal")
@@ -54,12 +58,19 @@ class CapsuleRouting(nn.Module):
         init_logits: ``"zeros"`` (ComiRec-DR) or ``"normal"`` (MIND: a standard normal
             truncated at ±2, like ``tf.truncated_normal``, fresh for every batch in training).
         iters: routing iterations (ComiRec: 3).
+        positions: which click each per-position map ``W_l`` reads: ``"recent"`` (``l`` clicks
+            back from the latest) or ``"absolute"`` (slot ``l`` of the window, as ComiRec).
+            The shared map has no positions and ignores it.
     """
 
     def __init__(
-        self, dim: int, num_interests: int, max_len: int, *, bilinear: str, init_logits: str, iters: int = 3
+        self, dim: int, num_interests: int, max_len: int, *, bilinear: str, init_logits: str, iters: int = 3,
+        positions: str = "recent",
     ):
         super().__init__()
+        if positions not in ("recent", "absolute"):
+            raise ValueError(f"model.positions: the routing layer needs 'recent' or 'absolute', got {positions!r}")
+        self.positions = positions
         if bilinear not in BILINEAR:
             raise ValueError(f"bilinear must be one of {BILINEAR}, got {bilinear!r}")
         if init_logits not in INIT_LOGITS:
@@ -110,6 +121,8 @@ class CapsuleRouting(nn.Module):
         seq_len = h.shape[1]
         if seq_len > self.max_len:
             raise ValueError(f"sequence length {seq_len} exceeds the routing layer's max_len {self.max_len}")
+        if self.bilinear == "per_position" and self.positions == "recent":  # row l <- l-th most recent click
+            h = h.gather(1, recency_index(lengths, seq_len)[..., None].expand_as(h))
         hat = self.predictions(h)  # [B, K, L, d]
         w = self.routing_weights(hat, lengths)  # [B, K, L]
         return squash(torch.einsum("bkl,bkld->bkd", w, hat))

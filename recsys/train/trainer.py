@@ -3,8 +3,8 @@
 One call, :func:`train`, runs a whole experiment from a :class:`~recsys.config.Config`: load and
 split the data, build the model, optimise, validate every ``train.eval_every`` steps on the
 valid users (Recall@max(topn) with the evaluator), keep the best weights, stop early after
-``train.patience`` evaluations without improvement, and finally evaluate the best weights on
-the test users. Everything lands in a self-contained run directory (see
+``train.patience`` evaluations without improvement (or at the ``train.max_minutes`` wall-clock
+budget, after one last validation), and finally evaluate the best weights on the test users. Everything lands in a self-contained run directory (see
 :mod:`recsys.train.checkpoint`).
 
 The hot path never syncs the host: losses accumulate on the device and are read every
@@ -334,10 +334,15 @@ def _optimise(model: InterestModel, cfg: Config, dist: distributed.DistInfo, spl
                     f"{st.samples_per_s:,.0f} samples/s  ETA {(t.max_steps - st.step) / max(rate, 1e-9):,.0f}s")
             sums.zero_()
             window_start, window_steps = time.perf_counter(), 0
-        if st.step % t.eval_every == 0 or st.step == t.max_steps:
+        out_of_time = log_now and t.max_minutes > 0 and distributed.broadcast_flag(
+            time.perf_counter() - run_start > 60 * t.max_minutes, device)
+        if st.step % t.eval_every == 0 or st.step == t.max_steps or out_of_time:
             stop = False
             if dist.is_main:
                 stop = _validate(st, model, step_fn, batches, generator, rd, validate, key, cfg, log)
+            if out_of_time:
+                log(f"stopped at step {st.step}: train.max_minutes={t.max_minutes:g} reached")
+                break
             if distributed.broadcast_flag(stop, device):
                 log(f"early stop at step {st.step}: no {key} improvement in {t.patience} evaluations")
                 break

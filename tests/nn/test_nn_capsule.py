@@ -33,9 +33,11 @@ def _comirec_routing(layer: CapsuleRouting, h, lengths, init_logits, iters):
     return cap.reshape(n, k, c)
 
 
-def _layer(bilinear: str, init_logits: str, iters: int = 3) -> CapsuleRouting:
+def _layer(bilinear: str, init_logits: str, iters: int = 3, positions: str = "absolute") -> CapsuleRouting:
     torch.manual_seed(0)
-    return CapsuleRouting(6, 3, 5, bilinear=bilinear, init_logits=init_logits, iters=iters).double().eval()
+    return CapsuleRouting(
+        6, 3, 5, bilinear=bilinear, init_logits=init_logits, iters=iters, positions=positions
+    ).double().eval()
 
 
 def _masked_history(lengths, seq_len=5, dim=6):
@@ -60,6 +62,20 @@ def test_matches_comirec_routing_values_and_gradients(bilinear, init, iters):
     grads_want = torch.autograd.grad((want * probe).sum(), params)
     for g, w in zip(grads_got, grads_want, strict=True):
         torch.testing.assert_close(g, w)
+
+
+def test_recent_positions_route_the_clicks_latest_first():
+    """positions="recent": ComiRec's routing applied to each row's valid clicks in reverse order."""
+    layer = _layer("per_position", "zeros", positions="recent")
+    lengths = torch.tensor([5, 3, 1, 0])
+    h = _masked_history(lengths)
+    reversed_h = torch.zeros_like(h)
+    for row, n in enumerate(lengths.tolist()):
+        reversed_h[row, :n] = h[row, :n].flip(0)
+    want = _comirec_routing(layer, reversed_h, lengths, layer.initial_logits(4, 5, h), iters=3)
+    torch.testing.assert_close(layer(h, lengths), want)
+    absolute = _layer("per_position", "zeros", positions="absolute")
+    assert (absolute(h, lengths) - want)[:2].abs().max() > 1e-3  # the maps read other clicks
 
 
 def test_routing_shapes_and_weights():
@@ -118,5 +134,7 @@ def test_random_initial_logits_train_vs_eval():
 def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="bilinear"):
         CapsuleRouting(4, 2, 5, bilinear="dense", init_logits="zeros")
+    with pytest.raises(ValueError, match="model.positions"):
+        CapsuleRouting(4, 2, 5, bilinear="per_position", init_logits="zeros", positions="none")
     with pytest.raises(ValueError, match="max_len"):
         _layer("per_position", "zeros")(torch.randn(1, 6, 6, dtype=torch.float64), torch.tensor([6]))

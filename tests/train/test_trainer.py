@@ -48,6 +48,16 @@ def test_resume_reproduces_uninterrupted_run(tmp_path):
     assert steps == [r["step"] for r in RunDir(full.run_dir).read_metrics()]  # no duplicated records
 
 
+def test_wall_clock_budget_validates_then_stops(tmp_path):
+    lines: list[str] = []
+    result = train(_cfg(tmp_path, "name=budget", "train.max_minutes=1e-9"), log=lines.append)
+    assert result.steps == 10  # the first logging step is the first check of the clock
+    assert any("train.max_minutes=1e-09 reached" in line for line in lines), lines
+    valid = [r for r in RunDir(result.run_dir).read_metrics() if r.get("split") == "valid"]
+    assert [r["step"] for r in valid] == [10] and result.best_step == 10
+    assert result.test_metrics["recall@50"] >= 0
+
+
 def test_run_directory_is_self_contained(tmp_path):
     result = train(_cfg(tmp_path, "name=run", "model.name=youtube_dnn"), log=lambda s: None)
     run = RunDir(result.run_dir)
