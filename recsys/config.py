@@ -87,6 +87,7 @@ class ModelConfig:
     softcap: float = 0.0  # attention logit soft-cap; 0 disables
     backend: str = "auto"  # kernel backend: auto | triton | torch
     positions: str = "recent"  # learned positions: recent (0 = latest click) | absolute (0 = oldest) | none
+    head_values: str = "items"  # sasrec_mi: its multi-interest head pools items (embeddings) | encoded (encoder outputs)
 
 
 @dataclass
@@ -277,12 +278,20 @@ def config_from_dict(values: dict[str, Any]) -> Config:
 
 def run_config_from_dict(values: dict[str, Any]) -> Config:
     """A saved run's ``config.json`` -> config, keeping what the run was trained with where a
-    default has changed since: runs saved before ``model.positions`` existed numbered positions
-    from the oldest click (``"absolute"``)."""
-    model = values.get("model", {})
+    default has changed since. A key missing from the file dates the run:
+
+    - no ``model.positions``: positions were numbered from the oldest click (``"absolute"``);
+    - no ``model.head_values``: sasrec_mi's head pooled the encoder outputs (``"encoded"``), and
+      comirec_dr's per-position maps ignored ``model.positions`` (they were ``"absolute"``).
+    """
+    model = dict(values.get("model", {}))
     if "positions" not in model:
-        values = {**values, "model": {**model, "positions": "absolute"}}
-    return config_from_dict(values)
+        model["positions"] = "absolute"
+    if "head_values" not in model:
+        model["head_values"] = "encoded" if model.get("name") == "sasrec_mi" else "items"
+        if model.get("name") == "comirec_dr":
+            model["positions"] = "absolute"
+    return config_from_dict({**values, "model": model})
 
 
 def load_config(
@@ -320,6 +329,7 @@ _CHOICES = {
     "data.split": ("user", "time"),
     "model.qk_norm": ("", "rms", "layer"),
     "model.positions": ("recent", "absolute", "none"),
+    "model.head_values": ("items", "encoded"),
     "model.backend": ("auto", "triton", "torch"),
     "train.optimizer": ("adam", "adamw"),
     "train.sampler": ("uniform", "log_uniform", "unigram"),

@@ -80,6 +80,13 @@ def test_saved_run_config_keeps_what_the_run_was_trained_with():
     del saved["model"]["positions"]  # a run saved before the option existed
     assert run_config_from_dict(saved).model.positions == "absolute"
     assert config_from_dict(saved).model.positions == "recent"  # plain config files take today's default
+    for name, positions, head_values in [("sasrec_mi", "recent", "encoded"), ("comirec_dr", "absolute", "items"),
+                                         ("comirec_sa", "recent", "items")]:
+        saved = json.loads(Config().to_json())
+        saved["model"]["name"] = name
+        del saved["model"]["head_values"]  # saved before sasrec_mi could pool item embeddings
+        model = run_config_from_dict(saved).model
+        assert (model.positions, model.head_values) == (positions, head_values), name
 
 
 def test_every_experiment_config_pair_loads():

@@ -108,11 +108,13 @@ def multi_interest(
     w2: Tensor,
     *,
     pos: Tensor | None = None,
+    values: Tensor | None = None,
     backend: str = "auto",
 ) -> Tensor:
     """ComiRec-SA self-attentive multi-interest extraction.
 
-    ``A = softmax over L of tanh((H + P) W1) W2`` (padding masked), interests ``= Aᵀ H``.
+    ``A = softmax over L of tanh((H + P) W1) W2`` (padding masked), interests ``= Aᵀ H``
+    (``= Aᵀ values`` when given).
 
     Args:
         h: ``[B, L, d]`` item embeddings, right-padded.
@@ -120,10 +122,12 @@ def multi_interest(
         w1: ``[d, hidden]``.
         w2: ``[hidden, K]``.
         pos: optional ``[L_max, d]`` position embeddings added for the scores only.
+        values: optional ``[B, L, d_v]`` pooled instead of ``h``. The fused Triton kernel pools
+            ``h`` itself, so with ``values`` "auto" runs the PyTorch twin and "triton" is an error.
         backend: ``"auto" | "triton" | "torch"``.
 
     Returns:
-        ``[B, K, d]``.
+        ``[B, K, d]`` (``[B, K, d_v]`` with ``values``).
     """
     if h.dim() != 3:
         raise ValueError(f"h must be [B, L, d], got {tuple(h.shape)}")
@@ -134,7 +138,13 @@ def multi_interest(
         raise ValueError(f"w2 must be [{w1.shape[1]}, K], got {tuple(w2.shape)}")
     if pos is not None and (pos.dim() != 2 or pos.shape[0] < seq_len or pos.shape[1] != d):
         raise ValueError(f"pos must be [L_max >= {seq_len}, {d}], got {tuple(pos.shape)}")
+    if values is not None and (values.dim() != 3 or values.shape[:2] != h.shape[:2]):
+        raise ValueError(f"values must be [{b}, {seq_len}, d_v], got {tuple(values.shape)}")
     _check_lengths(lengths, b, "lengths")
+    if values is not None:
+        if backend == "triton":
+            raise ValueError("the Triton multi-interest kernel pools h itself: values= needs backend 'auto' or 'torch'")
+        return reference.multi_interest_ref(h, lengths, w1, w2, pos=pos, values=values)
     if _use_triton(backend, h.device):
         from recsys.kernels.triton_multi_interest import triton_multi_interest, triton_supports
 

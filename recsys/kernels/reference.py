@@ -56,7 +56,8 @@ def attention_ref(
 
 
 def multi_interest_ref(
-    h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, *, pos: Tensor | None = None
+    h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, *, pos: Tensor | None = None,
+    values: Tensor | None = None,
 ) -> Tensor:
     """ComiRec-SA self-attentive extraction: ``A = softmax_L(tanh((H + P) W1) W2)``, ``V = Aᵀ H``.
 
@@ -70,12 +71,14 @@ def multi_interest_ref(
         w2: ``[hidden, K]``.
         pos: optional ``[L_max, d]`` (``L_max >= L``) position embeddings, added to ``h`` for the
             scores only (not to the values).
+        values: optional ``[B, L, d_v]`` pooled instead of ``h`` (``V = Aᵀ values``).
 
     Returns:
-        ``[B, K, d]`` interests; 0 for a sequence of length 0.
+        ``[B, K, d]`` (``[B, K, d_v]`` with ``values``) interests; 0 for a sequence of length 0.
     """
     x = h if pos is None else h + pos[: h.shape[1]]
     keys = torch.tanh(torch.matmul(x, w1))  # [B, L, hidden]
     queries = w2.t()[None, None]  # [1, 1, K, hidden]
-    out = attention_ref(queries, keys[:, None], h[:, None], key_lengths=lengths, scale=1.0)
+    pooled = h if values is None else values
+    out = attention_ref(queries, keys[:, None], pooled[:, None], key_lengths=lengths, scale=1.0)
     return out[:, 0]  # [B, K, d]

@@ -64,4 +64,7 @@ def build_model(
 
     if cfg.name not in _REGISTRY:
         raise ValueError(f"model.name: unknown model {cfg.name!r}; known: {', '.join(model_names())}")
+    if cfg.head_values != "items" and cfg.name != "sasrec_mi":
+        raise ValueError(f"model.head_values={cfg.head_values!r} has no effect on {cfg.name} (only sasrec_mi's "
+                         "head can pool encoder outputs); leave it at \"items\"")
     return _REGISTRY[cfg.name](cfg=cfg, num_items=num_items, max_len=max_len, item_counts=item_counts)

@@ -49,14 +49,17 @@ class SelfAttentiveHead(nn.Module):
         self.track_stats = False
         self.last_max_logit: Tensor | None = None
 
-    def forward(self, h: Tensor, lengths: Tensor) -> Tensor:
-        """``h [B, L, d]``, ``lengths [B]`` -> interests ``[B, K, d]``."""
+    def forward(self, h: Tensor, lengths: Tensor, values: Tensor | None = None) -> Tensor:
+        """``h [B, L, d]``, ``lengths [B]`` -> interests ``[B, K, d]``: ``Aᵀ h``, or ``Aᵀ values``
+        for ``values [B, L, d]`` (the scores still read ``h``)."""
         if self.positions == "recent":  # row i <- the i-th most recent click
-            h = h.gather(1, recency_index(lengths, h.shape[1])[..., None].expand_as(h))
+            index = recency_index(lengths, h.shape[1])[..., None].expand_as(h)
+            h = h.gather(1, index)
+            values = None if values is None else values.gather(1, index)
         if self.track_stats:
             with torch.no_grad():
                 x = h if self.pos is None else h + self.pos[: h.shape[1]]
                 scores = torch.tanh(x @ self.w1) @ self.w2  # [B, L, K]
                 valid = length_mask(lengths, h.shape[1])[..., None]
                 self.last_max_logit = scores.float().masked_fill(~valid, float("-inf")).amax()
-        return multi_interest(h, lengths, self.w1, self.w2, pos=self.pos, backend=self.backend)
+        return multi_interest(h, lengths, self.w1, self.w2, pos=self.pos, values=values, backend=self.backend)

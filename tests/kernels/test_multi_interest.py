@@ -143,6 +143,24 @@ def test_unsupported_inputs_go_to_the_twin_cpu():
         multi_interest(h, lengths, w1, w2, pos=pos, backend="triton")
 
 
+def test_separate_values_pool_through_the_twin_cpu():
+    """``values=``: A from h (+ positions), pooled values; fully padded rows give zeros."""
+    params, lengths, _ = _problem(4, 7, 3, 16, 32, 7, "cpu")
+    h, w1, w2, pos = params
+    lengths[0] = 0
+    values = torch.randn(4, 7, 5, dtype=h.dtype)
+    got = multi_interest(h, lengths, w1, w2, pos=pos, values=values)
+    valid = torch.arange(7)[None] < lengths[:, None]  # [B, L]
+    scores = torch.tanh((h + pos[:7]) @ w1) @ w2  # [B, L, K]
+    attn = torch.softmax(scores.masked_fill(~valid[..., None], float("-inf")), dim=1).nan_to_num(0.0)
+    torch.testing.assert_close(got, torch.einsum("blk,blv->bkv", attn, values))
+    assert got[0].abs().max() == 0
+    with pytest.raises(ValueError, match="pools h itself"):
+        multi_interest(h, lengths, w1, w2, values=values, backend="triton")
+    with pytest.raises(ValueError, match="values must be"):
+        multi_interest(h, lengths, w1, w2, values=values[:, :6])
+
+
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("seq_len,k,d", SHAPES)

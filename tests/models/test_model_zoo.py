@@ -119,6 +119,25 @@ def test_comirec_sa_equals_direct_einsum(positions):
     torch.testing.assert_close(model.interests(seq, lengths), want)
 
 
+@pytest.mark.parametrize("head_values", ["items", "encoded"])
+def test_sasrec_mi_head_attends_from_encoder_states_and_pools_head_values(head_values):
+    model = _build("sasrec_mi", head_values=head_values).eval()
+    seq, lengths = _batch()
+    valid = torch.arange(MAX_LEN)[None] < lengths[:, None]  # [B, L]
+    h = model.embedding(seq, lengths)  # [B, L, d], zero at padded positions
+    e = model.encoder(h, lengths)
+    head = model.head
+    scores = torch.tanh((e + _positions(head, lengths)) @ head.w1) @ head.w2  # [B, L, K]
+    attn = torch.softmax(scores.masked_fill(~valid[..., None], float("-inf")), dim=1).nan_to_num(0.0)
+    pooled = h if head_values == "items" else e
+    torch.testing.assert_close(model.interests(seq, lengths), torch.einsum("blk,bld->bkd", attn, pooled))
+
+
+def test_head_values_is_rejected_where_there_is_no_encoder_to_pool():
+    with pytest.raises(ValueError, match="model.head_values"):
+        _build("comirec_sa", head_values="encoded")
+
+
 def test_sasrec_interest_is_the_encoder_state_at_the_last_click():
     model = _build("sasrec").eval()
     seq, lengths = _batch()
