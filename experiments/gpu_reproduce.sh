@@ -7,6 +7,7 @@
 # Needs the datasets under .gpu_data/ (git-excluded copies of ../shared/data, carried to the
 # device). MINUTES caps each run's training loop (train.max_minutes, default 6.5) so that the
 # whole call fits the device tool's 10-minute limit; runs that early-stop end sooner.
+# SKIP_TESTS=1 leaves out the GPU tests (when they already passed on this code).
 set -uo pipefail
 out=${1:?output folder}
 minutes=${2:-6.5}
