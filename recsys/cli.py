@@ -42,6 +42,29 @@ def _run_config(run: Path) -> Config:
     return run_config_from_dict(json.loads(path.read_text()))
 
 
+RESUME_KEYS = ("train.max_steps", "train.max_minutes", "train.patience")
+
+
+def _resumed_config(args: argparse.Namespace) -> Config:
+    """The run's saved config; ``--set`` may extend its budget (``RESUME_KEYS``), which is
+    written back to the run's ``config.json``. Anything else would change what is being
+    continued, so it is an error naming the option or key."""
+    for option in ("config", "data", "model"):
+        if getattr(args, option):
+            raise ConfigError(f"--{option} cannot change a run being resumed; it keeps the config it was started with")
+    cfg = _run_config(Path(args.resume))
+    for assignment in args.overrides:
+        key = assignment.split("=", 1)[0].strip()
+        if key not in RESUME_KEYS:
+            raise ConfigError(f"{key}: a resumed run can only change {', '.join(RESUME_KEYS)}")
+    if args.overrides:
+        from recsys.train.checkpoint import RunDir
+
+        apply_overrides(cfg, args.overrides)
+        RunDir(args.resume).save_config(cfg)
+    return cfg
+
+
 def cmd_data(args: argparse.Namespace) -> int:
     """Read, filter and describe a dataset; optionally save the prepared form."""
     from recsys.data import describe, load_dataset
@@ -61,7 +84,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from recsys.train.trainer import train
 
     if args.resume:
-        cfg = _run_config(Path(args.resume))
+        cfg = _resumed_config(args)
         print("# resumed config\n" + cfg.to_toml(), flush=True)
     else:
         cfg = _config(args)

@@ -92,6 +92,19 @@ def test_cli_train_prints_table_and_writes_json(tmp_path, capsys):
     assert 0.0 <= metrics["recall@50"] <= 1.0
 
 
+def test_cli_resume_extends_the_budget_and_refuses_other_changes(tmp_path, capsys):
+    first = train(_cfg(tmp_path, "name=run"), log=lambda s: None)
+    run = first.run_dir
+    for args, key in [(["--set", "train.lr=0.5"], "train.lr"), (["--model", "youtube_dnn"], "--model")]:
+        assert main(["train", "--resume", run, *args]) == 2
+        assert key in capsys.readouterr().err
+    assert RunDir(run).read_config()["train"]["max_steps"] == 40  # refused changes wrote nothing
+    assert main(["train", "--resume", run, "--set", "train.max_steps=60"]) == 0
+    assert RunDir(run).read_config()["train"]["max_steps"] == 60
+    steps = [r["step"] for r in RunDir(run).read_metrics() if "loss" in r]
+    assert steps == [10, 20, 30, 40, 50, 60]  # continued from step 40, nothing repeated
+
+
 def test_unknown_config_key_is_a_config_error():
     with pytest.raises(ConfigError, match="train.max_step"):
         load_config(None, ["train.max_step=3"])
