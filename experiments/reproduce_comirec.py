@@ -90,7 +90,7 @@ def main() -> None:
     table = {label: m for label, (m, _) in results.items() if not label.startswith("comirec_sa K=")}
     if args.k_sweep and reuse_k4:
         results["comirec_sa K=4"] = results["comirec_sa"]
-    k_table = {f"comirec_sa K={k}": results[f"comirec_sa K={k}"][0] for k in (1, 2, 4, 8) if args.k_sweep}
+    k_table = {f"comirec_sa K={k}": results[f"comirec_sa K={k}"][0] for k in (1, 2, 4, 8)} if args.k_sweep else {}
 
     lines = [f"\n### ComiRec comparison on {args.data} ({time.strftime('%Y-%m-%d')}, {platform.node()}, "
              f"{_device_label(args.overrides)})\n", f"Command: `python {' '.join(sys.argv)}`\n", format_table(table), ""]

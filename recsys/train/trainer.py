@@ -4,8 +4,8 @@ One call, :func:`train`, runs a whole experiment from a :class:`~recsys.config.C
 split the data, build the model, optimise, validate every ``train.eval_every`` steps on the
 valid users (Recall@max(topn) with the evaluator), keep the best weights, stop early after
 ``train.patience`` evaluations without improvement (or at the ``train.max_minutes`` wall-clock
-budget, after one last validation), and finally evaluate the best weights on the test users. Everything lands in a self-contained run directory (see
-:mod:`recsys.train.checkpoint`).
+budget, after one last validation), and finally evaluate the best weights on the test users.
+Everything lands in a self-contained run directory (see :mod:`recsys.train.checkpoint`).
 
 The hot path never syncs the host: losses accumulate on the device and are read every
 ``train.log_every`` steps; batches are built by vectorised numpy and copied from pinned memory.
