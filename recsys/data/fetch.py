@@ -28,6 +28,9 @@ class FetchError(DataError):
     """A dataset could not be obtained or verified; the message says what to do instead."""
 
 
+CHUNK = 1 << 16  # bytes per write; a cut connection loses at most the chunk being read
+
+
 class ResumableDownloader:
     """A pooch downloader that keeps partial data in ``part`` across failures and resumes
     with a ``Range`` request (a server that ignores it sends the whole file again)."""
@@ -52,7 +55,7 @@ class ResumableDownloader:
                     total=total, initial=done, unit="B", unit_scale=True, unit_divisor=1024,
                     desc=self.part.name.removesuffix(".part"), disable=not self.progress,
                 ) as bar:
-                    for chunk in response.iter_content(chunk_size=1 << 20):
+                    for chunk in response.iter_content(chunk_size=CHUNK):
                         out.write(chunk)
                         bar.update(len(chunk))
         shutil.move(str(self.part), output_file)
@@ -152,14 +155,15 @@ def _match_given(e: DatasetEntry, given: list[Path]) -> dict[str, Path]:
 
 
 def fetch(name: str, *, dest: str | Path | None = None, sources: list[str | Path] | None = None,
-          force: bool = False, progress: bool = True, registry_dir: Path = REGISTRY_DIR,
+          force: bool = False, progress: bool = True, registry_dir: Path | None = None,
           log: Callable[[str], None] = print) -> Path:
     """Obtain, verify and convert dataset ``name``; returns its prepared folder.
 
     ``dest`` replaces the data root; ``sources`` are files downloaded by hand (``--from``);
-    an already prepared dataset is left alone unless ``force`` or ``sources`` is given.
+    an already prepared dataset is left alone unless ``force`` or ``sources`` is given;
+    ``registry_dir`` replaces the repository's ``data/``.
     """
-    e = entry(name, registry_dir)
+    e = entry(name, registry_dir or REGISTRY_DIR)
     folder = Path(dest) / name if dest else data_root() / name
     marker = folder / PREPARED_MARKER
     if marker.is_file() and not force and not sources:
