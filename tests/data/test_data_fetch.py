@@ -204,3 +204,28 @@ def test_without_the_data_extra_fetch_names_it(monkeypatch, tmp_path):
     given.write_bytes(files[0])
     with pytest.raises(FetchError, match=r"needs the data extra: pip install 'recsys\[data\]'"):
         fetch("gowalla", dest=tmp_path, sources=[given], progress=False, log=quiet([]))
+
+
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "ml-100k"
+
+
+@pytest.mark.data
+@pytest.mark.skipif(not (SHARED / "u.data").is_file(), reason=f"real MovieLens 100K not found at {SHARED}")
+def test_real_movielens_100k_converts_to_the_published_counts(tmp_path):
+    """The real ml-100k files, zipped in GroupLens's layout (so not its md5: the registry copy
+    has no checksum), convert to GroupLens's published counts."""
+    import zipfile
+
+    archive = tmp_path / "ml-100k.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        for name in ("u.data", "u.item", "u.genre"):
+            z.write(SHARED / name, f"ml-100k/{name}")
+    registry = tmp_path / "registry"
+    registry.mkdir()
+    text = (REGISTRY_DIR / "ml-100k.toml").read_text().replace('md5 = "0e33842e24a9c977be4e0107933c0723"', 'md5 = ""')
+    (registry / "ml-100k.toml").write_text(text.replace("size = 4924029", "size = 0"))
+    log: list[str] = []
+    folder = fetch("ml-100k", dest=tmp_path, sources=[archive], registry_dir=registry, progress=False, log=log.append)
+    counts = json.loads((folder / "prepared.json").read_text())["counts"]
+    assert counts == {"users": 943, "items": 1682, "clicks": 100_000, "categories": 18}
+    assert any(line.startswith("ml-100k: 943 users (as published), 1,682 items (as published)") for line in log)
