@@ -113,7 +113,8 @@ def load_entry(path: str | Path) -> DatasetEntry:
     for i, spec in enumerate(table.get("files", [])):
         unknown = set(spec) - known
         if unknown or "name" not in spec or not (spec.get("url") or spec.get("manual")):
-            raise DataError(f"{path}: dataset.files[{i}]: needs name and url (or manual); unknown keys {sorted(unknown)}")
+            raise DataError(f"{path}: dataset.files[{i}]: needs name and url (or manual); "
+                            f"unknown keys {sorted(unknown)}")
         files.append(DatasetFile(**{**spec, "mirrors": tuple(spec.get("mirrors", ()))}))
     missing = [key for key in ("title", "homepage", "licence", "convert") if not table.get(key)]
     if missing or not files:

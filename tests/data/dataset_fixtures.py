@@ -46,7 +46,8 @@ def _date(t: int, fmt: str) -> str:
 def ml_100k():
     data = "".join(f"{u}\t{i}\t{3}\t{t}\n" for u, i, t in CLICKS)
     genres = "unknown|0\nAction|1\nComedy|2\n"
-    items = "".join(f"{i}|Movie {i} (1995)|01-Jan-1995||http://x|0|{int(i % 2 == 1)}|{int(i % 2 == 0)}\n" for i in range(1, 5))
+    items = "".join(f"{i}|Movie {i} (1995)|01-Jan-1995||http://x|0|{int(i % 2 == 1)}|{int(i % 2 == 0)}\n"
+                    for i in range(1, 5))
     files = [_zip({"ml-100k/u.data": data.encode(), "ml-100k/u.item": items.encode("latin-1"),
                    "ml-100k/u.genre": genres.encode()})]
     return files, {**BASE, "categories": 2}
@@ -101,7 +102,8 @@ def gowalla():
 
 
 def retailrocket():
-    rows = [f"{t * 1000},{u},view,{i}," for u, i, t in CLICKS] + ["1000000000000,9,addtocart,7,", "1000000000000,9,transaction,7,3"]
+    rows = [f"{t * 1000},{u},view,{i}," for u, i, t in CLICKS]
+    rows += ["1000000000000,9,addtocart,7,", "1000000000000,9,transaction,7,3"]  # not views: left out
     events = "timestamp,visitorid,event,itemid,transactionid\n" + "\n".join(rows) + "\n"
     return [_zip({"events.csv": events.encode()})], dict(BASE)
 
@@ -118,7 +120,7 @@ COMIREC_COUNTS = {"users": 10, "items": 4, "clicks": 60, "categories": 2, "train
 def comirec_book():
     reviews = "".join(json.dumps({"reviewerID": f"A{u}", "asin": f"B{i}", "overall": 4.0, "unixReviewTime": t}) + "\n"
                       for u, i, t in COMIREC_CLICKS)
-    meta = "".join(repr({"asin": f"B{i}", "title": "t", "categories": [["Books", "Genre" + str(i % 2)], ["Other"]]}) + "\n"
+    meta = "".join(repr({"asin": f"B{i}", "title": "t", "categories": [["Books", f"Genre{i % 2}"], ["Other"]]}) + "\n"
                    for i in (1, 2, 3, 4, 9))
     return [gzip.compress(reviews.encode()), gzip.compress(meta.encode())], dict(COMIREC_COUNTS)
 

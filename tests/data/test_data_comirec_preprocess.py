@@ -74,7 +74,8 @@ def test_written_files_follow_comirecs_layout(tmp_path):
     train = (tmp_path / "comirec" / "book_train.txt").read_text().splitlines()
     assert len(train) == 16 * 7 and train[0].startswith("0,")
     assert [line.split(",")[2] for line in train[:7]] == [str(p) for p in range(7)]
-    assert {int(line.split(",")[0]) for line in (tmp_path / "comirec" / "book_test.txt").read_text().splitlines()} == {18, 19}
+    test = (tmp_path / "comirec" / "book_test.txt").read_text().splitlines()
+    assert {int(line.split(",")[0]) for line in test} == {18, 19}
     user_map = (tmp_path / "maps" / "book_user_map.txt").read_text().splitlines()
     assert user_map[0] == f"{data.user_raw[0]},0" and len(user_map) == 20
     assert (tmp_path / "maps" / "book_item_map.txt").read_text().splitlines()[0] == f"{data.item_raw[0]},1"

@@ -166,8 +166,9 @@ def test_offline_error_names_the_url_and_the_from_alternative(tmp_path, capsys, 
 
 
 def test_manual_dataset_says_where_to_download_and_where_to_put_it(tmp_path):
-    with pytest.raises(FetchError, match=r"needs UserBehavior.csv.zip downloaded by hand.*tianchi.aliyun.com/dataset/649"
-                                         rf".*put it at {tmp_path}/taobao-comirec/raw/UserBehavior.csv.zip.*--from FILE"):
+    with pytest.raises(FetchError, match=r"needs UserBehavior.csv.zip downloaded by hand.*tianchi.aliyun.com/dataset/"
+                                         rf"649.*put it at {tmp_path}/taobao-comirec/raw/UserBehavior.csv.zip"
+                                         r".*--from FILE"):
         fetch("taobao-comirec", dest=tmp_path, progress=False, log=quiet([]))
 
 

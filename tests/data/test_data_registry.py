@@ -60,7 +60,8 @@ def test_resolve_source_leaves_plain_paths_alone_and_names_the_fetch_command(mon
         resolve_source(DataConfig(source="dataset:steam/clicks.csv"))
     (tmp_path / "steam").mkdir()
     (tmp_path / "steam" / "prepared.json").write_text("{}")
-    assert resolve_source(DataConfig(source="dataset:steam/clicks.csv")).source == str(tmp_path / "steam" / "clicks.csv")
+    resolved = resolve_source(DataConfig(source="dataset:steam/clicks.csv"))
+    assert resolved.source == str(tmp_path / "steam" / "clicks.csv")
 
 
 def test_unknown_dataset_lists_the_registered_ones(capsys):
