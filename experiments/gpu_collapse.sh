@@ -5,7 +5,10 @@
 #            variants (each switch alone) side by side on taobao and amazon-beauty;
 #   round 2: the training speed of the switches alone on the idle GPU (one process at a time,
 #            `recsys train` as a user runs it), then the candidate defaults at K = 1 and 4 beside
-#            the single-interest baselines on both datasets.
+#            the single-interest baselines on both datasets;
+#   round 3: the speed of the chosen defaults after the kernel took the cap inside and the step
+#            drops the soft readout once its warm-up is over, the GPU tests of that code, and the
+#            length of the soft-readout warm-up at K = 4 beside K = 1 on both datasets.
 #
 #   bash experiments/gpu_collapse.sh OUT_DIR [MINUTES] [ROUND]
 #
@@ -18,6 +21,13 @@ mkdir -p "$out"
 export OMP_NUM_THREADS=1 RECSYS_ATTN_AUTOTUNE=0 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/gpu.txt" 2>&1
 
+speed() {  # speed LABEL BATCH OVERRIDES...: samples/s of the last logging window of a plain `recsys train`
+    label=$1 batch=$2; shift 2
+    python -m recsys train --config experiments/configs/data/taobao.toml --set data.source=.gpu_data/taobao/sequences.txt \
+        --set train.cuda_graph=true --set train.batch_size=$batch --set train.max_steps=3000 --set train.eval_every=1000000 \
+        --set train.log_every=500 --set output_dir=/tmp/speed_runs "$@" > "$out/speed_${label}_b$batch.log" 2>&1
+    echo "| $label | $batch | $(grep -o '[0-9,]* samples/s' "$out/speed_${label}_b$batch.log" | tail -n 1) |" >> "$out/speed.md"
+}
 if [ "$round" = 1 ]; then
 python -m pytest -q -m gpu -n 4 -p no:cacheprovider tests/kernels/test_multi_interest.py tests/train \
     > "$out/gpu_tests.log" 2>&1 &
@@ -36,14 +46,7 @@ variants=(
     --variant "sasrec_mi K=4" model.name=sasrec_mi
     --variant "sasrec_mi K=4 reg 1" model.name=sasrec_mi train.attention_reg=1
 )
-else
-speed() {  # speed LABEL BATCH OVERRIDES...: samples/s of the last logging window of a plain `recsys train`
-    label=$1 batch=$2; shift 2
-    python -m recsys train --config experiments/configs/data/taobao.toml --set data.source=.gpu_data/taobao/sequences.txt \
-        --set train.cuda_graph=true --set train.batch_size=$batch --set train.max_steps=3000 --set train.eval_every=1000000 \
-        --set train.log_every=500 --set output_dir=/tmp/speed_runs "$@" > "$out/speed_${label}_b$batch.log" 2>&1
-    echo "| $label | $batch | $(grep -o '[0-9,]* samples/s' "$out/speed_${label}_b$batch.log" | tail -n 1) |" >> "$out/speed.md"
-}
+elif [ "$round" = 2 ]; then
 echo "| setting | batch | samples/s |" > "$out/speed.md"; echo "|---|---:|---:|" >> "$out/speed.md"
 for b in 128 1024; do
     speed base $b
@@ -68,6 +71,25 @@ variants=(
 # sasrec at its best setting per dataset (RESULTS.md: AdamW 0.5 on taobao; the dataset config on beauty)
 extra_taobao=(--variant "sasrec" model.name=sasrec train.optimizer=adamw train.weight_decay=0.5)
 extra_beauty=(--variant "sasrec" model.name=sasrec)
+else
+echo "| setting | batch | samples/s |" > "$out/speed.md"; echo "|---|---:|---:|" >> "$out/speed.md"
+for b in 128 1024; do  # the soft readout's warm-up (1,000 steps) ends before the last logging window
+    speed base $b --set model.score_cap=0 --set train.soft_readout_steps=0
+    speed cap1 $b --set model.score_cap=1 --set train.soft_readout_steps=0
+    speed cap1_soft1k $b --set model.score_cap=1 --set train.soft_readout_steps=1000
+done
+cat "$out/speed.md"
+python -m pytest -q -m gpu -n 4 -p no:cacheprovider tests/kernels/test_multi_interest.py tests/train \
+    > "$out/gpu_tests.log" 2>&1 &
+tests=$!
+extra_taobao=() extra_beauty=()
+variants=(
+    --variant "K=1 cap 1" model.num_interests=1 model.score_cap=1
+    --variant "K=4 cap 1" model.score_cap=1 train.soft_readout_steps=0
+    --variant "K=4 cap 1 soft 1k" model.score_cap=1 train.soft_readout_steps=1000
+    --variant "K=4 cap 1 soft 2k" model.score_cap=1 train.soft_readout_steps=2000
+    --variant "K=4 cap 1 soft 5k" model.score_cap=1 train.soft_readout_steps=5000
+)
 fi
 
 study() {  # study DATA SOURCE STEPS EVAL_EVERY [EXTRA VARIANT ARGS]

@@ -126,6 +126,8 @@ class TrainStep:
                              "comirec_sa and sasrec_mi read their clicks through attention scores); set it to 0")
         self.generator = generator
         self.soft = torch.zeros((), device=device)  # the readout's soft share, set before every step
+        # the soft readout's warm-up (K > 1 only); afterwards the step is rebuilt with the plain argmax
+        self.soft_phase = t.soft_readout_steps > 0 and model.num_interests > 1
         self.amp = t.amp and device.type == "cuda"
         self.optimizer = make_optimizer(model, cfg, device, capturable=t.cuda_graph)
         self.loss_fn = torch.compile(self.loss, dynamic=False) if t.compile else self.loss
@@ -156,7 +158,7 @@ class TrainStep:
             interests, scores = self.forward(seq, lengths, with_attention=t.attention_reg > 0) \
                 if t.attention_reg else (self.forward(seq, lengths), None)  # [B, K, d], [B, L, K]
             item_emb = self.model.item_embeddings()  # [N, d]
-            user = readout(interests, item_emb[targets], soft=soft if t.soft_readout_steps else 0.0)  # [B, d]
+            user = readout(interests, item_emb[targets], soft=soft if self.soft_phase else 0.0)  # [B, d]
             if self.sampler is None:
                 out = full_softmax_loss(user, targets, item_emb, z_loss=t.z_loss)
             else:
@@ -226,6 +228,8 @@ class TrainStep:
         pre-clip gradient norm (a device tensor, or None without clipping). Never syncs the host."""
         self.model.train()
         warm = self.cfg.train.soft_readout_steps
+        if self.soft_phase and step >= warm:  # the blend has reached the argmax: drop its cost
+            self.soft_phase, self.graph = False, None
         self.soft.fill_(max(0.0, 1.0 - step / warm) if warm else 0.0)
         batch = (seq, lengths, targets, *self.negatives(), self.soft)
         if not self.cfg.train.cuda_graph:
