@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from recsys.config import Config, ConfigError, load_config
+from recsys.config import Config, ConfigError, apply_overrides, config_from_dict, load_config
 from recsys.data import IN_MEMORY, Dataset
 from recsys.data.batches import pad_sequences
 from recsys.evaluate.evaluator import evaluate_with_config
@@ -215,29 +215,24 @@ class Run:
 
 def _resolve_config(config: Config | str | Path | Sequence[str | Path] | None,
                     overrides: Mapping[str, Any] | Sequence[str] | None) -> Config:
-    """``config`` (a Config, TOML file(s) or None) with ``overrides`` applied and validated."""
-    if isinstance(overrides, Mapping):
-        assignments = [f"{key}={_toml_value(value)}" for key, value in overrides.items()]
-    else:
-        assignments = list(overrides or [])
-    if isinstance(config, Config):
-        from recsys.config import apply_overrides
-
-        return apply_overrides(copy.deepcopy(config), assignments)
-    return load_config(config, assignments)
-
-
-def _toml_value(value: Any) -> str:
-    """A Python override value as the text ``--set`` parses (strings quoted, lists as TOML)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    raise ConfigError(f"overrides: cannot use {type(value).__name__} value {value!r}")
+    """``config`` (a Config, TOML file(s) or None for the defaults) with ``overrides`` applied:
+    a mapping of dotted keys to Python values, or ``section.key=value`` strings as ``--set``
+    takes them. Unknown keys and bad values raise :class:`ConfigError` naming the key."""
+    cfg = copy.deepcopy(config) if isinstance(config, Config) else load_config(config)
+    if not overrides:
+        return cfg
+    if not isinstance(overrides, Mapping):
+        return apply_overrides(cfg, list(overrides))
+    values = cfg.to_dict()
+    for key, value in overrides.items():
+        *sections, leaf = str(key).split(".")
+        node = values
+        for section in sections:
+            if not isinstance(node.setdefault(section, {}), dict):
+                raise ConfigError(f"overrides: {key!r}: {section!r} is a setting, not a section")
+            node = node[section]
+        node[leaf] = list(value) if isinstance(value, tuple) else value
+    return config_from_dict(values)
 
 
 def fit(
@@ -253,9 +248,10 @@ def fit(
 
     Args:
         clicks: a pandas DataFrame with columns named by ``data.user_col`` / ``data.item_col``
-            (default ``user`` / ``item``) and optionally ``data.time_col`` / ``data.category_col``
-            (empty ``time_col``, the default: row order is click order); or a path to any input
-            ``recsys data`` reads; or ``None`` for ``config``'s ``data.source``.
+            (default ``user`` / ``item``), optionally a time column (``data.time_col``, default
+            ``timestamp``; a DataFrame without it uses a ``time`` column, or else its row order
+            as click order) and ``data.category_col``; or a path to any input ``recsys data``
+            reads; or ``None`` for ``config``'s ``data.source``.
         config: a :class:`Config`, TOML file(s) (later win) or ``None`` for the defaults.
         overrides: ``{"model.name": "comirec_sa", "train.max_steps": 2000}`` (or
             ``["model.name=comirec_sa"]``), checked like ``--set``.
@@ -266,15 +262,15 @@ def fit(
     from recsys.train.trainer import train
 
     frame = clicks if isinstance(clicks, pd.DataFrame) else None
-    extra: list[str] = []
-    if frame is not None:
-        extra = [f"data.source={_toml_value(IN_MEMORY)}"]
-    elif clicks is not None:
-        if not Path(clicks).exists():
-            raise FileNotFoundError(f"clicks: {clicks} does not exist")
-        extra = [f"data.source={_toml_value(str(clicks))}"]
+    if clicks is not None and frame is None and not Path(clicks).exists():
+        raise FileNotFoundError(f"clicks: {clicks} does not exist")
     cfg = _resolve_config(config, overrides)
-    cfg = _resolve_config(cfg, extra)
+    if frame is not None:
+        cfg.data.source = IN_MEMORY
+        if cfg.data.time_col not in frame.columns:
+            cfg.data.time_col = "time" if "time" in frame.columns else ""
+    elif clicks is not None:
+        cfg.data.source = str(clicks)
     result = train(cfg, run_dir=run_dir, log=log or (lambda _: None), clicks=frame, progress=progress)
     return Run.load(result.run_dir)
 
