@@ -222,3 +222,18 @@ def test_old_run_directory_loads_and_evaluates(tiny_run, tmp_path):
     (old / "config.json").write_text(json.dumps(config))
     saved = json.loads((old / "test_metrics.json").read_text())
     assert recsys.Run.load(old).evaluate() == pytest.approx(saved)
+
+
+def test_python_api_example_script_runs(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    script = Path(__file__).parents[1] / "experiments" / "python_api_example.py"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the PyTorch twins on CPU
+    done = subprocess.run([sys.executable, str(script), "--steps", "20", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "test metrics" in done.stdout and "HNSW recall@50" in done.stdout
+    best_by_hand, best_by_recommend = done.stdout.split("best item by hand ")[1].split(", by recommend(exclude_seen=False) ")
+    assert best_by_hand == best_by_recommend.split()[0]
