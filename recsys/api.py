@@ -29,7 +29,7 @@ from recsys.data import IN_MEMORY, Dataset
 from recsys.data.batches import pad_sequences
 from recsys.evaluate.evaluator import evaluate_with_config
 from recsys.run import IndexReport, LoadedRun, build_experiment, build_run_index, load_run
-from recsys.serve.batch import recommend_sequences, recommend_users, resolve_users
+from recsys.serve.batch import recommend_table, resolve_users
 from recsys.serve.recommender import Recommender
 
 __all__ = ["Run", "evaluate_untrained", "fit"]
@@ -197,9 +197,9 @@ class Run:
                    "progress": progress}
         if sequences is not None:
             indptr, items = self._encode_sequences(sequences)
-            return recommend_sequences(rec, indptr, items, n, **options)
+            return recommend_table(rec, np.arange(len(indptr) - 1), n, sequences=(indptr, items), **options)
         known, unknown = resolve_users(rec, None if users is None else list(users), strict=strict, what="users")
-        table = recommend_users(rec, known, n, **options)
+        table = recommend_table(rec, known, n, **options)
         table.attrs["unknown_users"] = unknown
         return table
 

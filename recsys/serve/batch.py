@@ -1,6 +1,7 @@
 """Batch top-N for many users (``recsys recommend``): raw user ids in, a table of raw item ids out.
 
-Each user's input is their last ``max_len`` clicks in the run's dataset. Users are processed
+Each user's input is their last ``max_len`` clicks in the run's dataset (or, for
+``Run.recommend(sequences=...)``, the last ``max_len`` clicks of a given sequence). Rows are processed
 in batches (one model call and one index search per batch); the output has one row per
 ``(user, rank)``::
 
@@ -12,7 +13,6 @@ Users with fewer than ``n`` retrievable items get fewer rows.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +22,7 @@ from recsys.progress import progress_bar
 from recsys.data.batches import gather_rows, pad_sequences
 from recsys.serve.recommender import CSR, Recommender
 
-__all__ = ["read_user_file", "recommend_sequences", "recommend_users", "resolve_users", "write_recommendations"]
+__all__ = ["read_user_file", "recommend_table", "resolve_users", "write_recommendations"]
 
 COLUMNS = ("user", "rank", "item", "score", "interest")
 
@@ -56,73 +56,37 @@ def resolve_users(rec: Recommender, raw: list[str] | None, *, strict: bool = Fal
     return users, unknown
 
 
-Batch = tuple[np.ndarray, np.ndarray, "CSR | None"]  # inputs [b, L], lengths [b], exclude CSR
-
-
-def recommend_users(
+def recommend_table(
     rec: Recommender,
-    users: np.ndarray,
+    rows: np.ndarray,
     n: int,
     *,
+    sequences: CSR | None = None,
     exclude_seen: bool = False,
     diversity_lambda: float = 0.0,
     batch_size: int = 1024,
     progress: bool = False,
 ) -> pd.DataFrame:
-    """Top ``n`` for each of ``users [U]`` (dataset indices), as a table with columns
-    ``user, rank, item, score, interest`` (one row per user and rank, users in input order).
+    """Top ``n`` for each of ``rows [R]``, as a table with columns ``user, rank, item, score,
+    interest`` (one row per input row and rank, in input order).
 
-    ``exclude_seen`` drops every item the user clicked in the dataset; ``progress`` shows a
-    bar over the users (on a terminal).
+    ``rows`` are user indices of the run's dataset (``user`` = their raw id), or, with
+    ``sequences`` (CSR ``(indptr [S + 1], items)`` of internal ids, oldest first, rows
+    non-empty), positions of those sequences (``user`` = the position). ``exclude_seen`` drops
+    every item of the row's clicks; ``progress`` shows a bar over the rows (on a terminal).
     """
-    users = np.asarray(users, dtype=np.int64)
-
-    def batch(start: int, stop: int) -> Batch:
-        inputs, lengths = rec.user_inputs(users[start:stop])
-        return inputs, lengths, rec.user_histories(users[start:stop]) if exclude_seen else None
-
-    return _recommend_batches(rec, len(users), batch, rec.dataset.user_raw[users], n,
-                              diversity_lambda=diversity_lambda, batch_size=batch_size, progress=progress)
-
-
-def recommend_sequences(
-    rec: Recommender,
-    indptr: np.ndarray,
-    items: np.ndarray,
-    n: int,
-    *,
-    exclude_seen: bool = False,
-    diversity_lambda: float = 0.0,
-    batch_size: int = 1024,
-    progress: bool = False,
-) -> pd.DataFrame:
-    """Top ``n`` for each click sequence of the CSR ``(indptr [S + 1], items)`` (internal ids,
-    oldest first, each row non-empty), as :func:`recommend_users`' table whose ``user`` column
-    is the sequence's position ``0..S-1``. ``exclude_seen`` drops each sequence's own items."""
-    indptr, items = np.asarray(indptr, dtype=np.int64), np.asarray(items, dtype=np.int64)
-
-    def batch(start: int, stop: int) -> Batch:
-        rows = np.arange(start, stop)
-        inputs, lengths = pad_sequences(indptr, items, rows, rec.max_len)
-        exclude = gather_rows(indptr, items, indptr[rows], indptr[rows + 1]) if exclude_seen else None
-        return inputs, lengths, exclude
-
-    return _recommend_batches(rec, len(indptr) - 1, batch, np.arange(len(indptr) - 1), n,
-                              diversity_lambda=diversity_lambda, batch_size=batch_size, progress=progress)
-
-
-def _recommend_batches(rec: Recommender, count: int, batch: Callable[[int, int], Batch], labels: np.ndarray,
-                       n: int, *, diversity_lambda: float, batch_size: int, progress: bool) -> pd.DataFrame:
-    """Run ``rec`` over ``count`` rows, ``batch_size`` at a time (``batch(start, stop)`` gives
-    each batch's inputs), into the ``user, rank, item, score, interest`` table; ``labels [count]``
-    fill the ``user`` column."""
     if batch_size <= 0:
         raise ValueError(f"batch_size: must be > 0, got {batch_size}")
-    bar = progress_bar(count, "recommend", enabled=progress, unit="users")
+    rows = np.asarray(rows, dtype=np.int64)
+    ds = rec.dataset
+    indptr, items = sequences if sequences is not None else (ds.indptr, ds.items)
+    labels = rows if sequences is not None else ds.user_raw[rows]
+    bar = progress_bar(len(rows), "recommend", enabled=progress, unit="users")
     parts = []
-    for start in range(0, count, batch_size):
-        stop = min(start + batch_size, count)
-        inputs, lengths, exclude = batch(start, stop)
+    for start in range(0, len(rows), batch_size):
+        batch = rows[start : start + batch_size]
+        inputs, lengths = pad_sequences(indptr, items, batch, rec.max_len)
+        exclude = gather_rows(indptr, items, indptr[batch], indptr[batch + 1]) if exclude_seen else None
         recs = rec.recommend(inputs, lengths, n, exclude=exclude, diversity_lambda=diversity_lambda)
         row, col = np.nonzero(recs.ids > 0)
         ids = recs.ids[row, col]
@@ -133,7 +97,7 @@ def _recommend_batches(rec: Recommender, count: int, batch: Callable[[int, int],
             "score": recs.scores[row, col],
             "interest": recs.interest_of[row, col],
         }))
-        bar.update(stop - start)
+        bar.update(len(batch))
     bar.close()
     if not parts:
         return pd.DataFrame({c: pd.Series(dtype=t) for c, t in
