@@ -88,6 +88,7 @@ class ModelConfig:
     backend: str = "auto"  # kernel backend: auto | triton | torch
     positions: str = "recent"  # learned positions: recent (0 = latest click) | absolute (0 = oldest) | none
     head_values: str = "items"  # sasrec_mi: its multi-interest head pools items (embeddings) | encoded (encoder outputs)
+    score_cap: float = 0.0  # comirec_sa, sasrec_mi: self-attentive scores become c*tanh(s/c); 0 disables
 
 
 @dataclass
@@ -118,6 +119,11 @@ class TrainConfig:
     log_every: int = 100
     min_target: int = 4  # earliest target position in a training sequence (ComiRec's code: 4)
     cpu_threads: int = 0  # torch intra-op threads on CPU; 0 keeps torch's default
+    # against interest collapse (see README "Multi-interest health")
+    attention_reg: float = 0.0  # weight of mean sum_l A^2 (each interest's collision probability) for self-attentive models
+    soft_readout_steps: int = 0  # readout blends from a softmax over interests to ComiRec's argmax over these steps
+    hard_negatives: float = 0.0  # share of the sampled negatives drawn near the batch's interests (exact logQ)
+    hard_negative_temperature: float = 1.0  # the hard proposal is softmax(<interest, item> / temperature)
 
 
 @dataclass
@@ -347,7 +353,7 @@ _POSITIVE = (
 )
 _NON_NEGATIVE = (
     "data.min_item_count", "data.min_user_count", "model.hidden", "model.softcap",
-    "model.dropout", "train.lr", "train.weight_decay", "train.patience", "train.num_negatives",
+    "model.dropout", "model.score_cap", "train.lr", "train.attention_reg", "train.soft_readout_steps", "train.weight_decay", "train.patience", "train.num_negatives",
     "train.z_loss", "train.max_minutes", "train.cpu_threads", "train.grad_clip", "eval.diversity_lambda", "synthetic.noise",
 )
 
@@ -370,6 +376,12 @@ def validate(cfg: Config) -> None:
     for path in _NON_NEGATIVE:
         if _get(cfg, path) < 0:
             raise ConfigError(f"{path}: must be >= 0, got {_get(cfg, path)!r}")
+    if not 0.0 <= cfg.train.hard_negatives < 1.0:
+        raise ConfigError(f"train.hard_negatives: must be in [0, 1), got {cfg.train.hard_negatives!r}")
+    if not cfg.train.hard_negative_temperature > 0:
+        raise ConfigError(f"train.hard_negative_temperature: must be > 0, got {cfg.train.hard_negative_temperature!r}")
+    if cfg.train.hard_negatives and cfg.train.full_softmax:
+        raise ConfigError("train.hard_negatives: has no effect with train.full_softmax = true (no sampling); set it to 0")
     if not 0.0 <= cfg.model.dropout < 1.0:
         raise ConfigError(f"model.dropout: must be in [0, 1), got {cfg.model.dropout!r}")
     if not 0.0 < cfg.data.eval_input_frac < 1.0:

@@ -391,7 +391,7 @@ def _launch(cfg: LaunchConfig) -> dict[str, int]:
 
 def multi_interest_forward(
     h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None,
-    config: ForwardConfig | None = None,
+    config: ForwardConfig | None = None, score_cap: float | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Launch the two forward kernels on contiguous tensors of one dtype.
 
@@ -399,10 +399,13 @@ def multi_interest_forward(
         h: ``[B, L, d]``; lengths ``[B]`` int; w1 ``[d, hidden]``; w2 ``[hidden, K]``;
             pos ``[>= L, d]`` or None.
         config: launch shapes; default :func:`forward_config`.
+        score_cap: if > 0, the scores become ``cap · tanh(S / cap)`` between the two kernels
+            (one elementwise pass over the small ``[B, L, K]`` tensor).
 
     Returns:
-        ``(out [B, K, d] in h's dtype, lse [B, K] fp32, scores [B, L, K] fp32)``: ``lse`` is
-        the log-sum-exp of the scores over the valid positions (0 for empty sequences).
+        ``(out [B, K, d] in h's dtype, lse [B, K] fp32, scores [B, L, K] fp32)``: ``scores``
+        are the (capped) logits of the softmax, ``lse`` their log-sum-exp over the valid
+        positions (0 for empty sequences).
     """
     b, seq_len, d = h.shape
     hidden, k = w2.shape
@@ -420,6 +423,8 @@ def multi_interest_forward(
         HAS_POS=pos is not None, BLOCK_M=cfg.scores.block_l,
         **_blocks(d, hidden, k, cfg.scores.block_h), **flags, **_launch(cfg.scores),
     )
+    if score_cap:
+        scores.div_(score_cap).tanh_().mul_(score_cap)
     block_l = _seq_block(seq_len, cfg.pool.block_l)
     _mi_pool_kernel[(b,)](
         h, scores, lengths, out, lse,
@@ -434,6 +439,7 @@ def multi_interest_forward(
 def multi_interest_backward(
     h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None,
     out: Tensor, lse: Tensor, scores: Tensor, dout: Tensor, config: BackwardConfig | None = None,
+    dscores: Tensor | None = None, score_cap: float | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """Launch the three backward kernels, then sum the per-program partial gradients.
 
@@ -442,6 +448,10 @@ def multi_interest_backward(
         out, lse, scores: the forward's outputs ``[B, K, d]``, ``[B, K]`` and ``[B, L, K]``.
         dout: ``[B, K, d]`` contiguous gradient of ``out``.
         config: launch shapes; default :func:`backward_config`.
+        dscores: optional ``[B, L, K]`` gradient of the returned scores (a loss term on the
+            attention), added to the softmax path's score gradient.
+        score_cap: the forward's cap; its derivative ``1 - (S / cap)²`` is applied to the
+            score gradient before the weight kernels.
 
     Returns:
         ``(dh [B, L, d], dw1 [d, hidden], dw2 [hidden, K], dpos [L_max, d] or None)`` in the
@@ -467,6 +477,9 @@ def multi_interest_backward(
         BLOCK_L=_seq_block(seq_len, cfg.scores.block_l), BLOCK_D=block_d, BLOCK_K=block_k,
         PRECISION=flags["PRECISION"], **_launch(cfg.scores),
     )
+
+    if dscores is not None or score_cap:
+        ds = _chain_score_grad(ds, scores, dscores, score_cap)
 
     rows = b * seq_len
     dx = torch.empty_like(h) if pos is not None else dh  # score-path dH, for dP
@@ -498,21 +511,39 @@ def multi_interest_backward(
     return dh, dw1, dw2, dpos
 
 
+def _chain_score_grad(ds: Tensor, scores: Tensor, dscores: Tensor | None, score_cap: float | None) -> Tensor:
+    """``ds [B, L, K]`` (softmax path, w.r.t. the capped scores) -> the gradient w.r.t. the raw
+    scores: plus ``dscores``, times the cap's derivative ``1 - (S / cap)²``. Padded positions
+    stay 0 because both terms are 0 there."""
+    total = ds.float() if dscores is None else ds.float() + dscores.float()
+    if score_cap:
+        total = total * (1.0 - (scores / score_cap).square())
+    return total.to(ds.dtype)
+
+
 class _MultiInterest(torch.autograd.Function):
-    """Autograd wrapper: saves the inputs, the output, the scores ``[B, L, K]`` and log-sum-exp."""
+    """Autograd wrapper: saves the inputs, the output, the scores ``[B, L, K]`` and log-sum-exp.
+
+    Returns ``(out, scores)``; ``scores`` (the capped logits) is differentiable, so a loss term
+    on the attention adds its gradient to the kernel's own score gradient.
+    """
 
     @staticmethod
-    def forward(ctx, h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None) -> Tensor:
-        out, lse, scores = multi_interest_forward(h, lengths, w1, w2, pos)
+    def forward(ctx, h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None,
+                score_cap: float | None) -> tuple[Tensor, Tensor]:
+        out, lse, scores = multi_interest_forward(h, lengths, w1, w2, pos, score_cap=score_cap)
         ctx.save_for_backward(h, lengths, w1, w2, pos, out, lse, scores)
-        return out
+        ctx.score_cap = score_cap
+        ctx.set_materialize_grads(False)
+        return out, scores
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, dout: Tensor):
+    def backward(ctx, dout: Tensor | None, dscores: Tensor | None):
         h, lengths, w1, w2, pos, out, lse, scores = ctx.saved_tensors
+        dout = torch.zeros_like(out) if dout is None else dout.contiguous()
         dh, dw1, dw2, dpos = multi_interest_backward(
-            h, lengths, w1, w2, pos, out, lse, scores, dout.contiguous()
+            h, lengths, w1, w2, pos, out, lse, scores, dout, dscores=dscores, score_cap=ctx.score_cap,
         )
         need = ctx.needs_input_grad
         return (
@@ -521,6 +552,7 @@ class _MultiInterest(torch.autograd.Function):
             dw1 if need[2] else None,
             dw2 if need[3] else None,
             dpos if need[4] else None,
+            None,
         )
 
 
@@ -534,8 +566,9 @@ def triton_supports(h: Tensor, w1: Tensor) -> bool:
 
 
 def triton_multi_interest(
-    h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, *, pos: Tensor | None = None
-) -> Tensor:
+    h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, *, pos: Tensor | None = None,
+    score_cap: float | None = None, return_scores: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
     """Fused ComiRec-SA extraction, differentiable in ``h``, ``w1``, ``w2`` and ``pos``.
 
     Computes in ``h``'s dtype (the weights are cast to it), or in the autocast dtype when
@@ -547,9 +580,12 @@ def triton_multi_interest(
         w1: ``[d, hidden]``.
         w2: ``[hidden, K]``.
         pos: optional ``[L_max >= L, d]``, added to ``h`` for the scores only.
+        score_cap: if > 0, scores become ``cap · tanh(S / cap)`` before the softmax.
+        return_scores: also return the (capped) scores ``[B, L, K]`` fp32, differentiable.
 
     Returns:
         ``[B, K, d]`` interests; 0 (with zero gradients) for a sequence of length 0.
+        With ``return_scores``: ``(interests, scores)``.
     """
     if not triton_supports(h, w1):
         raise ValueError(
@@ -563,4 +599,5 @@ def triton_multi_interest(
     if pos is not None:
         pos = pos.to(dtype).contiguous()
     lengths = lengths.to(device=h.device).contiguous()
-    return _MultiInterest.apply(h, lengths, w1, w2, pos)
+    out, scores = _MultiInterest.apply(h, lengths, w1, w2, pos, score_cap or None)
+    return (out, scores) if return_scores else out
