@@ -2,6 +2,7 @@
 path-trained run, errors that name what is wrong, and the CLI on top of it."""
 
 import json
+import sys
 import shutil
 from pathlib import Path
 
@@ -227,7 +228,6 @@ def test_old_run_directory_loads_and_evaluates(tiny_run, tmp_path):
 def test_python_api_example_script_runs(tmp_path):
     import os
     import subprocess
-    import sys
 
     script = Path(__file__).parents[1] / "experiments" / "python_api_example.py"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the PyTorch twins on CPU
@@ -237,3 +237,9 @@ def test_python_api_example_script_runs(tmp_path):
     assert "test metrics" in done.stdout and "HNSW recall@50" in done.stdout
     best_by_hand, best_by_recommend = done.stdout.split("best item by hand ")[1].split(", by recommend(exclude_seen=False) ")
     assert best_by_hand == best_by_recommend.split()[0]
+
+
+def test_export_without_the_extra_names_it(tiny_run, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "onnx", None)  # as if `recsys[export]` were not installed
+    assert main(["export", tiny_run, "--out", str(tmp_path / "x")]) == 2
+    assert "pip install 'recsys[export]'" in capsys.readouterr().err
