@@ -84,6 +84,18 @@ def cmd_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_data_registry(args: argparse.Namespace) -> int:
+    """``recsys data list`` (the registered datasets) and ``recsys data fetch NAME``."""
+    from recsys.data.fetch import fetch
+    from recsys.data.registry import format_registry, registry
+
+    if args.data_command == "list":
+        print(format_registry(registry()))
+    else:
+        fetch(args.name, dest=args.dest, sources=args.sources, force=args.force, progress=not args.no_progress)
+    return 0
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     """Train, validate, early-stop and test; print the test metrics table."""
     from recsys.evaluate.evaluator import format_table
@@ -215,6 +227,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="save the prepared dataset to this folder")
     _add_quiet(p)
     p.set_defaults(func=cmd_data)
+    registry_commands = p.add_subparsers(dest="data_command", metavar="{list,fetch}")
+    registry_commands.add_parser("list", help="the registered public datasets (data/*.toml)").set_defaults(
+        func=cmd_data_registry)
+    f = registry_commands.add_parser("fetch", help="download, verify and prepare a registered dataset")
+    f.add_argument("name", help="a name from `recsys data list`")
+    f.add_argument("--dest", help="data root to use instead of $RECSYS_DATA_DIR / the user cache")
+    f.add_argument("--from", dest="sources", action="append", default=[], metavar="FILE",
+                   help="a file downloaded by hand instead of downloading it; repeatable")
+    f.add_argument("--force", action="store_true", help="prepare again even if already prepared")
+    f.add_argument("--no-progress", action="store_true", help="no download progress bar")
+    f.set_defaults(func=cmd_data_registry)
 
     p = sub.add_parser("train", help="train a model, then evaluate it on the test users")
     _add_config_args(p)

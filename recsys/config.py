@@ -27,6 +27,9 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
+REGISTRY_TABLE = "dataset"  # a data/<name>.toml's registry entry (recsys.data.registry); not run config
+
+
 class ConfigError(ValueError):
     """A config file or override is invalid; the message names the offending key."""
 
@@ -303,8 +306,9 @@ def run_config_from_dict(values: dict[str, Any]) -> Config:
 def load_config(
     paths: str | Path | list[str | Path] | None = None, overrides: list[str] | None = None
 ) -> Config:
-    """Defaults, then each TOML file in ``paths`` in order (later files win), then each
-    ``section.key=value`` override. Layering lets a dataset file and a model file combine::
+    """Defaults, then each TOML file in ``paths`` in order (later files win; a ``[dataset]``
+    table, a registry entry's download details, is skipped), then each ``section.key=value``
+    override. Layering lets a dataset file and a model file combine::
 
         load_config(["experiments/configs/data/taobao.toml", "experiments/configs/models/comirec_sa.toml"])
     """
@@ -320,6 +324,7 @@ def load_config(
             raise ConfigError(f"config file not found: {path}") from None
         except tomllib.TOMLDecodeError as err:
             raise ConfigError(f"{path}: invalid TOML: {err}") from None
+        values.pop(REGISTRY_TABLE, None)
         try:
             _apply(cfg, values, "")
         except ConfigError as err:
