@@ -131,15 +131,6 @@ def test_index_is_saved_and_used(fitted):
     assert len(run.recommend(users=list(run.dataset.user_raw[:2]), n=4)) == 8
 
 
-def _random_batches(num_items: int, max_len: int):
-    gen = np.random.default_rng(0)
-    for batch, length in [(1, 1), (3, 4), (17, max_len), (64, 7)]:
-        seq = gen.integers(1, num_items, (batch, length), dtype=np.int64)
-        lengths = gen.integers(1, length + 1, batch, dtype=np.int64)
-        seq[np.arange(length)[None, :] >= lengths[:, None]] = 0
-        yield seq, lengths
-
-
 def _torch_interests(run, seq, lengths):
     with torch.no_grad():
         return run.model.interests(torch.from_numpy(seq), torch.from_numpy(lengths)).numpy()
@@ -155,23 +146,23 @@ def _check_export_folder(run, out: Path, network: str):
     assert list(ids["item"]) == list(run.dataset.item_raw[1:])
 
 
-def test_export_onnx_matches_pytorch(fitted, tmp_path):
+def test_export_onnx_matches_pytorch(fitted, tmp_path, random_batches):
     ort = pytest.importorskip("onnxruntime")
     run, _ = fitted
     out = run.export(tmp_path / "onnx", format="onnx")
     _check_export_folder(run, out, "interests.onnx")
     session = ort.InferenceSession(str(out / "interests.onnx"))
-    for seq, lengths in _random_batches(run.dataset.num_items, 10):
+    for seq, lengths in random_batches(run.dataset.num_items, 10):
         (got,) = session.run(None, {"seq": seq, "lengths": lengths})
         np.testing.assert_allclose(got, _torch_interests(run, seq, lengths), atol=1e-4, rtol=0)
 
 
-def test_export_torchscript_matches_pytorch(fitted, tmp_path):
+def test_export_torchscript_matches_pytorch(fitted, tmp_path, random_batches):
     run, _ = fitted
     out = run.export(tmp_path / "ts", format="torchscript")
     _check_export_folder(run, out, "interests.pt")
     module = torch.jit.load(str(out / "interests.pt"))
-    for seq, lengths in _random_batches(run.dataset.num_items, 10):
+    for seq, lengths in random_batches(run.dataset.num_items, 10):
         with torch.no_grad():
             got = module(torch.from_numpy(seq), torch.from_numpy(lengths)).numpy()
         np.testing.assert_allclose(got, _torch_interests(run, seq, lengths), atol=1e-4, rtol=0)

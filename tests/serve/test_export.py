@@ -27,22 +27,13 @@ def _tiny_run(path, name: str):
     return load_run(path)
 
 
-def _batches(num_items: int, max_len: int):
-    gen = np.random.default_rng(1)
-    for batch, length in [(1, 1), (2, 3), (9, max_len), (33, 5)]:
-        seq = gen.integers(1, num_items, (batch, length), dtype=np.int64)
-        lengths = gen.integers(1, length + 1, batch, dtype=np.int64)
-        seq[np.arange(length)[None, :] >= lengths[:, None]] = 0
-        yield seq, lengths
-
-
 @pytest.mark.parametrize("name", [m for m in model_names() if m != "popular"])
-def test_export_matches_pytorch_for_every_model(name, tmp_path):
+def test_export_matches_pytorch_for_every_model(name, tmp_path, random_batches):
     ort = pytest.importorskip("onnxruntime")
     run = _tiny_run(tmp_path / "run", name)
     onnx = ort.InferenceSession(str(export_run(run, tmp_path / "onnx", "onnx") / "interests.onnx"))
     script = torch.jit.load(str(export_run(run, tmp_path / "ts", "torchscript") / "interests.pt"))
-    for seq, lengths in _batches(run.dataset.num_items, run.cfg.data.max_len):
+    for seq, lengths in random_batches(run.dataset.num_items, run.cfg.data.max_len):
         with torch.no_grad():
             want = run.model.interests(torch.from_numpy(seq), torch.from_numpy(lengths)).numpy()
             got_ts = script(torch.from_numpy(seq), torch.from_numpy(lengths)).numpy()
