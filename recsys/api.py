@@ -27,6 +27,9 @@ import torch
 from recsys.config import Config, ConfigError, apply_overrides, config_from_dict, load_config
 from recsys.data import IN_MEMORY, Dataset
 from recsys.data.batches import pad_sequences
+from recsys.data.split import EvalSet
+from recsys.data.synthetic import planted_for
+from recsys.evaluate.diagnostics import interest_health
 from recsys.evaluate.evaluator import evaluate_with_config
 from recsys.run import IndexReport, LoadedRun, build_experiment, build_run_index, load_run
 from recsys.serve.batch import recommend_table, resolve_users
@@ -90,15 +93,39 @@ class Run:
         """ComiRec-protocol metrics on the run's ``test`` (or ``valid``) users:
         ``{"recall@20", "ndcg@20", "hitrate@20", "coverage@20", ..., "users"}`` (and
         ``diversity@n`` with categories). ``diversity_lambda`` overrides ``eval.diversity_lambda``."""
-        if split not in SPLITS:
-            raise ValueError(f"split: {split!r} is not one of {list(SPLITS)}")
         cfg = self.config
         if diversity_lambda is not None:
             cfg = copy.deepcopy(cfg)
             cfg.eval.diversity_lambda = diversity_lambda
-        eval_set = self._run.split.test if split == "test" else self._run.split.valid
+        eval_set = self.eval_set(split)
         return evaluate_with_config(self.model, eval_set, cfg, item_category=self.dataset.item_category,
                                     progress=progress)
+
+    def health(self, split: str = "test", *, max_users: int = 2048) -> dict[str, float]:
+        """Multi-interest health on the first ``max_users`` ``test`` (or ``valid``) users:
+        effective clicks per interest, readout shares, interest cosine and, on the synthetic data,
+        planted recovery (:mod:`recsys.evaluate.diagnostics` defines each)."""
+        eval_set = self.eval_set(split)
+        ds = self.dataset
+        planted = planted_for(self.config, ds.user_raw[eval_set.users[:max_users]], ds.category_raw)
+        return interest_health(self.model, eval_set, max_users=max_users, item_category=ds.item_category,
+                               planted=planted)
+
+    def draw_interests(self, path: str | Path, split: str = "test", *, users: int = 4) -> Path:
+        """PNG ``path``: for ``users`` ``test`` (or ``valid``) users, each interest's attention over
+        the input clicks and its top items with categories (:func:`recsys.plots.draw_interests`;
+        needs the ``plot`` extra)."""
+        from recsys.plots import draw_interests
+
+        k = int(getattr(self.model, "num_interests", 1))
+        return draw_interests(self.model, self.dataset, self.eval_set(split), path, users=users,
+                              title=f"{self.path.name}: {self.config.model.name}, K = {k}")
+
+    def eval_set(self, split: str = "test") -> EvalSet:
+        """The run's ``test`` or ``valid`` users: inputs ``[U, L]``, lengths ``[U]``, truth (ComiRec's split)."""
+        if split not in SPLITS:
+            raise ValueError(f"split: {split!r} is not one of {list(SPLITS)}")
+        return self._run.split.test if split == "test" else self._run.split.valid
 
     # -- embeddings -----------------------------------------------------------------------
     def item_embeddings(self) -> tuple[np.ndarray, np.ndarray]:

@@ -140,6 +140,29 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_inspect(args: argparse.Namespace) -> int:
+    """Multi-interest health of a saved run, printed, and a PNG of what each interest reads and retrieves."""
+    from recsys.api import Run
+
+    run = Run.load(args.run)
+    health = run.health(args.split, max_users=args.max_users)
+    k = int(getattr(run.model, "num_interests", 1))
+    print(f"multi-interest health of {run.path.name} ({args.split} users, K = {k}):")
+    print("| interest | effective clicks | readout share |")
+    print("|---:|---:|---:|")
+    for i in range(k):
+        eff, share = health.get(f"mi_eff_clicks_k{i}"), health.get(f"mi_readout_share_k{i}")
+        print(f"| {i} | {'–' if eff is None else f'{eff:.2f}'} | {'–' if share is None else f'{share:.3f}'} |")
+    for key, label in (("mi_cosine", "mean pairwise cosine of a user's interests"),
+                       ("mi_planted_recovery", "planted interests recovered"),
+                       ("mi_planted_in_input", "planted interests present in the input")):
+        if key in health:
+            print(f"{label}: {health[key]:.3f}")
+    out = run.draw_interests(args.out or f"{run.path.name}-interests.png", args.split, users=args.users)
+    print(f"picture written to {out}")
+    return 0
+
+
 def cmd_index(args: argparse.Namespace) -> int:
     """Build and save a FAISS index for a run; report build time and recall against exact search."""
     from recsys.api import Run
@@ -253,6 +276,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="also write the metrics as JSON here")
     _add_quiet(p)
     p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("inspect", help="multi-interest health of a run, and a PNG of what each interest reads")
+    p.add_argument("run", help="run directory (written by recsys train)")
+    p.add_argument("--split", choices=("test", "valid"), default="test")
+    p.add_argument("--users", type=int, default=4, help="users drawn in the picture (default 4)")
+    p.add_argument("--max-users", type=int, default=2048, help="users the health metrics average over")
+    p.add_argument("--out", help="PNG path (default: ./RUN_NAME-interests.png)")
+    p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("index", help="build and save a FAISS index beside a run; report its recall")
     _add_index_args(p, 'e.g. "HNSW32,Flat", "IVF1024,Flat", "Flat"')

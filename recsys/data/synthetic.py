@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from recsys.config import SyntheticConfig
+from recsys.config import Config, SyntheticConfig
 
 _EPOCH = 1_600_000_000.0  # first possible click time (unix seconds)
 _YEAR = 365 * 86_400.0
@@ -165,3 +165,10 @@ def planted_categories(cfg: SyntheticConfig, user_raw: np.ndarray, category_raw:
     ids = {str(name): i for i, name in enumerate(category_raw)}
     planted = truth.user_interests[np.asarray(user_raw).astype(np.int64)]  # [U, I] raw category indices
     return [{ids[str(c)] for c in row if str(c) in ids} for row in planted]
+
+
+def planted_for(cfg: Config, user_raw: np.ndarray, category_raw: np.ndarray) -> list[set[int]] | None:
+    """:func:`planted_categories` of the listed users when ``cfg`` trains on the synthetic data, else None."""
+    if cfg.data.source != "synthetic":
+        return None
+    return planted_categories(cfg.synthetic, user_raw, category_raw)

@@ -18,7 +18,9 @@ evaluation users (logged to ``metrics.jsonl`` at every validation, printed by
   interest's category is the most frequent category among them (ties: the smallest category
   id). A user's recovery is the share of its planted categories that are the category of some
   interest; the mean over users is reported, beside ``planted_in_input``, the share of planted
-  categories that occur at all among the user's input clicks (what a model could recover).
+  categories that occur at all among the user's input clicks (what a model could recover), and
+  ``planted_recovery_of_present``, the recovery counted over those present categories only
+  (users with at least one).
 """
 
 from __future__ import annotations
@@ -81,7 +83,8 @@ def interest_health(
 
     Returns:
         ``{"mi_eff_clicks", "mi_eff_clicks_min", "mi_eff_clicks_k{i}", "mi_readout_share_min",
-        "mi_readout_share_k{i}", "mi_cosine", "mi_planted_recovery", "mi_planted_in_input"}``,
+        "mi_readout_share_k{i}", "mi_cosine", "mi_planted_recovery", "mi_planted_in_input",
+        "mi_planted_recovery_of_present"}``,
         each present where it applies (attention models; ``K >= 2``; planted truth given).
     """
     if device is None:
@@ -148,13 +151,18 @@ def _add_planted(add, interests: Tensor, item_emb: Tensor, item_category: Tensor
     found = majority_categories(interests, item_emb, item_category, top_m).cpu().numpy()  # [B, K]
     valid = (torch.arange(seq.shape[1], device=seq.device)[None] < lengths[:, None]).cpu().numpy()
     input_cats = item_category[seq].cpu().numpy()
-    recovered = present = 0.0
-    for row, cats in enumerate(planted):  # per user: a set intersection of at most K elements
-        recovered += len(cats & set(found[row].tolist())) / len(cats)
-        present += len(cats & set(input_cats[row][valid[row]].tolist())) / len(cats)
-    add("planted_rows", torch.tensor(float(len(planted)), dtype=torch.float64))
-    add("planted", torch.tensor(recovered, dtype=torch.float64))
-    add("planted_in_input", torch.tensor(present, dtype=torch.float64))
+    recovered = present = of_present = rows_present = 0.0
+    for row, cats in enumerate(planted):  # per user: set intersections of at most K elements
+        got, seen = cats & set(found[row].tolist()), cats & set(input_cats[row][valid[row]].tolist())
+        recovered += len(got) / len(cats)
+        present += len(seen) / len(cats)
+        if seen:
+            of_present += len(got & seen) / len(seen)
+            rows_present += 1
+    for name, value in (("planted_rows", float(len(planted))), ("planted", recovered),
+                        ("planted_in_input", present), ("planted_present_rows", rows_present),
+                        ("planted_of_present", of_present)):
+        add(name, torch.tensor(value, dtype=torch.float64))
 
 
 def _finish(sums: dict[str, Tensor]) -> dict[str, float]:
@@ -174,4 +182,6 @@ def _finish(sums: dict[str, Tensor]) -> dict[str, float]:
     if "planted" in sums and float(sums["planted_rows"]) > 0:
         out["mi_planted_recovery"] = float(sums["planted"] / sums["planted_rows"])
         out["mi_planted_in_input"] = float(sums["planted_in_input"] / sums["planted_rows"])
+    if "planted" in sums and float(sums["planted_present_rows"]) > 0:
+        out["mi_planted_recovery_of_present"] = float(sums["planted_of_present"] / sums["planted_present_rows"])
     return out

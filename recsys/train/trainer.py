@@ -29,7 +29,7 @@ from torch import Tensor
 from recsys.config import Config
 from recsys.data.batches import TrainSampler
 from recsys.data.split import Split
-from recsys.data.synthetic import planted_categories
+from recsys.data.synthetic import planted_for
 from recsys.evaluate.diagnostics import interest_health
 from recsys.evaluate.evaluator import evaluate_with_config
 from recsys.models import InterestModel
@@ -290,9 +290,7 @@ def train(cfg: Config, *, run_dir: str | Path | None = None, resume: bool = Fals
     log(f"data: {ds.num_users} users, {ds.num_items - 1} items, {len(ds.items)} clicks; "
         f"train users {len(split.train_users)}, valid {len(split.valid.users)}, test {len(split.test.users)}")
 
-    planted = None
-    if cfg.data.source == "synthetic":
-        planted = planted_categories(cfg.synthetic, ds.user_raw[split.valid.users], ds.category_raw)
+    planted = planted_for(cfg, ds.user_raw[split.valid.users], ds.category_raw)
 
     def validate() -> dict[str, float]:
         metrics = evaluate_with_config(model, split.valid, cfg, item_category=ds.item_category)

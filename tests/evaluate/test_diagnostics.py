@@ -66,6 +66,17 @@ def test_health_metrics_match_hand_computation():
     # user 0 recovers both categories, user 1 only category 1
     assert health["mi_planted_recovery"] == pytest.approx((1.0 + 0.5) / 2)
     assert health["mi_planted_in_input"] == pytest.approx(1.0)
+    assert health["mi_planted_recovery_of_present"] == pytest.approx((1.0 + 0.5) / 2)
+
+
+def test_planted_recovery_of_present_counts_only_categories_in_the_input():
+    items = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]])  # item 1: cat 1, item 2: cat 2
+    model = _Fixed(torch.tensor([[[1.0, 0.0], [1.0, 0.0]]]), torch.zeros(1, 2, 2), items)
+    ev = _eval_set([[1, 1]], [2], [[2]])  # only category 1 in the input; planted {1, 2}
+    health = interest_health(model, ev, item_category=np.array([0, 1, 2]), planted=[{1, 2}], top_m=1)
+    assert health["mi_planted_recovery"] == pytest.approx(0.5)
+    assert health["mi_planted_in_input"] == pytest.approx(0.5)
+    assert health["mi_planted_recovery_of_present"] == pytest.approx(1.0)
 
 
 def test_majority_category_breaks_ties_towards_the_smallest_id():

@@ -1,0 +1,94 @@
+"""Pictures of a trained run (matplotlib, the ``plot`` extra): what each interest reads and retrieves.
+
+:func:`draw_interests` writes one row per user: a heat map of each interest's attention over the
+user's input clicks (models whose interests are attention-weighted sums of the clicks), and
+each interest's top items with their categories where the data has them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from recsys.evaluate.diagnostics import attention_weights
+
+if TYPE_CHECKING:
+    from recsys.data.prepare import Dataset
+    from recsys.data.split import EvalSet
+    from recsys.models.base import InterestModel
+
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError("drawing needs matplotlib: pip install 'recsys[plot]'") from None
+    return plt
+
+
+def _label(ds: Dataset, item: int, width: int = 12) -> str:
+    """``item`` (internal id) as its raw id, with its category where the data has categories."""
+    name = str(ds.item_raw[item])[:width]
+    cat = int(ds.item_category[item])
+    return f"{name} ({str(ds.category_raw[cat])[:width]})" if cat else name
+
+
+def draw_interests(model: InterestModel, ds: Dataset, eval_set: EvalSet, path: str | Path, *,
+                   users: int = 4, top: int = 5, min_clicks: int = 4, title: str = "") -> Path:
+    """Draw ``users`` evaluation users (the first with at least ``min_clicks`` input clicks) into PNG ``path``.
+
+    Left: the attention ``[K, n]`` of each interest over the user's ``n`` input clicks (labelled
+    by category, or raw id without categories; oldest left), with each interest's effective
+    number of clicks. Right: each interest's ``top`` items by inner product, with categories.
+    """
+    plt = _pyplot()
+    rows = np.flatnonzero(np.asarray(eval_set.lengths) >= min_clicks)[:users]
+    if len(rows) == 0:
+        raise ValueError(f"no evaluation user has {min_clicks} or more input clicks to draw")
+    device = next(iter(model.parameters()), torch.empty(0)).device
+    model.eval()
+    with torch.no_grad():
+        seq = torch.as_tensor(eval_set.inputs[rows], device=device)
+        lengths = torch.as_tensor(eval_set.lengths[rows], device=device)
+        interests, scores = model.interests_with_attention(seq, lengths)  # [U, K, d], [U, L, K]
+        item_emb = model.item_embeddings().float()
+        best = (interests.float() @ item_emb[1:].T).topk(top, dim=2).indices.cpu().numpy() + 1  # [U, K, top]
+        attn = None if scores is None else attention_weights(scores, lengths).cpu().numpy()  # [U, L, K]
+    k = interests.shape[1]
+    fig, axes = plt.subplots(len(rows), 2, figsize=(15, 1.2 + 0.45 * k * len(rows) + 0.8 * len(rows)),
+                             gridspec_kw={"width_ratios": [1.3, 1]}, squeeze=False)
+    has_categories = bool(np.any(np.asarray(ds.item_category) != 0))
+    for r, row in enumerate(rows):
+        n = int(eval_set.lengths[row])
+        clicks = np.asarray(eval_set.inputs[row][:n])
+        user = ds.user_raw[eval_set.users[row]]
+        heat, text = axes[r]
+        if attn is not None:
+            a = attn[r, :n, :].T  # [K, n]
+            eff = np.exp(-(a * np.log(np.clip(a, 1e-30, None))).sum(axis=1))
+            heat.imshow(a, aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
+            heat.set_yticks(range(k), [f"{i} ({e:.1f})" for i, e in enumerate(eff)], fontsize=7)
+            heat.set_ylabel("interest (eff. clicks)", fontsize=7)
+        else:
+            heat.text(0.5, 0.5, "no attention over clicks in this model", ha="center", va="center")
+            heat.set_yticks([])
+        labels = [str(ds.category_raw[ds.item_category[i]]) if has_categories else str(ds.item_raw[i]) for i in clicks]
+        heat.set_xticks(range(n), [lbl[:10] for lbl in labels], rotation=90, fontsize=6)
+        heat.set_title(f"user {user}: {n} input clicks (oldest left)", fontsize=8, loc="left")
+        text.axis("off")
+        lines = [f"{i}: " + ", ".join(_label(ds, int(item)) for item in best[r, i]) for i in range(k)]
+        text.text(0.0, 1.0, "\n".join(lines), va="top", ha="left", fontsize=6.5, family="monospace", wrap=True)
+        text.set_title(f"top {top} items per interest", fontsize=8, loc="left")
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
