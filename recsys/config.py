@@ -124,6 +124,7 @@ class TrainConfig:
     log_every: int = 100
     min_target: int = 4  # earliest target position in a training sequence (ComiRec's code: 4)
     cpu_threads: int = 0  # torch intra-op threads on CPU; 0 keeps torch's default
+    tensorboard: bool = False  # also write every metrics.jsonl scalar as TensorBoard events (RUN/tensorboard/; extra track)
     # against interest collapse (see README "Multi-interest health")
     attention_reg: float = 0.0  # weight of mean sum_l A^2 (each interest's collision probability) for self-attentive models
     soft_readout_steps: int = 1000  # K > 1: the readout blends from a softmax over interests to ComiRec's argmax over these steps

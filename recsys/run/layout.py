@@ -9,6 +9,7 @@ A run directory is self-contained::
       best.pt             best weights so far: {"model": state_dict, ...}
       metrics.jsonl       one JSON object per line, appended during training
       test_metrics.json   final test metrics
+      tensorboard/        TensorBoard event files of the metrics.jsonl scalars (``train.tensorboard``)
       index/<slug>.faiss  saved ANN indexes (`recsys index`), with <slug>.json describing each
       export/<format>/    the exported network, item table and id maps (`recsys export`)
 
@@ -24,7 +25,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +48,7 @@ METRICS = "metrics.jsonl"
 TEST_METRICS = "test_metrics.json"
 INDEX = "index"
 EXPORT = "export"
+TENSORBOARD = "tensorboard"
 
 
 def _json_default(value: Any) -> Any:
@@ -73,6 +75,8 @@ class RunDir:
         self.path = Path(path)
         if not self.path.is_dir():
             raise FileNotFoundError(f"{self.path}: no such run directory")
+        # called with every record appended to metrics.jsonl (e.g. recsys.train.tracking's TensorBoard writer)
+        self.metric_listeners: list[Callable[[dict[str, Any]], None]] = []
 
     @classmethod
     def create(cls, path: str | Path) -> RunDir:
@@ -160,7 +164,8 @@ class RunDir:
         """Append ``record`` as one JSON line to ``metrics.jsonl``.
 
         numpy scalars and one-element tensors are converted (the latter syncs; call it only when
-        logging). A partial last line left by a crash is dropped first.
+        logging). A partial last line left by a crash is dropped first. Then each of
+        ``metric_listeners`` is called with the record as written (plain JSON values).
         """
         line = json.dumps(dict(record), default=_json_default) + "\n"
         path = self.file(METRICS)
@@ -168,6 +173,8 @@ class RunDir:
         with open(path, "a", encoding="utf-8") as f:
             f.write(line)
             f.flush()
+        for listener in self.metric_listeners:
+            listener(json.loads(line))
 
     def read_metrics(self) -> list[dict[str, Any]]:
         """Every complete record of ``metrics.jsonl`` in order (``[]`` if absent).
@@ -241,6 +248,10 @@ class RunDir:
             raise FileNotFoundError(f"{path}: not found in run directory {self.path}") from None
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}: invalid JSON: {err}") from None
+
+    def tensorboard_dir(self) -> Path:
+        """Folder of the run's TensorBoard event files (``tensorboard/``; ``train.tensorboard``)."""
+        return self.file(TENSORBOARD)
 
     # saved indexes and exports --------------------------------------------------------------
     def index_files(self, factory: str) -> tuple[Path, Path]:

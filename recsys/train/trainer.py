@@ -48,11 +48,13 @@ from recsys.train.losses import (
     readout,
     sampled_softmax_loss,
 )
+from recsys.train.tracking import track_metrics
 
 if TYPE_CHECKING:
     import pandas as pd
 
 Log = Callable[[str], None]
+OnValidate = Callable[[int, dict[str, float]], None]
 
 
 @dataclass
@@ -253,7 +255,8 @@ def to_device(arrays: tuple[np.ndarray, ...], device: torch.device) -> tuple[Ten
 
 
 def train(cfg: Config, *, run_dir: str | Path | None = None, resume: bool = False, log: Log = print,
-          clicks: pd.DataFrame | None = None, progress: bool = False) -> TrainResult:
+          clicks: pd.DataFrame | None = None, progress: bool = False,
+          on_validate: OnValidate | None = None) -> TrainResult:
     """Run a whole experiment (train, validate, early-stop, test). See the module docstring.
 
     Args:
@@ -265,6 +268,9 @@ def train(cfg: Config, *, run_dir: str | Path | None = None, resume: bool = Fals
         clicks: a click table to train on instead of ``cfg.data.source`` (see
             :func:`recsys.data.load_dataset`).
         progress: progress bars while preparing the data (on a terminal).
+        on_validate: called as ``on_validate(step, metrics)`` after every validation (its row
+            and checkpoint already written); an exception it raises stops training and leaves
+            ``train`` (e.g. ``optuna.TrialPruned`` from :mod:`recsys.tune`).
     """
     if resume and run_dir is None:
         raise ValueError("--resume needs the run directory to continue")
@@ -301,7 +307,8 @@ def train(cfg: Config, *, run_dir: str | Path | None = None, resume: bool = Fals
     key = f"recall@{max(cfg.eval.topn)}"
     state = _LoopState()
     if model.trainable:
-        state = _optimise(model, cfg, dist, split, item_counts, rd, validate, key, resume, log)
+        with track_metrics(rd, cfg.train.tensorboard and dist.is_main):
+            state = _optimise(model, cfg, dist, split, item_counts, rd, validate, key, resume, log, on_validate)
         if dist.is_main and rd.has_best():
             model.load_state_dict(rd.load_best(map_location=device))
 
@@ -329,7 +336,8 @@ class _LoopState:
 
 
 def _optimise(model: InterestModel, cfg: Config, dist: distributed.DistInfo, split: Split, item_counts: Tensor,
-              rd: RunDir, validate: Callable[[], dict[str, float]], key: str, resume: bool, log: Log) -> _LoopState:
+              rd: RunDir, validate: Callable[[], dict[str, float]], key: str, resume: bool, log: Log,
+              on_validate: OnValidate | None = None) -> _LoopState:
     """The optimisation loop with periodic logging, validation, checkpoints and early stopping."""
     t, device = cfg.train, dist.device
     generator = torch.Generator(device=device)
@@ -383,7 +391,7 @@ def _optimise(model: InterestModel, cfg: Config, dist: distributed.DistInfo, spl
         if st.step % t.eval_every == 0 or st.step == t.max_steps or out_of_time:
             stop = False
             if dist.is_main:
-                stop = _validate(st, model, step_fn, batches, generator, rd, validate, key, cfg, log)
+                stop = _validate(st, model, step_fn, batches, generator, rd, validate, key, cfg, log, on_validate)
             if out_of_time:
                 log(f"stopped at step {st.step}: train.max_minutes={t.max_minutes:g} reached")
                 break
@@ -396,7 +404,7 @@ def _optimise(model: InterestModel, cfg: Config, dist: distributed.DistInfo, spl
 
 def _validate(st: _LoopState, model: InterestModel, step_fn: TrainStep, batches: TrainSampler,
               generator: torch.Generator, rd: RunDir, validate: Callable[[], dict[str, float]], key: str,
-              cfg: Config, log: Log) -> bool:
+              cfg: Config, log: Log, on_validate: OnValidate | None = None) -> bool:
     """Evaluate on the valid users, keep the best weights, checkpoint; True when it is time to stop."""
     metrics = validate()
     improved = metrics[key] > st.best
@@ -415,6 +423,8 @@ def _validate(st: _LoopState, model: InterestModel, step_fn: TrainStep, batches:
         model, step_fn.optimizer, step=st.step, best=st.best, best_step=st.best_step, bad_evals=st.bad_evals,
         rng=capture_rng({"batches": batches.rng}, {"neg": generator}),
     ))
+    if on_validate is not None:
+        on_validate(st.step, metrics)
     return patience > 0 and st.bad_evals >= patience
 
 

@@ -9,7 +9,7 @@ from recsys.run import layout
 
 PACKAGE = Path(recsys.__file__).parent
 FILE_NAMES = (layout.CONFIG, layout.CHECKPOINT, layout.BEST, layout.METRICS, layout.TEST_METRICS)
-FOLDER_NAMES = (layout.DATASET, layout.INDEX, layout.EXPORT)
+FOLDER_NAMES = (layout.DATASET, layout.INDEX, layout.EXPORT, layout.TENSORBOARD)
 
 
 def _code_strings(tree: ast.AST) -> list[tuple[int, str]]:
