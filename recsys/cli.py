@@ -163,6 +163,18 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plot(args: argparse.Namespace) -> int:
+    """Training loss and validation curves of one or several runs in one PNG."""
+    from recsys.plots import draw_curves
+    from recsys.run import RunDir
+
+    runs = {Path(run).name: RunDir(run).read_metrics() for run in args.runs}
+    if len(runs) < len(args.runs):
+        raise ValueError("two runs share a folder name; give runs with distinct names")
+    print(f"curves written to {draw_curves(runs, args.out)}")
+    return 0
+
+
 def cmd_index(args: argparse.Namespace) -> int:
     """Build and save a FAISS index for a run; report build time and recall against exact search."""
     from recsys.api import Run
@@ -284,6 +296,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-users", type=int, default=2048, help="users the health metrics average over")
     p.add_argument("--out", help="PNG path (default: ./RUN_NAME-interests.png)")
     p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("plot", help="training loss and validation curves of one or several runs, to a PNG")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run directories (written by recsys train)")
+    p.add_argument("--out", default="curves.png", help="PNG path (default ./curves.png)")
+    p.set_defaults(func=cmd_plot)
 
     p = sub.add_parser("index", help="build and save a FAISS index beside a run; report its recall")
     _add_index_args(p, 'e.g. "HNSW32,Flat", "IVF1024,Flat", "Flat"')

@@ -1,13 +1,16 @@
-"""Pictures of a trained run (matplotlib, the ``plot`` extra): what each interest reads and retrieves.
+"""Pictures of runs (matplotlib, the ``plot`` extra).
 
 :func:`draw_interests` writes one row per user: a heat map of each interest's attention over the
 user's input clicks (models whose interests are attention-weighted sums of the clicks), and
 each interest's top items with their categories where the data has them.
+:func:`draw_curves` draws the training loss and validation curves of one or several runs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -87,6 +90,44 @@ def draw_interests(model: InterestModel, ds: Dataset, eval_set: EvalSet, path: s
         text.set_title(f"top {top} items per interest", fontsize=8, loc="left")
     if title:
         fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+CURVES = (  # (panel title, metrics key, rows it is read from: training log rows or validation rows)
+    ("training loss", "loss", "train"),
+    ("valid Recall@50", "recall@50", "valid"),
+    ("valid effective clicks (mean over interests)", "mi_eff_clicks", "valid"),
+)
+
+
+def draw_curves(runs: Mapping[str, Sequence[Mapping[str, Any]]], path: str | Path) -> Path:
+    """Draw each run's metrics records (``{label: records}``, as ``RunDir.read_metrics`` returns
+    them) into PNG ``path``: one panel per curve of :data:`CURVES` that some run has, one line
+    per run, against the training step. A run without any of them raises ``ValueError``."""
+    def points(records: Sequence[Mapping[str, Any]], key: str, split: str) -> tuple[list[int], list[float]]:
+        rows = [r for r in records if r.get("split", "train") == split and key in r]
+        return [int(r["step"]) for r in rows], [float(r[key]) for r in rows]
+
+    for label, records in runs.items():
+        if not any(points(records, key, split)[0] for _, key, split in CURVES):
+            raise ValueError(f"{label}: no training loss or validation metrics to draw (has it trained a step?)")
+    panels = [c for c in CURVES if any(points(records, c[1], c[2])[0] for records in runs.values())]
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.8), squeeze=False)
+    for ax, (title, key, split) in zip(axes[0], panels):
+        for label, records in runs.items():
+            steps, values = points(records, key, split)
+            if steps:
+                ax.plot(steps, values, marker="o" if split == "valid" else None, markersize=3, label=label)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)

@@ -1,0 +1,40 @@
+"""`recsys plot`: loss and validation curves of runs into one PNG."""
+
+import shutil
+
+import pytest
+
+from recsys.cli import main
+from recsys.plots import draw_curves
+from recsys.run import RunDir
+
+pytest.importorskip("matplotlib")
+
+
+def test_plot_writes_a_png_of_several_runs(tiny_run, tmp_path, capsys):
+    other = tmp_path / "other"
+    shutil.copytree(tiny_run, other)
+    out = tmp_path / "curves.png"
+    assert main(["plot", tiny_run, str(other), "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+    assert f"curves written to {out}" in capsys.readouterr().out
+
+
+def test_draw_curves_draws_only_the_curves_a_run_has(tmp_path):
+    import matplotlib.image
+
+    records = [{"step": 5, "loss": 3.0}, {"step": 10, "loss": 2.5}, {"step": 10, "split": "valid", "recall@50": 0.2}]
+    one = matplotlib.image.imread(draw_curves({"a": records}, tmp_path / "one.png"))
+    with_health = records + [{"step": 10, "split": "valid", "mi_eff_clicks": 2.0}]
+    three = matplotlib.image.imread(draw_curves({"a": with_health}, tmp_path / "three.png"))
+    assert three.shape[1] > one.shape[1] * 1.4  # a third panel
+    with pytest.raises(ValueError, match="b: no training loss"):
+        draw_curves({"a": records, "b": [{"step": 1, "samples_per_s": 3.0}]}, tmp_path / "x.png")
+
+
+def test_plot_of_a_missing_run_names_it(tmp_path, capsys):
+    assert main(["plot", str(tmp_path / "nope"), "--out", str(tmp_path / "x.png")]) == 2
+    assert "nope: no such run directory" in capsys.readouterr().err
+    RunDir.create(tmp_path / "empty")
+    assert main(["plot", str(tmp_path / "empty"), "--out", str(tmp_path / "x.png")]) == 2
+    assert "empty: no training loss" in capsys.readouterr().err
