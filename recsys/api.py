@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from recsys.config import Config, ConfigError, apply_overrides, config_from_dict, load_config
+from recsys.config import Config, apply_overrides, load_config, with_values
 from recsys.data import IN_MEMORY, Dataset
 from recsys.data.batches import pad_sequences
 from recsys.data.split import EvalSet
@@ -250,16 +250,7 @@ def _resolve_config(config: Config | str | Path | Sequence[str | Path] | None,
         return cfg
     if not isinstance(overrides, Mapping):
         return apply_overrides(cfg, list(overrides))
-    values = cfg.to_dict()
-    for key, value in overrides.items():
-        *sections, leaf = str(key).split(".")
-        node = values
-        for section in sections:
-            if not isinstance(node.setdefault(section, {}), dict):
-                raise ConfigError(f"overrides: {key!r}: {section!r} is a setting, not a section")
-            node = node[section]
-        node[leaf] = list(value) if isinstance(value, tuple) else value
-    return config_from_dict(values)
+    return with_values(cfg, overrides)
 
 
 def fit(

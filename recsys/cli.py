@@ -163,6 +163,22 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    """Search hyperparameters with Optuna; write the best config, retrain it and print its test metrics."""
+    from recsys.evaluate.evaluator import format_table
+    from recsys.tune import read_tune_tables, trials_table, tune
+
+    cfg = _config(args)
+    result = tune(cfg, args.out, trials=args.trials, max_minutes=args.max_minutes, jobs=args.jobs,
+                  space=read_tune_tables(args.config))
+    print("\n" + trials_table(result))
+    print(f"\nbest: trial {result.best_trial}, valid {result.key} {result.best_valid:.4f}; "
+          f"its config: {result.best_config} (recsys train --config {result.best_config})")
+    print(f"test metrics of the best config retrained ({result.run_dir}):")
+    print(format_table({cfg.model.name: result.test_metrics}))
+    return 0
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
     """Training loss and validation curves of one or several runs in one PNG."""
     from recsys.plots import draw_curves
@@ -296,6 +312,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-users", type=int, default=2048, help="users the health metrics average over")
     p.add_argument("--out", help="PNG path (default: ./RUN_NAME-interests.png)")
     p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("tune", help="search hyperparameters (Optuna), write the best config, retrain and test it")
+    _add_config_args(p)
+    p.add_argument("--trials", type=int, default=20, help="finished trials the tune should hold (default 20)")
+    p.add_argument("--max-minutes", type=float, default=0.0, help="wall-clock budget of the trials (default none)")
+    p.add_argument("--jobs", type=int, default=1, help="trials trained at once, one process each (default 1)")
+    p.add_argument("--out", help="tune folder; the same folder again resumes (default OUTPUT_DIR/tune-MODEL-DATA)")
+    p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("plot", help="training loss and validation curves of one or several runs, to a PNG")
     p.add_argument("runs", nargs="+", metavar="RUN", help="run directories (written by recsys train)")

@@ -18,6 +18,7 @@ import json
 import sys
 import typing
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ else:  # pragma: no cover
 
 
 REGISTRY_TABLE = "dataset"  # a data/<name>.toml's registry entry (recsys.data.registry); not run config
+TUNE_TABLE = "tune"  # `recsys tune`'s search space (recsys.tune); not run config
 
 
 class ConfigError(ValueError):
@@ -187,16 +189,20 @@ class Config:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=False)
 
-    def to_toml(self) -> str:
-        """The resolved config as TOML (printed at the start of every command)."""
+    def to_toml(self, base: Config | None = None) -> str:
+        """The resolved config as TOML (printed at the start of every command); with ``base``,
+        only the keys whose value differs from ``base``'s (and only tables that have some)."""
         top, sections = [], []
+        old = base.to_dict() if base is not None else {}
         for key, value in self.to_dict().items():
             if isinstance(value, dict):
-                sections.append(f"\n[{key}]")
-                sections.extend(f"{k} = {_toml_value(v)}" for k, v in value.items())
-            else:
+                changed = {k: v for k, v in value.items() if base is None or old[key][k] != v}
+                if changed:
+                    sections.append(f"\n[{key}]")
+                    sections.extend(f"{k} = {_toml_value(v)}" for k, v in changed.items())
+            elif base is None or old[key] != value:
                 top.append(f"{key} = {_toml_value(value)}")
-        return "\n".join(top + sections) + "\n"
+        return "\n".join(top + sections).lstrip("\n") + "\n"
 
 
 def _toml_value(value: Any) -> str:
@@ -288,6 +294,21 @@ def config_from_dict(values: dict[str, Any]) -> Config:
     return cfg
 
 
+def with_values(cfg: Config, values: Mapping[str, Any]) -> Config:
+    """A validated copy of ``cfg`` with ``{"section.key": value}`` set (plain Python values,
+    e.g. ``{"train.lr": 0.01}``); unknown keys and bad values raise :class:`ConfigError` naming the key."""
+    tree = cfg.to_dict()
+    for key, value in values.items():
+        *sections, leaf = str(key).split(".")
+        node = tree
+        for section in sections:
+            if not isinstance(node.setdefault(section, {}), dict):
+                raise ConfigError(f"{key!r}: {section!r} is a setting, not a section")
+            node = node[section]
+        node[leaf] = list(value) if isinstance(value, tuple) else value
+    return config_from_dict(tree)
+
+
 def run_config_from_dict(values: dict[str, Any]) -> Config:
     """A saved run's ``config.json`` -> config, keeping what the run was trained with where a
     default has changed since. A key missing from the file dates the run:
@@ -315,8 +336,8 @@ def load_config(
     paths: str | Path | list[str | Path] | None = None, overrides: list[str] | None = None
 ) -> Config:
     """Defaults, then each TOML file in ``paths`` in order (later files win; a ``[dataset]``
-    table, a registry entry's download details, is skipped), then each ``section.key=value``
-    override. Layering lets a dataset file and a model file combine::
+    table, a registry entry's download details, and a ``[tune]`` table, ``recsys tune``'s search
+    space, are skipped), then each ``section.key=value`` override. Layering lets a dataset file and a model file combine::
 
         load_config(["experiments/configs/data/taobao.toml", "experiments/configs/models/comirec_sa.toml"])
     """
@@ -333,6 +354,7 @@ def load_config(
         except tomllib.TOMLDecodeError as err:
             raise ConfigError(f"{path}: invalid TOML: {err}") from None
         values.pop(REGISTRY_TABLE, None)
+        values.pop(TUNE_TABLE, None)
         try:
             _apply(cfg, values, "")
         except ConfigError as err:

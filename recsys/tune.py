@@ -1,0 +1,393 @@
+"""Hyperparameter search with Optuna (the ``tune`` extra): ``recsys tune``.
+
+:func:`tune` trains trial after trial from a base config, each with values a TPE sampler
+proposes from a search space, and prunes a trial whose validation recall (reported at every
+validation through :func:`recsys.train.trainer.train`'s ``on_validate``) falls below the median
+of the earlier trials at the same validation. Trial 0 trains the base config as given, so the
+tuned result is never worse than it on the validation users. Everything lives in one folder::
+
+    TUNE/
+      study.db        the Optuna study (SQLite): each trial's values, state and validation curve
+      trials/NNNN/    each trial's run directory
+      best.toml       the best trial's config: the keys that differ from the defaults
+      best-NNNN/      that config retrained from best.toml and tested (a run directory)
+
+Running the same tune again resumes it: finished trials are kept, a trial that was running
+when the tune was interrupted runs again, and ``trials`` counts the finished (complete or
+pruned) trials of the whole study.
+
+The search space is :func:`default_space` for the model, updated by a ``[tune]`` table in a
+config file, keyed by config key::
+
+    [tune]
+    "train.lr" = {low = 1e-4, high = 1e-2, log = true}   # a range (ints if both ends are ints; step = ...)
+    "model.num_interests" = [1, 2, 4, 8]                  # a choice
+    "train.optimizer" = "adamw"                           # a fixed value (also: leave a key out of the search)
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import math
+import multiprocessing
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from recsys.config import TUNE_TABLE, Config, ConfigError, load_config, with_values
+from recsys.run import RunDir
+from recsys.train.trainer import train
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+if TYPE_CHECKING:
+    import optuna
+
+__all__ = ["Space", "TuneResult", "default_space", "default_folder", "open_study", "read_tune_tables",
+           "trials_table", "tune"]
+
+Log = Callable[[str], None]
+STUDY = "study.db"
+TRIALS = "trials"
+BEST_CONFIG = "best.toml"
+STUDY_NAME = "recsys"
+
+MULTI_INTEREST = ("mind", "comirec_dr", "comirec_sa", "sasrec_mi")
+SELF_ATTENTIVE = ("comirec_sa", "sasrec_mi")  # model.score_cap and train.attention_reg apply
+TRANSFORMERS = ("sasrec", "sasrec_mi")  # model.dropout applies
+
+
+def default_space(cfg: Config) -> dict[str, Any]:
+    """The search space for ``cfg``'s model, in the ``[tune]`` table's format. Ranges come from
+    the ComiRec comparison and the collapse study (experiments/RESULTS.md)."""
+    name = cfg.model.name
+    space: dict[str, Any] = {
+        "train.optimizer": "adamw",
+        "train.lr": {"low": 1e-4, "high": 1e-2, "log": True},
+        "train.weight_decay": {"low": 1e-3, "high": 1.0, "log": True},
+        "model.dim": [32, 64, 128],
+        "data.max_len": [10, 20, 50, 100],
+    }
+    if not cfg.train.full_softmax:
+        space["train.num_negatives"] = [256, 1024, 4096]
+        space["train.hard_negatives"] = [0.0, 0.25, 0.5]
+    if name in MULTI_INTEREST:
+        space["model.num_interests"] = [1, 2, 4, 8]
+        space["train.soft_readout_steps"] = [0, 1000, 5000]
+    if name in SELF_ATTENTIVE:
+        space["model.score_cap"] = [0.0, 0.5, 1.0, 2.0]
+        space["train.attention_reg"] = [0.0, 0.3, 1.0]
+    if name in TRANSFORMERS:
+        space["model.dropout"] = {"low": 0.0, "high": 0.5}
+    return space
+
+
+def read_tune_tables(paths: Sequence[str | Path]) -> dict[str, Any]:
+    """The ``[tune]`` tables of the TOML files ``paths`` merged in order (later files win per key)."""
+    table: dict[str, Any] = {}
+    for path in map(Path, paths):
+        try:
+            values = tomllib.loads(path.read_text()).get(TUNE_TABLE, {})
+        except (OSError, tomllib.TOMLDecodeError) as err:  # load_config reads the files first and says more
+            raise ConfigError(f"{path}: {err}") from None
+        if not isinstance(values, dict):
+            raise ConfigError(f"{path}: [{TUNE_TABLE}] must be a table of config keys")
+        table.update(values)
+    return table
+
+
+@dataclass(frozen=True)
+class Param:
+    """One searched key: a ``choices`` list, or a range ``low``..``high`` (``log`` scale, ``step``)."""
+
+    key: str
+    choices: tuple[Any, ...] = ()
+    low: float = 0.0
+    high: float = 0.0
+    log: bool = False
+    step: float | None = None
+
+    @property
+    def integer(self) -> bool:
+        return not self.choices and all(isinstance(v, int) for v in (self.low, self.high))
+
+    def suggest(self, trial: optuna.Trial) -> Any:
+        if self.choices:
+            return trial.suggest_categorical(self.key, list(self.choices))
+        if self.integer:
+            return trial.suggest_int(self.key, int(self.low), int(self.high), log=self.log, step=int(self.step or 1))
+        return trial.suggest_float(self.key, self.low, self.high, log=self.log, step=self.step)
+
+    def describe(self) -> str:
+        if self.choices:
+            return f"{self.key} in {list(self.choices)}"
+        return f"{self.key} in [{self.low:g}, {self.high:g}]" + (" (log)" if self.log else "")
+
+
+@dataclass(frozen=True)
+class Space:
+    """A search space: searched :class:`Param` s and fixed values, both keyed by config key."""
+
+    params: tuple[Param, ...] = ()
+    fixed: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, table: Mapping[str, Any], base: Config, where: str = f"[{TUNE_TABLE}]") -> Space:
+        """Parse a ``[tune]``-format table; every end of a range, every choice and every fixed value
+        must be a valid value of its key in ``base`` (else :class:`ConfigError` naming it)."""
+        params, fixed = [], {}
+        for key, spec in table.items():
+            if isinstance(spec, dict):
+                param = _range(key, spec, where)
+                values = [param.low, param.high]
+            elif isinstance(spec, list):
+                if not spec:
+                    raise ConfigError(f"{where} {key!r}: an empty list of choices")
+                param, values = Param(key, choices=tuple(spec)), spec
+            else:
+                param, values = None, [spec]
+            for value in values:
+                try:
+                    with_values(base, {key: value})
+                except ConfigError as err:
+                    raise ConfigError(f"{where} {key!r} = {spec!r}: {err}") from None
+            if param is None:
+                fixed[key] = spec
+            else:
+                params.append(param)
+        return cls(tuple(params), fixed)
+
+    def suggest(self, trial: optuna.Trial) -> dict[str, Any]:
+        """The fixed values and one proposal for every searched key."""
+        return {**self.fixed, **{p.key: p.suggest(trial) for p in self.params}}
+
+
+def _range(key: str, spec: dict[str, Any], where: str) -> Param:
+    unknown = set(spec) - {"low", "high", "log", "step"}
+    if unknown or not {"low", "high"} <= set(spec):
+        raise ConfigError(f"{where} {key!r}: a range is {{low = ..., high = ..., log = true|false, step = ...}}, "
+                          f"got {spec!r}")
+    low, high, log, step = spec["low"], spec["high"], spec.get("log", False), spec.get("step")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high)) or not low < high:
+        raise ConfigError(f"{where} {key!r}: need numbers low < high, got {spec!r}")
+    if not isinstance(log, bool) or (log and low <= 0) or (log and step is not None):
+        raise ConfigError(f"{where} {key!r}: log = true needs low > 0 and no step, got {spec!r}")
+    return Param(key, low=low, high=high, log=log, step=step)
+
+
+def default_folder(cfg: Config) -> Path:
+    """``<output_dir>/tune-<model>-<data file stem>``: the same command finds its tune again."""
+    return Path(cfg.output_dir) / f"tune-{cfg.model.name}-{Path(cfg.data.source).stem or 'data'}"
+
+
+def open_study(folder: str | Path, *, seed: int = 0, pruner: optuna.pruners.BasePruner | None = None) -> optuna.Study:
+    """The study stored in ``folder`` (created if missing): maximises validation recall with a
+    seeded TPE sampler; the default pruner is the median rule from the second validation on."""
+    optuna = _optuna()
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    storage = optuna.storages.RDBStorage(f"sqlite:///{folder / STUDY}",
+                                         engine_kwargs={"connect_args": {"timeout": 60}})  # several processes
+    return optuna.create_study(
+        study_name=STUDY_NAME, storage=storage, direction="maximize", load_if_exists=True,
+        sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=5),
+        pruner=pruner or optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1),
+    )
+
+
+def _optuna() -> Any:
+    try:
+        import optuna
+    except ImportError:
+        raise ImportError("recsys tune needs optuna: pip install 'recsys[tune]'") from None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna
+
+
+@dataclass
+class TuneResult:
+    """What :func:`tune` returns."""
+
+    folder: Path
+    trials: list[Any]  # optuna FrozenTrials, by number
+    key: str  # the validation metric, e.g. "recall@50"
+    best_trial: int
+    best_valid: float
+    best_config: Path  # best.toml
+    run_dir: str  # the best config retrained
+    test_metrics: dict[str, float]
+
+
+class _Objective:
+    """One trial: the base config with the trial's values, trained with pruning at each validation."""
+
+    def __init__(self, folder: Path, base: Config, space: Space, deadline: float, threads: int):
+        self.folder, self.base, self.space, self.deadline, self.threads = folder, base, space, deadline, threads
+
+    def __call__(self, trial: optuna.Trial) -> float:
+        optuna = _optuna()
+        values = {} if trial.user_attrs.get("base") else self.space.suggest(trial)
+        trial.set_user_attr("values", values)
+        cfg = with_values(self.base, values)
+        if self.threads and not cfg.train.cpu_threads:
+            cfg.train.cpu_threads = self.threads
+        if self.deadline < math.inf:  # the tune's budget bounds every trial
+            left = max((self.deadline - time.time()) / 60, 1e-3)
+            cfg.train.max_minutes = min(cfg.train.max_minutes or left, left)
+        key = f"recall@{max(cfg.eval.topn)}"
+        validations = itertools.count()
+
+        def report(step: int, metrics: dict[str, float]) -> None:
+            trial.report(metrics[key], next(validations))
+            if trial.should_prune():
+                raise optuna.TrialPruned(f"{key} {metrics[key]:.4f} at step {step}")
+
+        run_dir = self.folder / TRIALS / f"{trial.number:04d}"
+        trial.set_user_attr("run_dir", str(run_dir))
+        return train(cfg, run_dir=run_dir, log=lambda line: None, on_validate=report).best_valid
+
+
+def _optimize(folder: Path, base: Config, space: Space, trials: int, deadline: float, threads: int, seed: int,
+              log: Log) -> None:
+    """Run ``trials`` trials, or fewer when the deadline passes."""
+    optuna = _optuna()
+    study = open_study(folder, seed=seed + 1000 * len(open_study(folder).trials))  # fresh proposals on a resume
+
+    def report(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        value = trial.value if trial.value is not None else _last_value(trial)
+        log(f"trial {trial.number}: {trial.state.name.lower()}  valid {_fmt(value)}  {_params(trial)}")
+
+    study.optimize(
+        _Objective(folder, base, space, deadline, threads), n_trials=trials,
+        timeout=None if deadline == math.inf else max(deadline - time.time(), 0.0), callbacks=[report],
+    )
+
+
+def _work(folder: Path, base: Config, space: Space, trials: int, deadline: float, threads: int, seed: int) -> None:
+    """One worker process of ``--jobs``: prints its trials' lines to the shared stdout."""
+    _optimize(folder, base, space, trials, deadline, threads, seed, lambda line: print(line, flush=True))
+
+
+def _prepare(folder: Path, base: Config, trials: int, log: Log) -> int:
+    """Create or reopen the study and return how many trials are missing from ``trials``
+    finished ones. A new study queues the base config as trial 0; a reopened one must have the
+    same base config, and a trial left running by an interrupted tune is queued again."""
+    optuna = _optuna()
+    study = open_study(folder)
+    saved = study.user_attrs.get("base_config")
+    if saved is None:
+        study.set_user_attr("base_config", base.to_dict())
+        study.enqueue_trial({}, user_attrs={"base": True})
+    elif saved != base.to_dict():
+        diff = [f"{s}.{k}" for s, v in base.to_dict().items() if isinstance(v, dict)
+                for k in v if saved.get(s, {}).get(k) != v[k]]
+        raise ConfigError(f"{folder} holds a tune of another config (differs in {', '.join(diff) or 'name/output_dir'}); "
+                          "resume with the same --config/--set/--data/--model, or tune into another --out")
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        log(f"trial {trial.number} was interrupted; it runs again as a new trial")
+        study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+        if trial.user_attrs.get("base"):
+            study.enqueue_trial({}, user_attrs={"base": True})
+        else:
+            study.enqueue_trial(trial.params)
+    finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    return max(trials - len(study.get_trials(deepcopy=False, states=finished)), 0)
+
+
+def tune(cfg: Config, folder: str | Path | None = None, *, trials: int = 20, max_minutes: float = 0.0,
+         jobs: int = 1, space: Mapping[str, Any] | None = None, log: Log = print) -> TuneResult:
+    """Search hyperparameters for ``cfg``, write the best config, retrain it and test it.
+
+    Args:
+        cfg: the base config (its model, data and every key the search leaves alone).
+        folder: the tune folder (default :func:`default_folder`); an existing one is resumed.
+        trials: finished trials the study should hold (complete or pruned, over all runs of it).
+        max_minutes: wall-clock budget of this call's trials (0: none); a trial running at the
+            limit stops there (``train.max_minutes``), validates and counts.
+        jobs: trials trained at once, each in its own process; on the CPU each gets
+            ``cores // jobs`` torch threads unless ``train.cpu_threads`` is set.
+        space: a ``[tune]``-format table updating :func:`default_space`.
+        log: where progress lines go.
+    """
+    if trials <= 0 or jobs <= 0 or max_minutes < 0:
+        raise ValueError(f"need trials > 0, jobs > 0 and max_minutes >= 0, got {trials}, {jobs}, {max_minutes}")
+    if cfg.model.name == "popular":
+        raise ConfigError("model.name: popular has nothing to train or tune")
+    optuna = _optuna()
+    folder = Path(folder) if folder is not None else default_folder(cfg)
+    parsed = Space.parse({**default_space(cfg), **(space or {})}, cfg)
+    log(f"tune folder: {folder}; searching " + "; ".join(p.describe() for p in parsed.params)
+        + "".join(f"; {k} = {v!r}" for k, v in parsed.fixed.items()))
+    missing = _prepare(folder, cfg, trials, log)
+    deadline = time.time() + 60 * max_minutes if max_minutes else math.inf
+    shares = [n for n in (missing // jobs + (i < missing % jobs) for i in range(jobs)) if n]
+    if len(shares) == 1:
+        _optimize(folder, cfg, parsed, shares[0], deadline, 0, cfg.train.seed, log)
+    elif shares:
+        threads = max(1, len(os.sched_getaffinity(0)) // len(shares))
+        with concurrent.futures.ProcessPoolExecutor(len(shares), mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = [pool.submit(_work, folder, cfg, parsed, n, deadline, threads, cfg.train.seed + i)
+                       for i, n in enumerate(shares)]
+            for future in futures:
+                future.result()
+
+    study = open_study(folder)
+    done = [t for t in study.get_trials() if t.state == optuna.trial.TrialState.COMPLETE]
+    if not done:
+        raise RuntimeError(f"{folder}: no trial has completed yet (pruned or interrupted); run the tune again")
+    best = max(done, key=lambda t: t.value)
+    best_cfg = with_values(cfg, best.user_attrs["values"])
+    path = folder / BEST_CONFIG
+    path.write_text(f"# recsys tune: trial {best.number} of {folder}, valid recall {best.value:.4f}\n"
+                    + best_cfg.to_toml(base=load_config()))
+    run_dir, test = _retrain(path, folder / f"best-{best.number:04d}", log)
+    return TuneResult(folder=folder, trials=study.get_trials(), key=f"recall@{max(cfg.eval.topn)}",
+                      best_trial=best.number, best_valid=best.value, best_config=path, run_dir=run_dir,
+                      test_metrics=test)
+
+
+def _retrain(config: Path, run_dir: Path, log: Log) -> tuple[str, dict[str, float]]:
+    """Train the config file ``config`` into ``run_dir`` and test it (kept if already done)."""
+    if run_dir.is_dir():
+        try:
+            return str(run_dir), RunDir(run_dir).read_test_metrics()
+        except FileNotFoundError:
+            shutil.rmtree(run_dir)  # an interrupted retrain
+    log(f"retraining the best config ({config}) into {run_dir}")
+    result = train(load_config(config), run_dir=run_dir, log=log)
+    return result.run_dir, result.test_metrics
+
+
+def _last_value(trial: Any) -> float | None:
+    values = trial.intermediate_values
+    return values[max(values)] if values else None
+
+
+def _fmt(value: float | None) -> str:
+    return "–" if value is None else f"{value:.4f}"
+
+
+def _params(trial: Any) -> str:
+    if trial.user_attrs.get("base"):
+        return "(the base config)"
+    return ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in trial.params.items())
+
+
+def trials_table(result: TuneResult) -> str:
+    """A Markdown table of every trial: number, state, validation recall (a pruned trial's last
+    reported value), and its values."""
+    lines = [f"| trial | state | valid {result.key} | params |", "|---:|---|---:|---|"]
+    for t in result.trials:
+        value = t.value if t.value is not None else _last_value(t)
+        mark = " (best)" if t.number == result.best_trial else ""
+        lines.append(f"| {t.number} | {t.state.name.lower()}{mark} | {_fmt(value)} | {_params(t)} |")
+    return "\n".join(lines)

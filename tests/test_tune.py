@@ -1,0 +1,107 @@
+"""`recsys tune`: TPE trials with pruning, a resumable study, the best config written and retrained."""
+
+import json
+
+import pytest
+
+from conftest import TINY_RUN_OVERRIDES
+from recsys.cli import main
+from recsys.config import ConfigError, load_config
+from recsys.run import RunDir
+
+optuna = pytest.importorskip("optuna")
+
+from recsys.tune import Space, default_space, open_study, read_tune_tables, tune  # noqa: E402
+
+BASE = TINY_RUN_OVERRIDES + ["train.eval_every=10", "train.lr=0.02"]
+
+
+def _space_file(tmp_path, cfg) -> str:
+    """A [tune] table that fixes every default key at the base's value and searches lr in {0.02, 0}."""
+    values = cfg.to_dict()
+    lines = ["[tune]"]
+    for key in default_space(cfg).keys() - {"train.lr"}:
+        section, leaf = key.split(".")
+        lines.append(f'"{key}" = {json.dumps(values[section][leaf])}')
+    lines.append('"train.lr" = [0.02, 0.0]')
+    path = tmp_path / "space.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_tune_prunes_resumes_and_writes_a_config_that_trains(tmp_path, capsys):
+    cfg = load_config(None, BASE)
+    space_file = _space_file(tmp_path, cfg)
+    folder = tmp_path / "tune"
+    first = tune(load_config(space_file, BASE), folder, trials=2, space=read_tune_tables([space_file]),
+                 log=lambda line: None)
+    assert [t.state.name for t in first.trials] == ["COMPLETE", "COMPLETE"]
+    assert first.trials[0].user_attrs["base"] and first.trials[0].params == {}
+    before = {t.number: (t.datetime_start, t.value) for t in first.trials}
+
+    study = open_study(folder)
+    study.ask()  # a trial left running by an interrupted tune
+    study.enqueue_trial({"train.lr": 0.0})  # a trial that learns nothing: pruned at its second validation
+    args = ["tune", "--config", space_file, "--trials", "4", "--out", str(folder)]
+    assert main(args + [a for o in BASE for a in ("--set", o)]) == 0
+    out = capsys.readouterr().out
+
+    trials = open_study(folder).get_trials()
+    assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE", "FAIL", "PRUNED", "COMPLETE"]
+    assert {t.number: (t.datetime_start, t.value) for t in trials[:2]} == before  # not rerun
+    assert trials[3].params == {"train.lr": 0.0} and sorted(trials[3].intermediate_values) == [0, 1]
+    assert "trial 2 was interrupted" in out and "| 3 | pruned |" in out
+    assert sorted(p.name for p in (folder / "trials").iterdir()) == ["0000", "0001", "0003", "0004"]
+
+    best = max((t for t in trials if t.state.name == "COMPLETE"), key=lambda t: t.value)
+    best_toml = folder / "best.toml"
+    assert f"best: trial {best.number}, valid recall@50 {best.value:.4f}" in out
+    best_cfg = load_config(best_toml)
+    assert best_cfg.train.lr == 0.02 and best_cfg.synthetic.num_users == 400  # the keys that differ from the defaults
+    assert "[tune]" not in best_toml.read_text() and "[serve]" not in best_toml.read_text()
+    retrained = RunDir(folder / f"best-{best.number:04d}")
+    assert retrained.read_config().to_dict() == best_cfg.to_dict()
+    valid = max(r["recall@50"] for r in retrained.read_metrics() if r.get("split") == "valid")
+    assert valid == pytest.approx(best.value)  # the same seed trains the same model
+    assert f"{retrained.read_test_metrics()['recall@50']:.4f}" in out
+
+
+def test_search_space_table_is_checked_naming_the_key(tmp_path):
+    cfg = load_config(None, ["model.name=sasrec_mi"])
+    space = Space.parse({**default_space(cfg), "model.dim": [32, 64], "train.lr": {"low": 1e-3, "high": 0.1, "log": True},
+                         "model.num_layers": {"low": 1, "high": 3}, "train.optimizer": "adam"}, cfg)
+    keys = {p.key: p for p in space.params}
+    assert keys["model.dim"].choices == (32, 64) and keys["model.num_layers"].integer
+    assert "model.dropout" in keys and "model.score_cap" in keys  # a transformer with self-attentive scores
+    assert space.fixed == {"train.optimizer": "adam"}
+    assert "model.score_cap" not in default_space(load_config(None, ["model.name=youtube_dnn"]))
+    for table, message in [({"train.lrr": [0.1]}, "unknown config key 'train.lrr'"),
+                           ({"model.dim": [32, 0]}, "model.dim: must be > 0"),
+                           ({"train.lr": {"low": 0.1, "high": 0.01}}, "need numbers low < high"),
+                           ({"train.lr": {"low": 0.0, "high": 0.1, "log": True}}, "log = true needs low > 0"),
+                           ({"train.lr": {"min": 0.0}}, "a range is"),
+                           ({"model.num_interests": []}, "empty list")]:
+        with pytest.raises(ConfigError, match=message):
+            Space.parse(table, cfg)
+    path = tmp_path / "c.toml"
+    path.write_text('[train]\nlr = 0.01\n\n[tune]\n"model.dim" = [16, 32]\n')
+    assert load_config(path).train.lr == 0.01  # load_config skips [tune]
+    assert read_tune_tables([path]) == {"model.dim": [16, 32]}
+
+
+def test_tune_refuses_another_config_in_the_same_folder(tmp_path):
+    space = {key: [value] for key, value in {"model.dim": 16}.items()}
+    folder = tmp_path / "tune"
+    tune(load_config(None, BASE), folder, trials=1, space=space, log=lambda line: None)
+    with pytest.raises(ConfigError, match="differs in train.lr"):
+        tune(load_config(None, BASE + ["train.lr=0.01"]), folder, trials=2, space=space, log=lambda line: None)
+
+
+@pytest.mark.slow
+def test_jobs_train_trials_in_processes_with_their_share_of_threads(tmp_path):
+    import os
+
+    result = tune(load_config(None, BASE), tmp_path / "tune", trials=2, jobs=2, log=lambda line: None)
+    assert [t.state.name for t in result.trials] == ["COMPLETE", "COMPLETE"]  # exactly --trials, none extra
+    threads = {RunDir(t.user_attrs["run_dir"]).read_config().train.cpu_threads for t in result.trials}
+    assert threads == {max(1, len(os.sched_getaffinity(0)) // 2)}
