@@ -13,8 +13,9 @@ tuned result is never worse than it on the validation users. Everything lives in
       best-NNNN/      that config retrained from best.toml and tested (a run directory)
 
 Running the same tune again resumes it: finished trials are kept, a trial that was running
-when the tune was interrupted runs again, and ``trials`` counts the finished (complete or
-pruned) trials of the whole study.
+when the tune was interrupted (Ctrl-C, or the process killed) runs again with the same values
+as a new trial, and ``trials`` counts the finished (complete or pruned) trials of the whole
+study. One tune at a time uses a folder (a lock file says so).
 
 The search space is :func:`default_space` for the model, updated by a ``[tune]`` table in a
 config file, keyed by config key::
@@ -28,6 +29,8 @@ config file, keyed by config key::
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import fcntl
 import itertools
 import math
 import multiprocessing
@@ -35,7 +38,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,6 +60,7 @@ __all__ = ["Space", "TuneResult", "default_space", "default_folder", "open_study
 
 Log = Callable[[str], None]
 STUDY = "study.db"
+LOCK = "tune.lock"
 TRIALS = "trials"
 BEST_CONFIG = "best.toml"
 STUDY_NAME = "recsys"
@@ -253,7 +257,19 @@ class _Objective:
 
         run_dir = self.folder / TRIALS / f"{trial.number:04d}"
         trial.set_user_attr("run_dir", str(run_dir))
-        return train(cfg, run_dir=run_dir, log=lambda line: None, on_validate=report).best_valid
+        try:
+            return train(cfg, run_dir=run_dir, log=lambda line: None, on_validate=report).best_valid
+        except KeyboardInterrupt:
+            _requeue(trial.study, trial)  # optuna records the trial as failed; its values run first on resume
+            raise
+
+
+def _requeue(study: optuna.Study, trial: optuna.Trial | optuna.trial.FrozenTrial) -> None:
+    """Queue ``trial``'s values (or the base config) to run again as a new trial."""
+    if trial.user_attrs.get("base"):
+        study.enqueue_trial({}, user_attrs={"base": True})
+    else:
+        study.enqueue_trial(trial.params)
 
 
 def _optimize(folder: Path, base: Config, space: Space, trials: int, deadline: float, threads: int, seed: int,
@@ -295,12 +311,21 @@ def _prepare(folder: Path, base: Config, trials: int, log: Log) -> int:
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         log(f"trial {trial.number} was interrupted; it runs again as a new trial")
         study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
-        if trial.user_attrs.get("base"):
-            study.enqueue_trial({}, user_attrs={"base": True})
-        else:
-            study.enqueue_trial(trial.params)
+        _requeue(study, trial)
     finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
     return max(trials - len(study.get_trials(deepcopy=False, states=finished)), 0)
+
+
+@contextlib.contextmanager
+def _only_tune_of(folder: Path) -> Iterator[None]:
+    """Hold ``folder``'s lock (released when the process ends, however it ends)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / LOCK, "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(f"{folder}: another recsys tune is running in this folder") from None
+        yield
 
 
 def tune(cfg: Config, folder: str | Path | None = None, *, trials: int = 20, max_minutes: float = 0.0,
@@ -322,11 +347,17 @@ def tune(cfg: Config, folder: str | Path | None = None, *, trials: int = 20, max
         raise ValueError(f"need trials > 0, jobs > 0 and max_minutes >= 0, got {trials}, {jobs}, {max_minutes}")
     if cfg.model.name == "popular":
         raise ConfigError("model.name: popular has nothing to train or tune")
-    optuna = _optuna()
+    _optuna()  # fails here, naming the extra, when optuna is missing
     folder = Path(folder) if folder is not None else default_folder(cfg)
     parsed = Space.parse({**default_space(cfg), **(space or {})}, cfg)
     log(f"tune folder: {folder}; searching " + "; ".join(p.describe() for p in parsed.params)
         + "".join(f"; {k} = {v!r}" for k, v in parsed.fixed.items()))
+    with _only_tune_of(folder):
+        return _tune(cfg, folder, parsed, trials, max_minutes, jobs, log)
+
+
+def _tune(cfg: Config, folder: Path, parsed: Space, trials: int, max_minutes: float, jobs: int, log: Log) -> TuneResult:
+    optuna = _optuna()
     missing = _prepare(folder, cfg, trials, log)
     deadline = time.time() + 60 * max_minutes if max_minutes else math.inf
     shares = [n for n in (missing // jobs + (i < missing % jobs) for i in range(jobs)) if n]
@@ -343,7 +374,7 @@ def tune(cfg: Config, folder: str | Path | None = None, *, trials: int = 20, max
     study = open_study(folder)
     done = [t for t in study.get_trials() if t.state == optuna.trial.TrialState.COMPLETE]
     if not done:
-        raise RuntimeError(f"{folder}: no trial has completed yet (pruned or interrupted); run the tune again")
+        raise ValueError(f"{folder}: no trial has completed yet (pruned or interrupted); run the tune again")
     best = max(done, key=lambda t: t.value)
     best_cfg = with_values(cfg, best.user_attrs["values"])
     path = folder / BEST_CONFIG

@@ -97,6 +97,19 @@ def test_tune_refuses_another_config_in_the_same_folder(tmp_path):
         tune(load_config(None, BASE + ["train.lr=0.01"]), folder, trials=2, space=space, log=lambda line: None)
 
 
+def test_a_trial_stopped_by_ctrl_c_is_queued_again(tmp_path, monkeypatch):
+    import recsys.tune
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(recsys.tune, "train", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        tune(load_config(None, BASE), tmp_path / "tune", trials=2, log=lambda line: None)
+    trials = open_study(tmp_path / "tune").get_trials()
+    assert [t.state.name for t in trials] == ["FAIL", "WAITING"] and trials[1].user_attrs["base"]
+
+
 @pytest.mark.slow
 def test_jobs_train_trials_in_processes_with_their_share_of_threads(tmp_path):
     import os
