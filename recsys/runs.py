@@ -5,7 +5,6 @@ Used by ``recsys evaluate | index | recommend | serve``: a run directory needs n
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -13,13 +12,13 @@ from typing import Callable
 import numpy as np
 import torch
 
-from recsys.config import Config, run_config_from_dict
+from recsys.config import Config, ConfigError, run_config_from_dict
 from recsys.data import load_dataset
 from recsys.data.prepare import Dataset
 from recsys.data.split import Split, split_dataset
 from recsys.evaluate.evaluator import evaluate_with_config
 from recsys.models import InterestModel, build_model
-from recsys.train.checkpoint import RunDir
+from recsys.train.checkpoint import CONFIG, DATASET, RunDir
 
 
 @dataclass
@@ -38,14 +37,32 @@ def _model_for(cfg: Config, ds: Dataset, split: Split) -> InterestModel:
     return build_model(cfg.model, ds.num_items, cfg.data.max_len, item_counts=counts)
 
 
+def read_run_config(path: str | Path) -> Config:
+    """The config a run was trained with (its ``config.json``, verified against the manifest);
+    errors name the file."""
+    path = Path(path)
+    config_file = path / CONFIG
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{path} is not a run directory (no {CONFIG})")
+    try:
+        values = RunDir(path).read_config()
+    except ValueError as err:  # IntegrityError or invalid JSON, already naming the file
+        raise ConfigError(str(err)) from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"{config_file}: not a JSON object")
+    try:
+        return run_config_from_dict(values)
+    except ConfigError as err:
+        raise ConfigError(f"{config_file}: {err}") from None
+
+
 def load_run(path: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
-    """Load ``path`` (written by ``recsys train``) with its best weights."""
+    """Load ``path`` (written by ``recsys train``) with its best weights; every file is
+    verified against the run's manifest first."""
+    cfg = read_run_config(path)
     rd = RunDir(path)
-    config_file = rd.path / "config.json"
-    if not config_file.exists():
-        raise FileNotFoundError(f"{rd.path} is not a run directory (no config.json)")
-    cfg = run_config_from_dict(json.loads(config_file.read_text()))
-    ds = Dataset.load(rd.path / "dataset")
+    rd.verify_tree(DATASET)
+    ds = Dataset.load(rd.file(DATASET))
     split = split_dataset(ds, cfg.data)
     model = _model_for(cfg, ds, split)
     if not rd.has_best():

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from recsys.config import DataConfig
+from recsys.integrity import default_file_mode
 from recsys.data.readers import DataError
 
 PAD = "<pad>"
@@ -121,10 +123,12 @@ class Dataset:
             arrays["times"] = self.times
         with tempfile.NamedTemporaryFile(dir=directory, suffix=".npz", delete=False) as tmp:
             np.savez(tmp, **arrays)
+        os.chmod(tmp.name, default_file_mode())
         os.replace(tmp.name, directory / _ARRAYS)
         meta = {"format_version": _FORMAT_VERSION, "stats": self.stats()}
         with tempfile.NamedTemporaryFile("w", dir=directory, suffix=".json", delete=False) as tmp:
             json.dump(meta, tmp, indent=2)
+        os.chmod(tmp.name, default_file_mode())
         os.replace(tmp.name, directory / _META)
 
     @classmethod
@@ -136,8 +140,8 @@ class Dataset:
             meta = json.loads((directory / _META).read_text())
             with np.load(path, allow_pickle=False) as npz:
                 arrays = {key: npz[key] for key in npz.files}
-        except (OSError, ValueError) as err:
-            raise DataError(f"{directory}: not a saved dataset ({err})") from err
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:  # missing, truncated, damaged
+            raise DataError(f"{directory}: not a saved dataset, or a damaged one ({err})") from err
         if meta.get("format_version") != _FORMAT_VERSION:
             raise DataError(f"{directory / _META}: unsupported format_version {meta.get('format_version')!r}")
         try:

@@ -8,10 +8,13 @@ A run directory is self-contained::
       best.pt             best weights so far: {"model": state_dict, ...}
       metrics.jsonl       one JSON object per line, appended during training
       test_metrics.json   final test metrics
+      manifest.json       SHA-256 and size of every file above (and of dataset/ and index/)
 
 Files are written to a temporary file in the same directory, flushed to disk and renamed over
 the target (``os.replace``), so a crash leaves either the old file or the new one, never half of
-one. Checkpoints hold only tensors and Python primitives and load with
+one. Every file written through :class:`RunDir` is recorded in the run's manifest
+(:mod:`recsys.integrity`) and verified when it is loaded; all get the mode a plain ``open``
+would give them (0666 minus the umask). Checkpoints hold only tensors and Python primitives and load with
 ``torch.load(weights_only=True)``; :func:`check_plain` enforces that at save time.
 """
 
@@ -30,6 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from recsys import integrity
 from recsys.train.distributed import unwrap_model
 
 CHECKPOINT = "model.pt"
@@ -37,12 +41,24 @@ BEST = "best.pt"
 CONFIG = "config.json"
 METRICS = "metrics.jsonl"
 TEST_METRICS = "test_metrics.json"
+DATASET = "dataset"
+
+# what to do when a run file fails verification (appended to the one-line error)
+ADVICE = {
+    CHECKPOINT: "the run cannot be resumed from it; its best weights (best.pt) still evaluate and serve, "
+                "or re-train the run",
+    BEST: "if model.pt is intact, `recsys train --resume RUN` continues from the latest checkpoint "
+          "(best.pt is rewritten at the next improvement); otherwise re-train the run",
+}
+REWRITE_ADVICE = "re-train the run (recsys train)"
 
 
-def atomic_write(path: str | Path, write: Callable[[IO[bytes]], None]) -> None:
+
+def atomic_write(path: str | Path, write: Callable[[IO[bytes]], None], *, root: str | Path | None = None) -> None:
     """Call ``write(f)`` on a temporary binary file next to ``path``, then rename it to ``path``.
 
     If ``write`` raises, the temporary file is removed and ``path`` keeps its old content.
+    With ``root`` (a run directory), ``path`` is recorded in that run's manifest.
     """
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -51,21 +67,25 @@ def atomic_write(path: str | Path, write: Callable[[IO[bytes]], None]) -> None:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.chmod(tmp, integrity.default_file_mode())  # mkstemp creates 0600
+        if root is None:
+            os.replace(tmp, path)
+        else:
+            integrity.replace_recorded(tmp, path, root)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Atomically replace ``path`` with ``text`` (UTF-8)."""
-    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+def atomic_write_text(path: str | Path, text: str, *, root: str | Path | None = None) -> None:
+    """Atomically replace ``path`` with ``text`` (UTF-8); ``root`` as in :func:`atomic_write`."""
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")), root=root)
 
 
-def atomic_torch_save(obj: Any, path: str | Path) -> None:
+def atomic_torch_save(obj: Any, path: str | Path, *, root: str | Path | None = None) -> None:
     """Atomically ``torch.save`` ``obj`` to ``path``, after :func:`check_plain`."""
     check_plain(obj)
-    atomic_write(path, lambda f: torch.save(obj, f))
+    atomic_write(path, lambda f: torch.save(obj, f), root=root)
 
 
 _PRIMITIVES = (str, int, float, bool, type(None))
@@ -210,7 +230,7 @@ class RunDir:
     def save_config(self, config: Any) -> None:
         """Write ``config.json`` from a mapping or an object with ``to_dict()`` (a ``Config``)."""
         values = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-        atomic_write_text(self.file(CONFIG), json.dumps(values, indent=2) + "\n")
+        atomic_write_text(self.file(CONFIG), json.dumps(values, indent=2) + "\n", root=self.path)
 
     def read_config(self) -> dict[str, Any]:
         """``config.json`` as nested plain data (feed it to ``recsys.config.run_config_from_dict``)."""
@@ -219,7 +239,7 @@ class RunDir:
     # checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(self, state: dict[str, Any]) -> None:
         """Atomically write ``model.pt`` (e.g. a dict from :func:`make_checkpoint`)."""
-        atomic_torch_save(state, self.file(CHECKPOINT))
+        atomic_torch_save(state, self.file(CHECKPOINT), root=self.path)
 
     def load_checkpoint(self, map_location: str | torch.device = "cpu") -> dict[str, Any]:
         """``model.pt`` (raises ``FileNotFoundError`` naming the path when there is none)."""
@@ -233,7 +253,7 @@ class RunDir:
 
     def save_best(self, state_dict: Mapping[str, torch.Tensor], **info: Any) -> None:
         """Atomically write ``best.pt``: ``{"model": state_dict, **info}`` (e.g. step, metric)."""
-        atomic_torch_save({"model": dict(state_dict), **info}, self.file(BEST))
+        atomic_torch_save({"model": dict(state_dict), **info}, self.file(BEST), root=self.path)
 
     def has_best(self) -> bool:
         return self.file(BEST).exists()
@@ -243,28 +263,55 @@ class RunDir:
         return self.load(BEST, map_location)["model"]
 
     def load(self, name: str, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-        """Load checkpoint file ``name`` of this run with ``torch.load(weights_only=True)``."""
+        """Load checkpoint file ``name`` of this run with ``torch.load(weights_only=True)``,
+        after verifying it against the manifest. A file that fails verification or that torch
+        cannot read is an :class:`~recsys.integrity.IntegrityError` naming it."""
         path = self.file(name)
         if not path.exists():
             raise FileNotFoundError(f"{path}: no such checkpoint in run directory {self.path}")
-        return torch.load(path, map_location=map_location, weights_only=True)
+        advice = ADVICE.get(name, REWRITE_ADVICE)
+        self.verify(name)
+        try:
+            state = torch.load(path, map_location=map_location, weights_only=True)
+        except Exception as err:  # truncated zip, bad pickle opcode, ...: all mean "damaged"
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise integrity.IntegrityError(f"{path}: cannot be read ({reason[:200]}); {advice}") from None
+        if not isinstance(state, dict) or (name == BEST and "model" not in state):
+            raise integrity.IntegrityError(f"{path}: not a recsys checkpoint; {advice}")
+        return state
+
+    # integrity ------------------------------------------------------------------------------
+    def verify(self, name: str) -> None:
+        """Check file ``name`` (relative to the run) against the run's manifest; raises
+        :class:`~recsys.integrity.IntegrityError` with what to do when it does not match."""
+        integrity.verify(self.path, self.file(name), ADVICE.get(name, REWRITE_ADVICE))
+
+    def verify_tree(self, name: str) -> None:
+        """:meth:`verify` every file the manifest lists under folder ``name`` (e.g. the dataset)."""
+        integrity.verify_tree(self.path, self.file(name), ADVICE.get(name, REWRITE_ADVICE))
+
+    def record_tree(self, name: str) -> None:
+        """Record every file under folder ``name`` (written by someone else, e.g. the dataset)."""
+        integrity.record_tree(self.path, self.file(name))
 
     # metrics --------------------------------------------------------------------------------
     def append_metrics(self, record: Mapping[str, Any]) -> None:
         """Append ``record`` as one JSON line to ``metrics.jsonl``.
 
         numpy scalars and one-element tensors are converted (the latter syncs; call it only when
-        logging). A partial last line left by a crash is dropped first.
+        logging). The file is rewritten atomically (it is small: one line per log step), so it
+        is always whole and recorded in the manifest; a partial last line left by an older
+        version's interrupted append is dropped.
         """
         line = json.dumps(dict(record), default=_json_default) + "\n"
         path = self.file(METRICS)
-        self._drop_partial_line(path)
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(line)
-            f.flush()
+        old = path.read_bytes() if path.exists() else b""
+        old = old[: old.rfind(b"\n") + 1]
+        atomic_write(path, lambda out: out.write(old + line.encode("utf-8")), root=self.path)
 
     def read_metrics(self) -> list[dict[str, Any]]:
-        """Every complete record of ``metrics.jsonl`` in order (``[]`` if absent).
+        """Every complete record of ``metrics.jsonl`` in order (``[]`` if absent), verified
+        against the manifest.
 
         A last line without its newline (an interrupted append) is ignored; a malformed complete
         line raises ``ValueError`` naming the file and line.
@@ -272,6 +319,7 @@ class RunDir:
         path = self.file(METRICS)
         if not path.exists():
             return []
+        self.verify(METRICS)
         records = []
         lines = path.read_text(encoding="utf-8").split("\n")
         for lineno, line in enumerate(lines[:-1], start=1):  # lines[-1]: "" or a partial line
@@ -299,19 +347,8 @@ class RunDir:
             if record["step"] <= step:
                 kept.append(record)
         text = "".join(json.dumps(record) + "\n" for record in kept)
-        atomic_write_text(self.file(METRICS), text)
+        atomic_write_text(self.file(METRICS), text, root=self.path)
         return kept
-
-    @staticmethod
-    def _drop_partial_line(path: Path) -> None:
-        if not path.exists() or path.stat().st_size == 0:
-            return
-        with open(path, "rb") as f:
-            f.seek(-1, os.SEEK_END)
-            if f.read(1) == b"\n":
-                return
-        data = path.read_bytes()
-        atomic_write(path, lambda out: out.write(data[: data.rfind(b"\n") + 1]))
 
     # test metrics and other JSON ------------------------------------------------------------
     def save_test_metrics(self, metrics: Mapping[str, Any]) -> None:
@@ -323,10 +360,13 @@ class RunDir:
 
     def write_json(self, name: str, obj: Any) -> None:
         """Atomically write ``obj`` as pretty JSON to ``name`` in the run directory."""
-        atomic_write_text(self.file(name), json.dumps(obj, indent=2, default=_json_default) + "\n")
+        atomic_write_text(self.file(name), json.dumps(obj, indent=2, default=_json_default) + "\n", root=self.path)
 
     def read_json(self, name: str) -> Any:
+        """JSON file ``name`` of the run, verified against the manifest."""
         path = self.file(name)
+        if path.exists():
+            self.verify(name)
         try:
             return json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:

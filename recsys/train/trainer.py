@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,16 @@ from recsys.evaluate.evaluator import evaluate_with_config
 from recsys.models import InterestModel, build_model
 from recsys.nn.attention import max_attention_logit, set_track_stats
 from recsys.train import distributed
-from recsys.train.checkpoint import RunDir, capture_rng, make_checkpoint, new_run_dir, restore_rng
+from recsys.train.checkpoint import (
+    CHECKPOINT,
+    DATASET,
+    RunDir,
+    capture_rng,
+    make_checkpoint,
+    new_run_dir,
+    restore_rng,
+)
+from recsys.train.memory import check_fits
 from recsys.train.losses import (
     LossOutput,
     full_softmax_loss,
@@ -235,19 +245,41 @@ def train(cfg: Config, *, run_dir: str | None = None, resume: bool = False, log:
     torch.manual_seed(cfg.train.seed + dist.rank)
     t0 = time.perf_counter()
 
+    if resume and not (Path(run_dir) / CHECKPOINT).is_file():
+        raise FileNotFoundError(
+            f"--resume: {run_dir} has no checkpoint ({CHECKPOINT}): it failed or was stopped before its "
+            "first validation; start a new run instead"
+        )
     ds: Dataset = load_dataset(cfg)
     split = split_dataset(ds, cfg.data)
     item_counts = train_item_counts(split, ds.num_items)
-    model = build_model(cfg.model, ds.num_items, cfg.data.max_len, item_counts=item_counts).to(device)
+    model = build_model(cfg.model, ds.num_items, cfg.data.max_len, item_counts=item_counts)
+    check_fits(cfg, model, ds.num_items, device)
+    model = model.to(device)
 
-    if run_dir is not None:
-        rd = RunDir(run_dir)
-    else:
+    created = run_dir is None
+    if created:
         rd = RunDir(new_run_dir(cfg.output_dir, cfg.name, model=cfg.model.name, dataset=_data_name(cfg)))
+    else:
+        rd = RunDir(run_dir)
+    log(f"run directory: {rd.path}")
+    try:
+        return _run(cfg, rd, ds, split, item_counts, model, dist, resume, t0, log)
+    except BaseException:  # a folder this call created, with nothing to resume, is removed
+        if dist.is_main and created and not rd.file(CHECKPOINT).exists():
+            shutil.rmtree(rd.path, ignore_errors=True)
+            log(f"removed {rd.path}: the run stopped before its first checkpoint, so there is nothing to resume")
+        raise
+
+
+def _run(cfg: Config, rd: RunDir, ds: Dataset, split: Split, item_counts: Tensor, model: InterestModel,
+         dist: distributed.DistInfo, resume: bool, t0: float, log: Log) -> TrainResult:
+    """:func:`train` once the data, the model and the run directory exist."""
+    device = dist.device
     if dist.is_main and not resume:
         rd.save_config(cfg.to_dict())
-        ds.save(rd.path / "dataset")
-    log(f"run directory: {rd.path}")
+        ds.save(rd.file(DATASET))
+        rd.record_tree(DATASET)
     log(f"data: {ds.num_users} users, {ds.num_items - 1} items, {len(ds.items)} clicks; "
         f"train users {len(split.train_users)}, valid {len(split.valid.users)}, test {len(split.test.users)}")
 
