@@ -31,3 +31,17 @@ def tiny_run(tmp_path_factory):
 
     cfg = load_config(None, TINY_RUN_OVERRIDES + [f"output_dir={tmp_path_factory.mktemp('runs')}"])
     return train(cfg, log=lambda line: None).run_dir
+
+
+def pytest_addoption(parser):
+    parser.addoption("--soak", action="store_true", default=False,
+                     help="run the soak tests (10 minutes of mixed traffic against `recsys serve`)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--soak"):
+        return
+    skip = pytest.mark.skip(reason="soak test: 10 minutes of traffic; run with `python -m pytest --soak -m soak`")
+    for item in items:
+        if "soak" in item.keywords:
+            item.add_marker(skip)

@@ -8,9 +8,10 @@
                    its top-n against exact search on the run's held-out (test) users
 
 ``slug`` is the factory string as asked for, made file-safe (``"HNSW32,Flat"`` ->
-``HNSW32_Flat``). :func:`open_run_index` (used by ``recsys recommend`` and ``recsys serve``)
-loads the saved index when its embedding hash matches the weights, and otherwise builds the
-index in memory.
+``HNSW32_Flat``). Both are recorded in the run's manifest (:mod:`recsys.integrity`).
+:func:`open_run_index` (used by ``recsys recommend`` and ``recsys serve``) verifies them, loads
+the saved index when its embedding hash matches the weights, and otherwise builds the index in
+memory.
 
 IVF factories ask for ``nlist`` lists; FAISS wants at least 39 training vectors per list, so
 :func:`clamp_ivf` lowers ``nlist`` to ``num_items // 39`` (at least 1) on small catalogues and
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import time
 from collections.abc import Callable
@@ -31,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from recsys import integrity
 from recsys.retrieval.index import Retriever, build_index, load_index, save_index
 
 if TYPE_CHECKING:
@@ -183,7 +186,7 @@ def build_run_index(
     index, built_factory, build_s = _build(emb, factory, nprobe, ef_search, ef_construction, log)
     index_file, meta_file = index_paths(run.path, factory)
     index_file.parent.mkdir(parents=True, exist_ok=True)
-    save_index(index, index_file)
+    _save_recorded(run.path, index_file, lambda tmp: save_index(index, tmp))
 
     eval_set = run.split.test
     batches = _test_interests(run, eval_set, batch_size)
@@ -200,8 +203,42 @@ def build_run_index(
         exact_users_per_s=users / max(exact_s, 1e-9), ann_users_per_s=users / max(ann_s, 1e-9),
         index_file=str(index_file), created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     )
-    meta_file.write_text(json.dumps(asdict(report), indent=2) + "\n")
+    _save_recorded(run.path, meta_file, lambda tmp: tmp.write_text(json.dumps(asdict(report), indent=2) + "\n"))
     return report
+
+
+def _save_recorded(run_dir: Path, path: Path, write: Callable[[Path], None]) -> None:
+    """``write`` a temporary file beside ``path``, then move it into place, recorded in the
+    run's manifest."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        write(tmp)
+        os.chmod(tmp, integrity.default_file_mode())
+        integrity.replace_recorded(tmp, path, run_dir)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _load_saved(run: LoadedRun, factory: str, index_file: Path, meta_file: Path) -> tuple[dict, Any]:
+    """The saved index's description and a loader for it, both verified against the manifest."""
+    advice = f"rebuild it with `recsys index {run.path} --factory {factory!r}`, or delete it"
+    for path in (meta_file, index_file):
+        integrity.verify(run.path, path, advice)
+    try:
+        meta = json.loads(meta_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise integrity.IntegrityError(f"{meta_file}: invalid JSON ({err}); {advice}") from None
+    if not isinstance(meta, dict):
+        raise integrity.IntegrityError(f"{meta_file}: not a JSON object; {advice}")
+
+    def load() -> Any:
+        try:
+            return load_index(index_file)
+        except RuntimeError as err:  # FAISS: truncated or not an index
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else "unreadable"
+            raise integrity.IntegrityError(f"{index_file}: cannot be read ({reason[:200]}); {advice}") from None
+
+    return meta, load
 
 
 def open_run_index(
@@ -225,9 +262,9 @@ def open_run_index(
     categories = run.dataset.item_category
     index_file, meta_file = index_paths(run.path, factory)
     if index_file.is_file() and meta_file.is_file():
-        meta = json.loads(meta_file.read_text())
+        meta, load = _load_saved(run, factory, index_file, meta_file)
         if meta.get("embedding_sha1") == embedding_hash(emb):
-            index = load_index(index_file)
+            index = load()
             nprobe = nprobe if nprobe is not None else int(meta["nprobe"])
             ef_search = ef_search if ef_search is not None else int(meta["ef_search"])
             retriever = Retriever.from_index(index, nprobe=nprobe, ef_search=ef_search, item_category=categories)

@@ -180,18 +180,26 @@ class _Service:
 def create_app(rec: Recommender, cfg: ServeConfig, *, run: str = "") -> FastAPI:
     """The FastAPI app serving ``rec`` with the limits and defaults of ``cfg``."""
     service = _Service(rec, cfg)
-    batcher: MicroBatcher[_Job, Any] = MicroBatcher(service.run, max_batch=cfg.max_batch, workers=cfg.batch_workers)
     info = {**rec.info(), "run": run, "default_n": cfg.n, "max_n": cfg.max_n, "max_batch": cfg.max_batch,
             "batch_workers": cfg.batch_workers, "fallback_popular": cfg.fallback_popular}
     RequestBody = _request_model(cfg)
 
+    def new_batcher() -> MicroBatcher[_Job, Any]:
+        return MicroBatcher(service.run, max_batch=cfg.max_batch, workers=cfg.batch_workers)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        yield
-        batcher.close()
+        # a fresh batcher for every start: the app may be started again after a shutdown
+        # (test clients do), and a closed batcher cannot take work
+        app.state.batcher.close()
+        app.state.batcher = new_batcher()
+        try:
+            yield
+        finally:
+            app.state.batcher.close()
 
     app = FastAPI(title="recsys", description="Multi-interest candidate retrieval", version="1", lifespan=lifespan)
-    app.state.batcher = batcher
+    app.state.batcher = new_batcher()  # also serves an app used without its lifespan
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> Response:
@@ -207,7 +215,7 @@ def create_app(rec: Recommender, cfg: ServeConfig, *, run: str = "") -> FastAPI:
 
     @app.get("/info")
     async def get_info() -> dict[str, Any]:
-        return {**info, "batches": batcher.batches, "requests": batcher.items}
+        return {**info, "batches": app.state.batcher.batches, "requests": app.state.batcher.items}
 
     @app.post("/recommend")
     async def recommend(req: RequestBody) -> Response:  # type: ignore[valid-type]
@@ -216,7 +224,7 @@ def create_app(rec: Recommender, cfg: ServeConfig, *, run: str = "") -> FastAPI:
             return job
         if isinstance(job, bytes):
             return Response(job, media_type="application/json")
-        row = await batcher.submit(job)
+        row = await app.state.batcher.submit(job)
         return Response(service.render(job, row), media_type="application/json")
 
     return app

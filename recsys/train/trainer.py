@@ -252,6 +252,7 @@ def train(cfg: Config, *, run_dir: str | None = None, resume: bool = False, log:
         )
     ds: Dataset = load_dataset(cfg)
     split = split_dataset(ds, cfg.data)
+    _check_split(ds, split)
     item_counts = train_item_counts(split, ds.num_items)
     model = build_model(cfg.model, ds.num_items, cfg.data.max_len, item_counts=item_counts)
     check_fits(cfg, model, ds.num_items, device)
@@ -402,6 +403,18 @@ def _validate(st: _LoopState, model: InterestModel, step_fn: TrainStep, batches:
         rng=capture_rng({"batches": batches.rng}, {"neg": generator}),
     ))
     return patience > 0 and st.bad_evals >= patience
+
+
+def _check_split(ds: Dataset, split: Split) -> None:
+    """A dataset too small to train, validate and test on is an error before the run starts."""
+    sizes = {"train": len(split.train_users), "valid": len(split.valid.users), "test": len(split.test.users)}
+    empty = [name for name, size in sizes.items() if size == 0]
+    if empty:
+        raise ValueError(
+            f"data: too small to split: {ds.num_users} users after filtering leave no {' and no '.join(empty)} "
+            f"users ({', '.join(f'{k} {v}' for k, v in sizes.items())}); use more data, or lower "
+            "data.min_item_count / data.min_user_count"
+        )
 
 
 def _data_name(cfg: Config) -> str:
