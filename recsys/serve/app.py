@@ -121,7 +121,7 @@ class _Service:
             if len(index) == 0:
                 if fallback:
                     return self.render_popular(req.n, [], user)
-                return _error({"detail": f"unknown user {shown(repr(user))}"}, 404)
+                return _error({"detail": f"unknown user '{shown(user)}'"}, 404)
             inputs, lengths = self.rec.user_inputs(index)
             exclude = self.rec.user_histories(index)[1] if req.exclude_seen else None
             return _Job(inputs[0], int(lengths[0]), req.n, req.diversity_lambda, exclude, [], user)
