@@ -38,8 +38,11 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_common_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--debug", action="store_true", help="show the full traceback of an error (also: RECSYS_DEBUG=1)")
-    p.add_argument("--verbose", action="store_true", help="print the resolved config before the command's own output")
+    # SUPPRESS: set only where given, so `recsys data --debug list` and `recsys data list --debug` both work
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                   help="show the full traceback of an error (also: RECSYS_DEBUG=1)")
+    p.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,
+                   help="print the resolved config before the command's own output")
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -103,6 +106,18 @@ def cmd_data(args: argparse.Namespace) -> int:
     if args.out:
         ds.save(args.out)
         print(f"prepared dataset written to {args.out}")
+    return 0
+
+
+def cmd_data_registry(args: argparse.Namespace) -> int:
+    """``recsys data list`` (the registered datasets) and ``recsys data fetch NAME``."""
+    from recsys.data.fetch import fetch
+    from recsys.data.registry import format_registry, registry
+
+    if args.data_command == "list":
+        print(format_registry(registry()))
+    else:
+        fetch(args.name, dest=args.dest, sources=args.sources, force=args.force, progress=not args.no_progress)
     return 0
 
 
@@ -230,6 +245,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.add_argument("--out", help="save the prepared dataset to this folder")
     p.set_defaults(func=cmd_data)
+    registry_commands = p.add_subparsers(dest="data_command", metavar="{list,fetch}")
+    registry_commands.add_parser("list", help="the registered public datasets (data/*.toml)").set_defaults(
+        func=cmd_data_registry)
+    f = registry_commands.add_parser("fetch", help="download, verify and prepare a registered dataset")
+    f.add_argument("name", help="a name from `recsys data list`")
+    f.add_argument("--dest", help="data root to use instead of $RECSYS_DATA_DIR / the user cache")
+    f.add_argument("--from", dest="sources", action="append", default=[], metavar="FILE",
+                   help="a file downloaded by hand instead of downloading it; repeatable")
+    f.add_argument("--force", action="store_true", help="prepare again even if already prepared")
+    f.add_argument("--no-progress", action="store_true", help="no download progress bar")
+    f.set_defaults(func=cmd_data_registry)
 
     p = sub.add_parser("train", help="train a model, then evaluate it on the test users")
     _add_config_args(p)
@@ -274,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1, help="torch/FAISS CPU threads (default 1)")
     p.add_argument("--access-log", action="store_true", help="log every request (slower)")
     p.set_defaults(func=cmd_serve)
-    for p in sub.choices.values():  # every command: --debug, --verbose
+    for p in [*sub.choices.values(), *registry_commands.choices.values()]:  # every command: --debug, --verbose
         _add_common_args(p)
     return parser
 

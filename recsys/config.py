@@ -28,6 +28,9 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
+REGISTRY_TABLE = "dataset"  # a data/<name>.toml's registry entry (recsys.data.registry); not run config
+
+
 class ConfigError(ValueError):
     """A config file or override is invalid; the message names the offending key."""
 
@@ -94,6 +97,7 @@ class ModelConfig:
     backend: str = "auto"  # kernel backend: auto | triton | torch
     positions: str = "recent"  # learned positions: recent (0 = latest click) | absolute (0 = oldest) | none
     head_values: str = "items"  # sasrec_mi: its multi-interest head pools items (embeddings) | encoded (encoder outputs)
+    score_cap: float = 0.0  # comirec_sa, sasrec_mi: self-attentive scores become c*tanh(s/c); 0 disables
 
 
 @dataclass
@@ -124,6 +128,11 @@ class TrainConfig:
     log_every: int = 100
     min_target: int = 4  # earliest target position in a training sequence (ComiRec's code: 4)
     cpu_threads: int = 0  # torch intra-op threads on CPU; 0 keeps torch's default
+    # against interest collapse (see README "Multi-interest health")
+    attention_reg: float = 0.0  # weight of mean sum_l A^2 (each interest's collision probability) for self-attentive models
+    soft_readout_steps: int = 0  # readout blends from a softmax over interests to ComiRec's argmax over these steps
+    hard_negatives: float = 0.0  # share of the sampled negatives drawn near the batch's interests (exact logQ)
+    hard_negative_temperature: float = 1.0  # the hard proposal is softmax(<interest, item> / temperature)
 
 
 @dataclass
@@ -305,8 +314,9 @@ def run_config_from_dict(values: dict[str, Any]) -> Config:
 def load_config(
     paths: str | Path | list[str | Path] | None = None, overrides: list[str] | None = None
 ) -> Config:
-    """Defaults, then each TOML file in ``paths`` in order (later files win), then each
-    ``section.key=value`` override. Layering lets a dataset file and a model file combine::
+    """Defaults, then each TOML file in ``paths`` in order (later files win; a ``[dataset]``
+    table, a registry entry's download details, is skipped), then each ``section.key=value``
+    override. Layering lets a dataset file and a model file combine::
 
         load_config(["experiments/configs/data/taobao.toml", "experiments/configs/models/comirec_sa.toml"])
     """
@@ -322,6 +332,7 @@ def load_config(
             raise ConfigError(f"config file not found: {path}") from None
         except tomllib.TOMLDecodeError as err:
             raise ConfigError(f"{path}: invalid TOML: {err}") from None
+        values.pop(REGISTRY_TABLE, None)
         try:
             _apply(cfg, values, "")
         except ConfigError as err:
@@ -355,7 +366,7 @@ _POSITIVE = (
 )
 _NON_NEGATIVE = (
     "data.min_item_count", "data.min_user_count", "model.hidden", "model.softcap",
-    "model.dropout", "train.lr", "train.weight_decay", "train.patience", "train.num_negatives",
+    "model.dropout", "model.score_cap", "train.lr", "train.attention_reg", "train.soft_readout_steps", "train.weight_decay", "train.patience", "train.num_negatives",
     "train.z_loss", "train.max_minutes", "train.cpu_threads", "train.grad_clip", "eval.diversity_lambda", "synthetic.noise",
 )
 
@@ -380,6 +391,12 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"{path}: must be >= 0, got {_get(cfg, path)!r}")
     if cfg.eval.diversity_lambda > MAX_DIVERSITY_LAMBDA:
         raise ConfigError(f"eval.diversity_lambda: must be <= {MAX_DIVERSITY_LAMBDA:g}, got {cfg.eval.diversity_lambda!r}")
+    if not 0.0 <= cfg.train.hard_negatives < 1.0:
+        raise ConfigError(f"train.hard_negatives: must be in [0, 1), got {cfg.train.hard_negatives!r}")
+    if not cfg.train.hard_negative_temperature > 0:
+        raise ConfigError(f"train.hard_negative_temperature: must be > 0, got {cfg.train.hard_negative_temperature!r}")
+    if cfg.train.hard_negatives and cfg.train.full_softmax:
+        raise ConfigError("train.hard_negatives: has no effect with train.full_softmax = true (no sampling); set it to 0")
     if not 0.0 <= cfg.model.dropout < 1.0:
         raise ConfigError(f"model.dropout: must be in [0, 1), got {cfg.model.dropout!r}")
     if not 0.0 < cfg.data.eval_input_frac < 1.0:

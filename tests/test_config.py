@@ -97,7 +97,8 @@ def test_every_experiment_config_pair_loads():
     for data in datas:
         for model in models:
             cfg = load_config([data, model])
-            assert cfg.model.name == model.stem and cfg.data.source != "synthetic", (data.name, model.name)
+            assert cfg.model.name == model.stem, (data.name, model.name)
+            assert (cfg.data.source == "synthetic") == (data.stem == "synthetic"), (data.name, model.name)
 
 
 @pytest.mark.parametrize("value", ["inf", "-inf", "nan", "+inf"])

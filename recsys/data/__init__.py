@@ -7,6 +7,7 @@ cache), :func:`describe` (the statistics ``recsys data`` prints), :func:`split_d
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -15,6 +16,7 @@ from recsys.config import Config
 from recsys.data.batches import TrainSampler, pad_sequences
 from recsys.data.prepare import Dataset, prepare
 from recsys.data.readers import DataError, DataWarning, read_interactions
+from recsys.data.registry import resolve_source
 from recsys.data.split import EvalSet, Split, split_dataset
 from recsys.data.synthetic import generate
 
@@ -28,8 +30,10 @@ _CACHE_VERSION = 1  # bump when reading or preparation changes what a cached dat
 
 def load_dataset(cfg: Config) -> Dataset:
     """The prepared dataset of ``cfg.data`` (``source = "synthetic"`` generates it from
-    ``cfg.synthetic``). With ``cfg.data.cache_dir`` set, the result is cached there under a
+    ``cfg.synthetic``; ``dataset:NAME/PATH`` names a file of a fetched registered dataset,
+    see :mod:`recsys.data.registry`). With ``cfg.data.cache_dir`` set, the result is cached there under a
     key of every setting and source file (size and modification time) that shapes it."""
+    cfg = dataclasses.replace(cfg, data=resolve_source(cfg.data))  # dataset:NAME/... -> the fetched files
     cache = _cache_path(cfg) if cfg.data.cache_dir else None
     if cache is not None and (cache / "dataset.json").is_file():
         try:

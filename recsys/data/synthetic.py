@@ -152,3 +152,16 @@ def _segment_interests(
         draw = rng.random(len(seg)) * cum[:, -1]
         active[seg] = np.minimum((cum <= draw[:, None]).sum(axis=1), n_int - 1)
     return active
+
+
+def planted_categories(cfg: SyntheticConfig, user_raw: np.ndarray, category_raw: np.ndarray) -> list[set[int]]:
+    """Each listed user's planted categories, in a prepared dataset's category numbering.
+
+    ``user_raw [U]`` raw user ids (the decimal indices :func:`generate` writes), ``category_raw
+    [C]`` the dataset's raw category names (``[0]`` unknown) -> one set of category ids per user.
+    Regenerates the planted truth from ``cfg`` (deterministic in ``cfg.seed``).
+    """
+    _, truth = generate(cfg, return_truth=True)
+    ids = {str(name): i for i, name in enumerate(category_raw)}
+    planted = truth.user_interests[np.asarray(user_raw).astype(np.int64)]  # [U, I] raw category indices
+    return [{ids[str(c)] for c in row if str(c) in ids} for row in planted]

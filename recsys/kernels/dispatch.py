@@ -109,11 +109,14 @@ def multi_interest(
     *,
     pos: Tensor | None = None,
     values: Tensor | None = None,
+    score_cap: float | None = None,
+    return_scores: bool = False,
     backend: str = "auto",
-) -> Tensor:
+) -> Tensor | tuple[Tensor, Tensor]:
     """ComiRec-SA self-attentive multi-interest extraction.
 
-    ``A = softmax over L of tanh((H + P) W1) W2`` (padding masked), interests ``= Aᵀ H``
+    ``A = softmax over L of S``, ``S = tanh((H + P) W1) W2`` (padding masked; with
+    ``score_cap`` ``S`` becomes ``cap · tanh(S / cap)``), interests ``= Aᵀ H``
     (``= Aᵀ values`` when given).
 
     Args:
@@ -124,10 +127,15 @@ def multi_interest(
         pos: optional ``[L_max, d]`` position embeddings added for the scores only.
         values: optional ``[B, L, d_v]`` pooled instead of ``h``. The fused Triton kernel pools
             ``h`` itself, so with ``values`` "auto" runs the PyTorch twin and "triton" is an error.
+        score_cap: bound on the attention scores (0 or None: none).
+        return_scores: also return the scores ``S [B, L, K]`` (fp32, differentiable; the
+            softmax over the valid positions of each column is the attention ``A``). The fused
+            kernel writes them anyway, so this costs nothing extra.
         backend: ``"auto" | "triton" | "torch"``.
 
     Returns:
-        ``[B, K, d]`` (``[B, K, d_v]`` with ``values``).
+        ``[B, K, d]`` (``[B, K, d_v]`` with ``values``); with ``return_scores``
+        ``(interests, scores)``.
     """
     if h.dim() != 3:
         raise ValueError(f"h must be [B, L, d], got {tuple(h.shape)}")
@@ -141,14 +149,17 @@ def multi_interest(
     if values is not None and (values.dim() != 3 or values.shape[:2] != h.shape[:2]):
         raise ValueError(f"values must be [{b}, {seq_len}, d_v], got {tuple(values.shape)}")
     _check_lengths(lengths, b, "lengths")
+    if score_cap is not None and not score_cap >= 0:
+        raise ValueError(f"score_cap must be >= 0 (0 or None: no cap), got {score_cap}")
+    extra = {"score_cap": score_cap or None, "return_scores": return_scores}
     if values is not None:
         if backend == "triton":
             raise ValueError("the Triton multi-interest kernel pools h itself: values= needs backend 'auto' or 'torch'")
-        return reference.multi_interest_ref(h, lengths, w1, w2, pos=pos, values=values)
+        return reference.multi_interest_ref(h, lengths, w1, w2, pos=pos, values=values, **extra)
     if _use_triton(backend, h.device):
         from recsys.kernels.triton_multi_interest import triton_multi_interest, triton_supports
 
         # "auto" sends what the kernel does not cover (fp64, d > 128) to the twin; "triton" raises
         if backend == "triton" or triton_supports(h, w1):
-            return triton_multi_interest(h, lengths, w1, w2, pos=pos)
-    return reference.multi_interest_ref(h, lengths, w1, w2, pos=pos)
+            return triton_multi_interest(h, lengths, w1, w2, pos=pos, **extra)
+    return reference.multi_interest_ref(h, lengths, w1, w2, pos=pos, **extra)

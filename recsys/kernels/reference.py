@@ -13,6 +13,10 @@ import torch
 from torch import Tensor
 
 
+def _at_least_fp32(x: Tensor) -> Tensor:
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def attention_ref(
     q: Tensor,
     k: Tensor,
@@ -51,18 +55,34 @@ def attention_ref(
         visible = visible & key_ok[:, None, None, :]
     any_visible = visible.any(dim=-1, keepdim=True)  # [B, 1, Lq, 1]
     s = s.masked_fill(~visible, float("-inf")).masked_fill(~any_visible, 0.0)
-    p = torch.softmax(s.float(), dim=-1).to(v.dtype).masked_fill(~any_visible, 0.0)
+    p = torch.softmax(_at_least_fp32(s), dim=-1).to(v.dtype).masked_fill(~any_visible, 0.0)
     return torch.matmul(p, v)
+
+
+def length_softmax(scores: Tensor, lengths: Tensor) -> Tensor:
+    """Softmax over the sequence axis with padding masked: ``scores [B, L, K]`` -> ``A [B, L, K]``.
+
+    Positions ``>= lengths[b]`` get weight 0; a row of length 0 is all zeros (with zero
+    gradients), never NaN. Computed in fp32 (fp64 stays fp64).
+    """
+    valid = torch.arange(scores.shape[1], device=scores.device)[None, :, None] < lengths.to(scores.device)[:, None, None]
+    s = _at_least_fp32(scores).masked_fill(~valid, float("-inf")).masked_fill(~valid.any(dim=1, keepdim=True), 0.0)
+    return torch.softmax(s, dim=1).masked_fill(~valid, 0.0)
+
+
+def cap_scores(scores: Tensor, score_cap: float | None) -> Tensor:
+    """``score_cap · tanh(scores / score_cap)`` (bounded in ``(-cap, cap)``); unchanged when 0/None."""
+    return score_cap * torch.tanh(scores / score_cap) if score_cap else scores
 
 
 def multi_interest_ref(
     h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, *, pos: Tensor | None = None,
-    values: Tensor | None = None,
-) -> Tensor:
+    values: Tensor | None = None, score_cap: float | None = None, return_scores: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
     """ComiRec-SA self-attentive extraction: ``A = softmax_L(tanh((H + P) W1) W2)``, ``V = Aᵀ H``.
 
     It is attention with the K columns of ``W2`` as shared learned queries, keys
-    ``tanh((H + P) W1)``, values ``H`` and scale 1, so it reuses :func:`attention_ref`.
+    ``tanh((H + P) W1)``, values ``H`` and scale 1.
 
     Args:
         h: ``[B, L, d]`` item embeddings of the (right-padded) click sequences.
@@ -72,13 +92,17 @@ def multi_interest_ref(
         pos: optional ``[L_max, d]`` (``L_max >= L``) position embeddings, added to ``h`` for the
             scores only (not to the values).
         values: optional ``[B, L, d_v]`` pooled instead of ``h`` (``V = Aᵀ values``).
+        score_cap: if > 0, the scores become ``cap · tanh(S / cap)`` before the softmax.
+        return_scores: also return the (capped) scores ``S [B, L, K]`` (fp32, or fp64 for fp64 inputs), differentiable:
+            the logits whose softmax over valid positions is ``A``.
 
     Returns:
         ``[B, K, d]`` (``[B, K, d_v]`` with ``values``) interests; 0 for a sequence of length 0.
+        With ``return_scores``: ``(interests, scores)``.
     """
     x = h if pos is None else h + pos[: h.shape[1]]
-    keys = torch.tanh(torch.matmul(x, w1))  # [B, L, hidden]
-    queries = w2.t()[None, None]  # [1, 1, K, hidden]
+    scores = cap_scores(_at_least_fp32(torch.matmul(torch.tanh(torch.matmul(x, w1)), w2)), score_cap)  # [B, L, K]
     pooled = h if values is None else values
-    out = attention_ref(queries, keys[:, None], pooled[:, None], key_lengths=lengths, scale=1.0)
-    return out[:, 0]  # [B, K, d]
+    a = length_softmax(scores, lengths)  # [B, L, K]
+    out = torch.matmul(a.transpose(1, 2).to(pooled.dtype), pooled)  # [B, K, d]
+    return (out, scores) if return_scores else out

@@ -170,12 +170,13 @@ def _flat_rows(H, POS, rows, offs_d, r_ok, d_ok, L, D, stride_pl, HAS_POS: tl.co
 @triton.jit
 def _mi_scores_kernel(
     H, POS, W1, W2, S,
-    R, L, D, HID, K, stride_pl, stride_w1, stride_w2,
-    HAS_POS: tl.constexpr,
+    R, L, D, HID, K, stride_pl, stride_w1, stride_w2, CAP,
+    HAS_POS: tl.constexpr, HAS_CAP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
     TANH_MODE: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """``S[rows] = tanh((H + P)[rows] W1) W2`` (fp32) for one tile of flat rows."""
+    """``S[rows] = tanh((H + P)[rows] W1) W2`` (fp32) for one tile of flat rows; with ``HAS_CAP``
+    the stored scores are ``CAP · tanh(S / CAP)``."""
     dt = H.dtype.element_ty
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -190,6 +191,8 @@ def _mi_scores_kernel(
         w1, w2t = _hidden_slice(W1, W2, c + offs_h, offs_d, offs_k, d_ok, k_ok, HID, stride_w1, stride_w2)
         t = _tanh(tl.dot(x, w1, input_precision=PRECISION), dt, TANH_MODE)  # [BLOCK_M, BLOCK_H]
         s = tl.dot(t, tl.trans(w2t), s, input_precision=PRECISION)
+    if HAS_CAP:
+        s = CAP * _tanh(s / CAP, tl.float32, 0)
     tl.store(S + rows.to(tl.int64)[:, None] * K + offs_k[None, :], s, mask=r_ok[:, None] & k_ok[None, :])
 
 
@@ -250,10 +253,15 @@ def _pool_block(h_seq, s_seq, m_i, l_i, acc, start, n, K, stride_hl, offs_l, off
 @triton.jit
 def _mi_bwd_scores_kernel(
     H, S, LENGTHS, OUT, DOUT, LSE, DH, DS,
-    L, D, K, stride_hb, stride_hl, stride_ob, stride_ok,
+    L, D, K, stride_hb, stride_hl, stride_ob, stride_ok, CAP,
+    HAS_CAP: tl.constexpr,
     BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """One sequence: ``A``, ``dH = A dO`` (value path) and ``dS = A (H dOᵀ - <dO, O>)``; 0 on padding."""
+    """One sequence: ``A``, ``dH = A dO`` (value path) and ``dS = A (H dOᵀ - <dO, O>)``; 0 on padding.
+
+    With ``HAS_CAP`` the saved ``S`` are the capped scores and ``dS`` is taken through the cap
+    (times ``1 - (S / CAP)²``), so it is the gradient of the raw scores.
+    """
     b = tl.program_id(0)
     b64 = tl.cast(b, tl.int64)
     dt = H.dtype.element_ty
@@ -282,7 +290,10 @@ def _mi_bwd_scores_kernel(
         dh = tl.dot(a.to(dt), do, input_precision=PRECISION)  # [BLOCK_L, BLOCK_D]
         da = tl.dot(hb, tl.trans(do), input_precision=PRECISION)  # [BLOCK_L, BLOCK_K]
         tl.store(DH + h_ptr, dh.to(dt), mask=in_l[:, None] & d_ok[None, :])
-        tl.store(DS + sk_ptr, (a * (da - delta[None, :])).to(dt), mask=in_l[:, None] & k_ok[None, :])
+        ds = a * (da - delta[None, :])
+        if HAS_CAP:
+            ds = ds * (1.0 - (s / CAP) * (s / CAP))
+        tl.store(DS + sk_ptr, ds.to(dt), mask=in_l[:, None] & k_ok[None, :])
 
 
 @triton.jit
@@ -391,7 +402,7 @@ def _launch(cfg: LaunchConfig) -> dict[str, int]:
 
 def multi_interest_forward(
     h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None,
-    config: ForwardConfig | None = None,
+    config: ForwardConfig | None = None, score_cap: float | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Launch the two forward kernels on contiguous tensors of one dtype.
 
@@ -399,10 +410,12 @@ def multi_interest_forward(
         h: ``[B, L, d]``; lengths ``[B]`` int; w1 ``[d, hidden]``; w2 ``[hidden, K]``;
             pos ``[>= L, d]`` or None.
         config: launch shapes; default :func:`forward_config`.
+        score_cap: if > 0, the scores kernel stores ``cap · tanh(S / cap)``.
 
     Returns:
-        ``(out [B, K, d] in h's dtype, lse [B, K] fp32, scores [B, L, K] fp32)``: ``lse`` is
-        the log-sum-exp of the scores over the valid positions (0 for empty sequences).
+        ``(out [B, K, d] in h's dtype, lse [B, K] fp32, scores [B, L, K] fp32)``: ``scores``
+        are the (capped) logits of the softmax, ``lse`` their log-sum-exp over the valid
+        positions (0 for empty sequences).
     """
     b, seq_len, d = h.shape
     hidden, k = w2.shape
@@ -417,7 +430,7 @@ def multi_interest_forward(
     _mi_scores_kernel[(triton.cdiv(rows, cfg.scores.block_l),)](
         h, pos if pos is not None else h, w1, w2, scores,
         rows, seq_len, d, hidden, k, pos.stride(0) if pos is not None else 0, w1.stride(0), w2.stride(0),
-        HAS_POS=pos is not None, BLOCK_M=cfg.scores.block_l,
+        float(score_cap or 1.0), HAS_POS=pos is not None, HAS_CAP=bool(score_cap), BLOCK_M=cfg.scores.block_l,
         **_blocks(d, hidden, k, cfg.scores.block_h), **flags, **_launch(cfg.scores),
     )
     block_l = _seq_block(seq_len, cfg.pool.block_l)
@@ -434,6 +447,7 @@ def multi_interest_forward(
 def multi_interest_backward(
     h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None,
     out: Tensor, lse: Tensor, scores: Tensor, dout: Tensor, config: BackwardConfig | None = None,
+    dscores: Tensor | None = None, score_cap: float | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """Launch the three backward kernels, then sum the per-program partial gradients.
 
@@ -442,6 +456,10 @@ def multi_interest_backward(
         out, lse, scores: the forward's outputs ``[B, K, d]``, ``[B, K]`` and ``[B, L, K]``.
         dout: ``[B, K, d]`` contiguous gradient of ``out``.
         config: launch shapes; default :func:`backward_config`.
+        dscores: optional ``[B, L, K]`` gradient of the returned scores (a loss term on the
+            attention), added to the softmax path's score gradient.
+        score_cap: the forward's cap; the scores kernel of the backward applies its derivative
+            ``1 - (S / cap)²`` (and :func:`_add_score_grad` to ``dscores``).
 
     Returns:
         ``(dh [B, L, d], dw1 [d, hidden], dw2 [hidden, K], dpos [L_max, d] or None)`` in the
@@ -463,10 +481,13 @@ def multi_interest_backward(
     ds = torch.empty(b, seq_len, k, device=h.device, dtype=h.dtype)  # dLoss/dS; 0 on padding
     _mi_bwd_scores_kernel[(b,)](
         h, scores, lengths, out, dout, lse, dh, ds,
-        seq_len, d, k, h.stride(0), h.stride(1), out.stride(0), out.stride(1),
-        BLOCK_L=_seq_block(seq_len, cfg.scores.block_l), BLOCK_D=block_d, BLOCK_K=block_k,
+        seq_len, d, k, h.stride(0), h.stride(1), out.stride(0), out.stride(1), float(score_cap or 1.0),
+        HAS_CAP=bool(score_cap), BLOCK_L=_seq_block(seq_len, cfg.scores.block_l), BLOCK_D=block_d, BLOCK_K=block_k,
         PRECISION=flags["PRECISION"], **_launch(cfg.scores),
     )
+
+    if dscores is not None:
+        ds = _add_score_grad(ds, scores, dscores, score_cap)
 
     rows = b * seq_len
     dx = torch.empty_like(h) if pos is not None else dh  # score-path dH, for dP
@@ -498,21 +519,38 @@ def multi_interest_backward(
     return dh, dw1, dw2, dpos
 
 
+def _add_score_grad(ds: Tensor, scores: Tensor, dscores: Tensor, score_cap: float | None) -> Tensor:
+    """``ds [B, L, K]`` (the kernel's gradient of the raw scores) plus ``dscores`` (the gradient of
+    the returned, capped scores from a loss term) taken through the cap's derivative."""
+    extra = dscores.float()
+    if score_cap:
+        extra = extra * (1.0 - (scores / score_cap).square())
+    return (ds.float() + extra).to(ds.dtype)
+
+
 class _MultiInterest(torch.autograd.Function):
-    """Autograd wrapper: saves the inputs, the output, the scores ``[B, L, K]`` and log-sum-exp."""
+    """Autograd wrapper: saves the inputs, the output, the scores ``[B, L, K]`` and log-sum-exp.
+
+    Returns ``(out, scores)``; ``scores`` (the capped logits) is differentiable, so a loss term
+    on the attention adds its gradient to the kernel's own score gradient.
+    """
 
     @staticmethod
-    def forward(ctx, h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None) -> Tensor:
-        out, lse, scores = multi_interest_forward(h, lengths, w1, w2, pos)
+    def forward(ctx, h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None,
+                score_cap: float | None) -> tuple[Tensor, Tensor]:
+        out, lse, scores = multi_interest_forward(h, lengths, w1, w2, pos, score_cap=score_cap)
         ctx.save_for_backward(h, lengths, w1, w2, pos, out, lse, scores)
-        return out
+        ctx.score_cap = score_cap
+        ctx.set_materialize_grads(False)
+        return out, scores
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, dout: Tensor):
+    def backward(ctx, dout: Tensor | None, dscores: Tensor | None):
         h, lengths, w1, w2, pos, out, lse, scores = ctx.saved_tensors
+        dout = torch.zeros_like(out) if dout is None else dout.contiguous()
         dh, dw1, dw2, dpos = multi_interest_backward(
-            h, lengths, w1, w2, pos, out, lse, scores, dout.contiguous()
+            h, lengths, w1, w2, pos, out, lse, scores, dout, dscores=dscores, score_cap=ctx.score_cap,
         )
         need = ctx.needs_input_grad
         return (
@@ -521,6 +559,7 @@ class _MultiInterest(torch.autograd.Function):
             dw1 if need[2] else None,
             dw2 if need[3] else None,
             dpos if need[4] else None,
+            None,
         )
 
 
@@ -534,8 +573,9 @@ def triton_supports(h: Tensor, w1: Tensor) -> bool:
 
 
 def triton_multi_interest(
-    h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, *, pos: Tensor | None = None
-) -> Tensor:
+    h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, *, pos: Tensor | None = None,
+    score_cap: float | None = None, return_scores: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
     """Fused ComiRec-SA extraction, differentiable in ``h``, ``w1``, ``w2`` and ``pos``.
 
     Computes in ``h``'s dtype (the weights are cast to it), or in the autocast dtype when
@@ -547,9 +587,12 @@ def triton_multi_interest(
         w1: ``[d, hidden]``.
         w2: ``[hidden, K]``.
         pos: optional ``[L_max >= L, d]``, added to ``h`` for the scores only.
+        score_cap: if > 0, scores become ``cap · tanh(S / cap)`` before the softmax.
+        return_scores: also return the (capped) scores ``[B, L, K]`` fp32, differentiable.
 
     Returns:
         ``[B, K, d]`` interests; 0 (with zero gradients) for a sequence of length 0.
+        With ``return_scores``: ``(interests, scores)``.
     """
     if not triton_supports(h, w1):
         raise ValueError(
@@ -563,4 +606,5 @@ def triton_multi_interest(
     if pos is not None:
         pos = pos.to(dtype).contiguous()
     lengths = lengths.to(device=h.device).contiguous()
-    return _MultiInterest.apply(h, lengths, w1, w2, pos)
+    out, scores = _MultiInterest.apply(h, lengths, w1, w2, pos, score_cap or None)
+    return (out, scores) if return_scores else out

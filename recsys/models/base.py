@@ -20,16 +20,30 @@ class InterestModel(nn.Module):
 
     num_interests: int = 1
     trainable: bool = True
+    has_attention: bool = False  # interests are attention-weighted sums of the clicks (see interests_with_attention)
 
     def interests(self, seq: Tensor, lengths: Tensor) -> Tensor:
         """``seq [B, L]`` long (right-padded with 0), ``lengths [B]`` long -> ``[B, K, d]``."""
         raise NotImplementedError
 
+    def interests_with_attention(self, seq: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor | None]:
+        """``(interests [B, K, d], scores [B, L, K] or None)``.
+
+        For models with ``has_attention`` the scores are the differentiable attention logits in
+        click order: interest ``k`` reads click ``l`` with weight ``softmax over valid l`` of
+        ``scores[b, :, k]``. Other models return None.
+        """
+        return self.interests(seq, lengths), None
+
     def item_embeddings(self) -> Tensor:
         """``[num_items, d]`` output item embeddings (row 0 = padding)."""
         raise NotImplementedError
 
-    def forward(self, seq: Tensor, lengths: Tensor) -> Tensor:
+    def forward(self, seq: Tensor, lengths: Tensor, with_attention: bool = False):
+        """:meth:`interests`, or :meth:`interests_with_attention` (through ``forward`` so that a
+        DistributedDataParallel wrapper sees the call)."""
+        if with_attention:
+            return self.interests_with_attention(seq, lengths)
         return self.interests(seq, lengths)
 
 
@@ -67,4 +81,7 @@ def build_model(
     if cfg.head_values != "items" and cfg.name != "sasrec_mi":
         raise ValueError(f"model.head_values={cfg.head_values!r} has no effect on {cfg.name} (only sasrec_mi's "
                          "head can pool encoder outputs); leave it at \"items\"")
+    if cfg.score_cap and cfg.name not in ("comirec_sa", "sasrec_mi"):
+        raise ValueError(f"model.score_cap={cfg.score_cap!r} has no effect on {cfg.name} (only comirec_sa and "
+                         "sasrec_mi have self-attentive interest scores); set it to 0")
     return _REGISTRY[cfg.name](cfg=cfg, num_items=num_items, max_len=max_len, item_counts=item_counts)

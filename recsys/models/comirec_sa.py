@@ -23,17 +23,23 @@ class ComiRecSA(SequenceModel):
     defaults to ``4 d`` as in ComiRec.
     """
 
+    has_attention = True
+
     def __init__(self, num_items: int, dim: int, num_interests: int, hidden: int, max_len: int, backend: str,
-                 positions: str = "recent"):
+                 positions: str = "recent", score_cap: float = 0.0):
         super().__init__(num_items, dim, num_interests)
-        self.head = SelfAttentiveHead(dim, hidden, num_interests, max_len, backend=backend, positions=positions)
+        self.head = SelfAttentiveHead(dim, hidden, num_interests, max_len, backend=backend, positions=positions,
+                                      score_cap=score_cap)
 
     def encode(self, h: Tensor, lengths: Tensor) -> Tensor:
         return self.head(h, lengths)
+
+    def encode_with_attention(self, h: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+        return self.head(h, lengths, return_scores=True)
 
 
 @register("comirec_sa")
 def build(cfg: ModelConfig, num_items: int, max_len: int, item_counts: Tensor | None = None) -> ComiRecSA:
     reject_attention_switches(cfg)
     return ComiRecSA(num_items, cfg.dim, cfg.num_interests, cfg.hidden or 4 * cfg.dim, max_len, cfg.backend,
-                     cfg.positions)
+                     cfg.positions, cfg.score_cap)

@@ -47,17 +47,23 @@ class SASRecMI(SequenceModel):
     input, so "items" runs the head's PyTorch twin.
     """
 
+    has_attention = True
+
     def __init__(self, num_items: int, cfg: ModelConfig, max_len: int):
         super().__init__(num_items, cfg.dim, num_interests=cfg.num_interests)
         self.encoder = _encoder(cfg, max_len)
         self.head = SelfAttentiveHead(
             cfg.dim, cfg.hidden or 4 * cfg.dim, cfg.num_interests, max_len, backend=cfg.backend,
-            positions=cfg.positions,
+            positions=cfg.positions, score_cap=cfg.score_cap,
         )
         self.head_values = cfg.head_values
 
     def encode(self, h: Tensor, lengths: Tensor) -> Tensor:
         return self.head(self.encoder(h, lengths), lengths, values=h if self.head_values == "items" else None)
+
+    def encode_with_attention(self, h: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+        values = h if self.head_values == "items" else None
+        return self.head(self.encoder(h, lengths), lengths, values=values, return_scores=True)
 
 
 @register("sasrec")

@@ -31,9 +31,18 @@ class SequenceModel(InterestModel):
         check_batch(seq, lengths)
         return self.encode(self.embedding(seq, lengths), lengths)
 
+    def interests_with_attention(self, seq: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor | None]:
+        check_batch(seq, lengths)
+        return self.encode_with_attention(self.embedding(seq, lengths), lengths)
+
     def encode(self, h: Tensor, lengths: Tensor) -> Tensor:
         """``h [B, L, d]`` (masked embeddings), ``lengths [B]`` -> interests ``[B, K, d]``."""
         raise NotImplementedError
+
+    def encode_with_attention(self, h: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor | None]:
+        """``(interests [B, K, d], attention logits [B, L, K] or None)``; see
+        :meth:`InterestModel.interests_with_attention`."""
+        return self.encode(h, lengths), None
 
 
 def reject_attention_switches(cfg: ModelConfig) -> None:

@@ -26,6 +26,9 @@ class SelfAttentiveHead(nn.Module):
             before the kernel, which numbers positions from the start: the interests ``Aᵀ H``
             are a sum over positions, so moving the clicks with their positions changes nothing
             else.
+        score_cap: if > 0, scores become ``cap · tanh(S / cap)``: the attention of a head on
+            one click is then at most ``e^(2 cap)`` times its attention on any other, so a head
+            cannot collapse onto a single click of a long history.
 
     With ``track_stats = True`` the forward pass also records ``last_max_logit``, the largest
     score ``tanh((H + P) W1) W2`` over valid positions (detached 0-d tensor, no host sync), read
@@ -33,7 +36,7 @@ class SelfAttentiveHead(nn.Module):
     """
 
     def __init__(self, dim: int, hidden: int, num_interests: int, max_len: int, backend: str = "auto",
-                 positions: str = "recent"):
+                 positions: str = "recent", score_cap: float = 0.0):
         super().__init__()
         if positions not in (*POSITIONS, "none"):
             raise ValueError(f"model.positions: {positions!r} is not one of {[*POSITIONS, 'none']}")
@@ -42,6 +45,7 @@ class SelfAttentiveHead(nn.Module):
         self.pos = None if positions == "none" else nn.Parameter(torch.empty(max_len, dim))
         self.positions = positions
         self.backend = backend
+        self.score_cap = score_cap
         nn.init.xavier_uniform_(self.w1)
         nn.init.xavier_uniform_(self.w2)
         if self.pos is not None:
@@ -49,17 +53,31 @@ class SelfAttentiveHead(nn.Module):
         self.track_stats = False
         self.last_max_logit: Tensor | None = None
 
-    def forward(self, h: Tensor, lengths: Tensor, values: Tensor | None = None) -> Tensor:
+    def forward(self, h: Tensor, lengths: Tensor, values: Tensor | None = None,
+                return_scores: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """``h [B, L, d]``, ``lengths [B]`` -> interests ``[B, K, d]``: ``Aᵀ h``, or ``Aᵀ values``
-        for ``values [B, L, d]`` (the scores still read ``h``)."""
+        for ``values [B, L, d]`` (the scores still read ``h``).
+
+        With ``return_scores`` also the attention logits ``S [B, L, K]`` in click order (fp32,
+        differentiable; ``A`` is their softmax over each row's valid positions, see
+        :func:`recsys.kernels.reference.length_softmax`).
+        """
+        index = None
         if self.positions == "recent":  # row i <- the i-th most recent click
-            index = recency_index(lengths, h.shape[1])[..., None].expand_as(h)
-            h = h.gather(1, index)
-            values = None if values is None else values.gather(1, index)
+            index = recency_index(lengths, h.shape[1])[..., None]
+            h = h.gather(1, index.expand_as(h))
+            values = None if values is None else values.gather(1, index.expand_as(values))
+        need_scores = return_scores or self.track_stats
+        out = multi_interest(h, lengths, self.w1, self.w2, pos=self.pos, values=values, backend=self.backend,
+                             score_cap=self.score_cap, return_scores=need_scores)
+        if not need_scores:
+            return out
+        out, scores = out
         if self.track_stats:
-            with torch.no_grad():
-                x = h if self.pos is None else h + self.pos[: h.shape[1]]
-                scores = torch.tanh(x @ self.w1) @ self.w2  # [B, L, K]
-                valid = length_mask(lengths, h.shape[1])[..., None]
-                self.last_max_logit = scores.float().masked_fill(~valid, float("-inf")).amax()
-        return multi_interest(h, lengths, self.w1, self.w2, pos=self.pos, values=values, backend=self.backend)
+            valid = length_mask(lengths, h.shape[1])[..., None]
+            self.last_max_logit = scores.detach().masked_fill(~valid, float("-inf")).amax()
+        if not return_scores:
+            return out
+        if index is not None:  # the recency permutation is its own inverse: back to click order
+            scores = scores.gather(1, index.expand_as(scores))
+        return out, scores

@@ -1,4 +1,5 @@
-"""Training losses: ComiRec's hard readout, negative samplers, sampled and full softmax, z-loss.
+"""Training losses: ComiRec's readout, negative samplers (and hard negatives), sampled and full
+softmax, z-loss, the attention (routing) regulariser.
 
 A training step with shared negatives looks like this (no host sync anywhere)::
 
@@ -33,15 +34,23 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from recsys.kernels.reference import length_softmax
+
 SAMPLER_KINDS = ("uniform", "log_uniform", "unigram")
 
 
-def readout(interests: Tensor, target_emb: Tensor) -> Tensor:
+def readout(interests: Tensor, target_emb: Tensor, soft: Tensor | float = 0.0) -> Tensor:
     """ComiRec's hard readout: per row, the interest with the largest inner product with the target.
 
     ``interests [B, K, d]``, ``target_emb [B, d]`` -> ``[B, d]``. The choice (argmax) carries no
     gradient; the gradient flows into the chosen interest only. ``K = 1`` returns the single
     interest.
+
+    ``soft`` (a float or a 0-d device tensor in ``[0, 1]``, so a CUDA graph can change it between
+    replays) blends in the soft readout ``sum_k softmax_k(<v_k, e>) v_k`` (MIND's label-aware
+    attention with power 1): ``(1 - soft) · hard + soft · soft_readout``. The soft part sends
+    gradient to every interest in proportion to how well it matches the target, so interests
+    that lose every argmax early still learn (``train.soft_readout_steps``).
     """
     if interests.dim() != 3 or target_emb.dim() != 2:
         raise ValueError(
@@ -54,9 +63,70 @@ def readout(interests: Tensor, target_emb: Tensor) -> Tensor:
             f"readout: target_emb {tuple(target_emb.shape)} does not match interests "
             f"{tuple(interests.shape)} (want [{batch}, {dim}])"
         )
+    if isinstance(soft, float) and soft == 0.0:
+        with torch.no_grad():
+            choice = torch.einsum("bkd,bd->bk", interests, target_emb).argmax(dim=1)  # [B]
+        return interests[torch.arange(batch, device=interests.device), choice]  # [B, d]
+    match = torch.einsum("bkd,bd->bk", interests, target_emb.detach())  # [B, K]
+    hard = interests[torch.arange(batch, device=interests.device), match.detach().argmax(dim=1)]
+    weights = torch.softmax(match.float(), dim=1).to(interests.dtype)  # [B, K]
+    return hard + soft * (torch.einsum("bk,bkd->bd", weights, interests) - hard)
+
+
+def attention_collision(scores: Tensor, lengths: Tensor) -> Tensor:
+    """Mean over rows and interests of ``sum_l A_bkl²``: the routing regulariser (``train.attention_reg``).
+
+    ``scores [B, L, K]`` attention logits, ``lengths [B]`` -> scalar. ``A = softmax over the valid
+    positions``; ``sum_l A²`` is the probability that two clicks drawn from ``A`` coincide, 1
+    for an interest that reads one click and ``1 / n`` for one that reads ``n`` clicks evenly
+    (``1 / sum_l A²`` is the Rényi-2 effective number of clicks). Rows of length 0 count 0.
+
+    Xie et al. (RecSys 2023, "REMI") penalise the variance of each interest's attention over
+    positions; for a distribution over ``n`` positions that variance is ``(sum_l A² - 1/n) / n``
+    so both push towards reading several clicks; the collision form needs no padding
+    convention and its value reads directly as an inverse click count.
+    """
+    a = length_softmax(scores, lengths)  # [B, L, K], fp32
+    return a.square().sum(dim=1).mean()
+
+
+def interest_proposal(interests: Tensor, item_emb: Tensor, temperature: float = 1.0) -> Tensor:
+    """The hard-negative proposal ``q(j) = mean over (b, k) of softmax_j(<v_bk, e_j> / T)``.
+
+    ``interests [B, K, d]``, ``item_emb [N, d]`` -> ``[N]`` fp32 probabilities, ``q(0) = 0``
+    (padding). Detached: the proposal is a sampling distribution, not part of the model.
+    Items close to any interest of the batch are likely, so the sampled softmax sees the
+    negatives that retrieval would confuse with the targets. Memory: ``B · K · N`` floats.
+    """
     with torch.no_grad():
-        choice = torch.einsum("bkd,bd->bk", interests, target_emb).argmax(dim=1)  # [B]
-    return interests[torch.arange(batch, device=interests.device), choice]  # [B, d]
+        users = interests.reshape(-1, interests.shape[-1])  # [B K, d]
+        logits = (users @ item_emb[1:].T).float() / temperature  # [B K, N - 1]
+        q = torch.softmax(logits, dim=1).mean(dim=0)  # [N - 1]
+        return torch.cat([q.new_zeros(1), q])
+
+
+def draw_from(probs: Tensor, uniforms: Tensor) -> Tensor:
+    """Inverse-CDF draws: ``probs [N]`` (sums to 1), ``uniforms [S]`` in ``[0, 1)`` -> ids ``[S]``.
+
+    Never returns an id of probability 0 (``searchsorted`` with ``right=True`` skips flat CDF
+    steps); no host sync, so it can run inside a CUDA graph with the uniforms as input.
+    """
+    cdf = torch.cumsum(probs.double(), 0)
+    u = uniforms.double() * cdf[-1]
+    return torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[0] - 1)
+
+
+def mixture_log_expected_count(
+    ids: Tensor, base: Sampler, num_base: int, hard_probs: Tensor, num_hard: int
+) -> Tensor:
+    """``log E[count of id]`` among ``num_base`` draws from ``base`` and ``num_hard`` from ``hard_probs``.
+
+    ``ids [...]`` long -> ``[...]`` fp32 ``log(num_base · p(id) + num_hard · q(id))``: the exact
+    logQ term of a stratified mixture proposal (the two groups' expected counts add).
+    """
+    log_base = base.log_prob(ids).float() + math.log(num_base) if num_base else None
+    log_hard = torch.log(hard_probs[ids]) + math.log(num_hard)
+    return log_hard if log_base is None else torch.logaddexp(log_base, log_hard)
 
 
 class Sampler:

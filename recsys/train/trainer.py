@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import math
 import shutil
 import time
@@ -31,6 +32,8 @@ from recsys.data import load_dataset
 from recsys.data.batches import TrainSampler
 from recsys.data.prepare import Dataset
 from recsys.data.split import Split, split_dataset
+from recsys.data.synthetic import planted_categories
+from recsys.evaluate.diagnostics import interest_health
 from recsys.evaluate.evaluator import evaluate_with_config
 from recsys.models import InterestModel, build_model
 from recsys.nn.attention import max_attention_logit, set_track_stats
@@ -47,8 +50,12 @@ from recsys.train.checkpoint import (
 from recsys.train.memory import check_fits
 from recsys.train.losses import (
     LossOutput,
+    attention_collision,
+    draw_from,
     full_softmax_loss,
+    interest_proposal,
     make_sampler,
+    mixture_log_expected_count,
     readout,
     sampled_softmax_loss,
 )
@@ -122,7 +129,15 @@ class TrainStep:
         self.sampler = None if t.full_softmax else make_sampler(
             t.sampler, item_counts.shape[0], item_counts=item_counts, alpha=t.sampler_alpha
         )
+        self.num_hard = round(t.hard_negatives * self.num_negatives)  # drawn near the interests
+        self.num_base = self.num_negatives - self.num_hard  # drawn from the sampler
+        if t.attention_reg and not model.has_attention:
+            raise ValueError(f"train.attention_reg={t.attention_reg:g} has no effect on {cfg.model.name} (only "
+                             "comirec_sa and sasrec_mi read their clicks through attention scores); set it to 0")
         self.generator = generator
+        self.soft = torch.zeros((), device=device)  # the readout's soft share, set before every step
+        # the soft readout's warm-up (K > 1 only); afterwards the step is rebuilt with the plain argmax
+        self.soft_phase = t.soft_readout_steps > 0 and model.num_interests > 1
         self.amp = t.amp and device.type == "cuda"
         self.optimizer = make_optimizer(model, cfg, device, capturable=t.cuda_graph)
         self.loss_fn = torch.compile(self.loss, dynamic=False) if t.compile else self.loss
@@ -130,34 +145,54 @@ class TrainStep:
         self.static_in: tuple[Tensor, ...] = ()
         self.static_out: tuple[LossOutput, Tensor | None] | None = None
 
-    def negatives(self) -> Tensor:
-        """``[S]`` shared negatives (an empty tensor with full softmax)."""
+    def negatives(self) -> tuple[Tensor, Tensor]:
+        """``([S_base] ids from the sampler, [S_hard] uniforms for the hard draws)``; both empty
+        with full softmax. Random numbers are drawn outside the step so a CUDA graph replays
+        with fresh ones."""
         if self.sampler is None:
-            return torch.empty(0, dtype=torch.long, device=self.device)
-        return self.sampler.sample(self.num_negatives, generator=self.generator, device=self.device)
+            return torch.empty(0, dtype=torch.long, device=self.device), torch.empty(0, device=self.device)
+        base = self.sampler.sample(self.num_base, generator=self.generator, device=self.device)
+        uniforms = torch.rand(self.num_hard, generator=self.generator, device=self.device)
+        return base, uniforms
 
-    def loss(self, seq: Tensor, lengths: Tensor, targets: Tensor, negatives: Tensor) -> LossOutput:
-        """``seq [B, L]``, ``lengths [B]``, ``targets [B]``, ``negatives [S]`` on the device -> the loss."""
+    def loss(self, seq: Tensor, lengths: Tensor, targets: Tensor, negatives: Tensor, hard_uniforms: Tensor,
+             soft: Tensor) -> LossOutput:
+        """``seq [B, L]``, ``lengths [B]``, ``targets [B]``, ``negatives [S_base]``,
+        ``hard_uniforms [S_hard]``, ``soft`` (0-d readout blend) on the device -> the loss."""
         t = self.cfg.train
         autocast = (  # the autocast weight cache cannot live across graph replays
             torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=not t.cuda_graph)
             if self.amp else contextlib.nullcontext()
         )
         with autocast:
-            interests = self.forward(seq, lengths)  # [B, K, d]
+            interests, scores = self.forward(seq, lengths, with_attention=t.attention_reg > 0) \
+                if t.attention_reg else (self.forward(seq, lengths), None)  # [B, K, d], [B, L, K]
             item_emb = self.model.item_embeddings()  # [N, d]
-            user = readout(interests, item_emb[targets])  # [B, d]
+            user = readout(interests, item_emb[targets], soft=soft if self.soft_phase else 0.0)  # [B, d]
             if self.sampler is None:
-                return full_softmax_loss(user, targets, item_emb, z_loss=t.z_loss)
-            log_q_t = log_q_n = None
-            if t.logq:
-                log_q_t = self.sampler.log_expected_count(targets, self.num_negatives)
-                log_q_n = self.sampler.log_expected_count(negatives, self.num_negatives)
-            return sampled_softmax_loss(
-                user, targets, item_emb, negatives,
-                log_q_target=log_q_t, log_q_neg=log_q_n,
-                remove_accidental_hits=t.remove_accidental_hits, z_loss=t.z_loss,
-            )
+                out = full_softmax_loss(user, targets, item_emb, z_loss=t.z_loss)
+            else:
+                out = self._sampled_loss(user, targets, item_emb, negatives, hard_uniforms, interests)
+        if scores is not None:
+            out = dataclasses.replace(out, loss=out.loss + t.attention_reg * attention_collision(scores, lengths))
+        return out
+
+    def _sampled_loss(self, user: Tensor, targets: Tensor, item_emb: Tensor, negatives: Tensor,
+                      hard_uniforms: Tensor, interests: Tensor) -> LossOutput:
+        """Sampled softmax over the base negatives plus, with ``train.hard_negatives``, draws from
+        :func:`interest_proposal`; logQ is the exact expected count under the mixture."""
+        t = self.cfg.train
+        assert self.sampler is not None
+        log_q: Callable[[Tensor], Tensor] = lambda ids: self.sampler.log_expected_count(ids, self.num_negatives)
+        if self.num_hard:
+            probs = interest_proposal(interests, item_emb, t.hard_negative_temperature)  # [N]
+            negatives = torch.cat([negatives, draw_from(probs, hard_uniforms)])
+            log_q = lambda ids: mixture_log_expected_count(ids, self.sampler, self.num_base, probs, self.num_hard)
+        return sampled_softmax_loss(
+            user, targets, item_emb, negatives,
+            log_q_target=log_q(targets) if t.logq else None, log_q_neg=log_q(negatives) if t.logq else None,
+            remove_accidental_hits=t.remove_accidental_hits, z_loss=t.z_loss,
+        )
 
     def _update(self, *batch: Tensor) -> tuple[LossOutput, Tensor | None]:
         """Loss, backward, clip, optimizer step (gradients must be None or zero on entry)."""
@@ -198,11 +233,15 @@ class TrainStep:
         with torch.cuda.graph(self.graph):
             self.static_out = self._update(*self.static_in)
 
-    def __call__(self, seq: Tensor, lengths: Tensor, targets: Tensor) -> tuple[LossOutput, Tensor | None]:
-        """Forward, backward, clip and update; returns the loss and the pre-clip gradient norm
-        (a device tensor, or None without clipping). Never syncs the host."""
+    def __call__(self, seq: Tensor, lengths: Tensor, targets: Tensor, step: int = 0) -> tuple[LossOutput, Tensor | None]:
+        """Forward, backward, clip and update at 0-based ``step``; returns the loss and the
+        pre-clip gradient norm (a device tensor, or None without clipping). Never syncs the host."""
         self.model.train()
-        batch = (seq, lengths, targets, self.negatives())
+        warm = self.cfg.train.soft_readout_steps
+        if self.soft_phase and step >= warm:  # the blend has reached the argmax: drop its cost
+            self.soft_phase, self.graph = False, None
+        self.soft.fill_(max(0.0, 1.0 - step / warm) if warm else 0.0)
+        batch = (seq, lengths, targets, *self.negatives(), self.soft)
         if not self.cfg.train.cuda_graph:
             self.optimizer.zero_grad(set_to_none=True)
             return self._update(*batch)
@@ -284,8 +323,15 @@ def _run(cfg: Config, rd: RunDir, ds: Dataset, split: Split, item_counts: Tensor
     log(f"data: {ds.num_users} users, {ds.num_items - 1} items, {len(ds.items)} clicks; "
         f"train users {len(split.train_users)}, valid {len(split.valid.users)}, test {len(split.test.users)}")
 
+    planted = None
+    if cfg.data.source == "synthetic":
+        planted = planted_categories(cfg.synthetic, ds.user_raw[split.valid.users], ds.category_raw)
+
     def validate() -> dict[str, float]:
-        return evaluate_with_config(model, split.valid, cfg, item_category=ds.item_category)
+        metrics = evaluate_with_config(model, split.valid, cfg, item_category=ds.item_category)
+        if model.trainable:  # multi-interest health, logged beside the recall (README: "Multi-interest health")
+            metrics.update(interest_health(model, split.valid, item_category=ds.item_category, planted=planted))
+        return metrics
 
     key = f"recall@{max(cfg.eval.topn)}"
     state = _LoopState()
@@ -346,7 +392,7 @@ def _optimise(model: InterestModel, cfg: Config, dist: distributed.DistInfo, spl
     while st.step < t.max_steps:
         log_now = (st.step + 1) % t.log_every == 0 or st.step + 1 == t.max_steps
         set_track_stats(model, log_now and not t.cuda_graph)  # max attention logit, on logging steps
-        out, grad_norm = step_fn(*to_device(batches.sample(t.batch_size), device))
+        out, grad_norm = step_fn(*to_device(batches.sample(t.batch_size), device), step=st.step)
         st.step += 1
         window_steps += 1
         sums += torch.stack([out.loss.detach(), out.log_z, out.max_logit,
@@ -396,8 +442,10 @@ def _validate(st: _LoopState, model: InterestModel, step_fn: TrainStep, batches:
         st.bad_evals += 1
     rd.append_metrics({"step": st.step, "split": "valid", **metrics})
     patience = cfg.train.patience
+    health = "  ".join(f"{label} {metrics[k]:.2f}" for k, label in _HEALTH_LABELS.items() if k in metrics)
     log(f"valid @ {st.step}: " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items() if "@" in k)
-        + ("  (best)" if improved else f"  (no improvement {st.bad_evals}/{patience})"))
+        + ("  (best)" if improved else f"  (no improvement {st.bad_evals}/{patience})")
+        + (f"\n  interests: {health}" if health else ""))
     rd.save_checkpoint(make_checkpoint(
         model, step_fn.optimizer, step=st.step, best=st.best, best_step=st.best_step, bad_evals=st.bad_evals,
         rng=capture_rng({"batches": batches.rng}, {"neg": generator}),
@@ -415,6 +463,10 @@ def _check_split(ds: Dataset, split: Split) -> None:
             f"users ({', '.join(f'{k} {v}' for k, v in sizes.items())}); use more data, or lower "
             "data.min_item_count / data.min_user_count"
         )
+
+
+_HEALTH_LABELS = {"mi_eff_clicks": "effective clicks", "mi_readout_share_min": "smallest readout share",
+                  "mi_cosine": "cosine", "mi_planted_recovery": "planted recovered"}
 
 
 def _data_name(cfg: Config) -> str:

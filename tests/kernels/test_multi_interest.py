@@ -23,7 +23,7 @@ from recsys.kernels.triton_multi_interest import (
     multi_interest_forward,
     triton_multi_interest,
 )
-from recsys.kernels.reference import multi_interest_ref
+from recsys.kernels.reference import length_softmax, multi_interest_ref
 
 CUDA = torch.cuda.is_available()
 gpu = pytest.mark.gpu
@@ -91,6 +91,50 @@ def _check(seq_len, k, d, dtype, device, batch=6, seed=0, with_pos=True):
 @pytest.mark.parametrize("seq_len,k,d", SHAPES)
 def test_matches_fp64_reference_cpu(seq_len, k, d, dtype):
     _check(seq_len, k, d, dtype, "cpu")
+
+
+def _capped_with_attention_term(fn, cap: float):
+    """``fn`` with a score cap, its returned scores feeding a loss on the attention: the output is
+    ``interests + Σ_l A²`` (the collision term of ``train.attention_reg``) broadcast over ``d``,
+    so one backward checks the kernel's extra score-gradient input and the cap's chain rule."""
+
+    def run(h, lengths, w1, w2, pos=None):
+        out, scores = fn(h, lengths, w1, w2, pos=pos, score_cap=cap, return_scores=True)
+        collision = length_softmax(scores, lengths).square().sum(dim=1)  # [B, K]
+        return out + collision[..., None].to(out.dtype)
+
+    return run
+
+
+@needs_interpreter
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("seq_len,k,d", [(1, 4, 16), (7, 4, 16), (50, 8, 64), (129, 1, 16)])
+def test_score_cap_and_attention_term_cpu(seq_len, k, d, dtype):
+    params, lengths, grad = _problem(6, seq_len, k, d, 4 * d, 11, "cpu")
+    params[2] = params[2] * 8.0  # large W2: scores well past the cap, where tanh bends
+    ref = _run(_capped_with_attention_term(multi_interest_ref, 1.5), params, lengths, grad, torch.float64)
+    twin = _run(_capped_with_attention_term(multi_interest_ref, 1.5), params, lengths, grad, dtype)
+    ours = _run(_capped_with_attention_term(triton_multi_interest, 1.5), params, lengths, grad, dtype)
+    assert_within_twice_twin(NAMES, ref, twin, ours, ATOL[dtype])
+    padded = torch.arange(seq_len)[None, :] >= lengths[:, None]
+    assert (ours[1][padded] == 0).all(), "padding positions must get zero gradient"
+
+
+def test_score_cap_bounds_the_attention_cpu():
+    """With a cap c the attention ratio of two valid clicks is at most e^(2c), whatever W2."""
+    params, lengths, _ = _problem(8, 30, 4, 16, 64, 12, "cpu")
+    h, w1, w2, pos = params
+    _, scores = multi_interest(h, lengths, w1, w2 * 100.0, pos=pos, score_cap=2.0, return_scores=True,
+                               backend="torch")
+    assert scores.abs().max() <= 2.0
+    attn = length_softmax(scores, lengths)
+    valid = torch.arange(30)[None, :, None] < lengths[:, None, None]
+    lo = attn.masked_fill(~valid, float("inf")).amin(dim=1)
+    hi = attn.amax(dim=1)
+    ok = lengths > 0
+    assert (hi[ok] / lo[ok] <= torch.exp(torch.tensor(4.0, dtype=attn.dtype)) * (1 + 1e-9)).all()
+    _, raw = multi_interest(h, lengths, w1, w2 * 100.0, pos=pos, return_scores=True, backend="torch")
+    assert raw.abs().max() > 10.0  # without the cap the same weights saturate the softmax
 
 
 @needs_interpreter
@@ -166,6 +210,18 @@ def test_separate_values_pool_through_the_twin_cpu():
 @pytest.mark.parametrize("seq_len,k,d", SHAPES)
 def test_matches_fp64_reference_gpu_bf16(seq_len, k, d):
     _check(seq_len, k, d, torch.bfloat16, "cuda", batch=300)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("seq_len,k,d", [(7, 4, 16), (50, 4, 64), (129, 8, 64)])
+def test_score_cap_and_attention_term_gpu_bf16(seq_len, k, d):
+    params, lengths, grad = _problem(300, seq_len, k, d, 4 * d, 13, "cuda")
+    params[2] = params[2] * 8.0
+    ref = _run(_capped_with_attention_term(multi_interest_ref, 1.5), params, lengths, grad, torch.float64)
+    twin = _run(_capped_with_attention_term(multi_interest_ref, 1.5), params, lengths, grad, torch.bfloat16)
+    ours = _run(_capped_with_attention_term(triton_multi_interest, 1.5), params, lengths, grad, torch.bfloat16)
+    assert_within_twice_twin(NAMES, ref, twin, ours, ATOL[torch.bfloat16])
 
 
 @gpu

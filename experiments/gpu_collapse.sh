@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Device calls for the interest-collapse study (issue 11), each run in its own process on the one
+# GPU and capped by train.max_minutes:
+#   round 1: the GPU tests of the kernels and the training step, then comirec_sa (and sasrec_mi)
+#            variants (each switch alone) side by side on taobao and amazon-beauty;
+#   round 2: the training speed of the switches alone on the idle GPU (one process at a time,
+#            `recsys train` as a user runs it), then the candidate defaults at K = 1 and 4 beside
+#            the single-interest baselines on both datasets;
+#   round 3: the speed of the chosen defaults after the kernel took the cap inside and the step
+#            drops the soft readout once its warm-up is over, the GPU tests of that code, and the
+#            length of the soft-readout warm-up at K = 4 beside K = 1 on both datasets.
+#
+#   bash experiments/gpu_collapse.sh OUT_DIR [MINUTES] [ROUND]
+#
+# Needs the datasets under .gpu_data/ (git-excluded copies of ../shared/data, carried to the device).
+set -uo pipefail
+out=${1:?output folder}
+minutes=${2:-7}
+round=${3:-1}
+mkdir -p "$out"
+export OMP_NUM_THREADS=1 RECSYS_ATTN_AUTOTUNE=0 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/gpu.txt" 2>&1
+
+speed() {  # speed LABEL BATCH OVERRIDES...: samples/s of the last logging window of a plain `recsys train`
+    label=$1 batch=$2; shift 2
+    python -m recsys train --config experiments/configs/data/taobao.toml --set data.source=.gpu_data/taobao/sequences.txt \
+        --set train.cuda_graph=true --set train.batch_size=$batch --set train.max_steps=3000 --set train.eval_every=1000000 \
+        --set train.log_every=500 --set output_dir=/tmp/speed_runs "$@" > "$out/speed_${label}_b$batch.log" 2>&1
+    echo "| $label | $batch | $(grep -o '[0-9,]* samples/s' "$out/speed_${label}_b$batch.log" | tail -n 1) |" >> "$out/speed.md"
+}
+if [ "$round" = 1 ]; then
+python -m pytest -q -m gpu -n 4 -p no:cacheprovider tests/kernels/test_multi_interest.py tests/train \
+    > "$out/gpu_tests.log" 2>&1 &
+tests=$!
+extra_taobao=() extra_beauty=()
+variants=(
+    --variant "K=1" model.num_interests=1
+    --variant "K=4"
+    --variant "K=4 cap 1" model.score_cap=1
+    --variant "K=4 cap 2" model.score_cap=2
+    --variant "K=4 reg 0.3" train.attention_reg=0.3
+    --variant "K=4 reg 1" train.attention_reg=1
+    --variant "K=4 soft 5k" train.soft_readout_steps=5000
+    --variant "K=4 hard 0.5" train.hard_negatives=0.5
+    --variant "K=4 reg 1 soft 5k hard 0.5" train.attention_reg=1 train.soft_readout_steps=5000 train.hard_negatives=0.5
+    --variant "sasrec_mi K=4" model.name=sasrec_mi
+    --variant "sasrec_mi K=4 reg 1" model.name=sasrec_mi train.attention_reg=1
+)
+elif [ "$round" = 2 ]; then
+echo "| setting | batch | samples/s |" > "$out/speed.md"; echo "|---|---:|---:|" >> "$out/speed.md"
+for b in 128 1024; do
+    speed base $b
+    speed cap1_soft $b --set model.score_cap=1 --set train.soft_readout_steps=5000
+    speed cap1_soft_hard $b --set model.score_cap=1 --set train.soft_readout_steps=5000 --set train.hard_negatives=0.5
+    speed cap1_soft_hard_reg1 $b --set model.score_cap=1 --set train.soft_readout_steps=5000 --set train.hard_negatives=0.5 \
+        --set train.attention_reg=1
+done
+cat "$out/speed.md"
+tests=
+variants=(
+    --variant "K=1 cap 1" model.num_interests=1 model.score_cap=1
+    --variant "K=4 cap 1 soft 5k" model.score_cap=1 train.soft_readout_steps=5000
+    --variant "K=4 cap 1 soft 5k hard 0.5" model.score_cap=1 train.soft_readout_steps=5000 train.hard_negatives=0.5
+    --variant "K=4 cap 1 soft 5k reg 1" model.score_cap=1 train.soft_readout_steps=5000 train.attention_reg=1
+    --variant "K=4 cap 1 soft 5k hard 0.5 reg 1" model.score_cap=1 train.soft_readout_steps=5000 train.hard_negatives=0.5 train.attention_reg=1
+    --variant "K=1 cap 1 hard 0.5 reg 1" model.num_interests=1 model.score_cap=1 train.hard_negatives=0.5 train.attention_reg=1
+    --variant "sasrec_mi K=4 cap 1 soft 5k" model.name=sasrec_mi model.score_cap=1 train.soft_readout_steps=5000
+    --variant "youtube_dnn" model.name=youtube_dnn
+    --variant "gru4rec" model.name=gru4rec
+)
+# sasrec at its best setting per dataset (RESULTS.md: AdamW 0.5 on taobao; the dataset config on beauty)
+extra_taobao=(--variant "sasrec" model.name=sasrec train.optimizer=adamw train.weight_decay=0.5)
+extra_beauty=(--variant "sasrec" model.name=sasrec)
+else
+echo "| setting | batch | samples/s |" > "$out/speed.md"; echo "|---|---:|---:|" >> "$out/speed.md"
+for b in 128 1024; do  # the soft readout's warm-up (1,000 steps) ends before the last logging window
+    speed base $b --set model.score_cap=0 --set train.soft_readout_steps=0
+    speed cap1 $b --set model.score_cap=1 --set train.soft_readout_steps=0
+    speed cap1_soft1k $b --set model.score_cap=1 --set train.soft_readout_steps=1000
+done
+cat "$out/speed.md"
+python -m pytest -q -m gpu -n 4 -p no:cacheprovider tests/kernels/test_multi_interest.py tests/train \
+    > "$out/gpu_tests.log" 2>&1 &
+tests=$!
+extra_taobao=() extra_beauty=()
+variants=(
+    --variant "K=1 cap 1" model.num_interests=1 model.score_cap=1
+    --variant "K=4 cap 1" model.score_cap=1 train.soft_readout_steps=0
+    --variant "K=4 cap 1 soft 1k" model.score_cap=1 train.soft_readout_steps=1000
+    --variant "K=4 cap 1 soft 2k" model.score_cap=1 train.soft_readout_steps=2000
+    --variant "K=4 cap 1 soft 5k" model.score_cap=1 train.soft_readout_steps=5000
+)
+fi
+
+study() {  # study DATA SOURCE STEPS EVAL_EVERY [EXTRA VARIANT ARGS]
+    local data=$1 source=$2 steps=$3 every=$4; shift 4
+    python experiments/collapse_study.py --data "$data" --jobs 11 --output-dir /tmp/recsys_runs \
+        --set "data.source=$source" --set "train.max_steps=$steps" --set "train.eval_every=$every" \
+        --set train.cuda_graph=true --set "train.max_minutes=$minutes" "${variants[@]}" "$@" \
+        --results "$out/study_$data.md" > "$out/study_$data.log" 2>&1
+}
+study taobao .gpu_data/taobao/sequences.txt 200000 2500 "${extra_taobao[@]}" &
+taobao=$!
+study amazon-beauty .gpu_data/amazon-beauty/interactions.csv 100000 1000 "${extra_beauty[@]}" &
+beauty=$!
+
+if [ -n "$tests" ]; then wait $tests; echo "gpu tests: exit $?"; tail -n 5 "$out/gpu_tests.log"; fi
+wait $taobao; echo "taobao: exit $?"
+wait $beauty; echo "beauty: exit $?"
+tail -n 16 "$out/study_taobao.md" "$out/study_amazon-beauty.md" 2>/dev/null

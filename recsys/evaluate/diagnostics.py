@@ -1,0 +1,177 @@
+"""Multi-interest health: does each of the K interests read several clicks and win some targets?
+
+A model "collapses" when its interests stop being distinct summaries of the history: each
+interest's attention lands on one click (routing collapse), one interest wins every target in
+the readout, or the K vectors point the same way. :func:`interest_health` measures all three on
+evaluation users (logged to ``metrics.jsonl`` at every validation, printed by
+``recsys inspect``). Definitions, per evaluation user ``u`` with input clicks ``1..n``:
+
+- ``A_u [n, K]``: each interest's attention over the input clicks (models whose interests are
+  attention-weighted sums: comirec_sa, sasrec_mi). ``entropy_k = -sum_l A_lk log A_lk``;
+  **effective clicks** ``= exp(entropy_k)`` (1: the interest reads one click; ``n``: it reads
+  all evenly). Averaged over users with at least 2 input clicks.
+- **readout share** of interest ``k``: the share of the users' truth clicks whose best interest
+  (largest inner product, ComiRec's readout) is ``k``. ``1 / K`` each when balanced.
+- **interest cosine**: the mean pairwise cosine of a user's K interests (``K >= 2``).
+- **planted recovery** (synthetic data only, where each user's planted categories are known):
+  for each interest, its top ``top_m`` items by inner product over the catalogue; the
+  interest's category is the most frequent category among them (ties: the smallest category
+  id). A user's recovery is the share of its planted categories that are the category of some
+  interest; the mean over users is reported, beside ``planted_in_input``, the share of planted
+  categories that occur at all among the user's input clicks (what a model could recover).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from recsys.kernels.reference import length_softmax
+
+if TYPE_CHECKING:
+    from recsys.data.split import EvalSet
+    from recsys.models.base import InterestModel
+
+__all__ = ["interest_health", "attention_weights", "majority_categories"]
+
+
+def attention_weights(scores: Tensor, lengths: Tensor) -> Tensor:
+    """Attention logits ``[B, L, K]`` -> weights ``[B, L, K]`` (softmax over valid clicks, 0 elsewhere)."""
+    return length_softmax(scores, lengths)
+
+
+def majority_categories(interests: Tensor, item_emb: Tensor, item_category: Tensor, top_m: int) -> Tensor:
+    """Each interest's category: the most frequent among its ``top_m`` items.
+
+    ``interests [B, K, d]``, ``item_emb [N, d]`` (row 0 padding, never counted),
+    ``item_category [N]`` long -> ``[B, K]`` long (ties: the smallest category id).
+    """
+    b, k, _ = interests.shape
+    scores = interests.reshape(b * k, -1).float() @ item_emb[1:].float().T  # [B K, N - 1]
+    top = scores.topk(min(top_m, scores.shape[1]), dim=1).indices + 1  # [B K, M] item ids
+    cats = item_category[top]  # [B K, M]
+    counts = torch.zeros(b * k, int(item_category.max()) + 1, device=cats.device)
+    counts.scatter_add_(1, cats, torch.ones_like(cats, dtype=counts.dtype))
+    return counts.argmax(dim=1).reshape(b, k)  # argmax returns the first maximum
+
+
+def interest_health(
+    model: InterestModel,
+    eval_set: EvalSet,
+    *,
+    max_users: int = 2048,
+    batch_size: int = 512,
+    item_category: np.ndarray | None = None,
+    planted: list[set[int]] | None = None,
+    top_m: int = 20,
+    device: torch.device | str | None = None,
+) -> dict[str, float]:
+    """The health metrics of the module docstring on the first ``max_users`` users of ``eval_set``.
+
+    Args:
+        model: the model (put in eval mode for the call; its mode is restored).
+        eval_set: inputs ``[U, L]``, lengths ``[U]`` and truth CSR.
+        item_category: ``[num_items]`` category ids, needed with ``planted``.
+        planted: per evaluation user (aligned with ``eval_set.users``), the set of planted
+            category ids in the dataset's category numbering.
+        top_m: items per interest that vote for its category.
+
+    Returns:
+        ``{"mi_eff_clicks", "mi_eff_clicks_min", "mi_eff_clicks_k{i}", "mi_readout_share_min",
+        "mi_readout_share_k{i}", "mi_cosine", "mi_planted_recovery", "mi_planted_in_input"}``,
+        each present where it applies (attention models; ``K >= 2``; planted truth given).
+    """
+    if device is None:
+        device = next(iter(model.parameters()), torch.empty(0)).device
+    users = min(max_users, len(eval_set.lengths))
+    was_training = model.training
+    model.eval()
+    sums: dict[str, Tensor] = {}
+
+    def add(name: str, value: Tensor) -> None:
+        sums[name] = sums[name] + value if name in sums else value
+
+    try:
+        with torch.no_grad():
+            item_emb = model.item_embeddings()
+            cat_t = None if item_category is None else torch.as_tensor(item_category, device=item_emb.device)
+            indptr = np.asarray(eval_set.truth_indptr, dtype=np.int64)
+            for start in range(0, users, batch_size):
+                stop = min(start + batch_size, users)
+                seq = torch.as_tensor(eval_set.inputs[start:stop], device=device)
+                lengths = torch.as_tensor(eval_set.lengths[start:stop], device=device)
+                interests, scores = model.interests_with_attention(seq, lengths)  # [B, K, d], [B, L, K]
+                interests = interests.float()
+                if scores is not None:
+                    _add_attention(add, attention_weights(scores, lengths), lengths)
+                truth = torch.as_tensor(eval_set.truth_items[indptr[start]:indptr[stop]], device=device)
+                owner = torch.repeat_interleave(
+                    torch.arange(stop - start, device=device),
+                    torch.as_tensor(np.diff(indptr[start:stop + 1]), device=device))
+                best = torch.einsum("tkd,td->tk", interests[owner], item_emb[truth].float()).argmax(dim=1)
+                add("wins", torch.bincount(best, minlength=interests.shape[1]).double())
+                if interests.shape[1] >= 2:
+                    _add_cosine(add, interests)
+                if planted is not None and cat_t is not None:
+                    _add_planted(add, interests, item_emb, cat_t, seq, lengths, planted[start:stop], top_m)
+    finally:
+        model.train(was_training)
+    return _finish(sums)
+
+
+def _add_attention(add, attn: Tensor, lengths: Tensor) -> None:
+    """Accumulate per-interest entropy and effective clicks over rows with >= 2 clicks."""
+    entropy = -(attn * torch.log(attn.clamp_min(1e-30))).sum(dim=1)  # [B, K]
+    rows = lengths >= 2
+    add("attn_rows", rows.sum().double())
+    add("eff_clicks", torch.exp(entropy)[rows].sum(dim=0).double())  # [K]
+
+
+def _add_cosine(add, interests: Tensor) -> None:
+    """Accumulate the mean off-diagonal cosine of each user's interests (rows with non-zero interests)."""
+    norms = interests.norm(dim=2)  # [B, K]
+    ok = (norms > 0).all(dim=1)
+    unit = interests[ok] / norms[ok][..., None]
+    k = interests.shape[1]
+    gram = unit @ unit.transpose(1, 2)  # [B', K, K]
+    off = (gram.sum(dim=(1, 2)) - gram.diagonal(dim1=1, dim2=2).sum(dim=1)) / (k * (k - 1))
+    add("cos_rows", ok.sum().double())
+    add("cos", off.sum().double())
+
+
+def _add_planted(add, interests: Tensor, item_emb: Tensor, item_category: Tensor, seq: Tensor, lengths: Tensor,
+                 planted: list[set[int]], top_m: int) -> None:
+    """Accumulate planted recovery and the share of planted categories present in the input."""
+    found = majority_categories(interests, item_emb, item_category, top_m).cpu().numpy()  # [B, K]
+    valid = (torch.arange(seq.shape[1], device=seq.device)[None] < lengths[:, None]).cpu().numpy()
+    input_cats = item_category[seq].cpu().numpy()
+    recovered = present = 0.0
+    for row, cats in enumerate(planted):  # per user: a set intersection of at most K elements
+        recovered += len(cats & set(found[row].tolist())) / len(cats)
+        present += len(cats & set(input_cats[row][valid[row]].tolist())) / len(cats)
+    add("planted_rows", torch.tensor(float(len(planted)), dtype=torch.float64))
+    add("planted", torch.tensor(recovered, dtype=torch.float64))
+    add("planted_in_input", torch.tensor(present, dtype=torch.float64))
+
+
+def _finish(sums: dict[str, Tensor]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    if "eff_clicks" in sums and float(sums["attn_rows"]) > 0:
+        eff = (sums["eff_clicks"] / sums["attn_rows"]).tolist()
+        out["mi_eff_clicks"] = float(np.mean(eff))
+        out["mi_eff_clicks_min"] = float(np.min(eff))
+        out.update({f"mi_eff_clicks_k{i}": v for i, v in enumerate(eff)})
+    wins = sums["wins"]
+    if len(wins) >= 2 and float(wins.sum()) > 0:
+        share = (wins / wins.sum()).tolist()
+        out["mi_readout_share_min"] = float(np.min(share))
+        out.update({f"mi_readout_share_k{i}": v for i, v in enumerate(share)})
+    if "cos" in sums and float(sums["cos_rows"]) > 0:
+        out["mi_cosine"] = float(sums["cos"] / sums["cos_rows"])
+    if "planted" in sums and float(sums["planted_rows"]) > 0:
+        out["mi_planted_recovery"] = float(sums["planted"] / sums["planted_rows"])
+        out["mi_planted_in_input"] = float(sums["planted_in_input"] / sums["planted_rows"])
+    return out

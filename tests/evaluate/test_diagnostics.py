@@ -1,0 +1,84 @@
+"""Multi-interest health metrics on a model whose attention, interests and items are set by hand."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from recsys.data.split import EvalSet
+from recsys.evaluate.diagnostics import interest_health, majority_categories
+from recsys.models.base import InterestModel
+
+
+class _Fixed(InterestModel):
+    """Interests and attention logits fixed per user (row ``b`` of the batch = user ``b``)."""
+
+    has_attention = True
+
+    def __init__(self, interests: torch.Tensor, scores: torch.Tensor, items: torch.Tensor):
+        super().__init__()
+        self.num_interests = interests.shape[1]
+        self.register_buffer("fixed_interests", interests)
+        self.register_buffer("fixed_scores", scores)
+        self.register_buffer("items", items)
+
+    def interests(self, seq, lengths):
+        return self.fixed_interests[: len(seq)]
+
+    def interests_with_attention(self, seq, lengths):
+        return self.fixed_interests[: len(seq)], self.fixed_scores[: len(seq)]
+
+    def item_embeddings(self):
+        return self.items
+
+
+def _eval_set(inputs, lengths, truth):
+    indptr = np.concatenate([[0], np.cumsum([len(t) for t in truth])])
+    return EvalSet(users=np.arange(len(inputs)), inputs=np.array(inputs), lengths=np.array(lengths),
+                   truth_indptr=indptr, truth_items=np.concatenate(truth).astype(np.int64))
+
+
+def test_health_metrics_match_hand_computation():
+    # items 1..4 on the axes of R^2 (two categories: 1, 2 -> cat 1; 3, 4 -> cat 2)
+    items = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9]])
+    interests = torch.tensor([[[1.0, 0.0], [0.0, 1.0]],    # user 0: one interest per category
+                              [[1.0, 0.0], [1.0, 0.0]]])   # user 1: both the same
+    scores = torch.zeros(2, 3, 2)
+    scores[0, :, 0] = torch.tensor([0.0, 0.0, 50.0])       # interest 0 of user 0: one click (padding ignored)
+    scores[1, :, 1] = torch.tensor([0.0, math.log(3.0), 0.0])
+    model = _Fixed(interests, scores, items)
+    ev = _eval_set([[1, 3, 0], [2, 4, 1]], [2, 3], [[1, 3, 4], [2]])
+    cats = np.array([0, 1, 1, 2, 2])
+    health = interest_health(model, ev, item_category=cats, planted=[{1, 2}, {1, 2}], top_m=2)
+
+    # effective clicks: user 0 -> interest 0 uniform over its 2 valid clicks (score 50 is padding), interest 1
+    # uniform over 2; user 1 -> interest 0 uniform over 3, interest 1 weights (1, 3, 1)/5
+    p = np.array([0.2, 0.6, 0.2])
+    eff1 = math.exp(-(p * np.log(p)).sum())
+    assert health["mi_eff_clicks_k0"] == pytest.approx((2 + 3) / 2)
+    assert health["mi_eff_clicks_k1"] == pytest.approx((2 + eff1) / 2)
+    assert health["mi_eff_clicks_min"] == pytest.approx(min(2.5, (2 + eff1) / 2))
+    # readout: user 0's truth 1 -> k0, 3 -> k1, 4 -> k1; user 1's truth 2 -> tie -> k0
+    assert health["mi_readout_share_k0"] == pytest.approx(2 / 4)
+    assert health["mi_readout_share_min"] == pytest.approx(2 / 4)
+    assert health["mi_cosine"] == pytest.approx((0.0 + 1.0) / 2)
+    # user 0 recovers both categories, user 1 only category 1
+    assert health["mi_planted_recovery"] == pytest.approx((1.0 + 0.5) / 2)
+    assert health["mi_planted_in_input"] == pytest.approx(1.0)
+
+
+def test_majority_category_breaks_ties_towards_the_smallest_id():
+    items = torch.tensor([[0.0], [3.0], [2.0], [1.0]])
+    found = majority_categories(torch.tensor([[[1.0]]]), items, torch.tensor([0, 5, 2, 2]), top_m=2)
+    assert found.tolist() == [[2]]  # top-2 items 1 (cat 5) and 2 (cat 2): a tie, so 2
+    found = majority_categories(torch.tensor([[[1.0]]]), items, torch.tensor([0, 5, 2, 2]), top_m=3)
+    assert found.tolist() == [[2]]
+
+
+def test_models_without_attention_report_only_what_applies():
+    items = torch.eye(3)
+    model = _Fixed(torch.ones(1, 1, 3), torch.zeros(1, 2, 1), items)
+    model.interests_with_attention = lambda seq, lengths: (model.fixed_interests, None)
+    health = interest_health(model, _eval_set([[1, 2]], [2], [[1]]))
+    assert health == {}  # K = 1: no share, no cosine; no attention: no effective clicks
