@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from recsys.kernels.triton_attention import best_configs, triton_attention
+from recsys.kernels import attention
+from recsys.kernels.triton_attention import ATOMIC_DQ_MAX_LK, FUSED_MAX_LQ, backward_paths, best_configs
 
-import recsys.kernels.triton_attention as attn
 from gpu_timing import graph_ms, launch_ms  # experiments/ is on sys.path when run as a script
 
 SHAPES = [(4096, 50), (1024, 200), (256, 1024), (32, 8192)]
@@ -57,7 +57,7 @@ def methods(lengths: torch.Tensor, seq_len: int) -> dict[str, Method]:
     mask = key_ok[:, None, None, :]  # [B, 1, 1, L]
 
     def ours(q, k, v):
-        return triton_attention(q, k, v, key_lengths=lengths)
+        return attention(q, k, v, key_lengths=lengths, backend="triton")
 
     def sdpa(q, k, v):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
@@ -80,18 +80,12 @@ def methods(lengths: torch.Tensor, seq_len: int) -> dict[str, Method]:
     return out
 
 
-def variant(fn: Method, **constants) -> Method:
-    """Ours with module constants (``attn.FUSED_MAX_LQ`` etc.) changed; the forward fixes the path."""
+def variant(fn: Method, **paths) -> Method:
+    """Ours on another backward path (``backward_paths(**paths)``); the forward fixes the path."""
 
     def run(q, k, v):
-        saved = {name: getattr(attn, name) for name in constants}
-        for name, value in constants.items():
-            setattr(attn, name, value)
-        try:
+        with backward_paths(**paths):
             return fn(q, k, v)
-        finally:
-            for name, value in saved.items():
-                setattr(attn, name, value)
 
     return run
 
@@ -117,12 +111,12 @@ def errors(fn: Method, inputs, do, ref) -> list[float]:
 def bench_shape(batch: int, seq_len: int, seed: int) -> dict:
     inputs, lengths, do = make_inputs(batch, seq_len, seed)
     fns = methods(lengths, seq_len)
-    if seq_len <= attn.FUSED_MAX_LQ:  # the split backward instead of the fused one
-        fns["ours-split"] = variant(fns["ours"], FUSED_MAX_LQ=0)
-    elif seq_len <= attn.ATOMIC_DQ_MAX_LK:  # the other way to get dq in the split backward
-        fns["ours-dq-kernel"] = variant(fns["ours"], ATOMIC_DQ_MAX_LK=0)
+    if seq_len <= FUSED_MAX_LQ:  # the split backward instead of the fused one
+        fns["ours-split"] = variant(fns["ours"], fused_max_lq=0)
+    elif seq_len <= ATOMIC_DQ_MAX_LK:  # the other way to get dq in the split backward
+        fns["ours-dq-kernel"] = variant(fns["ours"], atomic_dq_max_lk=0)
     else:
-        fns["ours-atomic-dq"] = variant(fns["ours"], ATOMIC_DQ_MAX_LK=1 << 30)
+        fns["ours-atomic-dq"] = variant(fns["ours"], atomic_dq_max_lk=1 << 30)
     ref_in = [t.detach().float().requires_grad_() for t in inputs]
     ref_out = F.scaled_dot_product_attention(*ref_in, attn_mask=(
         torch.arange(seq_len, device="cuda")[None, :] < lengths[:, None])[:, None, None, :])

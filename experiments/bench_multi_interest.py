@@ -19,22 +19,16 @@ import torch
 from gpu_timing import graph_ms  # experiments/ is on sys.path when run as a script
 from gpu_timing import launch_ms as median_ms
 
+from recsys.kernels import multi_interest
 from recsys.kernels.triton_multi_interest import (
     BackwardConfig,
     ForwardConfig,
     LaunchConfig,
-    _mi_bwd_dx_kernel,
-    _mi_bwd_scores_kernel,
-    _mi_bwd_weights_kernel,
-    _mi_pool_kernel,
-    _mi_scores_kernel,
     backward_config,
     forward_config,
     multi_interest_backward,
     multi_interest_forward,
-    triton_multi_interest,
 )
-from recsys.kernels.reference import multi_interest_ref
 
 SHAPES = [(4096, 50, 4), (1024, 200, 8), (128, 20, 4)]  # (B, L, K)
 COPY_BYTES_PER_S = 4.3e12  # device-to-device copy on this workplace's H200 (KINDS.md)
@@ -102,17 +96,14 @@ def floors_ms(batch: int, seq_len: int, k: int, d: int, hidden: int) -> dict[str
     }
 
 
-def compiled_kernels(jit_fn) -> list:
-    """Every compiled binary of a ``triton.jit`` function (for register/spill reports)."""
-    out = []
-    for cache in jit_fn.device_caches.values():
-        out.extend(cache[0].values())
-    return out
+def ours(h, lengths, w1, w2, *, pos=None):
+    """The fused Triton kernel through the public entry point."""
+    return multi_interest(h, lengths, w1, w2, pos=pos, backend="triton")
 
 
-def resource_report(jit_fn, before: int) -> str:
-    kernels = compiled_kernels(jit_fn)[before:]
-    return ", ".join(f"regs={getattr(k, 'n_regs', '?')} spills={getattr(k, 'n_spills', '?')}" for k in kernels)
+def twin(h, lengths, w1, w2, *, pos=None):
+    """The PyTorch twin through the public entry point."""
+    return multi_interest(h, lengths, w1, w2, pos=pos, backend="torch")
 
 
 def sweep(sets: list[Inputs]) -> None:
@@ -138,25 +129,24 @@ def sweep(sets: list[Inputs]) -> None:
         return graph_ms(rotating(saved, bwd))
 
     candidates = {
-        ("fwd", "scores", _mi_scores_kernel): [(128, 8, 3, 64), (128, 8, 2, 64), (64, 4, 3, 64), (128, 8, 3, 128), (256, 8, 3, 64)],
-        ("fwd", "pool", _mi_pool_kernel): [(64, 4, 1, 0), (32, 4, 1, 0), (64, 2, 1, 0), (128, 4, 1, 0)],
-        ("bwd", "scores", _mi_bwd_scores_kernel): [(64, 4, 1, 0), (32, 4, 1, 0), (16, 4, 1, 0), (64, 8, 1, 0)],
-        ("bwd", "dx", _mi_bwd_dx_kernel): [(128, 8, 3, 64), (128, 8, 2, 64), (64, 4, 3, 64), (128, 8, 3, 32)],
-        ("bwd", "weights", _mi_bwd_weights_kernel): [(128, 8, 2, 64), (64, 4, 2, 64), (64, 4, 2, 128)],
+        ("fwd", "scores"): [(128, 8, 3, 64), (128, 8, 2, 64), (64, 4, 3, 64), (128, 8, 3, 128), (256, 8, 3, 64)],
+        ("fwd", "pool"): [(64, 4, 1, 0), (32, 4, 1, 0), (64, 2, 1, 0), (128, 4, 1, 0)],
+        ("bwd", "scores"): [(64, 4, 1, 0), (32, 4, 1, 0), (16, 4, 1, 0), (64, 8, 1, 0)],
+        ("bwd", "dx"): [(128, 8, 3, 64), (128, 8, 2, 64), (64, 4, 3, 64), (128, 8, 3, 32)],
+        ("bwd", "weights"): [(128, 8, 2, 64), (64, 4, 2, 64), (64, 4, 2, 128)],
     }
-    for (which, field, kernel), shapes in candidates.items():
+    for (which, field), shapes in candidates.items():
         for block_l, warps, stages, block_h in shapes:
-            n0 = len(compiled_kernels(kernel))
             for pps in ((1, 2, 4) if field == "weights" else (0,)):
                 cfg = LaunchConfig(block_l, warps, stages, pps, block_h or 64)
                 if which == "fwd":
                     ms = time_forward(dataclasses.replace(fwd_default, **{field: cfg}))
                 else:
                     ms = time_backward(dataclasses.replace(bwd_default, **{field: cfg}))
-                print(f"{which} total, {field} {cfg}: {ms * 1e3:7.1f} us  {resource_report(kernel, n0)}")
+                print(f"{which} total, {field} {cfg}: {ms * 1e3:7.1f} us")
     random_sets = [make_inputs(batch, seq_len, k, d, hidden, False, 100 + i) for i in range(len(sets))]
-    fwd = median_ms(rotating(random_sets, forward_only(triton_multi_interest)))
-    fb = median_ms(rotating(random_sets, forward_backward(triton_multi_interest)))
+    fwd = median_ms(rotating(random_sets, forward_only(ours)))
+    fb = median_ms(rotating(random_sets, forward_backward(ours)))
     print(f"ours, lengths uniform in [1, L]: fwd {fwd * 1e3:.1f} us, fwd+bwd {fb * 1e3:.1f} us")
 
 
@@ -171,15 +161,15 @@ def main() -> None:
         raise SystemExit("bench_multi_interest.py needs a CUDA GPU")
     torch.backends.cuda.matmul.allow_tf32 = False
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    compiled = torch.compile(multi_interest_ref, dynamic=False)
-    methods = {"ours": triton_multi_interest, "eager": multi_interest_ref, "compile": compiled}
+    compiled = torch.compile(twin, dynamic=False)
+    methods = {"ours": ours, "eager": twin, "compile": compiled}
     rows = []
     for batch, seq_len, k in SHAPES:
         sets = [make_inputs(batch, seq_len, k, args.d, args.hidden, True, s) for s in range(args.sets)]
         h, lengths, w1, w2, pos, _ = sets[0]
         with torch.no_grad():
-            ref = multi_interest_ref(h.double(), lengths, w1.double(), w2.double(), pos=pos.double())
-            max_err = (triton_multi_interest(h, lengths, w1, w2, pos=pos).double() - ref).abs().max().item()
+            ref = twin(h.double(), lengths, w1.double(), w2.double(), pos=pos.double())
+            max_err = (ours(h, lengths, w1, w2, pos=pos).double() - ref).abs().max().item()
         times = {}
         for name, fn in methods.items():
             for mode, body in (("fwd", forward_only(fn)), ("fwd+bwd", forward_backward(fn))):

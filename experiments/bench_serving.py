@@ -78,9 +78,9 @@ def cpu_seconds(pid: int) -> float:
 
 def make_bodies(run: Path, n: int, count: int, seed: int = 0) -> list[bytes]:
     """Request bodies: alternately a user id and that user's last 50 clicks as raw items."""
-    from recsys.data.prepare import Dataset
+    from recsys.run import RunDir
 
-    ds = Dataset.load(run / "dataset")
+    ds = RunDir(run).load_dataset()
     rng = np.random.default_rng(seed)
     users = rng.integers(0, ds.num_users, size=count)
     bodies = []
@@ -162,8 +162,7 @@ def run_client(args: argparse.Namespace) -> None:
 
 
 def ensure_run(args: argparse.Namespace) -> Path:
-    from recsys.retrieval.run_index import build_run_index, index_paths
-    from recsys.runs import load_run
+    from recsys.run import RunDir, build_run_index, load_run
 
     if args.run:
         run = Path(args.run)
@@ -171,10 +170,10 @@ def ensure_run(args: argparse.Namespace) -> Path:
         from make_random_run import make_random_run
 
         run = Path(args.work) / f"random-{args.items // 1000}k-spread{args.spread:g}"
-        if not (run / "best.pt").exists():
+        if not run.is_dir() or not RunDir(run).has_best():
             print(f"making an untrained run with {args.items:,} items at {run} ...", flush=True)
             make_random_run(run, [f"synthetic.num_items={args.items}"], spread=args.spread)
-    if not index_paths(run, args.factory)[0].exists():
+    if not RunDir(run).index_files(args.factory)[0].exists():
         print(f"building {args.factory} for {run} ...", flush=True)
         report = build_run_index(load_run(run), args.factory, nprobe=args.nprobe, ef_search=args.ef_search,
                                  log=print)

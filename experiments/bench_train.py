@@ -23,6 +23,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import platform
 import time
@@ -32,12 +33,11 @@ import torch
 from torch import Tensor, nn
 
 from recsys.config import Config, load_config
-from recsys.data import load_dataset
 from recsys.data.batches import TrainSampler
-from recsys.data.split import split_dataset
 from recsys.evaluate.evaluator import evaluate
-from recsys.models import InterestModel, build_model
-from recsys.train.trainer import TrainStep, to_device, train_item_counts
+from recsys.models import InterestModel
+from recsys.run import Experiment, build_experiment
+from recsys.train.trainer import TrainStep, to_device
 
 
 def _sync(device: torch.device) -> None:
@@ -132,14 +132,20 @@ def _samples_per_s(step, batch, steps: int, batch_size: int, device: torch.devic
     return steps * batch_size / (time.perf_counter() - t0)
 
 
-def _time_ours(cfg: Config, split, item_counts: Tensor, num_items: int, steps: int, device: torch.device,
-               prebuilt: list | None, cuda_graph: bool = False) -> tuple[float, InterestModel]:
-    cfg.train.cuda_graph = cuda_graph
+def _experiment(cfg: Config) -> Experiment:
+    """Data, split, counts and the model, initialised under seed 0 (each path trains a copy)."""
     torch.manual_seed(0)
-    model = build_model(cfg.model, num_items, cfg.data.max_len, item_counts=item_counts).to(device)
+    return build_experiment(cfg)
+
+
+def _time_ours(exp: Experiment, steps: int, device: torch.device,
+               prebuilt: list | None, cuda_graph: bool = False) -> tuple[float, InterestModel]:
+    cfg, split = exp.cfg, exp.split
+    cfg.train.cuda_graph = cuda_graph
+    model = copy.deepcopy(exp.model).to(device)
     gen = torch.Generator(device=device)
     gen.manual_seed(1)
-    step = TrainStep(model, model, cfg, device, item_counts.to(device), gen)
+    step = TrainStep(model, model, cfg, device, exp.item_counts.to(device), gen)
     sampler = TrainSampler(split.train_indptr, split.train_items, cfg.data.max_len, seed=0, min_target=4)
 
     def batch(i: int):
@@ -169,14 +175,11 @@ def grid(device: torch.device, steps: int, data: str | None) -> list[tuple]:
     rows = []
     for batch in (128, 1024):
         for max_len in (20, 50):
-            cfg = _config(data, batch, max_len)
-            ds = load_dataset(cfg)
-            split = split_dataset(ds, cfg.data)
-            counts = train_item_counts(split, ds.num_items)
-            sps, _ = _time_ours(cfg, split, counts, ds.num_items, steps, device, None)
+            exp = _experiment(_config(data, batch, max_len))
+            sps, _ = _time_ours(exp, steps, device, None)
             line = f"grid  batch {batch:5d}  L {max_len:3d}  {sps:12,.0f} samples/s"
             if device.type == "cuda":
-                graphed, _ = _time_ours(cfg, split, counts, ds.num_items, steps, device, None, cuda_graph=True)
+                graphed, _ = _time_ours(exp, steps, device, None, cuda_graph=True)
                 line += f"   with train.cuda_graph {graphed:12,.0f} samples/s"
             rows.append((batch, max_len, sps))
             print(line, flush=True)
@@ -192,17 +195,15 @@ def _config(data: str | None, batch: int, max_len: int) -> Config:
 
 
 def compare(device: torch.device, steps: int, data: str | None) -> None:
-    cfg = _config(data, 1024, 50)
-    ds = load_dataset(cfg)
-    split = split_dataset(ds, cfg.data)
-    counts = train_item_counts(split, ds.num_items)
+    exp = _experiment(_config(data, 1024, 50))
+    cfg, split, num_items = exp.cfg, exp.split, exp.dataset.num_items
     sampler = TrainSampler(split.train_indptr, split.train_items, 50, seed=5, min_target=4)
     prebuilt = [to_device(sampler.sample(1024), device) for _ in range(20)]
     results = {}
-    paths = [("ours", lambda pb: _time_ours(cfg, split, counts, ds.num_items, steps, device, pb))]
+    paths = [("ours", lambda pb: _time_ours(exp, steps, device, pb))]
     if device.type == "cuda":
-        paths.insert(0, ("ours+graph", lambda pb: _time_ours(cfg, split, counts, ds.num_items, steps, device, pb, True)))
-    paths.append(("eager port", lambda pb: _time_eager(cfg, split, ds.num_items, steps, device, pb)))
+        paths.insert(0, ("ours+graph", lambda pb: _time_ours(exp, steps, device, pb, True)))
+    paths.append(("eager port", lambda pb: _time_eager(cfg, split, num_items, steps, device, pb)))
     for name, fn in paths:
         step_only, _ = fn(prebuilt)
         end_to_end, model = fn(None)

@@ -6,7 +6,8 @@ its logits grow with the square of the embedding norms. This script trains ``com
 shipped and a variant whose interests are multiplied by one learned scalar (initialised at 1,
 trained with everything else), with the same data, seed and budget, and prints both test tables
 and the largest training logit each reached (``max_output_logit`` in ``metrics.jsonl``). The
-variant is patched in here; it is not a model of the library.
+variant is a subclass registered by this script (``model.name = "comirec_dr_scaled"``); it is not
+a model of the library.
 
 Usage::
 
@@ -21,25 +22,32 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from recsys.config import load_config
+from recsys.config import ModelConfig, load_config
 from recsys.evaluate.evaluator import format_table
+from recsys.models import register
 from recsys.models.comirec_dr import ComiRecDR
-from recsys.train.checkpoint import RunDir
+from recsys.run import RunDir
 from recsys.train.trainer import train
 
 CONFIGS = Path(__file__).parent / "configs"
+VARIANTS = {"shipped": "comirec_dr", "scaled": "comirec_dr_scaled"}
 
 
-def _scaled_init(self: ComiRecDR, *args, **kwargs) -> None:
-    _shipped_init(self, *args, **kwargs)
-    self.scale = nn.Parameter(torch.ones(()))
+class ScaledComiRecDR(ComiRecDR):
+    """ComiRec-DR whose interests (squashed capsules, norm < 1) are multiplied by one learned
+    scalar ``scale``, initialised at 1 and trained with everything else."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.scale = nn.Parameter(torch.ones(()))
+
+    def encode(self, h: Tensor, lengths: Tensor) -> Tensor:
+        return self.scale * self.routing(h, lengths)  # [B, K, d], norm < scale
 
 
-def _scaled_encode(self: ComiRecDR, h: Tensor, lengths: Tensor) -> Tensor:
-    return self.scale * self.routing(h, lengths)  # [B, K, d], norm < scale
-
-
-_shipped_init, _shipped_encode = ComiRecDR.__init__, ComiRecDR.encode
+@register(VARIANTS["scaled"])  # buildable while this script runs; its runs load only after importing it
+def build_scaled(cfg: ModelConfig, num_items: int, max_len: int, item_counts: Tensor | None = None) -> ScaledComiRecDR:
+    return ScaledComiRecDR(num_items, cfg.dim, cfg.num_interests, max_len, cfg.routing_iters, cfg.positions)
 
 
 def main() -> None:
@@ -52,11 +60,8 @@ def main() -> None:
 
     table, notes = {}, []
     for variant in (("shipped", "scaled") if args.variant == "both" else (args.variant,)):
-        scaled = variant == "scaled"
-        ComiRecDR.__init__ = _scaled_init if scaled else _shipped_init
-        ComiRecDR.encode = _scaled_encode if scaled else _shipped_encode
         cfg = load_config([CONFIGS / "data" / f"{args.data}.toml", CONFIGS / "models" / "comirec_dr.toml"],
-                          args.overrides + [f"output_dir={args.output_dir}"])
+                          args.overrides + [f"output_dir={args.output_dir}", f"model.name={VARIANTS[variant]}"])
         result = train(cfg, log=lambda line: print(f"  [{variant}] {line}", flush=True)
                        if line.startswith(("valid", "stopped", "early")) else None)
         rows = [r for r in RunDir(result.run_dir).read_metrics() if "max_output_logit" in r]
@@ -65,7 +70,6 @@ def main() -> None:
         table[f"comirec_dr, {variant}"] = result.test_metrics
         notes.append(f"{variant}: best step {result.best_step}/{result.steps}, largest training logit "
                      f"{max_logit:.1f}" + (f", learned scale {float(scale):.2f}" if scale is not None else ""))
-    ComiRecDR.__init__, ComiRecDR.encode = _shipped_init, _shipped_encode
     print(format_table(table))
     print("\n".join(notes))
 

@@ -18,12 +18,12 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
+
+from recsys.run import RunDir
 
 from reproduce_comirec import _device_label, run_one  # same folder: the shared train-and-test step
 
@@ -33,7 +33,7 @@ HEALTH = (("mi_eff_clicks", "eff. clicks"), ("mi_eff_clicks_min", "min eff."),
 
 def best_health(run_dir: str, best_step: int) -> dict[str, float]:
     """The health metrics of the validation row at ``best_step`` (the weights that were tested)."""
-    rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    rows = RunDir(run_dir).read_metrics()  # empty for a model without training (popular)
     valid = [r for r in rows if r.get("split") == "valid" and r["step"] == best_step]
     return valid[-1] if valid else {}
 

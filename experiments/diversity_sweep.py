@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 
 from recsys.config import load_config  # noqa: E402
 from recsys.evaluate.evaluator import evaluate  # noqa: E402
-from recsys.runs import load_run  # noqa: E402
+from recsys.run import RunDir, load_run  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data"
 LAMBDAS = [0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0]
@@ -39,13 +39,22 @@ DATASETS = {
 }
 
 
+def trained(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a trained run (config and best weights)."""
+    try:
+        RunDir(run_dir).require_trained()
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def train_quick(name: str, steps: int, work: Path) -> Path:
     """A ComiRec-SA run on dataset ``name`` (see ``DATASETS``) with ``steps`` training steps."""
     from recsys.train.trainer import train
 
     configs, overrides = DATASETS[name]
     run_dir = work / f"comirec_sa-{name}-{steps}"
-    if (run_dir / "best.pt").exists():
+    if trained(run_dir):
         return run_dir
     cfg = load_config([REPO / c for c in configs], overrides + [
         f"train.max_steps={steps}", f"train.eval_every={max(steps // 4, 1)}", "model.backend=torch",

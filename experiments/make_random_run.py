@@ -1,8 +1,8 @@
 """Make a run directory with UNTRAINED (random-init) weights, for serving and index benchmarks.
 
-The run is complete in form (config.json, dataset/, best.pt), so ``recsys index | recommend |
+The run is complete in form (config, dataset, best weights), so ``recsys index | recommend |
 serve`` accept it, but its model has never seen a click: its recommendations are meaningless
-and only its sizes (items, K, d, max_len) and speed are real. ``best.pt`` carries
+and only its sizes (items, K, d, max_len) and speed are real. Its best weights carry
 ``"untrained": True`` to say so.
 
 Item embeddings are planted around one random centre per synthetic category (``--spread``
@@ -27,9 +27,7 @@ import numpy as np
 import torch
 
 from recsys.config import Config, load_config
-from recsys.data import load_dataset, split_dataset
-from recsys.models import build_model
-from recsys.train.checkpoint import RunDir
+from recsys.run import RunDir, build_experiment
 
 DEFAULTS = [
     "synthetic.num_items=100000", "synthetic.num_users=50000", "synthetic.noise=0.5",
@@ -57,19 +55,16 @@ def plant_clusters(table: torch.Tensor, item_category: np.ndarray, spread: float
 
 def make_random_run(out: str | Path, overrides: list[str] | None = None, seed: int = 0,
                     spread: float = 0.5) -> Path:
-    """Write a run directory at ``out`` whose ``best.pt`` holds untrained weights (item
+    """Write a run directory at ``out`` whose best weights are untrained (item
     embeddings clustered by category with noise ``spread``, see :func:`plant_clusters`)."""
     cfg: Config = load_config(None, DEFAULTS + list(overrides or []))
     torch.manual_seed(seed)
-    ds = load_dataset(cfg)
-    split = split_dataset(ds, cfg.data)
-    counts = torch.from_numpy(np.bincount(split.train_items, minlength=ds.num_items).astype(np.int64))
-    model = build_model(cfg.model, ds.num_items, cfg.data.max_len, item_counts=counts)
-    plant_clusters(model.item_embeddings(), ds.item_category, spread, seed)
-    rd = RunDir(out)
+    exp = build_experiment(cfg)
+    plant_clusters(exp.model.item_embeddings(), exp.dataset.item_category, spread, seed)
+    rd = RunDir.create(out)
     rd.save_config(cfg)
-    ds.save(rd.path / "dataset")
-    rd.save_best(model.state_dict(), step=0, untrained=True)
+    rd.save_dataset(exp.dataset)
+    rd.save_best(exp.model.state_dict(), step=0, untrained=True)
     return rd.path
 
 

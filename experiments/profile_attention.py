@@ -18,7 +18,7 @@ os.environ.setdefault("RECSYS_ATTN_AUTOTUNE", "0")
 
 import torch  # noqa: E402
 
-from recsys.kernels.triton_attention import triton_attention  # noqa: E402
+from recsys.kernels import attention  # noqa: E402
 
 
 def main(batch: int, seq_len: int, iters: int = 20) -> None:
@@ -28,7 +28,7 @@ def main(batch: int, seq_len: int, iters: int = 20) -> None:
     lengths = torch.randint(max(1, seq_len // 4), seq_len + 1, (batch,), device="cuda", generator=g)
     inputs = [t.requires_grad_() for t in (q, k, v)]
     for _ in range(iters):
-        torch.autograd.grad(triton_attention(*inputs, key_lengths=lengths), inputs, do)
+        torch.autograd.grad(attention(*inputs, key_lengths=lengths, backend="triton"), inputs, do)
     torch.cuda.synchronize()
 
 

@@ -19,7 +19,7 @@ import math
 import time
 
 from recsys.config import load_config
-from recsys.train.checkpoint import RunDir
+from recsys.run import RunDir
 from recsys.train.trainer import train
 
 VARIANTS = {

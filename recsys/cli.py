@@ -1,8 +1,10 @@
-"""The ``recsys`` command: ``data | train | evaluate | index | recommend | serve``.
+"""The ``recsys`` command: ``data | train | evaluate | index | recommend | export | serve``.
 
-Every subcommand takes ``--config FILE`` and any number of ``--set section.key=value``
-overrides; with neither it runs on the built-in synthetic data. The resolved config is saved
-with every run and printed with ``--verbose``.
+A thin layer over the Python API (:mod:`recsys.api`): every command parses its options and
+calls one API function. Commands that build a config take ``--config FILE`` and any number of
+``--set section.key=value`` overrides; with neither they run on the built-in synthetic data.
+The resolved config is saved with every run and printed with ``--verbose``. Long work shows
+progress bars on stderr when it is a terminal; ``--quiet`` turns them off.
 
 Errors: :func:`main` is the one place where failures become messages. A known failure (bad
 config, bad data, a damaged run file, a missing extra, a file or port problem) prints one line
@@ -61,16 +63,20 @@ def _show_config(args: argparse.Namespace, cfg: Config, what: str) -> None:
         print(f"# {what} config\n" + cfg.to_toml(), flush=True)
 
 
-def _run_config(run: Path) -> Config:
-    from recsys.runs import read_run_config
+def _run_config(run: str | Path) -> Config:
+    from recsys.run import RunDir
 
-    return read_run_config(run)
+    return RunDir(run).read_config()
 
 
 def _check_out(path: str | None) -> None:
     """Fail before any work when ``--out``'s folder does not exist."""
     if path and not Path(path).resolve().parent.is_dir():
         raise FileNotFoundError(f"--out: folder {Path(path).parent} does not exist")
+
+
+def _progress(args: argparse.Namespace) -> bool:
+    return not getattr(args, "quiet", False)
 
 
 RESUME_KEYS = ("train.max_steps", "train.max_minutes", "train.patience")
@@ -83,16 +89,17 @@ def _resumed_config(args: argparse.Namespace) -> Config:
     for option in ("config", "data", "model"):
         if getattr(args, option):
             raise ConfigError(f"--{option} cannot change a run being resumed; it keeps the config it was started with")
-    cfg = _run_config(Path(args.resume))
+    from recsys.run import RunDir
+
+    run = RunDir(args.resume)
+    cfg = run.read_config()
     for assignment in args.overrides:
         key = assignment.split("=", 1)[0].strip()
         if key not in RESUME_KEYS:
             raise ConfigError(f"{key}: a resumed run can only change {', '.join(RESUME_KEYS)}")
     if args.overrides:
-        from recsys.train.checkpoint import RunDir
-
         apply_overrides(cfg, args.overrides)
-        RunDir(args.resume).save_config(cfg)
+        run.save_config(cfg)
     return cfg
 
 
@@ -101,7 +108,7 @@ def cmd_data(args: argparse.Namespace) -> int:
     from recsys.data import describe, load_dataset
 
     cfg = _config(args)
-    ds = load_dataset(cfg)
+    ds = load_dataset(cfg, progress=_progress(args))
     print(describe(ds))
     if args.out:
         ds.save(args.out)
@@ -131,7 +138,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         _show_config(args, cfg, "resumed")
     else:
         cfg = _config(args)
-    result = train(cfg, run_dir=args.resume, resume=bool(args.resume))
+    result = train(cfg, run_dir=args.resume, resume=bool(args.resume), progress=_progress(args))
     if result.test_metrics:
         print(f"\ntest metrics ({cfg.model.name}, best step {result.best_step}, "
               f"{result.wall_s:.0f}s, {result.samples_per_s:,.0f} samples/s):")
@@ -142,22 +149,25 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """Evaluate a saved run (``recsys evaluate RUN``) or an untrained model (``--model popular``)."""
+    from recsys.api import Run, evaluate_untrained
     from recsys.evaluate.evaluator import format_table
     from recsys.retrieval.aggregate import check_lambda
-    from recsys.runs import evaluate_run, evaluate_untrained
 
     _check_out(args.out)
     if args.diversity_lambda is not None:
         check_lambda(args.diversity_lambda, "--diversity-lambda")
     if args.run:
-        cfg = _run_config(Path(args.run))
-        cfg.eval.diversity_lambda = args.diversity_lambda if args.diversity_lambda is not None else cfg.eval.diversity_lambda
-        name, metrics = Path(args.run).name, evaluate_run(Path(args.run), cfg, split=args.split)
+        for option in ("config", "data", "model", "overrides"):
+            if getattr(args, option):
+                raise ConfigError(f"--{option}: a saved run is evaluated with its own config; drop --{option}")
+        name = Path(args.run).name
+        metrics = Run.load(args.run).evaluate(args.split, diversity_lambda=args.diversity_lambda,
+                                              progress=_progress(args))
     else:
         cfg = _config(args)
         if args.diversity_lambda is not None:
             cfg.eval.diversity_lambda = args.diversity_lambda
-        name, metrics = cfg.model.name, evaluate_untrained(cfg, split=args.split, log=print)
+        name, metrics = cfg.model.name, evaluate_untrained(cfg, split=args.split, log=print, progress=_progress(args))
     shown = ("recall", "ndcg", "hitrate") + (("diversity",) if any(k.startswith("diversity@") for k in metrics) else ())
     print(format_table({name: metrics}, metrics=shown))
     if args.out:
@@ -168,17 +178,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def cmd_index(args: argparse.Namespace) -> int:
     """Build and save a FAISS index for a run; report build time and recall against exact search."""
-    from recsys.retrieval.run_index import build_run_index
-    from recsys.runs import load_run
+    from recsys.api import Run
 
-    run = load_run(Path(args.run))
-    rc = run.cfg.retrieval
-    report = build_run_index(
-        run, args.factory or rc.factory,
-        nprobe=args.nprobe if args.nprobe is not None else rc.nprobe,
-        ef_search=args.ef_search if args.ef_search is not None else rc.ef_search,
-        ef_construction=args.ef_construction if args.ef_construction is not None else rc.ef_construction,
-        n=args.n, log=print,
+    report = Run.load(args.run, device="cpu").index(
+        args.factory, nprobe=args.nprobe, ef_search=args.ef_search, ef_construction=args.ef_construction,
+        n=args.n, log=print, progress=_progress(args),
     )
     print(f"built {report.factory} over {report.num_items:,} items (d={report.dim}) in {report.build_s:.2f}s "
           f"-> {report.index_file}")
@@ -189,29 +193,37 @@ def cmd_index(args: argparse.Namespace) -> int:
 
 def cmd_recommend(args: argparse.Namespace) -> int:
     """Batch top-N for users of a run (raw ids in, raw ids out) to Parquet or CSV."""
+    from recsys.api import Run
     from recsys.retrieval.aggregate import check_lambda
-    from recsys.serve.batch import (
-        output_format,
-        read_user_file,
-        recommend_users,
-        resolve_users,
-        write_recommendations,
-    )
-    from recsys.serve.recommender import Recommender
+    from recsys.serve.batch import output_format, read_user_file, write_recommendations
 
     check_lambda(args.diversity_lambda, "--diversity-lambda")
+    if args.batch_size <= 0:
+        raise ValueError(f"--batch-size: must be > 0, got {args.batch_size}")
     output_format(args.out)  # an unknown suffix or a missing extra fails before any work
     _check_out(args.out)
     raw = None if args.all else read_user_file(args.users)
-    rec = Recommender.from_run(args.run, factory=args.factory, nprobe=args.nprobe, ef_search=args.ef_search)
-    users, unknown = resolve_users(rec, raw, strict=args.strict)
+    run = Run.load(args.run, device="cpu").use_index(args.factory, nprobe=args.nprobe, ef_search=args.ef_search,
+                                                     log=print, progress=_progress(args))
+    table = run.recommend(users=raw, n=args.n, exclude_seen=args.exclude_seen,
+                          diversity_lambda=args.diversity_lambda, strict=args.strict,
+                          batch_size=args.batch_size, progress=_progress(args))
+    unknown = table.attrs.get("unknown_users", [])
     if unknown:
         shown = ", ".join(repr(u) for u in unknown[:10]) + (" ..." if len(unknown) > 10 else "")
         print(f"skipped {len(unknown):,} unknown users: {shown}", file=sys.stderr)
-    table = recommend_users(rec, users, args.n, exclude_seen=args.exclude_seen,
-                            diversity_lambda=args.diversity_lambda, batch_size=args.batch_size)
     path = write_recommendations(table, args.out)
-    print(f"{len(table):,} recommendations for {len(users):,} users written to {path}")
+    users = table["user"].nunique()
+    print(f"{len(table):,} recommendations for {users:,} users written to {path}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Export a run's network, item embeddings and id map for a serving stack."""
+    from recsys.api import Run
+
+    out = Run.load(args.run, device="cpu").export(args.out, format=args.format)
+    print(f"{args.format} export of {args.run} written to {out}")
     return 0
 
 
@@ -219,7 +231,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Serve a run over HTTP (needs the serve extra)."""
     from recsys.serve.app import run_server
 
-    cfg = _run_config(Path(args.run))
+    cfg = _run_config(args.run)
     overrides = [f"serve.{key}={value}" for key, value in
                  (("host", args.host), ("port", args.port)) if value is not None] + list(args.overrides)
     apply_overrides(cfg, overrides)
@@ -235,15 +247,20 @@ def _add_index_args(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--ef-search", type=int, help="HNSW search beam width")
 
 
+def _add_quiet(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quiet", action="store_true", help="no progress bars (they show only on a terminal anyway)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="recsys", description="Multi-interest sequential retrieval: train, evaluate, index, serve."
+        prog="recsys", description="Multi-interest sequential retrieval: train, evaluate, index, recommend, export, serve."
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("data", help="read, filter and describe a click dataset")
     _add_config_args(p)
     p.add_argument("--out", help="save the prepared dataset to this folder")
+    _add_quiet(p)
     p.set_defaults(func=cmd_data)
     registry_commands = p.add_subparsers(dest="data_command", metavar="{list,fetch}")
     registry_commands.add_parser("list", help="the registered public datasets (data/*.toml)").set_defaults(
@@ -260,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a model, then evaluate it on the test users")
     _add_config_args(p)
     p.add_argument("--resume", metavar="RUN", help="continue the run in this directory from its last checkpoint")
+    _add_quiet(p)
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("evaluate", help="evaluate a run directory, or an untrained model such as popular")
@@ -268,12 +286,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", choices=("test", "valid"), default="test")
     p.add_argument("--diversity-lambda", type=float, help="ComiRec's diversity-controlled aggregation")
     p.add_argument("--out", help="also write the metrics as JSON here")
+    _add_quiet(p)
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("index", help="build and save a FAISS index beside a run; report its recall")
     _add_index_args(p, 'e.g. "HNSW32,Flat", "IVF1024,Flat", "Flat"')
     p.add_argument("--ef-construction", type=int, help="HNSW build beam (default: the run's retrieval.ef_construction)")
     p.add_argument("--n", type=int, default=50, help="top-N compared with exact search (default 50)")
+    _add_quiet(p)
     p.set_defaults(func=cmd_index)
 
     p = sub.add_parser("recommend", help="batch top-N for many users of a run, to Parquet or CSV")
@@ -288,7 +308,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--diversity-lambda", type=float, default=0.0, help="ComiRec's diversity-controlled pick")
     p.add_argument("--strict", action="store_true", help="fail on unknown user ids instead of skipping them")
     p.add_argument("--batch-size", type=int, default=1024, help="users per model call")
+    _add_quiet(p)
     p.set_defaults(func=cmd_recommend)
+
+    p = sub.add_parser("export", help="export a run's network (ONNX or TorchScript), item embeddings and id map")
+    p.add_argument("run", help="run directory (written by recsys train)")
+    p.add_argument("--format", choices=("onnx", "torchscript"), default="onnx",
+                   help="onnx (needs pip install 'recsys[export]') or torchscript (default onnx)")
+    p.add_argument("--out", help="output folder (default: RUN/export/FORMAT)")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("serve", help="serve a run over HTTP (POST /recommend, GET /health, GET /info)")
     _add_index_args(p, "(a saved `recsys index` is reused)")

@@ -97,7 +97,9 @@ class ModelConfig:
     backend: str = "auto"  # kernel backend: auto | triton | torch
     positions: str = "recent"  # learned positions: recent (0 = latest click) | absolute (0 = oldest) | none
     head_values: str = "items"  # sasrec_mi: its multi-interest head pools items (embeddings) | encoded (encoder outputs)
-    score_cap: float = 0.0  # comirec_sa, sasrec_mi: self-attentive scores become c*tanh(s/c); 0 disables
+    # comirec_sa, sasrec_mi: self-attentive scores become c*tanh(s/c), so no interest collapses onto one click;
+    # 0 disables; -1 (the default) resolves to 1.0 for those two models and 0 for the others
+    score_cap: float = -1.0
 
 
 @dataclass
@@ -130,7 +132,7 @@ class TrainConfig:
     cpu_threads: int = 0  # torch intra-op threads on CPU; 0 keeps torch's default
     # against interest collapse (see README "Multi-interest health")
     attention_reg: float = 0.0  # weight of mean sum_l A^2 (each interest's collision probability) for self-attentive models
-    soft_readout_steps: int = 0  # readout blends from a softmax over interests to ComiRec's argmax over these steps
+    soft_readout_steps: int = 1000  # K > 1: the readout blends from a softmax over interests to ComiRec's argmax over these steps
     hard_negatives: float = 0.0  # share of the sampled negatives drawn near the batch's interests (exact logQ)
     hard_negative_temperature: float = 1.0  # the hard proposal is softmax(<interest, item> / temperature)
 
@@ -299,16 +301,21 @@ def run_config_from_dict(values: dict[str, Any]) -> Config:
 
     - no ``model.positions``: positions were numbered from the oldest click (``"absolute"``);
     - no ``model.head_values``: sasrec_mi's head pooled the encoder outputs (``"encoded"``), and
-      comirec_dr's per-position maps ignored ``model.positions`` (they were ``"absolute"``).
+      comirec_dr's per-position maps ignored ``model.positions`` (they were ``"absolute"``);
+    - no ``model.score_cap``: the self-attentive scores were not capped (0); no
+      ``train.soft_readout_steps``: the readout was the argmax from the first step (0).
     """
     model = dict(values.get("model", {}))
+    model.setdefault("score_cap", 0.0)
+    train_values = dict(values.get("train", {}))
+    train_values.setdefault("soft_readout_steps", 0)
     if "positions" not in model:
         model["positions"] = "absolute"
     if "head_values" not in model:
         model["head_values"] = "encoded" if model.get("name") == "sasrec_mi" else "items"
         if model.get("name") == "comirec_dr":
             model["positions"] = "absolute"
-    return config_from_dict({**values, "model": model})
+    return config_from_dict({**values, "model": model, "train": train_values})
 
 
 def load_config(
@@ -366,7 +373,7 @@ _POSITIVE = (
 )
 _NON_NEGATIVE = (
     "data.min_item_count", "data.min_user_count", "model.hidden", "model.softcap",
-    "model.dropout", "model.score_cap", "train.lr", "train.attention_reg", "train.soft_readout_steps", "train.weight_decay", "train.patience", "train.num_negatives",
+    "model.dropout", "train.lr", "train.attention_reg", "train.soft_readout_steps", "train.weight_decay", "train.patience", "train.num_negatives",
     "train.z_loss", "train.max_minutes", "train.cpu_threads", "train.grad_clip", "eval.diversity_lambda", "synthetic.noise",
 )
 
@@ -378,8 +385,24 @@ def _get(cfg: Config, path: str) -> Any:
     return obj
 
 
+SCORE_CAP_MODELS = ("comirec_sa", "sasrec_mi")  # models with self-attentive interest scores
+DEFAULT_SCORE_CAP = 1.0  # chosen by the collapse study (experiments/RESULTS.md)
+
+
+def resolved_score_cap(model: ModelConfig) -> float:
+    """``model.score_cap`` with the automatic value (-1) replaced: 1.0 for comirec_sa and sasrec_mi, else 0."""
+    if model.score_cap == -1.0:
+        return DEFAULT_SCORE_CAP if model.name in SCORE_CAP_MODELS else 0.0
+    return model.score_cap
+
+
 def validate(cfg: Config) -> None:
-    """Check values (not only types) so a bad config fails before any work starts."""
+    """Check values (not only types) so a bad config fails before any work starts; resolve
+    ``model.score_cap = -1`` (automatic) to its value for ``model.name``, so a saved config
+    records what the run used."""
+    cfg.model.score_cap = resolved_score_cap(cfg.model)
+    if cfg.model.score_cap < 0:
+        raise ConfigError(f"model.score_cap: must be >= 0 (or -1: automatic), got {cfg.model.score_cap!r}")
     for path, choices in _CHOICES.items():
         if _get(cfg, path) not in choices:
             raise ConfigError(f"{path}: {_get(cfg, path)!r} is not one of {list(choices)}")

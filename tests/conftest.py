@@ -33,6 +33,23 @@ def tiny_run(tmp_path_factory):
     return train(cfg, log=lambda line: None).run_dir
 
 
+@pytest.fixture
+def random_batches():
+    """``batches(num_items, max_len)``: right-padded random click batches ``(seq [B, L] int64,
+    lengths [B] int64)`` at batch sizes 1..33 and lengths 1..max_len (for export checks)."""
+    import numpy as np
+
+    def batches(num_items: int, max_len: int):
+        gen = np.random.default_rng(1)
+        for batch, length in [(1, 1), (3, 4), (17, max_len), (33, max(1, max_len // 2))]:
+            seq = gen.integers(1, num_items, (batch, length), dtype=np.int64)
+            lengths = gen.integers(1, length + 1, batch, dtype=np.int64)
+            seq[np.arange(length)[None, :] >= lengths[:, None]] = 0
+            yield seq, lengths
+
+    return batches
+
+
 @pytest.fixture(scope="session")
 def service_app(tiny_run):
     """The FastAPI app serving the tiny run (Flat index, serve.n = 10, serve.max_n = 100)."""

@@ -110,12 +110,12 @@ def test_existing_run_name_is_one_line(tmp_path, capsys):
 
 
 def _no_work(monkeypatch):
-    from recsys.serve import recommender
+    from recsys.api import Run
 
     def fail(*args, **kwargs):
         raise AssertionError("the run was loaded before the output was checked")
 
-    monkeypatch.setattr(recommender.Recommender, "from_run", fail)
+    monkeypatch.setattr(Run, "load", fail)
 
 
 def test_recommend_checks_output_format_and_extra_before_any_work(tiny_run, tmp_path, monkeypatch, capsys):

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from recsys.config import Config, ConfigError, config_from_dict, load_config, run_config_from_dict
+from recsys.config import Config, ConfigError, config_from_dict, load_config, run_config_from_dict, validate
 
 
 def test_defaults_round_trip_through_json_and_toml(tmp_path):
@@ -63,7 +63,26 @@ def test_bool_is_not_an_int():
 
 
 def test_default_config_is_valid():
-    assert Config() == load_config(None, [])
+    cfg = Config()
+    validate(cfg)  # resolves the automatic score cap
+    assert cfg == load_config(None, [])
+
+
+@pytest.mark.parametrize("name,cap", [("comirec_sa", 1.0), ("sasrec_mi", 1.0), ("youtube_dnn", 0.0), ("mind", 0.0)])
+def test_automatic_score_cap_resolves_per_model(name, cap):
+    cfg = load_config(None, [f"model.name={name}"])
+    assert cfg.model.score_cap == cap
+    assert load_config(None, [f"model.name={name}", "model.score_cap=0"]).model.score_cap == 0.0
+    with pytest.raises(ConfigError, match="model.score_cap"):
+        load_config(None, ["model.score_cap=-2"])
+
+
+def test_saved_runs_without_the_anti_collapse_keys_load_as_trained():
+    """A config.json written before model.score_cap / train.soft_readout_steps existed: no cap, argmax readout."""
+    saved = Config().to_dict()
+    del saved["model"]["score_cap"], saved["train"]["soft_readout_steps"]
+    cfg = run_config_from_dict(saved)
+    assert cfg.model.score_cap == 0.0 and cfg.train.soft_readout_steps == 0
 
 
 def test_layered_files_later_wins(tmp_path):

@@ -12,41 +12,64 @@ import hashlib
 import json
 from pathlib import Path
 
+import pandas as pd
+
 from recsys.config import Config
 from recsys.data.batches import TrainSampler, pad_sequences
 from recsys.data.prepare import Dataset, prepare
-from recsys.data.readers import DataError, DataWarning, read_interactions
+from recsys.data.readers import DataError, DataWarning, read_frame, read_interactions
 from recsys.data.registry import resolve_source
 from recsys.data.split import EvalSet, Split, split_dataset
 from recsys.data.synthetic import generate
+from recsys.progress import progress_bar
 
 __all__ = [
-    "DataError", "DataWarning", "Dataset", "EvalSet", "Split", "TrainSampler", "describe",
-    "generate", "load_dataset", "pad_sequences", "prepare", "read_interactions", "split_dataset",
+    "IN_MEMORY", "DataError", "DataWarning", "Dataset", "EvalSet", "Split", "TrainSampler", "describe",
+    "generate", "load_dataset", "pad_sequences", "prepare", "read_frame", "read_interactions", "split_dataset",
 ]
+
+IN_MEMORY = "<dataframe>"  # data.source of a run trained on a click table passed in memory
 
 _CACHE_VERSION = 1  # bump when reading or preparation changes what a cached dataset holds
 
 
-def load_dataset(cfg: Config) -> Dataset:
+def load_dataset(cfg: Config, *, clicks: pd.DataFrame | None = None, progress: bool = False) -> Dataset:
     """The prepared dataset of ``cfg.data`` (``source = "synthetic"`` generates it from
     ``cfg.synthetic``; ``dataset:NAME/PATH`` names a file of a fetched registered dataset,
     see :mod:`recsys.data.registry`). With ``cfg.data.cache_dir`` set, the result is cached there under a
-    key of every setting and source file (size and modification time) that shapes it."""
-    cfg = dataclasses.replace(cfg, data=resolve_source(cfg.data))  # dataset:NAME/... -> the fetched files
-    cache = _cache_path(cfg) if cfg.data.cache_dir else None
+    key of every setting and source file (size and modification time) that shapes it.
+
+    ``clicks``: an in-memory click table (:func:`read_frame`) used instead of the source;
+    ``cfg.data.source`` should then be :data:`IN_MEMORY`, the label saved with the run.
+    ``progress``: a bar over the stages (read, prepare, cache) on a terminal.
+    """
+    if clicks is None and cfg.data.source == IN_MEMORY:
+        raise DataError(f"data.source: {IN_MEMORY!r} was a click table passed in memory (recsys.fit); "
+                        "pass it again or set data.source to a file")
+    if clicks is None:
+        cfg = dataclasses.replace(cfg, data=resolve_source(cfg.data))  # dataset:NAME/... -> the fetched files
+    cache = _cache_path(cfg) if cfg.data.cache_dir and clicks is None else None
     if cache is not None and (cache / "dataset.json").is_file():
         try:
             return Dataset.load(cache)
         except DataError:
             pass  # an unreadable cache entry is rebuilt below
-    if cfg.data.source == "synthetic":
-        df = generate(cfg.synthetic)
-    else:
-        df = read_interactions(cfg.data)
-    ds = prepare(df, cfg.data)
-    if cache is not None:
-        ds.save(cache)
+    with progress_bar(3 if cache else 2, "data", enabled=progress, unit="stage") as bar:
+        bar.set_description(f"data: reading {cfg.data.source if clicks is None else 'the click table'}")
+        if clicks is not None:
+            df = read_frame(clicks, cfg.data, where=IN_MEMORY)
+        elif cfg.data.source == "synthetic":
+            df = generate(cfg.synthetic)
+        else:
+            df = read_interactions(cfg.data)
+        bar.update()
+        bar.set_description(f"data: filtering and mapping ids of {len(df):,} clicks")
+        ds = prepare(df, cfg.data)
+        bar.update()
+        if cache is not None:
+            bar.set_description(f"data: caching in {cache}")
+            ds.save(cache)
+            bar.update()
     return ds
 
 

@@ -11,8 +11,6 @@ Each user's clicks are sorted by time; equal times keep the source's row order.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,8 +19,8 @@ import numpy as np
 import pandas as pd
 
 from recsys.config import DataConfig
-from recsys.integrity import default_file_mode
 from recsys.data.readers import DataError
+from recsys.run.files import atomic_write, atomic_write_text
 
 PAD = "<pad>"
 UNKNOWN = "<unknown>"
@@ -121,15 +119,9 @@ class Dataset:
         }
         if self.times is not None:
             arrays["times"] = self.times
-        with tempfile.NamedTemporaryFile(dir=directory, suffix=".npz", delete=False) as tmp:
-            np.savez(tmp, **arrays)
-        os.chmod(tmp.name, default_file_mode())
-        os.replace(tmp.name, directory / _ARRAYS)
+        atomic_write(directory / _ARRAYS, lambda f: np.savez(f, **arrays))
         meta = {"format_version": _FORMAT_VERSION, "stats": self.stats()}
-        with tempfile.NamedTemporaryFile("w", dir=directory, suffix=".json", delete=False) as tmp:
-            json.dump(meta, tmp, indent=2)
-        os.chmod(tmp.name, default_file_mode())
-        os.replace(tmp.name, directory / _META)
+        atomic_write_text(directory / _META, json.dumps(meta, indent=2))
 
     @classmethod
     def load(cls, directory: str | Path) -> Dataset:

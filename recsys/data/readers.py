@@ -291,15 +291,51 @@ def _movielens_genres(folder: Path) -> pd.Series:
     return genre[~genre.index.duplicated(keep="first")]
 
 
-def _read_parquet(path: Path, cfg: DataConfig) -> pd.DataFrame:
+def _roles(cfg: DataConfig) -> dict[str, str]:
+    """Role (user, item, time, category) -> configured column name, for the roles configured."""
     columns = {"user": cfg.user_col, "item": cfg.item_col, "time": cfg.time_col, "category": cfg.category_col}
-    columns = {role: name for role, name in columns.items() if name}
+    return {role: name for role, name in columns.items() if name}
+
+
+def _read_parquet(path: Path, cfg: DataConfig) -> pd.DataFrame:
+    columns = _roles(cfg)
     try:
         raw = pd.read_parquet(path, columns=list(columns.values()))
     except ImportError as err:
         raise DataError(f"{path}: reading Parquet needs pyarrow (pip install 'recsys[parquet]')") from err
     except (KeyError, ValueError) as err:
         raise DataError(f"{path}: cannot read columns {list(columns.values())}: {err}") from err
+    return _from_columns(raw, cfg, path)
+
+
+def read_frame(raw: pd.DataFrame, cfg: DataConfig, where: str = "clicks") -> pd.DataFrame:
+    """An in-memory click table (columns named by ``cfg.user_col``, ``item_col``, ``time_col``,
+    optionally ``category_col``) -> the tidy click table of :func:`read_interactions`.
+
+    Ids become strings (integral floats without ``.0``); times are numbers or date-times (empty
+    ``time_col``: row order). A missing column or a bad row is a :class:`DataError` naming
+    ``where``, the column and the row (``data.skip_bad_rows`` drops bad rows instead).
+    """
+    if not isinstance(raw, pd.DataFrame):
+        raise DataError(f"{where}: expected a pandas DataFrame, got {type(raw).__name__}")
+    missing = {role: name for role, name in _roles(cfg).items() if name not in raw.columns}
+    if missing:
+        role, name = next(iter(missing.items()))
+        raise DataError(f"{where}: no column {name!r} (data.{role}_col); the columns are {list(raw.columns)}")
+    df = _from_columns(raw, cfg, where)
+    if "time" not in df:
+        df["time"] = df.groupby("user", sort=False).cumcount().to_numpy(np.float64)
+    if df.empty:
+        raise DataError(f"{where}: no clicks found")
+    df.attrs["time_is_position"] = not cfg.time_col
+    df.attrs["source"] = where
+    return df
+
+
+def _from_columns(raw: pd.DataFrame, cfg: DataConfig, where: str | Path) -> pd.DataFrame:
+    """The configured columns of ``raw`` as tidy roles (ids as str, numeric times); bad rows
+    raise naming ``where`` and the row, or are dropped with ``data.skip_bad_rows``."""
+    path, columns = where, _roles(cfg)
     df = pd.DataFrame({role: _as_str(raw[name]) if role != "time" else raw[name] for role, name in columns.items()})
     if "time" in df and pd.api.types.is_datetime64_any_dtype(df["time"]):
         df["time"] = _datetime_seconds(df["time"])

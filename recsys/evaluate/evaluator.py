@@ -24,6 +24,7 @@ from recsys.evaluate.metrics import (
     rank_hits,
     recall,
 )
+from recsys.progress import progress_bar
 from recsys.retrieval.index import Retriever
 
 if TYPE_CHECKING:
@@ -61,6 +62,7 @@ def evaluate(
     nprobe: int = 16,
     ef_search: int = 128,
     ef_construction: int = 80,
+    progress: bool = False,
 ) -> dict[str, float]:
     """Recall / NDCG / HitRate (and diversity, coverage) at each ``n`` in ``topn``.
 
@@ -77,6 +79,7 @@ def evaluate(
         diversity_lambda: ``> 0`` uses ComiRec's greedy aggregation with this λ.
         batch_size: users per model call and search.
         device: where the model runs (default: where its parameters are).
+        progress: a bar over the users (on a terminal).
 
     Returns:
         ``{"recall@20": ..., "ndcg@20": ..., "hitrate@20": ..., "diversity@20": ...,
@@ -117,6 +120,7 @@ def evaluate(
             div_users = {n: 0 for n in topn}
             seen = {n: np.zeros(num_items, dtype=bool) for n in topn}
             indptr = np.asarray(eval_set.truth_indptr, dtype=np.int64)
+            bar = progress_bar(num_users, "evaluate", enabled=progress, unit="users")
             for start in range(0, num_users, batch_size):
                 stop = min(start + batch_size, num_users)
                 inputs = np.asarray(eval_set.inputs[start:stop], dtype=np.int64)
@@ -138,6 +142,8 @@ def evaluate(
                         div = category_diversity(top, item_category)
                         div_sum[n] += float(np.nansum(div))
                         div_users[n] += int(np.isfinite(div).sum())
+                bar.update(stop - start)
+            bar.close()
     finally:
         model.train(was_training)
 
@@ -159,6 +165,7 @@ def evaluate_with_config(
     item_category: np.ndarray | None = None,
     *,
     device: str | torch.device | None = None,
+    progress: bool = False,
 ) -> dict[str, float]:
     """:func:`evaluate` with ``cfg.eval`` and ``cfg.retrieval`` (the model's device by default)."""
     return evaluate(
@@ -176,6 +183,7 @@ def evaluate_with_config(
         nprobe=cfg.retrieval.nprobe,
         ef_search=cfg.retrieval.ef_search,
         ef_construction=cfg.retrieval.ef_construction,
+        progress=progress,
     )
 
 

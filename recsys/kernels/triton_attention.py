@@ -31,8 +31,10 @@ a fixed heuristic configuration per shape bucket is used instead.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+from collections.abc import Iterator
 
 import torch
 import triton
@@ -45,6 +47,7 @@ FUSED_MAX_LQ = 64  # query rows one fused backward program holds
 ATOMIC_DQ_MAX_LK = 256  # split backward: dq by fp32 atomics (no dq kernel) up to this many keys
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
+_PATHS = {"fused_max_lq": FUSED_MAX_LQ, "atomic_dq_max_lk": ATOMIC_DQ_MAX_LK}  # see backward_paths
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _AUTOTUNE = not _INTERPRET and os.environ.get("RECSYS_ATTN_AUTOTUNE", "1") != "0"
 
@@ -504,6 +507,24 @@ def best_configs() -> dict[str, str]:
     return {kind: str(t.best_config) for kind, t in _TUNED.items() if getattr(t, "best_config", None) is not None}
 
 
+@contextlib.contextmanager
+def backward_paths(*, fused_max_lq: int | None = None, atomic_dq_max_lk: int | None = None) -> Iterator[None]:
+    """Within the block, pick the backward path by other thresholds than the defaults (for
+    benchmarks comparing the paths): the fused backward for ``Lq <= fused_max_lq`` (default
+    ``FUSED_MAX_LQ``; 0 = never), else the split backward with dq by fp32 atomics for
+    ``Lk <= atomic_dq_max_lk`` (default ``ATOMIC_DQ_MAX_LK``) and by its own kernel above. The
+    forward call fixes the path of its backward."""
+    saved = dict(_PATHS)
+    if fused_max_lq is not None:
+        _PATHS["fused_max_lq"] = int(fused_max_lq)
+    if atomic_dq_max_lk is not None:
+        _PATHS["atomic_dq_max_lk"] = int(atomic_dq_max_lk)
+    try:
+        yield
+    finally:
+        _PATHS.update(saved)
+
+
 # --------------------------------------------------------------------------------------------
 # Host side
 # --------------------------------------------------------------------------------------------
@@ -517,8 +538,8 @@ class _Problem:
         self.batch, self.heads, self.lk, self.head_dim = k.shape
         self.lq = q.shape[2]
         self.broadcast = q.shape[0] != self.batch
-        self.fused = self.lq <= FUSED_MAX_LQ
-        self.atomic_dq = not self.fused and self.lk <= ATOMIC_DQ_MAX_LK
+        self.fused = self.lq <= _PATHS["fused_max_lq"]
+        self.atomic_dq = not self.fused and self.lk <= _PATHS["atomic_dq_max_lk"]
         scale = 1.0 / math.sqrt(self.head_dim) if scale is None else float(scale)
         self.scale = scale
         cap = float(softcap) if softcap else 0.0

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import torch
 from torch import Tensor, nn
 
-from recsys.config import ModelConfig
+from recsys.config import SCORE_CAP_MODELS, ModelConfig, resolved_score_cap
 
 
 class InterestModel(nn.Module):
@@ -81,7 +82,8 @@ def build_model(
     if cfg.head_values != "items" and cfg.name != "sasrec_mi":
         raise ValueError(f"model.head_values={cfg.head_values!r} has no effect on {cfg.name} (only sasrec_mi's "
                          "head can pool encoder outputs); leave it at \"items\"")
-    if cfg.score_cap and cfg.name not in ("comirec_sa", "sasrec_mi"):
+    cfg = dataclasses.replace(cfg, score_cap=resolved_score_cap(cfg))
+    if cfg.score_cap > 0 and cfg.name not in SCORE_CAP_MODELS:
         raise ValueError(f"model.score_cap={cfg.score_cap!r} has no effect on {cfg.name} (only comirec_sa and "
                          "sasrec_mi have self-attentive interest scores); set it to 0")
     return _REGISTRY[cfg.name](cfg=cfg, num_items=num_items, max_len=max_len, item_counts=item_counts)

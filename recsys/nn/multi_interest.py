@@ -31,7 +31,7 @@ class SelfAttentiveHead(nn.Module):
             cannot collapse onto a single click of a long history.
 
     With ``track_stats = True`` the forward pass also records ``last_max_logit``, the largest
-    score ``tanh((H + P) W1) W2`` over valid positions (detached 0-d tensor, no host sync), read
+    score ``tanh((H + P) W1) W2`` (capped, as the softmax sees it) over valid positions (detached 0-d tensor, no host sync), read
     by ``recsys.nn.attention.max_attention_logit``.
     """
 

@@ -21,15 +21,21 @@ Backends:
 
 from __future__ import annotations
 
+import hashlib
+import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from recsys.progress import progress_bar
 from recsys.retrieval.aggregate import diverse_merge, max_merge
 
-__all__ = ["Exclude", "Retriever", "build_index", "load_index", "save_index", "set_search_params"]
+__all__ = [
+    "Exclude", "Retriever", "ann_recall", "build_index", "clamp_ivf", "embedding_hash", "load_index",
+    "save_index", "set_search_params",
+]
 
 # History to exclude per user: right-padded ``[B, L]`` ids (0 = padding), or CSR as
 # ``(indptr [B+1], items)``; a scipy.sparse CSR matrix (``.indptr`` / ``.indices``) works too.
@@ -37,6 +43,8 @@ Exclude = np.ndarray | torch.Tensor | tuple[np.ndarray, np.ndarray] | None
 
 _BACKENDS = ("auto", "faiss", "torch")
 _TORCH_CHUNK_BYTES = 256 * 2**20  # bound on one [queries, N] score block of the torch backend
+_ADD_CHUNK = 16384  # vectors per index.add call (the progress bar's step)
+MIN_POINTS_PER_LIST = 39  # FAISS warns below this many training vectors per IVF list
 
 
 def _faiss() -> Any:
@@ -83,12 +91,14 @@ def build_index(
     nprobe: int = 16,
     ef_search: int = 128,
     ef_construction: int = 80,
+    progress: bool = False,
 ) -> Any:
     """A FAISS inner-product index over ``item_emb [N, d]`` rows ``1..N-1`` (label ``j`` = item ``j+1``).
 
     ``factory`` is a FAISS ``index_factory`` string; indexes that need training (IVF, PQ)
     are trained on the same embeddings. ``ef_construction`` is the HNSW graph's build beam
-    (ignored by other indexes): wider builds slower and finds better neighbours.
+    (ignored by other indexes): wider builds slower and finds better neighbours. ``progress``
+    shows a bar over the vectors added (on a terminal).
     """
     faiss = _faiss()
     emb = _as_float32_numpy(item_emb, "item_emb")
@@ -115,9 +125,49 @@ def build_index(
     inner = faiss.downcast_index(index)
     if hasattr(inner, "hnsw"):
         inner.hnsw.efConstruction = ef_construction
-    index.add(vectors)
+    with progress_bar(len(vectors), f"index {factory}", enabled=progress, unit="items") as bar:
+        for start in range(0, len(vectors), _ADD_CHUNK):
+            index.add(vectors[start : start + _ADD_CHUNK])
+            bar.update(min(_ADD_CHUNK, len(vectors) - start))
     set_search_params(index, nprobe=nprobe, ef_search=ef_search)
     return index
+
+
+def clamp_ivf(factory: str, num_vectors: int) -> tuple[str, str | None]:
+    """``factory`` with its ``IVF<nlist>`` lowered to what ``num_vectors`` can train (at least
+    ``MIN_POINTS_PER_LIST`` per list), and a warning saying so (``None`` when nothing changed)."""
+    match = re.search(r"IVF(\d+)", factory)
+    if match is None:
+        return factory, None
+    nlist = int(match.group(1))
+    allowed = max(1, num_vectors // MIN_POINTS_PER_LIST)
+    if nlist <= allowed:
+        return factory, None
+    clamped = factory[: match.start(1)] + str(allowed) + factory[match.end(1) :]
+    return clamped, (
+        f"{factory!r} asks for {nlist} IVF lists but {num_vectors} items train at most {allowed} "
+        f"(>= {MIN_POINTS_PER_LIST} per list); using {clamped!r}"
+    )
+
+
+def embedding_hash(item_emb: np.ndarray) -> str:
+    """SHA-1 of the float32 bytes of ``item_emb [N, d]`` (ties an index to the weights it indexes)."""
+    return hashlib.sha1(np.ascontiguousarray(item_emb, dtype=np.float32).tobytes()).hexdigest()
+
+
+def ann_recall(ann_ids: np.ndarray, exact_ids: np.ndarray) -> np.ndarray:
+    """``[U]`` share of each row's exact top-n (``exact_ids [U, n]``, ``-1`` = none) that
+    ``ann_ids [U, n']`` also holds; NaN for rows with no exact item."""
+    if ann_ids.ndim != 2 or exact_ids.ndim != 2 or len(ann_ids) != len(exact_ids):
+        raise ValueError(f"ann_ids, exact_ids: expected [U, n] arrays, got {ann_ids.shape} and {exact_ids.shape}")
+    rows = np.arange(len(exact_ids))[:, None]
+    stride = int(max(ann_ids.max(initial=0), exact_ids.max(initial=0))) + 1
+    exact_keys = np.where(exact_ids > 0, rows * stride + exact_ids, -1)
+    ann_keys = np.where(ann_ids > 0, rows * stride + ann_ids, -2)
+    found = np.isin(exact_keys, ann_keys) & (exact_ids > 0)
+    total = (exact_ids > 0).sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(total > 0, found.sum(axis=1) / total, np.nan)
 
 
 def save_index(index: Any, path: str | Path) -> None:

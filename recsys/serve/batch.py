@@ -1,6 +1,7 @@
 """Batch top-N for many users (``recsys recommend``): raw user ids in, a table of raw item ids out.
 
-Each user's input is their last ``max_len`` clicks in the run's dataset. Users are processed
+Each user's input is their last ``max_len`` clicks in the run's dataset (or, for
+``Run.recommend(sequences=...)``, the last ``max_len`` clicks of a given sequence). Rows are processed
 in batches (one model call and one index search per batch); the output has one row per
 ``(user, rank)``::
 
@@ -12,42 +13,18 @@ Users with fewer than ``n`` retrievable items get fewer rows.
 
 from __future__ import annotations
 
-import sys
-import time
 from pathlib import Path
-from typing import TextIO
 
 import numpy as np
 import pandas as pd
 
-from recsys.serve.recommender import Recommender
+from recsys.progress import progress_bar
+from recsys.data.batches import gather_rows, pad_sequences
+from recsys.serve.recommender import CSR, Recommender
 
-__all__ = ["Progress", "output_format", "read_user_file", "recommend_users", "resolve_users", "write_recommendations"]
+__all__ = ["output_format", "read_user_file", "recommend_table", "resolve_users", "write_recommendations"]
 
 COLUMNS = ("user", "rank", "item", "score", "interest")
-
-
-class Progress:
-    """A one-line progress counter on stderr (``\\r``-updated at most every ``every_s``)."""
-
-    def __init__(self, total: int, label: str, *, stream: TextIO | None = None, every_s: float = 0.5) -> None:
-        self.total, self.label, self.every_s = total, label, every_s
-        self.stream = stream if stream is not None else sys.stderr
-        self.start = self.last = time.perf_counter()
-        self.done = 0
-
-    def update(self, count: int) -> None:
-        """Add ``count`` finished units; redraw when due or when all are done."""
-        self.done += count
-        now = time.perf_counter()
-        if now - self.last >= self.every_s or self.done >= self.total:
-            self.last = now
-            rate = self.done / max(now - self.start, 1e-9)
-            pct = 100.0 * self.done / max(self.total, 1)
-            self.stream.write(f"\r{self.label}: {self.done:,}/{self.total:,} ({pct:.0f}%), {rate:,.0f}/s")
-            if self.done >= self.total:
-                self.stream.write("\n")
-            self.stream.flush()
 
 
 def read_user_file(path: str | Path) -> list[str]:
@@ -69,57 +46,65 @@ def read_user_file(path: str | Path) -> list[str]:
     return users
 
 
-def resolve_users(rec: Recommender, raw: list[str] | None, *, strict: bool = False) -> tuple[np.ndarray, list[str]]:
+def resolve_users(rec: Recommender, raw: list[str] | None, *, strict: bool = False,
+                  what: str = "--users") -> tuple[np.ndarray, list[str]]:
     """User indices to recommend for, and the unknown raw ids.
 
     ``raw = None`` means every user of the dataset. Duplicates are recommended for once (first
-    occurrence kept). With ``strict``, any unknown user is an error.
+    occurrence kept). With ``strict``, any unknown user is an error naming ``what``.
     """
     if raw is None:
         return np.arange(rec.dataset.num_users, dtype=np.int64), []
-    users, unknown = rec.encode_users(list(dict.fromkeys(raw)))
+    users, unknown = rec.encode_users([str(u) for u in dict.fromkeys(raw)])
     if unknown and strict:
         shown = ", ".join(repr(u) for u in unknown[:10])
-        raise ValueError(f"--users: {len(unknown)} unknown user ids (--strict): {shown}")
+        raise ValueError(f"{what}: {len(unknown)} unknown user ids (strict): {shown}")
     return users, unknown
 
 
-def recommend_users(
+def recommend_table(
     rec: Recommender,
-    users: np.ndarray,
+    rows: np.ndarray,
     n: int,
     *,
+    sequences: CSR | None = None,
     exclude_seen: bool = True,
     diversity_lambda: float = 0.0,
     batch_size: int = 1024,
-    progress: bool = True,
+    progress: bool = False,
 ) -> pd.DataFrame:
-    """Top ``n`` for each of ``users [U]`` (dataset indices), as a table with columns
-    ``user, rank, item, score, interest`` (one row per user and rank, users in input order).
+    """Top ``n`` for each of ``rows [R]``, as a table with columns ``user, rank, item, score,
+    interest`` (one row per input row and rank, in input order).
 
-    ``exclude_seen`` (the default) drops every item the user clicked in the dataset.
+    ``rows`` are user indices of the run's dataset (``user`` = their raw id), or, with
+    ``sequences`` (CSR ``(indptr [S + 1], items)`` of internal ids, oldest first, rows
+    non-empty), positions of those sequences (``user`` = the position). ``exclude_seen`` (the
+    default) drops every item of the row's clicks; ``progress`` shows a bar over the rows (on a terminal).
     """
     if batch_size <= 0:
-        raise ValueError(f"--batch-size: must be > 0, got {batch_size}")
-    users = np.asarray(users, dtype=np.int64)
-    bar = Progress(len(users), "recommend (users)") if progress and len(users) else None
+        raise ValueError(f"batch_size: must be > 0, got {batch_size}")
+    rows = np.asarray(rows, dtype=np.int64)
+    ds = rec.dataset
+    indptr, items = sequences if sequences is not None else (ds.indptr, ds.items)
+    labels = rows if sequences is not None else ds.user_raw[rows]
+    bar = progress_bar(len(rows), "recommend", enabled=progress, unit="users")
     parts = []
-    for start in range(0, len(users), batch_size):
-        batch = users[start : start + batch_size]
-        inputs, lengths = rec.user_inputs(batch)
-        exclude = rec.user_histories(batch) if exclude_seen else None
+    for start in range(0, len(rows), batch_size):
+        batch = rows[start : start + batch_size]
+        inputs, lengths = pad_sequences(indptr, items, batch, rec.max_len)
+        exclude = gather_rows(indptr, items, indptr[batch], indptr[batch + 1]) if exclude_seen else None
         recs = rec.recommend(inputs, lengths, n, exclude=exclude, diversity_lambda=diversity_lambda)
         row, col = np.nonzero(recs.ids > 0)
         ids = recs.ids[row, col]
         parts.append(pd.DataFrame({
-            "user": rec.dataset.user_raw[batch[row]],
+            "user": labels[start + row],
             "rank": (col + 1).astype(np.int64),
             "item": rec.item_raw(ids),
             "score": recs.scores[row, col],
             "interest": recs.interest_of[row, col],
         }))
-        if bar is not None:
-            bar.update(len(batch))
+        bar.update(len(batch))
+    bar.close()
     if not parts:
         return pd.DataFrame({c: pd.Series(dtype=t) for c, t in
                              zip(COLUMNS, (str, np.int64, str, np.float32, np.int64))})

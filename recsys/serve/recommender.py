@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -26,6 +26,9 @@ from recsys.data.prepare import Dataset
 from recsys.models.base import InterestModel
 from recsys.retrieval.aggregate import check_lambda, diverse_merge, max_merge
 from recsys.retrieval.index import Retriever
+
+if TYPE_CHECKING:
+    from recsys.run import LoadedRun
 
 __all__ = ["Recommendations", "Recommender", "unique_csr"]
 
@@ -69,7 +72,7 @@ class Recommender:
         model: the trained :class:`InterestModel` (put in eval mode here).
         dataset: the run's :class:`Dataset` (raw ids, histories, categories, popularity).
         retriever: a :class:`Retriever` over ``model.item_embeddings()`` with the dataset's
-            ``item_category`` (see :func:`recsys.retrieval.run_index.open_run_index`).
+            ``item_category`` (see :func:`recsys.run.open_run_index`).
         max_len: sequence width fed to the model (the run's ``data.max_len``).
         name, index_name: shown by :meth:`info`.
     """
@@ -116,11 +119,27 @@ class Recommender:
     ) -> Recommender:
         """Load run directory ``path`` and its index (``factory`` default: the run's
         ``retrieval.factory``; a saved ``recsys index`` file is reused when it matches)."""
-        from recsys.retrieval.run_index import open_run_index
-        from recsys.runs import load_run
+        from recsys.run import load_run
 
-        run = load_run(path, device=device)
-        retriever, where = open_run_index(run, factory, nprobe=nprobe, ef_search=ef_search, log=log)
+        return cls.of_run(load_run(path, device=device), factory, nprobe=nprobe, ef_search=ef_search, log=log)
+
+    @classmethod
+    def of_run(
+        cls,
+        run: LoadedRun,
+        factory: str | None = None,
+        *,
+        nprobe: int | None = None,
+        ef_search: int | None = None,
+        log: Callable[[str], None] = print,
+        progress: bool = False,
+    ) -> Recommender:
+        """The recommender of a loaded run, with its saved index for ``factory`` when that
+        matches the weights, else one built in memory (see :func:`recsys.run.open_run_index`)."""
+        from recsys.run import open_run_index
+
+        retriever, where = open_run_index(run, factory, nprobe=nprobe, ef_search=ef_search, log=log,
+                                          progress=progress)
         log(f"index: {where}")
         return cls(
             run.model, run.dataset, retriever, max_len=run.cfg.data.max_len,

@@ -21,32 +21,23 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from recsys.config import Config
-from recsys.data import load_dataset
 from recsys.data.batches import TrainSampler
-from recsys.data.prepare import Dataset
-from recsys.data.split import Split, split_dataset
+from recsys.data.split import Split
 from recsys.data.synthetic import planted_categories
 from recsys.evaluate.diagnostics import interest_health
 from recsys.evaluate.evaluator import evaluate_with_config
-from recsys.models import InterestModel, build_model
+from recsys.models import InterestModel
 from recsys.nn.attention import max_attention_logit, set_track_stats
+from recsys.run import RunDir, build_experiment, new_run_dir
 from recsys.train import distributed
-from recsys.train.checkpoint import (
-    CHECKPOINT,
-    DATASET,
-    RunDir,
-    capture_rng,
-    make_checkpoint,
-    new_run_dir,
-    restore_rng,
-)
+from recsys.train.checkpoint import capture_rng, make_checkpoint, restore_rng
 from recsys.train.memory import check_fits
 from recsys.train.losses import (
     LossOutput,
@@ -59,6 +50,11 @@ from recsys.train.losses import (
     readout,
     sampled_softmax_loss,
 )
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from recsys.data import Dataset
 
 Log = Callable[[str], None]
 
@@ -83,11 +79,6 @@ def resolve_device(pref: str) -> torch.device:
     if pref == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("train.device: 'cuda' requested but no CUDA device is available")
     return torch.device(pref)
-
-
-def train_item_counts(split: Split, num_items: int) -> Tensor:
-    """``[num_items]`` click counts over the training sequences only (no eval leakage)."""
-    return torch.from_numpy(np.bincount(split.train_items, minlength=num_items).astype(np.int64))
 
 
 def make_optimizer(model: torch.nn.Module, cfg: Config, device: torch.device,
@@ -265,15 +256,19 @@ def to_device(arrays: tuple[np.ndarray, ...], device: torch.device) -> tuple[Ten
     return tuple(out)
 
 
-def train(cfg: Config, *, run_dir: str | None = None, resume: bool = False, log: Log = print) -> TrainResult:
+def train(cfg: Config, *, run_dir: str | Path | None = None, resume: bool = False, log: Log = print,
+          clicks: pd.DataFrame | None = None, progress: bool = False) -> TrainResult:
     """Run a whole experiment (train, validate, early-stop, test). See the module docstring.
 
     Args:
         cfg: the resolved config (saved into the run directory).
         run_dir: where to write; default a new folder under ``cfg.output_dir``.
-        resume: continue from ``run_dir``'s last checkpoint; with the same seed the result equals
-            an uninterrupted run.
+        resume: continue from ``run_dir``'s last checkpoint (on the dataset saved with it); with
+            the same seed the result equals an uninterrupted run.
         log: where progress lines go.
+        clicks: a click table to train on instead of ``cfg.data.source`` (see
+            :func:`recsys.data.load_dataset`).
+        progress: progress bars while preparing the data (on a terminal).
     """
     if resume and run_dir is None:
         raise ValueError("--resume needs the run directory to continue")
@@ -284,29 +279,25 @@ def train(cfg: Config, *, run_dir: str | None = None, resume: bool = False, log:
     torch.manual_seed(cfg.train.seed + dist.rank)
     t0 = time.perf_counter()
 
-    if resume and not (Path(run_dir) / CHECKPOINT).is_file():
-        raise FileNotFoundError(
-            f"--resume: {run_dir} has no checkpoint ({CHECKPOINT}): it failed or was stopped before its "
-            "first validation; start a new run instead"
-        )
-    ds: Dataset = load_dataset(cfg)
-    split = split_dataset(ds, cfg.data)
+    rd = RunDir(run_dir) if resume else None
+    if rd is not None:
+        rd.require_checkpoint()
+    exp = build_experiment(cfg, dataset=rd.load_dataset() if rd else None, clicks=clicks, progress=progress)
+    ds, split, item_counts = exp.dataset, exp.split, exp.item_counts
     _check_split(ds, split)
-    item_counts = train_item_counts(split, ds.num_items)
-    model = build_model(cfg.model, ds.num_items, cfg.data.max_len, item_counts=item_counts)
-    check_fits(cfg, model, ds.num_items, device)
-    model = model.to(device)
+    check_fits(cfg, exp.model, ds.num_items, device)
+    model = exp.model.to(device)
 
-    created = run_dir is None
-    if created:
+    created = rd is None and (run_dir is None or not Path(run_dir).exists())
+    if rd is None and run_dir is not None:
+        rd = RunDir.create(run_dir)
+    elif rd is None:
         rd = RunDir(new_run_dir(cfg.output_dir, cfg.name, model=cfg.model.name, dataset=_data_name(cfg)))
-    else:
-        rd = RunDir(run_dir)
     log(f"run directory: {rd.path}")
     try:
         return _run(cfg, rd, ds, split, item_counts, model, dist, resume, t0, log)
     except BaseException:  # a folder this call created, with nothing to resume, is removed
-        if dist.is_main and created and not rd.file(CHECKPOINT).exists():
+        if dist.is_main and created and not rd.has_checkpoint():
             shutil.rmtree(rd.path, ignore_errors=True)
             log(f"removed {rd.path}: the run stopped before its first checkpoint, so there is nothing to resume")
         raise
@@ -317,9 +308,8 @@ def _run(cfg: Config, rd: RunDir, ds: Dataset, split: Split, item_counts: Tensor
     """:func:`train` once the data, the model and the run directory exist."""
     device = dist.device
     if dist.is_main and not resume:
-        rd.save_config(cfg.to_dict())
-        ds.save(rd.file(DATASET))
-        rd.record_tree(DATASET)
+        rd.save_config(cfg)
+        rd.save_dataset(ds)
     log(f"data: {ds.num_users} users, {ds.num_items - 1} items, {len(ds.items)} clicks; "
         f"train users {len(split.train_users)}, valid {len(split.valid.users)}, test {len(split.test.users)}")
 

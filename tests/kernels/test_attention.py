@@ -129,10 +129,21 @@ def test_odd_shapes(device, dtype, case):
 @pytest.mark.parametrize("case", [{"causal": True, "softcap": 2.0}, {"q_batch": 1, "lk": 100}],
                          ids=["causal-softcap", "broadcast"])
 @pytest.mark.parametrize("atomic", [True, False], ids=["atomic-dq", "dq-kernel"])
-def test_split_backward_modes(device, dtype, case, atomic, monkeypatch):
+def test_split_backward_modes(device, dtype, case, atomic):
     """Lq > 64: dq by atomics inside the dk/dv kernel, or by its own kernel (longer keys)."""
-    monkeypatch.setattr(kernel_module, "ATOMIC_DQ_MAX_LK", 1 << 30 if atomic else 0)
-    _check(device, dtype, lq=70, d=32, seed=7, **case)
+    with kernel_module.backward_paths(atomic_dq_max_lk=1 << 30 if atomic else 0):
+        _check(device, dtype, lq=70, d=32, seed=7, **case)
+
+
+def test_backward_paths_switches_the_path_and_restores_it():
+    q = torch.zeros(1, 1, 70, 16)
+    problem = lambda: kernel_module._Problem(q, q, q, None, False, None, None)  # noqa: E731
+    assert not problem().fused and problem().atomic_dq  # Lq = 70 > 64, Lk = 70 <= 256
+    with kernel_module.backward_paths(atomic_dq_max_lk=0):
+        assert not problem().atomic_dq
+        with kernel_module.backward_paths(fused_max_lq=128):
+            assert problem().fused
+    assert not problem().fused and problem().atomic_dq
 
 
 @needs_interpreter

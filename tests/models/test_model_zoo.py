@@ -105,15 +105,20 @@ def _positions(head, lengths: torch.Tensor) -> torch.Tensor | float:
     return head.pos[back]
 
 
+def _capped(scores, cap):
+    return cap * torch.tanh(scores / cap) if cap else scores
+
+
 @pytest.mark.parametrize("positions", ["recent", "absolute", "none"])
-def test_comirec_sa_equals_direct_einsum(positions):
-    model = _build("comirec_sa", positions=positions)
+@pytest.mark.parametrize("cap", [0.0, 1.0], ids=["comirec", "score_cap"])
+def test_comirec_sa_equals_direct_einsum(positions, cap):
+    model = _build("comirec_sa", positions=positions, score_cap=cap)
     seq, lengths = _batch()
     emb, head = model.item_embeddings(), model.head
     valid = torch.arange(MAX_LEN)[None] < lengths[:, None]  # [B, L]
     h = emb[seq] * valid[..., None]  # [B, L, d]
     x = h + _positions(head, lengths)
-    scores = torch.einsum("blh,hk->bkl", torch.tanh(torch.einsum("bld,dh->blh", x, head.w1)), head.w2)
+    scores = _capped(torch.einsum("blh,hk->bkl", torch.tanh(torch.einsum("bld,dh->blh", x, head.w1)), head.w2), cap)
     attn = torch.softmax(scores.masked_fill(~valid[:, None], float("-inf")), dim=-1).nan_to_num(0.0)
     want = torch.einsum("bkl,bld->bkd", attn, h)
     torch.testing.assert_close(model.interests(seq, lengths), want)
@@ -127,7 +132,7 @@ def test_sasrec_mi_head_attends_from_encoder_states_and_pools_head_values(head_v
     h = model.embedding(seq, lengths)  # [B, L, d], zero at padded positions
     e = model.encoder(h, lengths)
     head = model.head
-    scores = torch.tanh((e + _positions(head, lengths)) @ head.w1) @ head.w2  # [B, L, K]
+    scores = _capped(torch.tanh((e + _positions(head, lengths)) @ head.w1) @ head.w2, head.score_cap)  # [B, L, K]
     attn = torch.softmax(scores.masked_fill(~valid[..., None], float("-inf")), dim=1).nan_to_num(0.0)
     pooled = h if head_values == "items" else e
     torch.testing.assert_close(model.interests(seq, lengths), torch.einsum("blk,bld->bkd", attn, pooled))
@@ -177,7 +182,7 @@ def test_max_attention_logit_is_tracked_on_request(name):
     if name == "comirec_sa":
         head = model.head
         h = model.embedding(seq, lengths)
-        scores = torch.tanh((h + _positions(head, lengths)) @ head.w1) @ head.w2  # [B, L, K]
+        scores = _capped(torch.tanh((h + _positions(head, lengths)) @ head.w1) @ head.w2, head.score_cap)  # [B, L, K]
         valid = torch.arange(MAX_LEN)[None] < lengths[:, None]
         torch.testing.assert_close(value, scores[valid].max())
 

@@ -6,7 +6,7 @@ import pytest
 
 from recsys.cli import main
 from recsys.data.prepare import Dataset
-from recsys.serve.batch import Progress, read_user_file
+from recsys.serve.batch import read_user_file
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def test_recommend_errors(tiny_run, tmp_path, capsys):
     (tmp_path / "users.txt").write_text("ghost\n")
     out = str(tmp_path / "r.csv")
     assert main(["recommend", tiny_run, "--users", str(tmp_path / "users.txt"), "--out", out, "--strict"]) == 2
-    assert "unknown user ids (--strict): 'ghost'" in capsys.readouterr().err
+    assert "unknown user ids (strict): 'ghost'" in capsys.readouterr().err
     assert main(["recommend", tiny_run, "--all", "--out", str(tmp_path / "r.json")]) == 2
     assert ".parquet, .csv" in capsys.readouterr().err
     assert main(["recommend", tiny_run, "--users", str(tmp_path / "none.txt"), "--out", out]) == 2
@@ -89,15 +89,3 @@ def test_recommend_errors(tiny_run, tmp_path, capsys):
     (tmp_path / "blank.txt").write_text("\n \n")
     with pytest.raises(ValueError, match="no user ids"):
         read_user_file(tmp_path / "blank.txt")
-
-
-def test_progress_line(capsys):
-    import io
-
-    stream = io.StringIO()
-    bar = Progress(10, "users", stream=stream, every_s=0.0)
-    bar.update(4)
-    bar.update(6)
-    text = stream.getvalue()
-    assert "users: 4/10 (40%)" in text and text.endswith("10/10 (100%), " + text.rsplit(", ", 1)[1])
-    assert text.endswith("\n")

@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_core_imports_without_fastapi():
     code = (
         "import sys; sys.modules['fastapi'] = None; sys.modules['uvicorn'] = None\n"
-        "import recsys.cli, recsys.serve, recsys.serve.batch, recsys.serve.microbatch, recsys.retrieval.run_index\n"
+        "import recsys.cli, recsys.serve, recsys.serve.batch, recsys.serve.microbatch, recsys.run.index, recsys.api\n"
         "try:\n    import recsys.serve.app\nexcept ImportError as err:\n    print(err)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)

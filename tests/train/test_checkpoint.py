@@ -8,17 +8,10 @@ import pytest
 import torch
 from torch import nn
 
-from recsys.config import config_from_dict, load_config
-from recsys.train import checkpoint
-from recsys.train.checkpoint import (
-    RunDir,
-    atomic_write,
-    capture_rng,
-    check_plain,
-    make_checkpoint,
-    new_run_dir,
-    restore_rng,
-)
+from recsys.config import load_config
+from recsys.run import RunDir, atomic_write, check_plain, new_run_dir
+from recsys.run import layout
+from recsys.train.checkpoint import capture_rng, make_checkpoint, restore_rng
 
 
 def _model_and_optimizer(seed):
@@ -42,11 +35,11 @@ def test_checkpoint_round_trip_loads_weights_only(tmp_path):
     negatives = torch.Generator().manual_seed(6)
     rng = capture_rng({"batches": batches}, {"negatives": negatives})
     state = make_checkpoint(model, optimizer, step=7, best=0.25, best_step=5, bad_evals=1, rng=rng)
-    run = RunDir(tmp_path / "run")
+    run = RunDir.create(tmp_path / "run")
     run.save_checkpoint(state)
     after_save = (batches.integers(0, 10**9, 4), torch.randint(0, 10**9, (4,), generator=negatives), torch.rand(3))
 
-    raw = torch.load(run.file(checkpoint.CHECKPOINT), weights_only=True)  # the contract itself
+    raw = torch.load(run.file(layout.CHECKPOINT), weights_only=True)  # the contract itself
     assert raw["step"] == 7 and raw["best"] == 0.25 and raw["best_step"] == 5 and raw["bad_evals"] == 1
 
     loaded = run.latest()
@@ -74,7 +67,7 @@ def test_restore_rng_requires_the_same_generator_names():
 
 
 def test_best_and_latest(tmp_path):
-    run = RunDir(tmp_path / "run")
+    run = RunDir.create(tmp_path / "run")
     assert run.latest() is None and not run.has_best()
     with pytest.raises(FileNotFoundError, match="model.pt"):
         run.load_checkpoint()
@@ -83,7 +76,7 @@ def test_best_and_latest(tmp_path):
     assert run.has_best()
     best = run.load_best()
     assert best.keys() == model.state_dict().keys()
-    assert torch.load(run.file(checkpoint.BEST), weights_only=True)["step"] == 3
+    assert torch.load(run.file(layout.BEST), weights_only=True)["step"] == 3
 
 
 def test_check_plain_names_the_offending_key():
@@ -115,7 +108,7 @@ def test_checkpoint_save_failure_midway_keeps_previous(tmp_path, monkeypatch):
         real_save(obj, f)  # bytes reach the temporary file...
         raise RuntimeError("killed")  # ...then the process dies before the rename
 
-    monkeypatch.setattr(checkpoint.torch, "save", failing_save)
+    monkeypatch.setattr(torch, "save", failing_save)
     with pytest.raises(RuntimeError, match="killed"):
         run.save_checkpoint({"step": 2})
     monkeypatch.undo()
@@ -129,14 +122,14 @@ def test_metrics_append_and_read(tmp_path):
     run.append_metrics({"step": 1, "loss": np.float32(2.5), "log_z": torch.tensor(1.5)})
     run.append_metrics({"step": 2, "loss": 2.0})
     assert run.read_metrics() == [{"step": 1, "loss": 2.5, "log_z": 1.5}, {"step": 2, "loss": 2.0}]
-    assert len(run.file(checkpoint.METRICS).read_text().splitlines()) == 2
+    assert len(run.file(layout.METRICS).read_text().splitlines()) == 2
 
 
 def test_metrics_partial_last_line_is_ignored_then_dropped(tmp_path):
     """Appends are atomic rewrites now; a run written by an older version (no manifest) may
     still end in a partial line from a crash in the middle of an append."""
     run = RunDir(tmp_path)
-    run.file(checkpoint.METRICS).write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "lo')
+    run.file(layout.METRICS).write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "lo')
     assert run.read_metrics() == [{"step": 1, "loss": 2.0}]
     run.append_metrics({"step": 2, "loss": 1.0})
     assert run.read_metrics() == [{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.0}]
@@ -144,7 +137,7 @@ def test_metrics_partial_last_line_is_ignored_then_dropped(tmp_path):
 
 def test_metrics_malformed_line_names_file_and_line(tmp_path):
     run = RunDir(tmp_path)
-    run.file(checkpoint.METRICS).write_text('{"step": 1}\nnot json\n{"step": 3}\n')
+    run.file(layout.METRICS).write_text('{"step": 1}\nnot json\n{"step": 3}\n')
     with pytest.raises(ValueError, match=r"metrics.jsonl:2"):
         run.read_metrics()
 
@@ -162,8 +155,8 @@ def test_config_and_test_metrics_round_trip(tmp_path):
     cfg = load_config(None, ["model.dim=32", "train.lr=0.01", "eval.topn=[10, 20]"])
     run = RunDir(tmp_path)
     run.save_config(cfg)
-    assert json.loads(run.file(checkpoint.CONFIG).read_text())["model"]["dim"] == 32
-    assert config_from_dict(run.read_config()) == cfg
+    assert json.loads(run.file(layout.CONFIG).read_text())["model"]["dim"] == 32
+    assert run.read_config() == cfg
     run.save_test_metrics({"recall@50": np.float64(0.125), "users": np.int64(7)})
     assert run.read_test_metrics() == {"recall@50": 0.125, "users": 7}
 

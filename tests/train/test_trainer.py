@@ -7,8 +7,8 @@ import torch
 
 from recsys.cli import main
 from recsys.config import ConfigError, load_config
-from recsys.runs import evaluate_run
-from recsys.train.checkpoint import RunDir
+from recsys.api import Run
+from recsys.run import RunDir
 from recsys.train.trainer import train
 
 TINY = [
@@ -69,7 +69,7 @@ def test_run_directory_is_self_contained(tmp_path):
     assert {"loss", "log_z", "grad_norm", "samples_per_s"} <= set(logged[0])
     assert all(r["loss"] == r["loss"] for r in logged if "loss" in r)  # no NaN
     # `recsys evaluate RUN` needs nothing but the directory and reproduces the test metrics
-    assert evaluate_run(run.path) == pytest.approx(result.test_metrics)
+    assert Run.load(run.path).evaluate() == pytest.approx(result.test_metrics)
 
 
 @pytest.mark.parametrize(
@@ -98,9 +98,9 @@ def test_cli_resume_extends_the_budget_and_refuses_other_changes(tmp_path, capsy
     for args, key in [(["--set", "train.lr=0.5"], "train.lr"), (["--model", "youtube_dnn"], "--model")]:
         assert main(["train", "--resume", run, *args]) == 2
         assert key in capsys.readouterr().err
-    assert RunDir(run).read_config()["train"]["max_steps"] == 40  # refused changes wrote nothing
+    assert RunDir(run).read_config().train.max_steps == 40  # refused changes wrote nothing
     assert main(["train", "--resume", run, "--set", "train.max_steps=60"]) == 0
-    assert RunDir(run).read_config()["train"]["max_steps"] == 60
+    assert RunDir(run).read_config().train.max_steps == 60
     steps = [r["step"] for r in RunDir(run).read_metrics() if "loss" in r]
     assert steps == [10, 20, 30, 40, 50, 60]  # continued from step 40, nothing repeated
 

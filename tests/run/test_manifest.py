@@ -1,4 +1,4 @@
-"""The run manifest (recsys.integrity): recorded on write, verified on load, crash-safe."""
+"""The run manifest (recsys.run.manifest): recorded on write, verified on load, crash-safe."""
 
 import hashlib
 import json
@@ -6,8 +6,9 @@ import os
 
 import pytest
 
-from recsys import integrity
-from recsys.integrity import IntegrityError
+from recsys.run import manifest
+from recsys.run.files import default_file_mode
+from recsys.run.manifest import IntegrityError
 
 
 def _write(path, data: bytes):
@@ -18,10 +19,10 @@ def _write(path, data: bytes):
 
 def test_record_then_verify_accepts_the_same_bytes(tmp_path):
     path = _write(tmp_path / "sub" / "a.bin", b"x" * 3000)
-    digest = integrity.record(tmp_path, path)
-    assert digest == integrity.Digest(3000, hashlib.sha256(b"x" * 3000).hexdigest())
-    assert integrity.read_manifest(tmp_path) == {"sub/a.bin": {"size": 3000, "sha256": digest.sha256}}
-    integrity.verify(tmp_path, path, "re-train")  # no error
+    digest = manifest.record(tmp_path, path)
+    assert digest == manifest.Digest(3000, hashlib.sha256(b"x" * 3000).hexdigest())
+    assert manifest.read_manifest(tmp_path) == {"sub/a.bin": {"size": 3000, "sha256": digest.sha256}}
+    manifest.verify(tmp_path, path, "re-train")  # no error
 
 
 @pytest.mark.parametrize("damage, word", [
@@ -32,10 +33,10 @@ def test_record_then_verify_accepts_the_same_bytes(tmp_path):
 def test_damage_is_one_line_naming_the_file_and_the_advice(tmp_path, damage, word):
     data = os.urandom(3000)
     path = _write(tmp_path / "best.pt", data)
-    integrity.record(tmp_path, path)
+    manifest.record(tmp_path, path)
     path.write_bytes(damage(data))
     with pytest.raises(IntegrityError) as err:
-        integrity.verify(tmp_path, path, "resume from model.pt or re-train")
+        manifest.verify(tmp_path, path, "resume from model.pt or re-train")
     message = str(err.value)
     assert "\n" not in message and str(path) in message and word in message
     assert message.endswith("resume from model.pt or re-train")
@@ -43,20 +44,20 @@ def test_damage_is_one_line_naming_the_file_and_the_advice(tmp_path, damage, wor
 
 def test_missing_listed_file_and_unlisted_files(tmp_path):
     path = _write(tmp_path / "a.bin", b"abc")
-    integrity.record(tmp_path, path)
+    manifest.record(tmp_path, path)
     path.unlink()
     with pytest.raises(IntegrityError, match="a.bin: missing"):
-        integrity.verify(tmp_path, path, "re-train")
+        manifest.verify(tmp_path, path, "re-train")
     other = _write(tmp_path / "unlisted.bin", b"anything")
-    integrity.verify(tmp_path, other, "re-train")  # not in the manifest: not checked
-    integrity.verify(tmp_path / "no-run", tmp_path / "no-run" / "x", "re-train")  # no manifest at all
+    manifest.verify(tmp_path, other, "re-train")  # not in the manifest: not checked
+    manifest.verify(tmp_path / "no-run", tmp_path / "no-run" / "x", "re-train")  # no manifest at all
 
 
 def test_replace_recorded_is_crash_safe(tmp_path, monkeypatch):
     """Killed between announcing the new digest and the rename, the old file still verifies;
     after the rename, the new one verifies while the manifest still lists both."""
     path = _write(tmp_path / "model.pt", b"old content")
-    integrity.record(tmp_path, path)
+    manifest.record(tmp_path, path)
     tmp = _write(tmp_path / ".model.pt.tmp", b"new content, longer")
 
     real_replace = os.replace
@@ -66,24 +67,24 @@ def test_replace_recorded_is_crash_safe(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         real_replace(src, dst)  # manifest updates go through
 
-    monkeypatch.setattr(integrity.os, "replace", killed_at_the_rename)
+    monkeypatch.setattr(manifest.os, "replace", killed_at_the_rename)
     with pytest.raises(KeyboardInterrupt):
-        integrity.replace_recorded(tmp, path, tmp_path)
+        manifest.replace_recorded(tmp, path, tmp_path)
     monkeypatch.undo()
-    assert "pending" in integrity.read_manifest(tmp_path)["model.pt"]
-    integrity.verify(tmp_path, path, "x")  # the old file
+    assert "pending" in manifest.read_manifest(tmp_path)["model.pt"]
+    manifest.verify(tmp_path, path, "x")  # the old file
     os.replace(tmp, path)  # the rename happened, the final manifest update did not
-    integrity.verify(tmp_path, path, "x")
+    manifest.verify(tmp_path, path, "x")
     path.write_bytes(b"third content")
     with pytest.raises(IntegrityError):
-        integrity.verify(tmp_path, path, "x")
+        manifest.verify(tmp_path, path, "x")
 
 
 def test_replace_recorded_keeps_only_the_new_digest(tmp_path):
     path = _write(tmp_path / "f", b"one")
-    integrity.record(tmp_path, path)
-    integrity.replace_recorded(_write(tmp_path / ".f.tmp", b"two"), path, tmp_path)
-    entry = integrity.read_manifest(tmp_path)["f"]
+    manifest.record(tmp_path, path)
+    manifest.replace_recorded(_write(tmp_path / ".f.tmp", b"two"), path, tmp_path)
+    entry = manifest.read_manifest(tmp_path)["f"]
     assert entry == {"size": 3, "sha256": hashlib.sha256(b"two").hexdigest()}
     assert not (tmp_path / ".f.tmp").exists()
 
@@ -91,29 +92,29 @@ def test_replace_recorded_keeps_only_the_new_digest(tmp_path):
 def test_record_tree_and_verify_tree(tmp_path):
     for name in ("a.npz", "b.json"):
         _write(tmp_path / "dataset" / name, name.encode() * 10)
-    integrity.record_tree(tmp_path, tmp_path / "dataset")
-    assert sorted(integrity.read_manifest(tmp_path)) == ["dataset/a.npz", "dataset/b.json"]
-    integrity.verify_tree(tmp_path, tmp_path / "dataset", "x")
+    manifest.record_tree(tmp_path, tmp_path / "dataset")
+    assert sorted(manifest.read_manifest(tmp_path)) == ["dataset/a.npz", "dataset/b.json"]
+    manifest.verify_tree(tmp_path, tmp_path / "dataset", "x")
     (tmp_path / "dataset" / "b.json").write_bytes(b"{}")
     with pytest.raises(IntegrityError, match="b.json"):
-        integrity.verify_tree(tmp_path, tmp_path / "dataset", "x")
+        manifest.verify_tree(tmp_path, tmp_path / "dataset", "x")
 
 
 def test_damaged_manifest_is_an_integrity_error(tmp_path):
-    (tmp_path / integrity.MANIFEST).write_text("{not json")
+    (tmp_path / manifest.MANIFEST).write_text("{not json")
     with pytest.raises(IntegrityError, match="manifest"):
-        integrity.read_manifest(tmp_path)
-    (tmp_path / integrity.MANIFEST).write_text(json.dumps([1, 2]))
+        manifest.read_manifest(tmp_path)
+    (tmp_path / manifest.MANIFEST).write_text(json.dumps([1, 2]))
     with pytest.raises(IntegrityError, match="manifest"):
-        integrity.read_manifest(tmp_path)
+        manifest.read_manifest(tmp_path)
 
 
 def test_files_get_the_default_mode(tmp_path):
     path = _write(tmp_path / "f", b"1")
-    integrity.record(tmp_path, path)
+    manifest.record(tmp_path, path)
     old = os.umask(0o027)
     try:
-        assert integrity.default_file_mode() == 0o640
+        assert default_file_mode() == 0o640
     finally:
         os.umask(old)
-    assert (tmp_path / integrity.MANIFEST).stat().st_mode & 0o777 == integrity.default_file_mode()
+    assert (tmp_path / manifest.MANIFEST).stat().st_mode & 0o777 == default_file_mode()

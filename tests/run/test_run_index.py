@@ -7,21 +7,14 @@ import numpy as np
 import pytest
 
 from recsys.cli import main
-from recsys.retrieval.run_index import (
-    ann_recall,
-    clamp_ivf,
-    index_paths,
-    index_slug,
-    open_run_index,
-    run_item_embeddings,
-)
-from recsys.runs import load_run
+from recsys.retrieval.index import ann_recall, clamp_ivf
+from recsys.run import RunDir, index_slug, load_run, open_run_index
 
 
 def test_index_slug_and_paths(tmp_path):
     assert index_slug("HNSW32,Flat") == "HNSW32_Flat"
     assert index_slug(" IVF1024,PQ16 ") == "IVF1024_PQ16"
-    assert index_paths(tmp_path, "Flat") == (tmp_path / "index" / "Flat.faiss", tmp_path / "index" / "Flat.json")
+    assert RunDir(tmp_path).index_files("Flat") == (tmp_path / "index" / "Flat.faiss", tmp_path / "index" / "Flat.json")
     with pytest.raises(ValueError, match="empty"):
         index_slug(" , ")
 
@@ -52,7 +45,7 @@ def test_ann_recall():
 def test_index_command(tiny_run, capsys, factory, extra, built):
     assert main(["index", tiny_run, "--factory", factory, "--n", "20", *extra]) == 0
     out = capsys.readouterr().out
-    index_file, meta_file = index_paths(tiny_run, factory)
+    index_file, meta_file = RunDir(tiny_run).index_files(factory)
     assert index_file.is_file() and meta_file.is_file()
     meta = json.loads(meta_file.read_text())
     run = load_run(tiny_run)
@@ -79,7 +72,7 @@ def test_open_run_index_reuses_matching_file_and_rebuilds_stale(tiny_run, tmp_pa
     assert "loaded from" in where and "ef_search=40" in where and not logs
     assert retriever.num_items == run.dataset.num_items and retriever.factory == "HNSW16,Flat"
     # Loaded labels map to item ids (label j = item j + 1): near-exact on ~200 items.
-    emb = run_item_embeddings(run)
+    emb = run.item_table()
     interests = np.random.default_rng(0).standard_normal((3, 4, 16)).astype(np.float32)
     brute = np.argsort(-(interests @ emb[1:].T).max(axis=1), axis=1)[:, :10] + 1
     assert np.mean(ann_recall(retriever.search(interests, 10)[0], brute)) >= 0.9
@@ -87,14 +80,14 @@ def test_open_run_index_reuses_matching_file_and_rebuilds_stale(tiny_run, tmp_pa
     np.testing.assert_array_equal(exact_ids, brute)
 
     # Different weights: the saved file no longer matches and is not used.
-    meta_file = index_paths(tiny_run, "HNSW16,Flat")[1]
+    meta_file = RunDir(tiny_run).index_files("HNSW16,Flat")[1]
     meta = json.loads(meta_file.read_text())
     stale = tmp_path / "run"
     (stale / "index").mkdir(parents=True)
     for name in ("config.json", "best.pt"):
         (stale / name).write_bytes((Path(tiny_run) / name).read_bytes())
     (stale / "dataset").symlink_to(Path(tiny_run) / "dataset")
-    (stale / "index" / "HNSW16_Flat.faiss").write_bytes(index_paths(tiny_run, "HNSW16,Flat")[0].read_bytes())
+    (stale / "index" / "HNSW16_Flat.faiss").write_bytes(RunDir(tiny_run).index_files("HNSW16,Flat")[0].read_bytes())
     (stale / "index" / "HNSW16_Flat.json").write_text(json.dumps({**meta, "embedding_sha1": "0" * 40}))
     _, where = open_run_index(load_run(stale), "HNSW16,Flat", log=logs.append)
     assert "built in memory" in where

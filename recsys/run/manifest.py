@@ -1,4 +1,4 @@
-"""Integrity of a run directory: a manifest of the SHA-256 and size of every file the run writes.
+"""A run directory's integrity: a manifest of the SHA-256 and size of every file the run writes.
 
 ``RUN/manifest.json`` maps each file's path (relative to the run directory, ``/``-separated)
 to ``{"size": bytes, "sha256": hex}``. Writers record a file as they put it in place; readers
@@ -13,7 +13,8 @@ file that matches one of the digests the manifest accepts.
 
 A file the manifest does not list (a run written before manifests existed, or a file added by
 hand) is not checked. The module is pure file handling: it knows nothing of checkpoints or
-configs; callers pass the advice that fits the file.
+configs; :class:`recsys.run.RunDir` hooks it into every write and read of a run and passes the
+advice that fits the file.
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from recsys.run.files import atomic_write_text
+
 __all__ = [
-    "MANIFEST", "Digest", "IntegrityError", "default_file_mode", "file_digest", "read_manifest", "record",
-    "record_tree", "replace_recorded", "verify", "verify_tree",
+    "MANIFEST", "Digest", "IntegrityError", "file_digest", "read_manifest", "record", "record_tree", "replace_recorded",
+    "verify", "verify_tree",
 ]
 
 MANIFEST = "manifest.json"
@@ -81,28 +83,7 @@ def read_manifest(root: str | Path) -> dict[str, dict]:
 
 
 def _write_manifest(root: Path, entries: dict[str, dict]) -> None:
-    data = (json.dumps(entries, indent=2, sort_keys=True) + "\n").encode()
-    fd, tmp = tempfile.mkstemp(dir=root, prefix=f".{MANIFEST}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, default_file_mode())
-        os.replace(tmp, root / MANIFEST)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def default_file_mode() -> int:
-    """The mode a plain ``open(path, "w")`` would give a new file (0666 minus the umask).
-
-    Run files hold no secrets and are read by other accounts (a service, a CI job), so every
-    file of a run gets this mode; the run directory's own permissions restrict access."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
+    atomic_write_text(root / MANIFEST, json.dumps(entries, indent=2, sort_keys=True) + "\n")
 
 
 def record(root: str | Path, path: str | Path, digest: Digest | None = None) -> Digest:
@@ -126,7 +107,8 @@ def record_tree(root: str | Path, folder: str | Path) -> None:
 
 def replace_recorded(tmp: str | Path, path: str | Path, root: str | Path) -> Digest:
     """``os.replace(tmp, path)`` with ``path``'s manifest entry moved to ``tmp``'s content,
-    crash-safely (see the module docstring). ``tmp`` must be complete and flushed."""
+    crash-safely (see the module docstring). ``tmp`` must be complete and flushed; this is the
+    ``replace`` step :class:`recsys.run.RunDir` gives :func:`recsys.run.files.atomic_write`."""
     root, path = Path(root), Path(path)
     digest = file_digest(tmp)
     key = _key(root, path)

@@ -1,0 +1,290 @@
+"""The Python API: train on a click table, then evaluate, recommend, embed, index and export.
+
+::
+
+    import recsys
+
+    run = recsys.fit(clicks_df, overrides={"model.name": "comirec_sa", "train.max_steps": 2000})
+    run.evaluate()                                    # {"recall@20": ..., "recall@50": ..., ...}
+    recs = run.recommend(users=["17", "42"], n=10)    # DataFrame: user, rank, item, score, interest
+    run = recsys.Run.load("runs/comirec_sa-...")      # any run directory, e.g. from `recsys train`
+
+Ids are raw ids throughout (the ones in your data, as strings); the internal ids (1..N-1 by
+falling popularity, 0 = padding) never surface except in exports.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from recsys.config import Config, ConfigError, apply_overrides, config_from_dict, load_config
+from recsys.data import IN_MEMORY, Dataset
+from recsys.data.batches import pad_sequences
+from recsys.evaluate.evaluator import evaluate_with_config
+from recsys.run import IndexReport, LoadedRun, build_experiment, build_run_index, load_run
+from recsys.serve.batch import recommend_table, resolve_users
+from recsys.serve.recommender import Recommender
+
+__all__ = ["Run", "evaluate_untrained", "fit"]
+
+Log = Callable[[str], None]
+Clicks = pd.DataFrame | str | Path
+SPLITS = ("test", "valid")
+
+
+def _device(device: str | torch.device) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+class Run:
+    """A trained run directory in memory: its config, dataset (with the id maps), split and best
+    model. Open one with :meth:`load` or get one from :func:`fit`."""
+
+    def __init__(self, loaded: LoadedRun) -> None:
+        self._run = loaded
+        self._recommender: Recommender | None = None
+
+    @classmethod
+    def load(cls, path: str | Path, *, device: str | torch.device = "auto") -> Run:
+        """Open run directory ``path`` with its best weights (``device``: ``auto`` = CUDA when
+        available). A path that is not a trained run raises ``FileNotFoundError`` naming it."""
+        return cls(load_run(path, device=_device(device)))
+
+    def __repr__(self) -> str:
+        ds = self.dataset
+        return (f"Run({str(self.path)!r}, model={self.config.model.name!r}, users={ds.num_users:,}, "
+                f"items={ds.num_items - 1:,})")
+
+    @property
+    def path(self) -> Path:
+        """The run directory."""
+        return self._run.path
+
+    @property
+    def config(self) -> Config:
+        """The resolved config the run was trained with."""
+        return self._run.cfg
+
+    @property
+    def dataset(self) -> Dataset:
+        """The prepared dataset (raw ids ``item_raw`` / ``user_raw``, click sequences)."""
+        return self._run.dataset
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The trained model (eval mode): ``interests(seq [B, L], lengths [B]) -> [B, K, d]``."""
+        return self._run.model
+
+    # -- evaluation -----------------------------------------------------------------------
+    def evaluate(self, split: str = "test", *, diversity_lambda: float | None = None,
+                 progress: bool = False) -> dict[str, float]:
+        """ComiRec-protocol metrics on the run's ``test`` (or ``valid``) users:
+        ``{"recall@20", "ndcg@20", "hitrate@20", "coverage@20", ..., "users"}`` (and
+        ``diversity@n`` with categories). ``diversity_lambda`` overrides ``eval.diversity_lambda``."""
+        if split not in SPLITS:
+            raise ValueError(f"split: {split!r} is not one of {list(SPLITS)}")
+        cfg = self.config
+        if diversity_lambda is not None:
+            cfg = copy.deepcopy(cfg)
+            cfg.eval.diversity_lambda = diversity_lambda
+        eval_set = self._run.split.test if split == "test" else self._run.split.valid
+        return evaluate_with_config(self.model, eval_set, cfg, item_category=self.dataset.item_category,
+                                    progress=progress)
+
+    # -- embeddings -----------------------------------------------------------------------
+    def item_embeddings(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(raw item ids [N], embeddings [N, d] float32)`` for the N items of the catalogue
+        (padding excluded); scores are inner products with :meth:`interests`."""
+        return self.dataset.item_raw[1:].astype(str), self._run.item_table()[1:]
+
+    def interests(self, sequences: Sequence[Sequence[Any]], *, batch_size: int = 2048) -> np.ndarray:
+        """``[N, K, d]`` float32 interests of ``N`` click sequences of raw item ids (oldest
+        first; the last ``data.max_len`` known items are used, unknown ids skipped). A sequence
+        with no known item raises ``ValueError`` naming it."""
+        indptr, items = self._encode_sequences(sequences)
+        inputs, lengths = pad_sequences(indptr, items, np.arange(len(indptr) - 1), self.config.data.max_len)
+        return self._run.interests(inputs, lengths, batch_size)
+
+    def _encode_sequences(self, sequences: Sequence[Sequence[Any]]) -> tuple[np.ndarray, np.ndarray]:
+        """Raw-id sequences -> CSR ``(indptr [S + 1], items)`` of known internal ids."""
+        if isinstance(sequences, (str, bytes)) or not isinstance(sequences, Sequence):
+            raise TypeError("sequences: expected a list of click sequences (lists of raw item ids)")
+        if not sequences:
+            raise ValueError("sequences: no sequences given")
+        if any(isinstance(s, (str, bytes)) or np.ndim(s) != 1 for s in sequences):
+            raise TypeError("sequences: each sequence must be a list of raw item ids, e.g. [['50', '172'], ['9']]")
+        raw = np.asarray([str(x) for s in sequences for x in s], dtype=str)
+        ids = pd.Index(self.dataset.item_raw[1:]).get_indexer(raw) + 1  # 0 = unknown
+        rows = np.repeat(np.arange(len(sequences)), [len(s) for s in sequences])
+        keep = ids > 0
+        indptr = np.zeros(len(sequences) + 1, dtype=np.int64)
+        np.cumsum(np.bincount(rows[keep], minlength=len(sequences)), out=indptr[1:])
+        empty = np.flatnonzero(np.diff(indptr) == 0)
+        if len(empty):
+            raise ValueError(f"sequences[{empty[0]}]: no item known to the run "
+                             f"({len(empty)} such sequences)")
+        return indptr, ids[keep].astype(np.int64)
+
+    # -- retrieval ------------------------------------------------------------------------
+    def use_index(self, factory: str | None = None, *, nprobe: int | None = None, ef_search: int | None = None,
+                  log: Log | None = None, progress: bool = False) -> Run:
+        """Make :meth:`recommend` search with ``factory`` (default the run's
+        ``retrieval.factory``): the saved index when it matches the weights, else built in
+        memory. Returns ``self``."""
+        self._recommender = Recommender.of_run(self._run, factory, nprobe=nprobe, ef_search=ef_search,
+                                               log=log or (lambda _: None), progress=progress)
+        return self
+
+    def index(self, factory: str | None = None, *, nprobe: int | None = None, ef_search: int | None = None,
+              ef_construction: int | None = None, n: int = 50, log: Log | None = None,
+              progress: bool = False) -> IndexReport:
+        """Build the FAISS index ``factory`` (e.g. ``"HNSW32,Flat"``; default the run's
+        ``retrieval.factory``), save it in the run directory, measure its recall@``n`` against
+        exact search on the test users, and use it for :meth:`recommend` from now on."""
+        rc = self.config.retrieval
+        report = build_run_index(
+            self._run, factory or rc.factory,
+            nprobe=rc.nprobe if nprobe is None else nprobe,
+            ef_search=rc.ef_search if ef_search is None else ef_search,
+            ef_construction=rc.ef_construction if ef_construction is None else ef_construction,
+            n=n, log=log or (lambda _: None), progress=progress,
+        )
+        self.use_index(report.requested_factory, log=log)
+        return report
+
+    def recommend(
+        self,
+        users: Sequence[Any] | None = None,
+        sequences: Sequence[Sequence[Any]] | None = None,
+        n: int = 50,
+        exclude_seen: bool = True,
+        *,
+        diversity_lambda: float = 0.0,
+        strict: bool = True,
+        batch_size: int = 1024,
+        progress: bool = False,
+    ) -> pd.DataFrame:
+        """Top ``n`` items as a DataFrame with columns ``user, rank, item, score, interest``
+        (one row per user and rank; raw ids; ``interest`` = which of the K interests found it).
+
+        Args:
+            users: raw user ids of the run's dataset (their last ``data.max_len`` clicks are
+                the input). With neither ``users`` nor ``sequences``: every user.
+            sequences: click sequences of raw item ids instead (oldest first); the ``user``
+                column is then the sequence's position 0..S-1.
+            exclude_seen: never recommend an item the user (or sequence) clicked.
+            diversity_lambda: ComiRec's diversity-controlled pick (0 = by score).
+            strict: unknown user ids raise ``ValueError``; otherwise they are skipped and
+                listed in ``result.attrs["unknown_users"]``.
+        """
+        if users is not None and sequences is not None:
+            raise ValueError("recommend: pass users or sequences, not both")
+        if isinstance(users, (str, bytes)):
+            raise TypeError("users: expected a list of raw user ids, got a single string")
+        if self._recommender is None:
+            self.use_index()
+        rec = self._recommender
+        options = {"exclude_seen": exclude_seen, "diversity_lambda": diversity_lambda, "batch_size": batch_size,
+                   "progress": progress}
+        if sequences is not None:
+            indptr, items = self._encode_sequences(sequences)
+            return recommend_table(rec, np.arange(len(indptr) - 1), n, sequences=(indptr, items), **options)
+        known, unknown = resolve_users(rec, None if users is None else list(users), strict=strict, what="users")
+        table = recommend_table(rec, known, n, **options)
+        table.attrs["unknown_users"] = unknown
+        return table
+
+    # -- export ---------------------------------------------------------------------------
+    def export(self, path: str | Path | None = None, format: str = "onnx") -> Path:
+        """Write the sequence-to-interests network (``format``: ``onnx`` or ``torchscript``),
+        the item embedding table and the id map to folder ``path`` (default: the run's
+        ``export/<format>/``); see :mod:`recsys.serve.export`. Returns the folder."""
+        from recsys.serve.export import export_run
+
+        return export_run(self._run, path if path is not None else self._run.dir.export_dir(format), format)
+
+
+def _resolve_config(config: Config | str | Path | Sequence[str | Path] | None,
+                    overrides: Mapping[str, Any] | Sequence[str] | None) -> Config:
+    """``config`` (a Config, TOML file(s) or None for the defaults) with ``overrides`` applied:
+    a mapping of dotted keys to Python values, or ``section.key=value`` strings as ``--set``
+    takes them. Unknown keys and bad values raise :class:`ConfigError` naming the key."""
+    cfg = copy.deepcopy(config) if isinstance(config, Config) else load_config(config)
+    if not overrides:
+        return cfg
+    if not isinstance(overrides, Mapping):
+        return apply_overrides(cfg, list(overrides))
+    values = cfg.to_dict()
+    for key, value in overrides.items():
+        *sections, leaf = str(key).split(".")
+        node = values
+        for section in sections:
+            if not isinstance(node.setdefault(section, {}), dict):
+                raise ConfigError(f"overrides: {key!r}: {section!r} is a setting, not a section")
+            node = node[section]
+        node[leaf] = list(value) if isinstance(value, tuple) else value
+    return config_from_dict(values)
+
+
+def fit(
+    clicks: Clicks | None,
+    *,
+    config: Config | str | Path | Sequence[str | Path] | None = None,
+    overrides: Mapping[str, Any] | Sequence[str] | None = None,
+    run_dir: str | Path | None = None,
+    log: Log | None = print,
+    progress: bool = False,
+) -> Run:
+    """Train a model on ``clicks`` and return the trained :class:`Run` (best weights).
+
+    Args:
+        clicks: a pandas DataFrame with columns named by ``data.user_col`` / ``data.item_col``
+            (default ``user`` / ``item``), optionally a time column (``data.time_col``, default
+            ``timestamp``; a DataFrame without it uses a ``time`` column, or else its row order
+            as click order) and ``data.category_col``; or a path to any input ``recsys data``
+            reads; or ``None`` for ``config``'s ``data.source``.
+        config: a :class:`Config`, TOML file(s) (later win) or ``None`` for the defaults.
+        overrides: ``{"model.name": "comirec_sa", "train.max_steps": 2000}`` (or
+            ``["model.name=comirec_sa"]``), checked like ``--set``.
+        run_dir: where the run is written (default a new folder under ``output_dir``).
+        log: where training lines go (``None``: silent).
+        progress: progress bars while preparing the data (on a terminal).
+    """
+    from recsys.train.trainer import train
+
+    frame = clicks if isinstance(clicks, pd.DataFrame) else None
+    if clicks is not None and frame is None and not Path(clicks).exists():
+        raise FileNotFoundError(f"clicks: {clicks} does not exist")
+    cfg = _resolve_config(config, overrides)
+    if frame is not None:
+        cfg.data.source = IN_MEMORY
+        if cfg.data.time_col not in frame.columns:
+            cfg.data.time_col = "time" if "time" in frame.columns else ""
+    elif clicks is not None:
+        cfg.data.source = str(clicks)
+    result = train(cfg, run_dir=run_dir, log=log or (lambda _: None), clicks=frame, progress=progress)
+    return Run.load(result.run_dir)
+
+
+def evaluate_untrained(cfg: Config, split: str = "test", log: Log = print, progress: bool = False) -> dict[str, float]:
+    """Evaluate a model that needs no training (``popular``) on ``cfg``'s data."""
+    if split not in SPLITS:
+        raise ValueError(f"split: {split!r} is not one of {list(SPLITS)}")
+    exp = build_experiment(cfg, progress=progress)
+    ds, sp = exp.dataset, exp.split
+    log(f"data after filtering: {ds.num_users} users, {ds.num_items - 1} items, {len(ds.items)} clicks; "
+        f"eval users: valid {len(sp.valid.users)}, test {len(sp.test.users)}")
+    if exp.model.trainable:
+        raise ValueError(f"model.name: {cfg.model.name!r} must be trained first (recsys train), then evaluate its run")
+    eval_set = sp.test if split == "test" else sp.valid
+    return evaluate_with_config(exp.model.eval(), eval_set, cfg, item_category=ds.item_category, progress=progress)
+

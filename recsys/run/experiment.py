@@ -1,0 +1,101 @@
+"""One experiment's setup, written once: load the clicks, split them, count the training
+clicks per item, build the model. Used by training, run loading, indexing, serving, export and
+the experiments; :func:`load_run` is the same setup on a saved run plus its best weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from recsys.config import Config
+from recsys.data import Dataset, Split, load_dataset, split_dataset
+from recsys.models import InterestModel, build_model
+from recsys.run.layout import RunDir
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["Experiment", "LoadedRun", "build_experiment", "load_run", "train_item_counts"]
+
+
+def train_item_counts(split: Split, num_items: int) -> Tensor:
+    """``[num_items]`` int64 click counts over the training sequences only (no eval leakage)."""
+    return torch.from_numpy(np.bincount(split.train_items, minlength=num_items).astype(np.int64))
+
+
+@dataclass(eq=False)
+class Experiment:
+    """A config with its prepared dataset, split, training click counts ``[num_items]`` and model."""
+
+    cfg: Config
+    dataset: Dataset
+    split: Split
+    item_counts: Tensor
+    model: InterestModel
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model's parameters live."""
+        return next(iter(self.model.parameters()), torch.empty(0)).device
+
+    def item_table(self) -> np.ndarray:
+        """``[num_items, d]`` float32 item embeddings of the model (row 0 = padding)."""
+        with torch.inference_mode():
+            return self.model.item_embeddings().detach().to("cpu", torch.float32).numpy().copy()
+
+    def interests(self, inputs: np.ndarray, lengths: np.ndarray, batch_size: int = 2048) -> np.ndarray:
+        """Interests ``[B, K, d]`` float32 of right-padded ``inputs [B, L]`` (internal ids) with
+        ``lengths [B]``, computed ``batch_size`` rows at a time in eval mode."""
+        out = []
+        self.model.eval()
+        with torch.inference_mode():
+            for start in range(0, len(lengths), batch_size):
+                seq = torch.from_numpy(np.asarray(inputs[start : start + batch_size], dtype=np.int64))
+                lens = torch.from_numpy(np.asarray(lengths[start : start + batch_size], dtype=np.int64))
+                out.append(self.model.interests(seq.to(self.device), lens.to(self.device)).float().cpu().numpy())
+        if not out:
+            k, d = int(getattr(self.model, "num_interests", 1)), self.item_table().shape[1]
+            return np.zeros((0, k, d), dtype=np.float32)
+        return np.concatenate(out)
+
+
+def build_experiment(cfg: Config, *, dataset: Dataset | None = None, clicks: pd.DataFrame | None = None,
+                     progress: bool = False) -> Experiment:
+    """Load ``cfg``'s data (or use ``dataset``, or the click table ``clicks``), split it, count
+    the training clicks and build ``cfg.model`` (untrained, on the CPU)."""
+    ds = dataset if dataset is not None else load_dataset(cfg, clicks=clicks, progress=progress)
+    split = split_dataset(ds, cfg.data)
+    counts = train_item_counts(split, ds.num_items)
+    model = build_model(cfg.model, ds.num_items, cfg.data.max_len, item_counts=counts)
+    return Experiment(cfg, ds, split, counts, model)
+
+
+@dataclass(eq=False)
+class LoadedRun(Experiment):
+    """A saved run in memory: its experiment with the best weights (model in eval mode)."""
+
+    dir: RunDir
+
+    @property
+    def path(self) -> Path:
+        return self.dir.path
+
+
+def load_run(path: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
+    """Open run directory ``path`` (written by ``recsys train``) with its best weights.
+
+    Raises ``FileNotFoundError`` naming ``path`` when it is not a trained run (nothing is created).
+    """
+    rd = RunDir(path)
+    rd.require_trained()
+    cfg = rd.read_config()
+    exp = build_experiment(cfg, dataset=rd.load_dataset())
+    exp.model.load_state_dict(rd.load_best(map_location="cpu"))
+    exp.model.to(device).eval()
+    return LoadedRun(exp.cfg, exp.dataset, exp.split, exp.item_counts, exp.model, rd)

@@ -1,0 +1,199 @@
+"""A run's saved ANN index: build, measure against exact search, save beside the run, reopen.
+
+``recsys index RUN --factory F`` writes two files under the run's ``index/`` folder (names from
+:meth:`RunDir.index_files`)::
+
+    <slug>.faiss   the FAISS index over the run's item embeddings (label j = item j + 1)
+    <slug>.json    what it is: factory (as asked and as built), nprobe, ef_search,
+                   ef_construction, num_items, dim, build seconds, a SHA-1 of the embeddings it
+                   indexes, and the recall of its top-n against exact search on the run's
+                   held-out (test) users
+
+Both are recorded in the run's manifest (:mod:`recsys.run.manifest`). :func:`open_run_index`
+(used by ``recsys recommend``, ``recsys serve`` and ``Run.recommend``) verifies them, loads the
+saved index when its embedding hash matches the weights, and otherwise builds the index in
+memory. IVF factories are clamped to what the catalogue can train
+(:func:`recsys.retrieval.index.clamp_ivf`), with a warning.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from recsys.retrieval.index import (
+    Retriever,
+    ann_recall,
+    build_index,
+    clamp_ivf,
+    embedding_hash,
+    load_index,
+    save_index,
+)
+from recsys.run.experiment import LoadedRun
+from recsys.run.manifest import IntegrityError
+
+__all__ = ["IndexReport", "build_run_index", "open_run_index"]
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class IndexReport:
+    """What :func:`build_run_index` built and measured (also saved as ``<slug>.json``).
+
+    ``recall`` is the mean over ``users`` test users of ``|ANN top-n ∩ exact top-n| / |exact
+    top-n|`` after max-merging the ``K`` interests; ``*_users_per_s`` time those searches
+    (one index call per batch of users, ``K`` queries per user).
+    """
+
+    factory: str  # as built (IVF lists possibly clamped)
+    requested_factory: str
+    nprobe: int
+    ef_search: int
+    ef_construction: int
+    num_items: int  # catalogue size, padding excluded
+    dim: int
+    build_s: float
+    embedding_sha1: str
+    n: int
+    users: int
+    recall: float
+    exact_users_per_s: float
+    ann_users_per_s: float
+    index_file: str
+    created: str
+
+
+def _build(emb: np.ndarray, factory: str, nprobe: int, ef_search: int, ef_construction: int,
+           log: Log, progress: bool) -> tuple[Any, str, float]:
+    """Build ``factory`` (IVF lists clamped to the catalogue, with a warning) over ``emb``:
+    ``(index, factory as built, build seconds)``."""
+    built_factory, warning = clamp_ivf(factory, len(emb) - 1)
+    if warning:
+        log(f"warning: {warning}")
+    t0 = time.perf_counter()
+    index = build_index(emb, built_factory, nprobe=nprobe, ef_search=ef_search, ef_construction=ef_construction,
+                        progress=progress)
+    return index, built_factory, time.perf_counter() - t0
+
+
+def _timed_search(retriever: Retriever, batches: list[np.ndarray], n: int) -> tuple[np.ndarray, float]:
+    t0 = time.perf_counter()
+    ids = np.concatenate([retriever.search(b, n)[0] for b in batches])
+    return ids, time.perf_counter() - t0
+
+
+def build_run_index(
+    run: LoadedRun,
+    factory: str,
+    *,
+    nprobe: int = 16,
+    ef_search: int = 128,
+    ef_construction: int = 80,
+    n: int = 50,
+    batch_size: int = 2048,
+    log: Log = print,
+    progress: bool = False,
+) -> IndexReport:
+    """Build ``factory`` over ``run``'s item embeddings, save it in the run's ``index/``
+    folder, and measure it against exact (``Flat``) search on the run's test users.
+
+    Returns the :class:`IndexReport` that is also written as ``<slug>.json``.
+    """
+    if n <= 0:
+        raise ValueError(f"--n: must be > 0, got {n}")
+    emb = run.item_table()
+    index, built_factory, build_s = _build(emb, factory, nprobe, ef_search, ef_construction, log, progress)
+    index_file, meta_file = run.dir.index_files(factory)
+    index_file.parent.mkdir(parents=True, exist_ok=True)
+    run.dir.save_file(index_file, lambda tmp: save_index(index, tmp))
+
+    test = run.split.test
+    interests = run.interests(test.inputs, test.lengths, batch_size)
+    batches = [interests[i : i + batch_size] for i in range(0, len(interests), batch_size)]
+    exact = Retriever(emb, "Flat", backend="faiss")
+    ann = Retriever.from_index(index)
+    exact_ids, exact_s = _timed_search(exact, batches, n)
+    ann_ids, ann_s = _timed_search(ann, batches, n)
+    users = len(exact_ids)
+    report = IndexReport(
+        factory=built_factory, requested_factory=factory, nprobe=nprobe, ef_search=ef_search,
+        ef_construction=ef_construction, num_items=len(emb) - 1, dim=int(emb.shape[1]), build_s=build_s,
+        embedding_sha1=embedding_hash(emb), n=n, users=users,
+        recall=float(np.nanmean(ann_recall(ann_ids, exact_ids))) if users else float("nan"),
+        exact_users_per_s=users / max(exact_s, 1e-9), ann_users_per_s=users / max(ann_s, 1e-9),
+        index_file=str(index_file), created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    )
+    run.dir.write_json(meta_file.relative_to(run.path).as_posix(), asdict(report))
+    return report
+
+
+def _load_saved(run: LoadedRun, factory: str, index_file: Path, meta_file: Path) -> tuple[dict, Callable[[], Any]]:
+    """The saved index's description and a loader for it, both verified against the manifest."""
+    advice = f"rebuild it with `recsys index {run.path} --factory {factory!r}`, or delete it"
+    run.dir.verify(index_file, advice)
+    try:
+        meta = run.dir.read_json(meta_file.relative_to(run.path).as_posix(), advice)
+    except IntegrityError:
+        raise
+    except ValueError as err:  # invalid JSON, already naming the file
+        raise IntegrityError(f"{err}; {advice}") from None
+    if not isinstance(meta, dict):
+        raise IntegrityError(f"{meta_file}: not a JSON object; {advice}")
+
+    def load() -> Any:
+        try:
+            return load_index(index_file)
+        except RuntimeError as err:  # FAISS: truncated or not an index
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else "unreadable"
+            raise IntegrityError(f"{index_file}: cannot be read ({reason[:200]}); {advice}") from None
+
+    return meta, load
+
+
+def open_run_index(
+    run: LoadedRun,
+    factory: str | None = None,
+    *,
+    nprobe: int | None = None,
+    ef_search: int | None = None,
+    log: Log = print,
+    progress: bool = False,
+) -> tuple[Retriever, str]:
+    """A :class:`Retriever` for ``run`` with ``factory`` (default: the run's
+    ``retrieval.factory``) and a one-line description of where it came from.
+
+    A saved index (``recsys index``) is loaded when its embedding hash matches the run's
+    weights, with its saved ``nprobe`` / ``ef_search`` unless given here; otherwise the index
+    is built in memory (``Flat`` is instant; HNSW over 100k items takes tens of seconds).
+    """
+    cfg = run.cfg.retrieval
+    factory = factory or cfg.factory
+    emb = run.item_table()
+    categories = run.dataset.item_category
+    index_file, meta_file = run.dir.index_files(factory)
+    if index_file.is_file() and meta_file.is_file():
+        meta, load = _load_saved(run, factory, index_file, meta_file)
+        if meta.get("embedding_sha1") == embedding_hash(emb):
+            index = load()
+            nprobe = nprobe if nprobe is not None else int(meta["nprobe"])
+            ef_search = ef_search if ef_search is not None else int(meta["ef_search"])
+            retriever = Retriever.from_index(index, nprobe=nprobe, ef_search=ef_search, item_category=categories)
+            retriever.factory = meta["factory"]
+            return retriever, f"{meta['factory']} loaded from {index_file} (nprobe={nprobe}, ef_search={ef_search})"
+        log(f"warning: {index_file} was built from other weights; building {factory!r} in memory instead")
+    nprobe = nprobe if nprobe is not None else cfg.nprobe
+    ef_search = ef_search if ef_search is not None else cfg.ef_search
+    index, built_factory, build_s = _build(emb, factory, nprobe, ef_search, cfg.ef_construction, log, progress)
+    retriever = Retriever.from_index(index, item_category=categories)
+    retriever.factory = built_factory
+    return retriever, (
+        f"{built_factory} built in memory in {build_s:.1f}s "
+        f"(nprobe={nprobe}, ef_search={ef_search}; save it with `recsys index`)"
+    )
