@@ -235,3 +235,23 @@ def test_export_without_the_extra_names_it(tiny_run, tmp_path, monkeypatch, caps
     monkeypatch.setitem(sys.modules, "onnx", None)  # as if `recsys[export]` were not installed
     assert main(["export", tiny_run, "--out", str(tmp_path / "x")]) == 2
     assert "pip install 'recsys[export]'" in capsys.readouterr().err
+
+
+def test_api_checks_lambda_and_run_files_like_the_cli(tiny_run, tmp_path):
+    """The Python API refuses what the CLI and the service refuse: a diversity λ outside
+    [0, MAX_DIVERSITY_LAMBDA] (before any work), and a run file that fails its manifest."""
+    from recsys.run import IntegrityError
+
+    run = recsys.Run.load(tiny_run)
+    for lam in (float("inf"), float("nan"), 1e308, -1.0):
+        with pytest.raises(ValueError, match="diversity_lambda"):
+            run.recommend(n=3, diversity_lambda=lam)
+        with pytest.raises(ValueError, match="diversity_lambda"):
+            run.evaluate(diversity_lambda=lam)
+    damaged = shutil.copytree(tiny_run, tmp_path / "run", ignore=shutil.ignore_patterns("index", "export"))
+    best = damaged / "best.pt"
+    data = bytearray(best.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    best.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match="best.pt: corrupted"):
+        recsys.Run.load(damaged)
