@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 import typing
 from dataclasses import dataclass, field
@@ -32,6 +33,11 @@ REGISTRY_TABLE = "dataset"  # a data/<name>.toml's registry entry (recsys.data.r
 
 class ConfigError(ValueError):
     """A config file or override is invalid; the message names the offending key."""
+
+
+# ComiRec's greedy diversity penalty: above this, λ·(picks in a category) dwarfs any inner
+# product, so larger values change nothing but could overflow the greedy's scores
+MAX_DIVERSITY_LAMBDA = 1e6
 
 
 @dataclass
@@ -222,6 +228,8 @@ def _check_type(key: str, value: Any, hint: Any) -> Any:
         raise ConfigError(
             f"{key}: expected {hint.__name__}, got {type(value).__name__} {value!r}"
         )
+    if hint is float and not math.isfinite(value):
+        raise ConfigError(f"{key}: must be a finite number, got {value!r}")
     return value
 
 
@@ -404,6 +412,8 @@ def validate(cfg: Config) -> None:
     for path in _NON_NEGATIVE:
         if _get(cfg, path) < 0:
             raise ConfigError(f"{path}: must be >= 0, got {_get(cfg, path)!r}")
+    if cfg.eval.diversity_lambda > MAX_DIVERSITY_LAMBDA:
+        raise ConfigError(f"eval.diversity_lambda: must be <= {MAX_DIVERSITY_LAMBDA:g}, got {cfg.eval.diversity_lambda!r}")
     if not 0.0 <= cfg.train.hard_negatives < 1.0:
         raise ConfigError(f"train.hard_negatives: must be in [0, 1), got {cfg.train.hard_negatives!r}")
     if not cfg.train.hard_negative_temperature > 0:
