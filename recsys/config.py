@@ -132,7 +132,9 @@ class TrainConfig:
     cpu_threads: int = 0  # torch intra-op threads on CPU; 0 keeps torch's default
     # against interest collapse (see README "Multi-interest health")
     attention_reg: float = 0.0  # weight of mean sum_l A^2 (each interest's collision probability) for self-attentive models
-    soft_readout_steps: int = 1000  # K > 1: the readout blends from a softmax over interests to ComiRec's argmax over these steps
+    # K > 1: the readout blends from a softmax over interests to ComiRec's argmax over these steps;
+    # -1 (the default) resolves to 1000 for comirec_sa and sasrec_mi and 0 for the others
+    soft_readout_steps: int = -1
     hard_negatives: float = 0.0  # share of the sampled negatives drawn near the batch's interests (exact logQ)
     hard_negative_temperature: float = 1.0  # the hard proposal is softmax(<interest, item> / temperature)
 
@@ -373,7 +375,7 @@ _POSITIVE = (
 )
 _NON_NEGATIVE = (
     "data.min_item_count", "data.min_user_count", "model.hidden", "model.softcap",
-    "model.dropout", "train.lr", "train.attention_reg", "train.soft_readout_steps", "train.weight_decay", "train.patience", "train.num_negatives",
+    "model.dropout", "train.lr", "train.attention_reg", "train.weight_decay", "train.patience", "train.num_negatives",
     "train.z_loss", "train.max_minutes", "train.cpu_threads", "train.grad_clip", "eval.diversity_lambda", "synthetic.noise",
 )
 
@@ -386,7 +388,9 @@ def _get(cfg: Config, path: str) -> Any:
 
 
 SCORE_CAP_MODELS = ("comirec_sa", "sasrec_mi")  # models with self-attentive interest scores
-DEFAULT_SCORE_CAP = 1.0  # chosen by the collapse study (experiments/RESULTS.md)
+# automatic defaults for those models, chosen by the collapse study (experiments/RESULTS.md)
+DEFAULT_SCORE_CAP = 1.0
+DEFAULT_SOFT_READOUT_STEPS = 1000
 
 
 def resolved_score_cap(model: ModelConfig) -> float:
@@ -396,13 +400,21 @@ def resolved_score_cap(model: ModelConfig) -> float:
     return model.score_cap
 
 
-def validate(cfg: Config) -> None:
-    """Check values (not only types) so a bad config fails before any work starts; resolve
-    ``model.score_cap = -1`` (automatic) to its value for ``model.name``, so a saved config
-    records what the run used."""
+def _resolve_automatic(cfg: Config) -> None:
+    """Replace the automatic (-1) values by what they mean for ``cfg.model.name``, so a saved
+    config records what the run used."""
     cfg.model.score_cap = resolved_score_cap(cfg.model)
-    if cfg.model.score_cap < 0:
-        raise ConfigError(f"model.score_cap: must be >= 0 (or -1: automatic), got {cfg.model.score_cap!r}")
+    if cfg.train.soft_readout_steps == -1:
+        cfg.train.soft_readout_steps = DEFAULT_SOFT_READOUT_STEPS if cfg.model.name in SCORE_CAP_MODELS else 0
+
+
+def validate(cfg: Config) -> None:
+    """Check values (not only types) so a bad config fails before any work starts; resolve the
+    automatic values (``model.score_cap``, ``train.soft_readout_steps`` = -1) for ``model.name``."""
+    _resolve_automatic(cfg)
+    for path in ("model.score_cap", "train.soft_readout_steps"):
+        if _get(cfg, path) < 0:
+            raise ConfigError(f"{path}: must be >= 0 (or -1: automatic), got {_get(cfg, path)!r}")
     for path, choices in _CHOICES.items():
         if _get(cfg, path) not in choices:
             raise ConfigError(f"{path}: {_get(cfg, path)!r} is not one of {list(choices)}")

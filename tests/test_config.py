@@ -68,13 +68,17 @@ def test_default_config_is_valid():
     assert cfg == load_config(None, [])
 
 
-@pytest.mark.parametrize("name,cap", [("comirec_sa", 1.0), ("sasrec_mi", 1.0), ("youtube_dnn", 0.0), ("mind", 0.0)])
-def test_automatic_score_cap_resolves_per_model(name, cap):
+@pytest.mark.parametrize("name,cap,soft", [("comirec_sa", 1.0, 1000), ("sasrec_mi", 1.0, 1000), ("youtube_dnn", 0.0, 0),
+                                           ("mind", 0.0, 0), ("comirec_dr", 0.0, 0)])
+def test_automatic_anti_collapse_defaults_resolve_per_model(name, cap, soft):
     cfg = load_config(None, [f"model.name={name}"])
-    assert cfg.model.score_cap == cap
-    assert load_config(None, [f"model.name={name}", "model.score_cap=0"]).model.score_cap == 0.0
+    assert (cfg.model.score_cap, cfg.train.soft_readout_steps) == (cap, soft)
+    explicit = load_config(None, [f"model.name={name}", "model.score_cap=0", "train.soft_readout_steps=7"])
+    assert (explicit.model.score_cap, explicit.train.soft_readout_steps) == (0.0, 7)
     with pytest.raises(ConfigError, match="model.score_cap"):
         load_config(None, ["model.score_cap=-2"])
+    with pytest.raises(ConfigError, match="train.soft_readout_steps"):
+        load_config(None, ["train.soft_readout_steps=-5"])
 
 
 def test_saved_runs_without_the_anti_collapse_keys_load_as_trained():
