@@ -90,6 +90,7 @@ def make_bodies(run: Path, n: int, count: int, seed: int = 0) -> list[bytes]:
         else:
             clicks = ds.items[ds.indptr[u] : ds.indptr[u + 1]][-50:]
             body = {"items": ds.item_raw[clicks].tolist(), "n": n}
+        body["exclude_seen"] = False  # as when RESULTS.md's numbers were measured (the default is now true)
         bodies.append(json.dumps(body).encode())
     return bodies
 

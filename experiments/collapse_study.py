@@ -25,7 +25,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 from recsys.run import RunDir
 
-from reproduce_comirec import _device_label, run_one  # same folder: the shared train-and-test step
+from reproduce_comirec import _device_label, report, run_one  # same folder: the shared train-and-test step
 
 HEALTH = (("mi_eff_clicks", "eff. clicks"), ("mi_eff_clicks_min", "min eff."),
           ("mi_readout_share_min", "min share"), ("mi_cosine", "cosine"), ("mi_planted_recovery", "planted"))
@@ -71,11 +71,7 @@ def main() -> None:
         cells += [f"{health[k]:.2f}" if k in health else "–" for k, _ in HEALTH]
         cells += [f"{info['steps']:,} ({info['best_step']:,})", f"{info['samples_per_s']:,.0f}"]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.results:
-        with open(args.results, "a") as f:
-            f.write(text)
+    report(lines, args.results)
 
 
 if __name__ == "__main__":

@@ -99,10 +99,15 @@ def main() -> None:
     lines += ["| run | steps (best) | wall s | samples/s | launches |", "|---|---:|---:|---:|---|"]
     lines += [f"| {k} | {v['steps']} ({v['best_step']}) | {v['wall_s']:.0f} | {v['samples_per_s']:,.0f} | {v['launch']} |"
               for k, v in infos.items()]
+    report(lines, args.results)
+
+
+def report(lines: list[str], results: str | None) -> None:
+    """Print the Markdown lines and, with ``results``, append them to that file."""
     text = "\n".join(lines) + "\n"
     print(text)
-    if args.results:
-        with open(args.results, "a") as f:
+    if results:
+        with open(results, "a") as f:
             f.write(text)
 
 

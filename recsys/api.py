@@ -31,6 +31,7 @@ from recsys.data.split import EvalSet
 from recsys.data.synthetic import planted_for
 from recsys.evaluate.diagnostics import interest_health
 from recsys.evaluate.evaluator import evaluate_with_config
+from recsys.retrieval.aggregate import check_lambda
 from recsys.run import IndexReport, LoadedRun, build_experiment, build_run_index, load_run
 from recsys.serve.batch import recommend_table, resolve_users
 from recsys.serve.recommender import Recommender
@@ -95,6 +96,7 @@ class Run:
         ``diversity@n`` with categories). ``diversity_lambda`` overrides ``eval.diversity_lambda``."""
         cfg = self.config
         if diversity_lambda is not None:
+            check_lambda(diversity_lambda, "diversity_lambda")
             cfg = copy.deepcopy(cfg)
             cfg.eval.diversity_lambda = diversity_lambda
         eval_set = self.eval_set(split)
@@ -208,13 +210,17 @@ class Run:
                 the input). With neither ``users`` nor ``sequences``: every user.
             sequences: click sequences of raw item ids instead (oldest first); the ``user``
                 column is then the sequence's position 0..S-1.
-            exclude_seen: never recommend an item the user (or sequence) clicked.
-            diversity_lambda: ComiRec's diversity-controlled pick (0 = by score).
+            exclude_seen: never recommend an item the user (or sequence) clicked (the default,
+                as for ``recsys recommend`` and the service; offline evaluation keeps
+                ComiRec's protocol instead).
+            diversity_lambda: ComiRec's diversity-controlled pick (0 = by score; finite, at
+                most :data:`recsys.config.MAX_DIVERSITY_LAMBDA`).
             strict: unknown user ids raise ``ValueError``; otherwise they are skipped and
                 listed in ``result.attrs["unknown_users"]``.
         """
         if users is not None and sequences is not None:
             raise ValueError("recommend: pass users or sequences, not both")
+        check_lambda(diversity_lambda, "diversity_lambda")  # before any work
         if isinstance(users, (str, bytes)):
             raise TypeError("users: expected a list of raw user ids, got a single string")
         if self._recommender is None:

@@ -1,20 +1,33 @@
-"""The ``recsys`` command: ``data | train | evaluate | index | recommend | export | serve``.
+"""The ``recsys`` command: ``data | train | tune | evaluate | inspect | plot | index | recommend | export | serve``.
 
 A thin layer over the Python API (:mod:`recsys.api`): every command parses its options and
 calls one API function. Commands that build a config take ``--config FILE`` and any number of
 ``--set section.key=value`` overrides; with neither they run on the built-in synthetic data.
-The resolved config is printed first, so a run's log says exactly what it did. Long work shows
+The resolved config is saved with every run and printed with ``--verbose``. Long work shows
 progress bars on stderr when it is a terminal; ``--quiet`` turns them off.
+
+Errors: :func:`main` is the one place where failures become messages. A known failure (bad
+config, bad data, a damaged run file, a missing extra, a file or port problem) prints one line
+``recsys CMD: error: ...`` and exits with status 2; ``--debug`` (or ``RECSYS_DEBUG=1``) shows the
+traceback instead. Warnings (e.g. rows dropped by ``data.skip_bad_rows``) print as one line each.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import warnings
 from pathlib import Path
 
 from recsys.config import Config, ConfigError, apply_overrides, load_config
+
+# failures with a message meant for the user: ConfigError, DataError and IntegrityError are
+# ValueErrors; OSError covers missing files, existing run names and ports in use; ImportError
+# names the extra to install
+KNOWN_ERRORS = (ValueError, OSError, ImportError, MemoryError)
+EXIT_ERROR = 2
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -26,6 +39,14 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="shortcut for --set model.name=NAME")
 
 
+def _add_common_args(p: argparse.ArgumentParser) -> None:
+    # SUPPRESS: set only where given, so `recsys data --debug list` and `recsys data list --debug` both work
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                   help="show the full traceback of an error (also: RECSYS_DEBUG=1)")
+    p.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,
+                   help="print the resolved config before the command's own output")
+
+
 def _config(args: argparse.Namespace) -> Config:
     overrides = list(args.overrides)
     if getattr(args, "data", None):
@@ -33,14 +54,25 @@ def _config(args: argparse.Namespace) -> Config:
     if getattr(args, "model", None):
         overrides.insert(0, f"model.name={args.model}")
     cfg = load_config(args.config, overrides)
-    print("# resolved config\n" + cfg.to_toml(), flush=True)
+    _show_config(args, cfg, "resolved")
     return cfg
+
+
+def _show_config(args: argparse.Namespace, cfg: Config, what: str) -> None:
+    if getattr(args, "verbose", False):
+        print(f"# {what} config\n" + cfg.to_toml(), flush=True)
 
 
 def _run_config(run: str | Path) -> Config:
     from recsys.run import RunDir
 
     return RunDir(run).read_config()
+
+
+def _check_out(path: str | None) -> None:
+    """Fail before any work when ``--out``'s folder does not exist."""
+    if path and not Path(path).resolve().parent.is_dir():
+        raise FileNotFoundError(f"--out: folder {Path(path).parent} does not exist")
 
 
 def _progress(args: argparse.Namespace) -> bool:
@@ -103,7 +135,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if args.resume:
         cfg = _resumed_config(args)
-        print("# resumed config\n" + cfg.to_toml(), flush=True)
+        _show_config(args, cfg, "resumed")
     else:
         cfg = _config(args)
     result = train(cfg, run_dir=args.resume, resume=bool(args.resume), progress=_progress(args))
@@ -119,7 +151,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     """Evaluate a saved run (``recsys evaluate RUN``) or an untrained model (``--model popular``)."""
     from recsys.api import Run, evaluate_untrained
     from recsys.evaluate.evaluator import format_table
+    from recsys.retrieval.aggregate import check_lambda
 
+    _check_out(args.out)
+    if args.diversity_lambda is not None:
+        check_lambda(args.diversity_lambda, "--diversity-lambda")
     if args.run:
         for option in ("config", "data", "model", "overrides"):
             if getattr(args, option):
@@ -209,12 +245,14 @@ def cmd_index(args: argparse.Namespace) -> int:
 def cmd_recommend(args: argparse.Namespace) -> int:
     """Batch top-N for users of a run (raw ids in, raw ids out) to Parquet or CSV."""
     from recsys.api import Run
-    from recsys.serve.batch import read_user_file, write_recommendations
+    from recsys.retrieval.aggregate import check_lambda
+    from recsys.serve.batch import output_format, read_user_file, write_recommendations
 
-    if args.diversity_lambda < 0:
-        raise ValueError(f"--diversity-lambda: must be >= 0, got {args.diversity_lambda}")
+    check_lambda(args.diversity_lambda, "--diversity-lambda")
     if args.batch_size <= 0:
         raise ValueError(f"--batch-size: must be > 0, got {args.batch_size}")
+    output_format(args.out)  # an unknown suffix or a missing extra fails before any work
+    _check_out(args.out)
     raw = None if args.all else read_user_file(args.users)
     run = Run.load(args.run, device="cpu").use_index(args.factory, nprobe=args.nprobe, ef_search=args.ef_search,
                                                      log=print, progress=_progress(args))
@@ -242,11 +280,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve a run over HTTP (needs the serve extra)."""
-    try:
-        from recsys.serve.app import run_server
-    except ImportError as err:
-        print(f"recsys serve: {err}", file=sys.stderr)
-        return 2
+    from recsys.serve.app import run_server
+
     cfg = _run_config(args.run)
     overrides = [f"serve.{key}={value}" for key, value in
                  (("host", args.host), ("port", args.port)) if value is not None] + list(args.overrides)
@@ -340,7 +375,8 @@ def build_parser() -> argparse.ArgumentParser:
     who.add_argument("--all", action="store_true", help="every user of the run's dataset")
     p.add_argument("--n", type=int, default=50, help="items per user (default 50)")
     p.add_argument("--out", required=True, help="output file: .parquet, .csv, .csv.gz or .tsv")
-    p.add_argument("--exclude-seen", action="store_true", help="never recommend an item the user clicked")
+    p.add_argument("--exclude-seen", action=argparse.BooleanOptionalAction, default=True,
+                   help="never recommend an item the user clicked (default; --no-exclude-seen keeps them)")
     p.add_argument("--diversity-lambda", type=float, default=0.0, help="ComiRec's diversity-controlled pick")
     p.add_argument("--strict", action="store_true", help="fail on unknown user ids instead of skipping them")
     p.add_argument("--batch-size", type=int, default=1024, help="users per model call")
@@ -364,13 +400,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1, help="torch/FAISS CPU threads (default 1)")
     p.add_argument("--access-log", action="store_true", help="log every request (slower)")
     p.set_defaults(func=cmd_serve)
+    for p in [*sub.choices.values(), *registry_commands.choices.values()]:  # every command: --debug, --verbose
+        _add_common_args(p)
     return parser
 
 
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+    """``warnings.showwarning`` for the CLI: the message only, no Python source line."""
+    print(f"recsys: warning: {message}", file=sys.stderr if file is None else file)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; the CLI's single error path (see the module docstring)."""
     args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except (ConfigError, ValueError, FileNotFoundError, ImportError) as err:
-        print(f"recsys {args.command}: error: {err}", file=sys.stderr)
-        return 2
+    debug = getattr(args, "debug", False) or os.environ.get("RECSYS_DEBUG", "") not in ("", "0")
+    with warnings.catch_warnings():
+        if not debug:
+            warnings.showwarning = _one_line_warning
+        try:
+            return args.func(args)
+        except KNOWN_ERRORS as err:
+            if debug:
+                raise
+            print(f"recsys {args.command}: error: {_first_line(err)}", file=sys.stderr)
+            return EXIT_ERROR
+        except KeyboardInterrupt:
+            if debug:
+                raise
+            print(f"recsys {args.command}: interrupted", file=sys.stderr)
+            return 130
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip() or type(err).__name__
+    return text.splitlines()[0]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 import typing
 from dataclasses import dataclass, field
@@ -34,6 +35,11 @@ TUNE_TABLE = "tune"  # `recsys tune`'s search space (recsys.tune); not run confi
 
 class ConfigError(ValueError):
     """A config file or override is invalid; the message names the offending key."""
+
+
+# ComiRec's greedy diversity penalty: above this, λ·(picks in a category) dwarfs any inner
+# product, so larger values change nothing but could overflow the greedy's scores
+MAX_DIVERSITY_LAMBDA = 1e6
 
 
 @dataclass
@@ -129,7 +135,9 @@ class TrainConfig:
     tensorboard: bool = False  # also write every metrics.jsonl scalar as TensorBoard events (RUN/tensorboard/; extra track)
     # against interest collapse (see README "Multi-interest health")
     attention_reg: float = 0.0  # weight of mean sum_l A^2 (each interest's collision probability) for self-attentive models
-    soft_readout_steps: int = 1000  # K > 1: the readout blends from a softmax over interests to ComiRec's argmax over these steps
+    # K > 1: the readout blends from a softmax over interests to ComiRec's argmax over these steps;
+    # -1 (the default) resolves to 1000 for comirec_sa and sasrec_mi and 0 for the others
+    soft_readout_steps: int = -1
     hard_negatives: float = 0.0  # share of the sampled negatives drawn near the batch's interests (exact logQ)
     hard_negative_temperature: float = 1.0  # the hard proposal is softmax(<interest, item> / temperature)
 
@@ -229,6 +237,8 @@ def _check_type(key: str, value: Any, hint: Any) -> Any:
         raise ConfigError(
             f"{key}: expected {hint.__name__}, got {type(value).__name__} {value!r}"
         )
+    if hint is float and not math.isfinite(value):
+        raise ConfigError(f"{key}: must be a finite number, got {value!r}")
     return value
 
 
@@ -388,7 +398,7 @@ _POSITIVE = (
 )
 _NON_NEGATIVE = (
     "data.min_item_count", "data.min_user_count", "model.hidden", "model.softcap",
-    "model.dropout", "train.lr", "train.attention_reg", "train.soft_readout_steps", "train.weight_decay", "train.patience", "train.num_negatives",
+    "model.dropout", "train.lr", "train.attention_reg", "train.weight_decay", "train.patience", "train.num_negatives",
     "train.z_loss", "train.max_minutes", "train.cpu_threads", "train.grad_clip", "eval.diversity_lambda", "synthetic.noise",
 )
 
@@ -401,7 +411,9 @@ def _get(cfg: Config, path: str) -> Any:
 
 
 SCORE_CAP_MODELS = ("comirec_sa", "sasrec_mi")  # models with self-attentive interest scores
-DEFAULT_SCORE_CAP = 1.0  # chosen by the collapse study (experiments/RESULTS.md)
+# automatic defaults for those models, chosen by the collapse study (experiments/RESULTS.md)
+DEFAULT_SCORE_CAP = 1.0
+DEFAULT_SOFT_READOUT_STEPS = 1000
 
 
 def resolved_score_cap(model: ModelConfig) -> float:
@@ -411,13 +423,21 @@ def resolved_score_cap(model: ModelConfig) -> float:
     return model.score_cap
 
 
-def validate(cfg: Config) -> None:
-    """Check values (not only types) so a bad config fails before any work starts; resolve
-    ``model.score_cap = -1`` (automatic) to its value for ``model.name``, so a saved config
-    records what the run used."""
+def _resolve_automatic(cfg: Config) -> None:
+    """Replace the automatic (-1) values by what they mean for ``cfg.model.name``, so a saved
+    config records what the run used."""
     cfg.model.score_cap = resolved_score_cap(cfg.model)
-    if cfg.model.score_cap < 0:
-        raise ConfigError(f"model.score_cap: must be >= 0 (or -1: automatic), got {cfg.model.score_cap!r}")
+    if cfg.train.soft_readout_steps == -1:
+        cfg.train.soft_readout_steps = DEFAULT_SOFT_READOUT_STEPS if cfg.model.name in SCORE_CAP_MODELS else 0
+
+
+def validate(cfg: Config) -> None:
+    """Check values (not only types) so a bad config fails before any work starts; resolve the
+    automatic values (``model.score_cap``, ``train.soft_readout_steps`` = -1) for ``model.name``."""
+    _resolve_automatic(cfg)
+    for path in ("model.score_cap", "train.soft_readout_steps"):
+        if _get(cfg, path) < 0:
+            raise ConfigError(f"{path}: must be >= 0 (or -1: automatic), got {_get(cfg, path)!r}")
     for path, choices in _CHOICES.items():
         if _get(cfg, path) not in choices:
             raise ConfigError(f"{path}: {_get(cfg, path)!r} is not one of {list(choices)}")
@@ -427,6 +447,8 @@ def validate(cfg: Config) -> None:
     for path in _NON_NEGATIVE:
         if _get(cfg, path) < 0:
             raise ConfigError(f"{path}: must be >= 0, got {_get(cfg, path)!r}")
+    if cfg.eval.diversity_lambda > MAX_DIVERSITY_LAMBDA:
+        raise ConfigError(f"eval.diversity_lambda: must be <= {MAX_DIVERSITY_LAMBDA:g}, got {cfg.eval.diversity_lambda!r}")
     if not 0.0 <= cfg.train.hard_negatives < 1.0:
         raise ConfigError(f"train.hard_negatives: must be in [0, 1), got {cfg.train.hard_negatives!r}")
     if not cfg.train.hard_negative_temperature > 0:

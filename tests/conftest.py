@@ -48,3 +48,38 @@ def random_batches():
             yield seq, lengths
 
     return batches
+
+
+@pytest.fixture(scope="session")
+def service_app(tiny_run):
+    """The FastAPI app serving the tiny run (Flat index, serve.n = 10, serve.max_n = 100)."""
+    pytest.importorskip("fastapi", reason="the service needs the serve extra: pip install 'recsys[serve]'")
+    from recsys.config import ServeConfig
+    from recsys.serve.app import create_app
+    from recsys.serve.recommender import Recommender
+
+    rec = Recommender.from_run(tiny_run, factory="Flat", log=lambda line: None)
+    return create_app(rec, ServeConfig(n=10, max_n=100), run=tiny_run)
+
+
+@pytest.fixture(scope="session")
+def client(service_app):
+    """A starlette TestClient on :func:`service_app` (requests run through the real ASGI stack)."""
+    from fastapi.testclient import TestClient
+
+    with TestClient(service_app, raise_server_exceptions=False) as test_client:
+        yield test_client
+
+
+def pytest_addoption(parser):
+    parser.addoption("--soak", action="store_true", default=False,
+                     help="run the soak tests (10 minutes of mixed traffic against `recsys serve`)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--soak"):
+        return
+    skip = pytest.mark.skip(reason="soak test: 10 minutes of traffic; run with `python -m pytest --soak -m soak`")
+    for item in items:
+        if "soak" in item.keywords:
+            item.add_marker(skip)

@@ -203,10 +203,11 @@ def test_cli_export_and_quiet(tiny_run, tmp_path, capsys):
 
 
 def test_old_run_directory_loads_and_evaluates(tiny_run, tmp_path):
-    """A run written before recsys.run existed has the same files: copy one file by file, with a
-    config.json from before model.positions / head_values existed, and re-evaluate it."""
+    """A run written before recsys.run existed has the same files but no manifest: copy one file
+    by file, with a config.json from before model.positions / head_values existed, and
+    re-evaluate it."""
     old = tmp_path / "old"
-    shutil.copytree(tiny_run, old, ignore=shutil.ignore_patterns("index", "export"))
+    shutil.copytree(tiny_run, old, ignore=shutil.ignore_patterns("index", "export", "manifest.json"))
     config = json.loads((old / "config.json").read_text())
     assert config["model"].pop("positions") == "recent"
     config["model"].pop("head_values")
@@ -234,3 +235,23 @@ def test_export_without_the_extra_names_it(tiny_run, tmp_path, monkeypatch, caps
     monkeypatch.setitem(sys.modules, "onnx", None)  # as if `recsys[export]` were not installed
     assert main(["export", tiny_run, "--out", str(tmp_path / "x")]) == 2
     assert "pip install 'recsys[export]'" in capsys.readouterr().err
+
+
+def test_api_checks_lambda_and_run_files_like_the_cli(tiny_run, tmp_path):
+    """The Python API refuses what the CLI and the service refuse: a diversity λ outside
+    [0, MAX_DIVERSITY_LAMBDA] (before any work), and a run file that fails its manifest."""
+    from recsys.run import IntegrityError
+
+    run = recsys.Run.load(tiny_run)
+    for lam in (float("inf"), float("nan"), 1e308, -1.0):
+        with pytest.raises(ValueError, match="diversity_lambda"):
+            run.recommend(n=3, diversity_lambda=lam)
+        with pytest.raises(ValueError, match="diversity_lambda"):
+            run.evaluate(diversity_lambda=lam)
+    damaged = shutil.copytree(tiny_run, tmp_path / "run", ignore=shutil.ignore_patterns("index", "export"))
+    best = damaged / "best.pt"
+    data = bytearray(best.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    best.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match="best.pt: corrupted"):
+        recsys.Run.load(damaged)

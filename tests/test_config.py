@@ -68,13 +68,17 @@ def test_default_config_is_valid():
     assert cfg == load_config(None, [])
 
 
-@pytest.mark.parametrize("name,cap", [("comirec_sa", 1.0), ("sasrec_mi", 1.0), ("youtube_dnn", 0.0), ("mind", 0.0)])
-def test_automatic_score_cap_resolves_per_model(name, cap):
+@pytest.mark.parametrize("name,cap,soft", [("comirec_sa", 1.0, 1000), ("sasrec_mi", 1.0, 1000), ("youtube_dnn", 0.0, 0),
+                                           ("mind", 0.0, 0), ("comirec_dr", 0.0, 0)])
+def test_automatic_anti_collapse_defaults_resolve_per_model(name, cap, soft):
     cfg = load_config(None, [f"model.name={name}"])
-    assert cfg.model.score_cap == cap
-    assert load_config(None, [f"model.name={name}", "model.score_cap=0"]).model.score_cap == 0.0
+    assert (cfg.model.score_cap, cfg.train.soft_readout_steps) == (cap, soft)
+    explicit = load_config(None, [f"model.name={name}", "model.score_cap=0", "train.soft_readout_steps=7"])
+    assert (explicit.model.score_cap, explicit.train.soft_readout_steps) == (0.0, 7)
     with pytest.raises(ConfigError, match="model.score_cap"):
         load_config(None, ["model.score_cap=-2"])
+    with pytest.raises(ConfigError, match="train.soft_readout_steps"):
+        load_config(None, ["train.soft_readout_steps=-5"])
 
 
 def test_saved_runs_without_the_anti_collapse_keys_load_as_trained():
@@ -118,3 +122,40 @@ def test_every_experiment_config_pair_loads():
             cfg = load_config([data, model])
             assert cfg.model.name == model.stem, (data.name, model.name)
             assert (cfg.data.source == "synthetic") == (data.stem == "synthetic"), (data.name, model.name)
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "+inf"])
+def test_non_finite_floats_are_refused_everywhere(tmp_path, value):
+    """Was: train.lr=inf trained 500 steps on NaN loss; nan failed only after loading the data."""
+    with pytest.raises(ConfigError, match="train.lr: must be a finite number"):
+        load_config(None, [f"train.lr={value}"])
+    path = tmp_path / "c.toml"
+    path.write_text(f"[model]\ndropout = {value}\n")
+    with pytest.raises(ConfigError, match=f"{path}: model.dropout: must be a finite number"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="eval.diversity_lambda: must be a finite number"):
+        config_from_dict({"eval": {"diversity_lambda": float(value)}})
+
+
+def test_diversity_lambda_has_a_finite_ceiling():
+    from recsys.config import MAX_DIVERSITY_LAMBDA
+
+    load_config(None, [f"eval.diversity_lambda={MAX_DIVERSITY_LAMBDA}"])
+    with pytest.raises(ConfigError, match="eval.diversity_lambda: must be <="):
+        load_config(None, ["eval.diversity_lambda=1e300"])
+
+
+def test_memory_estimate_names_the_number_and_passes_sane_configs():
+    import torch
+
+    from recsys.models import build_model
+    from recsys.train.memory import check_fits
+
+    gib = 1024**3
+    cfg = load_config(None, ["model.backend=torch"])
+    model = build_model(cfg.model, 4001, cfg.data.max_len)
+    assert check_fits(cfg, model, 4001, torch.device("cpu"), available=1 * gib) < 1 * gib
+    cfg = load_config(None, ["model.backend=torch", "model.num_interests=100000"])
+    model = build_model(cfg.model, 4001, cfg.data.max_len)
+    with pytest.raises(ConfigError, match=r"model.num_interests=100000.*needs about 1\d\d\.\d GiB.*24.0 GiB free"):
+        check_fits(cfg, model, 4001, torch.device("cpu"), available=24 * gib)

@@ -11,6 +11,7 @@ Each user's clicks are sorted by time; equal times keep the source's row order.
 from __future__ import annotations
 
 import json
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -131,8 +132,8 @@ class Dataset:
             meta = json.loads((directory / _META).read_text())
             with np.load(path, allow_pickle=False) as npz:
                 arrays = {key: npz[key] for key in npz.files}
-        except (OSError, ValueError) as err:
-            raise DataError(f"{directory}: not a saved dataset ({err})") from err
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:  # missing, truncated, damaged
+            raise DataError(f"{directory}: not a saved dataset, or a damaged one ({err})") from err
         if meta.get("format_version") != _FORMAT_VERSION:
             raise DataError(f"{directory / _META}: unsupported format_version {meta.get('format_version')!r}")
         try:

@@ -2,7 +2,8 @@
 
 :func:`read_interactions` returns one row per click with columns
 
-- ``user`` (str), ``item`` (str): raw ids, stripped of surrounding blanks;
+- ``user`` (str), ``item`` (str): raw ids exactly as written (spaces inside the field are part
+  of the id, so ids round-trip to the output unchanged; an id of blanks only counts as empty);
 - ``time`` (float64): the timestamp (unix seconds, or any number; ISO 8601 date-times are
   converted to unix seconds), or the click's position within its user when the source has
   no timestamps;
@@ -412,14 +413,14 @@ def _read_table(path: Path, layout: _Layout, skip: bool) -> pd.DataFrame:
 
 
 def _parse(path: Path, layout: _Layout, *, typed: bool, skip_lines: np.ndarray | None = None) -> pd.DataFrame | None:
-    """The role columns of a delimited file (ids stripped), or ``None`` when pandas rejects it.
+    """The role columns of a delimited file (ids as written), or ``None`` when pandas rejects it.
 
     ``typed``: parse the time column as float64 in the parser (fast; fails on any non-number);
     otherwise read text and convert numbers or ISO date-times. ``skip_lines``: 1-based lines
     to leave out.
     """
     options = {"sep": layout.sep, "header": 0 if layout.header else None, "keep_default_na": False,
-               "skipinitialspace": True, "encoding": layout.encoding, "engine": "c"}
+               "encoding": layout.encoding, "engine": "c"}
     dtype: type | dict = str
     try:
         if typed and "time" in layout.fields:
@@ -434,8 +435,6 @@ def _parse(path: Path, layout: _Layout, *, typed: bool, skip_lines: np.ndarray |
     if raw.shape[1] != layout.ncols:
         return None
     df = pd.DataFrame({role: raw.iloc[:, idx] for role, idx in layout.fields.items()})
-    for role in df.columns.drop("time", errors="ignore"):
-        df[role] = df[role].str.strip()
     if "time" in df and not typed:
         df["time"] = _parse_times(df["time"])
     return df
@@ -463,7 +462,7 @@ def _invalid(df: pd.DataFrame, required: tuple[str, ...]) -> np.ndarray:
         if role == "time":
             bad |= ~np.isfinite(col.to_numpy(np.float64, na_value=np.nan))
         else:
-            bad |= (col.isna() | (col == "")).to_numpy(bool)
+            bad |= (col.isna() | (col.str.strip() == "")).to_numpy(bool)
     return bad
 
 
@@ -473,7 +472,7 @@ def _row_problem(df: pd.DataFrame, row: int, required: tuple[str, ...]) -> str:
         value = df[role].iloc[row]
         if role == "time" and not (pd.notna(value) and np.isfinite(float(value))):
             return f"time {value!r} is missing or not a number"
-        if role != "time" and (pd.isna(value) or value == ""):
+        if role != "time" and (pd.isna(value) or not value.strip()):
             return f"empty {role}"
     return "malformed"
 
@@ -526,7 +525,7 @@ def _line_problem(fields: list[str], layout: _Layout, time_kind: str) -> str:
 
 def _fields(text: str, sep: str) -> list[str]:
     if '"' in text:
-        return next(csv.reader([text], delimiter=sep, skipinitialspace=True))
+        return next(csv.reader([text], delimiter=sep))
     return text.split(sep)
 
 
@@ -537,7 +536,7 @@ def _tidy(df: pd.DataFrame) -> pd.DataFrame:
         out["time"] = df["time"].to_numpy(np.float64)
     if "category" in df:
         category = df["category"].astype("str")
-        out["category"] = category.mask(category == "")
+        out["category"] = category.mask(category.str.strip() == "")
     return out
 
 

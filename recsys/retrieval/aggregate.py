@@ -20,9 +20,21 @@ the greedy loop runs over the ``n`` picks, never over users.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-__all__ = ["dedup_sorted", "diverse_merge", "max_merge"]
+from recsys.config import MAX_DIVERSITY_LAMBDA
+
+__all__ = ["check_lambda", "dedup_sorted", "diverse_merge", "max_merge"]
+
+
+def check_lambda(lam: float, name: str = "diversity_lambda") -> float:
+    """``lam`` if it is a finite number in ``[0, MAX_DIVERSITY_LAMBDA]``, else ``ValueError``
+    naming ``name``."""
+    if not (isinstance(lam, (int, float)) and math.isfinite(lam) and 0 <= lam <= MAX_DIVERSITY_LAMBDA):
+        raise ValueError(f"{name}: must be a number in [0, {MAX_DIVERSITY_LAMBDA:g}], got {lam!r}")
+    return float(lam)
 
 
 def _check(ids: np.ndarray, scores: np.ndarray, interest_of: np.ndarray) -> None:
@@ -116,8 +128,7 @@ def diverse_merge(
     """
     if n <= 0:
         raise ValueError(f"n: must be > 0, got {n}")
-    if lam < 0:
-        raise ValueError(f"lam (diversity lambda): must be >= 0, got {lam}")
+    lam = check_lambda(lam, "lam (diversity lambda)")
     item_category = np.asarray(item_category)
     if item_category.ndim != 1:
         raise ValueError(f"item_category: expected [num_items], got shape {item_category.shape}")
@@ -129,18 +140,21 @@ def diverse_merge(
     bsz, m = cand_ids.shape
     n_pick = min(n, m)
     cats = item_category[np.maximum(cand_ids, 0)]  # [B, M]; invalid slots are -inf anyway
-    penalty = np.zeros((bsz, m), dtype=np.float64)  # lam * same-category picks so far
-    live = cand_scores.astype(np.float64)  # picked candidates become -inf
+    same = np.zeros((bsz, m), dtype=np.float64)  # same-category picks so far
+    score = cand_scores.astype(np.float64)
+    left = cand_ids > 0  # [B, M] valid candidates not picked yet
+    lowest = np.finfo(np.float64).min  # any candidate left outranks "none left" (-inf)
     rows = np.arange(bsz)
     picks = np.empty((bsz, n_pick), dtype=np.int64)
     empty = np.zeros((bsz, n_pick), dtype=bool)  # the row had no candidate left
     for t in range(n_pick):
-        gain = live - penalty
+        # clipped, so a huge λ or score can never turn a candidate into "none left"
+        gain = np.where(left, np.clip(score - lam * same, lowest, None), -np.inf)
         j = np.argmax(gain, axis=1)  # [B]; first (highest raw score) on ties
         picks[:, t] = j
-        empty[:, t] = gain[rows, j] == -np.inf
-        live[rows, j] = -np.inf
-        penalty += lam * (cats == cats[rows, j][:, None])
+        empty[:, t] = ~left[rows, j]
+        left[rows, j] = False
+        same += cats == cats[rows, j][:, None]
     out_ids = np.where(empty, -1, np.take_along_axis(cand_ids, picks, axis=1))
     out_scores = np.where(empty, np.float32(-np.inf), np.take_along_axis(cand_scores, picks, axis=1))
     out_int = np.where(empty, -1, np.take_along_axis(cand_int, picks, axis=1))

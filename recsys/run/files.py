@@ -2,7 +2,10 @@
 
 A file is written to a temporary file in the same directory, flushed and ``fsync``-ed to disk,
 then renamed over the target (``os.replace``), so a crash leaves either the old file or the
-new one, never half of one. This module imports nothing else of recsys, so the data pipeline
+new one, never half of one. Every file gets the mode a plain ``open`` would give it
+(:func:`default_file_mode`), checkpoints and metrics alike. A run directory passes ``replace``
+(:func:`recsys.run.manifest.replace_recorded`) so the rename also records the file's digest in
+the run's manifest. This module imports nothing else of recsys, so the data pipeline
 (:meth:`recsys.data.Dataset.save`) uses it too.
 
 Checkpoints hold only tensors and Python primitives and load with
@@ -19,36 +22,62 @@ from typing import IO, Any
 
 import torch
 
-__all__ = ["atomic_torch_save", "atomic_write", "atomic_write_text", "check_plain"]
+__all__ = ["atomic_save", "atomic_torch_save", "atomic_write", "atomic_write_text", "check_plain", "default_file_mode"]
+
+Replace = Callable[[Path, Path], None]  # (complete temporary file, target): move it into place
 
 
-def atomic_write(path: str | Path, write: Callable[[IO[bytes]], None]) -> None:
-    """Call ``write(f)`` on a temporary binary file next to ``path``, then rename it to ``path``.
+def default_file_mode() -> int:
+    """The mode a plain ``open(path, "w")`` would give a new file (0666 minus the umask).
 
-    If ``write`` raises, the temporary file is removed and ``path`` keeps its old content.
+    Run files hold no secrets and are read by other accounts (a service, a CI job), so every
+    file gets this mode; the run directory's own permissions restrict access."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def atomic_save(path: str | Path, save: Callable[[Path], None], *, replace: Replace = os.replace) -> None:
+    """Call ``save(tmp)`` with a temporary path next to ``path`` (for writers that want a file
+    name, e.g. FAISS), flush it to disk, then ``replace(tmp, path)`` (a rename by default).
+
+    If anything raises, the temporary file is removed and ``path`` keeps its old content.
     """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(name)
     try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
+        save(tmp)
+        with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.chmod(tmp, default_file_mode())  # mkstemp creates 0600
+        replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 
-def atomic_write_text(path: str | Path, text: str) -> None:
+def atomic_write(path: str | Path, write: Callable[[IO[bytes]], None], *, replace: Replace = os.replace) -> None:
+    """Call ``write(f)`` on a temporary binary file next to ``path``, then move it to ``path``
+    (as :func:`atomic_save`)."""
+
+    def save(tmp: Path) -> None:
+        with open(tmp, "wb") as f:
+            write(f)
+
+    atomic_save(path, save, replace=replace)
+
+
+def atomic_write_text(path: str | Path, text: str, *, replace: Replace = os.replace) -> None:
     """Atomically replace ``path`` with ``text`` (UTF-8)."""
-    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")), replace=replace)
 
 
-def atomic_torch_save(obj: Any, path: str | Path) -> None:
+def atomic_torch_save(obj: Any, path: str | Path, *, replace: Replace = os.replace) -> None:
     """Atomically ``torch.save`` ``obj`` to ``path``, after :func:`check_plain`."""
     check_plain(obj)
-    atomic_write(path, lambda f: torch.save(obj, f))
+    atomic_write(path, lambda f: torch.save(obj, f), replace=replace)
 
 
 _PRIMITIVES = (str, int, float, bool, type(None))

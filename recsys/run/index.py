@@ -9,9 +9,10 @@
                    indexes, and the recall of its top-n against exact search on the run's
                    held-out (test) users
 
-:func:`open_run_index` (used by ``recsys recommend``, ``recsys serve`` and ``Run.recommend``)
-loads the saved index when its embedding hash matches the weights, and otherwise builds the
-index in memory. IVF factories are clamped to what the catalogue can train
+Both are recorded in the run's manifest (:mod:`recsys.run.manifest`). :func:`open_run_index`
+(used by ``recsys recommend``, ``recsys serve`` and ``Run.recommend``) verifies them, loads the
+saved index when its embedding hash matches the weights, and otherwise builds the index in
+memory. IVF factories are clamped to what the catalogue can train
 (:func:`recsys.retrieval.index.clamp_ivf`), with a warning.
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,6 +36,7 @@ from recsys.retrieval.index import (
     save_index,
 )
 from recsys.run.experiment import LoadedRun
+from recsys.run.manifest import IntegrityError
 
 __all__ = ["IndexReport", "build_run_index", "open_run_index"]
 
@@ -109,7 +112,7 @@ def build_run_index(
     index, built_factory, build_s = _build(emb, factory, nprobe, ef_search, ef_construction, log, progress)
     index_file, meta_file = run.dir.index_files(factory)
     index_file.parent.mkdir(parents=True, exist_ok=True)
-    save_index(index, index_file)
+    run.dir.save_file(index_file, lambda tmp: save_index(index, tmp))
 
     test = run.split.test
     interests = run.interests(test.inputs, test.lengths, batch_size)
@@ -129,6 +132,29 @@ def build_run_index(
     )
     run.dir.write_json(meta_file.relative_to(run.path).as_posix(), asdict(report))
     return report
+
+
+def _load_saved(run: LoadedRun, factory: str, index_file: Path, meta_file: Path) -> tuple[dict, Callable[[], Any]]:
+    """The saved index's description and a loader for it, both verified against the manifest."""
+    advice = f"rebuild it with `recsys index {run.path} --factory {factory!r}`, or delete it"
+    run.dir.verify(index_file, advice)
+    try:
+        meta = run.dir.read_json(meta_file.relative_to(run.path).as_posix(), advice)
+    except IntegrityError:
+        raise
+    except ValueError as err:  # invalid JSON, already naming the file
+        raise IntegrityError(f"{err}; {advice}") from None
+    if not isinstance(meta, dict):
+        raise IntegrityError(f"{meta_file}: not a JSON object; {advice}")
+
+    def load() -> Any:
+        try:
+            return load_index(index_file)
+        except RuntimeError as err:  # FAISS: truncated or not an index
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else "unreadable"
+            raise IntegrityError(f"{index_file}: cannot be read ({reason[:200]}); {advice}") from None
+
+    return meta, load
 
 
 def open_run_index(
@@ -153,9 +179,9 @@ def open_run_index(
     categories = run.dataset.item_category
     index_file, meta_file = run.dir.index_files(factory)
     if index_file.is_file() and meta_file.is_file():
-        meta = run.dir.read_json(meta_file.relative_to(run.path).as_posix())
+        meta, load = _load_saved(run, factory, index_file, meta_file)
         if meta.get("embedding_sha1") == embedding_hash(emb):
-            index = load_index(index_file)
+            index = load()
             nprobe = nprobe if nprobe is not None else int(meta["nprobe"])
             ef_search = ef_search if ef_search is not None else int(meta["ef_search"])
             retriever = Retriever.from_index(index, nprobe=nprobe, ef_search=ef_search, item_category=categories)

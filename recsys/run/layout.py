@@ -12,9 +12,13 @@ A run directory is self-contained::
       tensorboard/        TensorBoard event files of the metrics.jsonl scalars (``train.tensorboard``)
       index/<slug>.faiss  saved ANN indexes (`recsys index`), with <slug>.json describing each
       export/<format>/    the exported network, item table and id maps (`recsys export`)
+      manifest.json       SHA-256 and size of every file above except tensorboard/ and export/ (recsys.run.manifest)
 
 Only this package knows these names. Every file is written atomically
-(:mod:`recsys.run.files`) and checkpoints load with ``torch.load(weights_only=True)``.
+(:mod:`recsys.run.files`), recorded in the manifest as it is put in place and verified against
+it before it is read, so a flipped byte or a truncated file is a one-line
+:class:`~recsys.run.manifest.IntegrityError` naming the file and what to do. Checkpoints load
+with ``torch.load(weights_only=True)``.
 Opening a run (:class:`RunDir`) never creates anything: a mistyped path fails naming it;
 :meth:`RunDir.create` and :func:`new_run_dir` make new ones.
 """
@@ -22,7 +26,6 @@ Opening a run (:class:`RunDir`) never creates anything: a mistyped path fails na
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -32,8 +35,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from recsys.config import Config, run_config_from_dict
-from recsys.run.files import atomic_torch_save, atomic_write, atomic_write_text
+from recsys.config import Config, ConfigError, run_config_from_dict
+from recsys.run import manifest
+from recsys.run.files import atomic_save, atomic_torch_save, atomic_write, atomic_write_text
+from recsys.run.manifest import IntegrityError
 
 if TYPE_CHECKING:
     from recsys.data.prepare import Dataset
@@ -49,6 +54,16 @@ TEST_METRICS = "test_metrics.json"
 INDEX = "index"
 EXPORT = "export"
 TENSORBOARD = "tensorboard"
+MANIFEST = manifest.MANIFEST
+
+# what to do when a run file fails verification (the end of the one-line error)
+ADVICE = {
+    CHECKPOINT: f"the run cannot be resumed from it; its best weights ({BEST}) still evaluate and serve, "
+                "or re-train the run",
+    BEST: f"if {CHECKPOINT} is intact, `recsys train --resume RUN` continues from the latest checkpoint "
+          f"({BEST} is rewritten at the next improvement); otherwise re-train the run",
+}
+REWRITE_ADVICE = "re-train the run (recsys train)"
 
 
 def _json_default(value: Any) -> Any:
@@ -98,48 +113,95 @@ class RunDir:
         if not self.has_best():
             raise FileNotFoundError(f"{self.path} has no trained weights ({BEST}) yet")
 
+    # integrity ------------------------------------------------------------------------------
+    def _replace(self, tmp: Path, path: Path) -> None:
+        """The last step of every write: move ``tmp`` into place, recorded in the manifest."""
+        manifest.replace_recorded(tmp, path, self.path)
+
+    def save_file(self, name: str | Path, save: Callable[[Path], None]) -> None:
+        """Atomically write file ``name`` of the run with ``save(tmp_path)`` (for writers that
+        want a file name, e.g. a FAISS index), recorded in the manifest."""
+        atomic_save(self.file(name), save, replace=self._replace)
+
+    def verify(self, name: str | Path, advice: str | None = None) -> None:
+        """Check file ``name`` against the run's manifest; raises
+        :class:`~recsys.run.manifest.IntegrityError` ending with ``advice`` (what to do; by
+        default the advice for that file) when it does not match."""
+        manifest.verify(self.path, self.file(name), advice or ADVICE.get(str(name), REWRITE_ADVICE))
+
+    def verify_tree(self, name: str) -> None:
+        """:meth:`verify` every file the manifest lists under folder ``name`` (e.g. the dataset)."""
+        manifest.verify_tree(self.path, self.file(name), ADVICE.get(name, REWRITE_ADVICE))
+
     # config ---------------------------------------------------------------------------------
     def save_config(self, config: Config | Mapping[str, Any]) -> None:
         """Write ``config.json`` from a ``Config`` or a mapping of plain data."""
         values = config.to_dict() if isinstance(config, Config) else dict(config)
-        atomic_write_text(self.file(CONFIG), json.dumps(values, indent=2) + "\n")
+        atomic_write_text(self.file(CONFIG), json.dumps(values, indent=2) + "\n", replace=self._replace)
 
     def read_config(self) -> Config:
-        """The run's config (``config.json``), with the defaults the run was trained under
-        for keys added since (:func:`recsys.config.run_config_from_dict`)."""
-        if not self.file(CONFIG).is_file():
+        """The run's config (``config.json``, verified against the manifest), with the defaults
+        the run was trained under for keys added since (:func:`recsys.config.run_config_from_dict`).
+
+        A damaged, unreadable or invalid file is a :class:`~recsys.config.ConfigError` naming it.
+        """
+        path = self.file(CONFIG)
+        if not path.is_file():
             raise FileNotFoundError(f"{self.path} is not a run directory (no {CONFIG})")
-        return run_config_from_dict(self.read_json(CONFIG))
+        try:
+            values = self.read_json(CONFIG)
+        except ValueError as err:  # IntegrityError or invalid JSON, already naming the file
+            raise ConfigError(str(err)) from None
+        if not isinstance(values, dict):
+            raise ConfigError(f"{path}: not a JSON object")
+        try:
+            return run_config_from_dict(values)
+        except ConfigError as err:
+            raise ConfigError(f"{path}: {err}") from None
 
     # dataset --------------------------------------------------------------------------------
     def save_dataset(self, dataset: Dataset) -> None:
-        """Write the prepared dataset (with its id maps) to ``dataset/``."""
+        """Write the prepared dataset (with its id maps) to ``dataset/``, recorded in the manifest."""
         dataset.save(self.file(DATASET))
+        manifest.record_tree(self.path, self.file(DATASET))
 
     def load_dataset(self) -> Dataset:
-        """The prepared dataset saved with the run."""
+        """The prepared dataset saved with the run, verified against the manifest."""
         from recsys.data.prepare import Dataset
 
+        self.verify_tree(DATASET)
         return Dataset.load(self.file(DATASET))
 
     # checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(self, state: dict[str, Any]) -> None:
         """Atomically write ``model.pt`` (e.g. a dict from ``make_checkpoint``)."""
-        atomic_torch_save(state, self.file(CHECKPOINT))
+        atomic_torch_save(state, self.file(CHECKPOINT), replace=self._replace)
 
     def load_checkpoint(self, map_location: str | torch.device = "cpu") -> dict[str, Any]:
         """``model.pt`` (raises ``FileNotFoundError`` naming the path when there is none)."""
         return self.load(CHECKPOINT, map_location)
 
+    def has_checkpoint(self) -> bool:
+        """Whether the run has a resume checkpoint (``model.pt``)."""
+        return self.file(CHECKPOINT).exists()
+
+    def require_checkpoint(self) -> None:
+        """Raise ``FileNotFoundError`` naming the run unless it has a resume checkpoint."""
+        if not self.has_checkpoint():
+            raise FileNotFoundError(
+                f"--resume: {self.path} has no checkpoint ({CHECKPOINT}): it failed or was stopped before its "
+                "first validation; start a new run instead"
+            )
+
     def latest(self, map_location: str | torch.device = "cpu") -> dict[str, Any] | None:
         """The resume checkpoint (``model.pt``), or ``None`` when the run has none yet."""
-        if not self.file(CHECKPOINT).exists():
+        if not self.has_checkpoint():
             return None
         return self.load(CHECKPOINT, map_location)
 
     def save_best(self, state_dict: Mapping[str, torch.Tensor], **info: Any) -> None:
         """Atomically write ``best.pt``: ``{"model": state_dict, **info}`` (e.g. step, metric)."""
-        atomic_torch_save({"model": dict(state_dict), **info}, self.file(BEST))
+        atomic_torch_save({"model": dict(state_dict), **info}, self.file(BEST), replace=self._replace)
 
     def has_best(self) -> bool:
         return self.file(BEST).exists()
@@ -153,31 +215,45 @@ class RunDir:
         return {k: v for k, v in self.load(BEST, "cpu").items() if k != "model"}
 
     def load(self, name: str, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-        """Load checkpoint file ``name`` of this run with ``torch.load(weights_only=True)``."""
+        """Load checkpoint file ``name`` of this run with ``torch.load(weights_only=True)``,
+        after verifying it against the manifest. A file that fails verification or that torch
+        cannot read (also in runs written before manifests existed) is an
+        :class:`~recsys.run.manifest.IntegrityError` naming it and what to do."""
         path = self.file(name)
         if not path.exists():
             raise FileNotFoundError(f"{path}: no such checkpoint in run directory {self.path}")
-        return torch.load(path, map_location=map_location, weights_only=True)
+        advice = ADVICE.get(name, REWRITE_ADVICE)
+        self.verify(name)
+        try:
+            state = torch.load(path, map_location=map_location, weights_only=True)
+        except Exception as err:  # truncated zip, bad pickle opcode, ...: all mean "damaged"
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise IntegrityError(f"{path}: cannot be read ({reason[:200]}); {advice}") from None
+        if not isinstance(state, dict) or (name == BEST and "model" not in state):
+            raise IntegrityError(f"{path}: not a recsys checkpoint; {advice}")
+        return state
 
     # metrics --------------------------------------------------------------------------------
     def append_metrics(self, record: Mapping[str, Any]) -> None:
         """Append ``record`` as one JSON line to ``metrics.jsonl``.
 
         numpy scalars and one-element tensors are converted (the latter syncs; call it only when
-        logging). A partial last line left by a crash is dropped first. Then each of
-        ``metric_listeners`` is called with the record as written (plain JSON values).
+        logging). The file is rewritten atomically (it is small: one line per log step), so it
+        is always whole and recorded in the manifest; a partial last line left by an older
+        version's interrupted append is dropped. Then each of ``metric_listeners`` is called
+        with the record as written (plain JSON values).
         """
         line = json.dumps(dict(record), default=_json_default) + "\n"
         path = self.file(METRICS)
-        self._drop_partial_line(path)
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(line)
-            f.flush()
+        old = path.read_bytes() if path.exists() else b""
+        old = old[: old.rfind(b"\n") + 1]
+        atomic_write(path, lambda out: out.write(old + line.encode("utf-8")), replace=self._replace)
         for listener in self.metric_listeners:
             listener(json.loads(line))
 
     def read_metrics(self) -> list[dict[str, Any]]:
-        """Every complete record of ``metrics.jsonl`` in order (``[]`` if absent).
+        """Every complete record of ``metrics.jsonl`` in order (``[]`` if absent), verified
+        against the manifest.
 
         A last line without its newline (an interrupted append) is ignored; a malformed complete
         line raises ``ValueError`` naming the file and line.
@@ -185,6 +261,7 @@ class RunDir:
         path = self.file(METRICS)
         if not path.exists():
             return []
+        self.verify(METRICS)
         records = []
         lines = path.read_text(encoding="utf-8").split("\n")
         for lineno, line in enumerate(lines[:-1], start=1):  # lines[-1]: "" or a partial line
@@ -212,19 +289,8 @@ class RunDir:
             if record["step"] <= step:
                 kept.append(record)
         text = "".join(json.dumps(record) + "\n" for record in kept)
-        atomic_write_text(self.file(METRICS), text)
+        atomic_write_text(self.file(METRICS), text, replace=self._replace)
         return kept
-
-    @staticmethod
-    def _drop_partial_line(path: Path) -> None:
-        if not path.exists() or path.stat().st_size == 0:
-            return
-        with open(path, "rb") as f:
-            f.seek(-1, os.SEEK_END)
-            if f.read(1) == b"\n":
-                return
-        data = path.read_bytes()
-        atomic_write(path, lambda out: out.write(data[: data.rfind(b"\n") + 1]))
 
     # test metrics and other JSON ------------------------------------------------------------
     def save_test_metrics(self, metrics: Mapping[str, Any]) -> None:
@@ -238,15 +304,19 @@ class RunDir:
         """Atomically write ``obj`` as pretty JSON to ``name`` (a path relative to the run)."""
         path = self.file(name)
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, json.dumps(obj, indent=2, default=_json_default) + "\n")
+        atomic_write_text(path, json.dumps(obj, indent=2, default=_json_default) + "\n", replace=self._replace)
 
-    def read_json(self, name: str) -> Any:
+    def read_json(self, name: str, advice: str | None = None) -> Any:
+        """JSON file ``name`` of the run, verified against the manifest (``advice`` as in
+        :meth:`verify`)."""
         path = self.file(name)
+        if path.exists():
+            self.verify(name, advice)
         try:
             return json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise FileNotFoundError(f"{path}: not found in run directory {self.path}") from None
-        except json.JSONDecodeError as err:
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise ValueError(f"{path}: invalid JSON: {err}") from None
 
     def tensorboard_dir(self) -> Path:

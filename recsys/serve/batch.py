@@ -22,19 +22,25 @@ from recsys.progress import progress_bar
 from recsys.data.batches import gather_rows, pad_sequences
 from recsys.serve.recommender import CSR, Recommender
 
-__all__ = ["read_user_file", "recommend_table", "resolve_users", "write_recommendations"]
+__all__ = ["output_format", "read_user_file", "recommend_table", "resolve_users", "write_recommendations"]
 
 COLUMNS = ("user", "rank", "item", "score", "interest")
 
 
 def read_user_file(path: str | Path) -> list[str]:
-    """Raw user ids from a text file, one per line (surrounding spaces and blank lines ignored)."""
+    """Raw user ids from a UTF-8 text file, one per line, taken exactly as written (spaces
+    are part of an id, as in the data; only the line ending is removed); blank lines are
+    ignored."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_bytes().decode("utf-8")
     except FileNotFoundError:
         raise FileNotFoundError(f"--users: file not found: {path}") from None
-    users = [line.strip() for line in text.splitlines() if line.strip()]
+    except UnicodeDecodeError as err:
+        lineno = path.read_bytes().count(b"\n", 0, err.start) + 1
+        raise ValueError(f"--users: {path}:{lineno}: not valid utf-8 text") from None
+    users = [line for line in text.split("\n") if line.strip()]
+    users = [line[:-1] if line.endswith("\r") else line for line in users]
     if not users:
         raise ValueError(f"--users: {path} holds no user ids")
     return users
@@ -62,7 +68,7 @@ def recommend_table(
     n: int,
     *,
     sequences: CSR | None = None,
-    exclude_seen: bool = False,
+    exclude_seen: bool = True,
     diversity_lambda: float = 0.0,
     batch_size: int = 1024,
     progress: bool = False,
@@ -72,8 +78,8 @@ def recommend_table(
 
     ``rows`` are user indices of the run's dataset (``user`` = their raw id), or, with
     ``sequences`` (CSR ``(indptr [S + 1], items)`` of internal ids, oldest first, rows
-    non-empty), positions of those sequences (``user`` = the position). ``exclude_seen`` drops
-    every item of the row's clicks; ``progress`` shows a bar over the rows (on a terminal).
+    non-empty), positions of those sequences (``user`` = the position). ``exclude_seen`` (the
+    default) drops every item of the row's clicks; ``progress`` shows a bar over the rows (on a terminal).
     """
     if batch_size <= 0:
         raise ValueError(f"batch_size: must be > 0, got {batch_size}")
@@ -105,21 +111,30 @@ def recommend_table(
     return pd.concat(parts, ignore_index=True)
 
 
-def write_recommendations(table: pd.DataFrame, path: str | Path) -> Path:
-    """Write ``table`` as Parquet (``.parquet``) or CSV (``.csv``, ``.csv.gz``, ``.tsv``)."""
-    path = Path(path)
-    name = path.name.lower()
-    path.parent.mkdir(parents=True, exist_ok=True)
+def output_format(path: str | Path) -> str:
+    """``"parquet"``, ``"csv"`` or ``"tsv"`` for an output file name; an unknown suffix, or
+    Parquet without pyarrow, is an error (call it before computing anything)."""
+    name = Path(path).name.lower()
     if name.endswith(".parquet"):
         try:
             import pyarrow  # noqa: F401
         except ImportError:
             raise ImportError("--out: writing Parquet needs pyarrow: pip install 'recsys[parquet]'") from None
+        return "parquet"
+    if name.endswith((".csv", ".csv.gz")):
+        return "csv"
+    if name.endswith(".tsv"):
+        return "tsv"
+    raise ValueError(f"--out: {path} must end in .parquet, .csv, .csv.gz or .tsv")
+
+
+def write_recommendations(table: pd.DataFrame, path: str | Path) -> Path:
+    """Write ``table`` as Parquet (``.parquet``) or CSV (``.csv``, ``.csv.gz``, ``.tsv``)."""
+    path = Path(path)
+    fmt = output_format(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if fmt == "parquet":
         table.to_parquet(path, index=False)
-    elif name.endswith((".csv", ".csv.gz")):
-        table.to_csv(path, index=False)
-    elif name.endswith(".tsv"):
-        table.to_csv(path, index=False, sep="\t")
     else:
-        raise ValueError(f"--out: {path} must end in .parquet, .csv, .csv.gz or .tsv")
+        table.to_csv(path, index=False, sep="\t" if fmt == "tsv" else ",")
     return path

@@ -24,7 +24,7 @@ import torch
 from recsys.data.batches import gather_rows, pad_sequences
 from recsys.data.prepare import Dataset
 from recsys.models.base import InterestModel
-from recsys.retrieval.aggregate import diverse_merge, max_merge
+from recsys.retrieval.aggregate import check_lambda, diverse_merge, max_merge
 from recsys.retrieval.index import Retriever
 
 if TYPE_CHECKING:
@@ -215,8 +215,8 @@ class Recommender:
         lam = _per_row(diversity_lambda, bsz, np.float64, "diversity_lambda")
         if n.min() < 1:
             raise ValueError(f"n: must be >= 1, got {int(n.min())}")
-        if not np.isfinite(lam).all() or lam.min() < 0:
-            raise ValueError("diversity_lambda: must be finite and >= 0")
+        for value in np.unique(lam):
+            check_lambda(float(value))
         if exclude is not None:
             exclude = unique_csr(*exclude, self.dataset.num_items)
             if len(exclude[0]) != bsz + 1:

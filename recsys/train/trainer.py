@@ -17,6 +17,7 @@ import contextlib
 import copy
 import dataclasses
 import math
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ from recsys.nn.attention import max_attention_logit, set_track_stats
 from recsys.run import RunDir, build_experiment, new_run_dir
 from recsys.train import distributed
 from recsys.train.checkpoint import capture_rng, make_checkpoint, restore_rng
+from recsys.train.memory import check_fits
 from recsys.train.losses import (
     LossOutput,
     attention_collision,
@@ -52,6 +54,8 @@ from recsys.train.tracking import track_metrics
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from recsys.data import Dataset
 
 Log = Callable[[str], None]
 OnValidate = Callable[[int, dict[str, float]], None]
@@ -282,17 +286,37 @@ def train(cfg: Config, *, run_dir: str | Path | None = None, resume: bool = Fals
     t0 = time.perf_counter()
 
     rd = RunDir(run_dir) if resume else None
+    if rd is not None:
+        rd.require_checkpoint()
     exp = build_experiment(cfg, dataset=rd.load_dataset() if rd else None, clicks=clicks, progress=progress)
-    ds, split, item_counts, model = exp.dataset, exp.split, exp.item_counts, exp.model.to(device)
+    ds, split, item_counts = exp.dataset, exp.split, exp.item_counts
+    _check_split(ds, split)
+    check_fits(cfg, exp.model, ds.num_items, device)
+    model = exp.model.to(device)
 
+    created = rd is None and (run_dir is None or not Path(run_dir).exists())
     if rd is None and run_dir is not None:
         rd = RunDir.create(run_dir)
     elif rd is None:
         rd = RunDir(new_run_dir(cfg.output_dir, cfg.name, model=cfg.model.name, dataset=_data_name(cfg)))
+    log(f"run directory: {rd.path}")
+    try:
+        return _run(cfg, rd, ds, split, item_counts, model, dist, resume, t0, log, on_validate)
+    except BaseException:  # a folder this call created, with nothing to resume, is removed
+        if dist.is_main and created and not rd.has_checkpoint():
+            shutil.rmtree(rd.path, ignore_errors=True)
+            log(f"removed {rd.path}: the run stopped before its first checkpoint, so there is nothing to resume")
+        raise
+
+
+def _run(cfg: Config, rd: RunDir, ds: Dataset, split: Split, item_counts: Tensor, model: InterestModel,
+         dist: distributed.DistInfo, resume: bool, t0: float, log: Log,
+         on_validate: OnValidate | None = None) -> TrainResult:
+    """:func:`train` once the data, the model and the run directory exist."""
+    device = dist.device
     if dist.is_main and not resume:
         rd.save_config(cfg)
         rd.save_dataset(ds)
-    log(f"run directory: {rd.path}")
     log(f"data: {ds.num_users} users, {ds.num_items - 1} items, {len(ds.items)} clicks; "
         f"train users {len(split.train_users)}, valid {len(split.valid.users)}, test {len(split.test.users)}")
 
@@ -426,6 +450,18 @@ def _validate(st: _LoopState, model: InterestModel, step_fn: TrainStep, batches:
     if on_validate is not None:
         on_validate(st.step, metrics)
     return patience > 0 and st.bad_evals >= patience
+
+
+def _check_split(ds: Dataset, split: Split) -> None:
+    """A dataset too small to train, validate and test on is an error before the run starts."""
+    sizes = {"train": len(split.train_users), "valid": len(split.valid.users), "test": len(split.test.users)}
+    empty = [name for name, size in sizes.items() if size == 0]
+    if empty:
+        raise ValueError(
+            f"data: too small to split: {ds.num_users} users after filtering leave no {' and no '.join(empty)} "
+            f"users ({', '.join(f'{k} {v}' for k, v in sizes.items())}); use more data, or lower "
+            "data.min_item_count / data.min_user_count"
+        )
 
 
 _HEALTH_LABELS = {"mi_eff_clicks": "effective clicks", "mi_readout_share_min": "smallest readout share",

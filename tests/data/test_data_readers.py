@@ -34,7 +34,7 @@ def test_csv_with_named_columns_and_category(tmp_path):
     df = read(path, user_col="uid", item_col="iid", time_col="ts", category_col="cat")
     assert list(df.columns) == ["user", "item", "time", "category"]
     assert df["user"].tolist() == ["a", "a", "b"]
-    assert df["item"].tolist() == ["x", "y", "z"]  # blanks around values are stripped
+    assert df["item"].tolist() == ["x", "y", " z "]  # ids exactly as written: they round-trip
     assert df["time"].dtype == np.float64 and df["time"].tolist() == [10.0, 5.0, 7.0]
     assert df["category"].tolist()[0] == "c1" and pd.isna(df["category"].iloc[1])
     assert df.attrs["time_is_position"] is False

@@ -114,3 +114,24 @@ def test_diverse_merge_runs_out_of_candidates():
     got_ids, got_scores, got_int = diverse_merge(ids, scores, np.zeros_like(ids), np.arange(8), 4, 2.0)
     np.testing.assert_array_equal(got_ids, [[4, 7, -1, -1]])
     assert np.isneginf(got_scores[0, 2:]).all() and (got_int[0, 2:] == -1).all()
+
+
+@pytest.mark.parametrize("lam", [1e6, 1e3, 1.0])
+def test_diverse_merge_never_returns_fewer_than_n_when_n_exist(lam):
+    """Was: λ = 1e308 overflowed the greedy's penalties to inf and gave 2 items for n = 10
+    (1e306, n = 1000: 180 items)."""
+    rng = np.random.default_rng(3)
+    ids, scores, interest_of = _random_candidates(rng, bsz=20, k=4, per=60, pool=10_000)
+    scores *= 3e38  # float32 extremes, as a degenerate model may produce
+    n = 100
+    out_ids, out_scores, _ = diverse_merge(ids, scores, interest_of, rng.integers(0, 3, 10_000), n, lam)
+    distinct = [len(set(row[row > 0])) for row in ids]
+    for row, have in zip(out_ids, distinct):
+        assert (row > 0).sum() == min(n, have) and len(set(row[row > 0])) == (row > 0).sum()
+
+
+@pytest.mark.parametrize("lam", [1e308, float("inf"), float("nan"), -1.0, 1e6 * 1.5])
+def test_diverse_merge_refuses_lambda_outside_the_finite_range(lam):
+    ids, scores, interest_of = _random_candidates(np.random.default_rng(0))
+    with pytest.raises(ValueError, match="diversity lambda"):
+        diverse_merge(ids, scores, interest_of, np.zeros(40, dtype=np.int64), 5, lam)

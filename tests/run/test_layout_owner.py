@@ -8,7 +8,7 @@ import recsys
 from recsys.run import layout
 
 PACKAGE = Path(recsys.__file__).parent
-FILE_NAMES = (layout.CONFIG, layout.CHECKPOINT, layout.BEST, layout.METRICS, layout.TEST_METRICS)
+FILE_NAMES = (layout.CONFIG, layout.CHECKPOINT, layout.BEST, layout.METRICS, layout.TEST_METRICS, layout.MANIFEST)
 FOLDER_NAMES = (layout.DATASET, layout.INDEX, layout.EXPORT, layout.TENSORBOARD)
 
 

@@ -99,3 +99,31 @@ def test_index_command_errors(tiny_run, tmp_path, capsys):
     assert "no config.json" in capsys.readouterr().err
     assert main(["index", tiny_run, "--factory", "NotAnIndex"]) == 2
     assert "FAISS cannot build" in capsys.readouterr().err
+
+
+def test_saved_index_and_dataset_are_verified_against_the_manifest(tiny_run, tmp_path):
+    """Every file a run writes, the saved index included, is recorded in its manifest; a damaged
+    index is an IntegrityError with the command that rebuilds it, a damaged dataset one too."""
+    import shutil
+
+    from recsys.run import IntegrityError
+    from recsys.run.manifest import MANIFEST, read_manifest
+
+    run_dir = shutil.copytree(tiny_run, tmp_path / "run", ignore=shutil.ignore_patterns("export"))  # not recorded
+    assert main(["index", str(run_dir), "--factory", "Flat"]) == 0
+    on_disk = {p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*") if p.is_file()}
+    assert set(read_manifest(run_dir)) == on_disk - {MANIFEST}
+    assert {"index/Flat.faiss", "index/Flat.json", "dataset/dataset.npz"} <= on_disk
+
+    run = load_run(run_dir)
+    index_file = RunDir(run_dir).index_files("Flat")[0]
+    index_file.write_bytes(index_file.read_bytes()[:-10])
+    with pytest.raises(IntegrityError, match=r"Flat\.faiss: truncated .*rebuild it with `recsys index"):
+        open_run_index(run, "Flat", log=lambda line: None)
+
+    arrays = run_dir / "dataset" / "dataset.npz"
+    data = bytearray(arrays.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    arrays.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match=r"dataset\.npz: corrupted"):
+        load_run(run_dir)

@@ -81,7 +81,7 @@ def batch_answers(tiny_run, tmp_path_factory):
     for exclude in (False, True):
         path = out / f"recs-{exclude}.csv"
         args = ["recommend", tiny_run, "--all", "--n", "10", "--out", str(path), "--factory", "Flat"]
-        assert main(args + (["--exclude-seen"] if exclude else [])) == 0
+        assert main(args + (["--exclude-seen"] if exclude else ["--no-exclude-seen"])) == 0
         table = pd.read_csv(path, dtype={"user": str, "item": str})
         tables[exclude] = {user: rows for user, rows in table.groupby("user")}
     return tables
@@ -114,8 +114,10 @@ def test_concurrent_requests_equal_batch_command(server, dataset, batch_answers)
         clicks = dataset.item_raw[dataset.items[dataset.indptr[u] : dataset.indptr[u + 1]]].tolist()
         exclude = i % 3 == 0
         jobs.append(({"user": user, "exclude_seen": exclude}, user, exclude))
-        if not exclude:  # the same user's last clicks as an items request: the same answer
-            jobs.append(({"items": clicks, "n": 10}, user, False))
+        if not exclude:  # the same user's clicks as an items request: the same answer, and by
+            # default the given items are excluded, as the user's clicks are with exclude_seen
+            jobs.append(({"items": clicks, "n": 10}, user, True))
+            jobs.append(({"items": clicks, "n": 10, "exclude_seen": False}, user, False))
 
     def send(chunk):
         client = Client(server)
@@ -144,7 +146,7 @@ def test_unknown_items_are_skipped_and_reported(server, dataset, batch_answers):
     assert status == 200
     assert response["unknown_items"] == ["no-such-item", "12345678"]
     assert response["input_length"] == min(len(clicks), 10)
-    _assert_same(response, batch_answers[False][user])
+    _assert_same(response, batch_answers[True][user])  # input clicks excluded by default
 
 
 def test_empty_or_unknown_sequences_and_users(server, dataset):

@@ -32,19 +32,47 @@ def test_recommend_csv_format_and_unknown_users(tiny_run, dataset, tmp_path, cap
         assert rows["interest"].between(0, 3).all()
 
 
-def test_recommend_all_parquet_exclude_seen(tiny_run, dataset, tmp_path):
+def _seen_recommended(dataset, table) -> int:
+    """How many recommended (user, item) pairs the user already clicked."""
+    item_id = {raw: i for i, raw in enumerate(dataset.item_raw)}
+    user_id = {raw: u for u, raw in enumerate(dataset.user_raw)}
+    count = 0
+    for user, rows in table.groupby("user"):
+        u = user_id[user]
+        seen = set(dataset.items[dataset.indptr[u] : dataset.indptr[u + 1]].tolist())
+        count += len(seen & {item_id[i] for i in rows["item"]})
+    return count
+
+
+def test_recommend_all_parquet_excludes_seen_by_default(tiny_run, dataset, tmp_path):
     pytest.importorskip("pyarrow", reason="Parquet output needs pyarrow (the parquet extra)")
     out = tmp_path / "recs.parquet"
-    assert main(["recommend", tiny_run, "--all", "--n", "5", "--out", str(out), "--exclude-seen",
+    assert main(["recommend", tiny_run, "--all", "--n", "5", "--out", str(out),
                  "--batch-size", "64", "--factory", "Flat"]) == 0
     table = pd.read_parquet(out)
     assert table["user"].nunique() == dataset.num_users and len(table) == 5 * dataset.num_users
-    item_id = {raw: i for i, raw in enumerate(dataset.item_raw)}
-    user_id = {raw: u for u, raw in enumerate(dataset.user_raw)}
-    for user, rows in table.groupby("user"):
-        u = user_id[user]
-        seen = set(dataset.items[dataset.indptr[u] : dataset.indptr[u + 1]])
-        assert not seen & {item_id[i] for i in rows["item"]}
+    assert _seen_recommended(dataset, table) == 0
+    assert main(["recommend", tiny_run, "--all", "--n", "5", "--out", str(out), "--no-exclude-seen",
+                 "--factory", "Flat"]) == 0
+    assert _seen_recommended(dataset, pd.read_parquet(out)) > 0  # the model ranks clicked items high
+
+
+def test_raw_ids_round_trip_exactly(tmp_path, capsys):
+    """Was: leading spaces of raw ids were stripped, so output ids did not always round-trip."""
+    users = [" 17", "17", "a b", "u,1", 'q"'] + [f"u{i}" for i in range(10)]
+    rows = [(u, f" i{(k + j) % 9} ", t) for k, u in enumerate(users) for j, t in enumerate(range(6))]
+    pd.DataFrame(rows, columns=["user", "item", "timestamp"]).to_csv(tmp_path / "clicks.csv", index=False)
+    assert main(["train", "--model", "popular", "--data", str(tmp_path / "clicks.csv"), "--set",
+                 f"output_dir={tmp_path}", "--set", "name=pop", "--set", "data.valid_frac=0.2",
+                 "--set", "data.test_frac=0.2"]) == 0
+    (tmp_path / "users.txt").write_text("\n".join(users[:5]) + "\n")
+    out = tmp_path / "recs.csv"
+    assert main(["recommend", str(tmp_path / "pop"), "--users", str(tmp_path / "users.txt"), "--n", "2",
+                 "--no-exclude-seen", "--out", str(out)]) == 0
+    assert "unknown" not in capsys.readouterr().err
+    table = pd.read_csv(out, dtype=str, keep_default_na=False)
+    assert list(pd.unique(table["user"])) == users[:5]
+    assert set(table["item"]) <= {f" i{k} " for k in range(9)}
 
 
 def test_recommend_errors(tiny_run, tmp_path, capsys):

@@ -113,7 +113,7 @@ def test_checkpoint_save_failure_midway_keeps_previous(tmp_path, monkeypatch):
         run.save_checkpoint({"step": 2})
     monkeypatch.undo()
     assert run.latest()["step"] == 1
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json", "model.pt"]  # no temporary file left
 
 
 def test_metrics_append_and_read(tmp_path):
@@ -126,10 +126,10 @@ def test_metrics_append_and_read(tmp_path):
 
 
 def test_metrics_partial_last_line_is_ignored_then_dropped(tmp_path):
+    """Appends are atomic rewrites now; a run written by an older version (no manifest) may
+    still end in a partial line from a crash in the middle of an append."""
     run = RunDir(tmp_path)
-    run.append_metrics({"step": 1, "loss": 2.0})
-    with open(run.file(layout.METRICS), "a") as f:
-        f.write('{"step": 2, "lo')  # crash in the middle of an append
+    run.file(layout.METRICS).write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "lo')
     assert run.read_metrics() == [{"step": 1, "loss": 2.0}]
     run.append_metrics({"step": 2, "loss": 1.0})
     assert run.read_metrics() == [{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.0}]

@@ -1,0 +1,79 @@
+"""An early memory estimate: refuse a training config that cannot fit before it is started.
+
+Without it, ``model.num_interests=100000`` on the synthetic data is killed by the operating
+system's out-of-memory killer minutes later, with no message. The estimate is deliberately
+simple (float32 everywhere, the largest tensors of one training step and one evaluation
+batch); it is meant to catch settings that are off by orders of magnitude, not to predict
+usage to the byte, so a config is refused only when the estimate exceeds the memory that is
+free on the training device.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from recsys.config import Config, ConfigError
+
+__all__ = ["available_bytes", "check_fits", "estimate_bytes"]
+
+_FLOAT = 4  # bytes
+_GIB = 1024**3
+
+
+def estimate_bytes(cfg: Config, num_params: int, num_items: int, num_interests: int) -> dict[str, int]:
+    """The largest memory users of training and evaluation, in bytes, by name.
+
+    Args:
+        cfg: the run config (batch sizes, ``max_len``, dim, hidden, negatives, top-N).
+        num_params: trainable parameters of the built model (weights, gradients and two Adam
+            moments are kept for each).
+        num_items: catalogue size (with padding).
+        num_interests: K of the built model (1 for single-interest models).
+    """
+    m, t, e = cfg.model, cfg.train, cfg.eval
+    b, seq_len, k, d = t.batch_size, cfg.data.max_len, num_interests, m.dim
+    hidden = m.hidden or 4 * d
+    negatives = num_items if t.full_softmax else (t.num_negatives or 10 * b)
+    # forward activations kept for backward, and their gradients: x 3
+    step = 3 * b * (seq_len * (hidden + k) + k * d + m.num_layers * seq_len * d * 12) + 2 * b * (negatives + 1)
+    eval_batch = e.batch_size * k * (d + 3 * max(e.topn))  # interests and per-interest search results
+    return {
+        "parameters and optimizer state": 4 * num_params * _FLOAT,
+        "training step activations": (step + negatives * d) * _FLOAT,
+        "evaluation batch": eval_batch * _FLOAT,
+    }
+
+
+def available_bytes(device: torch.device) -> int:
+    """Free memory on ``device``: CUDA's free memory, or the host's available memory."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    meminfo = Path("/proc/meminfo")
+    if meminfo.is_file():
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_fits(cfg: Config, model: torch.nn.Module, num_items: int, device: torch.device,
+               available: int | None = None) -> int:
+    """Raise :class:`ConfigError` when :func:`estimate_bytes` for ``model`` exceeds the memory
+    ``available`` on ``device`` (default: :func:`available_bytes`); returns the estimate."""
+    num_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    parts = estimate_bytes(cfg, num_params, num_items, int(getattr(model, "num_interests", 1)))
+    # training and evaluation do not overlap in time
+    total = parts["parameters and optimizer state"] + max(parts["training step activations"], parts["evaluation batch"])
+    available = available_bytes(device) if available is None else available
+    if total > available:
+        m = cfg.model
+        raise ConfigError(
+            f"model.num_interests={m.num_interests}, model.dim={m.dim}, train.batch_size={cfg.train.batch_size}, "
+            f"eval.batch_size={cfg.eval.batch_size}, {num_items - 1:,} items: needs about {total / _GIB:,.1f} GiB "
+            f"({', '.join(f'{name} {v / _GIB:,.1f}' for name, v in parts.items())}), more than the "
+            f"{available / _GIB:,.1f} GiB free on {device}; lower one of them"
+        )
+    return total

@@ -1,0 +1,213 @@
+"""The CLI's one error path and the failures issue 16 found: each is one line and exit 2, never
+a traceback (unless --debug), and checked before any work."""
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import TINY_RUN_OVERRIDES
+from recsys.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_DATA = [a for o in TINY_RUN_OVERRIDES if not o.startswith(("name=", "train.")) for a in ("--set", o)]
+
+
+@pytest.fixture
+def run_copy(tiny_run, tmp_path):
+    """A private copy of the tiny run, free to damage."""
+    return shutil.copytree(tiny_run, tmp_path / "run")
+
+
+def _error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def _flip(path: Path, offset: int, count: int = 64) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset : offset + count] = bytes(b ^ 0xFF for b in data[offset : offset + count])
+    path.write_bytes(bytes(data))
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def test_flipped_bytes_in_best_pt_are_caught_before_evaluating(run_copy, capsys):
+    """Was: evaluated without complaint (Recall@50 0.4620 instead of 0.4808)."""
+    _flip(run_copy / "best.pt", (run_copy / "best.pt").stat().st_size // 2)
+    assert main(["evaluate", str(run_copy)]) == 2
+    line = _error_line(capsys)
+    assert "best.pt: corrupted" in line and "re-train" in line
+
+
+@pytest.mark.parametrize("command", [
+    ["evaluate"], ["index", "--factory", "Flat"], ["recommend", "--all", "--out", "{tmp}/r.csv"],
+])
+def test_truncated_best_pt_is_one_line_in_every_command(run_copy, tmp_path, capsys, command):
+    """Was: a torch traceback without the file named."""
+    _truncate(run_copy / "best.pt")
+    argv = [command[0], str(run_copy)] + [a.format(tmp=tmp_path) for a in command[1:]]
+    assert main(argv) == 2
+    line = _error_line(capsys)
+    assert f"{run_copy / 'best.pt'}: truncated" in line
+
+
+def test_truncated_best_pt_in_serve(run_copy, capsys):
+    pytest.importorskip("fastapi")
+    _truncate(run_copy / "best.pt")
+    assert main(["serve", str(run_copy), "--port", "0"]) == 2
+    assert "best.pt: truncated" in _error_line(capsys)
+
+
+def test_unreadable_checkpoint_without_a_manifest_is_still_one_line(run_copy, capsys):
+    """Runs written before manifests existed: torch's error becomes one line naming the file."""
+    (run_copy / "manifest.json").unlink()
+    _truncate(run_copy / "best.pt")
+    assert main(["evaluate", str(run_copy)]) == 2
+    assert "best.pt: cannot be read" in _error_line(capsys)
+
+
+def test_truncated_model_pt_stops_resume_with_advice(run_copy, capsys):
+    _truncate(run_copy / "model.pt")
+    assert main(["train", "--resume", str(run_copy), "--set", "train.max_steps=40"]) == 2
+    line = _error_line(capsys)
+    assert "model.pt: truncated" in line and "best.pt" in line  # names the other checkpoint
+
+
+def test_damaged_config_json_names_the_file(run_copy, capsys):
+    (run_copy / "config.json").write_text((run_copy / "config.json").read_text()[:50])
+    assert main(["evaluate", str(run_copy)]) == 2
+    assert "config.json" in _error_line(capsys)
+    (run_copy / "manifest.json").unlink()  # and without a manifest: the JSON error names it
+    assert main(["evaluate", str(run_copy)]) == 2
+    line = _error_line(capsys)
+    assert "config.json: invalid JSON" in line
+
+
+def test_debug_switch_and_environment_variable_show_the_traceback(run_copy, monkeypatch, capsys):
+    _truncate(run_copy / "best.pt")
+    with pytest.raises(ValueError, match="best.pt"):
+        main(["evaluate", str(run_copy), "--debug"])
+    monkeypatch.setenv("RECSYS_DEBUG", "1")
+    with pytest.raises(ValueError, match="best.pt"):
+        main(["evaluate", str(run_copy)])
+
+
+def test_existing_run_name_is_one_line(tmp_path, capsys):
+    """Was: a FileExistsError traceback."""
+    (tmp_path / "taken").mkdir()
+    assert main(["train", "--set", f"output_dir={tmp_path}", "--set", "name=taken", *TINY_DATA]) == 2
+    assert "taken exists" in _error_line(capsys)
+
+
+def _no_work(monkeypatch):
+    from recsys.api import Run
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the run was loaded before the output was checked")
+
+    monkeypatch.setattr(Run, "load", fail)
+
+
+def test_recommend_checks_output_format_and_extra_before_any_work(tiny_run, tmp_path, monkeypatch, capsys):
+    """Was: ImportError (parquet without pyarrow) or the .xlsx error after every user was computed."""
+    _no_work(monkeypatch)
+    assert main(["recommend", tiny_run, "--all", "--out", str(tmp_path / "r.xlsx")]) == 2
+    assert "r.xlsx must end in .parquet" in _error_line(capsys)
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    assert main(["recommend", tiny_run, "--all", "--out", str(tmp_path / "r.parquet")]) == 2
+    assert "pip install 'recsys[parquet]'" in _error_line(capsys)
+    assert main(["recommend", tiny_run, "--all", "--out", str(tmp_path / "no" / "r.csv")]) == 2
+    assert "does not exist" in _error_line(capsys)
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
+def test_non_finite_floats_are_refused_before_the_data_loads(tmp_path, monkeypatch, capsys, value):
+    """Was: train.lr=inf trained 500 steps on NaN loss; nan failed only after loading the data."""
+    import recsys.data
+
+    monkeypatch.setattr(recsys.data, "load_dataset", lambda cfg: pytest.fail("data loaded"))
+    assert main(["train", "--set", f"train.lr={value}", "--set", f"output_dir={tmp_path}"]) == 2
+    assert f"train.lr: must be a finite number, got {value.lstrip('-') if value == 'nan' else value}" in \
+        _error_line(capsys).replace("'", "")
+    assert not any(tmp_path.iterdir())
+
+
+def test_memory_estimate_refuses_what_cannot_fit(tmp_path, monkeypatch, capsys):
+    """Was: model.num_interests=100000 was killed by the out-of-memory killer with no message."""
+    from recsys.train import memory
+
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 24 * 1024**3)
+    assert main(["train", *TINY_DATA, "--set", "model.num_interests=100000", "--set", f"output_dir={tmp_path}"]) == 2
+    line = _error_line(capsys)
+    assert "model.num_interests=100000" in line and "GiB" in line and "24.0 GiB free" in line
+    assert not any(tmp_path.iterdir())  # refused before the run folder exists
+
+
+def test_too_small_dataset_leaves_no_run_folder(tmp_path, capsys):
+    """Was: a partial run folder left behind."""
+    assert main(["train", "--set", "synthetic.num_users=3", "--set", "synthetic.num_items=50",
+                 "--set", "model.backend=torch", "--set", f"output_dir={tmp_path}"]) == 2
+    assert "too small to split" in _error_line(capsys)
+    assert not any(tmp_path.iterdir())
+
+
+def test_failure_before_the_first_checkpoint_removes_the_folder(tmp_path, monkeypatch, capsys):
+    from recsys.train import trainer
+
+    def broken(*args, **kwargs):
+        raise ValueError("validation exploded")
+
+    monkeypatch.setattr(trainer, "evaluate_with_config", broken)
+    assert main(["train", "--set", f"output_dir={tmp_path}", *TINY_DATA, "--set", "train.max_steps=4",
+                 "--set", "train.eval_every=2"]) == 2
+    assert "validation exploded" in _error_line(capsys)
+    assert not any(tmp_path.iterdir())
+
+
+def test_resume_of_a_run_without_checkpoint_says_so(tmp_path, capsys):
+    run = tmp_path / "interrupted"
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    assert main(["train", "--resume", str(run)]) == 2
+    assert "has no checkpoint" in _error_line(capsys)
+
+
+def test_resolved_config_is_printed_only_with_verbose(capsys):
+    assert main(["data", *TINY_DATA]) == 0
+    assert "# resolved config" not in capsys.readouterr().out
+    assert main(["data", *TINY_DATA, "--verbose"]) == 0
+    assert "# resolved config" in capsys.readouterr().out
+
+
+def test_skip_bad_rows_warning_is_one_line_without_python_source(tmp_path):
+    rows = "".join(f"u{u},i{i},{t}\n" for u in range(8) for t, i in enumerate(range(6)))
+    path = tmp_path / "clicks.csv"
+    path.write_text("user,item,timestamp\n" + rows + "u1,,3\n")
+    out = subprocess.run([sys.executable, "-m", "recsys", "data", "--data", str(path),
+                          "--set", "data.skip_bad_rows=true"], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    warning = [line for line in out.stderr.splitlines() if line.strip()]
+    assert warning == [f"recsys: warning: {path}: skipped 1 malformed line (line 50)"]
+
+
+def test_run_files_share_one_mode(tiny_run):
+    """Was: checkpoints 0600, metrics 0644. Every run file now gets 0666 minus the umask."""
+    run = Path(tiny_run)
+    modes = {p.relative_to(run).as_posix(): stat.S_IMODE(p.stat().st_mode)
+             for p in run.rglob("*") if p.is_file()}
+    for name in ("model.pt", "best.pt", "metrics.jsonl", "config.json", "test_metrics.json",
+                 "manifest.json", "dataset/dataset.npz"):
+        assert name in modes
+    mask = os.umask(0)
+    os.umask(mask)
+    assert set(modes.values()) == {0o666 & ~mask}, modes
