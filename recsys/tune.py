@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from recsys.config import TUNE_TABLE, Config, ConfigError, load_config, with_values
 from recsys.run import RunDir
 from recsys.train.trainer import train
@@ -65,6 +67,8 @@ TRIALS = "trials"
 BEST_CONFIG = "best.toml"
 STUDY_NAME = "recsys"
 
+# a trial failing with one of these (values that do not fit memory, a bad combination) fails alone
+TRIAL_ERRORS = (ValueError, MemoryError, torch.cuda.OutOfMemoryError)
 MULTI_INTEREST = ("mind", "comirec_dr", "comirec_sa", "sasrec_mi")
 SELF_ATTENTIVE = ("comirec_sa", "sasrec_mi")  # model.score_cap and train.attention_reg apply
 TRANSFORMERS = ("sasrec", "sasrec_mi")  # model.dropout applies
@@ -213,7 +217,7 @@ def _optuna() -> Any:
         import optuna
     except ImportError:
         raise ImportError("recsys tune needs optuna: pip install 'recsys[tune]'") from None
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # a failed trial's reason is on its own line
     return optuna
 
 
@@ -238,10 +242,20 @@ class _Objective:
         self.folder, self.base, self.space, self.deadline, self.threads = folder, base, space, deadline, threads
 
     def __call__(self, trial: optuna.Trial) -> float:
-        optuna = _optuna()
         values = {} if trial.user_attrs.get("base") else self.space.suggest(trial)
         trial.set_user_attr("values", values)
-        cfg = with_values(self.base, values)
+        try:
+            return self._train(trial, with_values(self.base, values))
+        except TRIAL_ERRORS as err:
+            trial.set_user_attr("error", (str(err).strip() or type(err).__name__).splitlines()[0])
+            raise
+        except KeyboardInterrupt:
+            _requeue(trial.study, trial)  # optuna records the trial as failed; its values run first on resume
+            raise
+
+    def _train(self, trial: optuna.Trial, cfg: Config) -> float:
+        """Train ``cfg`` into the trial's run directory; its best validation recall."""
+        optuna = _optuna()
         if self.threads and not cfg.train.cpu_threads:
             cfg.train.cpu_threads = self.threads
         if self.deadline < math.inf:  # the tune's budget bounds every trial
@@ -257,11 +271,7 @@ class _Objective:
 
         run_dir = self.folder / TRIALS / f"{trial.number:04d}"
         trial.set_user_attr("run_dir", str(run_dir))
-        try:
-            return train(cfg, run_dir=run_dir, log=lambda line: None, on_validate=report).best_valid
-        except KeyboardInterrupt:
-            _requeue(trial.study, trial)  # optuna records the trial as failed; its values run first on resume
-            raise
+        return train(cfg, run_dir=run_dir, log=lambda line: None, on_validate=report).best_valid
 
 
 def _requeue(study: optuna.Study, trial: optuna.Trial | optuna.trial.FrozenTrial) -> None:
@@ -280,11 +290,16 @@ def _optimize(folder: Path, base: Config, space: Space, trials: int, deadline: f
 
     def report(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         value = trial.value if trial.value is not None else _last_value(trial)
-        log(f"trial {trial.number}: {trial.state.name.lower()}  valid {_fmt(value)}  {_params(trial)}")
+        error = trial.user_attrs.get("error")
+        log(f"trial {trial.number}: {trial.state.name.lower()}  valid {_fmt(value)}  {_params(trial)}"
+            + (f"\n  {error}" if error else ""))
+        if trial.state == optuna.trial.TrialState.FAIL and trial.user_attrs.get("base"):
+            study.stop()  # the base config itself does not train: no trial will
 
     study.optimize(
         _Objective(folder, base, space, deadline, threads), n_trials=trials,
         timeout=None if deadline == math.inf else max(deadline - time.time(), 0.0), callbacks=[report],
+        catch=TRIAL_ERRORS,
     )
 
 
@@ -374,7 +389,7 @@ def _tune(cfg: Config, folder: Path, parsed: Space, trials: int, max_minutes: fl
     study = open_study(folder)
     done = [t for t in study.get_trials() if t.state == optuna.trial.TrialState.COMPLETE]
     if not done:
-        raise ValueError(f"{folder}: no trial has completed yet (pruned or interrupted); run the tune again")
+        raise ValueError(f"{folder}: no trial has completed yet (failed, pruned or interrupted: see the trial lines)")
     best = max(done, key=lambda t: t.value)
     best_cfg = with_values(cfg, best.user_attrs["values"])
     path = folder / BEST_CONFIG

@@ -97,6 +97,27 @@ def test_tune_refuses_another_config_in_the_same_folder(tmp_path):
         tune(load_config(None, BASE + ["train.lr=0.01"]), folder, trials=2, space=space, log=lambda line: None)
 
 
+def test_a_trial_whose_values_do_not_fit_fails_alone(tmp_path):
+    lines: list[str] = []
+    space = {"train.full_softmax": [True], "train.hard_negatives": [0.5]}  # valid alone, not together
+    result = tune(load_config(None, BASE), tmp_path / "tune", trials=2, space=space, log=lines.append)
+    assert [t.state.name for t in result.trials] == ["COMPLETE", "FAIL"] and result.best_trial == 0
+    assert any(line.startswith("trial 1: fail") for line in lines)
+    assert any("train.hard_negatives: has no effect with train.full_softmax" in line for line in lines), lines
+
+
+def test_a_base_config_that_does_not_train_stops_the_tune(tmp_path):
+    lines: list[str] = []
+    (tmp_path / "clicks.csv").write_text("user,item\n1,2\n")  # too few clicks to split
+    with pytest.raises(ValueError, match="no trial has completed"):
+        tune(load_config(None, [f"data.source={tmp_path / 'clicks.csv'}", "data.time_col="]), tmp_path / "tune",
+             trials=3, log=lines.append)
+    assert [t.state.name for t in open_study(tmp_path / "tune").get_trials()] == ["FAIL"]
+    assert lines[-1].startswith("trial 0: fail") and lines[-1].endswith("no clicks left after filtering "
+                                                                       "(data.min_item_count=5, data.min_user_count=5, "
+                                                                       "data.kcore=False)"), lines
+
+
 def test_a_trial_stopped_by_ctrl_c_is_queued_again(tmp_path, monkeypatch):
     import recsys.tune
 
