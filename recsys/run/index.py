@@ -112,7 +112,7 @@ def build_run_index(
     index, built_factory, build_s = _build(emb, factory, nprobe, ef_search, ef_construction, log, progress)
     index_file, meta_file = run.dir.index_files(factory)
     index_file.parent.mkdir(parents=True, exist_ok=True)
-    run.dir.save_file(index_file, lambda tmp: save_index(index, tmp))
+    run.dir.save_file(index_file.relative_to(run.dir.path), lambda tmp: save_index(index, tmp))
 
     test = run.split.test
     interests = run.interests(test.inputs, test.lengths, batch_size)

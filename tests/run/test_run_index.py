@@ -64,6 +64,15 @@ def test_index_command(tiny_run, capsys, factory, extra, built):
         assert "warning" in out and meta["nprobe"] == 2
 
 
+def test_index_command_on_a_relative_run_path(tiny_run, tmp_path, monkeypatch, capsys):
+    import shutil
+
+    shutil.copytree(tiny_run, tmp_path / "runs" / "r")
+    monkeypatch.chdir(tmp_path)
+    assert main(["index", "runs/r", "--factory", "Flat"]) == 0, capsys.readouterr().err
+    assert (tmp_path / "runs" / "r" / "index" / "Flat.faiss").is_file()
+
+
 def test_open_run_index_reuses_matching_file_and_rebuilds_stale(tiny_run, tmp_path):
     assert main(["index", tiny_run, "--factory", "HNSW16,Flat", "--ef-search", "40"]) == 0
     run = load_run(tiny_run)
