@@ -27,6 +27,10 @@ over programs finishes them: deterministic, no atomics.
 Tiles span many rows (several sequences) because one sequence's work is a chain of small
 dependent steps: with a tile per sequence the GPU mostly waits on latency.
 
+With a score cap ``c`` (``model.score_cap``) the scores kernel stores ``c · tanh(S / c)`` and the
+backward's scores kernel multiplies ``dS`` by ``1 - (S / c)²``; the (capped) scores can also be
+returned, differentiable, for a loss term on the attention (their gradient is added to ``dS``).
+
 Rows at or past ``lengths[b]`` contribute nothing and get zero gradients (they must hold
 finite values, as for the PyTorch twin); a sequence of length 0 gives zero interests. For
 fp16/bf16 on GPU, ``tanh`` is the hardware ``tanh.approx.f32`` (its result is rounded to the

@@ -158,8 +158,10 @@ class TrainStep:
             if self.amp else contextlib.nullcontext()
         )
         with autocast:
-            interests, scores = self.forward(seq, lengths, with_attention=t.attention_reg > 0) \
-                if t.attention_reg else (self.forward(seq, lengths), None)  # [B, K, d], [B, L, K]
+            if t.attention_reg:  # the attention logits [B, L, K] feed the routing regulariser
+                interests, scores = self.forward(seq, lengths, with_attention=True)  # [B, K, d]
+            else:
+                interests, scores = self.forward(seq, lengths), None
             item_emb = self.model.item_embeddings()  # [N, d]
             user = readout(interests, item_emb[targets], soft=soft if self.soft_phase else 0.0)  # [B, d]
             if self.sampler is None:
