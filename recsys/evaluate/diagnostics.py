@@ -6,8 +6,9 @@ the readout, or the K vectors point the same way. :func:`interest_health` measur
 evaluation users (logged to ``metrics.jsonl`` at every validation, printed by
 ``recsys inspect``). Definitions, per evaluation user ``u`` with input clicks ``1..n``:
 
-- ``A_u [n, K]``: each interest's attention over the input clicks (models whose interests are
-  attention-weighted sums: comirec_sa, sasrec_mi). ``entropy_k = -sum_l A_lk log A_lk``;
+- ``A_u [n, K]``: each interest's attention over the input clicks (comirec_sa, sasrec_mi; for the
+  capsule models mind and comirec_dr, each capsule's share of every click, ``w_kl / sum_l w_kl``
+  from the last routing iteration). ``entropy_k = -sum_l A_lk log A_lk``;
   **effective clicks** ``= exp(entropy_k)`` (1: the interest reads one click; ``n``: it reads
   all evenly). Averaged over users with at least 2 input clicks.
 - **readout share** of interest ``k``: the share of the users' truth clicks whose best interest

@@ -21,7 +21,7 @@ class InterestModel(nn.Module):
 
     num_interests: int = 1
     trainable: bool = True
-    has_attention: bool = False  # interests are attention-weighted sums of the clicks (see interests_with_attention)
+    has_attention: bool = False  # differentiable attention over the clicks (train.attention_reg applies)
 
     def interests(self, seq: Tensor, lengths: Tensor) -> Tensor:
         """``seq [B, L]`` long (right-padded with 0), ``lengths [B]`` long -> ``[B, K, d]``."""
@@ -30,9 +30,10 @@ class InterestModel(nn.Module):
     def interests_with_attention(self, seq: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor | None]:
         """``(interests [B, K, d], scores [B, L, K] or None)``.
 
-        For models with ``has_attention`` the scores are the differentiable attention logits in
-        click order: interest ``k`` reads click ``l`` with weight ``softmax over valid l`` of
-        ``scores[b, :, k]``. Other models return None.
+        ``scores`` say how much each interest reads each click, in click order: interest ``k``
+        reads click ``l`` with weight ``softmax over valid l`` of ``scores[b, :, k]``. For models
+        with ``has_attention`` they are the differentiable attention logits; the capsule models
+        return their (gradient-free) routing weights in this form; the others return None.
         """
         return self.interests(seq, lengths), None
 

@@ -7,7 +7,7 @@ from torch import Tensor
 from recsys.config import ModelConfig
 from recsys.models.base import register
 from recsys.models.sequence import SequenceModel, reject_attention_switches
-from recsys.nn.capsule import CapsuleRouting
+from recsys.nn.capsule import CapsuleRouting, routing_scores
 
 
 class ComiRecDR(SequenceModel):
@@ -29,6 +29,10 @@ class ComiRecDR(SequenceModel):
 
     def encode(self, h: Tensor, lengths: Tensor) -> Tensor:
         return self.routing(h, lengths)  # [B, K, d]
+
+    def encode_with_attention(self, h: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+        caps, weights = self.routing(h, lengths, return_weights=True)
+        return caps, routing_scores(weights)
 
 
 @register("comirec_dr")

@@ -8,7 +8,7 @@ from torch import Tensor, nn
 from recsys.config import ModelConfig
 from recsys.models.base import register
 from recsys.models.sequence import SequenceModel, reject_attention_switches
-from recsys.nn.capsule import CapsuleRouting
+from recsys.nn.capsule import CapsuleRouting, routing_scores
 
 
 class MIND(SequenceModel):
@@ -30,8 +30,15 @@ class MIND(SequenceModel):
         self.proj = nn.Linear(dim, dim)
 
     def encode(self, h: Tensor, lengths: Tensor) -> Tensor:
-        caps = self.routing(h, lengths)  # [B, K, d]
-        return torch.relu(self.proj(caps)) * (lengths > 0).to(h.dtype)[:, None, None]
+        return self._interests(self.routing(h, lengths), lengths)
+
+    def encode_with_attention(self, h: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+        caps, weights = self.routing(h, lengths, return_weights=True)
+        return self._interests(caps, lengths), routing_scores(weights)
+
+    def _interests(self, caps: Tensor, lengths: Tensor) -> Tensor:
+        """Capsules ``[B, K, d]`` -> interests ``ReLU(Linear(caps))``, 0 for empty rows."""
+        return torch.relu(self.proj(caps)) * (lengths > 0).to(caps.dtype)[:, None, None]
 
 
 @register("mind")

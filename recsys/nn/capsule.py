@@ -117,15 +117,31 @@ class CapsuleRouting(nn.Module):
                 logits = logits + torch.einsum("bkld,bkd->bkl", hat, caps)
             return torch.softmax(logits, dim=1) * mask
 
-    def forward(self, h: Tensor, lengths: Tensor) -> Tensor:
+    def forward(self, h: Tensor, lengths: Tensor, return_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """Capsules ``[B, K, d]``; with ``return_weights`` also the last coupling weights
+        ``[B, K, L]`` in click order (no gradient; 0 at padded positions)."""
         seq_len = h.shape[1]
         if seq_len > self.max_len:
             raise ValueError(f"sequence length {seq_len} exceeds the routing layer's max_len {self.max_len}")
+        index = None
         if self.bilinear == "per_position" and self.positions == "recent":  # row l <- l-th most recent click
-            h = h.gather(1, recency_index(lengths, seq_len)[..., None].expand_as(h))
+            index = recency_index(lengths, seq_len)
+            h = h.gather(1, index[..., None].expand_as(h))
         hat = self.predictions(h)  # [B, K, L, d]
         w = self.routing_weights(hat, lengths)  # [B, K, L]
-        return squash(torch.einsum("bkl,bkld->bkd", w, hat))
+        caps = squash(torch.einsum("bkl,bkld->bkd", w, hat))
+        if not return_weights:
+            return caps
+        if index is not None:  # the recency permutation is its own inverse: back to click order
+            w = w.gather(2, index[:, None].expand_as(w))
+        return caps, w
+
+
+def routing_scores(weights: Tensor) -> Tensor:
+    """Coupling weights ``[B, K, L]`` -> scores ``[B, L, K]`` whose softmax over the valid clicks
+    is each capsule's share of every click, ``w_kl / sum_l w_kl`` (the multi-interest
+    diagnostics read capsules like attention)."""
+    return torch.log(weights.clamp_min(1e-30)).transpose(1, 2)
 
 
 def _truncated_normal(shape: tuple[int, ...], like: Tensor | None) -> Tensor:

@@ -203,3 +203,27 @@ def test_sequences_longer_than_max_len_are_refused(name):
 def test_float_sequence_is_refused():
     with pytest.raises(ValueError, match="seq"):
         _build("gru4rec").interests(torch.ones(1, 3), torch.tensor([3]))
+
+
+@pytest.mark.parametrize("name", ["mind", "comirec_dr"])
+def test_capsule_models_report_their_routing_as_attention_in_click_order(name):
+    """``interests_with_attention``: the same interests, and scores whose softmax over the valid
+    clicks is each capsule's share of every click (``w_kl / sum_l w_kl``), in click order."""
+    from recsys.kernels.reference import length_softmax
+    from recsys.nn.masking import recency_index
+
+    model = _build(name).eval()
+    seq, lengths = _batch()
+    interests, scores = model.interests_with_attention(seq, lengths)
+    torch.testing.assert_close(interests, model.interests(seq, lengths))
+    assert not model.has_attention  # the routing carries no gradient: train.attention_reg does not apply
+    h = model.embedding(seq, lengths)
+    routing = model.routing
+    if routing.bilinear == "per_position":  # routing runs on the clicks latest first
+        h = h.gather(1, recency_index(lengths, MAX_LEN)[..., None].expand_as(h))
+    w = routing.routing_weights(routing.predictions(h), lengths)  # [B, K, L], routing order
+    if routing.bilinear == "per_position":
+        w = w.gather(2, recency_index(lengths, MAX_LEN)[:, None].expand_as(w))
+    share = w / w.sum(dim=2, keepdim=True).clamp_min(1e-30)
+    attn = length_softmax(scores, lengths)  # [B, L, K]
+    torch.testing.assert_close(attn.transpose(1, 2).to(share.dtype), share)
