@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 
 __all__ = ["interest_health", "attention_weights", "majority_categories"]
 
+_SCORE_BUDGET = 1 << 25  # most query x item scores held at once by majority_categories (128 MiB in fp32)
+
 
 def attention_weights(scores: Tensor, lengths: Tensor) -> Tensor:
     """Attention logits ``[B, L, K]`` -> weights ``[B, L, K]`` (softmax over valid clicks, 0 elsewhere)."""
@@ -53,8 +55,10 @@ def majority_categories(interests: Tensor, item_emb: Tensor, item_category: Tens
     ``item_category [N]`` long -> ``[B, K]`` long (ties: the smallest category id).
     """
     b, k, _ = interests.shape
-    scores = interests.reshape(b * k, -1).float() @ item_emb[1:].float().T  # [B K, N - 1]
-    top = scores.topk(min(top_m, scores.shape[1]), dim=1).indices + 1  # [B K, M] item ids
+    queries, items = interests.reshape(b * k, -1).float(), item_emb[1:].float()
+    rows = max(1, _SCORE_BUDGET // max(1, items.shape[0]))  # queries per chunk: bounded memory on any catalogue
+    top = torch.cat([(queries[i:i + rows] @ items.T).topk(min(top_m, items.shape[0]), dim=1).indices
+                     for i in range(0, b * k, rows)]) + 1  # [B K, M] item ids
     cats = item_category[top]  # [B K, M]
     counts = torch.zeros(b * k, int(item_category.max()) + 1, device=cats.device)
     counts.scatter_add_(1, cats, torch.ones_like(cats, dtype=counts.dtype))

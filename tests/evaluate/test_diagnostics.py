@@ -93,3 +93,14 @@ def test_models_without_attention_report_only_what_applies():
     model.interests_with_attention = lambda seq, lengths: (model.fixed_interests, None)
     health = interest_health(model, _eval_set([[1, 2]], [2], [[1]]))
     assert health == {}  # K = 1: no share, no cosine; no attention: no effective clicks
+
+
+def test_majority_categories_in_chunks_equal_one_pass(monkeypatch):
+    import recsys.evaluate.diagnostics as diagnostics
+
+    g = torch.Generator().manual_seed(0)
+    interests, items = torch.randn(5, 3, 4, generator=g), torch.randn(50, 4, generator=g)
+    cats = torch.randint(1, 6, (50,), generator=g)
+    whole = majority_categories(interests, items, cats, top_m=7)
+    monkeypatch.setattr(diagnostics, "_SCORE_BUDGET", 100)  # two queries per chunk
+    assert torch.equal(majority_categories(interests, items, cats, top_m=7), whole)
