@@ -93,3 +93,15 @@ def test_models_without_attention_report_only_what_applies():
     model.interests_with_attention = lambda seq, lengths: (model.fixed_interests, None)
     health = interest_health(model, _eval_set([[1, 2]], [2], [[1]]))
     assert health == {}  # K = 1: no share, no cosine; no attention: no effective clicks
+
+
+def test_empty_eval_set_gives_no_metrics_and_bad_sizes_are_named():
+    items = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    model = _Fixed(torch.eye(2)[None], torch.zeros(1, 2, 2), items)
+    empty = EvalSet(users=np.zeros(0, dtype=np.int64), inputs=np.zeros((0, 2), dtype=np.int64),
+                    lengths=np.zeros(0, dtype=np.int64), truth_indptr=np.zeros(1, dtype=np.int64),
+                    truth_items=np.zeros(0, dtype=np.int64))
+    assert interest_health(model, empty) == {}
+    ev = _eval_set([[1, 2]], [2], [[1]])
+    with pytest.raises(ValueError, match="max_users and batch_size must be > 0, got 0, 512"):
+        interest_health(model, ev, max_users=0)
