@@ -54,3 +54,17 @@ def test_draw_interests_of_no_users_names_the_argument(tiny_run, tmp_path):
 
     with pytest.raises(ValueError, match="users: must be > 0, got 0"):
         Run.load(tiny_run, device="cpu").draw_interests(tmp_path / "x.png", users=0)
+
+
+@pytest.mark.parametrize("command", ["plot", "inspect"])
+def test_out_in_a_missing_folder_fails_before_any_work(command, tiny_run, tmp_path, monkeypatch, capsys):
+    import recsys.api
+    import recsys.run
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("work started before --out was checked")
+
+    monkeypatch.setattr(recsys.run.RunDir, "read_metrics", no_work)
+    monkeypatch.setattr(recsys.api.Run, "load", no_work)
+    assert main([command, tiny_run, "--out", str(tmp_path / "missing" / "x.png")]) == 2
+    assert "--out: folder" in capsys.readouterr().err
