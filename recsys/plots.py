@@ -83,7 +83,8 @@ def draw_interests(model: InterestModel, ds: Dataset, eval_set: EvalSet, path: s
             else:
                 heat.text(0.5, 0.5, "no attention over clicks in this model", ha="center", va="center")
                 heat.set_yticks([])
-            labels = [str(ds.category_raw[ds.item_category[i]]) if has_categories else str(ds.item_raw[i]) for i in clicks]
+            labels = [str(ds.category_raw[ds.item_category[i]]) if has_categories else str(ds.item_raw[i])
+                      for i in clicks]
             heat.set_xticks(range(n), [lbl[:10] for lbl in labels], rotation=90, fontsize=6)
             heat.set_title(f"user {user}: {n} input clicks (oldest left)", fontsize=8, loc="left")
             text.axis("off")
