@@ -235,6 +235,7 @@ def test_export_without_the_extra_names_it(tiny_run, tmp_path, monkeypatch, caps
     monkeypatch.setitem(sys.modules, "onnx", None)  # as if `recsys[export]` were not installed
     assert main(["export", tiny_run, "--out", str(tmp_path / "x")]) == 2
     assert "pip install 'recsys[export]'" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()  # no empty export folder left behind
 
 
 def test_api_checks_lambda_and_run_files_like_the_cli(tiny_run, tmp_path):
