@@ -250,8 +250,15 @@ def _resolve_config(config: Config | str | Path | Sequence[str | Path] | None,
                     overrides: Mapping[str, Any] | Sequence[str] | None) -> Config:
     """``config`` (a Config, TOML file(s) or None for the defaults) with ``overrides`` applied:
     a mapping of dotted keys to Python values, or ``section.key=value`` strings as ``--set``
-    takes them. Unknown keys and bad values raise :class:`ConfigError` naming the key."""
-    cfg = copy.deepcopy(config) if isinstance(config, Config) else load_config(config)
+    takes them. Unknown keys and bad values raise :class:`ConfigError` naming the key.
+
+    TOML files and overrides are loaded in one :func:`load_config`, so the automatic values
+    (``model.score_cap``, ``train.soft_readout_steps``) follow an overridden ``model.name``."""
+    if not isinstance(config, Config):
+        if isinstance(overrides, Mapping):
+            return load_config(config, values=overrides)
+        return load_config(config, list(overrides or []))
+    cfg = copy.deepcopy(config)
     if not overrides:
         return cfg
     if not isinstance(overrides, Mapping):

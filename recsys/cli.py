@@ -180,6 +180,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     """Multi-interest health of a saved run, printed, and a PNG of what each interest reads and retrieves."""
     from recsys.api import Run
 
+    _check_out(args.out)
     run = Run.load(args.run)
     health = run.health(args.split, max_users=args.max_users)
     k = int(getattr(run.model, "num_interests", 1))
@@ -220,6 +221,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     from recsys.plots import draw_curves
     from recsys.run import RunDir
 
+    _check_out(args.out)
     runs = {Path(run).name: RunDir(run).read_metrics() for run in args.runs}
     if len(runs) < len(args.runs):
         raise ValueError("two runs share a folder name; give runs with distinct names")

@@ -307,7 +307,11 @@ def config_from_dict(values: dict[str, Any]) -> Config:
 def with_values(cfg: Config, values: Mapping[str, Any]) -> Config:
     """A validated copy of ``cfg`` with ``{"section.key": value}`` set (plain Python values,
     e.g. ``{"train.lr": 0.01}``); unknown keys and bad values raise :class:`ConfigError` naming the key."""
-    tree = cfg.to_dict()
+    return config_from_dict(_set_dotted(cfg.to_dict(), values))
+
+
+def _set_dotted(tree: dict[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
+    """Set ``{"section.key": value}`` in the nested dict ``tree`` (in place; returned)."""
     for key, value in values.items():
         *sections, leaf = str(key).split(".")
         node = tree
@@ -316,7 +320,7 @@ def with_values(cfg: Config, values: Mapping[str, Any]) -> Config:
                 raise ConfigError(f"{key!r}: {section!r} is a setting, not a section")
             node = node[section]
         node[leaf] = list(value) if isinstance(value, tuple) else value
-    return config_from_dict(tree)
+    return tree
 
 
 def run_config_from_dict(values: dict[str, Any]) -> Config:
@@ -343,11 +347,15 @@ def run_config_from_dict(values: dict[str, Any]) -> Config:
 
 
 def load_config(
-    paths: str | Path | list[str | Path] | None = None, overrides: list[str] | None = None
+    paths: str | Path | list[str | Path] | None = None, overrides: list[str] | None = None,
+    *, values: Mapping[str, Any] | None = None,
 ) -> Config:
     """Defaults, then each TOML file in ``paths`` in order (later files win; a ``[dataset]``
     table, a registry entry's download details, and a ``[tune]`` table, ``recsys tune``'s search
-    space, are skipped), then each ``section.key=value`` override. Layering lets a dataset file and a model file combine::
+    space, are skipped), then each ``section.key=value`` override, then ``values`` (plain Python
+    values by dotted key, as :func:`with_values` takes them). The automatic values
+    (``model.score_cap``, ``train.soft_readout_steps``) resolve last, for the final ``model.name``.
+    Layering lets a dataset file and a model file combine::
 
         load_config(["experiments/configs/data/taobao.toml", "experiments/configs/models/comirec_sa.toml"])
     """
@@ -358,19 +366,21 @@ def load_config(
         paths = [paths]
     for path in map(Path, paths):
         try:
-            values = tomllib.loads(path.read_text())
+            table = tomllib.loads(path.read_text())
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {path}") from None
         except tomllib.TOMLDecodeError as err:
             raise ConfigError(f"{path}: invalid TOML: {err}") from None
-        values.pop(REGISTRY_TABLE, None)
-        values.pop(TUNE_TABLE, None)
+        table.pop(REGISTRY_TABLE, None)
+        table.pop(TUNE_TABLE, None)
         try:
-            _apply(cfg, values, "")
+            _apply(cfg, table, "")
         except ConfigError as err:
             raise ConfigError(f"{path}: {err}") from None
     for assignment in overrides or []:
         _set_override(cfg, assignment)
+    if values:
+        _apply(cfg, _set_dotted({}, values), "")
     validate(cfg)
     return cfg
 

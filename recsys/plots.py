@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -50,6 +49,8 @@ def draw_interests(model: InterestModel, ds: Dataset, eval_set: EvalSet, path: s
     by category, or raw id without categories; oldest left), with each interest's effective
     number of clicks. Right: each interest's ``top`` items by inner product, with categories.
     """
+    if users <= 0:
+        raise ValueError(f"users: must be > 0, got {users}")
     plt = _pyplot()
     rows = np.flatnonzero(np.asarray(eval_set.lengths) >= min_clicks)[:users]
     if len(rows) == 0:
@@ -66,34 +67,37 @@ def draw_interests(model: InterestModel, ds: Dataset, eval_set: EvalSet, path: s
     k = interests.shape[1]
     fig, axes = plt.subplots(len(rows), 2, figsize=(15, 1.2 + 0.45 * k * len(rows) + 0.8 * len(rows)),
                              gridspec_kw={"width_ratios": [1.3, 1]}, squeeze=False)
-    has_categories = bool(np.any(np.asarray(ds.item_category) != 0))
-    for r, row in enumerate(rows):
-        n = int(eval_set.lengths[row])
-        clicks = np.asarray(eval_set.inputs[row][:n])
-        user = ds.user_raw[eval_set.users[row]]
-        heat, text = axes[r]
-        if attn is not None:
-            a = attn[r, :n, :].T  # [K, n]
-            eff = np.exp(-(a * np.log(np.clip(a, 1e-30, None))).sum(axis=1))
-            heat.imshow(a, aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
-            heat.set_yticks(range(k), [f"{i} ({e:.1f})" for i, e in enumerate(eff)], fontsize=7)
-            heat.set_ylabel("interest (eff. clicks)", fontsize=7)
-        else:
-            heat.text(0.5, 0.5, "no attention over clicks in this model", ha="center", va="center")
-            heat.set_yticks([])
-        labels = [str(ds.category_raw[ds.item_category[i]]) if has_categories else str(ds.item_raw[i]) for i in clicks]
-        heat.set_xticks(range(n), [lbl[:10] for lbl in labels], rotation=90, fontsize=6)
-        heat.set_title(f"user {user}: {n} input clicks (oldest left)", fontsize=8, loc="left")
-        text.axis("off")
-        lines = [f"{i}: " + ", ".join(_label(ds, int(item)) for item in best[r, i]) for i in range(k)]
-        text.text(0.0, 1.0, "\n".join(lines), va="top", ha="left", fontsize=6.5, family="monospace", wrap=True)
-        text.set_title(f"top {top} items per interest", fontsize=8, loc="left")
-    if title:
-        fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        has_categories = bool(np.any(np.asarray(ds.item_category) != 0))
+        for r, row in enumerate(rows):
+            n = int(eval_set.lengths[row])
+            clicks = np.asarray(eval_set.inputs[row][:n])
+            user = ds.user_raw[eval_set.users[row]]
+            heat, text = axes[r]
+            if attn is not None:
+                a = attn[r, :n, :].T  # [K, n]
+                eff = np.exp(-(a * np.log(np.clip(a, 1e-30, None))).sum(axis=1))
+                heat.imshow(a, aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
+                heat.set_yticks(range(k), [f"{i} ({e:.1f})" for i, e in enumerate(eff)], fontsize=7)
+                heat.set_ylabel("interest (eff. clicks)", fontsize=7)
+            else:
+                heat.text(0.5, 0.5, "no attention over clicks in this model", ha="center", va="center")
+                heat.set_yticks([])
+            labels = [str(ds.category_raw[ds.item_category[i]]) if has_categories else str(ds.item_raw[i])
+                      for i in clicks]
+            heat.set_xticks(range(n), [lbl[:10] for lbl in labels], rotation=90, fontsize=6)
+            heat.set_title(f"user {user}: {n} input clicks (oldest left)", fontsize=8, loc="left")
+            text.axis("off")
+            lines = [f"{i}: " + ", ".join(_label(ds, int(item)) for item in best[r, i]) for i in range(k)]
+            text.text(0.0, 1.0, "\n".join(lines), va="top", ha="left", fontsize=6.5, family="monospace", wrap=True)
+            text.set_title(f"top {top} items per interest", fontsize=8, loc="left")
+        if title:
+            fig.suptitle(title, fontsize=9)
+        fig.tight_layout()
+        path = Path(path)
+        fig.savefig(path, dpi=110)
+    finally:
+        plt.close(fig)  # also when drawing or saving fails (pyplot keeps every open figure)
     return path
 
 
@@ -118,18 +122,20 @@ def draw_curves(runs: Mapping[str, Sequence[Mapping[str, Any]]], path: str | Pat
     panels = [c for c in CURVES if any(points(records, c[1], c[2])[0] for records in runs.values())]
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.8), squeeze=False)
-    for ax, (title, key, split) in zip(axes[0], panels):
-        for label, records in runs.items():
-            steps, values = points(records, key, split)
-            if steps:
-                ax.plot(steps, values, marker="o" if split == "valid" else None, markersize=3, label=label)
-        ax.set_title(title, fontsize=9)
-        ax.set_xlabel("step", fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        for ax, (title, key, split) in zip(axes[0], panels):
+            for label, records in runs.items():
+                steps, values = points(records, key, split)
+                if steps:
+                    ax.plot(steps, values, marker="o" if split == "valid" else None, markersize=3, label=label)
+            ax.set_title(title, fontsize=9)
+            ax.set_xlabel("step", fontsize=8)
+            ax.tick_params(labelsize=7)
+            ax.grid(alpha=0.3)
+        axes[0][0].legend(fontsize=7)
+        fig.tight_layout()
+        path = Path(path)
+        fig.savefig(path, dpi=110)
+    finally:
+        plt.close(fig)
     return path

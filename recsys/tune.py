@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from recsys.config import TUNE_TABLE, Config, ConfigError, load_config, with_values
-from recsys.run import RunDir
+from recsys.run import RunDir, atomic_write_text
 from recsys.train.trainer import train
 
 if sys.version_info >= (3, 11):
@@ -393,8 +393,8 @@ def _tune(cfg: Config, folder: Path, parsed: Space, trials: int, max_minutes: fl
     best = max(done, key=lambda t: t.value)
     best_cfg = with_values(cfg, best.user_attrs["values"])
     path = folder / BEST_CONFIG
-    path.write_text(f"# recsys tune: trial {best.number} of {folder}, valid recall {best.value:.4f}\n"
-                    + best_cfg.to_toml(base=load_config()))
+    atomic_write_text(path, f"# recsys tune: trial {best.number} of {folder}, valid recall {best.value:.4f}\n"
+                      + best_cfg.to_toml(base=load_config()))
     run_dir, test = _retrain(path, folder / f"best-{best.number:04d}", log)
     return TuneResult(folder=folder, trials=study.get_trials(), key=f"recall@{max(cfg.eval.topn)}",
                       best_trial=best.number, best_valid=best.value, best_config=path, run_dir=run_dir,

@@ -235,6 +235,7 @@ def test_export_without_the_extra_names_it(tiny_run, tmp_path, monkeypatch, caps
     monkeypatch.setitem(sys.modules, "onnx", None)  # as if `recsys[export]` were not installed
     assert main(["export", tiny_run, "--out", str(tmp_path / "x")]) == 2
     assert "pip install 'recsys[export]'" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()  # no empty export folder left behind
 
 
 def test_api_checks_lambda_and_run_files_like_the_cli(tiny_run, tmp_path):
@@ -255,3 +256,13 @@ def test_api_checks_lambda_and_run_files_like_the_cli(tiny_run, tmp_path):
     best.write_bytes(bytes(data))
     with pytest.raises(IntegrityError, match="best.pt: corrupted"):
         recsys.Run.load(damaged)
+
+
+def test_fit_with_another_model_resolves_its_automatic_values(tmp_path):
+    # the defaults' automatic values are comirec_sa's (score cap 1, soft readout 1000 steps); a mapping that
+    # names another model must get that model's (0 and 0), as `--set model.name=mind` does
+    overrides = {**FIT, "model.name": "mind", "train.max_steps": 2, "train.eval_every": 2,
+                 "output_dir": str(tmp_path)}
+    run = recsys.fit(_clicks(), overrides=overrides, log=None)
+    assert (run.config.model.score_cap, run.config.train.soft_readout_steps) == (0.0, 0)
+    assert load_config(None, values={"model.name": "mind"}).to_dict() == load_config(None, ["model.name=mind"]).to_dict()

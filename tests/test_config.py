@@ -159,3 +159,11 @@ def test_memory_estimate_names_the_number_and_passes_sane_configs():
     model = build_model(cfg.model, 4001, cfg.data.max_len)
     with pytest.raises(ConfigError, match=r"model.num_interests=100000.*needs about 1\d\d\.\d GiB.*24.0 GiB free"):
         check_fits(cfg, model, 4001, torch.device("cpu"), available=24 * gib)
+
+
+def test_values_apply_after_files_and_overrides(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[model]\nname = "youtube_dnn"\ndim = 16\n')
+    cfg = load_config(path, ["model.dim=8"], values={"model.name": "mind", "data.max_len": 30})
+    assert (cfg.model.name, cfg.model.dim, cfg.data.max_len) == ("mind", 8, 30)
+    assert (cfg.model.score_cap, cfg.train.soft_readout_steps) == (0.0, 0)  # resolved for mind, not the default

@@ -38,3 +38,33 @@ def test_plot_of_a_missing_run_names_it(tmp_path, capsys):
     RunDir.create(tmp_path / "empty")
     assert main(["plot", str(tmp_path / "empty"), "--out", str(tmp_path / "x.png")]) == 2
     assert "empty: no training loss" in capsys.readouterr().err
+
+
+def test_a_failed_save_leaves_no_open_figure(tmp_path):
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+    with pytest.raises(FileNotFoundError):
+        draw_curves({"a": [{"step": 5, "loss": 3.0}]}, tmp_path / "missing" / "x.png")
+    assert plt.get_fignums() == []
+
+
+def test_draw_interests_of_no_users_names_the_argument(tiny_run, tmp_path):
+    from recsys.api import Run
+
+    with pytest.raises(ValueError, match="users: must be > 0, got 0"):
+        Run.load(tiny_run, device="cpu").draw_interests(tmp_path / "x.png", users=0)
+
+
+@pytest.mark.parametrize("command", ["plot", "inspect"])
+def test_out_in_a_missing_folder_fails_before_any_work(command, tiny_run, tmp_path, monkeypatch, capsys):
+    import recsys.api
+    import recsys.run
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("work started before --out was checked")
+
+    monkeypatch.setattr(recsys.run.RunDir, "read_metrics", no_work)
+    monkeypatch.setattr(recsys.api.Run, "load", no_work)
+    assert main([command, tiny_run, "--out", str(tmp_path / "missing" / "x.png")]) == 2
+    assert "--out: folder" in capsys.readouterr().err

@@ -28,6 +28,7 @@ import pandas as pd
 from recsys.config import DataConfig
 from recsys.data.comirec_preprocess import comirec_categories, comirec_filter, write_comirec
 from recsys.data.readers import DataError, read_interactions
+from recsys.run.files import atomic_save
 
 CLICKS = "clicks.csv"
 Converter = Callable[[list[Path], Path], dict[str, int]]
@@ -108,9 +109,7 @@ def write_clicks(df: pd.DataFrame, out: Path) -> dict[str, int]:
     ``category``; returns the counts."""
     out.mkdir(parents=True, exist_ok=True)
     columns = [c for c in ("user", "item", "timestamp", "category") if c in df]
-    tmp = out / f"{CLICKS}.tmp"
-    df[columns].to_csv(tmp, index=False)
-    tmp.replace(out / CLICKS)
+    atomic_save(out / CLICKS, lambda tmp: df[columns].to_csv(tmp, index=False))  # no .tmp left on failure
     counts = {"users": int(df["user"].nunique()), "items": int(df["item"].nunique()), "clicks": len(df)}
     if "category" in df:
         counts["categories"] = int(df["category"].nunique())

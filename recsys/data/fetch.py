@@ -87,9 +87,9 @@ def _verify(spec: DatasetFile, path: Path) -> str | None:
 def _download(spec: DatasetFile, raw: Path, name: str, progress: bool, log: Callable[[str], None]) -> Path:
     """Download ``spec`` into ``raw`` from its URL or, when that cannot be reached, its
     mirrors (resuming a ``.part``), verified; errors say what to do instead."""
+    pooch = _pooch()  # first: without the data extra, say which extra (requests comes with it)
     import requests
 
-    pooch = _pooch()
     pooch.get_logger().setLevel("WARNING")
     instead = f"download it by hand and run `recsys data fetch {name} --from FILE`"
     part = raw / f"{spec.name}.part"

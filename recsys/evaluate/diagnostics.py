@@ -90,8 +90,11 @@ def interest_health(
         ``{"mi_eff_clicks", "mi_eff_clicks_min", "mi_eff_clicks_k{i}", "mi_readout_share_min",
         "mi_readout_share_k{i}", "mi_cosine", "mi_planted_recovery", "mi_planted_in_input",
         "mi_planted_recovery_of_present"}``,
-        each present where it applies (attention models; ``K >= 2``; planted truth given).
+        each present where it applies (attention models; ``K >= 2``; planted truth given); ``{}``
+        for an empty ``eval_set``.
     """
+    if max_users <= 0 or batch_size <= 0:
+        raise ValueError(f"interest_health: max_users and batch_size must be > 0, got {max_users}, {batch_size}")
     if device is None:
         device = next(iter(model.parameters()), torch.empty(0)).device
     users = min(max_users, len(eval_set.lengths))
@@ -177,7 +180,7 @@ def _finish(sums: dict[str, Tensor]) -> dict[str, float]:
         out["mi_eff_clicks"] = float(np.mean(eff))
         out["mi_eff_clicks_min"] = float(np.min(eff))
         out.update({f"mi_eff_clicks_k{i}": v for i, v in enumerate(eff)})
-    wins = sums["wins"]
+    wins = sums.get("wins", torch.zeros(0))  # absent when no user was evaluated
     if len(wins) >= 2 and float(wins.sum()) > 0:
         share = (wins / wins.sum()).tolist()
         out["mi_readout_share_min"] = float(np.min(share))

@@ -120,30 +120,29 @@ def evaluate(
             div_users = {n: 0 for n in topn}
             seen = {n: np.zeros(num_items, dtype=bool) for n in topn}
             indptr = np.asarray(eval_set.truth_indptr, dtype=np.int64)
-            bar = progress_bar(num_users, "evaluate", enabled=progress, unit="users")
-            for start in range(0, num_users, batch_size):
-                stop = min(start + batch_size, num_users)
-                inputs = np.asarray(eval_set.inputs[start:stop], dtype=np.int64)
-                seq = torch.from_numpy(inputs).to(device)
-                lengths = torch.from_numpy(np.asarray(eval_set.lengths[start:stop], dtype=np.int64)).to(device)
-                interests = model.interests(seq, lengths).float()  # [b, K, d]
-                ids, _, _ = retriever.search(
-                    interests, n_max, inputs if exclude_history else None, diversity_lambda=diversity_lambda
-                )
-                truth = np.asarray(eval_set.truth_items[indptr[start] : indptr[stop]], dtype=np.int64)
-                hits = rank_hits(ids, indptr[start : stop + 1] - indptr[start], truth)
-                for n in topn:
-                    sums[f"recall@{n}"] += float(recall(hits, n).sum())
-                    sums[f"ndcg@{n}"] += float(ndcg(hits, n, comirec=comirec_ndcg).sum())
-                    sums[f"hitrate@{n}"] += float(hit_rate(hits, n).sum())
-                    top = ids[:, :n]
-                    seen[n][top[top > 0]] = True
-                    if with_diversity:
-                        div = category_diversity(top, item_category)
-                        div_sum[n] += float(np.nansum(div))
-                        div_users[n] += int(np.isfinite(div).sum())
-                bar.update(stop - start)
-            bar.close()
+            with progress_bar(num_users, "evaluate", enabled=progress, unit="users") as bar:  # closed on errors too
+                for start in range(0, num_users, batch_size):
+                    stop = min(start + batch_size, num_users)
+                    inputs = np.asarray(eval_set.inputs[start:stop], dtype=np.int64)
+                    seq = torch.from_numpy(inputs).to(device)
+                    lengths = torch.from_numpy(np.asarray(eval_set.lengths[start:stop], dtype=np.int64)).to(device)
+                    interests = model.interests(seq, lengths).float()  # [b, K, d]
+                    ids, _, _ = retriever.search(
+                        interests, n_max, inputs if exclude_history else None, diversity_lambda=diversity_lambda
+                    )
+                    truth = np.asarray(eval_set.truth_items[indptr[start] : indptr[stop]], dtype=np.int64)
+                    hits = rank_hits(ids, indptr[start : stop + 1] - indptr[start], truth)
+                    for n in topn:
+                        sums[f"recall@{n}"] += float(recall(hits, n).sum())
+                        sums[f"ndcg@{n}"] += float(ndcg(hits, n, comirec=comirec_ndcg).sum())
+                        sums[f"hitrate@{n}"] += float(hit_rate(hits, n).sum())
+                        top = ids[:, :n]
+                        seen[n][top[top > 0]] = True
+                        if with_diversity:
+                            div = category_diversity(top, item_category)
+                            div_sum[n] += float(np.nansum(div))
+                            div_users[n] += int(np.isfinite(div).sum())
+                    bar.update(stop - start)
     finally:
         model.train(was_training)
 

@@ -21,6 +21,7 @@ the greedy loop runs over the ``n`` picks, never over users.
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 
@@ -32,7 +33,9 @@ __all__ = ["check_lambda", "dedup_sorted", "diverse_merge", "max_merge"]
 def check_lambda(lam: float, name: str = "diversity_lambda") -> float:
     """``lam`` if it is a finite number in ``[0, MAX_DIVERSITY_LAMBDA]``, else ``ValueError``
     naming ``name``."""
-    if not (isinstance(lam, (int, float)) and math.isfinite(lam) and 0 <= lam <= MAX_DIVERSITY_LAMBDA):
+    # numbers.Real: numpy scalars too (np.float32 is no float subclass); a bool is not a lambda
+    real = isinstance(lam, numbers.Real) and not isinstance(lam, (bool, np.bool_))
+    if not (real and math.isfinite(lam) and 0 <= lam <= MAX_DIVERSITY_LAMBDA):
         raise ValueError(f"{name}: must be a number in [0, {MAX_DIVERSITY_LAMBDA:g}], got {lam!r}")
     return float(lam)
 

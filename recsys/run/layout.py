@@ -210,10 +210,6 @@ class RunDir:
         """The best weights (a state_dict) from ``best.pt``."""
         return self.load(BEST, map_location)["model"]
 
-    def load_best_info(self) -> dict[str, Any]:
-        """What ``best.pt`` holds besides the weights (e.g. ``step``, ``untrained``)."""
-        return {k: v for k, v in self.load(BEST, "cpu").items() if k != "model"}
-
     def load(self, name: str, map_location: str | torch.device = "cpu") -> dict[str, Any]:
         """Load checkpoint file ``name`` of this run with ``torch.load(weights_only=True)``,
         after verifying it against the manifest. A file that fails verification or that torch

@@ -87,24 +87,23 @@ def recommend_table(
     ds = rec.dataset
     indptr, items = sequences if sequences is not None else (ds.indptr, ds.items)
     labels = rows if sequences is not None else ds.user_raw[rows]
-    bar = progress_bar(len(rows), "recommend", enabled=progress, unit="users")
-    parts = []
-    for start in range(0, len(rows), batch_size):
-        batch = rows[start : start + batch_size]
-        inputs, lengths = pad_sequences(indptr, items, batch, rec.max_len)
-        exclude = gather_rows(indptr, items, indptr[batch], indptr[batch + 1]) if exclude_seen else None
-        recs = rec.recommend(inputs, lengths, n, exclude=exclude, diversity_lambda=diversity_lambda)
-        row, col = np.nonzero(recs.ids > 0)
-        ids = recs.ids[row, col]
-        parts.append(pd.DataFrame({
-            "user": labels[start + row],
-            "rank": (col + 1).astype(np.int64),
-            "item": rec.item_raw(ids),
-            "score": recs.scores[row, col],
-            "interest": recs.interest_of[row, col],
-        }))
-        bar.update(len(batch))
-    bar.close()
+    with progress_bar(len(rows), "recommend", enabled=progress, unit="users") as bar:  # closed on errors too
+        parts = []
+        for start in range(0, len(rows), batch_size):
+            batch = rows[start : start + batch_size]
+            inputs, lengths = pad_sequences(indptr, items, batch, rec.max_len)
+            exclude = gather_rows(indptr, items, indptr[batch], indptr[batch + 1]) if exclude_seen else None
+            recs = rec.recommend(inputs, lengths, n, exclude=exclude, diversity_lambda=diversity_lambda)
+            row, col = np.nonzero(recs.ids > 0)
+            ids = recs.ids[row, col]
+            parts.append(pd.DataFrame({
+                "user": labels[start + row],
+                "rank": (col + 1).astype(np.int64),
+                "item": rec.item_raw(ids),
+                "score": recs.scores[row, col],
+                "interest": recs.interest_of[row, col],
+            }))
+            bar.update(len(batch))
     if not parts:
         return pd.DataFrame({c: pd.Series(dtype=t) for c, t in
                              zip(COLUMNS, (str, np.int64, str, np.float32, np.int64))})

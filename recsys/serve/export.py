@@ -69,10 +69,6 @@ def _write_network(net: _InterestNet, path: Path, fmt: str, max_len: int) -> Non
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # tracer and exporter deprecation notes, not problems
         if fmt == "onnx":
-            try:
-                import onnx  # noqa: F401  (the exporter needs it)
-            except ImportError:
-                raise ImportError("export --format onnx needs onnx: pip install 'recsys[export]'") from None
             atomic_write(path, lambda f: torch.onnx.export(
                 net, example, f, input_names=["seq", "lengths"], output_names=["interests"],
                 dynamic_axes={"seq": {0: "batch", 1: "length"}, "lengths": {0: "batch"}, "interests": {0: "batch"}},
@@ -90,6 +86,11 @@ def export_run(run: LoadedRun, out: str | Path, fmt: str = "onnx") -> Path:
         raise ValueError(f"format: {fmt!r} is not one of {list(FORMATS)}")
     if not run.model.trainable:
         raise ValueError(f"model.name: {run.cfg.model.name!r} has no network to export (its scores are click counts)")
+    if fmt == "onnx":
+        try:
+            import onnx  # noqa: F401  (the exporter needs it)
+        except ImportError:  # before the folder is made: a failed export leaves nothing behind
+            raise ImportError("export --format onnx needs onnx: pip install 'recsys[export]'") from None
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     net = _torch_twin(run)

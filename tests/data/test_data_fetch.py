@@ -207,6 +207,13 @@ def test_without_the_data_extra_fetch_names_it(monkeypatch, tmp_path):
         fetch("gowalla", dest=tmp_path, sources=[given], progress=False, log=quiet([]))
 
 
+def test_download_without_the_data_extra_names_it(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "pooch", None)  # neither pooch nor its requests installed
+    monkeypatch.setitem(sys.modules, "requests", None)
+    with pytest.raises(FetchError, match=r"needs the data extra: pip install 'recsys\[data\]'"):
+        fetch("gowalla", dest=tmp_path, progress=False, log=quiet([]))
+
+
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "ml-100k"
 
 
@@ -230,3 +237,16 @@ def test_real_movielens_100k_converts_to_the_published_counts(tmp_path):
     counts = json.loads((folder / "prepared.json").read_text())["counts"]
     assert counts == {"users": 943, "items": 1682, "clicks": 100_000, "categories": 18}
     assert any(line.startswith("ml-100k: 943 users (as published), 1,682 items (as published)") for line in log)
+
+
+def test_failed_clicks_write_leaves_no_temporary_file(tmp_path, monkeypatch):
+    from recsys.data.convert import write_clicks
+
+    def broken(self, path, **kwargs):
+        Path(path).write_text("user,item\n1,")  # half written, then the disk fills up
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(pd.DataFrame, "to_csv", broken)
+    with pytest.raises(OSError, match="No space left"):
+        write_clicks(pd.DataFrame({"user": ["u"], "item": ["i"], "timestamp": [1]}), tmp_path / "out")
+    assert list((tmp_path / "out").iterdir()) == []

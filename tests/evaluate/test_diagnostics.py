@@ -104,3 +104,15 @@ def test_majority_categories_in_chunks_equal_one_pass(monkeypatch):
     whole = majority_categories(interests, items, cats, top_m=7)
     monkeypatch.setattr(diagnostics, "_SCORE_BUDGET", 100)  # two queries per chunk
     assert torch.equal(majority_categories(interests, items, cats, top_m=7), whole)
+
+
+def test_empty_eval_set_gives_no_metrics_and_bad_sizes_are_named():
+    items = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    model = _Fixed(torch.eye(2)[None], torch.zeros(1, 2, 2), items)
+    empty = EvalSet(users=np.zeros(0, dtype=np.int64), inputs=np.zeros((0, 2), dtype=np.int64),
+                    lengths=np.zeros(0, dtype=np.int64), truth_indptr=np.zeros(1, dtype=np.int64),
+                    truth_items=np.zeros(0, dtype=np.int64))
+    assert interest_health(model, empty) == {}
+    ev = _eval_set([[1, 2]], [2], [[1]])
+    with pytest.raises(ValueError, match="max_users and batch_size must be > 0, got 0, 512"):
+        interest_health(model, ev, max_users=0)

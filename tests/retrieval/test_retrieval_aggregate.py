@@ -135,3 +135,12 @@ def test_diverse_merge_refuses_lambda_outside_the_finite_range(lam):
     ids, scores, interest_of = _random_candidates(np.random.default_rng(0))
     with pytest.raises(ValueError, match="diversity lambda"):
         diverse_merge(ids, scores, interest_of, np.zeros(40, dtype=np.int64), 5, lam)
+
+
+def test_check_lambda_takes_numpy_scalars_and_refuses_bools():
+    from recsys.retrieval.aggregate import check_lambda
+
+    assert check_lambda(np.float32(0.5)) == 0.5 and check_lambda(np.int64(2)) == 2.0
+    for bad in (True, float("nan"), -1.0, 2e6, "0.1"):
+        with pytest.raises(ValueError, match="diversity_lambda: must be a number"):
+            check_lambda(bad)

@@ -89,3 +89,32 @@ def test_recommend_errors(tiny_run, tmp_path, capsys):
     (tmp_path / "blank.txt").write_text("\n \n")
     with pytest.raises(ValueError, match="no user ids"):
         read_user_file(tmp_path / "blank.txt")
+
+
+def test_progress_bars_close_when_the_work_fails(tiny_run, monkeypatch):
+    import recsys.evaluate.evaluator as evaluator
+    import recsys.serve.batch as batch
+    from recsys.api import Run
+    from recsys.progress import progress_bar
+
+    closed = []
+
+    def recording_bar(*args, **kwargs):
+        bar = progress_bar(*args, **kwargs)
+        close = bar.close
+        bar.close = lambda: (closed.append(bar), close())
+        return bar
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("broken")
+
+    monkeypatch.setattr(batch, "progress_bar", recording_bar)
+    monkeypatch.setattr(evaluator, "progress_bar", recording_bar)
+    run = Run.load(tiny_run, device="cpu").use_index("Flat")
+    monkeypatch.setattr(run._recommender, "recommend", broken)
+    with pytest.raises(RuntimeError, match="broken"):
+        run.recommend(n=5)
+    monkeypatch.setattr(run.model, "interests", broken)
+    with pytest.raises(RuntimeError, match="broken"):
+        run.evaluate()
+    assert len(closed) == 2
