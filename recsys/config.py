@@ -306,8 +306,20 @@ def config_from_dict(values: dict[str, Any]) -> Config:
 
 def with_values(cfg: Config, values: Mapping[str, Any]) -> Config:
     """A validated copy of ``cfg`` with ``{"section.key": value}`` set (plain Python values,
-    e.g. ``{"train.lr": 0.01}``); unknown keys and bad values raise :class:`ConfigError` naming the key."""
-    return config_from_dict(_set_dotted(cfg.to_dict(), values))
+    e.g. ``{"train.lr": 0.01}``); unknown keys and bad values raise :class:`ConfigError` naming the key.
+
+    When ``values`` changes ``model.name``, settings that hold the automatic value of the old
+    model (``model.score_cap``, ``train.soft_readout_steps``) are resolved again for the new one.
+    """
+    tree = cfg.to_dict()
+    if values.get("model.name", cfg.model.name) != cfg.model.name:
+        automatic = Config()
+        automatic.model.name = cfg.model.name
+        _resolve_automatic(automatic)
+        for section, key in (("model", "score_cap"), ("train", "soft_readout_steps")):
+            if tree[section][key] == getattr(getattr(automatic, section), key):
+                tree[section][key] = -1
+    return config_from_dict(_set_dotted(tree, values))
 
 
 def _set_dotted(tree: dict[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:

@@ -167,3 +167,15 @@ def test_values_apply_after_files_and_overrides(tmp_path):
     cfg = load_config(path, ["model.dim=8"], values={"model.name": "mind", "data.max_len": 30})
     assert (cfg.model.name, cfg.model.dim, cfg.data.max_len) == ("mind", 8, 30)
     assert (cfg.model.score_cap, cfg.train.soft_readout_steps) == (0.0, 0)  # resolved for mind, not the default
+
+
+def test_changing_the_model_resolves_automatic_settings_again():
+    from recsys.config import with_values
+
+    mind = with_values(load_config(None, []), {"model.name": "mind"})  # from comirec_sa's automatic values
+    assert (mind.model.score_cap, mind.train.soft_readout_steps) == (0.0, 0)
+    explicit = with_values(load_config(None, ["model.score_cap=2", "train.soft_readout_steps=50"]),
+                           {"model.name": "sasrec_mi"})
+    assert (explicit.model.score_cap, explicit.train.soft_readout_steps) == (2.0, 50)  # set by hand: kept
+    back = with_values(mind, {"model.name": "comirec_sa"})
+    assert (back.model.score_cap, back.train.soft_readout_steps) == (1.0, 1000)
