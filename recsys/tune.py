@@ -375,6 +375,12 @@ def _tune(cfg: Config, folder: Path, parsed: Space, trials: int, max_minutes: fl
     optuna = _optuna()
     missing = _prepare(folder, cfg, trials, log)
     deadline = time.time() + 60 * max_minutes if max_minutes else math.inf
+    if jobs > 1:  # queued trials (the base config, re-queued interrupted ones) first, in this process:
+        # with several processes two of them can pop the same queued trial from the SQLite study
+        queued = len(open_study(folder).get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
+        if min(queued, missing):
+            _optimize(folder, cfg, parsed, min(queued, missing), deadline, 0, cfg.train.seed, log)
+        missing -= min(queued, missing)
     shares = [n for n in (missing // jobs + (i < missing % jobs) for i in range(jobs)) if n]
     if len(shares) == 1:
         _optimize(folder, cfg, parsed, shares[0], deadline, 0, cfg.train.seed, log)
