@@ -471,6 +471,9 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"{path}: must be >= 0, got {_get(cfg, path)!r}")
     if cfg.eval.diversity_lambda > MAX_DIVERSITY_LAMBDA:
         raise ConfigError(f"eval.diversity_lambda: must be <= {MAX_DIVERSITY_LAMBDA:g}, got {cfg.eval.diversity_lambda!r}")
+    if cfg.train.attention_reg and cfg.model.name not in SCORE_CAP_MODELS:
+        raise ConfigError(f"train.attention_reg={cfg.train.attention_reg:g} has no effect on {cfg.model.name} (only "
+                          f"{' and '.join(SCORE_CAP_MODELS)} have differentiable attention over the clicks); set it to 0")
     if not 0.0 <= cfg.train.hard_negatives < 1.0:
         raise ConfigError(f"train.hard_negatives: must be in [0, 1), got {cfg.train.hard_negatives!r}")
     if not cfg.train.hard_negative_temperature > 0:

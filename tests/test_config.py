@@ -161,6 +161,28 @@ def test_memory_estimate_names_the_number_and_passes_sane_configs():
         check_fits(cfg, model, 4001, torch.device("cpu"), available=24 * gib)
 
 
+def test_memory_estimate_counts_the_hard_negative_proposal():
+    """``train.hard_negatives`` scores the whole catalogue for every interest of the batch (B·K·N)."""
+    import torch
+
+    from recsys.models import build_model
+    from recsys.train.memory import check_fits
+
+    gib, items = 1024**3, 1_000_001
+    plain = load_config(None, ["model.backend=torch", "train.batch_size=1024", "model.dim=16"])
+    model = build_model(plain.model, items, plain.data.max_len)
+    assert check_fits(plain, model, items, torch.device("cpu"), available=24 * gib) < 24 * gib
+    hard = load_config(None, ["model.backend=torch", "train.batch_size=1024", "model.dim=16", "train.hard_negatives=0.5"])
+    with pytest.raises(ConfigError, match=r"train.hard_negatives=0.5.*needs about 3\d\.\d GiB"):
+        check_fits(hard, model, items, torch.device("cpu"), available=24 * gib)
+
+
+def test_attention_reg_on_a_model_without_attention_fails_at_parse_time():
+    with pytest.raises(ConfigError, match="train.attention_reg=1 has no effect on mind"):
+        load_config(None, ["model.name=mind", "train.attention_reg=1"])
+    assert load_config(None, ["model.name=sasrec_mi", "train.attention_reg=1"]).train.attention_reg == 1.0
+
+
 def test_values_apply_after_files_and_overrides(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text('[model]\nname = "youtube_dnn"\ndim = 16\n')

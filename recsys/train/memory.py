@@ -39,6 +39,8 @@ def estimate_bytes(cfg: Config, num_params: int, num_items: int, num_interests: 
     negatives = num_items if t.full_softmax else (t.num_negatives or 10 * b)
     # forward activations kept for backward, and their gradients: x 3
     step = 3 * b * (seq_len * (hidden + k) + k * d + m.num_layers * seq_len * d * 12) + 2 * b * (negatives + 1)
+    if t.hard_negatives and not t.full_softmax:
+        step += 2 * b * k * num_items  # the hard-negative proposal's scores and softmax over the catalogue
     eval_batch = e.batch_size * k * (d + 3 * max(e.topn))  # interests and per-interest search results
     return {
         "parameters and optimizer state": 4 * num_params * _FLOAT,
@@ -72,7 +74,8 @@ def check_fits(cfg: Config, model: torch.nn.Module, num_items: int, device: torc
         m = cfg.model
         raise ConfigError(
             f"model.num_interests={m.num_interests}, model.dim={m.dim}, train.batch_size={cfg.train.batch_size}, "
-            f"eval.batch_size={cfg.eval.batch_size}, {num_items - 1:,} items: needs about {total / _GIB:,.1f} GiB "
+            + (f"train.hard_negatives={cfg.train.hard_negatives:g}, " if cfg.train.hard_negatives else "")
+            + f"eval.batch_size={cfg.eval.batch_size}, {num_items - 1:,} items: needs about {total / _GIB:,.1f} GiB "
             f"({', '.join(f'{name} {v / _GIB:,.1f}' for name, v in parts.items())}), more than the "
             f"{available / _GIB:,.1f} GiB free on {device}; lower one of them"
         )
