@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from recsys.evaluate.diagnostics import attention_weights
+from recsys.evaluate.diagnostics import attention_weights, effective_clicks
 
 if TYPE_CHECKING:
     from recsys.data.prepare import Dataset
@@ -63,7 +63,10 @@ def draw_interests(model: InterestModel, ds: Dataset, eval_set: EvalSet, path: s
         interests, scores = model.interests_with_attention(seq, lengths)  # [U, K, d], [U, L, K]
         item_emb = model.item_embeddings().float()
         best = (interests.float() @ item_emb[1:].T).topk(top, dim=2).indices.cpu().numpy() + 1  # [U, K, top]
-        attn = None if scores is None else attention_weights(scores, lengths).cpu().numpy()  # [U, L, K]
+        attn, eff = None, None
+        if scores is not None:
+            weights = attention_weights(scores, lengths)  # [U, L, K]
+            attn, eff = weights.cpu().numpy(), effective_clicks(weights).cpu().numpy()  # [U, K]
     k = interests.shape[1]
     fig, axes = plt.subplots(len(rows), 2, figsize=(15, 1.2 + 0.45 * k * len(rows) + 0.8 * len(rows)),
                              gridspec_kw={"width_ratios": [1.3, 1]}, squeeze=False)
@@ -76,9 +79,8 @@ def draw_interests(model: InterestModel, ds: Dataset, eval_set: EvalSet, path: s
             heat, text = axes[r]
             if attn is not None:
                 a = attn[r, :n, :].T  # [K, n]
-                eff = np.exp(-(a * np.log(np.clip(a, 1e-30, None))).sum(axis=1))
                 heat.imshow(a, aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
-                heat.set_yticks(range(k), [f"{i} ({e:.1f})" for i, e in enumerate(eff)], fontsize=7)
+                heat.set_yticks(range(k), [f"{i} ({e:.1f})" for i, e in enumerate(eff[r])], fontsize=7)
                 heat.set_ylabel("interest (eff. clicks)", fontsize=7)
             else:
                 heat.text(0.5, 0.5, "no attention over clicks in this model", ha="center", va="center")

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from recsys.data.split import EvalSet
     from recsys.models.base import InterestModel
 
-__all__ = ["interest_health", "attention_weights", "majority_categories"]
+__all__ = ["interest_health", "attention_weights", "effective_clicks", "majority_categories"]
 
 _SCORE_BUDGET = 1 << 25  # most query x item scores held at once by majority_categories (128 MiB in fp32)
 
@@ -46,6 +46,11 @@ _SCORE_BUDGET = 1 << 25  # most query x item scores held at once by majority_cat
 def attention_weights(scores: Tensor, lengths: Tensor) -> Tensor:
     """Attention logits ``[B, L, K]`` -> weights ``[B, L, K]`` (softmax over valid clicks, 0 elsewhere)."""
     return length_softmax(scores, lengths)
+
+
+def effective_clicks(attn: Tensor) -> Tensor:
+    """Attention weights ``[B, L, K]`` -> ``[B, K]``: exp of each interest's entropy over the clicks."""
+    return torch.exp(-(attn * torch.log(attn.clamp_min(1e-30))).sum(dim=1))
 
 
 def majority_categories(interests: Tensor, item_emb: Tensor, item_category: Tensor, top_m: int) -> Tensor:
@@ -134,11 +139,10 @@ def interest_health(
 
 
 def _add_attention(add, attn: Tensor, lengths: Tensor) -> None:
-    """Accumulate per-interest entropy and effective clicks over rows with >= 2 clicks."""
-    entropy = -(attn * torch.log(attn.clamp_min(1e-30))).sum(dim=1)  # [B, K]
+    """Accumulate per-interest effective clicks over rows with >= 2 clicks."""
     rows = lengths >= 2
     add("attn_rows", rows.sum().double())
-    add("eff_clicks", torch.exp(entropy)[rows].sum(dim=0).double())  # [K]
+    add("eff_clicks", effective_clicks(attn)[rows].sum(dim=0).double())  # [K]
 
 
 def _add_cosine(add, interests: Tensor) -> None:
