@@ -108,13 +108,14 @@ class ModelConfig:
 class TrainConfig:
     """The optimisation loop."""
 
-    optimizer: str = "adam"  # adam | adamw
+    optimizer: str = "adamw"  # adamw | adam
     lr: float = 1e-3
-    weight_decay: float = 0.0
+    weight_decay: float = -1.0  # -1: a fixed shrinkage per pass over the data, from the data's size (recsys.train.plan)
     batch_size: int = 128
-    max_steps: int = 3000
-    eval_every: int = 500
-    patience: int = 5  # evaluations without improvement before stopping; 0 disables
+    max_steps: int = 0  # 0: max_epochs passes over the training targets (recsys.train.plan)
+    max_epochs: float = 100.0  # the budget when max_steps = 0; the plateau stop usually ends the run first
+    eval_every: int = 0  # 0: a cadence that grows with the run (recsys.train.plan)
+    patience: int = 5  # validations without improvement before stopping; 0 disables
     max_minutes: float = 0.0  # wall-clock budget of the training loop; at the limit: validate, stop, test; 0 disables
     num_negatives: int = 0  # shared sampled negatives; 0 means 10 * batch_size
     sampler: str = "log_uniform"  # uniform | log_uniform | unigram
@@ -412,15 +413,16 @@ _CHOICES = {
 
 _POSITIVE = (
     "data.max_len", "model.dim", "model.num_interests", "model.num_layers", "model.num_heads",
-    "model.routing_iters", "train.batch_size", "train.max_steps", "train.eval_every",
-    "train.log_every", "train.min_target", "eval.batch_size", "synthetic.num_users", "synthetic.num_items",
+    "model.routing_iters", "train.batch_size", "train.max_epochs", "train.log_every", "train.min_target",
+    "eval.batch_size", "synthetic.num_users", "synthetic.num_items",
     "synthetic.num_categories", "synthetic.interests_per_user", "synthetic.mean_length",
     "serve.n", "serve.max_n", "serve.max_batch", "serve.batch_workers", "retrieval.nprobe", "retrieval.ef_search",
     "retrieval.ef_construction",
 )
 _NON_NEGATIVE = (
     "data.min_item_count", "data.min_user_count", "model.hidden", "model.softcap",
-    "model.dropout", "train.lr", "train.attention_reg", "train.weight_decay", "train.patience", "train.num_negatives",
+    "model.dropout", "train.lr", "train.max_steps", "train.eval_every", "train.attention_reg",
+    "train.patience", "train.num_negatives",
     "train.z_loss", "train.max_minutes", "train.cpu_threads", "train.grad_clip", "eval.diversity_lambda", "synthetic.noise",
 )
 
@@ -457,8 +459,8 @@ def validate(cfg: Config) -> None:
     """Check values (not only types) so a bad config fails before any work starts; resolve the
     automatic values (``model.score_cap``, ``train.soft_readout_steps`` = -1) for ``model.name``."""
     _resolve_automatic(cfg)
-    for path in ("model.score_cap", "train.soft_readout_steps"):
-        if _get(cfg, path) < 0:
+    for path in ("model.score_cap", "train.soft_readout_steps", "train.weight_decay"):
+        if _get(cfg, path) < 0 and _get(cfg, path) != -1:
             raise ConfigError(f"{path}: must be >= 0 (or -1: automatic), got {_get(cfg, path)!r}")
     for path, choices in _CHOICES.items():
         if _get(cfg, path) not in choices:

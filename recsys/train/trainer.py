@@ -1,10 +1,11 @@
 """The training loop: sampled softmax with ComiRec's hard readout, validation, early stopping.
 
 One call, :func:`train`, runs a whole experiment from a :class:`~recsys.config.Config`: load and
-split the data, build the model, optimise, validate every ``train.eval_every`` steps on the
-valid users (Recall@max(topn) with the evaluator), keep the best weights, stop early after
-``train.patience`` evaluations without improvement (or at the ``train.max_minutes`` wall-clock
-budget, after one last validation), and finally evaluate the best weights on the test users.
+split the data, build the model, optimise, validate on the valid users (Recall@max(topn) with
+the evaluator) on the cadence of :mod:`recsys.train.plan`, keep the best weights, stop early
+after ``train.patience`` validations without improvement (or at the step budget, or at the
+``train.max_minutes`` wall-clock budget after one last validation), and finally evaluate the
+best weights on the test users.
 Everything lands in a self-contained run directory (see :mod:`recsys.train.checkpoint`).
 
 The hot path never syncs the host: losses accumulate on the device and are read every
@@ -39,6 +40,7 @@ from recsys.run import RunDir, build_experiment, new_run_dir
 from recsys.train import distributed
 from recsys.train.checkpoint import capture_rng, make_checkpoint, restore_rng
 from recsys.train.memory import check_fits
+from recsys.train.plan import plan_training
 from recsys.train.losses import (
     LossOutput,
     attention_collision,
@@ -83,13 +85,14 @@ def resolve_device(pref: str) -> torch.device:
     return torch.device(pref)
 
 
-def make_optimizer(model: torch.nn.Module, cfg: Config, device: torch.device,
+def make_optimizer(model: torch.nn.Module, cfg: Config, device: torch.device, weight_decay: float,
                    capturable: bool = False) -> torch.optim.Optimizer:
     """Fused Adam/AdamW (one pass over each parameter per step, on the CPU too: on taobao's
-    37k-item table the unfused CPU update was a third of a step); ``capturable`` keeps its
+    37k-item table the unfused CPU update was a third of a step) with ``weight_decay`` (the
+    config's, or the automatic value of :mod:`recsys.train.plan`); ``capturable`` keeps its
     state on the device for CUDA graphs."""
     cls = torch.optim.AdamW if cfg.train.optimizer == "adamw" else torch.optim.Adam
-    return cls(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, fused=True,
+    return cls(model.parameters(), lr=cfg.train.lr, weight_decay=weight_decay, fused=True,
                capturable=capturable and device.type == "cuda")
 
 
@@ -108,10 +111,11 @@ class TrainStep:
         device: where the batch and the negatives live.
         item_counts: ``[num_items]`` training click counts (for the unigram sampler).
         generator: the negative sampler's random stream (on ``device``).
+        weight_decay: the optimiser's (``train.weight_decay``, resolved by :mod:`recsys.train.plan`).
     """
 
     def __init__(self, model: InterestModel, forward: torch.nn.Module, cfg: Config, device: torch.device,
-                 item_counts: Tensor, generator: torch.Generator):
+                 item_counts: Tensor, generator: torch.Generator, weight_decay: float):
         self.model, self.forward, self.cfg, self.device = model, forward, cfg, device
         t = cfg.train
         if t.cuda_graph and device.type != "cuda":
@@ -132,7 +136,7 @@ class TrainStep:
         # the soft readout's warm-up (K > 1 only); afterwards the step is rebuilt with the plain argmax
         self.soft_phase = t.soft_readout_steps > 0 and model.num_interests > 1
         self.amp = t.amp and device.type == "cuda"
-        self.optimizer = make_optimizer(model, cfg, device, capturable=t.cuda_graph)
+        self.optimizer = make_optimizer(model, cfg, device, weight_decay, capturable=t.cuda_graph)
         self.loss_fn = torch.compile(self.loss, dynamic=False) if t.compile else self.loss
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static_in: tuple[Tensor, ...] = ()
@@ -359,6 +363,7 @@ class _LoopState:
     best_step: int = 0
     bad_evals: int = 0
     samples_per_s: float = 0.0
+    last_eval: int = 0  # the step of the latest validation
 
 
 def _optimise(model: InterestModel, cfg: Config, dist: distributed.DistInfo, split: Split, item_counts: Tensor,
@@ -374,13 +379,15 @@ def _optimise(model: InterestModel, cfg: Config, dist: distributed.DistInfo, spl
     if dist.world_size > 1:
         forward = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None)
-    step_fn = TrainStep(model, forward, cfg, device, item_counts.to(device), generator)
+    plan = plan_training(t, cfg.model.name, split.train_indptr, dist.world_size)
+    log(plan.describe(t))
+    step_fn = TrainStep(model, forward, cfg, device, item_counts.to(device), generator, plan.weight_decay)
     st = _LoopState()
     if resume:
         ck = rd.load_checkpoint(map_location=device)
         model.load_state_dict(ck["model"])
         step_fn.optimizer.load_state_dict(ck["optimizer"])
-        st = _LoopState(ck["step"], ck["best"], ck["best_step"], ck["bad_evals"])
+        st = _LoopState(ck["step"], ck["best"], ck["best_step"], ck["bad_evals"], last_eval=ck["step"])
         restore_rng(ck["rng"], {"batches": batches.rng}, {"neg": generator})
         rd.rewind_metrics(st.step)
         log(f"resumed at step {st.step} (best {key} {st.best:.4f} at step {st.best_step})")
@@ -388,8 +395,9 @@ def _optimise(model: InterestModel, cfg: Config, dist: distributed.DistInfo, spl
     sums = torch.zeros(4, device=device)  # loss, log Z, max logit, grad norm over the log window
     window_start, window_steps = time.perf_counter(), 0
     run_start_step, run_start = st.step, time.perf_counter()
-    while st.step < t.max_steps:
-        log_now = (st.step + 1) % t.log_every == 0 or st.step + 1 == t.max_steps
+    max_steps = plan.max_steps
+    while st.step < max_steps:
+        log_now = (st.step + 1) % t.log_every == 0 or st.step + 1 == max_steps
         set_track_stats(model, log_now and not t.cuda_graph)  # max attention logit, on logging steps
         out, grad_norm = step_fn(*to_device(batches.sample(t.batch_size), device), step=st.step)
         st.step += 1
@@ -408,13 +416,14 @@ def _optimise(model: InterestModel, cfg: Config, dist: distributed.DistInfo, spl
                 row["max_attention_logit"] = float(attn)
             if dist.is_main:
                 rd.append_metrics(row)
-                log(f"step {st.step}/{t.max_steps}  loss {loss:.4f}  logZ {log_z:.2f}  |g| {gnorm:.2f}  "
-                    f"{st.samples_per_s:,.0f} samples/s  ETA {(t.max_steps - st.step) / max(rate, 1e-9):,.0f}s")
+                log(f"step {st.step}/{max_steps}  loss {loss:.4f}  logZ {log_z:.2f}  |g| {gnorm:.2f}  "
+                    f"{st.samples_per_s:,.0f} samples/s  at most {(max_steps - st.step) / max(rate, 1e-9):,.0f}s left")
             sums.zero_()
             window_start, window_steps = time.perf_counter(), 0
         out_of_time = log_now and t.max_minutes > 0 and distributed.broadcast_flag(
             time.perf_counter() - run_start > 60 * t.max_minutes, device)
-        if st.step % t.eval_every == 0 or st.step == t.max_steps or out_of_time:
+        if plan.validates_at(st.step, st.last_eval) or out_of_time:
+            st.last_eval = st.step
             stop = False
             if dist.is_main:
                 stop = _validate(st, model, step_fn, batches, generator, rd, validate, key, cfg, log, on_validate)

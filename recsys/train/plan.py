@@ -1,0 +1,111 @@
+"""What the config leaves open, derived from the data: the step budget, the validation cadence
+and the weight decay.
+
+An *epoch* here is one pass over the training targets (every click of a training user with at
+least ``train.min_target`` clicks before it) at ``train.batch_size`` samples a step.
+
+- ``train.max_steps = 0`` (the default): ``train.max_epochs`` epochs; the plateau stop ends
+  almost every run long before.
+- ``train.eval_every = 0`` (the default): validate on a cadence that grows with the run: every
+  ``first`` steps at the start, where ``first`` is one pass over the training users (clamped to
+  ``[MIN_FIRST, MAX_FIRST]``), then every ``EVAL_GROWTH`` of the steps taken so far once that is
+  longer. ``train.patience`` validations without improvement then cover a fixed share of the run
+  (about 60% of the steps to the best validation with patience 5) on every dataset, and the
+  number of validations grows with the logarithm of the run's length.
+- ``train.weight_decay = -1`` (the default) with AdamW: the decoupled decay that shrinks the
+  weights by a fixed factor per epoch, ``EPOCH_DECAY[model]`` (``exp(-EPOCH_DECAY)`` a pass),
+  i.e. ``weight_decay = EPOCH_DECAY / (lr * epoch_steps)``. The data term of the loss is a mean
+  over the samples while a prior's weight should fall as ``1 / samples``; a constant per-step
+  decay regularises a large dataset as much as a small one over each step, and so far more over
+  its longer run. On taobao the best constant was 0.05, on amazon-beauty 0.2 to 0.5 (four times
+  more steps per epoch on taobao): both are about 0.15 a pass (``experiments/RESULTS.md``,
+  "Defaults study"). With ``optimizer = "adam"`` the automatic decay is 0 (plain Adam).
+
+A run that fixes ``max_steps``, ``eval_every`` or ``weight_decay`` gets exactly those values.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from recsys.config import TrainConfig
+
+EVAL_GROWTH = 0.1  # automatic cadence: validate after another 10% of the steps taken so far
+MIN_FIRST = 250  # automatic cadence: the first validations are at least this many steps apart ...
+MAX_FIRST = 2500  # ... and at most this many
+# automatic AdamW decay per epoch, by model (the defaults study); other models: DEFAULT_EPOCH_DECAY
+EPOCH_DECAY = {"youtube_dnn": 0.5}
+DEFAULT_EPOCH_DECAY = 0.15
+
+
+@dataclass(frozen=True)
+class TrainPlan:
+    """The step budget, the validation cadence and the weight decay of one run.
+
+    Attributes:
+        max_steps: the last step.
+        first: steps between validations at the start.
+        growth: after ``first / growth`` steps, validate every ``growth * step`` steps (0: never
+            grows, a fixed cadence of ``first``).
+        epoch_steps: steps of one pass over the training targets.
+        weight_decay: the optimiser's weight decay.
+    """
+
+    max_steps: int
+    first: int
+    growth: float
+    epoch_steps: int
+    weight_decay: float
+
+    def validates_at(self, step: int, last: int) -> bool:
+        """True when ``step`` is due for a validation, the previous one having been at ``last``
+        (0 before the first); the last step always validates."""
+        if step >= self.max_steps:
+            return True
+        if self.growth == 0:
+            return step % self.first == 0
+        return step - last >= max(self.first, int(self.growth * last))
+
+    def describe(self, train: TrainConfig) -> str:
+        """One line for the run's log."""
+        budget = f"up to {self.max_steps:,} steps"
+        if train.max_steps == 0:
+            budget += f" ({train.max_epochs:g} epochs of {self.epoch_steps:,} steps)"
+        cadence = (f"validation every {self.first:,} steps, then every {self.growth:.0%} of the steps so far"
+                   if self.growth else f"validation every {self.first:,} steps")
+        stop = (f"early stop after {train.patience} validations without improvement" if train.patience
+                else "no early stop")
+        decay = f"weight decay {self.weight_decay:.3g}" + (" (automatic)" if train.weight_decay < 0 else "")
+        return f"plan: {budget}; {cadence}; {stop}; {decay}"
+
+
+def training_targets(indptr: np.ndarray, min_target: int) -> int:
+    """Samples in one pass over the training sequences ``indptr [R + 1]``: each click with at
+    least ``min_target`` clicks before it is a target."""
+    return int(np.maximum(np.diff(indptr) - min_target, 0).sum())
+
+
+def automatic_weight_decay(train: TrainConfig, model: str, epoch_steps: int) -> float:
+    """AdamW's decay for a fixed shrinkage per epoch (module docstring); 0 for plain Adam."""
+    if train.optimizer != "adamw" or train.lr == 0:
+        return 0.0
+    return EPOCH_DECAY.get(model, DEFAULT_EPOCH_DECAY) / (train.lr * epoch_steps)
+
+
+def plan_training(train: TrainConfig, model: str, train_indptr: np.ndarray, world_size: int = 1) -> TrainPlan:
+    """The :class:`TrainPlan` for ``train`` and the model named ``model`` on the training
+    sequences ``train_indptr [R + 1]``, with ``world_size`` processes each drawing
+    ``train.batch_size`` samples a step."""
+    samples_per_step = train.batch_size * world_size
+    targets = training_targets(train_indptr, train.min_target)
+    users = int((np.diff(train_indptr) > train.min_target).sum())
+    epoch_steps = max(1, math.ceil(targets / samples_per_step))
+    max_steps = train.max_steps or max(1, math.ceil(train.max_epochs * epoch_steps))
+    decay = train.weight_decay if train.weight_decay >= 0 else automatic_weight_decay(train, model, epoch_steps)
+    if train.eval_every:
+        return TrainPlan(max_steps, train.eval_every, 0.0, epoch_steps, decay)
+    first = min(MAX_FIRST, max(MIN_FIRST, math.ceil(users / samples_per_step)))
+    return TrainPlan(max_steps, first, EVAL_GROWTH, epoch_steps, decay)

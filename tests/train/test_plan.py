@@ -1,0 +1,116 @@
+"""What the config leaves open, derived from the data: budget, validation cadence, weight decay
+(recsys.train.plan)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from recsys.config import ConfigError, load_config
+from recsys.train.plan import (
+    DEFAULT_EPOCH_DECAY, EPOCH_DECAY, EVAL_GROWTH, MAX_FIRST, MIN_FIRST, plan_training, training_targets,
+)
+
+
+def _indptr(lengths: list[int]) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+
+
+def _train(*overrides: str):
+    return load_config(None, list(overrides)).train
+
+
+def _validations(schedule, until: int) -> list[int]:
+    steps, last = [], 0
+    for step in range(1, until + 1):
+        if schedule.validates_at(step, last):
+            steps.append(step)
+            last = step
+    return steps
+
+
+def test_targets_count_clicks_after_min_target():
+    # lengths 3, 5, 10 with min_target 4: 0 + 1 + 6 targets
+    assert training_targets(_indptr([3, 5, 10]), 4) == 7
+    assert training_targets(_indptr([3, 5, 10]), 1) == 15
+
+
+def test_budget_is_max_epochs_passes_over_the_targets():
+    indptr = _indptr([14] * 1000)  # 10 targets each at min_target 4: 10,000 targets
+    s = plan_training(_train("train.batch_size=100", "train.max_epochs=3"), "comirec_sa", indptr)
+    assert s.epoch_steps == 100 and s.max_steps == 300
+    # several processes draw batch_size each: the same data is fewer steps
+    assert plan_training(_train("train.batch_size=100", "train.max_epochs=3"), "comirec_sa", indptr, world_size=2).max_steps == 150
+    # an explicit max_steps wins
+    assert plan_training(_train("train.max_steps=77"), "comirec_sa", indptr).max_steps == 77
+
+
+def test_automatic_cadence_starts_at_one_pass_over_users_and_grows():
+    users = 128 * 1000  # one pass over the users: 1,000 steps at batch 128
+    s = plan_training(_train("train.batch_size=128"), "comirec_sa", _indptr([20] * users))
+    assert s.first == 1000 and s.growth == EVAL_GROWTH
+    steps = _validations(s, 40_000)
+    assert steps[:3] == [1000, 2000, 3000]
+    gaps = np.diff(steps)
+    assert (gaps >= 1000).all() and (np.diff(gaps) >= 0).all()  # never shorter, and growing
+    late = [b - a for a, b in zip(steps, steps[1:]) if a >= 20_000]
+    assert all(abs(gap - EVAL_GROWTH * a) <= 1 for gap, a in zip(late, [a for a in steps if a >= 20_000]))
+    # the number of validations grows like the logarithm of the run's length
+    assert len(_validations(s, 400_000)) - len(steps) < 30
+
+
+@pytest.mark.parametrize("users, first", [(50, MIN_FIRST), (10**7, MAX_FIRST)])
+def test_automatic_first_cadence_is_clamped(users, first):
+    s = plan_training(_train("train.batch_size=128"), "comirec_sa", _indptr([6] * users))
+    assert s.first == first
+
+
+def test_fixed_eval_every_and_last_step_validate():
+    s = plan_training(_train("train.eval_every=30", "train.max_steps=100"), "comirec_sa", _indptr([10] * 10))
+    assert s.growth == 0
+    assert _validations(s, 100) == [30, 60, 90, 100]
+
+
+def test_patience_covers_a_share_of_the_run():
+    """With the growing cadence, `patience` validations after a best at step b end near
+    b * (1 + growth) ** patience, whatever the dataset size."""
+    s = plan_training(_train("train.batch_size=128"), "comirec_sa", _indptr([20] * 128 * 300))
+    best = 30_000
+    after = [v for v in _validations(s, 200_000) if v > best][:5]
+    assert 1.5 * best < after[-1] < 1.7 * best
+
+
+def test_describe_names_budget_cadence_and_stop():
+    t = _train()
+    line = plan_training(t, "comirec_sa", _indptr([10] * 5000)).describe(t)
+    assert "100 epochs of" in line and "10% of the steps" in line
+    assert "after 5 validations without improvement" in line and "(automatic)" in line
+
+
+def test_automatic_weight_decay_is_a_fixed_shrinkage_per_epoch():
+    """lr * weight_decay * epoch_steps is the same on a small and a 4x larger dataset, so each
+    pass over the data shrinks the weights by exp(-EPOCH_DECAY) whatever its size."""
+    t = _train("train.batch_size=100", "train.lr=0.002")
+    small = plan_training(t, "comirec_sa", _indptr([14] * 1000))  # 10,000 targets: 100 steps an epoch
+    large = plan_training(t, "comirec_sa", _indptr([14] * 4000))
+    assert small.weight_decay == pytest.approx(DEFAULT_EPOCH_DECAY / (0.002 * 100))
+    assert large.weight_decay == pytest.approx(small.weight_decay / 4)
+    youtube = plan_training(t, "youtube_dnn", _indptr([14] * 1000))
+    assert youtube.weight_decay == pytest.approx(EPOCH_DECAY["youtube_dnn"] / (0.002 * 100))
+    # several processes: an epoch is fewer steps, so each step decays more
+    assert plan_training(t, "comirec_sa", _indptr([14] * 1000), world_size=2).weight_decay == pytest.approx(
+        2 * small.weight_decay)
+
+
+def test_explicit_weight_decay_and_plain_adam():
+    indptr = _indptr([14] * 1000)
+    assert plan_training(_train("train.weight_decay=0.3"), "comirec_sa", indptr).weight_decay == 0.3
+    assert plan_training(_train("train.weight_decay=0"), "comirec_sa", indptr).weight_decay == 0.0
+    assert plan_training(_train("train.optimizer=adam"), "comirec_sa", indptr).weight_decay == 0.0
+
+
+@pytest.mark.parametrize("setting", ["train.max_steps=-1", "train.eval_every=-5", "train.max_epochs=0",
+                                     "train.weight_decay=-0.5"])
+def test_bad_budget_values_name_the_key(setting):
+    with pytest.raises(ConfigError, match=setting.split("=")[0]):
+        load_config(None, [setting])
