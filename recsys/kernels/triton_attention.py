@@ -632,7 +632,7 @@ def _backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tenso
         delta = torch.empty_like(lse)
         if pb.atomic_dq:
             rows = delta.numel()
-            _DELTA(key, (triton.cdiv(rows, 64),), (o, do, delta, dq, rows),
+            _DELTA(key, (-(-rows // 64),), (o, do, delta, dq, rows),
                    {"HEAD_DIM": pb.head_dim, "BLOCK_D": pb.meta["fwd"]["BLOCK_D"], "BLOCK_R": 64})
         else:  # the dq kernel also writes delta
             args = (q, k, v, o, do, lse, delta, dq, dk, dv, lens_arg, *tail)

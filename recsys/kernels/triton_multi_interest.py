@@ -49,7 +49,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from recsys.kernels.launch import Launcher, aligned
+from recsys.kernels.launch import MAX_KEYS, Launcher, aligned
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
@@ -424,6 +424,7 @@ def _launch(cfg: LaunchConfig) -> dict[str, int]:
 _LAUNCH = {"scores": Launcher(_mi_scores_kernel), "pool": Launcher(_mi_pool_kernel),
            "bwd_scores": Launcher(_mi_bwd_scores_kernel), "bwd_dx": Launcher(_mi_bwd_dx_kernel),
            "bwd_weights": Launcher(_mi_bwd_weights_kernel), "sum_parts": Launcher(_sum_parts_kernel)}
+Launch = tuple[tuple[int, ...], tuple, dict]  # (grid, run-time integer arguments, compile-time arguments)
 
 
 def _key(h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None, score_cap: float | None,
@@ -433,6 +434,65 @@ def _key(h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None,
     return (h.device, h.dtype, h.shape, h.stride(), w1.shape, w1.stride(), w2.stride(), lengths.dtype,
             None if pos is None else (pos.shape, pos.stride()), bool(score_cap), config,
             aligned(h, lengths, w1, w2, pos))
+
+
+_PLANS: dict[tuple, dict[str, Launch]] = {}
+
+
+def _plan(key: tuple, h: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None, score_cap: float | None,
+          config: ForwardConfig | BackwardConfig | None, backward: bool) -> dict[str, Launch]:
+    """The launches of the forward (or backward) for ``key``, built once: ``{kernel: (grid, ints, meta)}``."""
+    plan = _PLANS.get(key)
+    if plan is not None:
+        return plan
+    b, seq_len, d = h.shape
+    hidden, k = w2.shape
+    rows = b * seq_len
+    flags = _kernel_flags(h)
+    block_d, block_k = max(16, triton.next_power_of_2(d)), max(16, triton.next_power_of_2(k))
+    flat_ints = (rows, seq_len, d, hidden, k, pos.stride(0) if pos is not None else 0, w1.stride(0), w2.stride(0))
+    seq_ints = (seq_len, d, k, h.stride(0), h.stride(1), k * d, d)  # out is a fresh contiguous [B, K, d]
+    has_pos = {"HAS_POS": pos is not None}
+    if not backward:
+        cfg = config or forward_config(seq_len, d, hidden)
+        block_l = _seq_block(seq_len, cfg.pool.block_l)
+        plan = {
+            "scores": ((triton.cdiv(rows, cfg.scores.block_l),), flat_ints, dict(
+                HAS_CAP=bool(score_cap), BLOCK_M=cfg.scores.block_l, **has_pos,
+                **_blocks(d, hidden, k, cfg.scores.block_h), **flags, **_launch(cfg.scores))),
+            "pool": ((b,), seq_ints, dict(
+                SINGLE_BLOCK=seq_len <= block_l, BLOCK_L=block_l, BLOCK_D=block_d, BLOCK_K=block_k,
+                PRECISION=flags["PRECISION"], **_launch(cfg.pool))),
+        }
+    else:
+        cfg = config or backward_config(seq_len, d, hidden)
+        blocks = _blocks(d, hidden, k, cfg.weights.block_h)
+        n_hblocks = triton.cdiv(hidden, blocks["BLOCK_H"])
+        n_tiles = triton.cdiv(rows, cfg.weights.block_l)
+        nprog_r = min(n_tiles, max(1, _max_programs(h.device, cfg.weights.programs_per_sm) // n_hblocks))
+        n_weights = d * hidden + hidden * k
+        plan = {
+            "bwd_scores": ((b,), seq_ints, dict(
+                HAS_CAP=bool(score_cap), BLOCK_L=_seq_block(seq_len, cfg.scores.block_l), BLOCK_D=block_d,
+                BLOCK_K=block_k, PRECISION=flags["PRECISION"], **_launch(cfg.scores))),
+            "bwd_dx": ((triton.cdiv(rows, cfg.dx.block_l),), flat_ints, dict(
+                BLOCK_M=cfg.dx.block_l, **has_pos, **_blocks(d, hidden, k, cfg.dx.block_h), **flags,
+                **_launch(cfg.dx))),
+            "bwd_weights": ((nprog_r, n_hblocks), flat_ints, dict(
+                BLOCK_M=cfg.weights.block_l, **has_pos, **blocks, **flags, **_launch(cfg.weights))),
+            "sum_parts": ((triton.cdiv(n_weights, SUM_BLOCK_N),), (nprog_r, n_weights), dict(
+                BLOCK_P=SUM_BLOCK_P, BLOCK_N=SUM_BLOCK_N, num_warps=4, num_stages=2)),
+        }
+    if len(_PLANS) >= MAX_KEYS:
+        _PLANS.clear()
+    _PLANS[key] = plan
+    return plan
+
+
+def _run(name: str, key: tuple, plan: dict[str, Launch], tensors: tuple, scalars: tuple = ()) -> None:
+    """Launch kernel ``name`` of ``plan``: its tensors, then the plan's integers, then ``scalars``."""
+    grid, ints, meta = plan[name]
+    _LAUNCH[name](key, grid, (*tensors, *ints, *scalars), meta)
 
 
 def multi_interest_forward(
@@ -453,29 +513,17 @@ def multi_interest_forward(
         positions (0 for empty sequences).
     """
     b, seq_len, d = h.shape
-    hidden, k = w2.shape
-    cfg = config or forward_config(seq_len, d, hidden)
+    k = w2.shape[1]
     out = torch.empty(b, k, d, device=h.device, dtype=h.dtype)
     lse = torch.empty(b, k, device=h.device, dtype=torch.float32)
     scores = torch.empty(b, seq_len, k, device=h.device, dtype=torch.float32)
     if b * seq_len == 0:
         return out.zero_(), lse.zero_(), scores
-    key = _key(h, lengths, w1, w2, pos, score_cap, cfg)
-    flags = _kernel_flags(h)
-    rows = b * seq_len
-    _LAUNCH["scores"](key, (triton.cdiv(rows, cfg.scores.block_l),), (
-        h, pos if pos is not None else h, w1, w2, scores,
-        rows, seq_len, d, hidden, k, pos.stride(0) if pos is not None else 0, w1.stride(0), w2.stride(0),
-        float(score_cap or 1.0),
-    ), dict(HAS_POS=pos is not None, HAS_CAP=bool(score_cap), BLOCK_M=cfg.scores.block_l,
-            **_blocks(d, hidden, k, cfg.scores.block_h), **flags, **_launch(cfg.scores)))
-    block_l = _seq_block(seq_len, cfg.pool.block_l)
-    _LAUNCH["pool"](key, (b,), (
-        h, scores, lengths, out, lse,
-        seq_len, d, k, h.stride(0), h.stride(1), out.stride(0), out.stride(1),
-    ), dict(SINGLE_BLOCK=seq_len <= block_l, BLOCK_L=block_l,
-            BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_K=max(16, triton.next_power_of_2(k)),
-            PRECISION=flags["PRECISION"], **_launch(cfg.pool)))
+    key = _key(h, lengths, w1, w2, pos, score_cap, config)
+    plan = _plan(("fwd", key), h, w1, w2, pos, score_cap, config, backward=False)
+    cap = (float(score_cap or 1.0),)
+    _run("scores", key, plan, (h, pos if pos is not None else h, w1, w2, scores), cap)
+    _run("pool", key, plan, (h, scores, lengths, out, lse))
     return out, lse, scores
 
 
@@ -483,7 +531,7 @@ def _backward_flat(
     h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None,
     out: Tensor, lse: Tensor, scores: Tensor, dout: Tensor, config: BackwardConfig | None = None,
     dscores: Tensor | None = None, score_cap: float | None = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+) -> tuple[Tensor, Tensor, Tensor | None]:
     """Launch the three backward kernels and one that sums the per-program weight gradients.
 
     Args:
@@ -502,48 +550,25 @@ def _backward_flat(
     """
     b, seq_len, d = h.shape
     hidden, k = w2.shape
-    cfg = config or backward_config(seq_len, d, hidden)
     dh = torch.empty_like(h)
     n_weights = d * hidden + hidden * k
     if b * seq_len == 0:
         dpos = None if pos is None else torch.zeros_like(pos)
         return dh, torch.zeros(n_weights, device=h.device, dtype=w1.dtype), dpos
-    key = (_key(h, lengths, w1, w2, pos, score_cap, cfg), aligned(dout))
+    key = (_key(h, lengths, w1, w2, pos, score_cap, config), aligned(dout))
+    plan = _plan(("bwd", key), h, w1, w2, pos, score_cap, config, backward=True)
     pos_arg = pos if pos is not None else h
-    stride_pl = pos.stride(0) if pos is not None else 0
-    flags = _kernel_flags(h)
-    block_d, block_k = max(16, triton.next_power_of_2(d)), max(16, triton.next_power_of_2(k))
-
     ds = torch.empty(b, seq_len, k, device=h.device, dtype=h.dtype)  # dLoss/dS; 0 on padding
-    _LAUNCH["bwd_scores"](key, (b,), (
-        h, scores, lengths, out, dout, lse, dh, ds,
-        seq_len, d, k, h.stride(0), h.stride(1), out.stride(0), out.stride(1), float(score_cap or 1.0),
-    ), dict(HAS_CAP=bool(score_cap), BLOCK_L=_seq_block(seq_len, cfg.scores.block_l), BLOCK_D=block_d,
-            BLOCK_K=block_k, PRECISION=flags["PRECISION"], **_launch(cfg.scores)))
-
+    _run("bwd_scores", key, plan, (h, scores, lengths, out, dout, lse, dh, ds), (float(score_cap or 1.0),))
     if dscores is not None:
         ds = _add_score_grad(ds, scores, dscores, score_cap)
-
-    rows = b * seq_len
     dx = torch.empty_like(h) if pos is not None else dh  # score-path dH, for dP
-    _LAUNCH["bwd_dx"](key, (triton.cdiv(rows, cfg.dx.block_l),), (
-        h, pos_arg, ds, w1, w2, dh, dx,
-        rows, seq_len, d, hidden, k, stride_pl, w1.stride(0), w2.stride(0),
-    ), dict(HAS_POS=pos is not None, BLOCK_M=cfg.dx.block_l, **_blocks(d, hidden, k, cfg.dx.block_h), **flags,
-            **_launch(cfg.dx)))
-
-    blocks = _blocks(d, hidden, k, cfg.weights.block_h)
-    n_hblocks = triton.cdiv(hidden, blocks["BLOCK_H"])
-    n_tiles = triton.cdiv(rows, cfg.weights.block_l)
-    nprog_r = min(n_tiles, max(1, _max_programs(h.device, cfg.weights.programs_per_sm) // n_hblocks))
+    _run("bwd_dx", key, plan, (h, pos_arg, ds, w1, w2, dh, dx))
+    nprog_r = plan["sum_parts"][1][0]
     dw_part = torch.empty(nprog_r, n_weights, device=h.device, dtype=torch.float32)  # per program: dW1, dW2
-    _LAUNCH["bwd_weights"](key, (nprog_r, n_hblocks), (
-        h, pos_arg, ds, w1, w2, dw_part,
-        rows, seq_len, d, hidden, k, stride_pl, w1.stride(0), w2.stride(0),
-    ), dict(HAS_POS=pos is not None, BLOCK_M=cfg.weights.block_l, **blocks, **flags, **_launch(cfg.weights)))
+    _run("bwd_weights", key, plan, (h, pos_arg, ds, w1, w2, dw_part))
     dw = torch.empty(n_weights, device=h.device, dtype=w1.dtype)
-    _LAUNCH["sum_parts"](key, (triton.cdiv(n_weights, SUM_BLOCK_N),), (dw_part, dw, nprog_r, n_weights),
-                                 dict(BLOCK_P=SUM_BLOCK_P, BLOCK_N=SUM_BLOCK_N, num_warps=4, num_stages=2))
+    _run("sum_parts", key, plan, (dw_part, dw))
     dpos = None
     if pos is not None:
         dpos = dx.sum(0)  # [L, d]; reduced-precision sums accumulate in fp32
