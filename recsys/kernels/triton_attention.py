@@ -494,15 +494,6 @@ _LAUNCHERS = {
 _DELTA = Launcher(_bwd_delta_kernel)
 
 
-def _launch(kind: str, key: tuple, grid, args: tuple, lq: int, lk: int, **meta) -> None:
-    """Run kernel ``kind`` autotuned, or with its heuristic configuration; ``key`` as for
-    :class:`~recsys.kernels.launch.Launcher` (the problem's key and the inputs' alignment)."""
-    if not _AUTOTUNE:
-        cfg, warps, stages = _heuristic(kind, lq, lk)
-        meta = {**meta, **cfg, "num_warps": warps, "num_stages": stages}
-    _LAUNCHERS[kind](key, grid, args, meta)
-
-
 def best_configs() -> dict[str, str]:
     """The autotuner's pick per kernel for the last shape it tuned (empty when not autotuning)."""
     return {kind: str(cfg) for kind, launcher in _LAUNCHERS.items() if (cfg := launcher.chosen()) is not None}
