@@ -22,8 +22,12 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import Any
 
+import triton
 from torch import Tensor
 
+# Triton >= 3.3 launchers take every parameter, compile-time ones included (and ignore those);
+# older ones only the run-time parameters.
+PASS_CONSTEXPRS = tuple(int(x) for x in triton.__version__.split(".")[:2]) >= (3, 3)
 MAX_KEYS = 256  # launch keys kept per kernel; the table is emptied when full (shapes rarely vary)
 Grid = tuple[int, ...] | Callable[[dict[str, Any]], tuple[int, ...]]
 
@@ -65,7 +69,7 @@ class Launcher:
         if self.tuned is not None:
             full.update(self.tuned.best_config.kwargs)
         grid_size = tuple(grid(full) if callable(grid) else grid)
-        names = self.kernel.arg_names[len(args):]
+        names = self.kernel.arg_names[len(args):] if PASS_CONSTEXPRS else []
         if len(self._compiled) >= MAX_KEYS:
             self._compiled.clear()
         self._compiled[key] = (compiled, grid_size + (1,) * (3 - len(grid_size)), tuple(full[n] for n in names))
