@@ -1,10 +1,13 @@
-"""Fused multi-interest kernel vs the PyTorch twin, eager and under ``torch.compile`` (CUDA, bf16).
+"""Public ``recsys.kernels.multi_interest`` vs the PyTorch twin (eager and ``torch.compile``), and
+the same extraction with its attention step done by SDPA (padding mask) or FlexAttention (CUDA, bf16).
 
-Times forward and forward+backward (gradients of h, W1, W2 and P) with ``triton.testing.do_bench``
-medians, rotating over several input sets so that the inputs are not served from L2. Prints the
-memory and matrix-unit floors per shape and, last, a ratio table.
+Times forward and forward+backward (gradients of h, W1, W2 and P) two ways: launched call by call
+(``triton.testing.do_bench`` medians, CPU launch overhead included) and replayed from a CUDA graph
+(GPU time only), rotating over several input sets so that the inputs are not served from L2.
+Lengths are uniform in [L/4, L]. Prints the memory and matrix-unit floors per shape and, last, the
+two ratio tables (launch, graph).
 
-    python experiments/bench_multi_interest.py             # the three acceptance shapes
+    python experiments/bench_multi_interest.py             # the acceptance shapes
     python experiments/bench_multi_interest.py --sweep     # also time launch configs at the first shape
 """
 
@@ -15,8 +18,11 @@ import dataclasses
 import itertools
 from collections.abc import Callable
 
+import time
+
 import torch
-from gpu_timing import graph_ms  # experiments/ is on sys.path when run as a script
+import torch.nn.functional as F
+from gpu_timing import graph_ms, launch_and_graph_ms, ratio_table  # experiments/ is on sys.path as a script
 from gpu_timing import launch_ms as median_ms
 
 from recsys.kernels import multi_interest
@@ -39,7 +45,8 @@ Inputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Ten
 
 
 def make_inputs(batch: int, seq_len: int, k: int, d: int, hidden: int, full: bool, seed: int) -> Inputs:
-    """bf16 CUDA inputs ``(h, lengths, w1, w2, pos, grad_out)``; h/w1/w2/pos require grad."""
+    """bf16 CUDA inputs ``(h, lengths, w1, w2, pos, grad_out)``; h/w1/w2/pos require grad; lengths
+    all ``L`` when ``full``, else uniform in ``[L/4, L]``."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     kw = {"device": "cuda", "generator": g}
     h = torch.randn(batch, seq_len, d, **kw)
@@ -49,7 +56,7 @@ def make_inputs(batch: int, seq_len: int, k: int, d: int, hidden: int, full: boo
     if full:
         lengths = torch.full((batch,), seq_len, device="cuda", dtype=torch.long)
     else:
-        lengths = torch.randint(1, seq_len + 1, (batch,), **kw)
+        lengths = torch.randint(max(1, seq_len // 4), seq_len + 1, (batch,), **kw)
     grad = torch.randn(batch, k, d, **kw).bfloat16()
     leaves = [t.bfloat16().requires_grad_() for t in (h, w1, w2, pos)]
     return leaves[0], lengths, leaves[1], leaves[2], leaves[3], grad
@@ -97,13 +104,46 @@ def floors_ms(batch: int, seq_len: int, k: int, d: int, hidden: int) -> dict[str
 
 
 def ours(h, lengths, w1, w2, *, pos=None):
-    """The fused Triton kernel through the public entry point."""
-    return multi_interest(h, lengths, w1, w2, pos=pos, backend="triton")
+    """The public entry point (the fused Triton kernel on CUDA)."""
+    return multi_interest(h, lengths, w1, w2, pos=pos)
 
 
 def twin(h, lengths, w1, w2, *, pos=None):
     """The PyTorch twin through the public entry point."""
     return multi_interest(h, lengths, w1, w2, pos=pos, backend="torch")
+
+
+def _keys_queries(h, lengths, w1, w2, pos):
+    """Attention form of the extraction: queries ``W2ᵀ [1, 1, K, hidden]`` (shared by the batch), keys
+    ``tanh((H + P) W1) [B, 1, L, hidden]``, values ``H [B, 1, L, d]``, scale 1."""
+    keys = torch.tanh(torch.matmul(h + pos[: h.shape[1]], w1))[:, None]
+    queries = w2.t().contiguous()[None, None].expand(h.shape[0], 1, -1, -1)
+    return queries, keys, h[:, None]
+
+
+def sdpa(h, lengths, w1, w2, *, pos=None):
+    """The extraction with SDPA for the masked softmax and pooling."""
+    q, k, v = _keys_queries(h, lengths, w1, w2, pos)
+    mask = (torch.arange(h.shape[1], device=h.device)[None, :] < lengths[:, None])[:, None, None, :]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)[:, 0]
+
+
+def flex_method(lengths_of_set: dict[int, torch.Tensor], seq_len: int, k: int):
+    """The extraction with compiled FlexAttention (one block mask per input set's lengths)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    def block_mask(lengths: torch.Tensor):
+        return create_block_mask(lambda b, _h, _q, kv: kv < lengths[b], lengths.shape[0], None, k, seq_len,
+                                 device="cuda")
+
+    compiled = torch.compile(flex_attention, dynamic=False)
+    masks = {key: block_mask(lengths) for key, lengths in lengths_of_set.items()}
+
+    def flex(h, lengths, w1, w2, *, pos=None):
+        q, kk, v = _keys_queries(h, lengths, w1, w2, pos)
+        return compiled(q, kk, v, block_mask=masks[lengths.data_ptr()], scale=1.0)[:, 0]
+
+    return flex
 
 
 def sweep(sets: list[Inputs]) -> None:
@@ -150,6 +190,52 @@ def sweep(sets: list[Inputs]) -> None:
     print(f"ours, lengths uniform in [1, L]: fwd {fwd * 1e3:.1f} us, fwd+bwd {fb * 1e3:.1f} us")
 
 
+def bench_shape(batch: int, seq_len: int, k: int, d: int, hidden: int, n_sets: int) -> dict:
+    """Errors against fp64 and ``{(method, pass, timing): ms}`` at one shape."""
+    sets = [make_inputs(batch, seq_len, k, d, hidden, False, s) for s in range(n_sets)]
+    h, lengths, w1, w2, pos, grad = sets[0]
+    methods = {"ours": ours, "eager-twin": twin, "compile-twin": torch.compile(twin, dynamic=False), "sdpa-mask": sdpa}
+    try:
+        methods["flex"] = flex_method({x[1].data_ptr(): x[1] for x in sets}, seq_len, k)
+    except Exception as exc:  # noqa: BLE001 - report and go on without FlexAttention
+        print(f"  flex unavailable: {type(exc).__name__}: {str(exc)[:160]}", flush=True)
+    leaves = (h, w1, w2, pos)
+    ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
+    ref = twin(ref_leaves[0], lengths, ref_leaves[1], ref_leaves[2], pos=ref_leaves[3])
+    ref_grads = torch.autograd.grad(ref, ref_leaves, grad.double())
+    errors, times = {}, {}
+    for name, fn in methods.items():
+        t0 = time.time()
+        try:
+            out = fn(h, lengths, w1, w2, pos=pos)  # also compiles
+            grads = torch.autograd.grad(out, leaves, grad)
+            errors[name] = [(a.double() - r).abs().max().item() for a, r in zip((out, *grads), (ref, *ref_grads))]
+            for mode, body in (("fwd", forward_only(fn)), ("fwd+bwd", forward_backward(fn))):
+                for timing, ms in launch_and_graph_ms(rotating(sets, body), f"{name} {mode}").items():
+                    times[name, mode, timing] = ms
+        except Exception as exc:  # noqa: BLE001 - a baseline that fails here is reported, not fatal
+            print(f"  {name}: failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+        print(f"  {name:13s} {time.time() - t0:5.1f} s  err o/dh/dw1/dw2/dpos "
+              + "/".join(f"{e:.1e}" for e in errors.get(name, [])), flush=True)
+        torch.cuda.empty_cache()
+    return {"errors": errors, "times": times}
+
+
+BASELINES = ["compile-twin", "eager-twin", "sdpa-mask", "flex"]
+TARGETS = {"launch": {"compile-twin": 2.0}, "graph": {"compile-twin": 3.0}}  # forward+backward (issue 13)
+
+
+def ratios(rows: list[tuple[tuple[int, int, int], dict]], timing: str) -> str:
+    table = []
+    for (batch, seq_len, k), res in rows:
+        for mode in ("fwd", "fwd+bwd"):
+            ms = {name: t for (name, m, tm), t in res["times"].items() if m == mode and tm == timing}
+            table.append((f"{batch}x{seq_len}x{k} {mode}", ms, TARGETS[timing] if mode == "fwd+bwd" else {}))
+    what = ("each call launched from Python (CPU overhead included)" if timing == "launch"
+            else "CUDA-graph replay (GPU time only)")
+    return ratio_table(f"\n{timing}: {what}", table, BASELINES)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--d", type=int, default=64)
@@ -160,49 +246,22 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("bench_multi_interest.py needs a CUDA GPU")
     torch.backends.cuda.matmul.allow_tf32 = False
+    start = time.time()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    compiled = torch.compile(twin, dynamic=False)
-    methods = {"ours": ours, "eager": twin, "compile": compiled}
     rows = []
     for batch, seq_len, k in SHAPES:
-        sets = [make_inputs(batch, seq_len, k, args.d, args.hidden, True, s) for s in range(args.sets)]
-        h, lengths, w1, w2, pos, _ = sets[0]
-        with torch.no_grad():
-            ref = twin(h.double(), lengths, w1.double(), w2.double(), pos=pos.double())
-            max_err = (ours(h, lengths, w1, w2, pos=pos).double() - ref).abs().max().item()
-        times = {}
-        for name, fn in methods.items():
-            for mode, body in (("fwd", forward_only(fn)), ("fwd+bwd", forward_backward(fn))):
-                times[name, mode, "launch"] = median_ms(rotating(sets, body))
-                try:
-                    times[name, mode, "graph"] = graph_ms(rotating(sets, body))
-                except RuntimeError as exc:  # a method that cannot be captured is reported, not fatal
-                    print(f"  {name} {mode}: CUDA graph capture failed: {str(exc)[:160]}")
-                    times[name, mode, "graph"] = float("nan")
+        print(f"\nB={batch} L={seq_len} K={k} d={args.d} hidden={args.hidden} ({time.time() - start:.0f} s)", flush=True)
+        res = bench_shape(batch, seq_len, k, args.d, args.hidden, args.sets)
         floor = floors_ms(batch, seq_len, k, args.d, args.hidden)
-        print(f"\nB={batch} L={seq_len} K={k} d={args.d} hidden={args.hidden}: max |ours - fp64| = {max_err:.2e}")
         print("  floors (ms): " + ", ".join(f"{key} {val:.4f}" for key, val in floor.items()))
-        for key, val in times.items():
-            print(f"  {key[0]:8s} {key[1]:8s} {key[2]:7s} {val:.4f} ms")
-        rows.append(((batch, seq_len, k), times, floor))
-    for timing, what in (
-        ("launch", "each call launched from Python, CPU launch overhead included (the issue's numbers)"),
-        ("graph", "GPU time: 20 calls captured in a CUDA graph and replayed"),
-    ):
-        print(f"\n{timing}: {what}")
-        print("| B | L | K | pass | ours ms | eager ms | compile ms | vs eager | vs compile | memory/mma floor ms | tanh floor ms |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|")
-        for (batch, seq_len, k), times, floor in rows:
-            for mode, suffix in (("fwd", "fwd"), ("fwd+bwd", "fwdbwd")):
-                ours, eager, comp = (times[m, mode, timing] for m in ("ours", "eager", "compile"))
-                print(
-                    f"| {batch} | {seq_len} | {k} | {mode} | {ours:.4f} | {eager:.4f} | {comp:.4f} "
-                    f"| {eager / ours:.1f}x | {comp / ours:.1f}x "
-                    f"| {max(floor['mem_' + suffix], floor['mma_' + suffix]):.4f} | {floor['tanh_' + suffix]:.4f} |"
-                )
+        rows.append(((batch, seq_len, k), res))
+        print(ratios(rows[-1:], "launch"), flush=True)
+    for timing in ("launch", "graph"):
+        print(ratios(rows, timing))
     if args.sweep:
         batch, seq_len, k = SHAPES[0]
         sweep([make_inputs(batch, seq_len, k, args.d, args.hidden, True, s) for s in range(args.sets)])
+    print(f"\ntotal {time.time() - start:.0f} s", flush=True)
 
 
 if __name__ == "__main__":

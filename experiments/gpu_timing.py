@@ -40,3 +40,33 @@ def graph_ms(fn: Callable[[], object], calls: int = 20, replays: int = 15) -> fl
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) / calls)
     return sorted(times)[len(times) // 2]
+
+
+def launch_and_graph_ms(fn: Callable[[], object], label: str) -> dict[str, float]:
+    """``{"launch": ms, "graph": ms}`` of :func:`launch_ms` and :func:`graph_ms`; a call that cannot
+    be captured in a CUDA graph gets ``nan`` there, with the reason printed under ``label``."""
+    times = {"launch": launch_ms(fn, rep=100)}
+    try:
+        times["graph"] = graph_ms(fn)
+    except Exception as exc:  # noqa: BLE001 - some baselines cannot be captured: report and go on
+        print(f"  {label}: CUDA graph capture failed: {type(exc).__name__}: {str(exc)[:160]}", flush=True)
+        times["graph"] = float("nan")
+    return times
+
+
+def ratio_table(title: str, rows: list[tuple[str, dict[str, float], dict[str, float]]], baselines: list[str]) -> str:
+    """A markdown table: per row, ``ours`` and each baseline in ms, then ``baseline / ours``.
+
+    ``rows`` are ``(label, {method: ms}, {baseline: wanted ratio})``; a ratio with a target gets ✓ or ✗.
+    """
+    head = ["shape", "ours ms", *(f"{b} ms" for b in baselines), *(f"{b} / ours" for b in baselines)]
+    lines = [title, "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, ms, targets in rows:
+        ours = ms.get("ours", float("nan"))
+        cells = [label, f"{ours:.4f}", *(f"{ms.get(b, float('nan')):.4f}" for b in baselines)]
+        for b in baselines:
+            ratio = ms.get(b, float("nan")) / ours
+            mark = f" {'✓' if ratio >= targets[b] else '✗'} (≥{targets[b]})" if b in targets and ratio == ratio else ""
+            cells.append(f"{ratio:.2f}x{mark}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

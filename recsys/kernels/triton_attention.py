@@ -41,6 +41,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from recsys.kernels.launch import MAX_KEYS, Launcher, aligned
+
 LOG2E = 1.4426950408889634
 MAX_HEAD_DIM = 128
 FUSED_MAX_LQ = 64  # query rows one fused backward program holds
@@ -308,8 +310,9 @@ def _bwd_dq_kernel(Q, K, V, O, DO, LSE, DELTA, DQ, DK, DV, LENS,
 
 
 @triton.jit
-def _bwd_delta_kernel(O, DO, DELTA, ROWS, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
-    """``delta = rowsum(dO * O)`` over ``ROWS`` contiguous rows of ``HEAD_DIM``; grid ``cdiv(ROWS, BLOCK_R)``."""
+def _bwd_delta_kernel(O, DO, DELTA, DQ, ROWS, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
+    """``delta = rowsum(dO * O)`` over ``ROWS`` contiguous rows of ``HEAD_DIM``, and the same rows of
+    the fp32 ``DQ`` set to 0 for the atomic adds that follow; grid ``cdiv(ROWS, BLOCK_R)``."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, BLOCK_D)
     ok = rows < ROWS
@@ -317,6 +320,7 @@ def _bwd_delta_kernel(O, DO, DELTA, ROWS, HEAD_DIM: tl.constexpr, BLOCK_D: tl.co
     o = _load_tile(O + off, ok, offs_d, HEAD_DIM, BLOCK_D, True)
     do = _load_tile(DO + off, ok, offs_d, HEAD_DIM, BLOCK_D, True)
     tl.store(DELTA + rows, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1), mask=ok)
+    _store_tile(DQ + off, tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32), ok, offs_d, HEAD_DIM, BLOCK_D)
 
 
 @triton.jit
@@ -479,32 +483,20 @@ def _autotuned(kernel, configs: list[triton.Config], reset: list[str] | None = N
     )(kernel)
 
 
-if _AUTOTUNE:
-    _TUNED = {
-        "fwd": _autotuned(_fwd_kernel, _FWD_CONFIGS),
-        "dq": _autotuned(_bwd_dq_kernel, _DQ_CONFIGS),
-        "fused": _autotuned(_bwd_dq_kernel, _FUSED_CONFIGS),
-        "dkdv": _autotuned(_bwd_dkdv_kernel, _DKDV_CONFIGS),
-        "dkdv_atomic": _autotuned(_bwd_dkdv_kernel, _DKDV_CONFIGS, reset=["DQ"]),  # timing runs add into DQ
-    }
-_KERNELS = {"fwd": _fwd_kernel, "dq": _bwd_dq_kernel, "fused": _bwd_dq_kernel, "dkdv": _bwd_dkdv_kernel,
-            "dkdv_atomic": _bwd_dkdv_kernel}
-
-
-def _launch(kind: str, grid, args: tuple, lq: int, lk: int, **meta) -> None:
-    """Run kernel ``kind`` autotuned, or with its heuristic configuration."""
-    if _AUTOTUNE:
-        _TUNED[kind][grid](*args, **meta)
-        return
-    cfg, warps, stages = _heuristic(kind, lq, lk)
-    _KERNELS[kind][grid](*args, **meta, **cfg, num_warps=warps, num_stages=stages)
+_KERNELS = {"fwd": (_fwd_kernel, _FWD_CONFIGS), "dq": (_bwd_dq_kernel, _DQ_CONFIGS),
+            "fused": (_bwd_dq_kernel, _FUSED_CONFIGS), "dkdv": (_bwd_dkdv_kernel, _DKDV_CONFIGS),
+            "dkdv_atomic": (_bwd_dkdv_kernel, _DKDV_CONFIGS)}
+_LAUNCHERS = {
+    kind: Launcher(kernel, _autotuned(kernel, configs, ["DQ"] if kind == "dkdv_atomic" else None)  # timing runs add into DQ
+                   if _AUTOTUNE else None)
+    for kind, (kernel, configs) in _KERNELS.items()
+}
+_DELTA = Launcher(_bwd_delta_kernel)
 
 
 def best_configs() -> dict[str, str]:
     """The autotuner's pick per kernel for the last shape it tuned (empty when not autotuning)."""
-    if not _AUTOTUNE:
-        return {}
-    return {kind: str(t.best_config) for kind, t in _TUNED.items() if getattr(t, "best_config", None) is not None}
+    return {kind: str(cfg) for kind, launcher in _LAUNCHERS.items() if (cfg := launcher.chosen()) is not None}
 
 
 @contextlib.contextmanager
@@ -531,10 +523,14 @@ def backward_paths(*, fused_max_lq: int | None = None, atomic_dq_max_lk: int | N
 
 
 class _Problem:
-    """Shapes, strides and constants shared by the forward and backward launches."""
+    """Shapes, strides, constants and launch parameters shared by the forward and backward launches.
 
-    def __init__(self, q: Tensor, k: Tensor, v: Tensor, lens: Tensor | None, causal: bool,
+    Built once per :func:`_problem` key (shapes, strides, dtypes, flags); ``key`` is that key.
+    """
+
+    def __init__(self, key: tuple, q: Tensor, k: Tensor, v: Tensor, lens: Tensor | None, causal: bool,
                  scale: float | None, softcap: float | None) -> None:
+        self.key = key
         self.batch, self.heads, self.lk, self.head_dim = k.shape
         self.lq = q.shape[2]
         self.broadcast = q.shape[0] != self.batch
@@ -553,7 +549,7 @@ class _Problem:
             q_strides[0] = 0
         self.strides = (*q_strides, *k.stride(), *v.stride())
         self.sizes = (self.heads, self.lq, self.lk, _bucket(self.lq), _bucket(self.lk))
-        self.meta = {
+        meta = {
             "HEAD_DIM": self.head_dim,
             "BLOCK_D": _bucket(self.head_dim),
             "HAS_LENS": lens is not None,
@@ -561,10 +557,38 @@ class _Problem:
             "SOFTCAP": bool(cap),
             "DOT_PREC": "ieee" if q.dtype == torch.float32 else "tf32",
         }
+        self.meta = {  # compile-time arguments per kernel kind (with the heuristic config when not tuning)
+            "fwd": meta,
+            "fused": {**meta, "FUSED": True},
+            "dq": {**meta, "FUSED": False},
+            "dkdv": {**meta, "ATOMIC_DQ": False},
+            "dkdv_atomic": {**meta, "ATOMIC_DQ": True},
+        }
+        if not _AUTOTUNE:
+            for kind, kind_meta in self.meta.items():
+                cfg, warps, stages = _heuristic(kind, self.lq, self.lk)
+                kind_meta.update(cfg, num_warps=warps, num_stages=stages)
+        self.meta["fused"]["BLOCK_M"] = _bucket(self.lq)  # one program holds every query row
+        bh = self.batch * self.heads
+        self.q_grid = lambda meta: (triton.cdiv(self.lq, meta["BLOCK_M"]) * bh,)
+        self.k_grid = lambda meta: (triton.cdiv(self.lk, meta["BLOCK_N"]) * bh,)
 
-    def grid(self, length: int, block: str):
-        n = self.batch * self.heads
-        return lambda meta: (triton.cdiv(length, meta[block]) * n,)
+
+_PROBLEMS: dict[tuple, _Problem] = {}
+
+
+def _problem(q: Tensor, k: Tensor, v: Tensor, lens: Tensor | None, causal: bool, scale: float | None,
+             softcap: float | None) -> _Problem:
+    """The (cached) :class:`_Problem` of these inputs; the backward path thresholds are part of the key."""
+    key = (q.device, q.dtype, q.shape, q.stride(), k.shape, k.stride(), v.stride(),
+           None if lens is None else lens.dtype, causal, scale, softcap,
+           _PATHS["fused_max_lq"], _PATHS["atomic_dq_max_lk"])
+    pb = _PROBLEMS.get(key)
+    if pb is None:
+        if len(_PROBLEMS) >= MAX_KEYS:
+            _PROBLEMS.clear()
+        pb = _PROBLEMS[key] = _Problem(key, q, k, v, lens, causal, scale, softcap)
+    return pb
 
 
 def _forward(q: Tensor, k: Tensor, v: Tensor, lens: Tensor | None, pb: _Problem) -> tuple[Tensor, Tensor]:
@@ -572,13 +596,17 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, lens: Tensor | None, pb: _Problem)
     o = torch.empty((pb.batch, pb.heads, pb.lq, pb.head_dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((pb.batch, pb.heads, pb.lq), dtype=torch.float32, device=q.device)
     args = (q, k, v, o, lse, lens if lens is not None else lse, *pb.strides, *pb.sizes, *pb.consts)
-    _launch("fwd", pb.grid(pb.lq, "BLOCK_M"), args, pb.lq, pb.lk, **pb.meta)
+    _LAUNCHERS["fwd"]((pb.key, aligned(q, k, v, lens)), pb.q_grid, args, pb.meta["fwd"])
     return o, lse
 
 
 def _backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, lens: Tensor | None,
               pb: _Problem) -> tuple[Tensor, Tensor, Tensor]:
-    """dq (shape of ``q``), dk, dv; broadcast queries get their per-batch dq summed in fp32."""
+    """dq (shape of ``q``), dk, dv; broadcast queries get their per-batch dq summed in fp32.
+
+    Launches: the fused kernel (``Lq <= 64``); or delta (which also zeroes the fp32 dq) and the
+    dk/dv kernel adding dq atomically, then dq's cast; or the dq kernel and the dk/dv kernel.
+    """
     do = do.contiguous()
     dev = q.device
     dq_shape = (pb.batch, pb.heads, pb.lq, pb.head_dim)
@@ -586,35 +614,36 @@ def _backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tenso
     dv = torch.empty((pb.batch, pb.heads, pb.lk, pb.head_dim), dtype=v.dtype, device=dev)
     lens_arg = lens if lens is not None else lse
     tail = (*pb.strides, *pb.sizes, *pb.consts, pb.scale)
-    dq_dtype = torch.float32 if pb.broadcast or pb.atomic_dq else q.dtype
-    dq = (torch.zeros if pb.atomic_dq else torch.empty)(dq_shape, dtype=dq_dtype, device=dev)
+    dq = torch.empty(dq_shape, dtype=torch.float32 if pb.broadcast or pb.atomic_dq else q.dtype, device=dev)
+    key = (pb.key, aligned(q, k, v, do, lens))
     if pb.fused:  # delta stays inside the program: `lse` fills its unused slot
         args = (q, k, v, o, do, lse, lse, dq, dk, dv, lens_arg, *tail)
-        _launch("fused", (pb.batch * pb.heads,), args, pb.lq, pb.lk, **pb.meta, FUSED=True, BLOCK_M=_bucket(pb.lq))
+        _LAUNCHERS["fused"](key, (pb.batch * pb.heads,), args, pb.meta["fused"])
     else:
         delta = torch.empty_like(lse)
         if pb.atomic_dq:
             rows = delta.numel()
-            _bwd_delta_kernel[(triton.cdiv(rows, 64),)](o, do, delta, rows, HEAD_DIM=pb.head_dim,
-                                                        BLOCK_D=pb.meta["BLOCK_D"], BLOCK_R=64)
+            _DELTA(key, (-(-rows // 64),), (o, do, delta, dq, rows),
+                   {"HEAD_DIM": pb.head_dim, "BLOCK_D": pb.meta["fwd"]["BLOCK_D"], "BLOCK_R": 64})
         else:  # the dq kernel also writes delta
             args = (q, k, v, o, do, lse, delta, dq, dk, dv, lens_arg, *tail)
-            _launch("dq", pb.grid(pb.lq, "BLOCK_M"), args, pb.lq, pb.lk, **pb.meta, FUSED=False)
-        args = (q, k, v, do, lse, delta, dq, dk, dv, lens_arg, *tail)
-        _launch("dkdv_atomic" if pb.atomic_dq else "dkdv", pb.grid(pb.lk, "BLOCK_N"), args, pb.lq, pb.lk,
-                **pb.meta, ATOMIC_DQ=pb.atomic_dq)
+            _LAUNCHERS["dq"](key, pb.q_grid, args, pb.meta["dq"])
+        kind = "dkdv_atomic" if pb.atomic_dq else "dkdv"
+        _LAUNCHERS[kind](key, pb.k_grid, (q, k, v, do, lse, delta, dq, dk, dv, lens_arg, *tail), pb.meta[kind])
     if pb.broadcast:
         dq = dq.sum(0, keepdim=True)
     return dq.to(q.dtype), dk, dv
 
 
 class _FlashAttention(torch.autograd.Function):
+    """Eager autograd path (the registered op below costs ~13 µs more per call in the dispatcher)."""
+
     @staticmethod
     def forward(ctx, q, k, v, lens, causal, scale, softcap):
-        pb = _Problem(q, k, v, lens, causal, scale, softcap)
+        pb = _problem(q, k, v, lens, causal, scale, softcap)
         o, lse = _forward(q, k, v, lens, pb)
         ctx.save_for_backward(q, k, v, o, lse, lens)
-        ctx.problem = pb
+        ctx.problem = pb  # the forward fixes the backward path (see backward_paths)
         return o
 
     @staticmethod
@@ -622,6 +651,56 @@ class _FlashAttention(torch.autograd.Function):
         q, k, v, o, lse, lens = ctx.saved_tensors
         dq, dk, dv = _backward(do, q, k, v, o, lse, lens, ctx.problem)
         return dq, dk, dv, None, None, None, None
+
+
+# --------------------------------------------------------------------------------------------
+# Registered operators (what torch.compile traces)
+# --------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("recsys::flash_attention", mutates_args=())
+def flash_attention_op(q: Tensor, k: Tensor, v: Tensor, lens: Tensor | None, causal: bool, scale: float,
+                       softcap: float) -> tuple[Tensor, Tensor]:
+    """``(o [B, H, Lq, D], lse [B, H, Lq] fp32)``; arguments as :func:`triton_attention` with
+    ``scale`` resolved and ``softcap = 0`` for none. ``lse`` is saved for the backward."""
+    return _forward(q, k, v, lens, _problem(q, k, v, lens, causal, scale, softcap))
+
+
+@flash_attention_op.register_fake
+def _(q, k, v, lens, causal, scale, softcap):
+    batch, heads, _, head_dim = k.shape
+    lq = q.shape[2]
+    return q.new_empty((batch, heads, lq, head_dim)), q.new_empty((batch, heads, lq), dtype=torch.float32)
+
+
+@torch.library.custom_op("recsys::flash_attention_backward", mutates_args=())
+def flash_attention_backward_op(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
+                                lens: Tensor | None, causal: bool, scale: float,
+                                softcap: float) -> tuple[Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv)`` shaped like ``q``, ``k``, ``v`` (contiguous) from the forward's ``o`` and ``lse``."""
+    return _backward(do, q, k, v, o, lse, lens, _problem(q, k, v, lens, causal, scale, softcap))
+
+
+@flash_attention_backward_op.register_fake
+def _(do, q, k, v, o, lse, lens, causal, scale, softcap):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, lens, causal, scale, softcap = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, lens)
+    ctx.flags = (causal, scale, softcap)
+    ctx.mark_non_differentiable(lse)
+
+
+def _op_backward(ctx, do, _dlse):
+    q, k, v, o, lse, lens = ctx.saved_tensors
+    dq, dk, dv = flash_attention_backward_op(do, q, k, v, o, lse, lens, *ctx.flags)
+    return dq, dk, dv, None, None, None, None
+
+
+flash_attention_op.register_autograd(_op_backward, setup_context=_setup_context)
 
 
 def triton_supports(q: Tensor) -> bool:
@@ -679,5 +758,11 @@ def triton_attention(
     if key_lengths is not None:
         if key_lengths.shape != (k.shape[0],):
             raise ValueError(f"key_lengths must have shape [{k.shape[0]}], got {tuple(key_lengths.shape)}")
-        lens = key_lengths.to(device=q.device, dtype=torch.int32).contiguous()
-    return _FlashAttention.apply(q, k, v, lens, bool(causal), scale, softcap)
+        lens = key_lengths  # the kernels read any integer dtype: no cast launch
+        if lens.device != q.device or lens.stride(0) != 1:
+            lens = lens.to(q.device).contiguous()
+    causal, softcap = bool(causal), float(softcap) if softcap else None
+    if torch.compiler.is_compiling():
+        scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
+        return flash_attention_op(q, k, v, lens, causal, scale, softcap or 0.0)[0]
+    return _FlashAttention.apply(q, k, v, lens, causal, scale, softcap)

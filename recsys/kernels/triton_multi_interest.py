@@ -49,8 +49,11 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from recsys.kernels.launch import MAX_KEYS, Launcher, aligned
+
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
+SUM_BLOCK_P, SUM_BLOCK_N = 32, 128  # tile of the partial-gradient sum: partials x weights
 
 
 @dataclass(frozen=True)
@@ -340,7 +343,7 @@ def _mi_bwd_dx_kernel(
 
 @triton.jit
 def _mi_bwd_weights_kernel(
-    H, POS, DS, W1, W2, DW1_PART, DW2_PART,
+    H, POS, DS, W1, W2, DW_PART,
     R, L, D, HID, K, stride_pl, stride_w1, stride_w2,
     HAS_POS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -374,11 +377,25 @@ def _mi_bwd_weights_kernel(
         dz = (tl.dot(ds, w2t, input_precision=PRECISION) * (1.0 - t * t)).to(dt)
         dw1 += tl.dot(tl.trans(x), dz, input_precision=PRECISION)
         dw2t += tl.dot(tl.trans(ds), tc, input_precision=PRECISION)
-    part = pid_r.to(tl.int64)
-    tl.store(DW1_PART + (part * D + offs_d[:, None]) * HID + cols[None, :], dw1,
-             mask=d_ok[:, None] & c_ok[None, :])
-    tl.store(DW2_PART + (part * HID + cols[None, :]) * K + offs_k[:, None], dw2t,
-             mask=c_ok[None, :] & k_ok[:, None])
+    part = DW_PART + pid_r.to(tl.int64) * (D * HID + HID * K)  # this program's row: dW1 then dW2, flat
+    tl.store(part + offs_d[:, None] * HID + cols[None, :], dw1, mask=d_ok[:, None] & c_ok[None, :])
+    tl.store(part + D * HID + cols[None, :] * K + offs_k[:, None], dw2t, mask=c_ok[None, :] & k_ok[:, None])
+
+
+@triton.jit
+def _sum_parts_kernel(PARTS, OUT, P, N, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``OUT[n] = sum over p of PARTS[p, n]`` (contiguous fp32 ``[P, N]``), summed in fp32 in a fixed
+    order and stored in ``OUT``'s dtype (the cast is part of the same launch)."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_p = tl.arange(0, BLOCK_P)
+    ok = cols < N
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    for start in range(0, P, BLOCK_P):
+        rows = start + offs_p
+        x = tl.load(PARTS + rows.to(tl.int64)[:, None] * N + cols[None, :], mask=(rows < P)[:, None] & ok[None, :],
+                    other=0.0)
+        acc += tl.sum(x, axis=0)
+    tl.store(OUT + cols, acc.to(OUT.dtype.element_ty), mask=ok)
 
 
 def _blocks(d: int, hidden: int, k: int, block_h: int) -> dict[str, int]:
@@ -404,6 +421,80 @@ def _launch(cfg: LaunchConfig) -> dict[str, int]:
     return {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
 
 
+_LAUNCH = {"scores": Launcher(_mi_scores_kernel), "pool": Launcher(_mi_pool_kernel),
+           "bwd_scores": Launcher(_mi_bwd_scores_kernel), "bwd_dx": Launcher(_mi_bwd_dx_kernel),
+           "bwd_weights": Launcher(_mi_bwd_weights_kernel), "sum_parts": Launcher(_sum_parts_kernel)}
+Launch = tuple[tuple[int, ...], tuple, dict]  # (grid, run-time integer arguments, compile-time arguments)
+
+
+def _key(h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None, score_cap: float | None,
+         config: object) -> tuple:
+    """Launch key (see :class:`~recsys.kernels.launch.Launcher`): everything the integer arguments,
+    pointer specialisations and compile-time arguments of the launches depend on."""
+    return (h.device, h.dtype, h.shape, h.stride(), w1.shape, w1.stride(), w2.stride(), lengths.dtype,
+            None if pos is None else (pos.shape, pos.stride()), bool(score_cap), config,
+            aligned(h, lengths, w1, w2, pos))
+
+
+_PLANS: dict[tuple, dict[str, Launch]] = {}
+
+
+def _plan(key: tuple, h: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None, score_cap: float | None,
+          config: ForwardConfig | BackwardConfig | None, backward: bool) -> dict[str, Launch]:
+    """The launches of the forward (or backward) for ``key``, built once: ``{kernel: (grid, ints, meta)}``."""
+    plan = _PLANS.get(key)
+    if plan is not None:
+        return plan
+    b, seq_len, d = h.shape
+    hidden, k = w2.shape
+    rows = b * seq_len
+    flags = _kernel_flags(h)
+    block_d, block_k = max(16, triton.next_power_of_2(d)), max(16, triton.next_power_of_2(k))
+    flat_ints = (rows, seq_len, d, hidden, k, pos.stride(0) if pos is not None else 0, w1.stride(0), w2.stride(0))
+    seq_ints = (seq_len, d, k, h.stride(0), h.stride(1), k * d, d)  # out is a fresh contiguous [B, K, d]
+    has_pos = {"HAS_POS": pos is not None}
+    if not backward:
+        cfg = config or forward_config(seq_len, d, hidden)
+        block_l = _seq_block(seq_len, cfg.pool.block_l)
+        plan = {
+            "scores": ((triton.cdiv(rows, cfg.scores.block_l),), flat_ints, dict(
+                HAS_CAP=bool(score_cap), BLOCK_M=cfg.scores.block_l, **has_pos,
+                **_blocks(d, hidden, k, cfg.scores.block_h), **flags, **_launch(cfg.scores))),
+            "pool": ((b,), seq_ints, dict(
+                SINGLE_BLOCK=seq_len <= block_l, BLOCK_L=block_l, BLOCK_D=block_d, BLOCK_K=block_k,
+                PRECISION=flags["PRECISION"], **_launch(cfg.pool))),
+        }
+    else:
+        cfg = config or backward_config(seq_len, d, hidden)
+        blocks = _blocks(d, hidden, k, cfg.weights.block_h)
+        n_hblocks = triton.cdiv(hidden, blocks["BLOCK_H"])
+        n_tiles = triton.cdiv(rows, cfg.weights.block_l)
+        nprog_r = min(n_tiles, max(1, _max_programs(h.device, cfg.weights.programs_per_sm) // n_hblocks))
+        n_weights = d * hidden + hidden * k
+        plan = {
+            "bwd_scores": ((b,), seq_ints, dict(
+                HAS_CAP=bool(score_cap), BLOCK_L=_seq_block(seq_len, cfg.scores.block_l), BLOCK_D=block_d,
+                BLOCK_K=block_k, PRECISION=flags["PRECISION"], **_launch(cfg.scores))),
+            "bwd_dx": ((triton.cdiv(rows, cfg.dx.block_l),), flat_ints, dict(
+                BLOCK_M=cfg.dx.block_l, **has_pos, **_blocks(d, hidden, k, cfg.dx.block_h), **flags,
+                **_launch(cfg.dx))),
+            "bwd_weights": ((nprog_r, n_hblocks), flat_ints, dict(
+                BLOCK_M=cfg.weights.block_l, **has_pos, **blocks, **flags, **_launch(cfg.weights))),
+            "sum_parts": ((triton.cdiv(n_weights, SUM_BLOCK_N),), (nprog_r, n_weights), dict(
+                BLOCK_P=SUM_BLOCK_P, BLOCK_N=SUM_BLOCK_N, num_warps=4, num_stages=2)),
+        }
+    if len(_PLANS) >= MAX_KEYS:
+        _PLANS.clear()
+    _PLANS[key] = plan
+    return plan
+
+
+def _run(name: str, key: tuple, plan: dict[str, Launch], tensors: tuple, scalars: tuple = ()) -> None:
+    """Launch kernel ``name`` of ``plan``: its tensors, then the plan's integers, then ``scalars``."""
+    grid, ints, meta = plan[name]
+    _LAUNCH[name](key, grid, (*tensors, *ints, *scalars), meta)
+
+
 def multi_interest_forward(
     h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None,
     config: ForwardConfig | None = None, score_cap: float | None = None,
@@ -422,38 +513,26 @@ def multi_interest_forward(
         positions (0 for empty sequences).
     """
     b, seq_len, d = h.shape
-    hidden, k = w2.shape
-    cfg = config or forward_config(seq_len, d, hidden)
+    k = w2.shape[1]
     out = torch.empty(b, k, d, device=h.device, dtype=h.dtype)
     lse = torch.empty(b, k, device=h.device, dtype=torch.float32)
     scores = torch.empty(b, seq_len, k, device=h.device, dtype=torch.float32)
     if b * seq_len == 0:
         return out.zero_(), lse.zero_(), scores
-    flags = _kernel_flags(h)
-    rows = b * seq_len
-    _mi_scores_kernel[(triton.cdiv(rows, cfg.scores.block_l),)](
-        h, pos if pos is not None else h, w1, w2, scores,
-        rows, seq_len, d, hidden, k, pos.stride(0) if pos is not None else 0, w1.stride(0), w2.stride(0),
-        float(score_cap or 1.0), HAS_POS=pos is not None, HAS_CAP=bool(score_cap), BLOCK_M=cfg.scores.block_l,
-        **_blocks(d, hidden, k, cfg.scores.block_h), **flags, **_launch(cfg.scores),
-    )
-    block_l = _seq_block(seq_len, cfg.pool.block_l)
-    _mi_pool_kernel[(b,)](
-        h, scores, lengths, out, lse,
-        seq_len, d, k, h.stride(0), h.stride(1), out.stride(0), out.stride(1),
-        SINGLE_BLOCK=seq_len <= block_l, BLOCK_L=block_l,
-        BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_K=max(16, triton.next_power_of_2(k)),
-        PRECISION=flags["PRECISION"], **_launch(cfg.pool),
-    )
+    key = _key(h, lengths, w1, w2, pos, score_cap, config)
+    plan = _plan(("fwd", key), h, w1, w2, pos, score_cap, config, backward=False)
+    cap = (float(score_cap or 1.0),)
+    _run("scores", key, plan, (h, pos if pos is not None else h, w1, w2, scores), cap)
+    _run("pool", key, plan, (h, scores, lengths, out, lse))
     return out, lse, scores
 
 
-def multi_interest_backward(
+def _backward_flat(
     h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None,
     out: Tensor, lse: Tensor, scores: Tensor, dout: Tensor, config: BackwardConfig | None = None,
     dscores: Tensor | None = None, score_cap: float | None = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    """Launch the three backward kernels, then sum the per-program partial gradients.
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Launch the three backward kernels and one that sums the per-program weight gradients.
 
     Args:
         h, lengths, w1, w2, pos: the forward's inputs (contiguous, one dtype).
@@ -466,61 +545,52 @@ def multi_interest_backward(
             ``1 - (S / cap)²`` (and :func:`_add_score_grad` to ``dscores``).
 
     Returns:
-        ``(dh [B, L, d], dw1 [d, hidden], dw2 [hidden, K], dpos [L_max, d] or None)`` in the
-        inputs' dtype.
+        ``(dh [B, L, d], dw [d · hidden + hidden · K] (dW1 then dW2, flat), dpos [L_max, d] or None)``
+        in the inputs' dtype: the weight gradients share one buffer, summed in one launch.
     """
     b, seq_len, d = h.shape
     hidden, k = w2.shape
-    cfg = config or backward_config(seq_len, d, hidden)
     dh = torch.empty_like(h)
+    n_weights = d * hidden + hidden * k
     if b * seq_len == 0:
         dpos = None if pos is None else torch.zeros_like(pos)
-        return dh, torch.zeros_like(w1), torch.zeros_like(w2), dpos
-    f32 = {"device": h.device, "dtype": torch.float32}
+        return dh, torch.zeros(n_weights, device=h.device, dtype=w1.dtype), dpos
+    key = (_key(h, lengths, w1, w2, pos, score_cap, config), aligned(dout))
+    plan = _plan(("bwd", key), h, w1, w2, pos, score_cap, config, backward=True)
     pos_arg = pos if pos is not None else h
-    stride_pl = pos.stride(0) if pos is not None else 0
-    flags = _kernel_flags(h)
-    block_d, block_k = max(16, triton.next_power_of_2(d)), max(16, triton.next_power_of_2(k))
-
     ds = torch.empty(b, seq_len, k, device=h.device, dtype=h.dtype)  # dLoss/dS; 0 on padding
-    _mi_bwd_scores_kernel[(b,)](
-        h, scores, lengths, out, dout, lse, dh, ds,
-        seq_len, d, k, h.stride(0), h.stride(1), out.stride(0), out.stride(1), float(score_cap or 1.0),
-        HAS_CAP=bool(score_cap), BLOCK_L=_seq_block(seq_len, cfg.scores.block_l), BLOCK_D=block_d, BLOCK_K=block_k,
-        PRECISION=flags["PRECISION"], **_launch(cfg.scores),
-    )
-
+    _run("bwd_scores", key, plan, (h, scores, lengths, out, dout, lse, dh, ds), (float(score_cap or 1.0),))
     if dscores is not None:
         ds = _add_score_grad(ds, scores, dscores, score_cap)
-
-    rows = b * seq_len
     dx = torch.empty_like(h) if pos is not None else dh  # score-path dH, for dP
-    _mi_bwd_dx_kernel[(triton.cdiv(rows, cfg.dx.block_l),)](
-        h, pos_arg, ds, w1, w2, dh, dx,
-        rows, seq_len, d, hidden, k, stride_pl, w1.stride(0), w2.stride(0),
-        HAS_POS=pos is not None, BLOCK_M=cfg.dx.block_l,
-        **_blocks(d, hidden, k, cfg.dx.block_h), **flags, **_launch(cfg.dx),
-    )
-
-    blocks = _blocks(d, hidden, k, cfg.weights.block_h)
-    n_hblocks = triton.cdiv(hidden, blocks["BLOCK_H"])
-    n_tiles = triton.cdiv(rows, cfg.weights.block_l)
-    nprog_r = min(n_tiles, max(1, _max_programs(h.device, cfg.weights.programs_per_sm) // n_hblocks))
-    dw1_part = torch.empty(nprog_r, d, hidden, **f32)
-    dw2_part = torch.empty(nprog_r, hidden, k, **f32)
-    _mi_bwd_weights_kernel[(nprog_r, n_hblocks)](
-        h, pos_arg, ds, w1, w2, dw1_part, dw2_part,
-        rows, seq_len, d, hidden, k, stride_pl, w1.stride(0), w2.stride(0),
-        HAS_POS=pos is not None, BLOCK_M=cfg.weights.block_l, **blocks, **flags, **_launch(cfg.weights),
-    )
-    dw1 = dw1_part.sum(0).to(w1.dtype)
-    dw2 = dw2_part.sum(0).to(w2.dtype)
+    _run("bwd_dx", key, plan, (h, pos_arg, ds, w1, w2, dh, dx))
+    nprog_r = plan["sum_parts"][1][0]
+    dw_part = torch.empty(nprog_r, n_weights, device=h.device, dtype=torch.float32)  # per program: dW1, dW2
+    _run("bwd_weights", key, plan, (h, pos_arg, ds, w1, w2, dw_part))
+    dw = torch.empty(n_weights, device=h.device, dtype=w1.dtype)
+    _run("sum_parts", key, plan, (dw_part, dw))
     dpos = None
     if pos is not None:
-        dpos = dx.sum(0, dtype=torch.float32).to(pos.dtype)  # [L, d]
+        dpos = dx.sum(0)  # [L, d]; reduced-precision sums accumulate in fp32
         if pos.shape[0] > seq_len:
             dpos = torch.cat([dpos, dpos.new_zeros(pos.shape[0] - seq_len, d)])
-    return dh, dw1, dw2, dpos
+    return dh, dw, dpos
+
+
+def _split_weights(dw: Tensor, w1: Tensor, w2: Tensor) -> tuple[Tensor, Tensor]:
+    """``dw1 [d, hidden]`` and ``dw2 [hidden, K]``: views of the flat buffer of :func:`_backward_flat`."""
+    return dw[: w1.numel()].view(w1.shape), dw[w1.numel():].view(w2.shape)
+
+
+def multi_interest_backward(
+    h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None,
+    out: Tensor, lse: Tensor, scores: Tensor, dout: Tensor, config: BackwardConfig | None = None,
+    dscores: Tensor | None = None, score_cap: float | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """:func:`_backward_flat` with the weight gradients split: ``(dh, dw1 [d, hidden], dw2 [hidden, K],
+    dpos or None)`` (``dw1`` and ``dw2`` are views of one buffer)."""
+    dh, dw, dpos = _backward_flat(h, lengths, w1, w2, pos, out, lse, scores, dout, config, dscores, score_cap)
+    return (dh, *_split_weights(dw, w1, w2), dpos)
 
 
 def _add_score_grad(ds: Tensor, scores: Tensor, dscores: Tensor, score_cap: float | None) -> Tensor:
@@ -532,11 +602,21 @@ def _add_score_grad(ds: Tensor, scores: Tensor, dscores: Tensor, score_cap: floa
     return (ds.float() + extra).to(ds.dtype)
 
 
+def _input_grads(saved: tuple[Tensor, ...], dout: Tensor | None, dscores: Tensor | None,
+                 score_cap: float | None) -> tuple[Tensor, Tensor, Tensor | None]:
+    """``(dh, dw flat, dpos)`` (as :func:`_backward_flat`) from the forward's saved ``(h, lengths,
+    w1, w2, pos, out, lse, scores)`` and the output gradients (either may be None: unused by the loss)."""
+    h, lengths, w1, w2, pos, out, lse, scores = saved
+    dout = torch.zeros_like(out) if dout is None else dout.contiguous()
+    return _backward_flat(h, lengths, w1, w2, pos, out, lse, scores, dout, dscores=dscores, score_cap=score_cap)
+
+
 class _MultiInterest(torch.autograd.Function):
-    """Autograd wrapper: saves the inputs, the output, the scores ``[B, L, K]`` and log-sum-exp.
+    """Eager autograd path: saves the inputs, the output, the scores ``[B, L, K]`` and log-sum-exp.
 
     Returns ``(out, scores)``; ``scores`` (the capped logits) is differentiable, so a loss term
-    on the attention adds its gradient to the kernel's own score gradient.
+    on the attention adds its gradient to the kernel's own score gradient. (The registered op
+    below does the same for ``torch.compile``; it costs ~13 µs more per call in the dispatcher.)
     """
 
     @staticmethod
@@ -546,16 +626,15 @@ class _MultiInterest(torch.autograd.Function):
         ctx.save_for_backward(h, lengths, w1, w2, pos, out, lse, scores)
         ctx.score_cap = score_cap
         ctx.set_materialize_grads(False)
+        ctx.mark_non_differentiable(lse)
         return out, scores
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout: Tensor | None, dscores: Tensor | None):
-        h, lengths, w1, w2, pos, out, lse, scores = ctx.saved_tensors
-        dout = torch.zeros_like(out) if dout is None else dout.contiguous()
-        dh, dw1, dw2, dpos = multi_interest_backward(
-            h, lengths, w1, w2, pos, out, lse, scores, dout, dscores=dscores, score_cap=ctx.score_cap,
-        )
+        saved = ctx.saved_tensors
+        dh, dw, dpos = _input_grads(saved, dout, dscores, ctx.score_cap)
+        dw1, dw2 = _split_weights(dw, saved[2], saved[3])
         need = ctx.needs_input_grad
         return (
             dh if need[0] else None,
@@ -565,6 +644,61 @@ class _MultiInterest(torch.autograd.Function):
             dpos if need[4] else None,
             None,
         )
+
+
+# --------------------------------------------------------------------------------------------
+# Registered operators (what torch.compile traces)
+# --------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("recsys::multi_interest", mutates_args=())
+def multi_interest_op(h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None,
+                      score_cap: float) -> tuple[Tensor, Tensor, Tensor]:
+    """``(out [B, K, d], lse [B, K] fp32, scores [B, L, K] fp32)`` of :func:`multi_interest_forward`
+    (contiguous inputs of one dtype; ``score_cap = 0`` for none). ``lse`` is saved for the backward."""
+    return multi_interest_forward(h, lengths, w1, w2, pos, score_cap=score_cap or None)
+
+
+@multi_interest_op.register_fake
+def _(h, lengths, w1, w2, pos, score_cap):
+    b, seq_len, d = h.shape
+    k = w2.shape[1]
+    f32 = torch.float32
+    return h.new_empty((b, k, d)), h.new_empty((b, k), dtype=f32), h.new_empty((b, seq_len, k), dtype=f32)
+
+
+@torch.library.custom_op("recsys::multi_interest_backward", mutates_args=())
+def multi_interest_backward_op(h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None,
+                               out: Tensor, lse: Tensor, scores: Tensor, dout: Tensor | None,
+                               dscores: Tensor | None, score_cap: float) -> list[Tensor]:
+    """``[dh, dw (dW1 then dW2, flat)]`` plus ``dpos`` when ``pos`` is given (an op returns no None)."""
+    grads = _input_grads((h, lengths, w1, w2, pos, out, lse, scores), dout, dscores, score_cap or None)
+    return [g for g in grads if g is not None]
+
+
+@multi_interest_backward_op.register_fake
+def _(h, lengths, w1, w2, pos, out, lse, scores, dout, dscores, score_cap):
+    grads = [h.new_empty(h.shape), h.new_empty(w1.numel() + w2.numel())]
+    return grads if pos is None else [*grads, h.new_empty(pos.shape)]
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    h, lengths, w1, w2, pos, score_cap = inputs
+    out, lse, scores = output
+    ctx.save_for_backward(h, lengths, w1, w2, pos, out, lse, scores)
+    ctx.score_cap = score_cap
+    ctx.set_materialize_grads(False)
+    ctx.mark_non_differentiable(lse)
+
+
+def _op_backward(ctx, dout, _dlse, dscores):
+    saved = ctx.saved_tensors
+    grads = multi_interest_backward_op(*saved, dout, dscores, ctx.score_cap)
+    dw1, dw2 = _split_weights(grads[1], saved[2], saved[3])
+    return grads[0], None, dw1, dw2, grads[2] if len(grads) > 2 else None, None
+
+
+multi_interest_op.register_autograd(_op_backward, setup_context=_setup_context)
 
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -609,6 +743,10 @@ def triton_multi_interest(
     h, w1, w2 = (t.to(dtype).contiguous() for t in (h, w1, w2))
     if pos is not None:
         pos = pos.to(dtype).contiguous()
-    lengths = lengths.to(device=h.device).contiguous()
-    out, scores = _MultiInterest.apply(h, lengths, w1, w2, pos, score_cap or None)
+    if lengths.device != h.device or lengths.stride(0) != 1:
+        lengths = lengths.to(h.device).contiguous()
+    if torch.compiler.is_compiling():
+        out, _, scores = multi_interest_op(h, lengths, w1, w2, pos, float(score_cap or 0.0))
+    else:
+        out, scores = _MultiInterest.apply(h, lengths, w1, w2, pos, score_cap or None)
     return (out, scores) if return_scores else out

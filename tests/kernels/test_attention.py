@@ -137,7 +137,7 @@ def test_split_backward_modes(device, dtype, case, atomic):
 
 def test_backward_paths_switches_the_path_and_restores_it():
     q = torch.zeros(1, 1, 70, 16)
-    problem = lambda: kernel_module._Problem(q, q, q, None, False, None, None)  # noqa: E731
+    problem = lambda: kernel_module._problem(q, q, q, None, False, None, None)  # noqa: E731
     assert not problem().fused and problem().atomic_dq  # Lq = 70 > 64, Lk = 70 <= 256
     with kernel_module.backward_paths(atomic_dq_max_lk=0):
         assert not problem().atomic_dq

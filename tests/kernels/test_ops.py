@@ -1,0 +1,293 @@
+"""The kernels as registered operators: ``torch.library.opcheck``, ``torch.compile(fullgraph=True)``
+of models with the kernels inside, the launch cache and the launches per call.
+
+CPU runs use the Triton interpreter and the ``aot_eager`` backend (the graphs are traced through
+the operators, their fake implementations and autograd formulas, then run eagerly); the ``gpu``
+tests compile with Inductor on CUDA.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import recsys.kernels.triton_attention as attention_module  # noqa: E402
+import recsys.kernels.triton_multi_interest as multi_interest_module  # noqa: E402
+from recsys.config import ModelConfig  # noqa: E402
+from recsys.kernels import attention, multi_interest  # noqa: E402
+from recsys.kernels.launch import Launcher  # noqa: E402
+from recsys.models import build_model  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+needs_interpreter = pytest.mark.skipif(not INTERPRET, reason="CPU operator tests need TRITON_INTERPRET=1")
+GPU_MARKS = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")]
+CPU = pytest.param("cpu", marks=needs_interpreter, id="cpu")
+GPU = pytest.param("cuda", marks=GPU_MARKS, id="cuda")
+OPS = ("recsys.flash_attention", "recsys.multi_interest")
+
+
+def _attention_args(device, *, lens=True, causal=False, softcap=0.0, q_batch=3, lq=6):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(q_batch, 2, lq, 16, generator=g)
+    k, v = (torch.randn(3, 2, 6, 16, generator=g) for _ in range(2))
+    lengths = torch.tensor([0, 4, 6]) if lens else None
+    q, k, v = (t.to(device).requires_grad_() for t in (q, k, v))
+    return q, k, v, None if lengths is None else lengths.to(device), causal, 0.25, softcap
+
+
+def _multi_interest_args(device, *, pos=True, score_cap=0.0):
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(4, 7, 16, generator=g)
+    w1, w2 = torch.randn(16, 32, generator=g) * 0.3, torch.randn(32, 3, generator=g) * 0.3
+    p = torch.randn(9, 16, generator=g) * 0.3
+    h, w1, w2, p = (t.to(device).requires_grad_() for t in (h, w1, w2, p))
+    return h, torch.tensor([0, 2, 7, 5], device=device), w1, w2, p if pos else None, score_cap
+
+
+@pytest.mark.parametrize("device", [CPU, GPU])
+@pytest.mark.parametrize("case", [{}, {"lens": False, "causal": True}, {"softcap": 2.0, "q_batch": 1}],
+                         ids=["lengths", "causal", "softcap-broadcast"])
+def test_opcheck_attention(device, case):
+    """Schema, fake (meta) shapes incl. the saved log-sum-exp, autograd registration, AOT dispatch."""
+    torch.library.opcheck(torch.ops.recsys.flash_attention.default, _attention_args(device, **case))
+
+
+@pytest.mark.parametrize("device", [CPU, GPU])
+@pytest.mark.parametrize("case", [{}, {"pos": False, "score_cap": 1.5}], ids=["pos", "cap-no-pos"])
+def test_opcheck_multi_interest(device, case):
+    torch.library.opcheck(torch.ops.recsys.multi_interest.default, _multi_interest_args(device, **case))
+
+
+def _recording_backend(seen: dict[str, list[str]]):
+    """``aot_eager`` that records the call targets of the forward and backward graphs."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    def recorder(which):
+        def compile_graph(gm, _inputs):
+            seen[which] += [str(node.target) for node in gm.graph.nodes if node.op == "call_function"]
+            return make_boxed_func(gm.forward)
+
+        return compile_graph
+
+    return aot_autograd(fw_compiler=recorder("forward"), bw_compiler=recorder("backward"))
+
+
+def _model_step(name: str, device: str):
+    """A model (dropout 0, so eager and compiled runs agree) and ``step(seq, lengths) -> (loss, grads)``."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(name=name, dim=16, num_interests=3, num_layers=1, num_heads=2, dropout=0.0,
+                      backend="triton")
+    model = build_model(cfg, 30, 6).to(device)
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def loss(seq, lengths):
+        return model.interests(seq, lengths).square().sum()
+
+    def step(fn, seq, lengths):
+        out = fn(seq, lengths)
+        return out.detach(), torch.autograd.grad(out, params, allow_unused=True)
+
+    return loss, step
+
+
+def _batch(device):
+    gen = torch.Generator().manual_seed(2)
+    seq = torch.randint(1, 30, (4, 6), generator=gen)
+    lengths = torch.tensor([6, 3, 1, 0])
+    seq[torch.arange(6)[None] >= lengths[:, None]] = 0
+    return seq.to(device), lengths.to(device)
+
+
+def _assert_same(eager, compiled, atol):
+    torch.testing.assert_close(compiled[0], eager[0], rtol=1e-4, atol=atol)
+    for a, b in zip(eager[1], compiled[1], strict=True):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=atol)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("name,op", [("comirec_sa", "recsys.multi_interest"), ("sasrec", "recsys.flash_attention")])
+def test_fullgraph_compile_matches_eager_cpu(name, op):
+    """Forward and backward traced whole (no graph break) through the registered kernels."""
+    loss, step = _model_step(name, "cpu")
+    seq, lengths = _batch("cpu")
+    seen = {"forward": [], "backward": []}
+    compiled = torch.compile(loss, fullgraph=True, backend=_recording_backend(seen))
+    _assert_same(step(loss, seq, lengths), step(compiled, seq, lengths), atol=1e-5)
+    assert any(op in target for target in seen["forward"]), seen["forward"]
+    assert any(f"{op}_backward" in target for target in seen["backward"]), seen["backward"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["comirec_sa", "sasrec"])
+def test_fullgraph_compile_matches_eager_gpu(name):
+    """Inductor on CUDA, fp32 (IEEE products in the kernels): compiled forward and backward equal eager."""
+    torch._dynamo.reset()
+    loss, step = _model_step(name, "cuda")
+    seq, lengths = _batch("cuda")
+    compiled = torch.compile(loss, fullgraph=True)
+    _assert_same(step(loss, seq, lengths), step(compiled, seq, lengths), atol=1e-4)
+
+
+# --------------------------------------------------------------------------------------------
+# Launches per call
+# --------------------------------------------------------------------------------------------
+
+# what a call may do besides launching its kernels: allocate, view, and nothing that computes
+FREE = {"empty", "empty_like", "new_empty", "empty_strided", "view", "_unsafe_view", "slice", "detach", "alias",
+        "t", "transpose", "expand", "as_strided", "zeros_like"}
+
+
+class _Count(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.fixture
+def counted_launches(monkeypatch):
+    """Kernel launches are recorded (by kernel name) instead of run; returns the list."""
+    launched: list[str] = []
+
+    def record(self, key, grid, args, meta):
+        launched.append(self.kernel.fn.__name__)
+
+    monkeypatch.setattr(Launcher, "__call__", record)
+    return launched
+
+
+def _launches(fn, counted_launches) -> tuple[list[str], list[str]]:
+    counted_launches.clear()
+    with _Count() as mode:
+        fn()
+    return list(counted_launches), [op for op in mode.ops if op not in FREE]
+
+
+@needs_interpreter
+def test_attention_launches_per_call_cpu(counted_launches):
+    """Forward: one kernel, no cast of int64 lengths; fused backward: one kernel; split backward:
+    delta (zeroing the fp32 dq) + dk/dv, no separate zeros (nor, in fp32, a cast of dq)."""
+    q, k, v, lengths, *_ = _attention_args("cpu", lq=6)
+    do = torch.randn(3, 2, 6, 16)
+    fwd, other = _launches(lambda: attention(q, k, v, key_lengths=lengths, backend="triton"), counted_launches)
+    assert fwd == ["_fwd_kernel"] and other == []
+    out = attention(q, k, v, key_lengths=lengths, backend="triton")
+    bwd, other = _launches(lambda: torch.autograd.grad(out, (q, k, v), do), counted_launches)
+    assert bwd == ["_bwd_dq_kernel"] and other == []
+    with attention_module.backward_paths(fused_max_lq=0):
+        out = attention(q, k, v, key_lengths=lengths, backend="triton")
+    bwd, other = _launches(lambda: torch.autograd.grad(out, (q, k, v), do), counted_launches)
+    assert bwd == ["_bwd_delta_kernel", "_bwd_dkdv_kernel"] and other == []
+
+
+@needs_interpreter
+def test_multi_interest_launches_per_call_cpu(counted_launches):
+    """Forward: two kernels; backward: three kernels and one summing the weight gradients (no
+    separate sums and casts), plus dP's sum over the batch."""
+    h, lengths, w1, w2, pos, _ = _multi_interest_args("cpu")
+    fwd, other = _launches(lambda: multi_interest(h, lengths, w1, w2, pos=pos, backend="triton"), counted_launches)
+    assert fwd == ["_mi_scores_kernel", "_mi_pool_kernel"] and other == []
+    out = multi_interest(h, lengths, w1, w2, pos=pos, backend="triton")
+    grad = torch.randn_like(out)
+    bwd, other = _launches(lambda: torch.autograd.grad(out, (h, w1, w2, pos), grad), counted_launches)
+    assert bwd == ["_mi_bwd_scores_kernel", "_mi_bwd_dx_kernel", "_mi_bwd_weights_kernel", "_sum_parts_kernel"]
+    assert other == ["sum", "new_zeros", "cat"]  # dP over the batch, padded to pos's 9 rows (L = 7)
+
+
+# --------------------------------------------------------------------------------------------
+# The launch cache
+# --------------------------------------------------------------------------------------------
+
+
+class _FakeCompiled:
+    function = object()
+
+    def __init__(self, calls):
+        self.calls = calls
+
+    def __getitem__(self, grid):
+        return lambda *args: self.calls.append((grid, args))
+
+
+class _FakeKernel:
+    """Stands in for a ``@triton.jit`` function (or its autotuner): records Triton-path launches."""
+
+    arg_names = ["X", "N", "BLOCK", "FLAG"]
+
+    def __init__(self, compiled, best=None):
+        self.compiled, self.triton_calls = compiled, []
+        if best is not None:
+            self.best_config = type("Config", (), {"kwargs": best, "num_warps": 4, "num_stages": 2})()
+
+    def __getitem__(self, grid):
+        def run(*args, **meta):
+            self.triton_calls.append((grid, args, meta))
+            return self.compiled
+
+        return run
+
+
+def test_launcher_goes_to_the_compiled_kernel_after_the_first_launch():
+    calls = []
+    kernel = _FakeKernel(_FakeCompiled(calls))
+    tuned = _FakeKernel(kernel.compiled, best={"BLOCK": 64})
+    launch = Launcher(kernel, tuned)
+    grid = lambda meta: (10 // meta["BLOCK"] + 1,)  # noqa: E731
+    for n in (5, 6):
+        launch(("key",), grid, ("x", n), {"FLAG": True})
+    assert len(tuned.triton_calls) == 1 and launch.slow_launches == 1  # tuned once, then direct
+    # the compiled kernel gets every argument by position, the tuned block size included, on a 3-d grid
+    assert calls == [((1, 1, 1), ("x", 6, 64, True))]
+    launch(("other key",), grid, ("x", 7), {"FLAG": False})
+    assert len(tuned.triton_calls) == 2 and launch.chosen() == {"BLOCK": 64, "num_warps": 4, "num_stages": 2}
+
+
+def test_launcher_without_compiled_kernel_always_takes_tritons_path():
+    """The interpreter returns no compiled kernel: nothing is cached."""
+    kernel = _FakeKernel(None)
+    launch = Launcher(kernel)
+    for _ in range(2):
+        launch(("key",), (3,), ("x", 1), {"BLOCK": 16, "FLAG": False})
+    assert len(kernel.triton_calls) == 2 and launch.slow_launches == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+def test_cached_launches_match_and_respect_alignment_gpu():
+    """Second calls skip Triton's launch path and give the same bits; a misaligned view (other
+    pointer specialisation) is a new key, and still right."""
+    q, k, v, lengths, *_ = _attention_args("cuda")
+    do = torch.randn(3, 2, 6, 16, device="cuda")
+
+    def run(q):
+        out = attention(q, k, v, key_lengths=lengths, backend="triton")
+        return (out, *torch.autograd.grad(out, (q, k, v), do))
+
+    first = run(q)
+    slow = {kind: launcher.slow_launches for kind, launcher in attention_module._LAUNCHERS.items()}
+    second = run(q)
+    assert slow == {kind: launcher.slow_launches for kind, launcher in attention_module._LAUNCHERS.items()}
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+    buf = torch.randn(q.numel() + 1, device="cuda")
+    shifted = buf[1:].view_as(q).copy_(q.detach()).requires_grad_()  # data 4 bytes past an aligned address
+    assert shifted.data_ptr() % 16 != 0
+    for a, b in zip(first, run(shifted)):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    h, lengths, w1, w2, pos, _ = _multi_interest_args("cuda")
+    outs = [multi_interest(h, lengths, w1, w2, pos=pos, backend="triton") for _ in range(2)]
+    assert torch.equal(*outs)
