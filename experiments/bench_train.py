@@ -145,7 +145,7 @@ def _time_ours(exp: Experiment, steps: int, device: torch.device,
     model = copy.deepcopy(exp.model).to(device)
     gen = torch.Generator(device=device)
     gen.manual_seed(1)
-    step = TrainStep(model, model, cfg, device, exp.item_counts.to(device), gen)
+    step = TrainStep(model, cfg, device, exp.item_counts.to(device), gen)
     sampler = TrainSampler(split.train_indptr, split.train_items, cfg.data.max_len, seed=0, min_target=4)
 
     def batch(i: int):

@@ -150,7 +150,7 @@ def test_cuda_graph_step_matches_eager_step(switches):
         torch.manual_seed(0)
         gen.manual_seed(0)
         model = build_model(cfg.model, 500, 50, item_counts=counts).to(device)
-        step = TrainStep(model, model, cfg, device, counts.to(device), gen)
+        step = TrainStep(model, cfg, device, counts.to(device), gen)
         losses = [step(*b, step=i)[0].loss.item() for i, b in enumerate(batches)]
         params.append((losses, [p.detach().clone() for p in model.parameters()]))
     assert params[0][0] == pytest.approx(params[1][0], rel=1e-3)
