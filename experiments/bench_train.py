@@ -37,7 +37,8 @@ from recsys.data.batches import TrainSampler
 from recsys.evaluate.evaluator import evaluate
 from recsys.models import InterestModel
 from recsys.run import Experiment, build_experiment
-from recsys.train.trainer import TrainStep, to_device
+from recsys.device import to_device
+from recsys.train.trainer import TrainStep
 
 
 def _sync(device: torch.device) -> None:

@@ -31,6 +31,7 @@ from recsys.config import Config
 from recsys.data.batches import TrainSampler
 from recsys.data.split import Split
 from recsys.data.synthetic import planted_for
+from recsys.device import to_device
 from recsys.evaluate.diagnostics import interest_health
 from recsys.evaluate.evaluator import evaluate_with_config
 from recsys.models import InterestModel
@@ -292,17 +293,6 @@ class TrainStep:
 
 def _detached(out: LossOutput) -> LossOutput:
     return dataclasses.replace(out, loss=out.loss.detach())
-
-
-def to_device(arrays: tuple[np.ndarray, ...], device: torch.device) -> tuple[Tensor, ...]:
-    """numpy batch -> tensors on ``device`` (through pinned memory, non-blocking, on CUDA)."""
-    out = []
-    for a in arrays:
-        x = torch.from_numpy(a)
-        if device.type == "cuda":
-            x = x.pin_memory().to(device, non_blocking=True)
-        out.append(x)
-    return tuple(out)
 
 
 def train(cfg: Config, *, run_dir: str | Path | None = None, resume: bool = False, log: Log = print,
