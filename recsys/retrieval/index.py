@@ -234,16 +234,9 @@ class Retriever:
         ef_construction: int = 80,
         item_category: np.ndarray | None = None,
     ) -> None:
-        if backend not in _BACKENDS:
-            raise ValueError(f"retrieval.backend: {backend!r} is not one of {list(_BACKENDS)}")
         if item_emb.ndim != 2 or item_emb.shape[0] < 2:
             raise ValueError(f"item_emb: expected [num_items >= 2, d] (row 0 = padding), got {tuple(item_emb.shape)}")
-        is_flat = factory.strip() == "Flat"
-        if backend == "auto":
-            on_cuda = isinstance(item_emb, torch.Tensor) and item_emb.is_cuda
-            backend = "torch" if is_flat and (on_cuda or not _has_faiss()) else "faiss"
-        if backend == "torch" and not is_flat:
-            raise ValueError(f"retrieval.backend: 'torch' is exact search and needs factory 'Flat', got {factory!r}")
+        backend = self.resolve_backend(backend, factory, item_emb)
         self.backend = backend
         self.factory = factory
         self.num_items, self.dim = int(item_emb.shape[0]), int(item_emb.shape[1])
@@ -259,6 +252,20 @@ class Retriever:
             if not torch.isfinite(emb).all():
                 raise ValueError("item_emb: contains NaN or infinite values")
             self._emb = emb.contiguous()
+
+    @staticmethod
+    def resolve_backend(backend: str, factory: str, item_emb: np.ndarray | torch.Tensor) -> str:
+        """``"torch"`` or ``"faiss"``: what ``backend`` (``auto``: torch for ``Flat`` over CUDA
+        embeddings or without FAISS) means for ``factory`` over ``item_emb``."""
+        if backend not in _BACKENDS:
+            raise ValueError(f"retrieval.backend: {backend!r} is not one of {list(_BACKENDS)}")
+        is_flat = factory.strip() == "Flat"
+        if backend == "auto":
+            on_cuda = isinstance(item_emb, torch.Tensor) and item_emb.is_cuda
+            backend = "torch" if is_flat and (on_cuda or not _has_faiss()) else "faiss"
+        if backend == "torch" and not is_flat:
+            raise ValueError(f"retrieval.backend: 'torch' is exact search and needs factory 'Flat', got {factory!r}")
+        return backend
 
     @classmethod
     def from_index(

@@ -118,3 +118,29 @@ def test_progress_bars_close_when_the_work_fails(tiny_run, monkeypatch):
     with pytest.raises(RuntimeError, match="broken"):
         run.evaluate()
     assert len(closed) == 2
+
+
+def test_exact_search_on_the_device_gives_the_faiss_table(tiny_run):
+    """retrieval.backend = torch (on a GPU: "auto") searches where the model runs, batches queued
+    and read back once; the table equals FAISS Flat's."""
+    import copy
+
+    from recsys.run import load_run
+    from recsys.serve.batch import recommend_table
+    from recsys.serve.recommender import Recommender
+
+    run = load_run(tiny_run)
+    on_device = copy.copy(run)
+    on_device.cfg = copy.deepcopy(run.cfg)
+    on_device.cfg.retrieval.backend = "torch"
+    faiss, torch_rec = (Recommender.of_run(r, "Flat", log=lambda line: None) for r in (run, on_device))
+    assert not faiss.retriever.on_device and torch_rec.retriever.on_device
+    users = np.arange(run.dataset.num_users)
+    for exclude_seen in (True, False):
+        want = recommend_table(faiss, users, 7, exclude_seen=exclude_seen, batch_size=64)
+        got = recommend_table(torch_rec, users, 7, exclude_seen=exclude_seen, batch_size=64)
+        pd.testing.assert_frame_equal(got.drop(columns="score"), want.drop(columns="score"))
+        np.testing.assert_allclose(got["score"], want["score"], rtol=1e-5, atol=1e-5)
+    rows = faiss.recommend(*faiss.user_inputs(users[:5]), np.array([1, 2, 3, 4, 5]))
+    on_dev = torch_rec.recommend(*torch_rec.user_inputs(users[:5]), np.array([1, 2, 3, 4, 5]))
+    np.testing.assert_array_equal(on_dev.ids, rows.ids)  # each row cut at its own n
