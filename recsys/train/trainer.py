@@ -14,7 +14,6 @@ The hot path never syncs the host: losses accumulate on the device and are read 
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import math
 import shutil
@@ -23,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-import numpy as np
 import torch
 from torch import Tensor
 
