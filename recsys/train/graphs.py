@@ -26,8 +26,8 @@ import torch
 
 from recsys.config import Config
 
-__all__ = ["DDP_WARMUP_STEPS", "MIN_NCCL", "WARMUP_STEPS", "graph_blocker", "launch_line", "plan_graph",
-           "side_stream"]
+__all__ = ["DDP_WARMUP_STEPS", "MIN_NCCL", "WARMUP_STEPS", "capturing", "graph_blocker", "launch_line",
+           "plan_graph", "side_stream"]
 
 WARMUP_STEPS = 3  # eager steps before a capture: lazy state (optimizer moments, autotuning) exists
 DDP_WARMUP_STEPS = 11  # PyTorch: DDP needs 11 eager iterations (its first 10 collect timing stats)
@@ -90,3 +90,29 @@ def side_stream(stream: torch.cuda.Stream | None) -> Iterator[None]:
     with torch.cuda.stream(stream):
         yield
     torch.cuda.current_stream(stream.device).wait_stream(stream)
+
+
+@contextlib.contextmanager
+def capturing(graph: torch.cuda.CUDAGraph, stream: torch.cuda.Stream, *, thread_local: bool = False) -> Iterator[None]:
+    """``torch.cuda.graph(graph, stream=stream)`` that, when the capture fails, puts the current
+    stream and the memory allocator back as they were before raising (``torch.cuda.graph`` does
+    neither when ending an invalidated capture raises: the allocator would keep routing to the
+    dead graph's pool and stop recycling memory). ``thread_local``: only this thread's CUDA calls
+    can invalidate the capture (others, e.g. NCCL's watchdog, keep querying events)."""
+    device = stream.device
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    before = torch.cuda.current_stream(device)
+    pool = torch.cuda.graph_pool_handle()
+    try:
+        with torch.cuda.graph(graph, pool=pool, stream=stream,
+                              capture_error_mode="thread_local" if thread_local else "global"):
+            yield
+    except BaseException:
+        torch.cuda.set_stream(before)
+        try:
+            torch._C._cuda_endAllocateToPool(index, pool)
+        except RuntimeError:  # the capture ended far enough to stop routing; the graph frees its pool
+            pass
+        else:
+            torch._C._cuda_releasePool(index, pool)
+        raise

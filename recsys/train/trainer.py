@@ -37,7 +37,7 @@ from recsys.nn.attention import max_attention_logit, set_track_stats
 from recsys.run import RunDir, build_experiment, new_run_dir
 from recsys.train import distributed
 from recsys.train.checkpoint import capture_rng, make_checkpoint, restore_rng
-from recsys.train.graphs import DDP_WARMUP_STEPS, WARMUP_STEPS, launch_line, plan_graph, side_stream
+from recsys.train.graphs import DDP_WARMUP_STEPS, WARMUP_STEPS, capturing, launch_line, plan_graph, side_stream
 from recsys.train.memory import check_fits
 from recsys.train.losses import (
     LossOutput,
@@ -237,9 +237,8 @@ class TrainStep:
                         v.copy_(saved[p][k]) if k in saved.get(p, {}) else v.zero_()
         self.optimizer.zero_grad(set_to_none=True)
         graph = torch.cuda.CUDAGraph()
-        # under DDP the NCCL watchdog thread keeps querying events: only this thread is checked
-        with torch.cuda.graph(graph, stream=self.stream,
-                              capture_error_mode="thread_local" if self.world_size > 1 else "global"):
+        assert self.stream is not None
+        with capturing(graph, self.stream, thread_local=self.world_size > 1):  # DDP: NCCL's watchdog thread
             out, grad_norm = self._update(*self.static_in)
         # detached: no autograd node of the capture outlives it (a re-capture would find them)
         self.graph, self.static_out = graph, (_detached(out), grad_norm)

@@ -158,6 +158,7 @@ def test_a_step_that_fails_to_capture_falls_back_to_eager_with_one_line():
     eager, _, _ = _steps(["train.cuda_graph=false"], batches, patch=_syncing)
     losses, step, lines = _steps([], batches, patch=_syncing)
     assert not step.use_graph and step.graph is None
+    assert torch.cuda.current_stream() == torch.cuda.default_stream()  # the failed capture's stream was left
     (line,) = _launch_lines(lines)
     assert line.startswith("training step: eager launches (train.cuda_graph = auto: capturing the step failed: ")
     assert losses == pytest.approx(eager, rel=1e-3)  # the warm-up before the capture was undone
