@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Is `recsys train` with no flags as fast as the best explicit launch setting? (issue 13)
 #
-#   bash experiments/bench_train_defaults.sh [single|ddp] [TAOBAO] [OUT_DIR]
+#   bash experiments/bench_train_defaults.sh [single|ddp] [TAOBAO] [OUT_DIR] [WORK_DIR]
 #
 # single (one GPU, ~4 minutes on an H200): `recsys train` with no train.cuda_graph flag (the
 #   default, "auto"), with train.cuda_graph=true and with train.cuda_graph=false, one process at a
@@ -13,21 +13,25 @@
 #   at 512 per GPU (the same global batch and steps as one GPU: validation recall must match).
 #
 # TAOBAO defaults to ../shared/data/taobao/sequences.txt (on the device: .gpu_data/taobao/sequences.txt).
+# OUT_DIR (default /tmp/bench_train_defaults) gets the logs and the table rows; WORK_DIR (default
+# /tmp/bench_train_defaults_work) the 1M-user data cache (~1 GB, reused by later calls) and the run
+# directories, each deleted once read.
 # samples/s is the last logging window's (after compilation, autotuning and the capture), as
 # `recsys train` prints it; each run is capped by train.max_steps and train.max_minutes.
 set -uo pipefail
 mode=${1:-single}
 taobao=${2:-../shared/data/taobao/sequences.txt}
 out=${3:-/tmp/bench_train_defaults}
-mkdir -p "$out"
+work=${4:-/tmp/bench_train_defaults_work}
+mkdir -p "$out" "$work"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 taobao_cfg=(--config experiments/configs/data/taobao.toml --set "data.source=$taobao"
             --set train.max_steps=4000 --set train.eval_every=4000 --set train.log_every=1000)
 synthetic_cfg=(--set synthetic.num_users=1000000 --set synthetic.num_items=1000000 --set synthetic.mean_length=40
-               --set "data.cache_dir=$out/cache" --set train.batch_size=1024 --set train.max_steps=3000
+               --set "data.cache_dir=$work/cache" --set train.batch_size=1024 --set train.max_steps=3000
                --set train.eval_every=3000 --set train.log_every=500 --set eval.batch_size=4096)
-common=(--quiet --set "output_dir=$out/runs" --set train.max_minutes=1.5 --set train.patience=0)
+common=(--quiet --set "output_dir=$work/runs" --set train.max_minutes=1.5 --set train.patience=0)
 
 run() {  # run LABEL LAUNCHER... -- recsys train args: log to $out/LABEL.log, print one table row
     label=$1; shift
@@ -40,6 +44,7 @@ run() {  # run LABEL LAUNCHER... -- recsys train args: log to $out/LABEL.log, pr
     recall=$(grep -o 'recall@50 [0-9.]*' "$out/$label.log" | tail -n 1 | cut -d' ' -f2)
     launch=$(grep -o 'training step: [A-Za-z ]*' "$out/$label.log" | head -n 1 | cut -d' ' -f3-)
     echo "$label ${sps:-0} ${recall:--} ${status} ${launch:-?}" >> "$out/rows.txt"
+    rm -rf "${work:?}/runs/$label"
 }
 
 table() {  # the rows of rows.txt whose label starts with $1, with ratios to the fastest of them

@@ -134,6 +134,15 @@ def broadcast_flag(flag: bool, device: torch.device) -> bool:
     return bool(value.item())
 
 
+def broadcast_object(obj: object, src: int = 0) -> object:
+    """Rank ``src``'s picklable ``obj`` on every rank (syncs the host; single-process: ``obj``)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
 def all_true(flag: bool, device: torch.device) -> bool:
     """True when ``flag`` is true on every rank (syncs the host; single-process: ``flag``).
 

@@ -330,10 +330,12 @@ def train(cfg: Config, *, run_dir: str | Path | None = None, resume: bool = Fals
     model = exp.model.to(device)
 
     created = rd is None and (run_dir is None or not Path(run_dir).exists())
-    if rd is None and run_dir is not None:
-        rd = RunDir.create(run_dir)
-    elif rd is None:
-        rd = RunDir(new_run_dir(cfg.output_dir, cfg.name, model=cfg.model.name, dataset=_data_name(cfg)))
+    if rd is None:  # rank 0 makes the folder; under DDP the other ranks open the same one
+        path = None
+        if dist.is_main:
+            path = RunDir.create(run_dir).path if run_dir is not None else new_run_dir(
+                cfg.output_dir, cfg.name, model=cfg.model.name, dataset=_data_name(cfg))
+        rd = RunDir(distributed.broadcast_object(path))
     log(f"run directory: {rd.path}")
     try:
         return _run(cfg, rd, ds, split, item_counts, model, dist, resume, t0, log, on_validate)

@@ -90,6 +90,31 @@ def test_a_run_saved_with_graphs_off_resumes_with_auto(tmp_path):
     assert (cfg.train.cuda_graph, cfg.train.max_steps) == ("auto", 50)
 
 
+def _torchrun(tmp_path, name: str, *overrides: str) -> subprocess.CompletedProcess:
+    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "recsys",
+            "train", "--quiet"]
+    for override in [*TINY, "train.max_steps=60", "train.eval_every=30", "train.soft_readout_steps=20",
+                     f"output_dir={tmp_path}", f"name={name}", *overrides]:
+        args += ["--set", override]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_torchrun_on_two_cpu_processes_writes_one_run(tmp_path):
+    """DDP with gloo: rank 0 makes the named run directory and the other rank opens it (each rank
+    used to create it, a race that failed with "exists" when one was later); the launch line is
+    printed once, by rank 0."""
+    done = _torchrun(tmp_path, "ddp", "train.device=cpu", "model.backend=torch", "train.cpu_threads=1",
+                     "train.max_steps=20", "train.eval_every=20", "train.soft_readout_steps=0")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert [p.name for p in tmp_path.iterdir()] == ["ddp"]
+    assert _launch_lines(done.stdout.splitlines()) == [
+        "training step: eager launches (train.cuda_graph = auto: training runs on cpu; CUDA graphs need a CUDA device)"
+    ]
+    valid = [r for r in RunDir(tmp_path / "ddp").read_metrics() if r.get("split") == "valid"]
+    assert [r["step"] for r in valid] == [20] and 0 <= valid[0]["recall@50"] <= 1
+
+
 # ------------------------------------------------------------------------------------ GPU
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 needs_two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
@@ -174,16 +199,6 @@ def test_train_with_no_flags_captures_on_cuda(tmp_path):
     assert result.cuda_graph
     assert _launch_lines(lines) == ["training step: one CUDA graph per step (train.cuda_graph = auto)"]
     assert 0 < result.test_metrics["recall@50"] <= 1
-
-
-def _torchrun(tmp_path, name: str, *overrides: str) -> subprocess.CompletedProcess:
-    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "recsys",
-            "train", "--quiet"]
-    for override in [*TINY, "train.max_steps=60", "train.eval_every=30", "train.soft_readout_steps=20",
-                     f"output_dir={tmp_path}", f"name={name}", *overrides]:
-        args += ["--set", override]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
 
 
 @pytest.mark.gpu
