@@ -3,6 +3,7 @@
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from recsys.cli import main
 from recsys.data.prepare import Dataset
@@ -144,3 +145,30 @@ def test_exact_search_on_the_device_gives_the_faiss_table(tiny_run):
     rows = faiss.recommend(*faiss.user_inputs(users[:5]), np.array([1, 2, 3, 4, 5]))
     on_dev = torch_rec.recommend(*torch_rec.user_inputs(users[:5]), np.array([1, 2, 3, 4, 5]))
     np.testing.assert_array_equal(on_dev.ids, rows.ids)  # each row cut at its own n
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_recommend_on_the_gpu_never_syncs_per_batch(tiny_run):
+    import warnings
+
+    from recsys.api import Run
+
+    run = Run.load(tiny_run, device="cuda")  # Flat + auto: exact search on the GPU
+    assert run.recommend(n=5).shape[0] > 0
+
+    def syncs(batch_size: int) -> int:
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                run.recommend(n=5, batch_size=batch_size)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        return sum("synchronizing" in str(w.message) for w in caught)
+
+    assert syncs(16) == syncs(10_000)  # ~25 batches sync the host as often as one
+    cpu = Run.load(tiny_run, device="cpu").recommend(n=5)
+    gpu = run.recommend(n=5)
+    pd.testing.assert_frame_equal(gpu.drop(columns="score"), cpu.drop(columns="score"))
