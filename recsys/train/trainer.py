@@ -225,16 +225,18 @@ class TrainStep:
         self.static_in = tuple(x.clone() for x in batch)
         params = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         saved = {p: {k: v.clone() for k, v in st.items() if torch.is_tensor(v)} for p, st in self.optimizer.state.items()}
-        with side_stream(self.stream):
-            for _ in range(DDP_WARMUP_STEPS if self.world_size > 1 else WARMUP_STEPS):
-                self.optimizer.zero_grad(set_to_none=True)
-                self._update(*self.static_in)
-        with torch.no_grad():
-            self.model.load_state_dict(params)
-            for p, st in self.optimizer.state.items():
-                for k, v in st.items():
-                    if torch.is_tensor(v):
-                        v.copy_(saved[p][k]) if k in saved.get(p, {}) else v.zero_()
+        try:
+            with side_stream(self.stream):
+                for _ in range(DDP_WARMUP_STEPS if self.world_size > 1 else WARMUP_STEPS):
+                    self.optimizer.zero_grad(set_to_none=True)
+                    self._update(*self.static_in)
+        finally:  # also when a warm-up step fails: eager launches go on from the same weights
+            with torch.no_grad():
+                self.model.load_state_dict(params)
+                for p, st in self.optimizer.state.items():
+                    for k, v in st.items():
+                        if torch.is_tensor(v):
+                            v.copy_(saved[p][k]) if k in saved.get(p, {}) else v.zero_()
         self.optimizer.zero_grad(set_to_none=True)
         graph = torch.cuda.CUDAGraph()
         assert self.stream is not None
