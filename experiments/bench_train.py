@@ -37,7 +37,8 @@ from recsys.data.batches import TrainSampler
 from recsys.evaluate.evaluator import evaluate
 from recsys.models import InterestModel
 from recsys.run import Experiment, build_experiment
-from recsys.train.trainer import TrainStep, to_device
+from recsys.device import to_device
+from recsys.train.trainer import TrainStep
 
 
 def _sync(device: torch.device) -> None:
@@ -145,7 +146,7 @@ def _time_ours(exp: Experiment, steps: int, device: torch.device,
     model = copy.deepcopy(exp.model).to(device)
     gen = torch.Generator(device=device)
     gen.manual_seed(1)
-    step = TrainStep(model, model, cfg, device, exp.item_counts.to(device), gen, weight_decay=0.0)
+    step = TrainStep(model, cfg, device, exp.item_counts.to(device), gen)
     sampler = TrainSampler(split.train_indptr, split.train_items, cfg.data.max_len, seed=0, min_target=4)
 
     def batch(i: int):

@@ -10,7 +10,7 @@ Usage::
 
     python experiments/collapse_study.py --data taobao --jobs 9 \\
         --variant "K=1" model.num_interests=1 --variant "K=4" \\
-        --variant "K=4 cap 1" model.score_cap=1 [--set train.cuda_graph=true ...] [--results FILE]
+        --variant "K=4 cap 1" model.score_cap=1 [--set train.max_minutes=5 ...] [--results FILE]
 
 ``--variant LABEL [KEY=VALUE ...]`` may be repeated; ``--set`` applies to every variant.
 """

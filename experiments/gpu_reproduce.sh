@@ -22,7 +22,7 @@ smi=$!
     tests/train/test_trainer.py > "$out/gpu_tests.log" 2>&1 &
 tests=$!
 
-common=(--k-sweep --jobs 11 --output-dir /tmp/recsys_runs --set train.cuda_graph=true
+common=(--k-sweep --jobs 11 --output-dir /tmp/recsys_runs
         --set "train.max_minutes=$minutes" --set train.patience=5 "$@")
 python experiments/reproduce_comirec.py --data taobao "${common[@]}" \
     --set data.source=.gpu_data/taobao/sequences.txt \

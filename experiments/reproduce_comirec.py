@@ -6,8 +6,8 @@ the table (Recall, NDCG, HitRate @20/@50) is printed and, with ``--results``, ap
 ``experiments/RESULTS.md`` together with the command, wall time and samples/s. ``--k-sweep``
 adds ComiRec-SA at K = 1, 2, 4, 8. ``--jobs N`` trains N models at once, each in its own
 process (on one GPU they share the device; on a CPU give each run one thread with
-``--set train.cpu_threads=1``). With ``--set train.cuda_graph=true`` a model whose step cannot be
-captured in a CUDA graph is retried with eager launches, and the table says which did.
+``--set train.cpu_threads=1``). On CUDA every step is captured in a CUDA graph where it can be
+(``train.cuda_graph = "auto"``, the default), and the table says which runs were launched eagerly.
 
 Usage::
 
@@ -40,20 +40,12 @@ def run_one(data: str, model: str, overrides: list[str], output_dir: str, label:
     cfg = load_config([CONFIGS / "data" / f"{data}.toml", CONFIGS / "models" / f"{model}.toml"],
                       overrides + [f"output_dir={output_dir}"])
     t0 = time.perf_counter()
-    log = lambda line: print(f"  [{label}] {line}", flush=True) if line.startswith(("valid", "stopped", "early")) else None
-    try:
-        result = train(cfg, log=log)
-    except Exception as err:  # noqa: BLE001 - reported, then retried once without the graph
-        if not cfg.train.cuda_graph:
-            raise
-        print(f"  [{label}] CUDA-graph step failed ({type(err).__name__}: {err}); retrying with eager launches",
-              flush=True)
-        cfg.train.cuda_graph = False
-        t0 = time.perf_counter()
-        result = train(cfg, log=log)
+    log = lambda line: print(f"  [{label}] {line}", flush=True) if line.startswith(
+        ("valid", "stopped", "early", "training step: eager")) else None
+    result = train(cfg, log=log)
     info = {"steps": result.steps, "best_step": result.best_step, "wall_s": time.perf_counter() - t0,
             "samples_per_s": result.samples_per_s, "run_dir": result.run_dir,
-            "launch": "CUDA graph" if cfg.train.cuda_graph else "eager"}
+            "launch": "CUDA graph" if result.cuda_graph else "eager"}
     print(f"{label}: test recall@50 {result.test_metrics['recall@50']:.4f}  ({info['wall_s']:.0f}s, "
           f"{info['samples_per_s']:,.0f} samples/s, best step {info['best_step']}/{info['steps']})", flush=True)
     return result.test_metrics, info

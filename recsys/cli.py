@@ -79,13 +79,15 @@ def _progress(args: argparse.Namespace) -> bool:
     return not getattr(args, "quiet", False)
 
 
-RESUME_KEYS = ("train.max_steps", "train.max_minutes", "train.patience")
+# the budget, and how the step is launched (a run saved when train.cuda_graph defaulted to false
+# can resume as a CUDA graph)
+RESUME_KEYS = ("train.max_steps", "train.max_minutes", "train.patience", "train.cuda_graph")
 
 
 def _resumed_config(args: argparse.Namespace) -> Config:
-    """The run's saved config; ``--set`` may extend its budget (``RESUME_KEYS``), which is
-    written back to the run's ``config.json``. Anything else would change what is being
-    continued, so it is an error naming the option or key."""
+    """The run's saved config; ``--set`` may extend its budget or change how the step is launched
+    (``RESUME_KEYS``), which is written back to the run's ``config.json``. Anything else would
+    change what is being continued, so it is an error naming the option or key."""
     for option in ("config", "data", "model"):
         if getattr(args, option):
             raise ConfigError(f"--{option} cannot change a run being resumed; it keeps the config it was started with")

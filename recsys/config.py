@@ -1,7 +1,8 @@
 """Run configuration: plain dataclasses of primitives, loaded from TOML, overridable with ``--set``.
 
 A :class:`Config` has one section per pipeline stage. Every field is a primitive (``int``,
-``float``, ``str``, ``bool``) or a list of ``int``, so a config round-trips through JSON and a
+``float``, ``str``, ``bool``; ``train.cuda_graph`` is a ``bool`` or the string ``"auto"``) or a
+list of ``int``, so a config round-trips through JSON and a
 checkpoint that embeds it loads with ``torch.load(weights_only=True)``.
 
 Unknown sections, unknown keys and values of the wrong type are errors that name the key::
@@ -17,6 +18,7 @@ import dataclasses
 import json
 import math
 import sys
+import types
 import typing
 from dataclasses import dataclass, field
 from collections.abc import Mapping
@@ -127,7 +129,9 @@ class TrainConfig:
     grad_clip: float = 5.0  # 0 disables
     amp: bool = True  # bf16 autocast on CUDA
     compile: bool = False
-    cuda_graph: bool = False  # capture the whole training step in a CUDA graph (CUDA, one process)
+    # the whole training step as one CUDA graph: "auto" (on CUDA when the step can be captured, else
+    # eager launches with one line saying why) | true (capture or fail) | false (eager launches)
+    cuda_graph: bool | str = "auto"
     device: str = "auto"  # auto | cpu | cuda
     seed: int = 42
     log_every: int = 100
@@ -227,6 +231,13 @@ def _toml_value(value: Any) -> str:
 def _check_type(key: str, value: Any, hint: Any) -> Any:
     """Return ``value`` converted to ``hint`` (int -> float allowed), or raise naming ``key``."""
     origin = typing.get_origin(hint)
+    if origin in (types.UnionType, typing.Union):  # e.g. bool | str: the first member the value is
+        members = typing.get_args(hint)
+        for member in members:
+            if isinstance(value, member) and not (member is int and isinstance(value, bool)):
+                return value
+        names = " or ".join(m.__name__ for m in members)
+        raise ConfigError(f"{key}: expected {names}, got {type(value).__name__} {value!r}")
     if origin is list:
         (inner,) = typing.get_args(hint)
         if not isinstance(value, list):
@@ -411,6 +422,9 @@ _CHOICES = {
     "retrieval.backend": ("auto", "faiss", "torch"),
 }
 
+GRAPH_AUTO = "auto"  # train.cuda_graph: capture where the step can be captured
+GRAPH_MODES = (GRAPH_AUTO, True, False)
+
 _POSITIVE = (
     "data.max_len", "model.dim", "model.num_interests", "model.num_layers", "model.num_heads",
     "model.routing_iters", "train.batch_size", "train.max_epochs", "train.log_every", "train.min_target",
@@ -476,6 +490,8 @@ def validate(cfg: Config) -> None:
     if cfg.train.attention_reg and cfg.model.name not in SCORE_CAP_MODELS:
         raise ConfigError(f"train.attention_reg={cfg.train.attention_reg:g} has no effect on {cfg.model.name} (only "
                           f"{' and '.join(SCORE_CAP_MODELS)} have differentiable attention over the clicks); set it to 0")
+    if cfg.train.cuda_graph not in GRAPH_MODES:
+        raise ConfigError(f'train.cuda_graph: must be true, false or "auto", got {cfg.train.cuda_graph!r}')
     if not 0.0 <= cfg.train.hard_negatives < 1.0:
         raise ConfigError(f"train.hard_negatives: must be in [0, 1), got {cfg.train.hard_negatives!r}")
     if not cfg.train.hard_negative_temperature > 0:

@@ -201,3 +201,49 @@ def test_changing_the_model_resolves_automatic_settings_again():
     assert (explicit.model.score_cap, explicit.train.soft_readout_steps) == (2.0, 50)  # set by hand: kept
     back = with_values(mind, {"model.name": "comirec_sa"})
     assert (back.model.score_cap, back.train.soft_readout_steps) == (1.0, 1000)
+
+
+@pytest.mark.parametrize("text, value", [("auto", "auto"), ("true", True), ("false", False), ('"auto"', "auto")])
+def test_cuda_graph_takes_auto_true_or_false(tmp_path, text, value):
+    assert Config().train.cuda_graph == "auto"  # the default
+    cfg = load_config(None, [f"train.cuda_graph={text}"])
+    assert cfg.train.cuda_graph is value if isinstance(value, bool) else cfg.train.cuda_graph == value
+    assert config_from_dict(json.loads(cfg.to_json())) == cfg  # JSON round trip keeps bool or string
+    path = tmp_path / "c.toml"
+    path.write_text(cfg.to_toml())
+    assert load_config(path).train.cuda_graph == value and type(load_config(path).train.cuda_graph) is type(value)
+
+
+@pytest.mark.parametrize("text", ["yes", "1", '"true"', "Auto", "[true]"])
+def test_bad_cuda_graph_values_name_the_key(text):
+    with pytest.raises(ConfigError, match="train.cuda_graph"):
+        load_config(None, [f"train.cuda_graph={text}"])
+
+
+@pytest.mark.parametrize("saved", [True, False])
+def test_runs_saved_with_a_boolean_cuda_graph_load_with_it(tmp_path, saved):
+    """config.json of a run trained when train.cuda_graph was a bool (default false) loads unchanged."""
+    from recsys.run import RunDir
+
+    values = Config().to_dict()
+    values["train"]["cuda_graph"] = saved
+    run = RunDir.create(tmp_path / "old")
+    run.save_config(values)
+    assert run.read_config().train.cuda_graph is saved
+    assert run_config_from_dict(values).train.cuda_graph is saved
+
+
+def test_memory_estimate_adds_evaluation_to_a_captured_step():
+    """A captured CUDA graph keeps the step's memory through evaluation: the two add up."""
+    import torch
+
+    from recsys.models import build_model
+    from recsys.train.memory import check_fits, estimate_bytes
+
+    cfg = load_config(None, ["model.backend=torch"])
+    model = build_model(cfg.model, 4001, cfg.data.max_len)
+    params = sum(p.numel() for p in model.parameters())
+    parts = estimate_bytes(cfg, params, 4001, cfg.model.num_interests)
+    eager = check_fits(cfg, model, 4001, torch.device("cpu"), available=1 << 40)
+    kept = check_fits(cfg, model, 4001, torch.device("cpu"), available=1 << 40, step_kept=True)
+    assert kept - eager == min(parts["training step activations"], parts["evaluation batch"]) > 0

@@ -3,8 +3,10 @@
 For each batch of evaluation users: the model turns their input clicks into ``K`` interests,
 one index search returns every interest's hits, they are merged to the top ``max(topn)``
 items per user (max score, or ComiRec's greedy diversity pick with ``diversity_lambda > 0``),
-and the metrics of :mod:`recsys.evaluate.metrics` are taken at each cutoff. The index is
-built once, from ``model.item_embeddings()``. Smaller cutoffs use the prefix of the
+and the metrics of :mod:`recsys.evaluate.metrics` are taken at each cutoff, over all users at
+once. The index is built once, from ``model.item_embeddings()``. With exact search on the GPU
+(the torch backend: ``Flat`` over CUDA embeddings) every batch stays on the device and nothing
+waits for the GPU until the recommended ids are read back, once. Smaller cutoffs use the prefix of the
 ``max(topn)`` list (both merges are prefix-consistent; the diversity pick draws its
 candidates from each interest's top ``max(topn)``, as ComiRec does with ``topN = 50``).
 """
@@ -12,11 +14,12 @@ candidates from each interest's top ``max(topn)``, as ComiRec does with ``topN =
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from recsys.device import to_device
 from recsys.evaluate.metrics import (
     category_diversity,
     hit_rate,
@@ -114,45 +117,72 @@ def evaluate(
                 item_emb, retriever_factory, backend, nprobe, ef_search, ef_construction=ef_construction,
                 item_category=item_category,
             )
-            with_diversity = item_category is not None and bool(np.any(np.asarray(item_category) != 0))
-            sums = {f"{m}@{n}": 0.0 for n in topn for m in ("recall", "ndcg", "hitrate")}
-            div_sum = {n: 0.0 for n in topn}
-            div_users = {n: 0 for n in topn}
-            seen = {n: np.zeros(num_items, dtype=bool) for n in topn}
-            indptr = np.asarray(eval_set.truth_indptr, dtype=np.int64)
             with progress_bar(num_users, "evaluate", enabled=progress, unit="users") as bar:  # closed on errors too
-                for start in range(0, num_users, batch_size):
-                    stop = min(start + batch_size, num_users)
-                    inputs = np.asarray(eval_set.inputs[start:stop], dtype=np.int64)
-                    seq = torch.from_numpy(inputs).to(device)
-                    lengths = torch.from_numpy(np.asarray(eval_set.lengths[start:stop], dtype=np.int64)).to(device)
-                    interests = model.interests(seq, lengths).float()  # [b, K, d]
-                    ids, _, _ = retriever.search(
-                        interests, n_max, inputs if exclude_history else None, diversity_lambda=diversity_lambda
-                    )
-                    truth = np.asarray(eval_set.truth_items[indptr[start] : indptr[stop]], dtype=np.int64)
-                    hits = rank_hits(ids, indptr[start : stop + 1] - indptr[start], truth)
-                    for n in topn:
-                        sums[f"recall@{n}"] += float(recall(hits, n).sum())
-                        sums[f"ndcg@{n}"] += float(ndcg(hits, n, comirec=comirec_ndcg).sum())
-                        sums[f"hitrate@{n}"] += float(hit_rate(hits, n).sum())
-                        top = ids[:, :n]
-                        seen[n][top[top > 0]] = True
-                        if with_diversity:
-                            div = category_diversity(top, item_category)
-                            div_sum[n] += float(np.nansum(div))
-                            div_users[n] += int(np.isfinite(div).sum())
-                    bar.update(stop - start)
+                if retriever.on_device and diversity_lambda == 0:
+                    ids = _top_on_device(model, retriever, eval_set, n_max, exclude_history, batch_size, device, bar)
+                else:
+                    ids = _top_on_host(model, retriever, eval_set, n_max, exclude_history, diversity_lambda,
+                                       batch_size, device, bar)
     finally:
         model.train(was_training)
+    return _metrics(ids, eval_set, topn, num_items, comirec_ndcg, item_category)
 
+
+def _top_on_device(model: InterestModel, retriever: Retriever, eval_set: EvalSet, n: int, exclude_history: bool,
+                   batch_size: int, device: torch.device, bar: Any) -> np.ndarray:
+    """``[U, n]`` recommended ids, searched where the embeddings live: every batch is queued
+    without waiting for the GPU (inputs through pinned memory, results kept on the device) and
+    the ids come back to the host once."""
+    num_users = len(eval_set.lengths)
+    out, finite = [], torch.ones((), dtype=torch.bool, device=device)
+    for start in range(0, num_users, batch_size):
+        stop = min(start + batch_size, num_users)
+        seq, lengths = to_device((np.asarray(eval_set.inputs[start:stop], dtype=np.int64),
+                                  np.asarray(eval_set.lengths[start:stop], dtype=np.int64)), device)
+        interests = model.interests(seq, lengths).float()  # [b, K, d]
+        finite &= torch.isfinite(interests).all()
+        out.append(retriever.top_items(interests, n, seq if exclude_history else None)[0])
+        bar.update(stop - start)
+    if not bool(finite):
+        raise ValueError("interests: contains NaN or infinite values")
+    return torch.cat(out).cpu().numpy()
+
+
+def _top_on_host(model: InterestModel, retriever: Retriever, eval_set: EvalSet, n: int, exclude_history: bool,
+                 diversity_lambda: float, batch_size: int, device: torch.device, bar: Any) -> np.ndarray:
+    """``[U, n]`` recommended ids, searched and merged on the host batch by batch (FAISS, or
+    the diversity-controlled pick)."""
+    num_users = len(eval_set.lengths)
+    out = []
+    for start in range(0, num_users, batch_size):
+        stop = min(start + batch_size, num_users)
+        inputs = np.asarray(eval_set.inputs[start:stop], dtype=np.int64)
+        seq, lengths = to_device((inputs, np.asarray(eval_set.lengths[start:stop], dtype=np.int64)), device)
+        interests = model.interests(seq, lengths).float()  # [b, K, d]
+        out.append(retriever.search(interests, n, inputs if exclude_history else None,
+                                    diversity_lambda=diversity_lambda)[0])
+        bar.update(stop - start)
+    return np.concatenate(out)
+
+
+def _metrics(ids: np.ndarray, eval_set: EvalSet, topn: tuple[int, ...], num_items: int, comirec_ndcg: bool,
+             item_category: np.ndarray | None) -> dict[str, float]:
+    """:func:`evaluate`'s metrics of the recommended ``ids [U, max(topn)]``, all users at once."""
+    num_users = len(ids)
+    with_diversity = item_category is not None and bool(np.any(np.asarray(item_category) != 0))
+    hits = rank_hits(ids, np.asarray(eval_set.truth_indptr, dtype=np.int64),
+                     np.asarray(eval_set.truth_items, dtype=np.int64))
     out: dict[str, float] = {}
     for n in topn:
-        for m in ("recall", "ndcg", "hitrate"):
-            out[f"{m}@{n}"] = sums[f"{m}@{n}"] / num_users
+        out[f"recall@{n}"] = float(recall(hits, n).sum()) / num_users
+        out[f"ndcg@{n}"] = float(ndcg(hits, n, comirec=comirec_ndcg).sum()) / num_users
+        out[f"hitrate@{n}"] = float(hit_rate(hits, n).sum()) / num_users
+        top = ids[:, :n]
         if with_diversity:
-            out[f"diversity@{n}"] = div_sum[n] / div_users[n] if div_users[n] else float("nan")
-        out[f"coverage@{n}"] = float(seen[n][1:].sum()) / (num_items - 1)
+            div = category_diversity(top, item_category)
+            users = int(np.isfinite(div).sum())
+            out[f"diversity@{n}"] = float(np.nansum(div)) / users if users else float("nan")
+        out[f"coverage@{n}"] = len(np.unique(top[top > 0])) / (num_items - 1)
     out["users"] = float(num_users)
     return out
 

@@ -234,16 +234,9 @@ class Retriever:
         ef_construction: int = 80,
         item_category: np.ndarray | None = None,
     ) -> None:
-        if backend not in _BACKENDS:
-            raise ValueError(f"retrieval.backend: {backend!r} is not one of {list(_BACKENDS)}")
         if item_emb.ndim != 2 or item_emb.shape[0] < 2:
             raise ValueError(f"item_emb: expected [num_items >= 2, d] (row 0 = padding), got {tuple(item_emb.shape)}")
-        is_flat = factory.strip() == "Flat"
-        if backend == "auto":
-            on_cuda = isinstance(item_emb, torch.Tensor) and item_emb.is_cuda
-            backend = "torch" if is_flat and (on_cuda or not _has_faiss()) else "faiss"
-        if backend == "torch" and not is_flat:
-            raise ValueError(f"retrieval.backend: 'torch' is exact search and needs factory 'Flat', got {factory!r}")
+        backend = self.resolve_backend(backend, factory, item_emb)
         self.backend = backend
         self.factory = factory
         self.num_items, self.dim = int(item_emb.shape[0]), int(item_emb.shape[1])
@@ -259,6 +252,20 @@ class Retriever:
             if not torch.isfinite(emb).all():
                 raise ValueError("item_emb: contains NaN or infinite values")
             self._emb = emb.contiguous()
+
+    @staticmethod
+    def resolve_backend(backend: str, factory: str, item_emb: np.ndarray | torch.Tensor) -> str:
+        """``"torch"`` or ``"faiss"``: what ``backend`` (``auto``: torch for ``Flat`` over CUDA
+        embeddings or without FAISS) means for ``factory`` over ``item_emb``."""
+        if backend not in _BACKENDS:
+            raise ValueError(f"retrieval.backend: {backend!r} is not one of {list(_BACKENDS)}")
+        is_flat = factory.strip() == "Flat"
+        if backend == "auto":
+            on_cuda = isinstance(item_emb, torch.Tensor) and item_emb.is_cuda
+            backend = "torch" if is_flat and (on_cuda or not _has_faiss()) else "faiss"
+        if backend == "torch" and not is_flat:
+            raise ValueError(f"retrieval.backend: 'torch' is exact search and needs factory 'Flat', got {factory!r}")
+        return backend
 
     @classmethod
     def from_index(
@@ -304,6 +311,57 @@ class Retriever:
             ids.append(top.indices.cpu())
             scores.append(top.values.cpu())
         return torch.cat(ids).numpy().astype(np.int64), torch.cat(scores).numpy()
+
+    @property
+    def on_device(self) -> bool:
+        """True when :meth:`top_items` can answer (the torch backend: exact search where the
+        embeddings live)."""
+        return self._emb is not None
+
+    def top_items(
+        self, interests: torch.Tensor, n: int, exclude: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`search` without leaving the device (torch backend only): nothing here waits
+        for the GPU, so a loop over batches queues its work and reads the results back once.
+
+        ``interests [B, K, d]`` (a tensor; moved to the embeddings' device) and ``exclude [B, E]``
+        (item ids padded with 0, on that device, or None) -> ``(ids [B, n] int64, scores [B, n]
+        float32, interest_of [B, n] int64)`` on the embeddings' device, best first, ``-1 / -inf
+        / -1`` where fewer than ``n`` items are left. Each item scores its best inner product over
+        the ``K`` interests, as :func:`~recsys.retrieval.aggregate.max_merge` of the per-interest
+        hits does (the same items up to ties). Unlike :meth:`search` the interests are not checked
+        for NaN (that needs the host); check them when the results are read.
+        """
+        emb = self._emb
+        if emb is None:
+            raise ValueError(f"top_items: the {self.backend} backend searches on the host; use search()")
+        if interests.ndim != 3 or interests.shape[2] != self.dim:
+            raise ValueError(f"interests: expected [B, K, d={self.dim}], got {tuple(interests.shape)}")
+        if n <= 0:
+            raise ValueError(f"n: must be > 0, got {n}")
+        q = interests.detach().to(emb.device, torch.float32)
+        bsz, num_k, _ = q.shape
+        k = min(n, self.num_items - 1)
+        rows = max(1, _TORCH_CHUNK_BYTES // (4 * num_k * self.num_items))  # users per [rows, K, N] block
+        ids, scores, which = [], [], []
+        for start in range(0, bsz, rows):
+            best, best_k = (q[start : start + rows] @ emb.T).max(dim=1)  # [rows, K, N] -> [rows, N]
+            best[:, 0] = -torch.inf  # padding
+            if exclude is not None:
+                best.scatter_(1, exclude[start : start + rows], -torch.inf)  # id 0 (padding) is -inf already
+            top = torch.topk(best, k, dim=1)
+            ids.append(top.indices)
+            scores.append(top.values)
+            which.append(best_k.gather(1, top.indices))
+        top_ids, top_scores, top_k = torch.cat(ids), torch.cat(scores), torch.cat(which)
+        missing = top_scores == -torch.inf
+        top_ids, top_k = top_ids.masked_fill(missing, -1), top_k.masked_fill(missing, -1)
+        if k < n:  # a catalogue smaller than n
+            pad = (0, n - k)
+            top_ids = torch.nn.functional.pad(top_ids, pad, value=-1)
+            top_scores = torch.nn.functional.pad(top_scores, pad, value=-torch.inf)
+            top_k = torch.nn.functional.pad(top_k, pad, value=-1)
+        return top_ids, top_scores, top_k
 
     def candidates(
         self, interests: torch.Tensor | np.ndarray, n: int, exclude: Exclude = None

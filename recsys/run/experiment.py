@@ -15,6 +15,7 @@ from torch import Tensor
 
 from recsys.config import Config
 from recsys.data import Dataset, Split, load_dataset, split_dataset
+from recsys.device import to_device
 from recsys.models import InterestModel, build_model
 from recsys.run.layout import RunDir
 
@@ -51,18 +52,19 @@ class Experiment:
 
     def interests(self, inputs: np.ndarray, lengths: np.ndarray, batch_size: int = 2048) -> np.ndarray:
         """Interests ``[B, K, d]`` float32 of right-padded ``inputs [B, L]`` (internal ids) with
-        ``lengths [B]``, computed ``batch_size`` rows at a time in eval mode."""
+        ``lengths [B]``, computed ``batch_size`` rows at a time in eval mode (on a GPU: queued
+        without waiting for it, and copied back once)."""
         out = []
         self.model.eval()
         with torch.inference_mode():
             for start in range(0, len(lengths), batch_size):
-                seq = torch.from_numpy(np.asarray(inputs[start : start + batch_size], dtype=np.int64))
-                lens = torch.from_numpy(np.asarray(lengths[start : start + batch_size], dtype=np.int64))
-                out.append(self.model.interests(seq.to(self.device), lens.to(self.device)).float().cpu().numpy())
+                seq, lens = to_device((np.asarray(inputs[start : start + batch_size], dtype=np.int64),
+                                       np.asarray(lengths[start : start + batch_size], dtype=np.int64)), self.device)
+                out.append(self.model.interests(seq, lens).float())
         if not out:
             k, d = int(getattr(self.model, "num_interests", 1)), self.item_table().shape[1]
             return np.zeros((0, k, d), dtype=np.float32)
-        return np.concatenate(out)
+        return torch.cat(out).cpu().numpy()
 
 
 def build_experiment(cfg: Config, *, dataset: Dataset | None = None, clicks: pd.DataFrame | None = None,

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from recsys.retrieval.index import (
     Retriever,
@@ -169,14 +170,21 @@ def open_run_index(
     """A :class:`Retriever` for ``run`` with ``factory`` (default: the run's
     ``retrieval.factory``) and a one-line description of where it came from.
 
-    A saved index (``recsys index``) is loaded when its embedding hash matches the run's
-    weights, with its saved ``nprobe`` / ``ef_search`` unless given here; otherwise the index
-    is built in memory (``Flat`` is instant; HNSW over 100k items takes tens of seconds).
+    With ``Flat`` and ``retrieval.backend`` resolving to torch (``auto``: the model is on a GPU,
+    or FAISS is missing) it is exact search on the model's device. Otherwise a saved index
+    (``recsys index``) is loaded when its embedding hash matches the run's weights, with its
+    saved ``nprobe`` / ``ef_search`` unless given here; otherwise the index is built in memory
+    (``Flat`` is instant; HNSW over 100k items takes tens of seconds).
     """
     cfg = run.cfg.retrieval
     factory = factory or cfg.factory
-    emb = run.item_table()
     categories = run.dataset.item_category
+    with torch.inference_mode():
+        live = run.model.item_embeddings().detach()  # [N, d] where the model runs
+    if factory.strip() == "Flat" and Retriever.resolve_backend(cfg.backend, factory, live) == "torch":
+        retriever = Retriever(live, factory, "torch", item_category=categories)
+        return retriever, f"Flat: exact search with torch on {live.device}"
+    emb = run.item_table()
     index_file, meta_file = run.dir.index_files(factory)
     if index_file.is_file() and meta_file.is_file():
         meta, load = _load_saved(run, factory, index_file, meta_file)

@@ -2,8 +2,9 @@
 
 Each user's input is their last ``max_len`` clicks in the run's dataset (or, for
 ``Run.recommend(sequences=...)``, the last ``max_len`` clicks of a given sequence). Rows are processed
-in batches (one model call and one index search per batch); the output has one row per
-``(user, rank)``::
+in batches (one model call and one index search per batch; with exact search on the GPU the
+batches are queued without waiting for it and the results come back once); the output has one
+row per ``(user, rank)``::
 
     user  rank  item  score  interest
     "17"     1  "50"  4.21          2     rank 1 = best; interest = which of the K interests found it
@@ -20,7 +21,7 @@ import pandas as pd
 
 from recsys.progress import progress_bar
 from recsys.data.batches import gather_rows, pad_sequences
-from recsys.serve.recommender import CSR, Recommender
+from recsys.serve.recommender import CSR, Recommendations, Recommender
 
 __all__ = ["output_format", "read_user_file", "recommend_table", "resolve_users", "write_recommendations"]
 
@@ -87,27 +88,27 @@ def recommend_table(
     ds = rec.dataset
     indptr, items = sequences if sequences is not None else (ds.indptr, ds.items)
     labels = rows if sequences is not None else ds.user_raw[rows]
+    if not len(rows):
+        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in
+                             zip(COLUMNS, (str, np.int64, str, np.float32, np.int64))})
     with progress_bar(len(rows), "recommend", enabled=progress, unit="users") as bar:  # closed on errors too
         parts = []
-        for start in range(0, len(rows), batch_size):
+        for start in range(0, len(rows), batch_size):  # on the GPU: queued, read back once below
             batch = rows[start : start + batch_size]
             inputs, lengths = pad_sequences(indptr, items, batch, rec.max_len)
             exclude = gather_rows(indptr, items, indptr[batch], indptr[batch + 1]) if exclude_seen else None
-            recs = rec.recommend(inputs, lengths, n, exclude=exclude, diversity_lambda=diversity_lambda)
-            row, col = np.nonzero(recs.ids > 0)
-            ids = recs.ids[row, col]
-            parts.append(pd.DataFrame({
-                "user": labels[start + row],
-                "rank": (col + 1).astype(np.int64),
-                "item": rec.item_raw(ids),
-                "score": recs.scores[row, col],
-                "interest": recs.interest_of[row, col],
-            }))
+            parts.append(rec.recommend(inputs, lengths, n, exclude=exclude, diversity_lambda=diversity_lambda,
+                                       on_device=True))
             bar.update(len(batch))
-    if not parts:
-        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in
-                             zip(COLUMNS, (str, np.int64, str, np.float32, np.int64))})
-    return pd.concat(parts, ignore_index=True)
+    recs = Recommendations.concat(parts)
+    row, col = np.nonzero(recs.ids > 0)
+    return pd.DataFrame({
+        "user": labels[row],
+        "rank": (col + 1).astype(np.int64),
+        "item": rec.item_raw(recs.ids[row, col]),
+        "score": recs.scores[row, col],
+        "interest": recs.interest_of[row, col],
+    })
 
 
 def output_format(path: str | Path) -> str:

@@ -23,6 +23,7 @@ import torch
 
 from recsys.data.batches import gather_rows, pad_sequences
 from recsys.data.prepare import Dataset
+from recsys.device import to_device
 from recsys.models.base import InterestModel
 from recsys.retrieval.aggregate import check_lambda, diverse_merge, max_merge
 from recsys.retrieval.index import Retriever
@@ -39,11 +40,35 @@ CSR = tuple[np.ndarray, np.ndarray]  # (indptr [B + 1] int64, items [nnz] int64)
 class Recommendations:
     """Top-N per row: ``ids [B, n_max]`` int64 internal item ids, ``scores [B, n_max]``
     float32, ``interest_of [B, n_max]`` int64 (the interest that found the item; ``-1`` for
-    popularity fallbacks); row ``b`` holds ``n[b]`` items at most, the rest is ``-1 / -inf / -1``."""
+    popularity fallbacks); row ``b`` holds ``n[b]`` items at most, the rest is ``-1 / -inf / -1``.
+    numpy arrays, or device tensors from :meth:`Recommender.recommend` with ``on_device=True``."""
 
-    ids: np.ndarray
-    scores: np.ndarray
-    interest_of: np.ndarray
+    ids: np.ndarray | torch.Tensor
+    scores: np.ndarray | torch.Tensor
+    interest_of: np.ndarray | torch.Tensor
+
+    @staticmethod
+    def concat(parts: list[Recommendations]) -> Recommendations:
+        """The rows of ``parts`` in order, as numpy arrays: device tensors are joined on the
+        device and copied to the host once."""
+        fields = []
+        for name in ("ids", "scores", "interest_of"):
+            values = [getattr(p, name) for p in parts]
+            if all(isinstance(v, torch.Tensor) for v in values):
+                fields.append(torch.cat(values).cpu().numpy())
+            else:
+                fields.append(np.concatenate([v.cpu().numpy() if isinstance(v, torch.Tensor) else v for v in values]))
+        return Recommendations(*fields)
+
+
+def _dense(csr: CSR) -> np.ndarray:
+    """CSR rows -> ``[B, longest row]`` int64, right-padded with 0."""
+    indptr, items = csr
+    counts = np.diff(indptr)
+    rows = np.repeat(np.arange(len(counts)), counts)
+    dense = np.zeros((len(counts), int(counts.max(initial=0))), dtype=np.int64)
+    dense[rows, np.arange(len(items)) - indptr[rows]] = items
+    return dense
 
 
 def unique_csr(indptr: np.ndarray, items: np.ndarray, num_items: int) -> CSR:
@@ -191,6 +216,7 @@ class Recommender:
         *,
         exclude: CSR | None = None,
         diversity_lambda: float | np.ndarray = 0.0,
+        on_device: bool = False,
     ) -> Recommendations:
         """Top ``n`` items for each of ``B`` sequences.
 
@@ -199,6 +225,9 @@ class Recommender:
             n: items per row, a scalar or ``[B]``.
             exclude: items never to return, CSR ``(indptr [B + 1], items)`` (e.g. history).
             diversity_lambda: ComiRec's diversity λ, a scalar or ``[B]`` (0 = max-score merge).
+            on_device: with exact search where the embeddings live (the torch backend) and
+                λ = 0, return device tensors without waiting for the GPU (join batches with
+                :meth:`Recommendations.concat`); otherwise numpy arrays either way.
 
         Returns :class:`Recommendations` of width ``max(n)``.
         """
@@ -222,9 +251,17 @@ class Recommender:
             if len(exclude[0]) != bsz + 1:
                 raise ValueError(f"exclude: CSR indptr must have {bsz + 1} entries, got {len(exclude[0])}")
         n_max = int(n.max())
+        device_search = self.retriever.on_device and not lam.any()
+        dense = _dense(exclude) if device_search and exclude is not None else np.zeros((bsz, 0), dtype=np.int64)
         with torch.inference_mode():
-            seq = torch.from_numpy(inputs).to(self.device)
-            interests = self.model.interests(seq, torch.from_numpy(lengths).to(self.device)).float()
+            seq, lens, dense_t, n_t = to_device((inputs, lengths, dense, n), self.device)
+            interests = self.model.interests(seq, lens).float()
+            if device_search:
+                top = self.retriever.top_items(interests, n_max, dense_t if exclude is not None else None)
+                past = torch.arange(n_max, device=top[0].device)[None, :] >= n_t.to(top[0].device)[:, None]
+                recs = Recommendations(top[0].masked_fill(past, -1), top[1].masked_fill(past, -torch.inf),
+                                       top[2].masked_fill(past, -1))
+                return recs if on_device else Recommendations.concat([recs])
         ids, scores, interest_of = self.retriever.candidates(interests, n_max, exclude)
         num_k = interests.shape[1]
         depth = n if exclude is None else n + np.diff(exclude[0])

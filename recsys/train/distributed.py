@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 _ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 
 
 @dataclass(frozen=True)
@@ -51,13 +52,17 @@ def _pick_device(device_pref: str, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
-def setup_distributed(device_pref: str = "auto") -> DistInfo:
+def setup_distributed(device_pref: str = "auto", *, graphs: bool = False) -> DistInfo:
     """Join the process group described by the ``torchrun`` environment, or run alone.
 
     ``device_pref``: ``auto`` (CUDA when available), ``cpu`` or ``cuda``. Under ``torchrun``
     each process takes ``cuda:LOCAL_RANK`` (made current) and the NCCL backend, or the CPU and
     gloo. Without ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` nothing is initialised and
     ``world_size`` is 1. Partial variables are an error.
+
+    ``graphs``: the step may be captured in a CUDA graph, so NCCL's asynchronous error handling
+    is turned off before the group starts (``TORCH_NCCL_ASYNC_ERROR_HANDLING=0``, as PyTorch's
+    notes on graphs with DDP ask; a value already in the environment is kept).
     """
     present = [name for name in _ENV if name in os.environ]
     if not present:
@@ -75,6 +80,8 @@ def setup_distributed(device_pref: str = "auto") -> DistInfo:
         torch.cuda.set_device(device)
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
+        if graphs and backend == "nccl":
+            os.environ.setdefault(NCCL_ASYNC_ERROR_HANDLING, "0")
         dist.init_process_group(backend=backend, rank=rank, world_size=world_size)
     return DistInfo(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
 
@@ -124,6 +131,26 @@ def broadcast_flag(flag: bool, device: torch.device) -> bool:
         return flag
     value = torch.tensor([int(flag)], device=device)
     dist.broadcast(value, src=0)
+    return bool(value.item())
+
+
+def broadcast_object(obj: object, src: int = 0) -> object:
+    """Rank ``src``'s picklable ``obj`` on every rank (syncs the host; single-process: ``obj``)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def all_true(flag: bool, device: torch.device) -> bool:
+    """True when ``flag`` is true on every rank (syncs the host; single-process: ``flag``).
+
+    ``device`` is this rank's device (NCCL needs a CUDA tensor)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return flag
+    value = torch.tensor([int(flag)], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MIN)
     return bool(value.item())
 
 

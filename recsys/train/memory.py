@@ -62,13 +62,17 @@ def available_bytes(device: torch.device) -> int:
 
 
 def check_fits(cfg: Config, model: torch.nn.Module, num_items: int, device: torch.device,
-               available: int | None = None) -> int:
+               available: int | None = None, *, step_kept: bool = False) -> int:
     """Raise :class:`ConfigError` when :func:`estimate_bytes` for ``model`` exceeds the memory
-    ``available`` on ``device`` (default: :func:`available_bytes`); returns the estimate."""
+    ``available`` on ``device`` (default: :func:`available_bytes`); returns the estimate.
+
+    ``step_kept``: the training step's memory stays allocated during evaluation (a captured
+    CUDA graph keeps its memory pool), so the two add up instead of taking turns.
+    """
     num_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     parts = estimate_bytes(cfg, num_params, num_items, int(getattr(model, "num_interests", 1)))
-    # training and evaluation do not overlap in time
-    total = parts["parameters and optimizer state"] + max(parts["training step activations"], parts["evaluation batch"])
+    step, evaluation = parts["training step activations"], parts["evaluation batch"]
+    total = parts["parameters and optimizer state"] + (step + evaluation if step_kept else max(step, evaluation))
     available = available_bytes(device) if available is None else available
     if total > available:
         m = cfg.model

@@ -15,7 +15,6 @@ The hot path never syncs the host: losses accumulate on the device and are read 
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import math
 import shutil
@@ -24,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -32,6 +30,7 @@ from recsys.config import Config
 from recsys.data.batches import TrainSampler
 from recsys.data.split import Split
 from recsys.data.synthetic import planted_for
+from recsys.device import to_device
 from recsys.evaluate.diagnostics import interest_health
 from recsys.evaluate.evaluator import evaluate_with_config
 from recsys.models import InterestModel
@@ -39,6 +38,7 @@ from recsys.nn.attention import max_attention_logit, set_track_stats
 from recsys.run import RunDir, build_experiment, new_run_dir
 from recsys.train import distributed
 from recsys.train.checkpoint import capture_rng, make_checkpoint, restore_rng
+from recsys.train.graphs import DDP_WARMUP_STEPS, WARMUP_STEPS, capturing, launch_line, plan_graph, side_stream
 from recsys.train.memory import check_fits
 from recsys.train.plan import plan_training
 from recsys.train.losses import (
@@ -74,6 +74,7 @@ class TrainResult:
     test_metrics: dict[str, float]
     samples_per_s: float
     wall_s: float
+    cuda_graph: bool = False  # the training steps ran as one CUDA graph each (train.cuda_graph)
 
 
 def resolve_device(pref: str) -> torch.device:
@@ -99,29 +100,33 @@ def make_optimizer(model: torch.nn.Module, cfg: Config, device: torch.device, we
 class TrainStep:
     """One optimisation step: batch -> interests -> readout -> sampled softmax -> update.
 
-    With ``train.cuda_graph`` the whole step (forward, backward, clipping, fused Adam) is
-    captured once into a CUDA graph and replayed: one launch per step instead of hundreds, which
-    is what short click sequences need on a GPU whose CPU launch overhead dominates. Negatives
-    are drawn outside the graph and copied into its static inputs.
+    With ``train.cuda_graph`` (``"auto"`` by default; see :mod:`recsys.train.graphs`) the whole
+    step (forward, backward, the gradient all-reduce under DDP, clipping, fused Adam) is captured
+    once into a CUDA graph and replayed: one launch per step instead of hundreds, which is what
+    short click sequences need on a GPU whose CPU launch overhead dominates. Negatives are drawn
+    outside the graph and copied into its static inputs. Where the step cannot be captured it
+    runs with eager launches; one line through ``log`` says how the step runs, and why.
 
     Args:
         model: the (unwrapped) model; its ``item_embeddings()`` are the output embeddings.
-        forward: ``model`` or its DistributedDataParallel wrapper (which syncs gradients).
         cfg: the run config (``train`` section: negatives, sampler, logQ, z-loss, AMP, clipping).
         device: where the batch and the negatives live.
         item_counts: ``[num_items]`` training click counts (for the unigram sampler).
         generator: the negative sampler's random stream (on ``device``).
+        world_size: processes training together; above 1 the model is wrapped in
+            DistributedDataParallel here (which syncs gradients), on the capture stream.
+        log: where the launch line goes.
         weight_decay: the optimiser's (``train.weight_decay``, resolved by :mod:`recsys.train.plan`).
     """
 
-    def __init__(self, model: InterestModel, forward: torch.nn.Module, cfg: Config, device: torch.device,
-                 item_counts: Tensor, generator: torch.Generator, weight_decay: float):
-        self.model, self.forward, self.cfg, self.device = model, forward, cfg, device
+    def __init__(self, model: InterestModel, cfg: Config, device: torch.device, item_counts: Tensor,
+                 generator: torch.Generator, *, world_size: int = 1, log: Log = lambda line: None,
+                 weight_decay: float = 0.0):
+        self.model, self.cfg, self.device, self.world_size, self.log = model, cfg, device, world_size, log
         t = cfg.train
-        if t.cuda_graph and device.type != "cuda":
-            raise ValueError(f"train.cuda_graph: needs a CUDA device, training runs on {device}")
-        if t.cuda_graph and (t.compile or forward is not model):
-            raise ValueError("train.cuda_graph: cannot be combined with train.compile or several processes (DDP)")
+        self.use_graph, why_not = plan_graph(cfg, device, world_size)
+        if not self.use_graph:
+            log(launch_line(cfg, False, why_not))
         self.num_negatives = t.num_negatives or 10 * t.batch_size
         self.sampler = None if t.full_softmax else make_sampler(
             t.sampler, item_counts.shape[0], item_counts=item_counts, alpha=t.sampler_alpha
@@ -131,16 +136,25 @@ class TrainStep:
         if t.attention_reg and not model.has_attention:
             raise ValueError(f"train.attention_reg={t.attention_reg:g} has no effect on {cfg.model.name} (only "
                              "comirec_sa and sasrec_mi read their clicks through attention scores); set it to 0")
+        # warm-up and capture run on this stream; DDP is built on it too (its gradient hooks
+        # remember the stream they were made on)
+        self.stream = torch.cuda.Stream(device) if self.use_graph else None
+        self.forward: torch.nn.Module = model
+        if world_size > 1:
+            with side_stream(self.stream):
+                self.forward = torch.nn.parallel.DistributedDataParallel(
+                    model, device_ids=[device.index] if device.type == "cuda" else None)
         self.generator = generator
         self.soft = torch.zeros((), device=device)  # the readout's soft share, set before every step
         # the soft readout's warm-up (K > 1 only); afterwards the step is rebuilt with the plain argmax
         self.soft_phase = t.soft_readout_steps > 0 and model.num_interests > 1
         self.amp = t.amp and device.type == "cuda"
-        self.optimizer = make_optimizer(model, cfg, device, weight_decay, capturable=t.cuda_graph)
+        self.optimizer = make_optimizer(model, cfg, device, weight_decay, capturable=self.use_graph)
         self.loss_fn = torch.compile(self.loss, dynamic=False) if t.compile else self.loss
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static_in: tuple[Tensor, ...] = ()
         self.static_out: tuple[LossOutput, Tensor | None] | None = None
+        self._announced = False
 
     def negatives(self) -> tuple[Tensor, Tensor]:
         """``([S_base] ids from the sampler, [S_hard] uniforms for the hard draws)``; both empty
@@ -158,7 +172,7 @@ class TrainStep:
         ``hard_uniforms [S_hard]``, ``soft`` (0-d readout blend) on the device -> the loss."""
         t = self.cfg.train
         autocast = (  # the autocast weight cache cannot live across graph replays
-            torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=not t.cuda_graph)
+            torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=not self.use_graph)
             if self.amp else contextlib.nullcontext()
         )
         with autocast:
@@ -204,64 +218,85 @@ class TrainStep:
         return out, grad_norm
 
     def _capture(self, batch: tuple[Tensor, ...]) -> None:
-        """Warm up on a side stream, undo those updates in place, then capture one step.
+        """Warm up on the capture stream, undo those updates in place, then capture one step.
 
         The optimizer state must exist before capture (its lazy initialisation would otherwise
         be recorded and replayed), so the warm-up creates it and the states are then put back
         in place: copied from before the warm-up where they existed (a resumed run), zeroed
-        (Adam's fresh state) where they did not.
+        (Adam's fresh state) where they did not. Under DDP the warm-up is the
+        :data:`~recsys.train.graphs.DDP_WARMUP_STEPS` eager iterations DDP needs; every rank
+        undoes the same synchronised updates, so the replicas stay equal.
         """
         self.static_in = tuple(x.clone() for x in batch)
         params = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         saved = {p: {k: v.clone() for k, v in st.items() if torch.is_tensor(v)} for p, st in self.optimizer.state.items()}
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                self.optimizer.zero_grad(set_to_none=True)
-                self._update(*self.static_in)
-        torch.cuda.current_stream().wait_stream(side)
-        with torch.no_grad():
-            self.model.load_state_dict(params)
-            for p, st in self.optimizer.state.items():
-                for k, v in st.items():
-                    if torch.is_tensor(v):
-                        v.copy_(saved[p][k]) if k in saved.get(p, {}) else v.zero_()
+        try:
+            with side_stream(self.stream):
+                for _ in range(DDP_WARMUP_STEPS if self.world_size > 1 else WARMUP_STEPS):
+                    self.optimizer.zero_grad(set_to_none=True)
+                    self._update(*self.static_in)
+        finally:  # also when a warm-up step fails: eager launches go on from the same weights
+            with torch.no_grad():
+                self.model.load_state_dict(params)
+                for p, st in self.optimizer.state.items():
+                    for k, v in st.items():
+                        if torch.is_tensor(v):
+                            v.copy_(saved[p][k]) if k in saved.get(p, {}) else v.zero_()
         self.optimizer.zero_grad(set_to_none=True)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.static_out = self._update(*self.static_in)
+        graph = torch.cuda.CUDAGraph()
+        assert self.stream is not None
+        with capturing(graph, self.stream, thread_local=self.world_size > 1):  # DDP: NCCL's watchdog thread
+            out, grad_norm = self._update(*self.static_in)
+        # detached: no autograd node of the capture outlives it (a re-capture would find them)
+        self.graph, self.static_out = graph, (_detached(out), grad_norm)
+
+    def _try_capture(self, batch: tuple[Tensor, ...]) -> bool:
+        """Capture the step (every rank, or none); False after falling back to eager launches."""
+        error: Exception | None = None
+        try:
+            self._capture(batch)
+        except Exception as err:  # noqa: BLE001 - "auto" falls back to eager launches, true reports it
+            error = err
+        captured = distributed.all_true(error is None, self.device)
+        if captured:
+            if not self._announced:
+                self.log(launch_line(self.cfg, True))
+                self._announced = True
+            return True
+        self.use_graph, self.graph, self.static_in, self.static_out = False, None, (), None
+        self.optimizer.zero_grad(set_to_none=True)
+        reason = ("capturing the step failed on another rank" if error is None else
+                  f"capturing the step failed: {type(error).__name__}: {(str(error).strip() or '?').splitlines()[0]}")
+        if self.cfg.train.cuda_graph is True:
+            raise ValueError(f'train.cuda_graph = true: {reason}; set it to "auto" to fall back to eager '
+                             "launches, or false") from error
+        self.log(launch_line(self.cfg, False, reason))
+        return False
 
     def __call__(self, seq: Tensor, lengths: Tensor, targets: Tensor, step: int = 0) -> tuple[LossOutput, Tensor | None]:
         """Forward, backward, clip and update at 0-based ``step``; returns the loss and the
-        pre-clip gradient norm (a device tensor, or None without clipping). Never syncs the host."""
+        pre-clip gradient norm (a device tensor, or None without clipping). Never syncs the host
+        (except once, under DDP, to agree that every rank captured its graph)."""
         self.model.train()
         warm = self.cfg.train.soft_readout_steps
         if self.soft_phase and step >= warm:  # the blend has reached the argmax: drop its cost
             self.soft_phase, self.graph = False, None
         self.soft.fill_(max(0.0, 1.0 - step / warm) if warm else 0.0)
         batch = (seq, lengths, targets, *self.negatives(), self.soft)
-        if not self.cfg.train.cuda_graph:
+        if self.use_graph and self.graph is None:
+            self._try_capture(batch)
+        if not self.use_graph:
             self.optimizer.zero_grad(set_to_none=True)
             return self._update(*batch)
-        if self.graph is None:
-            self._capture(batch)
         for static, x in zip(self.static_in, batch):
             static.copy_(x, non_blocking=True)
+        assert self.graph is not None and self.static_out is not None
         self.graph.replay()
-        assert self.static_out is not None
         return self.static_out
 
 
-def to_device(arrays: tuple[np.ndarray, ...], device: torch.device) -> tuple[Tensor, ...]:
-    """numpy batch -> tensors on ``device`` (through pinned memory, non-blocking, on CUDA)."""
-    out = []
-    for a in arrays:
-        x = torch.from_numpy(a)
-        if device.type == "cuda":
-            x = x.pin_memory().to(device, non_blocking=True)
-        out.append(x)
-    return tuple(out)
+def _detached(out: LossOutput) -> LossOutput:
+    return dataclasses.replace(out, loss=out.loss.detach())
 
 
 def train(cfg: Config, *, run_dir: str | Path | None = None, resume: bool = False, log: Log = print,
@@ -286,8 +321,9 @@ def train(cfg: Config, *, run_dir: str | Path | None = None, resume: bool = Fals
         raise ValueError("--resume needs the run directory to continue")
     if cfg.train.cpu_threads:
         torch.set_num_threads(cfg.train.cpu_threads)
-    dist = distributed.setup_distributed(cfg.train.device)
+    dist = distributed.setup_distributed(cfg.train.device, graphs=cfg.train.cuda_graph is not False)
     device = dist.device
+    capture, _ = plan_graph(cfg, device, dist.world_size)  # train.cuda_graph = true that cannot: fail now
     torch.manual_seed(cfg.train.seed + dist.rank)
     t0 = time.perf_counter()
 
@@ -297,14 +333,16 @@ def train(cfg: Config, *, run_dir: str | Path | None = None, resume: bool = Fals
     exp = build_experiment(cfg, dataset=rd.load_dataset() if rd else None, clicks=clicks, progress=progress)
     ds, split, item_counts = exp.dataset, exp.split, exp.item_counts
     _check_split(ds, split)
-    check_fits(cfg, exp.model, ds.num_items, device)
+    check_fits(cfg, exp.model, ds.num_items, device, step_kept=capture)
     model = exp.model.to(device)
 
     created = rd is None and (run_dir is None or not Path(run_dir).exists())
-    if rd is None and run_dir is not None:
-        rd = RunDir.create(run_dir)
-    elif rd is None:
-        rd = RunDir(new_run_dir(cfg.output_dir, cfg.name, model=cfg.model.name, dataset=_data_name(cfg)))
+    if rd is None:  # rank 0 makes the folder; under DDP the other ranks open the same one
+        path = None
+        if dist.is_main:
+            path = RunDir.create(run_dir).path if run_dir is not None else new_run_dir(
+                cfg.output_dir, cfg.name, model=cfg.model.name, dataset=_data_name(cfg))
+        rd = RunDir(distributed.broadcast_object(path))
     log(f"run directory: {rd.path}")
     try:
         return _run(cfg, rd, ds, split, item_counts, model, dist, resume, t0, log, on_validate)
@@ -353,6 +391,7 @@ def _run(cfg: Config, rd: RunDir, ds: Dataset, split: Split, item_counts: Tensor
     return TrainResult(
         run_dir=str(rd.path), steps=state.step, best_step=state.best_step, best_valid=state.best,
         test_metrics=test_metrics, samples_per_s=state.samples_per_s, wall_s=time.perf_counter() - t0,
+        cuda_graph=state.cuda_graph,
     )
 
 
@@ -364,6 +403,7 @@ class _LoopState:
     bad_evals: int = 0
     samples_per_s: float = 0.0
     last_eval: int = 0  # the step of the latest validation
+    cuda_graph: bool = False
 
 
 def _optimise(model: InterestModel, cfg: Config, dist: distributed.DistInfo, split: Split, item_counts: Tensor,
@@ -375,13 +415,11 @@ def _optimise(model: InterestModel, cfg: Config, dist: distributed.DistInfo, spl
     generator.manual_seed(t.seed + 1000 + dist.rank)
     batches = TrainSampler(split.train_indptr, split.train_items, cfg.data.max_len,
                            seed=t.seed + dist.rank, min_target=t.min_target)
-    forward: torch.nn.Module = model
-    if dist.world_size > 1:
-        forward = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None)
     plan = plan_training(t, cfg.model.name, split.train_indptr, dist.world_size)
-    log(plan.describe(t))
-    step_fn = TrainStep(model, forward, cfg, device, item_counts.to(device), generator, plan.weight_decay)
+    if dist.is_main:
+        log(plan.describe(t))
+    step_fn = TrainStep(model, cfg, device, item_counts.to(device), generator, world_size=dist.world_size,
+                        log=log if dist.is_main else lambda line: None, weight_decay=plan.weight_decay)
     st = _LoopState()
     if resume:
         ck = rd.load_checkpoint(map_location=device)
@@ -398,7 +436,7 @@ def _optimise(model: InterestModel, cfg: Config, dist: distributed.DistInfo, spl
     max_steps = plan.max_steps
     while st.step < max_steps:
         log_now = (st.step + 1) % t.log_every == 0 or st.step + 1 == max_steps
-        set_track_stats(model, log_now and not t.cuda_graph)  # max attention logit, on logging steps
+        set_track_stats(model, log_now and not step_fn.use_graph)  # max attention logit, on logging steps
         out, grad_norm = step_fn(*to_device(batches.sample(t.batch_size), device), step=st.step)
         st.step += 1
         window_steps += 1
@@ -434,6 +472,7 @@ def _optimise(model: InterestModel, cfg: Config, dist: distributed.DistInfo, spl
                 log(f"early stop at step {st.step}: no {key} improvement in {t.patience} evaluations")
                 break
     set_track_stats(model, False)
+    st.cuda_graph = step_fn.use_graph
     return st
 
 

@@ -54,14 +54,16 @@ def _brute_topn(emb, es, n, exclude=False):
     return np.argsort(-scores, axis=1, kind="stable")[:, :n]
 
 
+@pytest.mark.parametrize("backend", ["faiss", "torch"])  # torch: the batches stay on the device
 @pytest.mark.parametrize("exclude", [False, True])
-def test_evaluate_equals_brute_force_metrics(exclude):
+def test_evaluate_equals_brute_force_metrics(exclude, backend):
     rng = np.random.default_rng(0)
     emb = rng.standard_normal((120, 8)).astype(np.float32)
     es = _eval_set(rng)
     cats = rng.integers(1, 6, size=120)
     model = LastFirstModel(emb).train()
-    got = evaluate(model, es, topn=(5, 20), exclude_history=exclude, item_category=cats, batch_size=32)
+    got = evaluate(model, es, topn=(5, 20), exclude_history=exclude, item_category=cats, batch_size=32,
+                   backend=backend)
     ref = compute_metrics(_brute_topn(emb, es, 20, exclude), es.truth_indptr, es.truth_items,
                           topn=(5, 20), item_category=cats, num_items=120)
     assert set(got) == set(ref)
@@ -80,6 +82,23 @@ def test_evaluate_is_batch_size_and_backend_independent():
     b = evaluate(model, es, topn=(10,), batch_size=1000, backend="faiss", comirec_ndcg=True)
     assert a == pytest.approx(b)
     assert "diversity@10" not in a and a["coverage@10"] > 0
+
+
+@pytest.mark.parametrize("backend", ["faiss", "torch"])
+def test_non_finite_interests_are_an_error(backend):
+    rng = np.random.default_rng(4)
+    emb = rng.standard_normal((120, 8)).astype(np.float32)
+    es = _eval_set(rng)
+
+    class NaNModel(LastFirstModel):
+        def interests(self, seq, lengths):
+            out = super().interests(seq, lengths).clone()
+            out[-1, 0, 0] = float("nan")  # the last user of every batch
+            return out
+
+    model = NaNModel(emb)
+    with pytest.raises(ValueError, match="interests: contains NaN or infinite"):
+        evaluate(model, es, topn=(10,), batch_size=32, backend=backend)
 
 
 def test_evaluate_with_diversity_lambda_raises_diversity():
@@ -125,3 +144,36 @@ def test_popular_ranks_by_training_count():
     assert got["recall@2"] == pytest.approx((1 / 2 + 1) / 2)
     with pytest.raises(ValueError, match="item_counts"):
         build_model(ModelConfig(name="popular"), num_items=6, max_len=4)
+
+
+def _sync_warnings(fn) -> int:
+    """How many synchronizing CUDA calls ``fn()`` makes (torch's sync debug mode warns on each)."""
+    import warnings
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchronizing" in str(w.message) for w in caught)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("exclude", [False, True])
+def test_evaluation_on_the_gpu_matches_and_never_syncs_per_batch(exclude):
+    rng = np.random.default_rng(0)
+    emb = rng.standard_normal((120, 8)).astype(np.float32)
+    es = _eval_set(rng)
+    model = LastFirstModel(emb).cuda()
+    ref = compute_metrics(_brute_topn(emb, es, 20, exclude), es.truth_indptr, es.truth_items, topn=(5, 20),
+                          num_items=120)
+    got = evaluate(model, es, topn=(5, 20), exclude_history=exclude, batch_size=32)  # auto: torch on CUDA
+    for key, value in ref.items():
+        assert got[key] == pytest.approx(value), key
+    one_batch = _sync_warnings(lambda: evaluate(model, es, topn=(5, 20), exclude_history=exclude, batch_size=1000))
+    many = _sync_warnings(lambda: evaluate(model, es, topn=(5, 20), exclude_history=exclude, batch_size=7))
+    assert many == one_batch  # 13 batches sync the host as often as one

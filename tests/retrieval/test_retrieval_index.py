@@ -156,3 +156,34 @@ def test_search_with_diversity_lambda_uses_categories():
     assert enough.sum() > len(cand) // 2
     assert (counts[enough] == 5).all()
     assert not np.array_equal(plain[0], diverse[0])
+
+
+def test_top_items_on_the_device_equals_faiss_search_with_and_without_history():
+    _, emb, interests = _data(seed=4, num_items=3000, d=32)
+    rng = np.random.default_rng(5)
+    history = rng.integers(0, len(emb), size=(len(interests), 7))  # 0 = padding
+    faiss = Retriever(emb, backend="faiss")
+    on_device = Retriever(torch.from_numpy(emb), backend="torch")
+    assert on_device.on_device and not faiss.on_device
+    for exclude in (None, history):
+        want = faiss.search(interests, 50, exclude)
+        got = on_device.top_items(torch.from_numpy(interests), 50,
+                                  None if exclude is None else torch.from_numpy(exclude))
+        assert all(isinstance(x, torch.Tensor) for x in got)
+        np.testing.assert_array_equal(got[0].numpy(), want[0])
+        np.testing.assert_allclose(got[1].numpy(), want[1], rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(got[2].numpy(), want[2])
+    with pytest.raises(ValueError, match="top_items"):
+        faiss.top_items(torch.from_numpy(interests), 50)
+
+
+def test_top_items_pads_a_small_catalogue_like_search():
+    rng = np.random.default_rng(3)
+    emb = rng.standard_normal((6, 4)).astype(np.float32)  # 5 real items
+    interests = rng.standard_normal((3, 2, 4)).astype(np.float32)
+    exclude = np.array([[1], [0], [0]])
+    want = Retriever(emb, backend="faiss").search(interests, 8, exclude)
+    got = Retriever(emb, backend="torch").top_items(torch.from_numpy(interests), 8, torch.from_numpy(exclude))
+    np.testing.assert_array_equal(got[0].numpy(), want[0])
+    np.testing.assert_allclose(got[1].numpy(), want[1], rtol=1e-5)
+    np.testing.assert_array_equal(got[2].numpy(), want[2])

@@ -3,6 +3,7 @@
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from recsys.cli import main
 from recsys.data.prepare import Dataset
@@ -118,3 +119,56 @@ def test_progress_bars_close_when_the_work_fails(tiny_run, monkeypatch):
     with pytest.raises(RuntimeError, match="broken"):
         run.evaluate()
     assert len(closed) == 2
+
+
+def test_exact_search_on_the_device_gives_the_faiss_table(tiny_run):
+    """retrieval.backend = torch (on a GPU: "auto") searches where the model runs, batches queued
+    and read back once; the table equals FAISS Flat's."""
+    import copy
+
+    from recsys.run import load_run
+    from recsys.serve.batch import recommend_table
+    from recsys.serve.recommender import Recommender
+
+    run = load_run(tiny_run)
+    on_device = copy.copy(run)
+    on_device.cfg = copy.deepcopy(run.cfg)
+    on_device.cfg.retrieval.backend = "torch"
+    faiss, torch_rec = (Recommender.of_run(r, "Flat", log=lambda line: None) for r in (run, on_device))
+    assert not faiss.retriever.on_device and torch_rec.retriever.on_device
+    users = np.arange(run.dataset.num_users)
+    for exclude_seen in (True, False):
+        want = recommend_table(faiss, users, 7, exclude_seen=exclude_seen, batch_size=64)
+        got = recommend_table(torch_rec, users, 7, exclude_seen=exclude_seen, batch_size=64)
+        pd.testing.assert_frame_equal(got.drop(columns="score"), want.drop(columns="score"))
+        np.testing.assert_allclose(got["score"], want["score"], rtol=1e-5, atol=1e-5)
+    rows = faiss.recommend(*faiss.user_inputs(users[:5]), np.array([1, 2, 3, 4, 5]))
+    on_dev = torch_rec.recommend(*torch_rec.user_inputs(users[:5]), np.array([1, 2, 3, 4, 5]))
+    np.testing.assert_array_equal(on_dev.ids, rows.ids)  # each row cut at its own n
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_recommend_on_the_gpu_never_syncs_per_batch(tiny_run):
+    import warnings
+
+    from recsys.api import Run
+
+    run = Run.load(tiny_run, device="cuda")  # Flat + auto: exact search on the GPU
+    assert run.recommend(n=5).shape[0] > 0
+
+    def syncs(batch_size: int) -> int:
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                run.recommend(n=5, batch_size=batch_size)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        return sum("synchronizing" in str(w.message) for w in caught)
+
+    assert syncs(16) == syncs(10_000)  # ~25 batches sync the host as often as one
+    cpu = Run.load(tiny_run, device="cpu").recommend(n=5)
+    gpu = run.recommend(n=5)
+    pd.testing.assert_frame_equal(gpu.drop(columns="score"), cpu.drop(columns="score"))
