@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Is `recsys train` with no flags as fast as the best explicit launch setting? (issue 13)
 #
-#   bash experiments/bench_train_defaults.sh [single|ddp] [TAOBAO] [OUT_DIR] [WORK_DIR]
+#   bash experiments/bench_train_defaults.sh [single|taobao|synthetic1M|data|ddp|ddp2] [TAOBAO] [OUT_DIR] [WORK_DIR]
+#
+# taobao, synthetic1M: one half of single (to run the halves on two GPUs at once); data: only
+# generate the 1M-user cache; ddp2: ddp without its one-GPU run (compare with synthetic1M's).
 #
 # single (one GPU, ~4 minutes on an H200): `recsys train` with no train.cuda_graph flag (the
 #   default, "auto"), with train.cuda_graph=true and with train.cuda_graph=false, one process at a
@@ -61,26 +64,31 @@ table() {  # the rows of rows.txt whose label starts with $1, with ratios to the
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 : > "$out/rows.txt"
 # the 1M-user data is generated once into data.cache_dir (every later run, and every rank, reads it)
-python -m recsys data --quiet "${synthetic_cfg[@]}" > "$out/data.log" 2>&1 || { cat "$out/data.log"; exit 1; }
-tail -n 3 "$out/data.log"
+if [ "$mode" != taobao ]; then
+    python -m recsys data --quiet "${synthetic_cfg[@]}" > "$out/data.log" 2>&1 || { cat "$out/data.log"; exit 1; }
+    tail -n 3 "$out/data.log"
+fi
 
-if [ "$mode" = single ]; then
-    for data in taobao synthetic1M; do
+if [ "$mode" = data ]; then
+    :
+elif [ "$mode" = single ] || [ "$mode" = taobao ] || [ "$mode" = synthetic1M ]; then
+    [ "$mode" = single ] && sets=(taobao synthetic1M) || sets=("$mode")
+    for data in "${sets[@]}"; do
         [ $data = taobao ] && args=("${taobao_cfg[@]}") || args=("${synthetic_cfg[@]}")
         run "${data}_no-flags" python -- "${args[@]}"
         run "${data}_cuda_graph=true" python -- "${args[@]}" --set train.cuda_graph=true
         run "${data}_cuda_graph=false" python -- "${args[@]}" --set train.cuda_graph=false
         table "$data"
     done
-elif [ "$mode" = ddp ]; then
+elif [ "$mode" = ddp ] || [ "$mode" = ddp2 ]; then
     two=(torchrun --standalone --nproc_per_node=2)
-    run "ddp_1gpu_batch1024" python -- "${synthetic_cfg[@]}"
+    [ "$mode" = ddp ] && run "ddp_1gpu_batch1024" python -- "${synthetic_cfg[@]}"
     run "ddp_2gpu_batch1024x2" "${two[@]}" -- "${synthetic_cfg[@]}"
     run "ddp_2gpu_batch512x2" "${two[@]}" -- "${synthetic_cfg[@]}" --set train.batch_size=512
     table ddp
     echo "(2 GPUs x 1024 against 1 GPU: the speed-up; 2 x 512 = the same global batch and steps as 1 GPU:"
     echo " its validation recall should equal one GPU's within run-to-run noise)"
 else
-    echo "mode: single or ddp, got $mode" >&2
+    echo "mode: single, taobao, synthetic1M, data, ddp or ddp2, got $mode" >&2
     exit 2
 fi
