@@ -282,6 +282,14 @@ def _requeue(study: optuna.Study, trial: optuna.Trial | optuna.trial.FrozenTrial
         study.enqueue_trial(trial.params)
 
 
+def _log_trial(log: Log, trial: optuna.trial.FrozenTrial) -> None:
+    """One line for a finished trial (and its error, if it failed)."""
+    value = trial.value if trial.value is not None else _last_value(trial)
+    error = trial.user_attrs.get("error")
+    log(f"trial {trial.number}: {trial.state.name.lower()}  valid {_fmt(value)}  {_params(trial)}"
+        + (f"\n  {error}" if error else ""))
+
+
 def _optimize(folder: Path, base: Config, space: Space, trials: int, deadline: float, threads: int, seed: int,
               log: Log) -> None:
     """Run ``trials`` trials, or fewer when the deadline passes."""
@@ -289,10 +297,7 @@ def _optimize(folder: Path, base: Config, space: Space, trials: int, deadline: f
     study = open_study(folder, seed=seed + 1000 * len(open_study(folder).trials))  # fresh proposals on a resume
 
     def report(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        value = trial.value if trial.value is not None else _last_value(trial)
-        error = trial.user_attrs.get("error")
-        log(f"trial {trial.number}: {trial.state.name.lower()}  valid {_fmt(value)}  {_params(trial)}"
-            + (f"\n  {error}" if error else ""))
+        _log_trial(log, trial)
         if trial.state == optuna.trial.TrialState.FAIL and trial.user_attrs.get("base"):
             study.stop()  # the base config itself does not train: no trial will
 
@@ -301,6 +306,24 @@ def _optimize(folder: Path, base: Config, space: Space, trials: int, deadline: f
         timeout=None if deadline == math.inf else max(deadline - time.time(), 0.0), callbacks=[report],
         catch=TRIAL_ERRORS,
     )
+
+
+def _run_claimed(folder: Path, base: Config, space: Space, claimed: list[optuna.Trial], deadline: float,
+                 threads: int, log: Log) -> None:
+    """Train trials already taken from the queue (``study.ask()``) and record their outcome."""
+    optuna = _optuna()
+    objective = _Objective(folder, base, space, deadline, threads)
+    for trial in claimed:
+        try:
+            frozen = trial.study.tell(trial, objective(trial))
+        except optuna.TrialPruned:
+            frozen = trial.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        except TRIAL_ERRORS:
+            frozen = trial.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        except KeyboardInterrupt:  # the objective queued its values again; this attempt failed
+            trial.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            raise
+        _log_trial(log, frozen)
 
 
 def _work(folder: Path, base: Config, space: Space, trials: int, deadline: float, threads: int, seed: int) -> None:
@@ -375,20 +398,25 @@ def _tune(cfg: Config, folder: Path, parsed: Space, trials: int, max_minutes: fl
     optuna = _optuna()
     missing = _prepare(folder, cfg, trials, log)
     deadline = time.time() + 60 * max_minutes if max_minutes else math.inf
-    if jobs > 1:  # queued trials (the base config, re-queued interrupted ones) first, in this process:
-        # with several processes two of them can pop the same queued trial from the SQLite study
-        queued = len(open_study(folder).get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
-        if min(queued, missing):
-            _optimize(folder, cfg, parsed, min(queued, missing), deadline, 0, cfg.train.seed, log)
-        missing -= min(queued, missing)
-    shares = [n for n in (missing // jobs + (i < missing % jobs) for i in range(jobs)) if n]
-    if len(shares) == 1:
+    claimed: list[optuna.Trial] = []
+    if jobs > 1:  # the queued trials (the base config, re-queued interrupted ones) are taken here before the
+        # workers start (two processes can pop the same queued trial from the SQLite study) and run in
+        # this process beside them
+        study = open_study(folder)
+        queued = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
+        claimed = [study.ask() for _ in range(min(queued, missing))]
+        missing -= len(claimed)
+    workers = jobs - 1 if claimed else jobs
+    shares = [n for n in (missing // workers + (i < missing % workers) for i in range(workers)) if n] if workers else []
+    threads = max(1, len(os.sched_getaffinity(0)) // (len(shares) + bool(claimed)))
+    if len(shares) == 1 and not claimed:
         _optimize(folder, cfg, parsed, shares[0], deadline, 0, cfg.train.seed, log)
-    elif shares:
-        threads = max(1, len(os.sched_getaffinity(0)) // len(shares))
-        with concurrent.futures.ProcessPoolExecutor(len(shares), mp_context=multiprocessing.get_context("spawn")) as pool:
+    elif shares or claimed:
+        with concurrent.futures.ProcessPoolExecutor(max(len(shares), 1),
+                                                    mp_context=multiprocessing.get_context("spawn")) as pool:
             futures = [pool.submit(_work, folder, cfg, parsed, n, deadline, threads, cfg.train.seed + i)
                        for i, n in enumerate(shares)]
+            _run_claimed(folder, cfg, parsed, claimed, deadline, threads, log)
             for future in futures:
                 future.result()
 

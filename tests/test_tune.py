@@ -135,11 +135,12 @@ def test_a_trial_stopped_by_ctrl_c_is_queued_again(tmp_path, monkeypatch):
 def test_jobs_train_trials_in_processes_with_their_share_of_threads(tmp_path):
     import os
 
-    """The queued base config runs first in this process (two processes could pop the same queued
-    trial from the SQLite study); the other trials share the jobs' processes and cores."""
+    """The queued base config is taken from the study before the workers start (two processes could
+    pop the same queued trial from the SQLite study) and trains in this process beside them: one
+    worker process for the other trials, each of the two with half the cores."""
     result = tune(load_config(None, BASE), tmp_path / "tune", trials=3, jobs=2, log=lambda line: None)
     states = [t.state.name for t in result.trials]
     assert len(states) == 3 and set(states) <= {"COMPLETE", "PRUNED"}  # exactly --trials, none extra
     assert result.trials[0].user_attrs["base"] and states[0] == "COMPLETE"
-    threads = {RunDir(t.user_attrs["run_dir"]).read_config().train.cpu_threads for t in result.trials[1:]}
+    threads = {RunDir(t.user_attrs["run_dir"]).read_config().train.cpu_threads for t in result.trials}
     assert threads == {max(1, len(os.sched_getaffinity(0)) // 2)}
