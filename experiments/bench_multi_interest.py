@@ -122,10 +122,15 @@ def _keys_queries(h, lengths, w1, w2, pos):
 
 
 def sdpa(h, lengths, w1, w2, *, pos=None):
-    """The extraction with SDPA for the masked softmax and pooling."""
+    """The extraction with SDPA for the masked softmax and pooling. The memory-efficient backend
+    (else the math one): cuDNN's refused these shapes on the H200 (2026-11-30: query/key head dim
+    ``hidden`` differs from the value head dim ``d``)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     q, k, v = _keys_queries(h, lengths, w1, w2, pos)
     mask = (torch.arange(h.shape[1], device=h.device)[None, :] < lengths[:, None])[:, None, None, :]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)[:, 0]
+    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)[:, 0]
 
 
 def flex_method(lengths_of_set: dict[int, torch.Tensor], seq_len: int, k: int):

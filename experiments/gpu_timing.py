@@ -27,7 +27,9 @@ def graph_ms(fn: Callable[[], object], calls: int = 20, replays: int = 15) -> fl
             fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    # captured on the warm-up stream: its cuBLAS workspace exists before the capture (a first
+    # backward captured on a fresh stream failed on the H200, 2026-11-30)
+    with torch.cuda.graph(graph, stream=stream):
         for _ in range(calls):
             fn()
     graph.replay()
