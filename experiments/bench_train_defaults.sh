@@ -33,7 +33,8 @@ taobao_cfg=(--config experiments/configs/data/taobao.toml --set "data.source=$ta
             --set train.max_steps=4000 --set train.eval_every=4000 --set train.log_every=1000)
 synthetic_cfg=(--set synthetic.num_users=1000000 --set synthetic.num_items=1000000 --set synthetic.mean_length=40
                --set "data.cache_dir=$work/cache" --set train.batch_size=1024 --set train.max_steps=3000
-               --set train.eval_every=3000 --set train.log_every=500 --set eval.batch_size=4096)
+               --set train.eval_every=3000 --set train.log_every=500 --set eval.batch_size=4096
+               --set data.valid_frac=0.01 --set data.test_frac=0.01)  # 10k valid and test users: quick validations
 common=(--quiet --set "output_dir=$work/runs" --set train.max_minutes=1.5 --set train.patience=0)
 
 run() {  # run LABEL LAUNCHER... -- recsys train args: log to $out/LABEL.log, print one table row

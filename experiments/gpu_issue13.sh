@@ -10,10 +10,10 @@ set -uo pipefail
 out=${1:?output folder}; mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 work=/tmp/bench_train_defaults_work
-bash experiments/bench_train_defaults.sh data .gpu_data/taobao/sequences.txt "$out/data" "$work" > /dev/null 2>&1 &
-data=$!
 (
     export CUDA_VISIBLE_DEVICES=0
+    bash experiments/bench_train_defaults.sh data .gpu_data/taobao/sequences.txt "$out/data" "$work" > /dev/null 2>&1 &
+    data=$!  # the 1M-user data, generated on the CPU meanwhile (a child of this subshell, so it can wait)
     RECSYS_ATTN_AUTOTUNE=0 timeout 200 python -m pytest -q -m gpu -n 4 -p no:cacheprovider --continue-on-collection-errors tests/kernels tests/train \
         tests/evaluate tests/serve tests/models tests/nn -k "not two" > "$out/gpu_tests.log" 2>&1
     echo "gpu tests exit $?" >> "$out/gpu_tests.log"
