@@ -100,6 +100,8 @@ def test_cli_resume_extends_the_budget_and_refuses_other_changes(tmp_path, capsy
         assert key in capsys.readouterr().err
     assert RunDir(run).read_config().train.max_steps == 40  # refused changes wrote nothing
     assert main(["train", "--resume", run, "--set", "train.max_steps=60"]) == 0
+    assert main(["train", "--resume", run, "--set", "train.max_epochs=3"]) == 0  # the automatic budget's size
+    assert RunDir(run).read_config().train.max_epochs == 3
     assert RunDir(run).read_config().train.max_steps == 60
     steps = [r["step"] for r in RunDir(run).read_metrics() if "loss" in r]
     assert steps == [10, 20, 30, 40, 50, 60]  # continued from step 40, nothing repeated
