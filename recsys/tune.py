@@ -401,22 +401,23 @@ def _tune(cfg: Config, folder: Path, parsed: Space, trials: int, max_minutes: fl
     claimed: list[optuna.Trial] = []
     if jobs > 1:  # the queued trials (the base config, re-queued interrupted ones) are taken here before the
         # workers start (two processes can pop the same queued trial from the SQLite study) and run in
-        # this process beside them
+        # this process, which then trains its share of the rest, beside jobs - 1 worker processes
         study = open_study(folder)
         queued = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
         claimed = [study.ask() for _ in range(min(queued, missing))]
         missing -= len(claimed)
-    workers = jobs - 1 if claimed else jobs
-    shares = [n for n in (missing // workers + (i < missing % workers) for i in range(workers)) if n] if workers else []
-    threads = max(1, len(os.sched_getaffinity(0)) // (len(shares) + bool(claimed)))
-    if len(shares) == 1 and not claimed:
-        _optimize(folder, cfg, parsed, shares[0], deadline, 0, cfg.train.seed, log)
-    elif shares or claimed:
-        with concurrent.futures.ProcessPoolExecutor(max(len(shares), 1),
-                                                    mp_context=multiprocessing.get_context("spawn")) as pool:
+    shares = [missing // jobs + (i < missing % jobs) for i in range(jobs)]  # slot 0: this process
+    threads = max(1, len(os.sched_getaffinity(0)) // jobs) if jobs > 1 else 0
+    if jobs == 1:
+        if shares[0]:
+            _optimize(folder, cfg, parsed, shares[0], deadline, 0, cfg.train.seed, log)
+    else:
+        with concurrent.futures.ProcessPoolExecutor(jobs - 1, mp_context=multiprocessing.get_context("spawn")) as pool:
             futures = [pool.submit(_work, folder, cfg, parsed, n, deadline, threads, cfg.train.seed + i)
-                       for i, n in enumerate(shares)]
+                       for i, n in enumerate(shares) if i and n]
             _run_claimed(folder, cfg, parsed, claimed, deadline, threads, log)
+            if shares[0]:
+                _optimize(folder, cfg, parsed, shares[0], deadline, threads, cfg.train.seed, log)
             for future in futures:
                 future.result()
 
