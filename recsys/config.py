@@ -143,6 +143,9 @@ class TrainConfig:
     # K > 1: the readout blends from a softmax over interests to ComiRec's argmax over these steps;
     # -1 (the default) resolves to 1000 for comirec_sa and sasrec_mi and 0 for the others
     soft_readout_steps: int = -1
+    # who scores a row's negatives (K > 1): "readout" = the interest the readout chose for its target
+    # (ComiRec) | "max" = each negative's best-matching interest, the score retrieval ranks by
+    negative_scores: str = "readout"
     hard_negatives: float = 0.0  # share of the sampled negatives drawn near the batch's interests (exact logQ)
     hard_negative_temperature: float = 1.0  # the hard proposal is softmax(<interest, item> / temperature)
 
@@ -355,12 +358,14 @@ def run_config_from_dict(values: dict[str, Any]) -> Config:
     - no ``model.head_values``: sasrec_mi's head pooled the encoder outputs (``"encoded"``), and
       comirec_dr's per-position maps ignored ``model.positions`` (they were ``"absolute"``);
     - no ``model.score_cap``: the self-attentive scores were not capped (0); no
-      ``train.soft_readout_steps``: the readout was the argmax from the first step (0).
+      ``train.soft_readout_steps``: the readout was the argmax from the first step (0); no
+      ``train.negative_scores``: the readout's interest scored the negatives (``"readout"``).
     """
     model = dict(values.get("model", {}))
     model.setdefault("score_cap", 0.0)
     train_values = dict(values.get("train", {}))
     train_values.setdefault("soft_readout_steps", 0)
+    train_values.setdefault("negative_scores", "readout")
     if "positions" not in model:
         model["positions"] = "absolute"
     if "head_values" not in model:
@@ -418,6 +423,7 @@ _CHOICES = {
     "model.backend": ("auto", "triton", "torch"),
     "train.optimizer": ("adam", "adamw"),
     "train.sampler": ("uniform", "log_uniform", "unigram"),
+    "train.negative_scores": ("readout", "max"),
     "train.device": ("auto", "cpu", "cuda"),
     "retrieval.backend": ("auto", "faiss", "torch"),
 }

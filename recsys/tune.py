@@ -91,6 +91,7 @@ def default_space(cfg: Config) -> dict[str, Any]:
     if name in MULTI_INTEREST:
         space["model.num_interests"] = [1, 2, 4, 8]
         space["train.soft_readout_steps"] = [0, 1000, 5000]
+        space["train.negative_scores"] = ["readout", "max"]
     if name in SELF_ATTENTIVE:
         space["model.score_cap"] = [0.0, 0.5, 1.0, 2.0]
         space["train.attention_reg"] = [0.0, 0.3, 1.0]

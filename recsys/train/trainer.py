@@ -148,6 +148,8 @@ class TrainStep:
         self.soft = torch.zeros((), device=device)  # the readout's soft share, set before every step
         # the soft readout's warm-up (K > 1 only); afterwards the step is rebuilt with the plain argmax
         self.soft_phase = t.soft_readout_steps > 0 and model.num_interests > 1
+        # negatives scored by each row's best-matching interest (K > 1 only; for K = 1 the same)
+        self.max_scores = t.negative_scores == "max" and model.num_interests > 1
         self.amp = t.amp and device.type == "cuda"
         self.optimizer = make_optimizer(model, cfg, device, weight_decay, capturable=self.use_graph)
         self.loss_fn = torch.compile(self.loss, dynamic=False) if t.compile else self.loss
@@ -182,16 +184,17 @@ class TrainStep:
                 interests, scores = self.forward(seq, lengths), None
             item_emb = self.model.item_embeddings()  # [N, d]
             user = readout(interests, item_emb[targets], soft=soft if self.soft_phase else 0.0)  # [B, d]
+            scorers = interests if self.max_scores else None  # who scores the negatives
             if self.sampler is None:
-                out = full_softmax_loss(user, targets, item_emb, z_loss=t.z_loss)
+                out = full_softmax_loss(user, targets, item_emb, z_loss=t.z_loss, interests=scorers)
             else:
-                out = self._sampled_loss(user, targets, item_emb, negatives, hard_uniforms, interests)
+                out = self._sampled_loss(user, targets, item_emb, negatives, hard_uniforms, interests, scorers)
         if scores is not None:
             out = dataclasses.replace(out, loss=out.loss + t.attention_reg * attention_collision(scores, lengths))
         return out
 
     def _sampled_loss(self, user: Tensor, targets: Tensor, item_emb: Tensor, negatives: Tensor,
-                      hard_uniforms: Tensor, interests: Tensor) -> LossOutput:
+                      hard_uniforms: Tensor, interests: Tensor, scorers: Tensor | None) -> LossOutput:
         """Sampled softmax over the base negatives plus, with ``train.hard_negatives``, draws from
         :func:`interest_proposal`; logQ is the exact expected count under the mixture."""
         t = self.cfg.train
@@ -204,7 +207,7 @@ class TrainStep:
         return sampled_softmax_loss(
             user, targets, item_emb, negatives,
             log_q_target=log_q(targets) if t.logq else None, log_q_neg=log_q(negatives) if t.logq else None,
-            remove_accidental_hits=t.remove_accidental_hits, z_loss=t.z_loss,
+            remove_accidental_hits=t.remove_accidental_hits, z_loss=t.z_loss, interests=scorers,
         )
 
     def _update(self, *batch: Tensor) -> tuple[LossOutput, Tensor | None]:

@@ -12,10 +12,13 @@ from recsys.config import ConfigError, load_config
 from recsys.train.losses import (
     attention_collision,
     draw_from,
+    full_softmax_loss,
     interest_proposal,
     make_sampler,
     mixture_log_expected_count,
+    negative_logits,
     readout,
+    sampled_softmax_loss,
 )
 from recsys.train.trainer import train
 
@@ -147,6 +150,70 @@ def test_hard_negative_correction_recovers_the_full_partition_function():
     assert abs(base_only - full) > 0.1
 
 
+def _interests_case(seed=0, batch=5, k=3, dim=6, num_items=25, num_neg=9):
+    g = torch.Generator().manual_seed(seed)
+    interests = torch.randn(batch, k, dim, generator=g, dtype=torch.float64, requires_grad=True)
+    item_emb = torch.randn(num_items, dim, generator=g, dtype=torch.float64, requires_grad=True)
+    target = torch.randint(1, num_items, (batch,), generator=g)
+    negatives = torch.randint(1, num_items, (num_neg,), generator=g)
+    negatives[0] = target[0]  # an accidental hit
+    return interests, item_emb, target, negatives
+
+
+def _max_score_loss_by_loops(interests, item_emb, target, negatives, log_q):
+    """Per row: softmax over {target scored by its best interest} + negatives each scored by its
+    best interest, a float64 tensor built with loops (differentiable, the oracle)."""
+    total = 0.0
+    for b, t in enumerate(target.tolist()):
+        score = lambda j: (interests[b] @ item_emb[j]).max() - log_q(j)
+        logits = torch.stack([score(t)] + [score(n) for n in negatives.tolist() if n != t])
+        total = total + torch.logsumexp(logits, 0) - logits[0]
+    return total / len(target)
+
+
+def test_max_negative_scores_match_a_loop_in_value_and_gradient():
+    interests, item_emb, target, negatives = _interests_case()
+    sampler = make_sampler("log_uniform", item_emb.shape[0])
+    log_q = lambda ids: sampler.log_expected_count(ids, len(negatives)).double()
+    user = readout(interests, item_emb[target])
+    got = sampled_softmax_loss(user, target, item_emb, negatives, log_q_target=log_q(target),
+                               log_q_neg=log_q(negatives), interests=interests).loss  # fp32 logits
+    expected = _max_score_loss_by_loops(interests, item_emb, target, negatives, lambda j: log_q(torch.tensor(j)))
+    assert got.item() == pytest.approx(expected.item(), rel=1e-6)
+    grads = torch.autograd.grad(got, (interests, item_emb))
+    for g, e in zip(grads, torch.autograd.grad(expected, (interests, item_emb))):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6)
+
+
+def test_max_negative_scores_send_gradient_to_the_interest_that_ranks_a_negative_highest():
+    interests = torch.tensor([[[1.0, 0.0], [0.0, 1.0]]], requires_grad=True)  # [1, 2, 2]
+    item_emb = torch.tensor([[0.0, 0.0], [2.0, 0.0], [0.0, 3.0]])  # target 1 matches interest 0
+    target, negatives = torch.tensor([1]), torch.tensor([2])  # the negative matches interest 1
+    user = readout(interests, item_emb[target])
+    sampled_softmax_loss(user, target, item_emb, negatives).loss.backward()
+    assert interests.grad[0, 1].abs().sum() == 0  # ComiRec: the other interest never hears of it
+    interests.grad = None
+    sampled_softmax_loss(readout(interests, item_emb[target]), target, item_emb, negatives,
+                         interests=interests).loss.backward()
+    assert interests.grad[0, 1, 1] > 0  # pushed away from the negative it ranks highest
+    assert interests.grad[0, 1, 0] == 0
+
+
+def test_max_negative_scores_with_one_interest_and_the_full_softmax():
+    interests, item_emb, target, negatives = _interests_case(k=1)
+    user = interests[:, 0]
+    plain = sampled_softmax_loss(user, target, item_emb, negatives).loss
+    torch.testing.assert_close(sampled_softmax_loss(user, target, item_emb, negatives, interests=interests).loss, plain)
+    interests, item_emb, target, _ = _interests_case(k=3)
+    user = readout(interests, item_emb[target])
+    got = full_softmax_loss(user, target, item_emb, interests=interests).loss
+    every_item = torch.arange(1, item_emb.shape[0])
+    expected = _max_score_loss_by_loops(interests, item_emb, target, every_item, lambda j: 0.0)
+    assert got.item() == pytest.approx(expected.item(), rel=1e-6)
+    with pytest.raises(ValueError, match="interests"):
+        negative_logits(user, item_emb, interests[:, :, :2])
+
+
 def test_switches_on_models_they_cannot_affect_are_errors(tmp_path):
     with pytest.raises(ValueError, match="train.attention_reg"):
         train(load_config(None, TINY + [f"output_dir={tmp_path}", "model.name=youtube_dnn", "train.attention_reg=1"]),
@@ -158,13 +225,15 @@ def test_switches_on_models_they_cannot_affect_are_errors(tmp_path):
         load_config(None, ["train.hard_negatives=0.5", "train.full_softmax=true"])
     with pytest.raises(ConfigError, match="train.hard_negatives"):
         load_config(None, ["train.hard_negatives=1.0"])
+    with pytest.raises(ConfigError, match="train.negative_scores"):
+        load_config(None, ["train.negative_scores=best"])
 
 
 @pytest.mark.parametrize("model", ["comirec_sa", "sasrec_mi"])
 def test_training_with_every_switch_logs_interest_health(tmp_path, model):
     cfg = load_config(None, TINY + [
         f"output_dir={tmp_path}", f"model.name={model}", "model.score_cap=3", "train.attention_reg=1",
-        "train.soft_readout_steps=20", "train.hard_negatives=0.5", "name=switches",
+        "train.soft_readout_steps=20", "train.hard_negatives=0.5", "train.negative_scores=max", "name=switches",
     ])
     result = train(cfg, log=lambda s: None)
     rows = [json.loads(line) for line in (tmp_path / "switches" / "metrics.jsonl").read_text().splitlines()]

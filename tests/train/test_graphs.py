@@ -162,7 +162,8 @@ def _syncing(model):
 @needs_gpu
 @pytest.mark.parametrize("mode", ["auto", "true"])
 @pytest.mark.parametrize("switches", [[], ["train.soft_readout_steps=4", "train.hard_negatives=0.5",
-                                          "train.attention_reg=1"]], ids=["plain", "soft-then-argmax"])
+                                          "train.attention_reg=1", "train.negative_scores=max"]],
+                         ids=["plain", "soft-then-argmax"])
 def test_the_captured_step_follows_the_eager_step(mode, switches):
     batches = _batches()
     eager, eager_step, eager_lines = _steps(switches + ["train.cuda_graph=false"], batches)
