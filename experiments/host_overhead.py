@@ -4,10 +4,10 @@ Times ``recsys.kernels.attention`` (bf16, H = 2, D = 64, key lengths in [L/4, L]
 grad as in training) and ``recsys.kernels.multi_interest`` (bf16 leaves h, W1, W2, P, as in
 ``bench_multi_interest.py``) called N times in a row with ``time.perf_counter``:
 
-- ``--device cpu`` (the default without a GPU): no kernel runs. Triton is stubbed under the launch
-  cache (:class:`recsys.kernels.launch.Launcher`): the first launch of a key "compiles" to a stub
-  whose launch does nothing, so the timings are the Python, dispatcher, autograd and allocator
-  work of the call path, the launch cache included, and nothing of Triton's launcher or the GPU.
+- ``--device cpu`` (the default without a GPU): no kernel runs. The first launch of each kernel
+  "compiles" to a Triton ``CompiledKernel`` whose C launcher does nothing, so the timings are the
+  Python, dispatcher, autograd and allocator work of the call path, the launch cache and Triton's
+  Python launch path included, without the C launcher and the GPU.
   Shapes are tiny, so that the few torch ops of a call (allocations, a sum) cost their dispatch
   only, as a launched op costs the host on a GPU.
 - ``--device cuda``: the kernels run; N calls are launched back to back and the clock stops after
@@ -35,6 +35,8 @@ from pathlib import Path
 os.environ.pop("TRITON_INTERPRET", None)  # the compiled-kernel path is the one measured
 
 import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.compiler import CompiledKernel  # noqa: E402
 
 import recsys.kernels.dispatch as dispatch  # noqa: E402
 import recsys.kernels.triton_attention as attention_module  # noqa: E402
@@ -47,13 +49,26 @@ CUDA_SHAPES = {"attention": (4096, 50), "multi-interest": (128, 20, 4)}
 HEADS, HEAD_DIM, D, HIDDEN = 2, 64, 64, 256
 
 
-class _StubCompiled:
-    """Stands in for Triton's compiled kernel: launching it does nothing."""
+class _StubDriver:
+    """Triton's active driver on a machine without a GPU: device 0, stream 0."""
 
-    function = None
+    @staticmethod
+    def get_current_device() -> int:
+        return 0
 
-    def __getitem__(self, grid):
-        return _no_launch
+    @staticmethod
+    def get_current_stream(device: int) -> int:
+        return 0
+
+
+def _stub_compiled(fn) -> CompiledKernel:
+    """A real ``CompiledKernel`` (so that launching it runs Triton's own Python launch path) whose
+    C launcher ``run`` does nothing."""
+    compiled = CompiledKernel.__new__(CompiledKernel)
+    compiled.module, compiled.function, compiled.packed_metadata = "stub", 0, ()
+    compiled.name, compiled.src, compiled._module_pid = fn.__name__, None, None
+    compiled._run = _no_launch
+    return compiled
 
 
 def _no_launch(*args) -> None:
@@ -61,16 +76,18 @@ def _no_launch(*args) -> None:
 
 
 class _StubKernel:
-    """Stands in for a ``@triton.jit`` kernel (or its autotuner, with the first config as the pick)."""
+    """Stands in for a ``@triton.jit`` kernel (or its autotuner, with the first config as the pick):
+    its first launch returns a stub compiled kernel."""
 
     def __init__(self, kernel, tuned) -> None:
         self.arg_names = kernel.arg_names
+        self.compiled = _stub_compiled(kernel.fn)
         configs = getattr(tuned, "configs", None)
         if configs:
             self.best_config = configs[0]
 
     def __getitem__(self, grid):
-        return lambda *args, **meta: _StubCompiled()
+        return lambda *args, **meta: self.compiled
 
 
 def _launchers() -> list[Launcher]:
@@ -87,6 +104,7 @@ def stub_triton() -> None:
     for launcher in _launchers():
         stub = _StubKernel(launcher.kernel, launcher.tuned)
         launcher.kernel, launcher.tuned = stub, (stub if launcher.tuned is not None else None)
+    triton.runtime.driver.set_active(_StubDriver())
     dispatch.triton_available = lambda device: True
 
 
