@@ -42,7 +42,8 @@ import recsys.kernels.dispatch as dispatch  # noqa: E402
 import recsys.kernels.triton_attention as attention_module  # noqa: E402
 import recsys.kernels.triton_multi_interest as multi_interest_module  # noqa: E402
 from recsys.kernels import attention, multi_interest  # noqa: E402
-from recsys.kernels.launch import Launcher  # noqa: E402
+import recsys.kernels.launch as launch_module  # noqa: E402
+from recsys.kernels.launch import Kernel  # noqa: E402
 
 CPU_SHAPES = {"attention": (8, 50), "multi-interest": (8, 20, 4)}  # tiny: torch ops cost their dispatch only
 CUDA_SHAPES = {"attention": (4096, 50), "multi-interest": (128, 20, 4)}
@@ -90,21 +91,25 @@ class _StubKernel:
         return lambda *args, **meta: self.compiled
 
 
-def _launchers() -> list[Launcher]:
+def _kernels() -> list[Kernel]:
     found = []
     for module in (attention_module, multi_interest_module):
         for value in vars(module).values():
             items = value.values() if isinstance(value, dict) else [value]
-            found += [x for x in items if isinstance(x, Launcher)]
+            found += [x for x in items if isinstance(x, Kernel)]
     return found
 
 
 def stub_triton() -> None:
-    """Route every launcher to stub kernels and let the dispatcher take the Triton path on CPU."""
-    for launcher in _launchers():
-        stub = _StubKernel(launcher.kernel, launcher.tuned)
-        launcher.kernel, launcher.tuned = stub, (stub if launcher.tuned is not None else None)
-    triton.runtime.driver.set_active(_StubDriver())
+    """Route every kernel to a stub, give Triton and the launch cache a stub device and stream,
+    and let the dispatcher take the Triton path on CPU."""
+    for kernel in _kernels():
+        stub = _StubKernel(kernel.fn, kernel.tuned)
+        kernel.fn, kernel.tuned = stub, (stub if kernel.tuned is not None else None)
+    driver = _StubDriver()
+    triton.runtime.driver.set_active(driver)
+    launch_module._current_device = driver.get_current_device
+    launch_module._current_stream = driver.get_current_stream
     dispatch.triton_available = lambda device: True
 
 

@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from recsys.kernels.launch import MAX_KEYS, Launcher, aligned
+from recsys.kernels.launch import MAX_KEYS, Kernel, Launch, aligned
 
 LOG2E = 1.4426950408889634
 MAX_HEAD_DIM = 128
@@ -483,20 +483,21 @@ def _autotuned(kernel, configs: list[triton.Config], reset: list[str] | None = N
     )(kernel)
 
 
-_KERNELS = {"fwd": (_fwd_kernel, _FWD_CONFIGS), "dq": (_bwd_dq_kernel, _DQ_CONFIGS),
-            "fused": (_bwd_dq_kernel, _FUSED_CONFIGS), "dkdv": (_bwd_dkdv_kernel, _DKDV_CONFIGS),
-            "dkdv_atomic": (_bwd_dkdv_kernel, _DKDV_CONFIGS)}
-_LAUNCHERS = {
-    kind: Launcher(kernel, _autotuned(kernel, configs, ["DQ"] if kind == "dkdv_atomic" else None)  # timing runs add into DQ
-                   if _AUTOTUNE else None)
-    for kind, (kernel, configs) in _KERNELS.items()
+_CANDIDATES = {"fwd": (_fwd_kernel, _FWD_CONFIGS), "dq": (_bwd_dq_kernel, _DQ_CONFIGS),
+               "fused": (_bwd_dq_kernel, _FUSED_CONFIGS), "dkdv": (_bwd_dkdv_kernel, _DKDV_CONFIGS),
+               "dkdv_atomic": (_bwd_dkdv_kernel, _DKDV_CONFIGS)}
+_KERNELS = {
+    kind: Kernel(kernel, _autotuned(kernel, configs, ["DQ"] if kind == "dkdv_atomic" else None)  # timing runs add into DQ
+                 if _AUTOTUNE else None)
+    for kind, (kernel, configs) in _CANDIDATES.items()
 }
-_DELTA = Launcher(_bwd_delta_kernel)
+_DELTA = Kernel(_bwd_delta_kernel)
+DELTA_ROWS = 64  # rows of dO per program of the delta kernel
 
 
 def best_configs() -> dict[str, str]:
     """The autotuner's pick per kernel for the last shape it tuned (empty when not autotuning)."""
-    return {kind: str(cfg) for kind, launcher in _LAUNCHERS.items() if (cfg := launcher.chosen()) is not None}
+    return {kind: str(cfg) for kind, kernel in _KERNELS.items() if (cfg := kernel.chosen()) is not None}
 
 
 @contextlib.contextmanager
@@ -523,9 +524,11 @@ def backward_paths(*, fused_max_lq: int | None = None, atomic_dq_max_lk: int | N
 
 
 class _Problem:
-    """Shapes, strides, constants and launch parameters shared by the forward and backward launches.
+    """Shapes, strides, constants and the kernel launches of one forward and its backward.
 
-    Built once per :func:`_problem` key (shapes, strides, dtypes, flags); ``key`` is that key.
+    Built once per :func:`_problem` key (shapes, strides, dtypes, flags, input alignment); ``key``
+    is that key. ``forward`` is the forward's launch, ``backward`` the backward path's launches
+    (fixed here, by the thresholds of :func:`backward_paths` in force).
     """
 
     def __init__(self, key: tuple, q: Tensor, k: Tensor, v: Tensor, lens: Tensor | None, causal: bool,
@@ -547,9 +550,20 @@ class _Problem:
         q_strides = list(q.stride())
         if self.broadcast:
             q_strides[0] = 0
-        self.strides = (*q_strides, *k.stride(), *v.stride())
-        self.sizes = (self.heads, self.lq, self.lk, _bucket(self.lq), _bucket(self.lk))
-        meta = {
+        strides = (*q_strides, *k.stride(), *v.stride())
+        sizes = (self.heads, self.lq, self.lk, _bucket(self.lq), _bucket(self.lk))
+        self.fwd_ints = (*strides, *sizes, *self.consts)  # the forward's arguments after its tensors
+        self.bwd_ints = (*self.fwd_ints, scale)  # the backward kernels' arguments after their tensors
+        self.out_shape = (self.batch, self.heads, self.lq, self.head_dim)  # o, do and (per kv-batch row) dq
+        self.kv_shape = (self.batch, self.heads, self.lk, self.head_dim)  # dk, dv
+        self.dq_dtype = torch.float32 if self.broadcast or self.atomic_dq else q.dtype
+        self.rows = self.batch * self.heads * self.lq  # rows of o and do
+        self.forward, self.backward = self._launches(q, lens, causal, cap)
+
+    def _launches(self, q: Tensor, lens: Tensor | None, causal: bool, cap: float) -> tuple[Launch, tuple[Launch, ...]]:
+        """The forward's launch and the backward path's: the fused kernel; or delta (which also zeroes
+        the fp32 dq) and the dk/dv kernel adding dq atomically; or the dq kernel and the dk/dv kernel."""
+        common = {
             "HEAD_DIM": self.head_dim,
             "BLOCK_D": _bucket(self.head_dim),
             "HAS_LENS": lens is not None,
@@ -557,21 +571,36 @@ class _Problem:
             "SOFTCAP": bool(cap),
             "DOT_PREC": "ieee" if q.dtype == torch.float32 else "tf32",
         }
-        self.meta = {  # compile-time arguments per kernel kind (with the heuristic config when not tuning)
-            "fwd": meta,
-            "fused": {**meta, "FUSED": True},
-            "dq": {**meta, "FUSED": False},
-            "dkdv": {**meta, "ATOMIC_DQ": False},
-            "dkdv_atomic": {**meta, "ATOMIC_DQ": True},
-        }
-        if not _AUTOTUNE:
-            for kind, kind_meta in self.meta.items():
+        kinds = ["fwd", *(["fused"] if self.fused else ["dkdv_atomic"] if self.atomic_dq else ["dq", "dkdv"])]
+        meta = {kind: dict(common) for kind in kinds}
+        for kind in ("fused", "dq"):
+            if kind in meta:
+                meta[kind]["FUSED"] = kind == "fused"
+        for kind in ("dkdv", "dkdv_atomic"):
+            if kind in meta:
+                meta[kind]["ATOMIC_DQ"] = kind == "dkdv_atomic"
+        if not _AUTOTUNE:  # the heuristic config instead of the tuner's pick
+            for kind, kind_meta in meta.items():
                 cfg, warps, stages = _heuristic(kind, self.lq, self.lk)
                 kind_meta.update(cfg, num_warps=warps, num_stages=stages)
-        self.meta["fused"]["BLOCK_M"] = _bucket(self.lq)  # one program holds every query row
         bh = self.batch * self.heads
-        self.q_grid = lambda meta: (triton.cdiv(self.lq, meta["BLOCK_M"]) * bh,)
-        self.k_grid = lambda meta: (triton.cdiv(self.lk, meta["BLOCK_N"]) * bh,)
+        lq, lk = self.lq, self.lk
+
+        def q_grid(m):
+            return (triton.cdiv(lq, m["BLOCK_M"]) * bh,)
+
+        def k_grid(m):
+            return (triton.cdiv(lk, m["BLOCK_N"]) * bh,)
+
+        forward = _KERNELS["fwd"].launch(q_grid, meta["fwd"])
+        if self.fused:  # one program per (batch, head) holds every query row
+            meta["fused"]["BLOCK_M"] = _bucket(self.lq)
+            return forward, (_KERNELS["fused"].launch((bh,), meta["fused"]),)
+        if self.atomic_dq:
+            delta = _DELTA.launch((triton.cdiv(self.rows, DELTA_ROWS),), {
+                "HEAD_DIM": self.head_dim, "BLOCK_D": common["BLOCK_D"], "BLOCK_R": DELTA_ROWS})
+            return forward, (delta, _KERNELS["dkdv_atomic"].launch(k_grid, meta["dkdv_atomic"]))
+        return forward, (_KERNELS["dq"].launch(q_grid, meta["dq"]), _KERNELS["dkdv"].launch(k_grid, meta["dkdv"]))
 
 
 _PROBLEMS: dict[tuple, _Problem] = {}
@@ -582,7 +611,7 @@ def _problem(q: Tensor, k: Tensor, v: Tensor, lens: Tensor | None, causal: bool,
     """The (cached) :class:`_Problem` of these inputs; the backward path thresholds are part of the key."""
     key = (q.device, q.dtype, q.shape, q.stride(), k.shape, k.stride(), v.stride(),
            None if lens is None else lens.dtype, causal, scale, softcap,
-           _PATHS["fused_max_lq"], _PATHS["atomic_dq_max_lk"])
+           _PATHS["fused_max_lq"], _PATHS["atomic_dq_max_lk"], aligned(q, k, v, lens))
     pb = _PROBLEMS.get(key)
     if pb is None:
         if len(_PROBLEMS) >= MAX_KEYS:
@@ -593,10 +622,9 @@ def _problem(q: Tensor, k: Tensor, v: Tensor, lens: Tensor | None, causal: bool,
 
 def _forward(q: Tensor, k: Tensor, v: Tensor, lens: Tensor | None, pb: _Problem) -> tuple[Tensor, Tensor]:
     """Returns ``o [B, H, Lq, D]`` and ``lse [B, H, Lq]`` (log2 units, fp32, ``+inf`` for empty rows)."""
-    o = torch.empty((pb.batch, pb.heads, pb.lq, pb.head_dim), dtype=q.dtype, device=q.device)
-    lse = torch.empty((pb.batch, pb.heads, pb.lq), dtype=torch.float32, device=q.device)
-    args = (q, k, v, o, lse, lens if lens is not None else lse, *pb.strides, *pb.sizes, *pb.consts)
-    _LAUNCHERS["fwd"]((pb.key, aligned(q, k, v, lens)), pb.q_grid, args, pb.meta["fwd"])
+    o = torch.empty(pb.out_shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(pb.out_shape[:3], dtype=torch.float32, device=q.device)
+    pb.forward(q, k, v, o, lse, lse if lens is None else lens, *pb.fwd_ints)
     return o, lse
 
 
@@ -604,43 +632,40 @@ def _backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tenso
               pb: _Problem) -> tuple[Tensor, Tensor, Tensor]:
     """dq (shape of ``q``), dk, dv; broadcast queries get their per-batch dq summed in fp32.
 
-    Launches: the fused kernel (``Lq <= 64``); or delta (which also zeroes the fp32 dq) and the
-    dk/dv kernel adding dq atomically, then dq's cast; or the dq kernel and the dk/dv kernel.
+    ``do`` is made contiguous and 16-byte aligned (copied only when it is not), as the launches
+    of ``pb.backward`` were specialised for.
     """
-    do = do.contiguous()
+    if do.data_ptr() % 16 or not do.is_contiguous():
+        do = do.clone(memory_format=torch.contiguous_format)
     dev = q.device
-    dq_shape = (pb.batch, pb.heads, pb.lq, pb.head_dim)
-    dk = torch.empty((pb.batch, pb.heads, pb.lk, pb.head_dim), dtype=k.dtype, device=dev)
-    dv = torch.empty((pb.batch, pb.heads, pb.lk, pb.head_dim), dtype=v.dtype, device=dev)
-    lens_arg = lens if lens is not None else lse
-    tail = (*pb.strides, *pb.sizes, *pb.consts, pb.scale)
-    dq = torch.empty(dq_shape, dtype=torch.float32 if pb.broadcast or pb.atomic_dq else q.dtype, device=dev)
-    key = (pb.key, aligned(q, k, v, do, lens))
+    dk = torch.empty(pb.kv_shape, dtype=k.dtype, device=dev)
+    dv = torch.empty(pb.kv_shape, dtype=v.dtype, device=dev)
+    dq = torch.empty(pb.out_shape, dtype=pb.dq_dtype, device=dev)
+    lens_arg = lse if lens is None else lens
     if pb.fused:  # delta stays inside the program: `lse` fills its unused slot
-        args = (q, k, v, o, do, lse, lse, dq, dk, dv, lens_arg, *tail)
-        _LAUNCHERS["fused"](key, (pb.batch * pb.heads,), args, pb.meta["fused"])
+        pb.backward[0](q, k, v, o, do, lse, lse, dq, dk, dv, lens_arg, *pb.bwd_ints)
     else:
         delta = torch.empty_like(lse)
+        first, dkdv = pb.backward
         if pb.atomic_dq:
-            rows = delta.numel()
-            _DELTA(key, (-(-rows // 64),), (o, do, delta, dq, rows),
-                   {"HEAD_DIM": pb.head_dim, "BLOCK_D": pb.meta["fwd"]["BLOCK_D"], "BLOCK_R": 64})
+            first(o, do, delta, dq, pb.rows)
         else:  # the dq kernel also writes delta
-            args = (q, k, v, o, do, lse, delta, dq, dk, dv, lens_arg, *tail)
-            _LAUNCHERS["dq"](key, pb.q_grid, args, pb.meta["dq"])
-        kind = "dkdv_atomic" if pb.atomic_dq else "dkdv"
-        _LAUNCHERS[kind](key, pb.k_grid, (q, k, v, do, lse, delta, dq, dk, dv, lens_arg, *tail), pb.meta[kind])
+            first(q, k, v, o, do, lse, delta, dq, dk, dv, lens_arg, *pb.bwd_ints)
+        dkdv(q, k, v, do, lse, delta, dq, dk, dv, lens_arg, *pb.bwd_ints)
     if pb.broadcast:
         dq = dq.sum(0, keepdim=True)
     return dq.to(q.dtype), dk, dv
 
 
 class _FlashAttention(torch.autograd.Function):
-    """Eager autograd path (the registered op below costs ~13 µs more per call in the dispatcher)."""
+    """Eager autograd path (the registered op below costs ~13 µs more per call in the dispatcher).
+
+    Takes the :class:`_Problem` (looked up by the caller) in place of the flags: the backward
+    reuses its launches without a second lookup.
+    """
 
     @staticmethod
-    def forward(ctx, q, k, v, lens, causal, scale, softcap):
-        pb = _problem(q, k, v, lens, causal, scale, softcap)
+    def forward(ctx, q, k, v, lens, pb):
         o, lse = _forward(q, k, v, lens, pb)
         ctx.save_for_backward(q, k, v, o, lse, lens)
         ctx.problem = pb  # the forward fixes the backward path (see backward_paths)
@@ -650,7 +675,7 @@ class _FlashAttention(torch.autograd.Function):
     def backward(ctx, do):
         q, k, v, o, lse, lens = ctx.saved_tensors
         dq, dk, dv = _backward(do, q, k, v, o, lse, lens, ctx.problem)
-        return dq, dk, dv, None, None, None, None
+        return dq, dk, dv, None, None
 
 
 # --------------------------------------------------------------------------------------------
@@ -765,4 +790,4 @@ def triton_attention(
     if torch.compiler.is_compiling():
         scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
         return flash_attention_op(q, k, v, lens, causal, scale, softcap or 0.0)[0]
-    return _FlashAttention.apply(q, k, v, lens, causal, scale, softcap)
+    return _FlashAttention.apply(q, k, v, lens, _problem(q, k, v, lens, causal, scale, softcap))
