@@ -43,7 +43,6 @@ import recsys.kernels.triton_attention as attention_module  # noqa: E402
 import recsys.kernels.triton_multi_interest as multi_interest_module  # noqa: E402
 from recsys.kernels import attention, multi_interest  # noqa: E402
 import recsys.kernels.launch as launch_module  # noqa: E402
-from recsys.kernels.launch import Kernel  # noqa: E402
 
 CPU_SHAPES = {"attention": (8, 50), "multi-interest": (8, 20, 4)}  # tiny: torch ops cost their dispatch only
 CUDA_SHAPES = {"attention": (4096, 50), "multi-interest": (128, 20, 4)}
@@ -91,21 +90,25 @@ class _StubKernel:
         return lambda *args, **meta: self.compiled
 
 
-def _kernels() -> list[Kernel]:
+def _kernel_holders() -> list:
+    """The modules' kernel holders (``Kernel``, or the ``Launcher`` of earlier versions): objects
+    with a ``tuned`` autotuner slot and a ``slow_launches`` count."""
     found = []
     for module in (attention_module, multi_interest_module):
         for value in vars(module).values():
             items = value.values() if isinstance(value, dict) else [value]
-            found += [x for x in items if isinstance(x, Kernel)]
+            found += [x for x in items if hasattr(x, "tuned") and hasattr(x, "slow_launches")]
     return found
 
 
 def stub_triton() -> None:
     """Route every kernel to a stub, give Triton and the launch cache a stub device and stream,
     and let the dispatcher take the Triton path on CPU."""
-    for kernel in _kernels():
-        stub = _StubKernel(kernel.fn, kernel.tuned)
-        kernel.fn, kernel.tuned = stub, (stub if kernel.tuned is not None else None)
+    for holder in _kernel_holders():
+        attr = "fn" if hasattr(holder, "fn") else "kernel"
+        stub = _StubKernel(getattr(holder, attr), holder.tuned)
+        setattr(holder, attr, stub)
+        holder.tuned = stub if holder.tuned is not None else None
     driver = _StubDriver()
     triton.runtime.driver.set_active(driver)
     launch_module._current_device = driver.get_current_device
@@ -126,10 +129,13 @@ def attention_calls(device: str, batch: int, seq_len: int) -> dict[str, Callable
     return {"fwd": fwd, "f+b": lambda: torch.autograd.grad(fwd(), inputs, do)}
 
 
-def multi_interest_calls(device: str, batch: int, seq_len: int, k: int) -> dict[str, Callable[[], object]]:
+def multi_interest_calls(device: str, batch: int, seq_len: int, k: int,
+                         weights: torch.dtype = torch.bfloat16) -> dict[str, Callable[[], object]]:
+    """bf16 ``h``; W1, W2, P in ``weights`` (fp32: the model's parameters under bf16 autocast)."""
     g = torch.Generator(device=device).manual_seed(0)
-    h, w1, w2, pos = (torch.randn(shape, device=device, generator=g).bfloat16().requires_grad_()
-                      for shape in ((batch, seq_len, D), (D, HIDDEN), (HIDDEN, k), (seq_len, D)))
+    h, w1, w2, pos = (torch.randn(shape, device=device, generator=g).to(torch.bfloat16 if i == 0 else weights)
+                      .requires_grad_()
+                      for i, shape in enumerate(((batch, seq_len, D), (D, HIDDEN), (HIDDEN, k), (seq_len, D))))
     lengths = torch.randint(max(1, seq_len // 4), seq_len + 1, (batch,), device=device, generator=g)
     grad = torch.randn(batch, k, D, device=device, generator=g).bfloat16()
     leaves = (h, w1, w2, pos)
@@ -170,6 +176,8 @@ def rows(device: str) -> dict[str, Callable[[], object]]:
     mb, ml, mk = shapes["multi-interest"]
     out = {f"attention {name}": fn for name, fn in attention_calls(device, b, n).items()}
     out |= {f"multi-interest {name}": fn for name, fn in multi_interest_calls(device, mb, ml, mk).items()}
+    out |= {f"multi-interest {name}, fp32 W1 W2 P": fn
+            for name, fn in multi_interest_calls(device, mb, ml, mk, torch.float32).items()}
     out["calibration: torch.add f+b"] = calibration_calls(device)["f+b"]
     return out
 

@@ -155,12 +155,13 @@ def _tanh(z, dt: tl.constexpr, MODE: tl.constexpr):
 
 
 @triton.jit
-def _hidden_slice(W1, W2, cols, offs_d, offs_k, d_ok, k_ok, HID, stride_w1, stride_w2):
-    """``W1[:, cols]`` ``[BLOCK_D, BLOCK_H]`` and ``W2[cols]ᵀ`` ``[BLOCK_K, BLOCK_H]``, zero-padded."""
+def _hidden_slice(W1, W2, cols, offs_d, offs_k, d_ok, k_ok, HID, stride_w1, stride_w2, dt: tl.constexpr):
+    """``W1[:, cols]`` ``[BLOCK_D, BLOCK_H]`` and ``W2[cols]ᵀ`` ``[BLOCK_K, BLOCK_H]``, zero-padded,
+    rounded to the compute dtype ``dt`` (the weights may be stored wider, e.g. fp32 under autocast)."""
     c_ok = cols < HID
     w1 = tl.load(W1 + offs_d[:, None] * stride_w1 + cols[None, :], mask=d_ok[:, None] & c_ok[None, :], other=0.0)
     w2t = tl.load(W2 + cols[None, :] * stride_w2 + offs_k[:, None], mask=c_ok[None, :] & k_ok[:, None], other=0.0)
-    return w1, w2t
+    return w1.to(dt), w2t.to(dt)
 
 
 @triton.jit
@@ -195,7 +196,7 @@ def _mi_scores_kernel(
     x = _flat_rows(H, POS, rows, offs_d, r_ok, d_ok, L, D, stride_pl, HAS_POS)  # [BLOCK_M, BLOCK_D]
     s = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
     for c in range(0, HID, BLOCK_H):
-        w1, w2t = _hidden_slice(W1, W2, c + offs_h, offs_d, offs_k, d_ok, k_ok, HID, stride_w1, stride_w2)
+        w1, w2t = _hidden_slice(W1, W2, c + offs_h, offs_d, offs_k, d_ok, k_ok, HID, stride_w1, stride_w2, dt)
         t = _tanh(tl.dot(x, w1, input_precision=PRECISION), dt, TANH_MODE)  # [BLOCK_M, BLOCK_H]
         s = tl.dot(t, tl.trans(w2t), s, input_precision=PRECISION)
     if HAS_CAP:
@@ -329,7 +330,7 @@ def _mi_bwd_dx_kernel(
                  mask=r_ok[:, None] & k_ok[None, :], other=0.0)  # [BLOCK_M, BLOCK_K]
     dx = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for c in range(0, HID, BLOCK_H):
-        w1, w2t = _hidden_slice(W1, W2, c + offs_h, offs_d, offs_k, d_ok, k_ok, HID, stride_w1, stride_w2)
+        w1, w2t = _hidden_slice(W1, W2, c + offs_h, offs_d, offs_k, d_ok, k_ok, HID, stride_w1, stride_w2, dt)
         t = _tanh(tl.dot(x, w1, input_precision=PRECISION), dt, TANH_MODE).to(tl.float32)
         dz = (tl.dot(ds, w2t, input_precision=PRECISION) * (1.0 - t * t)).to(dt)  # [BLOCK_M, BLOCK_H]
         dx = tl.dot(dz, tl.trans(w1), dx, input_precision=PRECISION)
@@ -363,7 +364,7 @@ def _mi_bwd_weights_kernel(
     d_ok = offs_d < D
     k_ok = offs_k < K
     c_ok = cols < HID
-    w1, w2t = _hidden_slice(W1, W2, cols, offs_d, offs_k, d_ok, k_ok, HID, stride_w1, stride_w2)
+    w1, w2t = _hidden_slice(W1, W2, cols, offs_d, offs_k, d_ok, k_ok, HID, stride_w1, stride_w2, dt)
     dw1 = tl.zeros([BLOCK_D, BLOCK_H], tl.float32)
     dw2t = tl.zeros([BLOCK_K, BLOCK_H], tl.float32)  # dW2ᵀ
     for tile in range(pid_r, tl.cdiv(R, BLOCK_M), nprog_r):
@@ -430,8 +431,9 @@ Plan = dict[str, tuple[Launch, tuple]]  # kernel name -> (its launch, its run-ti
 def _key(h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None, score_cap: float | None) -> tuple:
     """Problem key (see :mod:`recsys.kernels.launch`): everything the integer arguments, pointer
     specialisations and compile-time arguments of the launches depend on, but the launch config."""
-    return (h.device, h.dtype, h.shape, h.stride(), w1.shape, w1.stride(), w2.stride(), lengths.dtype,
-            None if pos is None else (pos.shape, pos.stride()), bool(score_cap), aligned(h, lengths, w1, w2, pos))
+    return (h.device, h.dtype, h.shape, h.stride(), w1.dtype, w1.shape, w1.stride(), w2.stride(), lengths.dtype,
+            None if pos is None else (pos.dtype, pos.shape, pos.stride()), bool(score_cap),
+            aligned(h, lengths, w1, w2, pos))
 
 
 _PLANS: dict[tuple, Plan] = {}
@@ -498,7 +500,8 @@ def multi_interest_forward(
     h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None,
     config: ForwardConfig | None = None, score_cap: float | None = None, key: tuple | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Launch the two forward kernels on contiguous tensors of one dtype.
+    """Launch the two forward kernels on contiguous tensors; ``h``'s dtype is the compute dtype, the
+    weights (one dtype) and ``pos`` may be stored wider (fp32), rounded on load.
 
     Args:
         h: ``[B, L, d]``; lengths ``[B]`` int; w1 ``[d, hidden]``; w2 ``[hidden, K]``;
@@ -534,7 +537,7 @@ def _backward_flat(
     """Launch the three backward kernels and one that sums the per-program weight gradients.
 
     Args:
-        h, lengths, w1, w2, pos: the forward's inputs (contiguous, one dtype).
+        h, lengths, w1, w2, pos: the forward's inputs (contiguous; dtypes as :func:`multi_interest_forward`).
         out, lse, scores: the forward's outputs ``[B, K, d]``, ``[B, K]`` and ``[B, L, K]``.
         dout: ``[B, K, d]`` gradient of ``out`` (copied when not contiguous and 16-byte aligned,
             as the launches are specialised for).
@@ -547,7 +550,8 @@ def _backward_flat(
 
     Returns:
         ``(dh [B, L, d], dw [d · hidden + hidden · K] (dW1 then dW2, flat), dpos [L_max, d] or None)``
-        in the inputs' dtype: the weight gradients share one buffer, summed in one launch.
+        in the dtypes of ``h``, the weights and ``pos``: the weight gradients share one buffer,
+        summed in one launch.
     """
     b, seq_len, d = h.shape
     hidden, k = w2.shape
@@ -573,7 +577,7 @@ def _backward_flat(
     _run(plan, "sum_parts", (dw_part, dw))
     dpos = None
     if pos is not None:
-        dpos = dx.sum(0)  # [L, d]; reduced-precision sums accumulate in fp32
+        dpos = dx.sum(0, dtype=pos.dtype)  # [L, d]; reduced-precision sums accumulate in fp32
         if pos.shape[0] > seq_len:
             dpos = torch.cat([dpos, dpos.new_zeros(pos.shape[0] - seq_len, d)])
     return dh, dw, dpos
@@ -660,7 +664,7 @@ class _MultiInterest(torch.autograd.Function):
 def multi_interest_op(h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None,
                       score_cap: float) -> tuple[Tensor, Tensor, Tensor]:
     """``(out [B, K, d], lse [B, K] fp32, scores [B, L, K] fp32)`` of :func:`multi_interest_forward`
-    (contiguous inputs of one dtype; ``score_cap = 0`` for none). ``lse`` is saved for the backward."""
+    (contiguous inputs, dtypes as there; ``score_cap = 0`` for none). ``lse`` is saved for the backward."""
     return multi_interest_forward(h, lengths, w1, w2, pos, score_cap=score_cap or None)
 
 
@@ -683,8 +687,8 @@ def multi_interest_backward_op(h: Tensor, lengths: Tensor, w1: Tensor, w2: Tenso
 
 @multi_interest_backward_op.register_fake
 def _(h, lengths, w1, w2, pos, out, lse, scores, dout, dscores, score_cap):
-    grads = [h.new_empty(h.shape), h.new_empty(w1.numel() + w2.numel())]
-    return grads if pos is None else [*grads, h.new_empty(pos.shape)]
+    grads = [h.new_empty(h.shape), w1.new_empty(w1.numel() + w2.numel())]
+    return grads if pos is None else [*grads, pos.new_empty(pos.shape)]
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -721,7 +725,7 @@ def triton_multi_interest(
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Fused ComiRec-SA extraction, differentiable in ``h``, ``w1``, ``w2`` and ``pos``.
 
-    Computes in ``h``'s dtype (the weights are cast to it), or in the autocast dtype when
+    Computes in ``h``'s dtype (the weights are rounded to it), or in the autocast dtype when
     CUDA autocast is on; products accumulate in fp32.
 
     Args:
@@ -745,9 +749,14 @@ def triton_multi_interest(
     dtype = h.dtype
     if h.is_cuda and torch.is_autocast_enabled("cuda"):
         dtype = torch.get_autocast_dtype("cuda")
-    h, w1, w2 = (t.to(dtype).contiguous() for t in (h, w1, w2))
+    h = (h if h.dtype == dtype else h.to(dtype)).contiguous()
+    # the kernels read the (small) weights and positions in their own supported dtype and round them
+    # to the compute dtype on load: no cast launches, and no cast nodes in the backward, under autocast
+    if w1.dtype != w2.dtype or w1.dtype not in SUPPORTED_DTYPES:
+        w1, w2 = w1.to(dtype), w2.to(dtype)
+    w1, w2 = w1.contiguous(), w2.contiguous()
     if pos is not None:
-        pos = pos.to(dtype).contiguous()
+        pos = (pos if pos.dtype in SUPPORTED_DTYPES else pos.to(dtype)).contiguous()
     if lengths.device != h.device or lengths.stride(0) != 1:
         lengths = lengths.to(h.device).contiguous()
     if torch.compiler.is_compiling():

@@ -209,6 +209,20 @@ def test_multi_interest_launches_per_call_cpu(counted_launches):
     assert other == ["sum", "new_zeros", "cat"]  # dP over the batch, padded to pos's 9 rows (L = 7)
 
 
+@needs_interpreter
+def test_multi_interest_reads_fp32_weights_without_casts_cpu(counted_launches):
+    """fp16 ``h`` with fp32 W1, W2, P (autocast's mix): the kernels read the weights as they are,
+    so neither pass launches a cast (nor holds a cast node in the autograd graph)."""
+    h, lengths, w1, w2, pos, _ = _multi_interest_args("cpu")
+    h = h.detach().half().requires_grad_()
+    fwd, other = _launches(lambda: multi_interest(h, lengths, w1, w2, pos=pos, backend="triton"), counted_launches)
+    assert len(fwd) == 2 and other == []
+    out = multi_interest(h, lengths, w1, w2, pos=pos, backend="triton")
+    grad = torch.randn_like(out)
+    bwd, other = _launches(lambda: torch.autograd.grad(out, (h, w1, w2, pos), grad), counted_launches)
+    assert len(bwd) == 4 and other == ["sum", "new_zeros", "cat"]  # dP (in fp32) over the batch, padded
+
+
 # --------------------------------------------------------------------------------------------
 # The launch cache
 # --------------------------------------------------------------------------------------------
