@@ -41,6 +41,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from recsys.kernels.dispatch import check_attention_args
 from recsys.kernels.launch import MAX_KEYS, Kernel, Launch, aligned
 
 LOG2E = 1.4426950408889634
@@ -728,9 +729,10 @@ def _op_backward(ctx, do, _dlse):
 flash_attention_op.register_autograd(_op_backward, setup_context=_setup_context)
 
 
-def triton_supports(q: Tensor) -> bool:
-    """Whether the kernel covers ``q``'s dtype and head dim (fp16/bf16/fp32, ``D <= 128``)."""
-    return q.dtype in DTYPES and q.shape[-1] <= MAX_HEAD_DIM
+def triton_supports(q: Tensor, v: Tensor) -> bool:
+    """Whether the kernel covers ``q``'s dtype and head dim (fp16/bf16/fp32, ``D <= 128``) and
+    ``v``'s head dim (that of ``q``)."""
+    return q.dtype in DTYPES and q.shape[-1] <= MAX_HEAD_DIM and v.shape[-1] == q.shape[-1]
 
 
 def triton_attention(
@@ -762,30 +764,27 @@ def triton_attention(
         ValueError: on a dtype other than fp16/bf16/fp32, ``D > 128``, mismatched shapes or
             devices.
     """
-    if q.dim() != 4 or k.dim() != 4 or v.shape != k.shape:
-        raise ValueError(f"q, k, v must be [B, H, L, D] with v shaped like k; got "
-                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    if q.shape[0] not in (1, k.shape[0]) or q.shape[1] != k.shape[1] or q.shape[3] != k.shape[3]:
-        raise ValueError(f"q {tuple(q.shape)} must be [{k.shape[0]} or 1, {k.shape[1]}, Lq, {k.shape[3]}]")
-    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in DTYPES:
-        raise ValueError(f"triton attention needs q, k, v all fp16, bf16 or fp32; got {q.dtype}, {k.dtype}, {v.dtype}")
+    check_attention_args(q, k, v, key_lengths, causal)
+    if q.dtype not in DTYPES:
+        raise ValueError(f"triton attention needs q, k, v all fp16, bf16 or fp32; got {q.dtype}")
     if q.shape[3] > MAX_HEAD_DIM:
         raise ValueError(f"triton attention supports head dim D <= {MAX_HEAD_DIM}, got {q.shape[3]}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v are on different devices: {q.device}, {k.device}, {v.device}")
-    if causal and q.shape[2] != k.shape[2]:
-        raise ValueError(f"causal attention needs Lq == Lk, got {q.shape[2]} and {k.shape[2]}")
+    if v.shape != k.shape:
+        raise ValueError(f"triton attention needs v shaped like k; got {tuple(v.shape)} and {tuple(k.shape)}")
+    return flash_attention(q, k, v, key_lengths, causal, scale, softcap)
+
+
+def flash_attention(q: Tensor, k: Tensor, v: Tensor, key_lengths: Tensor | None, causal: bool,
+                    scale: float | None, softcap: float | None) -> Tensor:
+    """:func:`triton_attention` on arguments the caller has checked (as :func:`recsys.kernels.attention`
+    does): the launched path, with the fewest host steps."""
     if q.numel() == 0 or k.numel() == 0:
         from recsys.kernels.reference import attention_ref
 
         return attention_ref(q, k, v, key_lengths=key_lengths, causal=causal, scale=scale, softcap=softcap)
-    lens = None
-    if key_lengths is not None:
-        if key_lengths.shape != (k.shape[0],):
-            raise ValueError(f"key_lengths must have shape [{k.shape[0]}], got {tuple(key_lengths.shape)}")
-        lens = key_lengths  # the kernels read any integer dtype: no cast launch
-        if lens.device != q.device or lens.stride(0) != 1:
-            lens = lens.to(q.device).contiguous()
+    lens = key_lengths  # the kernels read any integer dtype: no cast launch
+    if lens is not None and (lens.device != q.device or lens.stride(0) != 1):
+        lens = lens.to(q.device).contiguous()
     causal, softcap = bool(causal), float(softcap) if softcap else None
     if torch.compiler.is_compiling():
         scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)

@@ -168,7 +168,8 @@ def test_broadcast_dq_is_deterministic_cpu():
 
 @needs_interpreter
 def test_dispatcher_routes_and_falls_back_cpu():
-    """``auto`` uses the kernel where it applies and the twin for fp64 / D > 128; ``triton`` raises."""
+    """``auto`` uses the kernel where it applies and the twin for fp64 / D > 128 / a value head dim
+    other than the query's; ``triton`` raises."""
     (q, k, v), key_lengths, _ = _problem(2, 2, 1, 5, 5, 16, 6, "cpu")
     q, k, v = q.float(), k.float(), v.float()
     assert torch.equal(attention(q, k, v, key_lengths=key_lengths),
@@ -180,3 +181,9 @@ def test_dispatcher_routes_and_falls_back_cpu():
         attention(q.float(), k.float(), v.float(), backend="triton")
     with pytest.raises(ValueError, match="fp16, bf16 or fp32"):
         attention(q[..., :16], k[..., :16], v[..., :16], backend="triton")
+    q, k, v = q[..., :16].float(), k[..., :16].float(), v[..., :8].float()
+    assert torch.equal(attention(q, k, v), attention_ref(q, k, v))
+    with pytest.raises(ValueError, match="v shaped like k"):
+        attention(q, k, v, backend="triton")
+    with pytest.raises(ValueError, match="different devices"):
+        attention(q, k, v.to("meta"), backend="torch")
