@@ -126,7 +126,18 @@ def attention_calls(device: str, batch: int, seq_len: int) -> dict[str, Callable
     def fwd():
         return attention(*inputs, key_lengths=lengths)
 
-    return {"fwd": fwd, "f+b": lambda: torch.autograd.grad(fwd(), inputs, do)}
+    # as nn.attention calls it: q, k, v views of one [B, L, 3, H, D] projection, the output
+    # reshaped to [B, L, H D] for the output projection
+    qkv = torch.randn(batch, seq_len, 3, HEADS, HEAD_DIM, device=device, generator=g).bfloat16()
+    packed = [t.requires_grad_() for t in qkv.permute(2, 0, 3, 1, 4).unbind(0)]
+    grad = torch.randn(batch, seq_len, HEADS * HEAD_DIM, device=device, generator=g).bfloat16()
+
+    def layer():
+        o = attention(*packed, key_lengths=lengths)
+        return o.transpose(1, 2).reshape(batch, seq_len, HEADS * HEAD_DIM)
+
+    return {"fwd": fwd, "f+b": lambda: torch.autograd.grad(fwd(), inputs, do),
+            "f+b, fused qkv + reshape": lambda: torch.autograd.grad(layer(), packed, grad)}
 
 
 def multi_interest_calls(device: str, batch: int, seq_len: int, k: int,

@@ -152,14 +152,15 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, skd, svn, svd, lo, hi, kv_
 
 @triton.jit
 def _fwd_kernel(Q, K, V, O, LSE, LENS,
-                sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
+                sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som,
                 H, LQ, LK, lq_bucket, lk_bucket, qk_scale, tanh_scale, cap_log2,
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LENS: tl.constexpr, CAUSAL: tl.constexpr,
                 SOFTCAP: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """O[b, h, m-block] and its log2-sum-exp (``+inf`` for rows that see no key).
 
     Grid: ``cdiv(LQ, BLOCK_M) * B * H`` programs, query blocks fastest (they share K/V in L2).
-    ``O`` is contiguous ``[B, H, LQ, HEAD_DIM]``, ``LSE`` contiguous ``[B, H, LQ]`` fp32.
+    ``O`` is ``[B, H, LQ, HEAD_DIM]`` with strides ``sob, soh, som, 1``; ``LSE`` contiguous
+    ``[B, H, LQ]`` fp32.
     """
     num_m = tl.cdiv(LQ, BLOCK_M)
     pid = tl.program_id(0)
@@ -201,10 +202,9 @@ def _fwd_kernel(Q, K, V, O, LSE, LENS,
     l_safe = tl.where(seen, l_i, 1.0)
     o = acc / l_safe[:, None]
     lse = tl.where(seen, m_i + tl.log2(l_safe), float("inf"))
-    row = bh.to(tl.int64) * LQ + offs_m
-    _store_tile(O + row[:, None] * HEAD_DIM + offs_d[None, :], o.to(O.dtype.element_ty), m_ok, offs_d,
-                HEAD_DIM, BLOCK_D)
-    tl.store(LSE + row, lse, mask=m_ok)
+    _store_tile(O + b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :], o.to(O.dtype.element_ty), m_ok,
+                offs_d, HEAD_DIM, BLOCK_D)
+    tl.store(LSE + bh.to(tl.int64) * LQ + offs_m, lse, mask=m_ok)
 
 
 # --------------------------------------------------------------------------------------------
@@ -243,7 +243,7 @@ def _dq_tiles(dq, q, do, lse, delta, k_base, v_base, skn, skd, svn, svd, dk_base
 
 @triton.jit
 def _bwd_dq_kernel(Q, K, V, O, DO, LSE, DELTA, DQ, DK, DV, LENS,
-                   sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
+                   sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som,
                    H, LQ, LK, lq_bucket, lk_bucket, qk_scale, tanh_scale, cap_log2, sm_scale,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LENS: tl.constexpr, CAUSAL: tl.constexpr,
                    SOFTCAP: tl.constexpr, FUSED: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -253,8 +253,8 @@ def _bwd_dq_kernel(Q, K, V, O, DO, LSE, DELTA, DQ, DK, DV, LENS,
     ``FUSED`` (``BLOCK_M >= LQ``, one program per (batch, head)): the program sees every query
     row, so it also writes complete ``dk``/``dv`` tiles (zeros past the key length) and keeps
     ``delta`` to itself. Otherwise ``delta`` is stored for the dk/dv kernel.
-    ``O``, ``DO``, ``DQ`` are contiguous ``[B, H, LQ, HEAD_DIM]`` (``DQ`` is per kv-batch row, fp32,
-    when queries are broadcast); ``DK``, ``DV`` contiguous ``[B, H, LK, HEAD_DIM]``.
+    ``O`` and ``DO`` are ``[B, H, LQ, HEAD_DIM]`` with ``O``'s strides; ``DQ`` contiguous (per kv-batch
+    row, fp32, when queries are broadcast); ``DK``, ``DV`` contiguous ``[B, H, LK, HEAD_DIM]``.
     """
     num_m = tl.cdiv(LQ, BLOCK_M)
     pid = tl.program_id(0)
@@ -271,8 +271,9 @@ def _bwd_dq_kernel(Q, K, V, O, DO, LSE, DELTA, DQ, DK, DV, LENS,
     row_off = offs_m[:, None] * HEAD_DIM + offs_d[None, :]
     q = _load_tile(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
                    m_ok, offs_d, HEAD_DIM, BLOCK_D, True)
-    do = _load_tile(DO + bh64 * LQ * HEAD_DIM + row_off, m_ok, offs_d, HEAD_DIM, BLOCK_D, True)
-    o = _load_tile(O + bh64 * LQ * HEAD_DIM + row_off, m_ok, offs_d, HEAD_DIM, BLOCK_D, True)
+    o_off = b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :]  # O and DO share O's strides
+    do = _load_tile(DO + o_off, m_ok, offs_d, HEAD_DIM, BLOCK_D, True)
+    o = _load_tile(O + o_off, m_ok, offs_d, HEAD_DIM, BLOCK_D, True)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     if not FUSED:
         tl.store(DELTA + bh64 * LQ + offs_m, delta, mask=m_ok)
@@ -311,21 +312,26 @@ def _bwd_dq_kernel(Q, K, V, O, DO, LSE, DELTA, DQ, DK, DV, LENS,
 
 
 @triton.jit
-def _bwd_delta_kernel(O, DO, DELTA, DQ, ROWS, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
-    """``delta = rowsum(dO * O)`` over ``ROWS`` contiguous rows of ``HEAD_DIM``, and the same rows of
-    the fp32 ``DQ`` set to 0 for the atomic adds that follow; grid ``cdiv(ROWS, BLOCK_R)``."""
+def _bwd_delta_kernel(O, DO, DELTA, DQ, ROWS, H, LQ, sob, soh, som,
+                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
+    """``delta = rowsum(dO * O)`` over the ``ROWS = B H LQ`` rows (``O`` and ``DO`` with ``O``'s
+    strides), and the same rows of the contiguous fp32 ``DQ`` set to 0 for the atomic adds that
+    follow; grid ``cdiv(ROWS, BLOCK_R)``."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, BLOCK_D)
     ok = rows < ROWS
-    off = rows[:, None] * HEAD_DIM + offs_d[None, :]
+    bh = rows // LQ
+    o_off = (bh // H) * sob + (bh % H) * soh + (rows % LQ) * som
+    off = o_off[:, None] + offs_d[None, :]
     o = _load_tile(O + off, ok, offs_d, HEAD_DIM, BLOCK_D, True)
     do = _load_tile(DO + off, ok, offs_d, HEAD_DIM, BLOCK_D, True)
     tl.store(DELTA + rows, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1), mask=ok)
-    _store_tile(DQ + off, tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32), ok, offs_d, HEAD_DIM, BLOCK_D)
+    dq_off = rows[:, None] * HEAD_DIM + offs_d[None, :]
+    _store_tile(DQ + dq_off, tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32), ok, offs_d, HEAD_DIM, BLOCK_D)
 
 
 @triton.jit
-def _dkdv_tiles(dk, dv, k, v, q_base, sqm, sqd, do_base, lse_base, delta_base, dq_base, lo, hi, LQ, offs_n, offs_m0,
+def _dkdv_tiles(dk, dv, k, v, q_base, sqm, sqd, do_base, som, lse_base, delta_base, dq_base, lo, hi, LQ, offs_n, offs_m0,
                 offs_d, qk_scale, tanh_scale, cap_log2, sm_scale,
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, MASK: tl.constexpr,
                 SOFTCAP: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PREC: tl.constexpr):
@@ -341,7 +347,7 @@ def _dkdv_tiles(dk, dv, k, v, q_base, sqm, sqd, do_base, lse_base, delta_base, d
         offs_m = start_m + offs_m0
         m_ok = offs_m < LQ
         q = _load_tile(q_base + offs_m[:, None] * sqm + offs_d[None, :] * sqd, m_ok, offs_d, HEAD_DIM, BLOCK_D, True)
-        do = _load_tile(do_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], m_ok, offs_d, HEAD_DIM, BLOCK_D, True)
+        do = _load_tile(do_base + offs_m[:, None] * som + offs_d[None, :], m_ok, offs_d, HEAD_DIM, BLOCK_D, True)
         lse = tl.load(lse_base + offs_m, mask=m_ok, other=float("inf"))
         delta = tl.load(delta_base + offs_m, mask=m_ok, other=0.0)
         s, t = _logits(tl.dot(k, tl.trans(q), input_precision=DOT_PREC), qk_scale, tanh_scale, cap_log2, SOFTCAP)
@@ -366,7 +372,7 @@ def _dkdv_tiles(dk, dv, k, v, q_base, sqm, sqd, do_base, lse_base, delta_base, d
 
 @triton.jit
 def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DQ, DK, DV, LENS,
-                     sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
+                     sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som,
                      H, LQ, LK, lq_bucket, lk_bucket, qk_scale, tanh_scale, cap_log2, sm_scale,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LENS: tl.constexpr, CAUSAL: tl.constexpr,
                      SOFTCAP: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -407,16 +413,16 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DQ, DK, DV, LENS,
         mid = tl.minimum(hi, tl.cdiv(start_n + BLOCK_N, BLOCK_M) * BLOCK_M)
 
     q_base = Q + b * sqb + h * sqh
-    do_base = DO + bh64 * LQ * HEAD_DIM
+    do_base = DO + b * sob + h * soh
     lse_base = LSE + bh64 * LQ
     delta_base = DELTA + bh64 * LQ
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dq_base = DQ + bh64 * LQ * HEAD_DIM
-    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, sqm, sqd, do_base, lse_base, delta_base, dq_base, lo, mid, LQ, offs_n,
+    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, sqm, sqd, do_base, som, lse_base, delta_base, dq_base, lo, mid, LQ, offs_n,
                          offs_m0, offs_d, qk_scale, tanh_scale, cap_log2, sm_scale,
                          HEAD_DIM, BLOCK_D, BLOCK_M, True, SOFTCAP, ATOMIC_DQ, DOT_PREC)
-    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, sqm, sqd, do_base, lse_base, delta_base, dq_base, mid, hi, LQ, offs_n,
+    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, sqm, sqd, do_base, som, lse_base, delta_base, dq_base, mid, hi, LQ, offs_n,
                          offs_m0, offs_d, qk_scale, tanh_scale, cap_log2, sm_scale,
                          HEAD_DIM, BLOCK_D, BLOCK_M, False, SOFTCAP, ATOMIC_DQ, DOT_PREC)
     # keys past the length were read as 0 and summed nonzero probabilities: their gradients are 0
@@ -551,7 +557,13 @@ class _Problem:
         q_strides = list(q.stride())
         if self.broadcast:
             q_strides[0] = 0
-        strides = (*q_strides, *k.stride(), *v.stride())
+        # o (and the dO the backward reads) in q's layout: [B, Lq, H, D] memory when q's heads lie
+        # inside its positions (a fused qkv projection's view), so that o.transpose(1, 2) is
+        # contiguous for the output projection and its gradient comes back in o's strides
+        self.heads_inner = _heads_inner(q)
+        h, lq, d = self.heads, self.lq, self.head_dim
+        self.o_strides = (lq * h * d, d, h * d) if self.heads_inner else (h * lq * d, lq * d, d)  # b, h, m
+        strides = (*q_strides, *k.stride(), *v.stride(), *self.o_strides)
         sizes = (self.heads, self.lq, self.lk, _bucket(self.lq), _bucket(self.lk))
         self.fwd_ints = (*strides, *sizes, *self.consts)  # the forward's arguments after its tensors
         self.bwd_ints = (*self.fwd_ints, scale)  # the backward kernels' arguments after their tensors
@@ -604,6 +616,19 @@ class _Problem:
         return forward, (_KERNELS["dq"].launch(q_grid, meta["dq"]), _KERNELS["dkdv"].launch(k_grid, meta["dkdv"]))
 
 
+def _heads_inner(q: Tensor) -> bool:
+    """Whether ``q [B, H, Lq, D]`` keeps its heads inside its positions (``[B, Lq, H, D]``-like memory)."""
+    return q.stride(1) < q.stride(2)
+
+
+def _new_out(q: Tensor, shape: tuple[int, int, int, int]) -> Tensor:
+    """An uninitialised ``o`` of ``shape [B, H, Lq, D]`` in ``q``'s layout (see :class:`_Problem`)."""
+    if _heads_inner(q):
+        b, h, lq, d = shape
+        return q.new_empty((b, lq, h, d)).transpose(1, 2)
+    return q.new_empty(shape)
+
+
 _PROBLEMS: dict[tuple, _Problem] = {}
 
 
@@ -623,7 +648,7 @@ def _problem(q: Tensor, k: Tensor, v: Tensor, lens: Tensor | None, causal: bool,
 
 def _forward(q: Tensor, k: Tensor, v: Tensor, lens: Tensor | None, pb: _Problem) -> tuple[Tensor, Tensor]:
     """Returns ``o [B, H, Lq, D]`` and ``lse [B, H, Lq]`` (log2 units, fp32, ``+inf`` for empty rows)."""
-    o = torch.empty(pb.out_shape, dtype=q.dtype, device=q.device)
+    o = _new_out(q, pb.out_shape)
     lse = torch.empty(pb.out_shape[:3], dtype=torch.float32, device=q.device)
     pb.forward(q, k, v, o, lse, lse if lens is None else lens, *pb.fwd_ints)
     return o, lse
@@ -633,11 +658,11 @@ def _backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tenso
               pb: _Problem) -> tuple[Tensor, Tensor, Tensor]:
     """dq (shape of ``q``), dk, dv; broadcast queries get their per-batch dq summed in fp32.
 
-    ``do`` is made contiguous and 16-byte aligned (copied only when it is not), as the launches
-    of ``pb.backward`` were specialised for.
+    The kernels read ``do`` with ``o``'s strides, 16-byte aligned, as the launches of
+    ``pb.backward`` were specialised for; a ``do`` in another layout is copied into ``o``'s.
     """
-    if do.data_ptr() % 16 or not do.is_contiguous():
-        do = do.clone(memory_format=torch.contiguous_format)
+    if do.stride() != o.stride() or do.data_ptr() % 16:
+        do = torch.empty_like(o).copy_(do)
     dev = q.device
     dk = torch.empty(pb.kv_shape, dtype=k.dtype, device=dev)
     dv = torch.empty(pb.kv_shape, dtype=v.dtype, device=dev)
@@ -649,7 +674,7 @@ def _backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tenso
         delta = torch.empty_like(lse)
         first, dkdv = pb.backward
         if pb.atomic_dq:
-            first(o, do, delta, dq, pb.rows)
+            first(o, do, delta, dq, pb.rows, pb.heads, pb.lq, *pb.o_strides)
         else:  # the dq kernel also writes delta
             first(q, k, v, o, do, lse, delta, dq, dk, dv, lens_arg, *pb.bwd_ints)
         dkdv(q, k, v, do, lse, delta, dq, dk, dv, lens_arg, *pb.bwd_ints)
@@ -696,7 +721,7 @@ def flash_attention_op(q: Tensor, k: Tensor, v: Tensor, lens: Tensor | None, cau
 def _(q, k, v, lens, causal, scale, softcap):
     batch, heads, _, head_dim = k.shape
     lq = q.shape[2]
-    return q.new_empty((batch, heads, lq, head_dim)), q.new_empty((batch, heads, lq), dtype=torch.float32)
+    return _new_out(q, (batch, heads, lq, head_dim)), q.new_empty((batch, heads, lq), dtype=torch.float32)
 
 
 @torch.library.custom_op("recsys::flash_attention_backward", mutates_args=())

@@ -147,6 +147,31 @@ def test_backward_paths_switches_the_path_and_restores_it():
 
 
 @needs_interpreter
+@pytest.mark.parametrize("paths", [{}, {"fused_max_lq": 0}, {"fused_max_lq": 0, "atomic_dq_max_lk": 0}],
+                         ids=["fused", "atomic-dq", "dq-kernel"])
+def test_fused_projection_layout_cpu(paths):
+    """q, k, v as views of one ``[B, L, 3, H, D]`` projection, the output reshaped for the output
+    projection (as ``nn.attention`` does): o is written in ``[B, L, H, D]`` memory and dO read in
+    its strides; values and gradients match the twin on every backward path."""
+    g = torch.Generator().manual_seed(3)
+    qkv = torch.randn(3, 9, 3, 2, 16, generator=g).requires_grad_()
+    lengths = torch.tensor([0, 5, 9])
+    grad = torch.randn(3, 9, 32, generator=g)
+
+    def run(backend):
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        with kernel_module.backward_paths(**paths):
+            o = attention(q, k, v, key_lengths=lengths, causal=True, backend=backend)
+        out = o.transpose(1, 2).reshape(3, 9, 32)
+        return o, [out.detach(), *torch.autograd.grad(out, qkv, grad)]
+
+    (o, ours), (_, twin) = run("triton"), run("torch")
+    assert o.transpose(1, 2).is_contiguous()
+    for a, b in zip(ours, twin, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@needs_interpreter
 def test_all_keys_padded_gives_zeros_cpu():
     qkv, _, grad = _problem(2, 2, 2, 9, 9, 16, 4, "cpu")
     key_lengths = torch.zeros(2, dtype=torch.long)

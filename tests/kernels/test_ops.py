@@ -196,6 +196,25 @@ def test_attention_launches_per_call_cpu(counted_launches):
 
 
 @needs_interpreter
+def test_attention_on_a_fused_projection_copies_nothing_cpu(counted_launches):
+    """q, k, v as views of one projection (as ``nn.attention`` makes them): o comes back in
+    ``[B, L, H, D]`` memory, so the output projection's reshape is a view, and its gradient
+    reaches the kernels in o's strides: no copy either way."""
+    qkv = torch.randn(3, 6, 3, 2, 16)
+    q, k, v = (t.requires_grad_() for t in qkv.permute(2, 0, 3, 1, 4).unbind(0))
+    lengths = torch.tensor([0, 4, 6])
+
+    def forward():
+        return attention(q, k, v, key_lengths=lengths, backend="triton").transpose(1, 2).reshape(3, 6, 32)
+
+    fwd, other = _launches(forward, counted_launches)
+    assert fwd == ["_fwd_kernel"] and other == []
+    out, grad = forward(), torch.randn(3, 6, 32)
+    bwd, other = _launches(lambda: torch.autograd.grad(out, (q, k, v), grad), counted_launches)
+    assert bwd == ["_bwd_dq_kernel"] and other == []
+
+
+@needs_interpreter
 def test_multi_interest_launches_per_call_cpu(counted_launches):
     """Forward: two kernels; backward: three kernels and one summing the weight gradients (no
     separate sums and casts), plus dP's sum over the batch."""
