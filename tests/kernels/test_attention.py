@@ -146,17 +146,18 @@ def test_backward_paths_switches_the_path_and_restores_it():
     assert not problem().fused and problem().atomic_dq
 
 
-@needs_interpreter
+@pytest.mark.parametrize("device", [pytest.param("cpu", marks=needs_interpreter),
+                                    pytest.param("cuda", marks=GPU_MARKS)])
 @pytest.mark.parametrize("paths", [{}, {"fused_max_lq": 0}, {"fused_max_lq": 0, "atomic_dq_max_lk": 0}],
                          ids=["fused", "atomic-dq", "dq-kernel"])
-def test_fused_projection_layout_cpu(paths):
+def test_fused_projection_layout(device, paths):
     """q, k, v as views of one ``[B, L, 3, H, D]`` projection, the output reshaped for the output
     projection (as ``nn.attention`` does): o is written in ``[B, L, H, D]`` memory and dO read in
     its strides; values and gradients match the twin on every backward path."""
     g = torch.Generator().manual_seed(3)
-    qkv = torch.randn(3, 9, 3, 2, 16, generator=g).requires_grad_()
-    lengths = torch.tensor([0, 5, 9])
-    grad = torch.randn(3, 9, 32, generator=g)
+    qkv = torch.randn(3, 9, 3, 2, 16, generator=g).to(device).requires_grad_()  # fp32: IEEE products on GPU
+    lengths = torch.tensor([0, 5, 9], device=device)
+    grad = torch.randn(3, 9, 32, generator=g).to(device)
 
     def run(backend):
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)

@@ -419,8 +419,8 @@ def test_cached_multi_interest_launches_match_the_first_cpu(direct_launches, cas
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 def test_cached_launches_match_and_respect_alignment_gpu():
-    """Second calls skip Triton's launch path and give the same bits; a misaligned view (other
-    pointer specialisation) is a new key, and still right."""
+    """Second calls (forward and backward) skip Triton's launch path and give the same bits; a
+    misaligned view (other pointer specialisation) is a new key, and still right."""
     q, k, v, lengths, *_ = _attention_args("cuda")
     do = torch.randn(3, 2, 6, 16, device="cuda")
 
@@ -440,5 +440,15 @@ def test_cached_launches_match_and_respect_alignment_gpu():
     for a, b in zip(first, run(shifted)):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
     h, lengths, w1, w2, pos, _ = _multi_interest_args("cuda")
-    outs = [multi_interest(h, lengths, w1, w2, pos=pos, backend="triton") for _ in range(2)]
-    assert torch.equal(*outs)
+    grad = torch.randn(4, 3, 16, device="cuda")
+
+    def mi():
+        out = multi_interest(h, lengths, w1, w2, pos=pos, backend="triton")
+        return (out, *torch.autograd.grad(out, (h, w1, w2, pos), grad))
+
+    first = mi()
+    slow = [kernel.slow_launches for kernel in multi_interest_module._KERNELS.values()]
+    second = mi()
+    assert slow == [kernel.slow_launches for kernel in multi_interest_module._KERNELS.values()]
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
