@@ -312,22 +312,24 @@ def _bwd_dq_kernel(Q, K, V, O, DO, LSE, DELTA, DQ, DK, DV, LENS,
 
 
 @triton.jit
-def _bwd_delta_kernel(O, DO, DELTA, DQ, ROWS, H, LQ, sob, soh, som,
+def _bwd_delta_kernel(O, DO, DELTA, DQ, H, LQ, sob, soh, som,
                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
-    """``delta = rowsum(dO * O)`` over the ``ROWS = B H LQ`` rows (``O`` and ``DO`` with ``O``'s
-    strides), and the same rows of the contiguous fp32 ``DQ`` set to 0 for the atomic adds that
-    follow; grid ``cdiv(ROWS, BLOCK_R)``."""
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    """``delta = rowsum(dO * O)`` for one (batch, head) and ``BLOCK_R`` query rows (``O`` and ``DO``
+    with ``O``'s strides), and the same rows of the contiguous fp32 ``DQ`` set to 0 for the atomic
+    adds that follow; grid ``cdiv(LQ, BLOCK_R) * B * H``."""
+    num_m = tl.cdiv(LQ, BLOCK_R)
+    pid = tl.program_id(0)
+    bh = (pid // num_m).to(tl.int64)
+    offs_m = (pid % num_m) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, BLOCK_D)
-    ok = rows < ROWS
-    bh = rows // LQ
-    o_off = (bh // H) * sob + (bh % H) * soh + (rows % LQ) * som
-    off = o_off[:, None] + offs_d[None, :]
+    ok = offs_m < LQ
+    off = (bh // H) * sob + (bh % H) * soh + offs_m[:, None] * som + offs_d[None, :]
     o = _load_tile(O + off, ok, offs_d, HEAD_DIM, BLOCK_D, True)
     do = _load_tile(DO + off, ok, offs_d, HEAD_DIM, BLOCK_D, True)
+    rows = bh * LQ + offs_m
     tl.store(DELTA + rows, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1), mask=ok)
-    dq_off = rows[:, None] * HEAD_DIM + offs_d[None, :]
-    _store_tile(DQ + dq_off, tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32), ok, offs_d, HEAD_DIM, BLOCK_D)
+    _store_tile(DQ + rows[:, None] * HEAD_DIM + offs_d[None, :], tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32),
+                ok, offs_d, HEAD_DIM, BLOCK_D)
 
 
 @triton.jit
@@ -570,7 +572,6 @@ class _Problem:
         self.out_shape = (self.batch, self.heads, self.lq, self.head_dim)  # o, do and (per kv-batch row) dq
         self.kv_shape = (self.batch, self.heads, self.lk, self.head_dim)  # dk, dv
         self.dq_dtype = torch.float32 if self.broadcast or self.atomic_dq else q.dtype
-        self.rows = self.batch * self.heads * self.lq  # rows of o and do
         self.forward, self.backward = self._launches(q, lens, causal, cap)
 
     def _launches(self, q: Tensor, lens: Tensor | None, causal: bool, cap: float) -> tuple[Launch, tuple[Launch, ...]]:
@@ -610,7 +611,7 @@ class _Problem:
             meta["fused"]["BLOCK_M"] = _bucket(self.lq)
             return forward, (_KERNELS["fused"].launch((bh,), meta["fused"]),)
         if self.atomic_dq:
-            delta = _DELTA.launch((triton.cdiv(self.rows, DELTA_ROWS),), {
+            delta = _DELTA.launch((triton.cdiv(self.lq, DELTA_ROWS) * bh,), {
                 "HEAD_DIM": self.head_dim, "BLOCK_D": common["BLOCK_D"], "BLOCK_R": DELTA_ROWS})
             return forward, (delta, _KERNELS["dkdv_atomic"].launch(k_grid, meta["dkdv_atomic"]))
         return forward, (_KERNELS["dq"].launch(q_grid, meta["dq"]), _KERNELS["dkdv"].launch(k_grid, meta["dkdv"]))
@@ -674,7 +675,7 @@ def _backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tenso
         delta = torch.empty_like(lse)
         first, dkdv = pb.backward
         if pb.atomic_dq:
-            first(o, do, delta, dq, pb.rows, pb.heads, pb.lq, *pb.o_strides)
+            first(o, do, delta, dq, pb.heads, pb.lq, *pb.o_strides)
         else:  # the dq kernel also writes delta
             first(q, k, v, o, do, lse, delta, dq, dk, dv, lens_arg, *pb.bwd_ints)
         dkdv(q, k, v, do, lse, delta, dq, dk, dv, lens_arg, *pb.bwd_ints)
