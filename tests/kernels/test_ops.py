@@ -61,6 +61,16 @@ def test_opcheck_attention(device, case):
 
 
 @pytest.mark.parametrize("device", [CPU, GPU])
+def test_opcheck_attention_on_a_fused_projection(device):
+    """q, k, v views of one [B, L, 3, H, D] projection: the fake output has the real one's
+    [B, L, H, D] memory layout."""
+    qkv = torch.randn(3, 6, 3, 2, 16, device=device, requires_grad=True)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    lengths = torch.tensor([0, 4, 6], device=device)
+    torch.library.opcheck(torch.ops.recsys.flash_attention.default, (q, k, v, lengths, True, 0.25, 0.0))
+
+
+@pytest.mark.parametrize("device", [CPU, GPU])
 @pytest.mark.parametrize("case", [{}, {"pos": False, "score_cap": 1.5}], ids=["pos", "cap-no-pos"])
 def test_opcheck_multi_interest(device, case):
     torch.library.opcheck(torch.ops.recsys.multi_interest.default, _multi_interest_args(device, **case))
