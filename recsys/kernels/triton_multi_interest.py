@@ -635,7 +635,6 @@ class _MultiInterest(torch.autograd.Function):
         ctx.save_for_backward(h, lengths, w1, w2, pos, out, lse, scores)
         ctx.score_cap, ctx.key = score_cap, key  # the backward's launches are found by the same key
         ctx.set_materialize_grads(False)
-        ctx.mark_non_differentiable(lse)
         return out, scores
 
     @staticmethod
