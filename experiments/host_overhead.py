@@ -1,8 +1,10 @@
 """Host (CPU) cost per call of the public kernels' launched forward and forward + backward.
 
 Times ``recsys.kernels.attention`` (bf16, H = 2, D = 64, key lengths in [L/4, L], inputs requiring
-grad as in training) and ``recsys.kernels.multi_interest`` (bf16 leaves h, W1, W2, P, as in
-``bench_multi_interest.py``) called N times in a row with ``time.perf_counter``:
+grad as in training; also as ``recsys.nn.attention`` calls it, on views of one fused qkv projection
+with the output reshaped for the output projection) and ``recsys.kernels.multi_interest`` (bf16
+leaves h, W1, W2, P, as in ``bench_multi_interest.py``; also with fp32 W1, W2, P, the model's
+parameters under bf16 autocast) called N times in a row with ``time.perf_counter``:
 
 - ``--device cpu`` (the default without a GPU): no kernel runs. The first launch of each kernel
   "compiles" to a Triton ``CompiledKernel`` whose C launcher does nothing, so the timings are the
@@ -18,6 +20,7 @@ machines. ``--out F.json`` saves the rows, ``--before F.json`` adds a before/aft
 ``--profile NAME`` prints cProfile's top functions for one row (e.g. ``attention f+b``).
 
     python experiments/host_overhead.py --out /tmp/after.json --before /tmp/before.json
+    python experiments/host_overhead.py --device cuda --attention 64x50   # small: host-bound on a GPU
     python experiments/host_overhead.py --device cuda --profile "multi-interest f+b"
 """
 
@@ -181,8 +184,7 @@ def per_call_us(fn: Callable[[], object], device: str, calls: int, repeats: int)
     return min(times)
 
 
-def rows(device: str) -> dict[str, Callable[[], object]]:
-    shapes = CUDA_SHAPES if device == "cuda" else CPU_SHAPES
+def rows(device: str, shapes: dict[str, tuple[int, ...]]) -> dict[str, Callable[[], object]]:
     b, n = shapes["attention"]
     mb, ml, mk = shapes["multi-interest"]
     out = {f"attention {name}": fn for name, fn in attention_calls(device, b, n).items()}
@@ -213,10 +215,16 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="save the rows (µs per call) as JSON")
     parser.add_argument("--before", type=Path, help="JSON of an earlier run: print a before/after table")
     parser.add_argument("--profile", help="cProfile this row (e.g. 'attention f+b') and print the top functions")
+    parser.add_argument("--attention", help="BxL of the attention rows (default 4096x50 on CUDA, 8x50 on CPU)")
+    parser.add_argument("--multi-interest", help="BxLxK of the multi-interest rows (default 128x20x4 on CUDA, 8x20x4 on CPU)")
     args = parser.parse_args()
+    shapes = dict(CUDA_SHAPES if args.device == "cuda" else CPU_SHAPES)
+    for name, value in (("attention", args.attention), ("multi-interest", args.multi_interest)):
+        if value:
+            shapes[name] = tuple(int(x) for x in value.split("x"))
     if args.device == "cpu":
         stub_triton()
-    calls = rows(args.device)
+    calls = rows(args.device, shapes)
     if args.profile:
         fn = calls[args.profile]
         per_call_us(fn, args.device, 1, 1)
@@ -226,8 +234,7 @@ def main() -> None:
         return
     now = {name: per_call_us(fn, args.device, args.calls, args.repeats) for name, fn in calls.items()}
     kernels = "kernels stubbed (host cost only)" if args.device == "cpu" else "kernels running"
-    print(f"device {args.device}, {kernels}, torch {torch.__version__}; shapes "
-          f"{CUDA_SHAPES if args.device == 'cuda' else CPU_SHAPES}")
+    print(f"device {args.device}, {kernels}, torch {torch.__version__}, triton {triton.__version__}; shapes {shapes}")
     before = json.loads(args.before.read_text()) if args.before else None
     print(table(now, before))
     if args.out:
