@@ -47,6 +47,27 @@ def _check_lengths(key_lengths: Tensor | None, batch: int, name: str) -> None:
         raise ValueError(f"{name} must be an integer tensor, got {key_lengths.dtype}")
 
 
+def check_attention_args(q: Tensor, k: Tensor, v: Tensor, key_lengths: Tensor | None, causal: bool) -> None:
+    """Raise ValueError unless ``q [B or 1, H, Lq, D]``, ``k [B, H, Lk, D]``, ``v [B, H, Lk, Dv]`` (one
+    dtype, one device), ``key_lengths [B]`` int (or None) and ``causal`` fit together."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(
+            f"q, k, v must be 4-d [B, H, L, D]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    b, h, lk, d = k.shape
+    if v.shape[:3] != (b, h, lk):
+        raise ValueError(f"v {tuple(v.shape)} does not match k {tuple(k.shape)} in [B, H, Lk]")
+    if q.shape[0] not in (1, b) or q.shape[1] != h or q.shape[3] != d:
+        raise ValueError(f"q {tuple(q.shape)} must be [{b} or 1, {h}, Lq, {d}] to match k")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    if causal and q.shape[2] != lk:
+        raise ValueError(f"causal attention needs Lq == Lk, got {q.shape[2]} and {lk}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v are on different devices: {q.device}, {k.device}, {v.device}")
+    _check_lengths(key_lengths, b, "key_lengths")
+
+
 def attention(
     q: Tensor,
     k: Tensor,
@@ -73,29 +94,16 @@ def attention(
     Returns:
         ``[B, H, Lq, D]``; rows with no visible key are 0 (and get zero gradients).
     """
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(
-            f"q, k, v must be 4-d [B, H, L, D]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
-        )
-    b, h, lk, d = k.shape
-    if v.shape[:3] != (b, h, lk):
-        raise ValueError(f"v {tuple(v.shape)} does not match k {tuple(k.shape)} in [B, H, Lk]")
-    if q.shape[0] not in (1, b) or q.shape[1] != h or q.shape[3] != d:
-        raise ValueError(f"q {tuple(q.shape)} must be [{b} or 1, {h}, Lq, {d}] to match k")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
-    if causal and q.shape[2] != lk:
-        raise ValueError(f"causal attention needs Lq == Lk, got {q.shape[2]} and {lk}")
-    _check_lengths(key_lengths, b, "key_lengths")
+    check_attention_args(q, k, v, key_lengths, causal)
     softcap = softcap or None
     if _use_triton(backend, q.device):
-        from recsys.kernels.triton_attention import triton_attention, triton_supports
+        from recsys.kernels.triton_attention import flash_attention, triton_attention, triton_supports
 
-        # "auto" sends what the kernel does not cover (fp64, D > 128) to the twin; "triton" raises
-        if backend == "triton" or triton_supports(q):
-            return triton_attention(
-                q, k, v, key_lengths=key_lengths, causal=causal, scale=scale, softcap=softcap
-            )
+        if triton_supports(q, v):  # the arguments are checked: straight to the kernels
+            return flash_attention(q, k, v, key_lengths, causal, scale, softcap)
+        if backend == "triton":  # the kernel's own error
+            return triton_attention(q, k, v, key_lengths=key_lengths, causal=causal, scale=scale, softcap=softcap)
+        # "auto" sends what the kernel does not cover (fp64, D > 128) to the twin
     return reference.attention_ref(
         q, k, v, key_lengths=key_lengths, causal=causal, scale=scale, softcap=softcap
     )

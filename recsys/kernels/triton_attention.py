@@ -41,7 +41,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from recsys.kernels.launch import MAX_KEYS, Launcher, aligned
+from recsys.kernels.dispatch import check_attention_args
+from recsys.kernels.launch import MAX_KEYS, Kernel, Launch, aligned
 
 LOG2E = 1.4426950408889634
 MAX_HEAD_DIM = 128
@@ -151,14 +152,15 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, skd, svn, svd, lo, hi, kv_
 
 @triton.jit
 def _fwd_kernel(Q, K, V, O, LSE, LENS,
-                sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
+                sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som,
                 H, LQ, LK, lq_bucket, lk_bucket, qk_scale, tanh_scale, cap_log2,
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LENS: tl.constexpr, CAUSAL: tl.constexpr,
                 SOFTCAP: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """O[b, h, m-block] and its log2-sum-exp (``+inf`` for rows that see no key).
 
     Grid: ``cdiv(LQ, BLOCK_M) * B * H`` programs, query blocks fastest (they share K/V in L2).
-    ``O`` is contiguous ``[B, H, LQ, HEAD_DIM]``, ``LSE`` contiguous ``[B, H, LQ]`` fp32.
+    ``O`` is ``[B, H, LQ, HEAD_DIM]`` with strides ``sob, soh, som, 1``; ``LSE`` contiguous
+    ``[B, H, LQ]`` fp32.
     """
     num_m = tl.cdiv(LQ, BLOCK_M)
     pid = tl.program_id(0)
@@ -200,10 +202,9 @@ def _fwd_kernel(Q, K, V, O, LSE, LENS,
     l_safe = tl.where(seen, l_i, 1.0)
     o = acc / l_safe[:, None]
     lse = tl.where(seen, m_i + tl.log2(l_safe), float("inf"))
-    row = bh.to(tl.int64) * LQ + offs_m
-    _store_tile(O + row[:, None] * HEAD_DIM + offs_d[None, :], o.to(O.dtype.element_ty), m_ok, offs_d,
-                HEAD_DIM, BLOCK_D)
-    tl.store(LSE + row, lse, mask=m_ok)
+    _store_tile(O + b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :], o.to(O.dtype.element_ty), m_ok,
+                offs_d, HEAD_DIM, BLOCK_D)
+    tl.store(LSE + bh.to(tl.int64) * LQ + offs_m, lse, mask=m_ok)
 
 
 # --------------------------------------------------------------------------------------------
@@ -242,7 +243,7 @@ def _dq_tiles(dq, q, do, lse, delta, k_base, v_base, skn, skd, svn, svd, dk_base
 
 @triton.jit
 def _bwd_dq_kernel(Q, K, V, O, DO, LSE, DELTA, DQ, DK, DV, LENS,
-                   sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
+                   sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som,
                    H, LQ, LK, lq_bucket, lk_bucket, qk_scale, tanh_scale, cap_log2, sm_scale,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LENS: tl.constexpr, CAUSAL: tl.constexpr,
                    SOFTCAP: tl.constexpr, FUSED: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -252,8 +253,8 @@ def _bwd_dq_kernel(Q, K, V, O, DO, LSE, DELTA, DQ, DK, DV, LENS,
     ``FUSED`` (``BLOCK_M >= LQ``, one program per (batch, head)): the program sees every query
     row, so it also writes complete ``dk``/``dv`` tiles (zeros past the key length) and keeps
     ``delta`` to itself. Otherwise ``delta`` is stored for the dk/dv kernel.
-    ``O``, ``DO``, ``DQ`` are contiguous ``[B, H, LQ, HEAD_DIM]`` (``DQ`` is per kv-batch row, fp32,
-    when queries are broadcast); ``DK``, ``DV`` contiguous ``[B, H, LK, HEAD_DIM]``.
+    ``O`` and ``DO`` are ``[B, H, LQ, HEAD_DIM]`` with ``O``'s strides; ``DQ`` contiguous (per kv-batch
+    row, fp32, when queries are broadcast); ``DK``, ``DV`` contiguous ``[B, H, LK, HEAD_DIM]``.
     """
     num_m = tl.cdiv(LQ, BLOCK_M)
     pid = tl.program_id(0)
@@ -270,8 +271,9 @@ def _bwd_dq_kernel(Q, K, V, O, DO, LSE, DELTA, DQ, DK, DV, LENS,
     row_off = offs_m[:, None] * HEAD_DIM + offs_d[None, :]
     q = _load_tile(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
                    m_ok, offs_d, HEAD_DIM, BLOCK_D, True)
-    do = _load_tile(DO + bh64 * LQ * HEAD_DIM + row_off, m_ok, offs_d, HEAD_DIM, BLOCK_D, True)
-    o = _load_tile(O + bh64 * LQ * HEAD_DIM + row_off, m_ok, offs_d, HEAD_DIM, BLOCK_D, True)
+    o_off = b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :]  # O and DO share O's strides
+    do = _load_tile(DO + o_off, m_ok, offs_d, HEAD_DIM, BLOCK_D, True)
+    o = _load_tile(O + o_off, m_ok, offs_d, HEAD_DIM, BLOCK_D, True)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     if not FUSED:
         tl.store(DELTA + bh64 * LQ + offs_m, delta, mask=m_ok)
@@ -310,21 +312,28 @@ def _bwd_dq_kernel(Q, K, V, O, DO, LSE, DELTA, DQ, DK, DV, LENS,
 
 
 @triton.jit
-def _bwd_delta_kernel(O, DO, DELTA, DQ, ROWS, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
-    """``delta = rowsum(dO * O)`` over ``ROWS`` contiguous rows of ``HEAD_DIM``, and the same rows of
-    the fp32 ``DQ`` set to 0 for the atomic adds that follow; grid ``cdiv(ROWS, BLOCK_R)``."""
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+def _bwd_delta_kernel(O, DO, DELTA, DQ, H, LQ, sob, soh, som,
+                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
+    """``delta = rowsum(dO * O)`` for one (batch, head) and ``BLOCK_R`` query rows (``O`` and ``DO``
+    with ``O``'s strides), and the same rows of the contiguous fp32 ``DQ`` set to 0 for the atomic
+    adds that follow; grid ``cdiv(LQ, BLOCK_R) * B * H``."""
+    num_m = tl.cdiv(LQ, BLOCK_R)
+    pid = tl.program_id(0)
+    bh = (pid // num_m).to(tl.int64)
+    offs_m = (pid % num_m) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, BLOCK_D)
-    ok = rows < ROWS
-    off = rows[:, None] * HEAD_DIM + offs_d[None, :]
+    ok = offs_m < LQ
+    off = (bh // H) * sob + (bh % H) * soh + offs_m[:, None] * som + offs_d[None, :]
     o = _load_tile(O + off, ok, offs_d, HEAD_DIM, BLOCK_D, True)
     do = _load_tile(DO + off, ok, offs_d, HEAD_DIM, BLOCK_D, True)
+    rows = bh * LQ + offs_m
     tl.store(DELTA + rows, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1), mask=ok)
-    _store_tile(DQ + off, tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32), ok, offs_d, HEAD_DIM, BLOCK_D)
+    _store_tile(DQ + rows[:, None] * HEAD_DIM + offs_d[None, :], tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32),
+                ok, offs_d, HEAD_DIM, BLOCK_D)
 
 
 @triton.jit
-def _dkdv_tiles(dk, dv, k, v, q_base, sqm, sqd, do_base, lse_base, delta_base, dq_base, lo, hi, LQ, offs_n, offs_m0,
+def _dkdv_tiles(dk, dv, k, v, q_base, sqm, sqd, do_base, som, lse_base, delta_base, dq_base, lo, hi, LQ, offs_n, offs_m0,
                 offs_d, qk_scale, tanh_scale, cap_log2, sm_scale,
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, MASK: tl.constexpr,
                 SOFTCAP: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PREC: tl.constexpr):
@@ -340,7 +349,7 @@ def _dkdv_tiles(dk, dv, k, v, q_base, sqm, sqd, do_base, lse_base, delta_base, d
         offs_m = start_m + offs_m0
         m_ok = offs_m < LQ
         q = _load_tile(q_base + offs_m[:, None] * sqm + offs_d[None, :] * sqd, m_ok, offs_d, HEAD_DIM, BLOCK_D, True)
-        do = _load_tile(do_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], m_ok, offs_d, HEAD_DIM, BLOCK_D, True)
+        do = _load_tile(do_base + offs_m[:, None] * som + offs_d[None, :], m_ok, offs_d, HEAD_DIM, BLOCK_D, True)
         lse = tl.load(lse_base + offs_m, mask=m_ok, other=float("inf"))
         delta = tl.load(delta_base + offs_m, mask=m_ok, other=0.0)
         s, t = _logits(tl.dot(k, tl.trans(q), input_precision=DOT_PREC), qk_scale, tanh_scale, cap_log2, SOFTCAP)
@@ -365,7 +374,7 @@ def _dkdv_tiles(dk, dv, k, v, q_base, sqm, sqd, do_base, lse_base, delta_base, d
 
 @triton.jit
 def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DQ, DK, DV, LENS,
-                     sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
+                     sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som,
                      H, LQ, LK, lq_bucket, lk_bucket, qk_scale, tanh_scale, cap_log2, sm_scale,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LENS: tl.constexpr, CAUSAL: tl.constexpr,
                      SOFTCAP: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -406,16 +415,16 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DQ, DK, DV, LENS,
         mid = tl.minimum(hi, tl.cdiv(start_n + BLOCK_N, BLOCK_M) * BLOCK_M)
 
     q_base = Q + b * sqb + h * sqh
-    do_base = DO + bh64 * LQ * HEAD_DIM
+    do_base = DO + b * sob + h * soh
     lse_base = LSE + bh64 * LQ
     delta_base = DELTA + bh64 * LQ
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dq_base = DQ + bh64 * LQ * HEAD_DIM
-    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, sqm, sqd, do_base, lse_base, delta_base, dq_base, lo, mid, LQ, offs_n,
+    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, sqm, sqd, do_base, som, lse_base, delta_base, dq_base, lo, mid, LQ, offs_n,
                          offs_m0, offs_d, qk_scale, tanh_scale, cap_log2, sm_scale,
                          HEAD_DIM, BLOCK_D, BLOCK_M, True, SOFTCAP, ATOMIC_DQ, DOT_PREC)
-    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, sqm, sqd, do_base, lse_base, delta_base, dq_base, mid, hi, LQ, offs_n,
+    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, sqm, sqd, do_base, som, lse_base, delta_base, dq_base, mid, hi, LQ, offs_n,
                          offs_m0, offs_d, qk_scale, tanh_scale, cap_log2, sm_scale,
                          HEAD_DIM, BLOCK_D, BLOCK_M, False, SOFTCAP, ATOMIC_DQ, DOT_PREC)
     # keys past the length were read as 0 and summed nonzero probabilities: their gradients are 0
@@ -483,20 +492,21 @@ def _autotuned(kernel, configs: list[triton.Config], reset: list[str] | None = N
     )(kernel)
 
 
-_KERNELS = {"fwd": (_fwd_kernel, _FWD_CONFIGS), "dq": (_bwd_dq_kernel, _DQ_CONFIGS),
-            "fused": (_bwd_dq_kernel, _FUSED_CONFIGS), "dkdv": (_bwd_dkdv_kernel, _DKDV_CONFIGS),
-            "dkdv_atomic": (_bwd_dkdv_kernel, _DKDV_CONFIGS)}
-_LAUNCHERS = {
-    kind: Launcher(kernel, _autotuned(kernel, configs, ["DQ"] if kind == "dkdv_atomic" else None)  # timing runs add into DQ
-                   if _AUTOTUNE else None)
-    for kind, (kernel, configs) in _KERNELS.items()
+_CANDIDATES = {"fwd": (_fwd_kernel, _FWD_CONFIGS), "dq": (_bwd_dq_kernel, _DQ_CONFIGS),
+               "fused": (_bwd_dq_kernel, _FUSED_CONFIGS), "dkdv": (_bwd_dkdv_kernel, _DKDV_CONFIGS),
+               "dkdv_atomic": (_bwd_dkdv_kernel, _DKDV_CONFIGS)}
+_KERNELS = {
+    kind: Kernel(kernel, _autotuned(kernel, configs, ["DQ"] if kind == "dkdv_atomic" else None)  # timing runs add into DQ
+                 if _AUTOTUNE else None)
+    for kind, (kernel, configs) in _CANDIDATES.items()
 }
-_DELTA = Launcher(_bwd_delta_kernel)
+_DELTA = Kernel(_bwd_delta_kernel)
+DELTA_ROWS = 64  # rows of dO per program of the delta kernel
 
 
 def best_configs() -> dict[str, str]:
     """The autotuner's pick per kernel for the last shape it tuned (empty when not autotuning)."""
-    return {kind: str(cfg) for kind, launcher in _LAUNCHERS.items() if (cfg := launcher.chosen()) is not None}
+    return {kind: str(cfg) for kind, kernel in _KERNELS.items() if (cfg := kernel.chosen()) is not None}
 
 
 @contextlib.contextmanager
@@ -523,9 +533,11 @@ def backward_paths(*, fused_max_lq: int | None = None, atomic_dq_max_lk: int | N
 
 
 class _Problem:
-    """Shapes, strides, constants and launch parameters shared by the forward and backward launches.
+    """Shapes, strides, constants and the kernel launches of one forward and its backward.
 
-    Built once per :func:`_problem` key (shapes, strides, dtypes, flags); ``key`` is that key.
+    Built once per :func:`_problem` key (shapes, strides, dtypes, flags, input alignment); ``key``
+    is that key. ``forward`` is the forward's launch, ``backward`` the backward path's launches
+    (fixed here, by the thresholds of :func:`backward_paths` in force).
     """
 
     def __init__(self, key: tuple, q: Tensor, k: Tensor, v: Tensor, lens: Tensor | None, causal: bool,
@@ -547,9 +559,25 @@ class _Problem:
         q_strides = list(q.stride())
         if self.broadcast:
             q_strides[0] = 0
-        self.strides = (*q_strides, *k.stride(), *v.stride())
-        self.sizes = (self.heads, self.lq, self.lk, _bucket(self.lq), _bucket(self.lk))
-        meta = {
+        # o (and the dO the backward reads) in q's layout: [B, Lq, H, D] memory when q's heads lie
+        # inside its positions (a fused qkv projection's view), so that o.transpose(1, 2) is
+        # contiguous for the output projection and its gradient comes back in o's strides
+        self.heads_inner = _heads_inner(q)
+        h, lq, d = self.heads, self.lq, self.head_dim
+        self.o_strides = (lq * h * d, d, h * d) if self.heads_inner else (h * lq * d, lq * d, d)  # b, h, m
+        strides = (*q_strides, *k.stride(), *v.stride(), *self.o_strides)
+        sizes = (self.heads, self.lq, self.lk, _bucket(self.lq), _bucket(self.lk))
+        self.fwd_ints = (*strides, *sizes, *self.consts)  # the forward's arguments after its tensors
+        self.bwd_ints = (*self.fwd_ints, scale)  # the backward kernels' arguments after their tensors
+        self.out_shape = (self.batch, self.heads, self.lq, self.head_dim)  # o, do and (per kv-batch row) dq
+        self.kv_shape = (self.batch, self.heads, self.lk, self.head_dim)  # dk, dv
+        self.dq_dtype = torch.float32 if self.broadcast or self.atomic_dq else q.dtype
+        self.forward, self.backward = self._launches(q, lens, causal, cap)
+
+    def _launches(self, q: Tensor, lens: Tensor | None, causal: bool, cap: float) -> tuple[Launch, tuple[Launch, ...]]:
+        """The forward's launch and the backward path's: the fused kernel; or delta (which also zeroes
+        the fp32 dq) and the dk/dv kernel adding dq atomically; or the dq kernel and the dk/dv kernel."""
+        common = {
             "HEAD_DIM": self.head_dim,
             "BLOCK_D": _bucket(self.head_dim),
             "HAS_LENS": lens is not None,
@@ -557,21 +585,49 @@ class _Problem:
             "SOFTCAP": bool(cap),
             "DOT_PREC": "ieee" if q.dtype == torch.float32 else "tf32",
         }
-        self.meta = {  # compile-time arguments per kernel kind (with the heuristic config when not tuning)
-            "fwd": meta,
-            "fused": {**meta, "FUSED": True},
-            "dq": {**meta, "FUSED": False},
-            "dkdv": {**meta, "ATOMIC_DQ": False},
-            "dkdv_atomic": {**meta, "ATOMIC_DQ": True},
-        }
-        if not _AUTOTUNE:
-            for kind, kind_meta in self.meta.items():
+        kinds = ["fwd", *(["fused"] if self.fused else ["dkdv_atomic"] if self.atomic_dq else ["dq", "dkdv"])]
+        meta = {kind: dict(common) for kind in kinds}
+        for kind in ("fused", "dq"):
+            if kind in meta:
+                meta[kind]["FUSED"] = kind == "fused"
+        for kind in ("dkdv", "dkdv_atomic"):
+            if kind in meta:
+                meta[kind]["ATOMIC_DQ"] = kind == "dkdv_atomic"
+        if not _AUTOTUNE:  # the heuristic config instead of the tuner's pick
+            for kind, kind_meta in meta.items():
                 cfg, warps, stages = _heuristic(kind, self.lq, self.lk)
                 kind_meta.update(cfg, num_warps=warps, num_stages=stages)
-        self.meta["fused"]["BLOCK_M"] = _bucket(self.lq)  # one program holds every query row
         bh = self.batch * self.heads
-        self.q_grid = lambda meta: (triton.cdiv(self.lq, meta["BLOCK_M"]) * bh,)
-        self.k_grid = lambda meta: (triton.cdiv(self.lk, meta["BLOCK_N"]) * bh,)
+        lq, lk = self.lq, self.lk
+
+        def q_grid(m):
+            return (triton.cdiv(lq, m["BLOCK_M"]) * bh,)
+
+        def k_grid(m):
+            return (triton.cdiv(lk, m["BLOCK_N"]) * bh,)
+
+        forward = _KERNELS["fwd"].launch(q_grid, meta["fwd"])
+        if self.fused:  # one program per (batch, head) holds every query row
+            meta["fused"]["BLOCK_M"] = _bucket(self.lq)
+            return forward, (_KERNELS["fused"].launch((bh,), meta["fused"]),)
+        if self.atomic_dq:
+            delta = _DELTA.launch((triton.cdiv(self.lq, DELTA_ROWS) * bh,), {
+                "HEAD_DIM": self.head_dim, "BLOCK_D": common["BLOCK_D"], "BLOCK_R": DELTA_ROWS})
+            return forward, (delta, _KERNELS["dkdv_atomic"].launch(k_grid, meta["dkdv_atomic"]))
+        return forward, (_KERNELS["dq"].launch(q_grid, meta["dq"]), _KERNELS["dkdv"].launch(k_grid, meta["dkdv"]))
+
+
+def _heads_inner(q: Tensor) -> bool:
+    """Whether ``q [B, H, Lq, D]`` keeps its heads inside its positions (``[B, Lq, H, D]``-like memory)."""
+    return q.stride(1) < q.stride(2)
+
+
+def _new_out(q: Tensor, shape: tuple[int, int, int, int]) -> Tensor:
+    """An uninitialised ``o`` of ``shape [B, H, Lq, D]`` in ``q``'s layout (see :class:`_Problem`)."""
+    if _heads_inner(q):
+        b, h, lq, d = shape
+        return q.new_empty((b, lq, h, d)).transpose(1, 2)
+    return q.new_empty(shape)
 
 
 _PROBLEMS: dict[tuple, _Problem] = {}
@@ -582,7 +638,7 @@ def _problem(q: Tensor, k: Tensor, v: Tensor, lens: Tensor | None, causal: bool,
     """The (cached) :class:`_Problem` of these inputs; the backward path thresholds are part of the key."""
     key = (q.device, q.dtype, q.shape, q.stride(), k.shape, k.stride(), v.stride(),
            None if lens is None else lens.dtype, causal, scale, softcap,
-           _PATHS["fused_max_lq"], _PATHS["atomic_dq_max_lk"])
+           _PATHS["fused_max_lq"], _PATHS["atomic_dq_max_lk"], aligned(q, k, v, lens))
     pb = _PROBLEMS.get(key)
     if pb is None:
         if len(_PROBLEMS) >= MAX_KEYS:
@@ -593,10 +649,9 @@ def _problem(q: Tensor, k: Tensor, v: Tensor, lens: Tensor | None, causal: bool,
 
 def _forward(q: Tensor, k: Tensor, v: Tensor, lens: Tensor | None, pb: _Problem) -> tuple[Tensor, Tensor]:
     """Returns ``o [B, H, Lq, D]`` and ``lse [B, H, Lq]`` (log2 units, fp32, ``+inf`` for empty rows)."""
-    o = torch.empty((pb.batch, pb.heads, pb.lq, pb.head_dim), dtype=q.dtype, device=q.device)
-    lse = torch.empty((pb.batch, pb.heads, pb.lq), dtype=torch.float32, device=q.device)
-    args = (q, k, v, o, lse, lens if lens is not None else lse, *pb.strides, *pb.sizes, *pb.consts)
-    _LAUNCHERS["fwd"]((pb.key, aligned(q, k, v, lens)), pb.q_grid, args, pb.meta["fwd"])
+    o = _new_out(q, pb.out_shape)
+    lse = torch.empty(pb.out_shape[:3], dtype=torch.float32, device=q.device)
+    pb.forward(q, k, v, o, lse, lse if lens is None else lens, *pb.fwd_ints)
     return o, lse
 
 
@@ -604,43 +659,40 @@ def _backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tenso
               pb: _Problem) -> tuple[Tensor, Tensor, Tensor]:
     """dq (shape of ``q``), dk, dv; broadcast queries get their per-batch dq summed in fp32.
 
-    Launches: the fused kernel (``Lq <= 64``); or delta (which also zeroes the fp32 dq) and the
-    dk/dv kernel adding dq atomically, then dq's cast; or the dq kernel and the dk/dv kernel.
+    The kernels read ``do`` with ``o``'s strides, 16-byte aligned, as the launches of
+    ``pb.backward`` were specialised for; a ``do`` in another layout is copied into ``o``'s.
     """
-    do = do.contiguous()
+    if do.stride() != o.stride() or do.data_ptr() % 16:
+        do = torch.empty_like(o).copy_(do)
     dev = q.device
-    dq_shape = (pb.batch, pb.heads, pb.lq, pb.head_dim)
-    dk = torch.empty((pb.batch, pb.heads, pb.lk, pb.head_dim), dtype=k.dtype, device=dev)
-    dv = torch.empty((pb.batch, pb.heads, pb.lk, pb.head_dim), dtype=v.dtype, device=dev)
-    lens_arg = lens if lens is not None else lse
-    tail = (*pb.strides, *pb.sizes, *pb.consts, pb.scale)
-    dq = torch.empty(dq_shape, dtype=torch.float32 if pb.broadcast or pb.atomic_dq else q.dtype, device=dev)
-    key = (pb.key, aligned(q, k, v, do, lens))
+    dk = torch.empty(pb.kv_shape, dtype=k.dtype, device=dev)
+    dv = torch.empty(pb.kv_shape, dtype=v.dtype, device=dev)
+    dq = torch.empty(pb.out_shape, dtype=pb.dq_dtype, device=dev)
+    lens_arg = lse if lens is None else lens
     if pb.fused:  # delta stays inside the program: `lse` fills its unused slot
-        args = (q, k, v, o, do, lse, lse, dq, dk, dv, lens_arg, *tail)
-        _LAUNCHERS["fused"](key, (pb.batch * pb.heads,), args, pb.meta["fused"])
+        pb.backward[0](q, k, v, o, do, lse, lse, dq, dk, dv, lens_arg, *pb.bwd_ints)
     else:
         delta = torch.empty_like(lse)
+        first, dkdv = pb.backward
         if pb.atomic_dq:
-            rows = delta.numel()
-            _DELTA(key, (-(-rows // 64),), (o, do, delta, dq, rows),
-                   {"HEAD_DIM": pb.head_dim, "BLOCK_D": pb.meta["fwd"]["BLOCK_D"], "BLOCK_R": 64})
+            first(o, do, delta, dq, pb.heads, pb.lq, *pb.o_strides)
         else:  # the dq kernel also writes delta
-            args = (q, k, v, o, do, lse, delta, dq, dk, dv, lens_arg, *tail)
-            _LAUNCHERS["dq"](key, pb.q_grid, args, pb.meta["dq"])
-        kind = "dkdv_atomic" if pb.atomic_dq else "dkdv"
-        _LAUNCHERS[kind](key, pb.k_grid, (q, k, v, do, lse, delta, dq, dk, dv, lens_arg, *tail), pb.meta[kind])
+            first(q, k, v, o, do, lse, delta, dq, dk, dv, lens_arg, *pb.bwd_ints)
+        dkdv(q, k, v, do, lse, delta, dq, dk, dv, lens_arg, *pb.bwd_ints)
     if pb.broadcast:
         dq = dq.sum(0, keepdim=True)
     return dq.to(q.dtype), dk, dv
 
 
 class _FlashAttention(torch.autograd.Function):
-    """Eager autograd path (the registered op below costs ~13 µs more per call in the dispatcher)."""
+    """Eager autograd path (the registered op below costs ~13 µs more per call in the dispatcher).
+
+    Takes the :class:`_Problem` (looked up by the caller) in place of the flags: the backward
+    reuses its launches without a second lookup.
+    """
 
     @staticmethod
-    def forward(ctx, q, k, v, lens, causal, scale, softcap):
-        pb = _problem(q, k, v, lens, causal, scale, softcap)
+    def forward(ctx, q, k, v, lens, pb):
         o, lse = _forward(q, k, v, lens, pb)
         ctx.save_for_backward(q, k, v, o, lse, lens)
         ctx.problem = pb  # the forward fixes the backward path (see backward_paths)
@@ -650,7 +702,7 @@ class _FlashAttention(torch.autograd.Function):
     def backward(ctx, do):
         q, k, v, o, lse, lens = ctx.saved_tensors
         dq, dk, dv = _backward(do, q, k, v, o, lse, lens, ctx.problem)
-        return dq, dk, dv, None, None, None, None
+        return dq, dk, dv, None, None
 
 
 # --------------------------------------------------------------------------------------------
@@ -670,7 +722,7 @@ def flash_attention_op(q: Tensor, k: Tensor, v: Tensor, lens: Tensor | None, cau
 def _(q, k, v, lens, causal, scale, softcap):
     batch, heads, _, head_dim = k.shape
     lq = q.shape[2]
-    return q.new_empty((batch, heads, lq, head_dim)), q.new_empty((batch, heads, lq), dtype=torch.float32)
+    return _new_out(q, (batch, heads, lq, head_dim)), q.new_empty((batch, heads, lq), dtype=torch.float32)
 
 
 @torch.library.custom_op("recsys::flash_attention_backward", mutates_args=())
@@ -703,9 +755,10 @@ def _op_backward(ctx, do, _dlse):
 flash_attention_op.register_autograd(_op_backward, setup_context=_setup_context)
 
 
-def triton_supports(q: Tensor) -> bool:
-    """Whether the kernel covers ``q``'s dtype and head dim (fp16/bf16/fp32, ``D <= 128``)."""
-    return q.dtype in DTYPES and q.shape[-1] <= MAX_HEAD_DIM
+def triton_supports(q: Tensor, v: Tensor) -> bool:
+    """Whether the kernel covers ``q``'s dtype and head dim (fp16/bf16/fp32, ``D <= 128``) and
+    ``v``'s head dim (that of ``q``)."""
+    return q.dtype in DTYPES and q.shape[-1] <= MAX_HEAD_DIM and v.shape[-1] == q.shape[-1]
 
 
 def triton_attention(
@@ -737,32 +790,29 @@ def triton_attention(
         ValueError: on a dtype other than fp16/bf16/fp32, ``D > 128``, mismatched shapes or
             devices.
     """
-    if q.dim() != 4 or k.dim() != 4 or v.shape != k.shape:
-        raise ValueError(f"q, k, v must be [B, H, L, D] with v shaped like k; got "
-                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    if q.shape[0] not in (1, k.shape[0]) or q.shape[1] != k.shape[1] or q.shape[3] != k.shape[3]:
-        raise ValueError(f"q {tuple(q.shape)} must be [{k.shape[0]} or 1, {k.shape[1]}, Lq, {k.shape[3]}]")
-    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in DTYPES:
-        raise ValueError(f"triton attention needs q, k, v all fp16, bf16 or fp32; got {q.dtype}, {k.dtype}, {v.dtype}")
+    check_attention_args(q, k, v, key_lengths, causal)
+    if q.dtype not in DTYPES:
+        raise ValueError(f"triton attention needs q, k, v all fp16, bf16 or fp32; got {q.dtype}")
     if q.shape[3] > MAX_HEAD_DIM:
         raise ValueError(f"triton attention supports head dim D <= {MAX_HEAD_DIM}, got {q.shape[3]}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v are on different devices: {q.device}, {k.device}, {v.device}")
-    if causal and q.shape[2] != k.shape[2]:
-        raise ValueError(f"causal attention needs Lq == Lk, got {q.shape[2]} and {k.shape[2]}")
+    if v.shape != k.shape:
+        raise ValueError(f"triton attention needs v shaped like k; got {tuple(v.shape)} and {tuple(k.shape)}")
+    return flash_attention(q, k, v, key_lengths, causal, scale, softcap)
+
+
+def flash_attention(q: Tensor, k: Tensor, v: Tensor, key_lengths: Tensor | None, causal: bool,
+                    scale: float | None, softcap: float | None) -> Tensor:
+    """:func:`triton_attention` on arguments the caller has checked (as :func:`recsys.kernels.attention`
+    does): the launched path, with the fewest host steps."""
     if q.numel() == 0 or k.numel() == 0:
         from recsys.kernels.reference import attention_ref
 
         return attention_ref(q, k, v, key_lengths=key_lengths, causal=causal, scale=scale, softcap=softcap)
-    lens = None
-    if key_lengths is not None:
-        if key_lengths.shape != (k.shape[0],):
-            raise ValueError(f"key_lengths must have shape [{k.shape[0]}], got {tuple(key_lengths.shape)}")
-        lens = key_lengths  # the kernels read any integer dtype: no cast launch
-        if lens.device != q.device or lens.stride(0) != 1:
-            lens = lens.to(q.device).contiguous()
+    lens = key_lengths  # the kernels read any integer dtype: no cast launch
+    if lens is not None and (lens.device != q.device or lens.stride(0) != 1):
+        lens = lens.to(q.device).contiguous()
     causal, softcap = bool(causal), float(softcap) if softcap else None
     if torch.compiler.is_compiling():
         scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
         return flash_attention_op(q, k, v, lens, causal, scale, softcap or 0.0)[0]
-    return _FlashAttention.apply(q, k, v, lens, causal, scale, softcap)
+    return _FlashAttention.apply(q, k, v, lens, _problem(q, k, v, lens, causal, scale, softcap))

@@ -49,7 +49,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from recsys.kernels.launch import MAX_KEYS, Launcher, aligned
+from recsys.kernels.launch import MAX_KEYS, Kernel, Launch, aligned
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
@@ -155,12 +155,13 @@ def _tanh(z, dt: tl.constexpr, MODE: tl.constexpr):
 
 
 @triton.jit
-def _hidden_slice(W1, W2, cols, offs_d, offs_k, d_ok, k_ok, HID, stride_w1, stride_w2):
-    """``W1[:, cols]`` ``[BLOCK_D, BLOCK_H]`` and ``W2[cols]ᵀ`` ``[BLOCK_K, BLOCK_H]``, zero-padded."""
+def _hidden_slice(W1, W2, cols, offs_d, offs_k, d_ok, k_ok, HID, stride_w1, stride_w2, dt: tl.constexpr):
+    """``W1[:, cols]`` ``[BLOCK_D, BLOCK_H]`` and ``W2[cols]ᵀ`` ``[BLOCK_K, BLOCK_H]``, zero-padded,
+    rounded to the compute dtype ``dt`` (the weights may be stored wider, e.g. fp32 under autocast)."""
     c_ok = cols < HID
     w1 = tl.load(W1 + offs_d[:, None] * stride_w1 + cols[None, :], mask=d_ok[:, None] & c_ok[None, :], other=0.0)
     w2t = tl.load(W2 + cols[None, :] * stride_w2 + offs_k[:, None], mask=c_ok[None, :] & k_ok[:, None], other=0.0)
-    return w1, w2t
+    return w1.to(dt), w2t.to(dt)
 
 
 @triton.jit
@@ -195,7 +196,7 @@ def _mi_scores_kernel(
     x = _flat_rows(H, POS, rows, offs_d, r_ok, d_ok, L, D, stride_pl, HAS_POS)  # [BLOCK_M, BLOCK_D]
     s = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
     for c in range(0, HID, BLOCK_H):
-        w1, w2t = _hidden_slice(W1, W2, c + offs_h, offs_d, offs_k, d_ok, k_ok, HID, stride_w1, stride_w2)
+        w1, w2t = _hidden_slice(W1, W2, c + offs_h, offs_d, offs_k, d_ok, k_ok, HID, stride_w1, stride_w2, dt)
         t = _tanh(tl.dot(x, w1, input_precision=PRECISION), dt, TANH_MODE)  # [BLOCK_M, BLOCK_H]
         s = tl.dot(t, tl.trans(w2t), s, input_precision=PRECISION)
     if HAS_CAP:
@@ -329,7 +330,7 @@ def _mi_bwd_dx_kernel(
                  mask=r_ok[:, None] & k_ok[None, :], other=0.0)  # [BLOCK_M, BLOCK_K]
     dx = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for c in range(0, HID, BLOCK_H):
-        w1, w2t = _hidden_slice(W1, W2, c + offs_h, offs_d, offs_k, d_ok, k_ok, HID, stride_w1, stride_w2)
+        w1, w2t = _hidden_slice(W1, W2, c + offs_h, offs_d, offs_k, d_ok, k_ok, HID, stride_w1, stride_w2, dt)
         t = _tanh(tl.dot(x, w1, input_precision=PRECISION), dt, TANH_MODE).to(tl.float32)
         dz = (tl.dot(ds, w2t, input_precision=PRECISION) * (1.0 - t * t)).to(dt)  # [BLOCK_M, BLOCK_H]
         dx = tl.dot(dz, tl.trans(w1), dx, input_precision=PRECISION)
@@ -363,7 +364,7 @@ def _mi_bwd_weights_kernel(
     d_ok = offs_d < D
     k_ok = offs_k < K
     c_ok = cols < HID
-    w1, w2t = _hidden_slice(W1, W2, cols, offs_d, offs_k, d_ok, k_ok, HID, stride_w1, stride_w2)
+    w1, w2t = _hidden_slice(W1, W2, cols, offs_d, offs_k, d_ok, k_ok, HID, stride_w1, stride_w2, dt)
     dw1 = tl.zeros([BLOCK_D, BLOCK_H], tl.float32)
     dw2t = tl.zeros([BLOCK_K, BLOCK_H], tl.float32)  # dW2ᵀ
     for tile in range(pid_r, tl.cdiv(R, BLOCK_M), nprog_r):
@@ -421,28 +422,27 @@ def _launch(cfg: LaunchConfig) -> dict[str, int]:
     return {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
 
 
-_LAUNCH = {"scores": Launcher(_mi_scores_kernel), "pool": Launcher(_mi_pool_kernel),
-           "bwd_scores": Launcher(_mi_bwd_scores_kernel), "bwd_dx": Launcher(_mi_bwd_dx_kernel),
-           "bwd_weights": Launcher(_mi_bwd_weights_kernel), "sum_parts": Launcher(_sum_parts_kernel)}
-Launch = tuple[tuple[int, ...], tuple, dict]  # (grid, run-time integer arguments, compile-time arguments)
+_KERNELS = {"scores": Kernel(_mi_scores_kernel), "pool": Kernel(_mi_pool_kernel),
+            "bwd_scores": Kernel(_mi_bwd_scores_kernel), "bwd_dx": Kernel(_mi_bwd_dx_kernel),
+            "bwd_weights": Kernel(_mi_bwd_weights_kernel), "sum_parts": Kernel(_sum_parts_kernel)}
+Plan = dict[str, tuple[Launch, tuple]]  # kernel name -> (its launch, its run-time integer arguments)
 
 
-def _key(h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None, score_cap: float | None,
-         config: object) -> tuple:
-    """Launch key (see :class:`~recsys.kernels.launch.Launcher`): everything the integer arguments,
-    pointer specialisations and compile-time arguments of the launches depend on."""
-    return (h.device, h.dtype, h.shape, h.stride(), w1.shape, w1.stride(), w2.stride(), lengths.dtype,
-            None if pos is None else (pos.shape, pos.stride()), bool(score_cap), config,
+def _key(h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None, score_cap: float | None) -> tuple:
+    """Problem key (see :mod:`recsys.kernels.launch`): everything the integer arguments, pointer
+    specialisations and compile-time arguments of the launches depend on, but the launch config."""
+    return (h.device, h.dtype, h.shape, h.stride(), w1.dtype, w1.shape, w1.stride(), w2.stride(), lengths.dtype,
+            None if pos is None else (pos.dtype, pos.shape, pos.stride()), bool(score_cap),
             aligned(h, lengths, w1, w2, pos))
 
 
-_PLANS: dict[tuple, dict[str, Launch]] = {}
+_PLANS: dict[tuple, Plan] = {}
 
 
 def _plan(key: tuple, h: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None, score_cap: float | None,
-          config: ForwardConfig | BackwardConfig | None, backward: bool) -> dict[str, Launch]:
-    """The launches of the forward (or backward) for ``key``, built once: ``{kernel: (grid, ints, meta)}``."""
-    plan = _PLANS.get(key)
+          config: ForwardConfig | BackwardConfig | None, backward: bool) -> Plan:
+    """The launches of the forward (or backward) of problem ``key`` under ``config``, built once."""
+    plan = _PLANS.get((backward, key, config))
     if plan is not None:
         return plan
     b, seq_len, d = h.shape
@@ -456,7 +456,7 @@ def _plan(key: tuple, h: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None, sco
     if not backward:
         cfg = config or forward_config(seq_len, d, hidden)
         block_l = _seq_block(seq_len, cfg.pool.block_l)
-        plan = {
+        launches = {
             "scores": ((triton.cdiv(rows, cfg.scores.block_l),), flat_ints, dict(
                 HAS_CAP=bool(score_cap), BLOCK_M=cfg.scores.block_l, **has_pos,
                 **_blocks(d, hidden, k, cfg.scores.block_h), **flags, **_launch(cfg.scores))),
@@ -471,7 +471,7 @@ def _plan(key: tuple, h: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None, sco
         n_tiles = triton.cdiv(rows, cfg.weights.block_l)
         nprog_r = min(n_tiles, max(1, _max_programs(h.device, cfg.weights.programs_per_sm) // n_hblocks))
         n_weights = d * hidden + hidden * k
-        plan = {
+        launches = {
             "bwd_scores": ((b,), seq_ints, dict(
                 HAS_CAP=bool(score_cap), BLOCK_L=_seq_block(seq_len, cfg.scores.block_l), BLOCK_D=block_d,
                 BLOCK_K=block_k, PRECISION=flags["PRECISION"], **_launch(cfg.scores))),
@@ -483,29 +483,32 @@ def _plan(key: tuple, h: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None, sco
             "sum_parts": ((triton.cdiv(n_weights, SUM_BLOCK_N),), (nprog_r, n_weights), dict(
                 BLOCK_P=SUM_BLOCK_P, BLOCK_N=SUM_BLOCK_N, num_warps=4, num_stages=2)),
         }
+    plan = {name: (_KERNELS[name].launch(grid, meta), ints) for name, (grid, ints, meta) in launches.items()}
     if len(_PLANS) >= MAX_KEYS:
         _PLANS.clear()
-    _PLANS[key] = plan
+    _PLANS[(backward, key, config)] = plan
     return plan
 
 
-def _run(name: str, key: tuple, plan: dict[str, Launch], tensors: tuple, scalars: tuple = ()) -> None:
+def _run(plan: Plan, name: str, tensors: tuple, scalars: tuple = ()) -> None:
     """Launch kernel ``name`` of ``plan``: its tensors, then the plan's integers, then ``scalars``."""
-    grid, ints, meta = plan[name]
-    _LAUNCH[name](key, grid, (*tensors, *ints, *scalars), meta)
+    launch, ints = plan[name]
+    launch(*tensors, *ints, *scalars)
 
 
 def multi_interest_forward(
     h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None,
-    config: ForwardConfig | None = None, score_cap: float | None = None,
+    config: ForwardConfig | None = None, score_cap: float | None = None, key: tuple | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Launch the two forward kernels on contiguous tensors of one dtype.
+    """Launch the two forward kernels on contiguous tensors; ``h``'s dtype is the compute dtype, the
+    weights (one dtype) and ``pos`` may be stored wider (fp32), rounded on load.
 
     Args:
         h: ``[B, L, d]``; lengths ``[B]`` int; w1 ``[d, hidden]``; w2 ``[hidden, K]``;
             pos ``[>= L, d]`` or None.
         config: launch shapes; default :func:`forward_config`.
         score_cap: if > 0, the scores kernel stores ``cap · tanh(S / cap)``.
+        key: the inputs' :func:`_key`, when the caller has it already.
 
     Returns:
         ``(out [B, K, d] in h's dtype, lse [B, K] fp32, scores [B, L, K] fp32)``: ``scores``
@@ -514,39 +517,41 @@ def multi_interest_forward(
     """
     b, seq_len, d = h.shape
     k = w2.shape[1]
-    out = torch.empty(b, k, d, device=h.device, dtype=h.dtype)
-    lse = torch.empty(b, k, device=h.device, dtype=torch.float32)
-    scores = torch.empty(b, seq_len, k, device=h.device, dtype=torch.float32)
+    out = torch.empty((b, k, d), device=h.device, dtype=h.dtype)
+    lse = torch.empty((b, k), device=h.device, dtype=torch.float32)
+    scores = torch.empty((b, seq_len, k), device=h.device, dtype=torch.float32)
     if b * seq_len == 0:
         return out.zero_(), lse.zero_(), scores
-    key = _key(h, lengths, w1, w2, pos, score_cap, config)
-    plan = _plan(("fwd", key), h, w1, w2, pos, score_cap, config, backward=False)
-    cap = (float(score_cap or 1.0),)
-    _run("scores", key, plan, (h, pos if pos is not None else h, w1, w2, scores), cap)
-    _run("pool", key, plan, (h, scores, lengths, out, lse))
+    key = key or _key(h, lengths, w1, w2, pos, score_cap)
+    plan = _plan(key, h, w1, w2, pos, score_cap, config, backward=False)
+    _run(plan, "scores", (h, pos if pos is not None else h, w1, w2, scores), (float(score_cap or 1.0),))
+    _run(plan, "pool", (h, scores, lengths, out, lse))
     return out, lse, scores
 
 
 def _backward_flat(
     h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None,
     out: Tensor, lse: Tensor, scores: Tensor, dout: Tensor, config: BackwardConfig | None = None,
-    dscores: Tensor | None = None, score_cap: float | None = None,
+    dscores: Tensor | None = None, score_cap: float | None = None, key: tuple | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Launch the three backward kernels and one that sums the per-program weight gradients.
 
     Args:
-        h, lengths, w1, w2, pos: the forward's inputs (contiguous, one dtype).
+        h, lengths, w1, w2, pos: the forward's inputs (contiguous; dtypes as :func:`multi_interest_forward`).
         out, lse, scores: the forward's outputs ``[B, K, d]``, ``[B, K]`` and ``[B, L, K]``.
-        dout: ``[B, K, d]`` contiguous gradient of ``out``.
+        dout: ``[B, K, d]`` gradient of ``out`` (copied when not contiguous and 16-byte aligned,
+            as the launches are specialised for).
         config: launch shapes; default :func:`backward_config`.
         dscores: optional ``[B, L, K]`` gradient of the returned scores (a loss term on the
             attention), added to the softmax path's score gradient.
         score_cap: the forward's cap; the scores kernel of the backward applies its derivative
             ``1 - (S / cap)²`` (and :func:`_add_score_grad` to ``dscores``).
+        key: the inputs' :func:`_key`, when the caller has it already.
 
     Returns:
         ``(dh [B, L, d], dw [d · hidden + hidden · K] (dW1 then dW2, flat), dpos [L_max, d] or None)``
-        in the inputs' dtype: the weight gradients share one buffer, summed in one launch.
+        in the dtypes of ``h``, the weights and ``pos``: the weight gradients share one buffer,
+        summed in one launch.
     """
     b, seq_len, d = h.shape
     hidden, k = w2.shape
@@ -555,23 +560,24 @@ def _backward_flat(
     if b * seq_len == 0:
         dpos = None if pos is None else torch.zeros_like(pos)
         return dh, torch.zeros(n_weights, device=h.device, dtype=w1.dtype), dpos
-    key = (_key(h, lengths, w1, w2, pos, score_cap, config), aligned(dout))
-    plan = _plan(("bwd", key), h, w1, w2, pos, score_cap, config, backward=True)
+    if dout.data_ptr() % 16 or not dout.is_contiguous():
+        dout = dout.clone(memory_format=torch.contiguous_format)
+    plan = _plan(key or _key(h, lengths, w1, w2, pos, score_cap), h, w1, w2, pos, score_cap, config, backward=True)
     pos_arg = pos if pos is not None else h
-    ds = torch.empty(b, seq_len, k, device=h.device, dtype=h.dtype)  # dLoss/dS; 0 on padding
-    _run("bwd_scores", key, plan, (h, scores, lengths, out, dout, lse, dh, ds), (float(score_cap or 1.0),))
+    ds = torch.empty((b, seq_len, k), device=h.device, dtype=h.dtype)  # dLoss/dS; 0 on padding
+    _run(plan, "bwd_scores", (h, scores, lengths, out, dout, lse, dh, ds), (float(score_cap or 1.0),))
     if dscores is not None:
         ds = _add_score_grad(ds, scores, dscores, score_cap)
     dx = torch.empty_like(h) if pos is not None else dh  # score-path dH, for dP
-    _run("bwd_dx", key, plan, (h, pos_arg, ds, w1, w2, dh, dx))
+    _run(plan, "bwd_dx", (h, pos_arg, ds, w1, w2, dh, dx))
     nprog_r = plan["sum_parts"][1][0]
-    dw_part = torch.empty(nprog_r, n_weights, device=h.device, dtype=torch.float32)  # per program: dW1, dW2
-    _run("bwd_weights", key, plan, (h, pos_arg, ds, w1, w2, dw_part))
+    dw_part = torch.empty((nprog_r, n_weights), device=h.device, dtype=torch.float32)  # per program: dW1, dW2
+    _run(plan, "bwd_weights", (h, pos_arg, ds, w1, w2, dw_part))
     dw = torch.empty(n_weights, device=h.device, dtype=w1.dtype)
-    _run("sum_parts", key, plan, (dw_part, dw))
+    _run(plan, "sum_parts", (dw_part, dw))
     dpos = None
     if pos is not None:
-        dpos = dx.sum(0)  # [L, d]; reduced-precision sums accumulate in fp32
+        dpos = dx.sum(0, dtype=pos.dtype)  # [L, d]; reduced-precision sums accumulate in fp32
         if pos.shape[0] > seq_len:
             dpos = torch.cat([dpos, dpos.new_zeros(pos.shape[0] - seq_len, d)])
     return dh, dw, dpos
@@ -579,7 +585,8 @@ def _backward_flat(
 
 def _split_weights(dw: Tensor, w1: Tensor, w2: Tensor) -> tuple[Tensor, Tensor]:
     """``dw1 [d, hidden]`` and ``dw2 [hidden, K]``: views of the flat buffer of :func:`_backward_flat`."""
-    return dw[: w1.numel()].view(w1.shape), dw[w1.numel():].view(w2.shape)
+    dw1, dw2 = dw.split((w1.numel(), w2.numel()))
+    return dw1.view(w1.shape), dw2.view(w2.shape)
 
 
 def multi_interest_backward(
@@ -603,12 +610,13 @@ def _add_score_grad(ds: Tensor, scores: Tensor, dscores: Tensor, score_cap: floa
 
 
 def _input_grads(saved: tuple[Tensor, ...], dout: Tensor | None, dscores: Tensor | None,
-                 score_cap: float | None) -> tuple[Tensor, Tensor, Tensor | None]:
+                 score_cap: float | None, key: tuple | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
     """``(dh, dw flat, dpos)`` (as :func:`_backward_flat`) from the forward's saved ``(h, lengths,
     w1, w2, pos, out, lse, scores)`` and the output gradients (either may be None: unused by the loss)."""
     h, lengths, w1, w2, pos, out, lse, scores = saved
-    dout = torch.zeros_like(out) if dout is None else dout.contiguous()
-    return _backward_flat(h, lengths, w1, w2, pos, out, lse, scores, dout, dscores=dscores, score_cap=score_cap)
+    dout = torch.zeros_like(out) if dout is None else dout
+    return _backward_flat(h, lengths, w1, w2, pos, out, lse, scores, dout, dscores=dscores, score_cap=score_cap,
+                          key=key)
 
 
 class _MultiInterest(torch.autograd.Function):
@@ -622,18 +630,18 @@ class _MultiInterest(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None,
                 score_cap: float | None) -> tuple[Tensor, Tensor]:
-        out, lse, scores = multi_interest_forward(h, lengths, w1, w2, pos, score_cap=score_cap)
+        key = _key(h, lengths, w1, w2, pos, score_cap)
+        out, lse, scores = multi_interest_forward(h, lengths, w1, w2, pos, score_cap=score_cap, key=key)
         ctx.save_for_backward(h, lengths, w1, w2, pos, out, lse, scores)
-        ctx.score_cap = score_cap
+        ctx.score_cap, ctx.key = score_cap, key  # the backward's launches are found by the same key
         ctx.set_materialize_grads(False)
-        ctx.mark_non_differentiable(lse)
         return out, scores
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout: Tensor | None, dscores: Tensor | None):
         saved = ctx.saved_tensors
-        dh, dw, dpos = _input_grads(saved, dout, dscores, ctx.score_cap)
+        dh, dw, dpos = _input_grads(saved, dout, dscores, ctx.score_cap, ctx.key)
         dw1, dw2 = _split_weights(dw, saved[2], saved[3])
         need = ctx.needs_input_grad
         return (
@@ -655,7 +663,7 @@ class _MultiInterest(torch.autograd.Function):
 def multi_interest_op(h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None,
                       score_cap: float) -> tuple[Tensor, Tensor, Tensor]:
     """``(out [B, K, d], lse [B, K] fp32, scores [B, L, K] fp32)`` of :func:`multi_interest_forward`
-    (contiguous inputs of one dtype; ``score_cap = 0`` for none). ``lse`` is saved for the backward."""
+    (contiguous inputs, dtypes as there; ``score_cap = 0`` for none). ``lse`` is saved for the backward."""
     return multi_interest_forward(h, lengths, w1, w2, pos, score_cap=score_cap or None)
 
 
@@ -678,8 +686,8 @@ def multi_interest_backward_op(h: Tensor, lengths: Tensor, w1: Tensor, w2: Tenso
 
 @multi_interest_backward_op.register_fake
 def _(h, lengths, w1, w2, pos, out, lse, scores, dout, dscores, score_cap):
-    grads = [h.new_empty(h.shape), h.new_empty(w1.numel() + w2.numel())]
-    return grads if pos is None else [*grads, h.new_empty(pos.shape)]
+    grads = [h.new_empty(h.shape), w1.new_empty(w1.numel() + w2.numel())]
+    return grads if pos is None else [*grads, pos.new_empty(pos.shape)]
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -716,7 +724,7 @@ def triton_multi_interest(
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Fused ComiRec-SA extraction, differentiable in ``h``, ``w1``, ``w2`` and ``pos``.
 
-    Computes in ``h``'s dtype (the weights are cast to it), or in the autocast dtype when
+    Computes in ``h``'s dtype (the weights are rounded to it), or in the autocast dtype when
     CUDA autocast is on; products accumulate in fp32.
 
     Args:
@@ -740,9 +748,14 @@ def triton_multi_interest(
     dtype = h.dtype
     if h.is_cuda and torch.is_autocast_enabled("cuda"):
         dtype = torch.get_autocast_dtype("cuda")
-    h, w1, w2 = (t.to(dtype).contiguous() for t in (h, w1, w2))
+    h = (h if h.dtype == dtype else h.to(dtype)).contiguous()
+    # the kernels read the (small) weights and positions in their own supported dtype and round them
+    # to the compute dtype on load: no cast launches, and no cast nodes in the backward, under autocast
+    if w1.dtype != w2.dtype or w1.dtype not in SUPPORTED_DTYPES:
+        w1, w2 = w1.to(dtype), w2.to(dtype)
+    w1, w2 = w1.contiguous(), w2.contiguous()
     if pos is not None:
-        pos = pos.to(dtype).contiguous()
+        pos = (pos if pos.dtype in SUPPORTED_DTYPES else pos.to(dtype)).contiguous()
     if lengths.device != h.device or lengths.stride(0) != 1:
         lengths = lengths.to(h.device).contiguous()
     if torch.compiler.is_compiling():

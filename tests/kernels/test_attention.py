@@ -146,6 +146,32 @@ def test_backward_paths_switches_the_path_and_restores_it():
     assert not problem().fused and problem().atomic_dq
 
 
+@pytest.mark.parametrize("device", [pytest.param("cpu", marks=needs_interpreter),
+                                    pytest.param("cuda", marks=GPU_MARKS)])
+@pytest.mark.parametrize("paths", [{}, {"fused_max_lq": 0}, {"fused_max_lq": 0, "atomic_dq_max_lk": 0}],
+                         ids=["fused", "atomic-dq", "dq-kernel"])
+def test_fused_projection_layout(device, paths):
+    """q, k, v as views of one ``[B, L, 3, H, D]`` projection, the output reshaped for the output
+    projection (as ``nn.attention`` does): o is written in ``[B, L, H, D]`` memory and dO read in
+    its strides; values and gradients match the twin on every backward path."""
+    g = torch.Generator().manual_seed(3)
+    qkv = torch.randn(3, 9, 3, 2, 16, generator=g).to(device).requires_grad_()  # fp32: IEEE products on GPU
+    lengths = torch.tensor([0, 5, 9], device=device)
+    grad = torch.randn(3, 9, 32, generator=g).to(device)
+
+    def run(backend):
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        with kernel_module.backward_paths(**paths):
+            o = attention(q, k, v, key_lengths=lengths, causal=True, backend=backend)
+        out = o.transpose(1, 2).reshape(3, 9, 32)
+        return o, [out.detach(), *torch.autograd.grad(out, qkv, grad)]
+
+    (o, ours), (_, twin) = run("triton"), run("torch")
+    assert o.transpose(1, 2).is_contiguous()
+    for a, b in zip(ours, twin, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
 @needs_interpreter
 def test_all_keys_padded_gives_zeros_cpu():
     qkv, _, grad = _problem(2, 2, 2, 9, 9, 16, 4, "cpu")
@@ -168,7 +194,8 @@ def test_broadcast_dq_is_deterministic_cpu():
 
 @needs_interpreter
 def test_dispatcher_routes_and_falls_back_cpu():
-    """``auto`` uses the kernel where it applies and the twin for fp64 / D > 128; ``triton`` raises."""
+    """``auto`` uses the kernel where it applies and the twin for fp64 / D > 128 / a value head dim
+    other than the query's; ``triton`` raises."""
     (q, k, v), key_lengths, _ = _problem(2, 2, 1, 5, 5, 16, 6, "cpu")
     q, k, v = q.float(), k.float(), v.float()
     assert torch.equal(attention(q, k, v, key_lengths=key_lengths),
@@ -180,3 +207,9 @@ def test_dispatcher_routes_and_falls_back_cpu():
         attention(q.float(), k.float(), v.float(), backend="triton")
     with pytest.raises(ValueError, match="fp16, bf16 or fp32"):
         attention(q[..., :16], k[..., :16], v[..., :16], backend="triton")
+    q, k, v = q[..., :16].float(), k[..., :16].float(), v[..., :8].float()
+    assert torch.equal(attention(q, k, v), attention_ref(q, k, v))
+    with pytest.raises(ValueError, match="v shaped like k"):
+        attention(q, k, v, backend="triton")
+    with pytest.raises(ValueError, match="different devices"):
+        attention(q, k, v.to("meta"), backend="torch")

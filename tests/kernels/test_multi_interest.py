@@ -93,6 +93,24 @@ def test_matches_fp64_reference_cpu(seq_len, k, d, dtype):
     _check(seq_len, k, d, dtype, "cpu")
 
 
+@needs_interpreter
+@pytest.mark.parametrize("seq_len,k,d", [(7, 4, 16), (50, 8, 64)])
+def test_fp32_weights_with_fp16_inputs_cpu(seq_len, k, d):
+    """Autocast's mix: fp16 ``h`` with fp32 W1, W2, P, read in place (the weights rounded to fp16 on
+    load, P added to h in fp32): within the accuracy rule, gradients in each input's dtype."""
+    params, lengths, grad = _problem(6, seq_len, k, d, 4 * d, 0, "cpu")
+    ref = _run(multi_interest_ref, params, lengths, grad, torch.float64)
+    twin = _run(multi_interest_ref, params, lengths, grad, torch.float16)
+    h = params[0].detach().half().requires_grad_()
+    w1, w2, pos = (p.detach().float().requires_grad_() for p in params[1:])
+    out = triton_multi_interest(h, lengths, w1, w2, pos=pos)
+    out.backward(grad.half())
+    assert out.dtype == h.grad.dtype == torch.float16
+    assert w1.grad.dtype == w2.grad.dtype == pos.grad.dtype == torch.float32
+    ours = [t.detach().double() for t in (out, h.grad, w1.grad, w2.grad, pos.grad)]
+    assert_within_twice_twin(NAMES, ref, twin, ours, ATOL[torch.float16])
+
+
 def _capped_with_attention_term(fn, cap: float):
     """``fn`` with a score cap, its returned scores feeding a loss on the attention: the output is
     ``interests + Σ_l A²`` (the collision term of ``train.attention_reg``) broadcast over ``d``,

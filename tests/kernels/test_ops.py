@@ -21,7 +21,8 @@ import recsys.kernels.triton_attention as attention_module  # noqa: E402
 import recsys.kernels.triton_multi_interest as multi_interest_module  # noqa: E402
 from recsys.config import ModelConfig  # noqa: E402
 from recsys.kernels import attention, multi_interest  # noqa: E402
-from recsys.kernels.launch import Launcher  # noqa: E402
+import recsys.kernels.launch as launch_module  # noqa: E402
+from recsys.kernels.launch import Kernel, Launch  # noqa: E402
 from recsys.models import build_model  # noqa: E402
 
 CUDA = torch.cuda.is_available()
@@ -57,6 +58,16 @@ def _multi_interest_args(device, *, pos=True, score_cap=0.0):
 def test_opcheck_attention(device, case):
     """Schema, fake (meta) shapes incl. the saved log-sum-exp, autograd registration, AOT dispatch."""
     torch.library.opcheck(torch.ops.recsys.flash_attention.default, _attention_args(device, **case))
+
+
+@pytest.mark.parametrize("device", [CPU, GPU])
+def test_opcheck_attention_on_a_fused_projection(device):
+    """q, k, v views of one [B, L, 3, H, D] projection: the fake output has the real one's
+    [B, L, H, D] memory layout."""
+    qkv = torch.randn(3, 6, 3, 2, 16, device=device, requires_grad=True)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    lengths = torch.tensor([0, 4, 6], device=device)
+    torch.library.opcheck(torch.ops.recsys.flash_attention.default, (q, k, v, lengths, True, 0.25, 0.0))
 
 
 @pytest.mark.parametrize("device", [CPU, GPU])
@@ -145,7 +156,7 @@ def test_fullgraph_compile_matches_eager_gpu(name):
 
 # what a call may do besides launching its kernels: allocate, view, and nothing that computes
 FREE = {"empty", "empty_like", "new_empty", "empty_strided", "view", "_unsafe_view", "slice", "detach", "alias",
-        "t", "transpose", "expand", "as_strided", "zeros_like"}
+        "t", "transpose", "expand", "as_strided", "zeros_like", "split", "split_with_sizes"}
 
 
 class _Count(TorchDispatchMode):
@@ -163,10 +174,10 @@ def counted_launches(monkeypatch):
     """Kernel launches are recorded (by kernel name) instead of run; returns the list."""
     launched: list[str] = []
 
-    def record(self, key, grid, args, meta):
-        launched.append(self.kernel.fn.__name__)
+    def record(self, *args):
+        launched.append(self.kernel.fn.fn.__name__)
 
-    monkeypatch.setattr(Launcher, "__call__", record)
+    monkeypatch.setattr(Launch, "__call__", record)
     return launched
 
 
@@ -195,6 +206,25 @@ def test_attention_launches_per_call_cpu(counted_launches):
 
 
 @needs_interpreter
+def test_attention_on_a_fused_projection_copies_nothing_cpu(counted_launches):
+    """q, k, v as views of one projection (as ``nn.attention`` makes them): o comes back in
+    ``[B, L, H, D]`` memory, so the output projection's reshape is a view, and its gradient
+    reaches the kernels in o's strides: no copy either way."""
+    qkv = torch.randn(3, 6, 3, 2, 16)
+    q, k, v = (t.requires_grad_() for t in qkv.permute(2, 0, 3, 1, 4).unbind(0))
+    lengths = torch.tensor([0, 4, 6])
+
+    def forward():
+        return attention(q, k, v, key_lengths=lengths, backend="triton").transpose(1, 2).reshape(3, 6, 32)
+
+    fwd, other = _launches(forward, counted_launches)
+    assert fwd == ["_fwd_kernel"] and other == []
+    out, grad = forward(), torch.randn(3, 6, 32)
+    bwd, other = _launches(lambda: torch.autograd.grad(out, (q, k, v), grad), counted_launches)
+    assert bwd == ["_bwd_dq_kernel"] and other == []
+
+
+@needs_interpreter
 def test_multi_interest_launches_per_call_cpu(counted_launches):
     """Forward: two kernels; backward: three kernels and one summing the weight gradients (no
     separate sums and casts), plus dP's sum over the batch."""
@@ -208,19 +238,35 @@ def test_multi_interest_launches_per_call_cpu(counted_launches):
     assert other == ["sum", "new_zeros", "cat"]  # dP over the batch, padded to pos's 9 rows (L = 7)
 
 
+@needs_interpreter
+def test_multi_interest_reads_fp32_weights_without_casts_cpu(counted_launches):
+    """fp16 ``h`` with fp32 W1, W2, P (autocast's mix): the kernels read the weights as they are,
+    so neither pass launches a cast (nor holds a cast node in the autograd graph)."""
+    h, lengths, w1, w2, pos, _ = _multi_interest_args("cpu")
+    h = h.detach().half().requires_grad_()
+    fwd, other = _launches(lambda: multi_interest(h, lengths, w1, w2, pos=pos, backend="triton"), counted_launches)
+    assert len(fwd) == 2 and other == []
+    out = multi_interest(h, lengths, w1, w2, pos=pos, backend="triton")
+    grad = torch.randn_like(out)
+    bwd, other = _launches(lambda: torch.autograd.grad(out, (h, w1, w2, pos), grad), counted_launches)
+    assert len(bwd) == 4 and other == ["sum", "new_zeros", "cat"]  # dP (in fp32) over the batch, padded
+
+
 # --------------------------------------------------------------------------------------------
 # The launch cache
 # --------------------------------------------------------------------------------------------
 
 
 class _FakeCompiled:
-    function = object()
+    """Stands in for Triton's compiled kernel: records the direct launches of its C launcher ``run``."""
+
+    function, packed_metadata = "cu-function", "packed"
 
     def __init__(self, calls):
         self.calls = calls
 
-    def __getitem__(self, grid):
-        return lambda *args: self.calls.append((grid, args))
+    def run(self, gx, gy, gz, stream, function, packed, launch_metadata, enter_hook, exit_hook, *args):
+        self.calls.append(((gx, gy, gz), stream, function, packed, args))
 
 
 class _FakeKernel:
@@ -241,35 +287,150 @@ class _FakeKernel:
         return run
 
 
-def test_launcher_goes_to_the_compiled_kernel_after_the_first_launch():
+@pytest.fixture
+def fake_device(monkeypatch):
+    """A current CUDA device (0, or what the test sets in ``device[0]``) and raw stream 7 on any machine."""
+    device = [0]
+    monkeypatch.setattr(launch_module, "_current_device", lambda: device[0])
+    monkeypatch.setattr(launch_module, "_current_stream", lambda index: 7)
+    return device
+
+
+def test_launch_goes_to_the_compiled_kernel_after_the_first_launch(fake_device):
     calls = []
     kernel = _FakeKernel(_FakeCompiled(calls))
     tuned = _FakeKernel(kernel.compiled, best={"BLOCK": 64})
-    launch = Launcher(kernel, tuned)
-    grid = lambda meta: (10 // meta["BLOCK"] + 1,)  # noqa: E731
+    launch = Kernel(kernel, tuned).launch(lambda meta: (10 // meta["BLOCK"] + 1,), {"FLAG": True})
     for n in (5, 6):
-        launch(("key",), grid, ("x", n), {"FLAG": True})
-    assert len(tuned.triton_calls) == 1 and launch.slow_launches == 1  # tuned once, then direct
-    # the compiled kernel gets every argument by position, the tuned block size included, on a 3-d grid
-    assert calls == [((1, 1, 1), ("x", 6, 64, True))]
-    launch(("other key",), grid, ("x", 7), {"FLAG": False})
-    assert len(tuned.triton_calls) == 2 and launch.chosen() == {"BLOCK": 64, "num_warps": 4, "num_stages": 2}
+        launch("x", n)
+    assert len(tuned.triton_calls) == 1 and launch.kernel.slow_launches == 1  # tuned once, then direct
+    # the compiled kernel's launcher gets the 3-d grid, the current stream and every argument by
+    # position, the tuned block size included
+    assert calls == [((1, 1, 1), 7, "cu-function", "packed", ("x", 6, 64, True))]
+    assert launch.kernel.chosen() == {"BLOCK": 64, "num_warps": 4, "num_stages": 2}
 
 
-def test_launcher_without_compiled_kernel_always_takes_tritons_path():
-    """The interpreter returns no compiled kernel: nothing is cached."""
+def test_launch_takes_tritons_path_under_hooks_or_on_another_device(fake_device, monkeypatch):
+    """A profiler's launch hook needs Triton's launch metadata; another device its own binary."""
+    calls = []
+    kernel = _FakeKernel(_FakeCompiled(calls))
+    launch = Kernel(kernel).launch((3,), {"BLOCK": 16, "FLAG": False})
+    launch("x", 1)
+    hooks = type("Hooks", (), {"launch_enter_hook": lambda metadata: None, "launch_exit_hook": None})
+    with monkeypatch.context() as patch:
+        patch.setattr(launch_module, "_HOOKS", hooks)
+        launch("x", 2)
+    fake_device[0] = 1
+    launch("x", 3)
+    assert [args[1] for _, args, _ in kernel.triton_calls] == [1, 2, 3] and calls == []
+    fake_device[0] = 0
+    launch("x", 4)
+    assert len(kernel.triton_calls) == 3 and [c[-1] for c in calls] == [("x", 4, 16, False)]
+
+
+def test_launch_without_compiled_kernel_always_takes_tritons_path():
+    """The interpreter returns no compiled kernel: nothing is kept."""
     kernel = _FakeKernel(None)
-    launch = Launcher(kernel)
+    launch = Kernel(kernel).launch((3,), {"BLOCK": 16, "FLAG": False})
     for _ in range(2):
-        launch(("key",), (3,), ("x", 1), {"BLOCK": 16, "FLAG": False})
-    assert len(kernel.triton_calls) == 2 and launch.slow_launches == 2
+        launch("x", 1)
+    assert len(kernel.triton_calls) == 2 and launch.kernel.slow_launches == 2
+
+
+def test_alignment_key():
+    x = torch.zeros(8)
+    assert launch_module.aligned(x, None, x[4:]) is True
+    assert launch_module.aligned(x, None, x[1:]) == (True, True, False)
+
+
+class _Interpreted:
+    """A kernel under the interpreter whose launches return a compiled kernel stand-in: its direct
+    launches (positional arguments, compile-time ones included, on the kept grid) run the kernel
+    again in the interpreter, so the launch cache's direct path is exercised on CPU."""
+
+    def __init__(self, fn, direct: list[str]):
+        self.fn, self.arg_names, self.direct = fn, fn.arg_names, direct
+
+    def __getitem__(self, grid):
+        def launch(*args, **meta):
+            self.fn[grid](*args, **meta)
+            return self
+
+        return launch
+
+    function, packed_metadata = "interpreted", None
+
+    def run(self, gx, gy, gz, stream, function, packed, launch_metadata, enter_hook, exit_hook, *args):
+        self.direct.append(self.fn.fn.__name__)
+        self.fn[(gx, gy, gz)](**dict(zip(self.arg_names, args, strict=True)))
+
+
+@pytest.fixture
+def direct_launches(monkeypatch, fake_device):
+    """Every kernel of both modules behind :class:`_Interpreted`, with empty problem caches;
+    returns the names of the kernels launched directly (not through Triton)."""
+    direct: list[str] = []
+    kernels = [*attention_module._KERNELS.values(), attention_module._DELTA,
+               *multi_interest_module._KERNELS.values()]
+    for kernel in kernels:
+        monkeypatch.setattr(kernel, "fn", _Interpreted(kernel.fn, direct))
+    monkeypatch.setattr(attention_module, "_PROBLEMS", {})
+    monkeypatch.setattr(multi_interest_module, "_PLANS", {})
+    return direct
+
+
+def _forward_backward(fn, leaves, grad):
+    out = fn()
+    return [out.detach(), *torch.autograd.grad(out, leaves, grad)]
+
+
+@needs_interpreter
+@pytest.mark.parametrize("paths,lq", [({}, 6), ({"fused_max_lq": 0}, 6), ({"fused_max_lq": 0, "atomic_dq_max_lk": 0}, 6),
+                                      ({}, 70)], ids=["fused", "atomic-dq", "dq-kernel", "long-broadcast"])
+def test_cached_attention_launches_match_the_first_cpu(direct_launches, paths, lq):
+    """The second call launches every kernel directly and gives the first call's bits; both match
+    the PyTorch twin."""
+    q, k, v, lengths, causal, scale, _ = _attention_args("cpu", lq=lq, q_batch=1 if lq == 70 else 3)
+    grad = torch.randn(3, 2, lq, 16)
+    with attention_module.backward_paths(**paths):
+        def call(backend="triton"):
+            return attention(q, k, v, key_lengths=lengths, scale=scale, backend=backend)
+
+        first = _forward_backward(call, (q, k, v), grad)
+        assert direct_launches == []
+        second = _forward_backward(call, (q, k, v), grad)
+        twin = _forward_backward(lambda: call("torch"), (q, k, v), grad)
+    assert len(direct_launches) == (2 if not paths and lq == 6 else 3)
+    for a, b, t in zip(first, second, twin, strict=True):
+        assert torch.equal(a, b)
+        torch.testing.assert_close(b, t, rtol=1e-4, atol=1e-5)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("case", [{}, {"pos": False, "score_cap": 1.5}], ids=["pos", "cap-no-pos"])
+def test_cached_multi_interest_launches_match_the_first_cpu(direct_launches, case):
+    h, lengths, w1, w2, pos, cap = _multi_interest_args("cpu", **case)
+    leaves = [t for t in (h, w1, w2, pos) if t is not None]
+    grad = torch.randn(4, 3, 16)
+
+    def call(backend="triton"):
+        return multi_interest(h, lengths, w1, w2, pos=pos, score_cap=cap, backend=backend)
+
+    first = _forward_backward(call, leaves, grad)
+    second = _forward_backward(call, leaves, grad)
+    twin = _forward_backward(lambda: call("torch"), leaves, grad)
+    assert direct_launches == ["_mi_scores_kernel", "_mi_pool_kernel", "_mi_bwd_scores_kernel", "_mi_bwd_dx_kernel",
+                               "_mi_bwd_weights_kernel", "_sum_parts_kernel"]
+    for a, b, t in zip(first, second, twin, strict=True):
+        assert torch.equal(a, b)
+        torch.testing.assert_close(b, t, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 def test_cached_launches_match_and_respect_alignment_gpu():
-    """Second calls skip Triton's launch path and give the same bits; a misaligned view (other
-    pointer specialisation) is a new key, and still right."""
+    """Second calls (forward and backward) skip Triton's launch path and give the same bits; a
+    misaligned view (other pointer specialisation) is a new key, and still right."""
     q, k, v, lengths, *_ = _attention_args("cuda")
     do = torch.randn(3, 2, 6, 16, device="cuda")
 
@@ -278,9 +439,9 @@ def test_cached_launches_match_and_respect_alignment_gpu():
         return (out, *torch.autograd.grad(out, (q, k, v), do))
 
     first = run(q)
-    slow = {kind: launcher.slow_launches for kind, launcher in attention_module._LAUNCHERS.items()}
+    slow = {kind: kernel.slow_launches for kind, kernel in attention_module._KERNELS.items()}
     second = run(q)
-    assert slow == {kind: launcher.slow_launches for kind, launcher in attention_module._LAUNCHERS.items()}
+    assert slow == {kind: kernel.slow_launches for kind, kernel in attention_module._KERNELS.items()}
     for a, b in zip(first, second):
         assert torch.equal(a, b)
     buf = torch.randn(q.numel() + 1, device="cuda")
@@ -289,5 +450,15 @@ def test_cached_launches_match_and_respect_alignment_gpu():
     for a, b in zip(first, run(shifted)):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
     h, lengths, w1, w2, pos, _ = _multi_interest_args("cuda")
-    outs = [multi_interest(h, lengths, w1, w2, pos=pos, backend="triton") for _ in range(2)]
-    assert torch.equal(*outs)
+    grad = torch.randn(4, 3, 16, device="cuda")
+
+    def mi():
+        out = multi_interest(h, lengths, w1, w2, pos=pos, backend="triton")
+        return (out, *torch.autograd.grad(out, (h, w1, w2, pos), grad))
+
+    first = mi()
+    slow = [kernel.slow_launches for kernel in multi_interest_module._KERNELS.values()]
+    second = mi()
+    assert slow == [kernel.slow_launches for kernel in multi_interest_module._KERNELS.values()]
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
