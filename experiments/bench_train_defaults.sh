@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Is `recsys train` with no flags as fast as the best explicit launch setting? (issue 13)
 #
-#   bash experiments/bench_train_defaults.sh [single|taobao|synthetic1M|data|ddp|ddp2] [TAOBAO] [OUT_DIR] [WORK_DIR]
+#   bash experiments/bench_train_defaults.sh [single|taobao|synthetic1M|data|pair|ddp|ddp2] [TAOBAO] [OUT_DIR] [WORK_DIR]
 #
 # taobao, synthetic1M: one half of single (to run the halves on two GPUs at once); data: only
-# generate the 1M-user cache; ddp2: ddp without its one-GPU run (compare with synthetic1M's).
+# generate the 1M-user cache; ddp2: ddp without its one-GPU run (compare with synthetic1M's);
+# pair (two GPUs): the 1M-user data's no-flags and cuda_graph=true runs at once, one per GPU.
 #
 # single (one GPU, ~4 minutes on an H200): `recsys train` with no train.cuda_graph flag (the
 #   default, "auto"), with train.cuda_graph=true and with train.cuda_graph=false, one process at a
@@ -81,6 +82,15 @@ elif [ "$mode" = single ] || [ "$mode" = taobao ] || [ "$mode" = synthetic1M ]; 
         run "${data}_cuda_graph=false" python -- "${args[@]}" --set train.cuda_graph=false
         table "$data"
     done
+elif [ "$mode" = pair ]; then  # two GPUs: no flags on GPU 0 beside train.cuda_graph=true on GPU 1, each on half the cores
+    cores=$(nproc); half=$((cores / 2))
+    CUDA_VISIBLE_DEVICES=0 taskset -c 0-$((half - 1)) bash -c "$(declare -f run); $(declare -p out work common); \
+        run synthetic1M_no-flags python -- $(printf '%q ' "${synthetic_cfg[@]}")" &
+    CUDA_VISIBLE_DEVICES=1 taskset -c $half-$((cores - 1)) bash -c "$(declare -f run); $(declare -p out work common); \
+        run synthetic1M_cuda_graph=true python -- $(printf '%q ' "${synthetic_cfg[@]}") --set train.cuda_graph=true" &
+    wait
+    table synthetic1M
+    echo "(each setting on its own H200 of one host, at the same time, on its own half of the CPU cores)"
 elif [ "$mode" = ddp ] || [ "$mode" = ddp2 ]; then
     two=(torchrun --standalone --nproc_per_node=2)
     [ "$mode" = ddp ] && run "ddp_1gpu_batch1024" python -- "${synthetic_cfg[@]}"

@@ -10,6 +10,11 @@
 #            drops the soft readout once its warm-up is over, the GPU tests of that code, and the
 #            length of the soft-readout warm-up at K = 4 beside K = 1 on both datasets.
 #
+#   round 4: negatives scored by every interest (train.negative_scores = "max") beside the defaults
+#            of issues 11 and 12 and the single-interest baselines, at the training plan's budget;
+#   round 5: round 4's candidates (K = 1, K = 4 defaults, K = 4 max + attention regulariser 1)
+#            with seeds 1 and 2.
+#
 #   bash experiments/gpu_collapse.sh OUT_DIR [MINUTES] [ROUND]
 #
 # Needs the datasets under .gpu_data/ (git-excluded copies of ../shared/data, carried to the device).
@@ -87,6 +92,15 @@ variants=(
 )
 # (the call also ran "K=4 max window 10" and "K=1 window 10" on taobao: a prototype of a target drawn from
 # the next 10 clicks, dropped after it lost 22% on taobao and changed nothing on ml-100k)
+extra_taobao=() extra_beauty=()
+elif [ "$round" = 5 ]; then  # session 6: round 4's candidates again with two more seeds each
+tests=
+variants=()
+for seed in 1 2; do
+    variants+=(--variant "K=1 seed $seed" model.num_interests=1 train.seed=$seed
+               --variant "K=4 (defaults) seed $seed" train.seed=$seed
+               --variant "K=4 max reg 1 seed $seed" train.negative_scores=max train.attention_reg=1 train.seed=$seed)
+done
 extra_taobao=() extra_beauty=()
 else
 echo "| setting | batch | samples/s |" > "$out/speed.md"; echo "|---|---:|---:|" >> "$out/speed.md"
