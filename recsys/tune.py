@@ -175,6 +175,10 @@ class Space:
                 params.append(param)
         return cls(tuple(params), fixed)
 
+    def describe(self) -> dict[str, str]:
+        """Config key -> how it is searched (a range, the choices) or fixed (``= value``)."""
+        return {**{p.key: p.describe() for p in self.params}, **{k: f"{k} = {v!r}" for k, v in self.fixed.items()}}
+
     def suggest(self, trial: optuna.Trial) -> dict[str, Any]:
         """The fixed values and one proposal for every searched key."""
         return {**self.fixed, **{p.key: p.suggest(trial) for p in self.params}}
@@ -332,12 +336,20 @@ def _work(folder: Path, base: Config, space: Space, trials: int, deadline: float
     _optimize(folder, base, space, trials, deadline, threads, seed, lambda line: print(line, flush=True))
 
 
-def _prepare(folder: Path, base: Config, trials: int, log: Log) -> int:
+def _prepare(folder: Path, base: Config, space: Space, trials: int, log: Log) -> int:
     """Create or reopen the study and return how many trials are missing from ``trials``
     finished ones. A new study queues the base config as trial 0; a reopened one must have the
-    same base config, and a trial left running by an interrupted tune is queued again."""
+    same base config and search space (a study saved without its space takes this one), and a
+    trial left running by an interrupted tune is queued again."""
     optuna = _optuna()
     study = open_study(folder)
+    searched, saved_space = space.describe(), study.user_attrs.get("space")
+    if saved_space is None:
+        study.set_user_attr("space", searched)
+    elif saved_space != searched:
+        diff = sorted(k for k in searched.keys() | saved_space.keys() if searched.get(k) != saved_space.get(k))
+        raise ConfigError(f"{folder} holds a tune over another search space (differs in {', '.join(diff)}); "
+                          "resume with the same space ([tune] table and recsys version), or tune into another --out")
     saved = study.user_attrs.get("base_config")
     if saved is None:
         study.set_user_attr("base_config", base.to_dict())
@@ -389,15 +401,14 @@ def tune(cfg: Config, folder: str | Path | None = None, *, trials: int = 20, max
     _optuna()  # fails here, naming the extra, when optuna is missing
     folder = Path(folder) if folder is not None else default_folder(cfg)
     parsed = Space.parse({**default_space(cfg), **(space or {})}, cfg)
-    log(f"tune folder: {folder}; searching " + "; ".join(p.describe() for p in parsed.params)
-        + "".join(f"; {k} = {v!r}" for k, v in parsed.fixed.items()))
+    log(f"tune folder: {folder}; searching " + "; ".join(parsed.describe().values()))
     with _only_tune_of(folder):
         return _tune(cfg, folder, parsed, trials, max_minutes, jobs, log)
 
 
 def _tune(cfg: Config, folder: Path, parsed: Space, trials: int, max_minutes: float, jobs: int, log: Log) -> TuneResult:
     optuna = _optuna()
-    missing = _prepare(folder, cfg, trials, log)
+    missing = _prepare(folder, cfg, parsed, trials, log)
     deadline = time.time() + 60 * max_minutes if max_minutes else math.inf
     claimed: list[optuna.Trial] = []
     if jobs > 1:  # the queued trials (the base config, re-queued interrupted ones) are taken here before the

@@ -97,6 +97,15 @@ def test_tune_refuses_another_config_in_the_same_folder(tmp_path):
         tune(load_config(None, BASE + ["train.lr=0.01"]), folder, trials=2, space=space, log=lambda line: None)
 
 
+def test_tune_refuses_another_search_space_in_the_same_folder(tmp_path):
+    folder = tmp_path / "tune"
+    tune(load_config(None, BASE), folder, trials=1, space={"model.dim": [16]}, log=lambda line: None)
+    with pytest.raises(ConfigError, match=r"another search space \(differs in model.dim\)"):
+        tune(load_config(None, BASE), folder, trials=2, space={"model.dim": [16, 32]}, log=lambda line: None)
+    result = tune(load_config(None, BASE), folder, trials=1, space={"model.dim": [16]}, log=lambda line: None)
+    assert [t.number for t in result.trials] == [0]  # the same space resumes (nothing left to run)
+
+
 def test_a_trial_whose_values_do_not_fit_fails_alone(tmp_path):
     lines: list[str] = []
     space = {"train.full_softmax": [True], "train.hard_negatives": [0.5]}  # valid alone, not together
