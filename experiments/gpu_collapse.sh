@@ -13,7 +13,9 @@
 #   round 4: negatives scored by every interest (train.negative_scores = "max") beside the defaults
 #            of issues 11 and 12 and the single-interest baselines, at the training plan's budget;
 #   round 5: round 4's candidates (K = 1, K = 4 defaults, K = 4 max + attention regulariser 1)
-#            with seeds 1 and 2.
+#            with seeds 1 and 2;
+#   round 6: only the training speed (`recsys train` on taobao, one process at a time) of the
+#            defaults, max-scored negatives, and max + the attention regulariser 1 (~3 minutes).
 #
 #   bash experiments/gpu_collapse.sh OUT_DIR [MINUTES] [ROUND]
 #
@@ -93,6 +95,15 @@ variants=(
 # (the call also ran "K=4 max window 10" and "K=1 window 10" on taobao: a prototype of a target drawn from
 # the next 10 clicks, dropped after it lost 22% on taobao and changed nothing on ml-100k)
 extra_taobao=() extra_beauty=()
+elif [ "$round" = 6 ]; then  # the training speed of max-scored negatives (+ the attention term) on the idle GPU
+echo "| setting | batch | samples/s |" > "$out/speed.md"; echo "|---|---:|---:|" >> "$out/speed.md"
+for b in 128 1024; do
+    speed defaults $b
+    speed max $b --set train.negative_scores=max
+    speed max_reg1 $b --set train.negative_scores=max --set train.attention_reg=1
+done
+cat "$out/speed.md"
+exit 0
 elif [ "$round" = 5 ]; then  # session 6: round 4's candidates again with two more seeds each
 tests=
 variants=()
