@@ -184,17 +184,17 @@ class TrainStep:
                 interests, scores = self.forward(seq, lengths), None
             item_emb = self.model.item_embeddings()  # [N, d]
             user = readout(interests, item_emb[targets], soft=soft if self.soft_phase else 0.0)  # [B, d]
-            scorers = interests if self.max_scores else None  # who scores the negatives
             if self.sampler is None:
-                out = full_softmax_loss(user, targets, item_emb, z_loss=t.z_loss, interests=scorers)
+                out = full_softmax_loss(user, targets, item_emb, z_loss=t.z_loss,
+                                        interests=interests if self.max_scores else None)
             else:
-                out = self._sampled_loss(user, targets, item_emb, negatives, hard_uniforms, interests, scorers)
+                out = self._sampled_loss(user, targets, item_emb, negatives, hard_uniforms, interests)
         if scores is not None:
             out = dataclasses.replace(out, loss=out.loss + t.attention_reg * attention_collision(scores, lengths))
         return out
 
     def _sampled_loss(self, user: Tensor, targets: Tensor, item_emb: Tensor, negatives: Tensor,
-                      hard_uniforms: Tensor, interests: Tensor, scorers: Tensor | None) -> LossOutput:
+                      hard_uniforms: Tensor, interests: Tensor) -> LossOutput:
         """Sampled softmax over the base negatives plus, with ``train.hard_negatives``, draws from
         :func:`interest_proposal`; logQ is the exact expected count under the mixture."""
         t = self.cfg.train
@@ -207,7 +207,8 @@ class TrainStep:
         return sampled_softmax_loss(
             user, targets, item_emb, negatives,
             log_q_target=log_q(targets) if t.logq else None, log_q_neg=log_q(negatives) if t.logq else None,
-            remove_accidental_hits=t.remove_accidental_hits, z_loss=t.z_loss, interests=scorers,
+            remove_accidental_hits=t.remove_accidental_hits, z_loss=t.z_loss,
+            interests=interests if self.max_scores else None,
         )
 
     def _update(self, *batch: Tensor) -> tuple[LossOutput, Tensor | None]:
