@@ -106,16 +106,23 @@ def _logits(qk, qk_scale, tanh_scale, cap_log2, SOFTCAP: tl.constexpr):
 @triton.jit
 def _key_tile(q, k_base, v_base, skn, skd, svn, svd, offs_m, offs_n, kv_len, offs_d, qk_scale, tanh_scale, cap_log2,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
-              SOFTCAP: tl.constexpr, DOT_PREC: tl.constexpr):
+              SOFTCAP: tl.constexpr, DOT_PREC: tl.constexpr, RAW: tl.constexpr):
     """Load the key tile ``offs_n`` of K and V and its logits against ``q`` (log2 units).
 
     With ``MASK`` (a tile straddling the length or the diagonal), keys past ``kv_len`` and, if
     ``CAUSAL``, above the diagonal get ``-inf``. Returns ``k, v, s, t`` (``t`` as :func:`_logits`).
+    ``RAW`` (no soft-cap): ``s`` is the unscaled dot product (masked alike), for a caller that
+    folds ``qk_scale`` into its exponent's FMA.
     """
     n_ok = offs_n < kv_len
     k = _load_tile(k_base + offs_n[:, None] * skn + offs_d[None, :] * skd, n_ok, offs_d, HEAD_DIM, BLOCK_D, MASK)
     v = _load_tile(v_base + offs_n[:, None] * svn + offs_d[None, :] * svd, n_ok, offs_d, HEAD_DIM, BLOCK_D, MASK)
-    s, t = _logits(tl.dot(q, tl.trans(k), input_precision=DOT_PREC), qk_scale, tanh_scale, cap_log2, SOFTCAP)
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
+    if RAW:
+        s = qk
+        t = qk
+    else:
+        s, t = _logits(qk, qk_scale, tanh_scale, cap_log2, SOFTCAP)
     if MASK:
         visible = n_ok[None, :]
         if CAUSAL:
@@ -133,16 +140,26 @@ def _key_tile(q, k_base, v_base, skn, skd, svn, svd, offs_m, offs_n, kv_len, off
 def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, skd, svn, svd, lo, hi, kv_len, offs_m, offs_n0, offs_d,
                qk_scale, tanh_scale, cap_log2,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr,
-               CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Online-softmax update over key tiles ``[lo, hi)``; ``MASK`` for tiles straddling a bound."""
+               CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr, DOT_PREC: tl.constexpr, RAW: tl.constexpr):
+    """Online-softmax update over key tiles ``[lo, hi)``; ``MASK`` for tiles straddling a bound.
+
+    ``RAW`` (no soft-cap, ``qk_scale > 0``): the row maximum is taken on the unscaled products and
+    scaled once per row, so each score costs one FMA (``qk * qk_scale - m``) before its ``exp2``
+    instead of a multiply and a subtraction (the loop is issue-bound at D = 64 on Hopper).
+    """
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + offs_n0
         k, v, s, _ = _key_tile(q, k_base, v_base, skn, skd, svn, svd, offs_m, offs_n, kv_len, offs_d,
-                              qk_scale, tanh_scale, cap_log2, HEAD_DIM, BLOCK_D, MASK, CAUSAL, SOFTCAP, DOT_PREC)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+                              qk_scale, tanh_scale, cap_log2, HEAD_DIM, BLOCK_D, MASK, CAUSAL, SOFTCAP, DOT_PREC,
+                              RAW)
+        if RAW:
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+            p = tl.exp2(s * qk_scale - m_new[:, None])
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PREC)
@@ -155,7 +172,8 @@ def _fwd_kernel(Q, K, V, O, LSE, LENS,
                 sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som,
                 H, LQ, LK, lq_bucket, lk_bucket, qk_scale, tanh_scale, cap_log2,
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LENS: tl.constexpr, CAUSAL: tl.constexpr,
-                SOFTCAP: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                SOFTCAP: tl.constexpr, DOT_PREC: tl.constexpr, RAW: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr):
     """O[b, h, m-block] and its log2-sum-exp (``+inf`` for rows that see no key).
 
     Grid: ``cdiv(LQ, BLOCK_M) * B * H`` programs, query blocks fastest (they share K/V in L2).
@@ -193,10 +211,10 @@ def _fwd_kernel(Q, K, V, O, LSE, LENS,
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # finite: a fully masked tile gives p = 0, not NaN
     acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, skd, svn, svd, 0, full, kv_len,
                                offs_m, offs_n0, offs_d, qk_scale, tanh_scale, cap_log2,
-                               HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL, SOFTCAP, DOT_PREC)
+                               HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL, SOFTCAP, DOT_PREC, RAW)
     acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, skd, svn, svd, full, hi, kv_len,
                                offs_m, offs_n0, offs_d, qk_scale, tanh_scale, cap_log2,
-                               HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL, SOFTCAP, DOT_PREC)
+                               HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL, SOFTCAP, DOT_PREC, RAW)
 
     seen = l_i > 0.0
     l_safe = tl.where(seen, l_i, 1.0)
@@ -225,7 +243,8 @@ def _dq_tiles(dq, q, do, lse, delta, k_base, v_base, skn, skd, svn, svd, dk_base
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + offs_n0
         k, v, s, t = _key_tile(q, k_base, v_base, skn, skd, svn, svd, offs_m, offs_n, kv_len, offs_d,
-                              qk_scale, tanh_scale, cap_log2, HEAD_DIM, BLOCK_D, MASK, CAUSAL, SOFTCAP, DOT_PREC)
+                              qk_scale, tanh_scale, cap_log2, HEAD_DIM, BLOCK_D, MASK, CAUSAL, SOFTCAP, DOT_PREC,
+                              False)
         p = tl.exp2(s - lse[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
         ds = p * (dp - delta[:, None])
@@ -606,6 +625,7 @@ class _Problem:
         def k_grid(m):
             return (triton.cdiv(lk, m["BLOCK_N"]) * bh,)
 
+        meta["fwd"]["RAW"] = not cap and self.scale > 0  # see _fwd_tiles
         forward = _KERNELS["fwd"].launch(q_grid, meta["fwd"])
         if self.fused:  # one program per (batch, head) holds every query row
             meta["fused"]["BLOCK_M"] = _bucket(self.lq)
