@@ -469,15 +469,23 @@ def _cfg(block_n: int, warps: int, stages: int, block_m: int | None = None) -> t
     return triton.Config(kwargs, num_warps=warps, num_stages=stages)
 
 
-# candidates: (BLOCK_M, BLOCK_N, num_warps, num_stages); pruned per shape by `_prune`
+# candidates: (BLOCK_M, BLOCK_N, num_warps, num_stages); pruned per shape by `_prune`. Register
+# counts for D = 64, bf16, sm_90 (Triton 3.9's ptxas) are noted where they decide the choice: 65536
+# registers per SM, so 128 threads x 255 fit twice and 256 threads x 128 twice.
 _FWD_CONFIGS = [_cfg(n, w, s, m) for m, n, w, s in [
     (16, 16, 4, 2), (32, 16, 4, 2), (64, 16, 4, 2), (64, 32, 4, 2), (64, 64, 4, 3),
-    (128, 32, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3)]]
+    (128, 32, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3),
+    (128, 64, 8, 2), (128, 64, 8, 4),  # 128 registers: two programs per SM
+    (128, 128, 8, 2)]]  # 199 registers, half the per-tile loop overhead and rescaling per score
 _DQ_CONFIGS = [_cfg(n, w, s, m) for m, n, w, s in [
-    (64, 32, 4, 2), (64, 64, 4, 3), (128, 32, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3)]]
+    (64, 32, 4, 2), (64, 64, 4, 3), (128, 32, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3),
+    (128, 64, 8, 2), (128, 64, 8, 4)]]
 _FUSED_CONFIGS = [_cfg(n, w, s) for n, w, s in [(16, 4, 2), (32, 4, 2), (64, 4, 2), (16, 2, 2), (32, 8, 2)]]
 _DKDV_CONFIGS = [_cfg(n, w, s, m) for m, n, w, s in [
-    (32, 32, 4, 2), (32, 64, 4, 3), (64, 64, 4, 3), (32, 128, 4, 3), (64, 128, 4, 3), (64, 128, 8, 3)]]
+    (32, 32, 4, 2), (32, 64, 4, 3), (64, 64, 4, 3), (32, 128, 4, 3), (64, 128, 4, 3), (64, 128, 8, 3),
+    # (32, 128, 4, 3), the H200's pick at L >= 1024, spills (255 registers + 56 bytes of stack);
+    # these do not: 254 registers at 2 stages, 160 / 138 with 8 warps
+    (32, 128, 4, 2), (32, 128, 8, 3), (32, 128, 8, 2), (64, 128, 8, 2)]]
 
 
 def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
