@@ -331,14 +331,17 @@ def _bwd_dq_kernel(Q, K, V, O, DO, LSE, DELTA, DQ, DK, DV, LENS,
 
 
 @triton.jit
-def _bwd_delta_kernel(O, DO, DELTA, DQ, H, LQ, sob, soh, som,
+def _bwd_delta_kernel(O, DO, DELTA, DQ, CNT, H, LQ, sob, soh, som,
                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
     """``delta = rowsum(dO * O)`` for one (batch, head) and ``BLOCK_R`` query rows (``O`` and ``DO``
     with ``O``'s strides), and the same rows of the contiguous fp32 ``DQ`` set to 0 for the atomic
-    adds that follow; grid ``cdiv(LQ, BLOCK_R) * B * H``."""
+    adds that follow, as is the (batch, head)'s arrival counter ``CNT[b * H + h]`` (int32); grid
+    ``cdiv(LQ, BLOCK_R) * B * H``."""
     num_m = tl.cdiv(LQ, BLOCK_R)
     pid = tl.program_id(0)
     bh = (pid // num_m).to(tl.int64)
+    if pid % num_m == 0:
+        tl.store(CNT + bh, 0)
     offs_m = (pid % num_m) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, BLOCK_D)
     ok = offs_m < LQ
@@ -392,17 +395,20 @@ def _dkdv_tiles(dk, dv, k, v, q_base, sqm, sqd, do_base, som, lse_base, delta_ba
 
 
 @triton.jit
-def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DQ, DK, DV, LENS,
+def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DQ, DK, DV, LENS, DQ_OUT, CNT,
                      sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som,
                      H, LQ, LK, lq_bucket, lk_bucket, qk_scale, tanh_scale, cap_log2, sm_scale,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LENS: tl.constexpr, CAUSAL: tl.constexpr,
-                     SOFTCAP: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PREC: tl.constexpr,
+                     SOFTCAP: tl.constexpr, ATOMIC_DQ: tl.constexpr, CAST_DQ: tl.constexpr, DOT_PREC: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """dk, dv for one (batch, head, key block); key blocks past the key length write zeros only.
 
     Grid: ``cdiv(LK, BLOCK_N) * B * H``. Causal: query blocks before the key block are skipped and
     only the blocks crossing the diagonal are masked. ``ATOMIC_DQ``: also accumulate ``dq`` into
-    the zeroed fp32 ``DQ`` (contiguous ``[B, H, LQ, HEAD_DIM]``) with atomic adds.
+    the zeroed fp32 ``DQ`` (contiguous ``[B, H, LQ, HEAD_DIM]``) with atomic adds. ``CAST_DQ`` (with
+    ``ATOMIC_DQ``): the last of a (batch, head)'s adding programs to finish (counted in its zeroed
+    int32 ``CNT[b * H + h]``) writes that (batch, head)'s ``dq`` into ``DQ_OUT`` (contiguous, the
+    input dtype), which spares a cast kernel reading and writing all of ``dq`` again.
     """
     num_n = tl.cdiv(LK, BLOCK_N)
     pid = tl.program_id(0)
@@ -452,6 +458,33 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DQ, DK, DV, LENS,
     off = bh64 * LK * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
     _store_tile(DK + off, dk.to(DK.dtype.element_ty), offs_n < LK, offs_d, HEAD_DIM, BLOCK_D)
     _store_tile(DV + off, dv.to(DV.dtype.element_ty), offs_n < LK, offs_d, HEAD_DIM, BLOCK_D)
+    if CAST_DQ:
+        _cast_dq_when_last(dq_base, DQ_OUT + bh64 * LQ * HEAD_DIM, CNT + bh64, start_n, kv_len, pid_n, LQ, offs_m0,
+                           offs_d, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _cast_dq_when_last(dq_base, out_base, cnt_ptr, start_n, kv_len, pid_n, LQ, offs_m0, offs_d,
+                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """After a key block's atomic adds into the fp32 ``dq`` of its (batch, head): if it is the last
+    adding block to arrive (or, for a sequence with no keys, where nothing adds, key block 0),
+    copy that ``dq [LQ, HEAD_DIM]`` into ``out_base`` in its dtype.
+
+    The barrier orders this program's adds before the counter's release; the acquiring add of the
+    last arrival makes every block's adds visible, and the copy reads L2 (``.cg``), where atomics land.
+    """
+    adders = tl.cdiv(kv_len, BLOCK_N)
+    last = (adders == 0) & (pid_n == 0)
+    if start_n < kv_len:
+        tl.debug_barrier()
+        last = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu") == adders - 1
+    if last:
+        for start_m in range(0, LQ, BLOCK_M):
+            offs_m = start_m + offs_m0
+            off = offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+            ok = (offs_m[:, None] < LQ) & (offs_d[None, :] < HEAD_DIM)
+            dq = tl.load(dq_base + off, mask=ok, other=0.0, cache_modifier=".cg")
+            tl.store(out_base + off, dq.to(out_base.dtype.element_ty), mask=ok)
 
 
 # --------------------------------------------------------------------------------------------
@@ -523,7 +556,7 @@ _CANDIDATES = {"fwd": (_fwd_kernel, _FWD_CONFIGS), "dq": (_bwd_dq_kernel, _DQ_CO
                "fused": (_bwd_dq_kernel, _FUSED_CONFIGS), "dkdv": (_bwd_dkdv_kernel, _DKDV_CONFIGS),
                "dkdv_atomic": (_bwd_dkdv_kernel, _DKDV_CONFIGS)}
 _KERNELS = {
-    kind: Kernel(kernel, _autotuned(kernel, configs, ["DQ"] if kind == "dkdv_atomic" else None)  # timing runs add into DQ
+    kind: Kernel(kernel, _autotuned(kernel, configs, ["DQ", "CNT"] if kind == "dkdv_atomic" else None)  # timing runs add into DQ
                  if _AUTOTUNE else None)
     for kind, (kernel, configs) in _CANDIDATES.items()
 }
@@ -598,6 +631,9 @@ class _Problem:
         self.bwd_ints = (*self.fwd_ints, scale)  # the backward kernels' arguments after their tensors
         self.out_shape = (self.batch, self.heads, self.lq, self.head_dim)  # o, do and (per kv-batch row) dq
         self.kv_shape = (self.batch, self.heads, self.lk, self.head_dim)  # dk, dv
+        # atomic dq: the dk/dv kernel casts the fp32 sums into a dq of q's dtype itself, except for
+        # broadcast queries (their per-batch fp32 dq is summed over the batch afterwards)
+        self.cast_dq = self.atomic_dq and not self.broadcast
         self.dq_dtype = torch.float32 if self.broadcast or self.atomic_dq else q.dtype
         self.forward, self.backward = self._launches(q, lens, causal, cap)
 
@@ -620,6 +656,7 @@ class _Problem:
         for kind in ("dkdv", "dkdv_atomic"):
             if kind in meta:
                 meta[kind]["ATOMIC_DQ"] = kind == "dkdv_atomic"
+                meta[kind]["CAST_DQ"] = kind == "dkdv_atomic" and self.cast_dq
         if not _AUTOTUNE:  # the heuristic config instead of the tuner's pick
             for kind, kind_meta in meta.items():
                 cfg, warps, stages = _heuristic(kind, self.lq, self.lk)
@@ -699,17 +736,22 @@ def _backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tenso
     lens_arg = lse if lens is None else lens
     if pb.fused:  # delta stays inside the program: `lse` fills its unused slot
         pb.backward[0](q, k, v, o, do, lse, lse, dq, dk, dv, lens_arg, *pb.bwd_ints)
+        dq_out = dq
     else:
         delta = torch.empty_like(lse)
         first, dkdv = pb.backward
+        dq_out, counters = dq, lse  # unused slots of the dk/dv kernel without CAST_DQ
         if pb.atomic_dq:
-            first(o, do, delta, dq, pb.heads, pb.lq, *pb.o_strides)
+            counters = torch.empty(pb.batch * pb.heads, dtype=torch.int32, device=dev)  # zeroed by `first`
+            if pb.cast_dq:
+                dq_out = torch.empty(pb.out_shape, dtype=q.dtype, device=dev)
+            first(o, do, delta, dq, counters, pb.heads, pb.lq, *pb.o_strides)
         else:  # the dq kernel also writes delta
             first(q, k, v, o, do, lse, delta, dq, dk, dv, lens_arg, *pb.bwd_ints)
-        dkdv(q, k, v, do, lse, delta, dq, dk, dv, lens_arg, *pb.bwd_ints)
+        dkdv(q, k, v, do, lse, delta, dq, dk, dv, lens_arg, dq_out, counters, *pb.bwd_ints)
     if pb.broadcast:
-        dq = dq.sum(0, keepdim=True)
-    return dq.to(q.dtype), dk, dv
+        dq_out = dq.sum(0, keepdim=True)
+    return dq_out.to(q.dtype), dk, dv
 
 
 class _FlashAttention(torch.autograd.Function):

@@ -147,6 +147,16 @@ def test_forward_takes_the_row_max_on_unscaled_products_only_where_that_is_exact
     assert not raw(-0.5, None) and not raw(0.0, None) and not raw(None, 2.0)
 
 
+@pytest.mark.parametrize("device,dtype", [CPU32, CPU16, *GPU])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_atomic_dq_is_cast_by_the_last_key_block(device, dtype, causal):
+    """Lq > 64, Lk <= 256: several key blocks add into the fp32 dq of a (batch, head) and the last to
+    arrive writes it in the input dtype (sequences with no keys: key block 0 writes the zeros)."""
+    q = torch.zeros(1, 1, 90, 16)
+    assert kernel_module._problem(q, q, q, None, False, None, None).cast_dq
+    _check(device, dtype, batch=6, lq=90, lk=90 if causal else 200, d=16, causal=causal, seed=11)
+
+
 def test_backward_paths_switches_the_path_and_restores_it():
     q = torch.zeros(1, 1, 70, 16)
     problem = lambda: kernel_module._problem(q, q, q, None, False, None, None)  # noqa: E731
