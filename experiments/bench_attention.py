@@ -62,8 +62,8 @@ def make_inputs(batch: int, seq_len: int, seed: int):
     return [t.requires_grad_() for t in (q, k, v)], lengths, do
 
 
-def methods(lengths: torch.Tensor, seq_len: int) -> dict[str, Method]:
-    """Each method maps (q, k, v) -> o with keys >= lengths[b] masked."""
+def methods(lengths: torch.Tensor, seq_len: int, names: set[str] | None = None) -> dict[str, Method]:
+    """Each method maps (q, k, v) -> o with keys >= lengths[b] masked; ``names``: only those (and ours)."""
     batch = lengths.shape[0]
     mask = (torch.arange(seq_len, device="cuda")[None, :] < lengths[:, None])[:, None, None, :]  # [B, 1, 1, L]
 
@@ -77,6 +77,10 @@ def methods(lengths: torch.Tensor, seq_len: int) -> dict[str, Method]:
         return attention(q, k, v, key_lengths=lengths, backend="torch")
 
     out = {"ours": ours, "sdpa-mask": sdpa, "compile-twin": torch.compile(twin, dynamic=False)}
+    if names is not None:
+        out = {name: fn for name, fn in out.items() if name == "ours" or name in names}
+        if "flex" not in names:
+            return out
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
@@ -128,9 +132,7 @@ def errors(fn: Method, inputs, do, ref) -> list[float]:
 
 def bench_shape(batch: int, seq_len: int, seed: int, paths: bool, names: set[str] | None = None) -> dict:
     inputs, lengths, do = make_inputs(batch, seq_len, seed)
-    fns = methods(lengths, seq_len)
-    if names is not None:
-        fns = {name: fn for name, fn in fns.items() if name == "ours" or name in names}
+    fns = methods(lengths, seq_len, names)
     if paths:
         fns.update(path_variants(fns, seq_len))
     ref_in = [t.detach().float().requires_grad_() for t in inputs]

@@ -3,16 +3,19 @@
 Forward: one program per (batch, head, query block) streams key/value tiles with an online
 softmax (base-2 exponentials, fp32 accumulation) and saves the per-row log-sum-exp. Tiles wholly
 past a sequence's key length, or wholly above the causal diagonal, are never loaded; only the
-tiles that straddle a boundary pay for masking.
+tiles that straddle a boundary pay for masking. Without soft-capping, the row maximum is taken on
+the unscaled products, so each score costs one FMA before its ``exp2``.
 
 Backward recomputes the probabilities tile by tile from the saved log-sum-exp:
 
 - ``Lq <= 64`` (click sequences of up to 64 items, learned interest queries): one program per
   (batch, head) holds every query row, walks the valid key tiles once and writes ``dk``/``dv``
   for each tile plus ``dq`` at the end (the "fused" kernel; no atomics);
-- longer ``Lq`` with ``Lk <= 256``: a ``delta = rowsum(dO * O)`` kernel, then one dk/dv kernel
-  over key blocks that also adds each tile's share of ``dq`` into an fp32 buffer with atomics
-  (fastest there on the H200; the float summation order varies from run to run);
+- longer ``Lq`` with ``Lk <= 256``: a ``delta = rowsum(dO * O)`` kernel (which also zeroes the
+  fp32 dq buffer and the per-(batch, head) arrival counters), then one dk/dv kernel over key
+  blocks that also adds each tile's share of ``dq`` into the buffer with atomics; the last key
+  block of a (batch, head) to finish writes that ``dq`` in the input dtype (fastest there on the
+  H200; the float summation order varies from run to run);
 - longer keys: a ``dq`` kernel over query blocks (which also stores ``delta``) followed by the
   dk/dv kernel without atomics (deterministic; the second recomputation costs less there than
   the atomic traffic).
