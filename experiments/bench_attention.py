@@ -240,6 +240,8 @@ def main() -> None:
         print(f"B={batch} L={seq_len} ({time.time() - start:.0f} s)", flush=True)
         results.append(bench_shape(batch, seq_len, seed=i, paths=args.paths, names=names))
         print(ratios(results[-1:], "launch"), flush=True)
+        if before is not None:  # per shape too: a run cut short keeps its comparisons
+            print(before_after(before, results[-1:]), flush=True)
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / "bench_attention.json").write_text(json.dumps(
