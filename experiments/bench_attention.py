@@ -7,9 +7,12 @@ H = 2, D = 64, key lengths uniform in [L/4, L], self-attention (Lq = Lk = L) at 
 launch overhead included: what a user's Python loop gets) and replayed from a CUDA graph (GPU
 time only). Every method is checked against an fp32 reference. Rows are printed per shape as
 they are measured; the details table and the two ratio tables (launch, graph) come last.
-``--out DIR`` also writes ``bench_attention.json`` there.
+``--out DIR`` also writes ``bench_attention.json`` there; ``--methods`` times only the named
+methods (``ours`` always); ``--before JSON`` (an earlier run's ``bench_attention.json``, e.g. of
+main's kernels imported through ``PYTHONPATH``) adds a before/after table of ``ours``.
 
     python experiments/bench_attention.py [--shapes 4096x50,32x8192] [--paths] [--out DIR]
+        [--methods ours,sdpa-mask,flex] [--before OLD/bench_attention.json]
 
 The kernels autotune by default, as users get them (the first call of each shape bucket compiles
 and times every candidate config); ``RECSYS_ATTN_AUTOTUNE=0`` runs the fixed H200 picks instead.
@@ -25,7 +28,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import triton
 
+import recsys
 from recsys.kernels import attention
 from recsys.kernels.triton_attention import ATOMIC_DQ_MAX_LK, FUSED_MAX_LQ, backward_paths, best_configs
 
@@ -57,8 +62,8 @@ def make_inputs(batch: int, seq_len: int, seed: int):
     return [t.requires_grad_() for t in (q, k, v)], lengths, do
 
 
-def methods(lengths: torch.Tensor, seq_len: int) -> dict[str, Method]:
-    """Each method maps (q, k, v) -> o with keys >= lengths[b] masked."""
+def methods(lengths: torch.Tensor, seq_len: int, names: set[str] | None = None) -> dict[str, Method]:
+    """Each method maps (q, k, v) -> o with keys >= lengths[b] masked; ``names``: only those (and ours)."""
     batch = lengths.shape[0]
     mask = (torch.arange(seq_len, device="cuda")[None, :] < lengths[:, None])[:, None, None, :]  # [B, 1, 1, L]
 
@@ -72,6 +77,10 @@ def methods(lengths: torch.Tensor, seq_len: int) -> dict[str, Method]:
         return attention(q, k, v, key_lengths=lengths, backend="torch")
 
     out = {"ours": ours, "sdpa-mask": sdpa, "compile-twin": torch.compile(twin, dynamic=False)}
+    if names is not None:
+        out = {name: fn for name, fn in out.items() if name == "ours" or name in names}
+        if "flex" not in names:
+            return out
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
@@ -121,9 +130,9 @@ def errors(fn: Method, inputs, do, ref) -> list[float]:
     return [(a.float() - r).abs().max().item() for a, r in zip((out, *grads), ref)]
 
 
-def bench_shape(batch: int, seq_len: int, seed: int, paths: bool) -> dict:
+def bench_shape(batch: int, seq_len: int, seed: int, paths: bool, names: set[str] | None = None) -> dict:
     inputs, lengths, do = make_inputs(batch, seq_len, seed)
-    fns = methods(lengths, seq_len)
+    fns = methods(lengths, seq_len, names)
     if paths:
         fns.update(path_variants(fns, seq_len))
     ref_in = [t.detach().float().requires_grad_() for t in inputs]
@@ -190,22 +199,49 @@ def ratios(results: list[dict], timing: str) -> str:
     return ratio_table(f"\n{timing}: {what}", rows, [*BASELINES, "best sdpa/flex"])
 
 
+def before_after(before: dict, results: list[dict]) -> str:
+    """``ours`` of an earlier run (``before``, its JSON) against this run's, per shape and mode."""
+    old = {(r["batch"], r["seq_len"]): r["methods"].get("ours", {}) for r in before["results"]}
+    lines = ["\nbefore -> after (ours; ms; speedup = before / after)",
+             "| shape | launch before | launch after | speedup | graph before | graph after | speedup |",
+             "|---|---|---|---|---|---|---|"]
+    for res in results:
+        prev, now = old.get((res["batch"], res["seq_len"])), res["methods"]["ours"]
+        if prev is None or "failed" in prev or "failed" in now:
+            continue
+        for mode in ("fwd", "fb"):
+            cells = [f"{res['batch']}x{res['seq_len']} {'fwd' if mode == 'fwd' else 'f+b'}"]
+            for key in (f"{mode}_ms", f"{mode}_graph_ms"):
+                cells += [f"{prev[key]:.4f}", f"{now[key]:.4f}", f"{prev[key] / now[key]:.2f}x"]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default=",".join(f"{b}x{n}" for b, n in SHAPES), help="BxL,BxL,...")
     parser.add_argument("--paths", action="store_true", help="also time the backward path ours does not take")
     parser.add_argument("--out", type=Path, default=None, help="folder for bench_attention.json")
+    parser.add_argument("--methods", default=None, help=f"comma-separated subset of {BASELINES} (ours always)")
+    parser.add_argument("--before", type=Path, default=None, help="an earlier bench_attention.json to compare")
     args = parser.parse_args()
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    names = None if args.methods is None else set(args.methods.split(","))
+    if names is not None and not names <= {"ours", *BASELINES}:
+        parser.error(f"--methods: unknown {sorted(names - {'ours', *BASELINES})}; choose from {BASELINES}")
+    before = json.loads(args.before.read_text()) if args.before else None
     start = time.time()
-    print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__,
+          "kernels from", Path(recsys.__file__).parent, flush=True)
     copy_bw, mm_tflops = copy_gbps(), matmul_tflops()
     print(f"copy {copy_bw:.0f} GB/s, matmul {mm_tflops:.0f} TFLOP/s", flush=True)
     results = []
     for i, (batch, seq_len) in enumerate(shapes):
         print(f"B={batch} L={seq_len} ({time.time() - start:.0f} s)", flush=True)
-        results.append(bench_shape(batch, seq_len, seed=i, paths=args.paths))
+        results.append(bench_shape(batch, seq_len, seed=i, paths=args.paths, names=names))
         print(ratios(results[-1:], "launch"), flush=True)
+        if before is not None:  # per shape too: a run cut short keeps its comparisons
+            print(before_after(before, results[-1:]), flush=True)
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / "bench_attention.json").write_text(json.dumps(
@@ -213,6 +249,8 @@ def main() -> None:
     print("\n" + details(results, copy_bw, mm_tflops))
     print(ratios(results, "launch"))
     print(ratios(results, "graph"))
+    if before is not None:
+        print(before_after(before, results))
     print(f"\ntotal {time.time() - start:.0f} s", flush=True)
 
 

@@ -3,16 +3,19 @@
 Forward: one program per (batch, head, query block) streams key/value tiles with an online
 softmax (base-2 exponentials, fp32 accumulation) and saves the per-row log-sum-exp. Tiles wholly
 past a sequence's key length, or wholly above the causal diagonal, are never loaded; only the
-tiles that straddle a boundary pay for masking.
+tiles that straddle a boundary pay for masking. Without soft-capping, the row maximum is taken on
+the unscaled products, so each score costs one FMA before its ``exp2``.
 
 Backward recomputes the probabilities tile by tile from the saved log-sum-exp:
 
 - ``Lq <= 64`` (click sequences of up to 64 items, learned interest queries): one program per
   (batch, head) holds every query row, walks the valid key tiles once and writes ``dk``/``dv``
   for each tile plus ``dq`` at the end (the "fused" kernel; no atomics);
-- longer ``Lq`` with ``Lk <= 256``: a ``delta = rowsum(dO * O)`` kernel, then one dk/dv kernel
-  over key blocks that also adds each tile's share of ``dq`` into an fp32 buffer with atomics
-  (fastest there on the H200; the float summation order varies from run to run);
+- longer ``Lq`` with ``Lk <= 256``: a ``delta = rowsum(dO * O)`` kernel (which also zeroes the
+  fp32 dq buffer and the per-(batch, head) arrival counters), then one dk/dv kernel over key
+  blocks that also adds each tile's share of ``dq`` into the buffer with atomics; the last key
+  block of a (batch, head) to finish writes that ``dq`` in the input dtype (fastest there on the
+  H200; the float summation order varies from run to run);
 - longer keys: a ``dq`` kernel over query blocks (which also stores ``delta``) followed by the
   dk/dv kernel without atomics (deterministic; the second recomputation costs less there than
   the atomic traffic).
@@ -106,16 +109,23 @@ def _logits(qk, qk_scale, tanh_scale, cap_log2, SOFTCAP: tl.constexpr):
 @triton.jit
 def _key_tile(q, k_base, v_base, skn, skd, svn, svd, offs_m, offs_n, kv_len, offs_d, qk_scale, tanh_scale, cap_log2,
               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
-              SOFTCAP: tl.constexpr, DOT_PREC: tl.constexpr):
+              SOFTCAP: tl.constexpr, DOT_PREC: tl.constexpr, RAW: tl.constexpr):
     """Load the key tile ``offs_n`` of K and V and its logits against ``q`` (log2 units).
 
     With ``MASK`` (a tile straddling the length or the diagonal), keys past ``kv_len`` and, if
     ``CAUSAL``, above the diagonal get ``-inf``. Returns ``k, v, s, t`` (``t`` as :func:`_logits`).
+    ``RAW`` (no soft-cap): ``s`` is the unscaled dot product (masked alike), for a caller that
+    folds ``qk_scale`` into its exponent's FMA.
     """
     n_ok = offs_n < kv_len
     k = _load_tile(k_base + offs_n[:, None] * skn + offs_d[None, :] * skd, n_ok, offs_d, HEAD_DIM, BLOCK_D, MASK)
     v = _load_tile(v_base + offs_n[:, None] * svn + offs_d[None, :] * svd, n_ok, offs_d, HEAD_DIM, BLOCK_D, MASK)
-    s, t = _logits(tl.dot(q, tl.trans(k), input_precision=DOT_PREC), qk_scale, tanh_scale, cap_log2, SOFTCAP)
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
+    if RAW:
+        s = qk
+        t = qk
+    else:
+        s, t = _logits(qk, qk_scale, tanh_scale, cap_log2, SOFTCAP)
     if MASK:
         visible = n_ok[None, :]
         if CAUSAL:
@@ -133,16 +143,26 @@ def _key_tile(q, k_base, v_base, skn, skd, svn, svd, offs_m, offs_n, kv_len, off
 def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, skd, svn, svd, lo, hi, kv_len, offs_m, offs_n0, offs_d,
                qk_scale, tanh_scale, cap_log2,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr,
-               CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Online-softmax update over key tiles ``[lo, hi)``; ``MASK`` for tiles straddling a bound."""
+               CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr, DOT_PREC: tl.constexpr, RAW: tl.constexpr):
+    """Online-softmax update over key tiles ``[lo, hi)``; ``MASK`` for tiles straddling a bound.
+
+    ``RAW`` (no soft-cap, ``qk_scale > 0``): the row maximum is taken on the unscaled products and
+    scaled once per row, so each score costs one FMA (``qk * qk_scale - m``) before its ``exp2``
+    instead of a multiply and a subtraction (the loop is issue-bound at D = 64 on Hopper).
+    """
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + offs_n0
         k, v, s, _ = _key_tile(q, k_base, v_base, skn, skd, svn, svd, offs_m, offs_n, kv_len, offs_d,
-                              qk_scale, tanh_scale, cap_log2, HEAD_DIM, BLOCK_D, MASK, CAUSAL, SOFTCAP, DOT_PREC)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+                              qk_scale, tanh_scale, cap_log2, HEAD_DIM, BLOCK_D, MASK, CAUSAL, SOFTCAP, DOT_PREC,
+                              RAW)
+        if RAW:
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+            p = tl.exp2(s * qk_scale - m_new[:, None])
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PREC)
@@ -155,7 +175,8 @@ def _fwd_kernel(Q, K, V, O, LSE, LENS,
                 sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som,
                 H, LQ, LK, lq_bucket, lk_bucket, qk_scale, tanh_scale, cap_log2,
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LENS: tl.constexpr, CAUSAL: tl.constexpr,
-                SOFTCAP: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                SOFTCAP: tl.constexpr, DOT_PREC: tl.constexpr, RAW: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr):
     """O[b, h, m-block] and its log2-sum-exp (``+inf`` for rows that see no key).
 
     Grid: ``cdiv(LQ, BLOCK_M) * B * H`` programs, query blocks fastest (they share K/V in L2).
@@ -193,10 +214,10 @@ def _fwd_kernel(Q, K, V, O, LSE, LENS,
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # finite: a fully masked tile gives p = 0, not NaN
     acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, skd, svn, svd, 0, full, kv_len,
                                offs_m, offs_n0, offs_d, qk_scale, tanh_scale, cap_log2,
-                               HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL, SOFTCAP, DOT_PREC)
+                               HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL, SOFTCAP, DOT_PREC, RAW)
     acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, skd, svn, svd, full, hi, kv_len,
                                offs_m, offs_n0, offs_d, qk_scale, tanh_scale, cap_log2,
-                               HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL, SOFTCAP, DOT_PREC)
+                               HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL, SOFTCAP, DOT_PREC, RAW)
 
     seen = l_i > 0.0
     l_safe = tl.where(seen, l_i, 1.0)
@@ -225,7 +246,8 @@ def _dq_tiles(dq, q, do, lse, delta, k_base, v_base, skn, skd, svn, svd, dk_base
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + offs_n0
         k, v, s, t = _key_tile(q, k_base, v_base, skn, skd, svn, svd, offs_m, offs_n, kv_len, offs_d,
-                              qk_scale, tanh_scale, cap_log2, HEAD_DIM, BLOCK_D, MASK, CAUSAL, SOFTCAP, DOT_PREC)
+                              qk_scale, tanh_scale, cap_log2, HEAD_DIM, BLOCK_D, MASK, CAUSAL, SOFTCAP, DOT_PREC,
+                              False)
         p = tl.exp2(s - lse[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
         ds = p * (dp - delta[:, None])
@@ -312,14 +334,17 @@ def _bwd_dq_kernel(Q, K, V, O, DO, LSE, DELTA, DQ, DK, DV, LENS,
 
 
 @triton.jit
-def _bwd_delta_kernel(O, DO, DELTA, DQ, H, LQ, sob, soh, som,
+def _bwd_delta_kernel(O, DO, DELTA, DQ, CNT, H, LQ, sob, soh, som,
                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
     """``delta = rowsum(dO * O)`` for one (batch, head) and ``BLOCK_R`` query rows (``O`` and ``DO``
     with ``O``'s strides), and the same rows of the contiguous fp32 ``DQ`` set to 0 for the atomic
-    adds that follow; grid ``cdiv(LQ, BLOCK_R) * B * H``."""
+    adds that follow, as is the (batch, head)'s arrival counter ``CNT[b * H + h]`` (int32); grid
+    ``cdiv(LQ, BLOCK_R) * B * H``."""
     num_m = tl.cdiv(LQ, BLOCK_R)
     pid = tl.program_id(0)
     bh = (pid // num_m).to(tl.int64)
+    if pid % num_m == 0:
+        tl.store(CNT + bh, 0)
     offs_m = (pid % num_m) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, BLOCK_D)
     ok = offs_m < LQ
@@ -373,17 +398,20 @@ def _dkdv_tiles(dk, dv, k, v, q_base, sqm, sqd, do_base, som, lse_base, delta_ba
 
 
 @triton.jit
-def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DQ, DK, DV, LENS,
+def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DQ, DK, DV, LENS, DQ_OUT, CNT,
                      sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som,
                      H, LQ, LK, lq_bucket, lk_bucket, qk_scale, tanh_scale, cap_log2, sm_scale,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LENS: tl.constexpr, CAUSAL: tl.constexpr,
-                     SOFTCAP: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PREC: tl.constexpr,
+                     SOFTCAP: tl.constexpr, ATOMIC_DQ: tl.constexpr, CAST_DQ: tl.constexpr, DOT_PREC: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """dk, dv for one (batch, head, key block); key blocks past the key length write zeros only.
 
     Grid: ``cdiv(LK, BLOCK_N) * B * H``. Causal: query blocks before the key block are skipped and
     only the blocks crossing the diagonal are masked. ``ATOMIC_DQ``: also accumulate ``dq`` into
-    the zeroed fp32 ``DQ`` (contiguous ``[B, H, LQ, HEAD_DIM]``) with atomic adds.
+    the zeroed fp32 ``DQ`` (contiguous ``[B, H, LQ, HEAD_DIM]``) with atomic adds. ``CAST_DQ`` (with
+    ``ATOMIC_DQ``): the last of a (batch, head)'s adding programs to finish (counted in its zeroed
+    int32 ``CNT[b * H + h]``) writes that (batch, head)'s ``dq`` into ``DQ_OUT`` (contiguous, the
+    input dtype), which spares a cast kernel reading and writing all of ``dq`` again.
     """
     num_n = tl.cdiv(LK, BLOCK_N)
     pid = tl.program_id(0)
@@ -433,6 +461,33 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DQ, DK, DV, LENS,
     off = bh64 * LK * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
     _store_tile(DK + off, dk.to(DK.dtype.element_ty), offs_n < LK, offs_d, HEAD_DIM, BLOCK_D)
     _store_tile(DV + off, dv.to(DV.dtype.element_ty), offs_n < LK, offs_d, HEAD_DIM, BLOCK_D)
+    if CAST_DQ:
+        _cast_dq_when_last(dq_base, DQ_OUT + bh64 * LQ * HEAD_DIM, CNT + bh64, start_n, kv_len, pid_n, LQ, offs_m0,
+                           offs_d, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _cast_dq_when_last(dq_base, out_base, cnt_ptr, start_n, kv_len, pid_n, LQ, offs_m0, offs_d,
+                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """After a key block's atomic adds into the fp32 ``dq`` of its (batch, head): if it is the last
+    adding block to arrive (or, for a sequence with no keys, where nothing adds, key block 0),
+    copy that ``dq [LQ, HEAD_DIM]`` into ``out_base`` in its dtype.
+
+    The barrier orders this program's adds before the counter's release; the acquiring add of the
+    last arrival makes every block's adds visible, and the copy reads L2 (``.cg``), where atomics land.
+    """
+    adders = tl.cdiv(kv_len, BLOCK_N)
+    last = (adders == 0) & (pid_n == 0)
+    if start_n < kv_len:
+        tl.debug_barrier()
+        last = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu") == adders - 1
+    if last:
+        for start_m in range(0, LQ, BLOCK_M):
+            offs_m = start_m + offs_m0
+            off = offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+            ok = (offs_m[:, None] < LQ) & (offs_d[None, :] < HEAD_DIM)
+            dq = tl.load(dq_base + off, mask=ok, other=0.0, cache_modifier=".cg")
+            tl.store(out_base + off, dq.to(out_base.dtype.element_ty), mask=ok)
 
 
 # --------------------------------------------------------------------------------------------
@@ -450,15 +505,23 @@ def _cfg(block_n: int, warps: int, stages: int, block_m: int | None = None) -> t
     return triton.Config(kwargs, num_warps=warps, num_stages=stages)
 
 
-# candidates: (BLOCK_M, BLOCK_N, num_warps, num_stages); pruned per shape by `_prune`
+# candidates: (BLOCK_M, BLOCK_N, num_warps, num_stages); pruned per shape by `_prune`. Register
+# counts for D = 64, bf16, sm_90 (Triton 3.9's ptxas) are noted where they decide the choice: 65536
+# registers per SM, so 128 threads x 255 fit twice and 256 threads x 128 twice.
 _FWD_CONFIGS = [_cfg(n, w, s, m) for m, n, w, s in [
     (16, 16, 4, 2), (32, 16, 4, 2), (64, 16, 4, 2), (64, 32, 4, 2), (64, 64, 4, 3),
-    (128, 32, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3)]]
+    (128, 32, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3),
+    (128, 64, 8, 2), (128, 64, 8, 4),  # 128 registers: two programs per SM
+    (128, 128, 8, 2)]]  # 199 registers, half the per-tile loop overhead and rescaling per score
 _DQ_CONFIGS = [_cfg(n, w, s, m) for m, n, w, s in [
-    (64, 32, 4, 2), (64, 64, 4, 3), (128, 32, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3)]]
+    (64, 32, 4, 2), (64, 64, 4, 3), (128, 32, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3),
+    (128, 64, 8, 2), (128, 64, 8, 4)]]
 _FUSED_CONFIGS = [_cfg(n, w, s) for n, w, s in [(16, 4, 2), (32, 4, 2), (64, 4, 2), (16, 2, 2), (32, 8, 2)]]
 _DKDV_CONFIGS = [_cfg(n, w, s, m) for m, n, w, s in [
-    (32, 32, 4, 2), (32, 64, 4, 3), (64, 64, 4, 3), (32, 128, 4, 3), (64, 128, 4, 3), (64, 128, 8, 3)]]
+    (32, 32, 4, 2), (32, 64, 4, 3), (64, 64, 4, 3), (32, 128, 4, 3), (64, 128, 4, 3), (64, 128, 8, 3),
+    # (32, 128, 4, 3), the H200's pick at L >= 1024, spills (255 registers + 56 bytes of stack);
+    # these do not: 254 registers at 2 stages, 160 / 138 with 8 warps
+    (32, 128, 4, 2), (32, 128, 8, 3), (32, 128, 8, 2), (64, 128, 8, 2)]]
 
 
 def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
@@ -496,7 +559,7 @@ _CANDIDATES = {"fwd": (_fwd_kernel, _FWD_CONFIGS), "dq": (_bwd_dq_kernel, _DQ_CO
                "fused": (_bwd_dq_kernel, _FUSED_CONFIGS), "dkdv": (_bwd_dkdv_kernel, _DKDV_CONFIGS),
                "dkdv_atomic": (_bwd_dkdv_kernel, _DKDV_CONFIGS)}
 _KERNELS = {
-    kind: Kernel(kernel, _autotuned(kernel, configs, ["DQ"] if kind == "dkdv_atomic" else None)  # timing runs add into DQ
+    kind: Kernel(kernel, _autotuned(kernel, configs, ["DQ", "CNT"] if kind == "dkdv_atomic" else None)  # timing runs add into DQ
                  if _AUTOTUNE else None)
     for kind, (kernel, configs) in _CANDIDATES.items()
 }
@@ -571,6 +634,9 @@ class _Problem:
         self.bwd_ints = (*self.fwd_ints, scale)  # the backward kernels' arguments after their tensors
         self.out_shape = (self.batch, self.heads, self.lq, self.head_dim)  # o, do and (per kv-batch row) dq
         self.kv_shape = (self.batch, self.heads, self.lk, self.head_dim)  # dk, dv
+        # atomic dq: the dk/dv kernel casts the fp32 sums into a dq of q's dtype itself, except for
+        # broadcast queries (their per-batch fp32 dq is summed over the batch afterwards)
+        self.cast_dq = self.atomic_dq and not self.broadcast
         self.dq_dtype = torch.float32 if self.broadcast or self.atomic_dq else q.dtype
         self.forward, self.backward = self._launches(q, lens, causal, cap)
 
@@ -593,6 +659,7 @@ class _Problem:
         for kind in ("dkdv", "dkdv_atomic"):
             if kind in meta:
                 meta[kind]["ATOMIC_DQ"] = kind == "dkdv_atomic"
+                meta[kind]["CAST_DQ"] = kind == "dkdv_atomic" and self.cast_dq
         if not _AUTOTUNE:  # the heuristic config instead of the tuner's pick
             for kind, kind_meta in meta.items():
                 cfg, warps, stages = _heuristic(kind, self.lq, self.lk)
@@ -606,6 +673,7 @@ class _Problem:
         def k_grid(m):
             return (triton.cdiv(lk, m["BLOCK_N"]) * bh,)
 
+        meta["fwd"]["RAW"] = not cap and self.scale > 0  # see _fwd_tiles
         forward = _KERNELS["fwd"].launch(q_grid, meta["fwd"])
         if self.fused:  # one program per (batch, head) holds every query row
             meta["fused"]["BLOCK_M"] = _bucket(self.lq)
@@ -671,17 +739,22 @@ def _backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tenso
     lens_arg = lse if lens is None else lens
     if pb.fused:  # delta stays inside the program: `lse` fills its unused slot
         pb.backward[0](q, k, v, o, do, lse, lse, dq, dk, dv, lens_arg, *pb.bwd_ints)
+        dq_out = dq
     else:
         delta = torch.empty_like(lse)
         first, dkdv = pb.backward
+        dq_out, counters = dq, lse  # unused slots of the dk/dv kernel without CAST_DQ
         if pb.atomic_dq:
-            first(o, do, delta, dq, pb.heads, pb.lq, *pb.o_strides)
+            counters = torch.empty(pb.batch * pb.heads, dtype=torch.int32, device=dev)  # zeroed by `first`
+            if pb.cast_dq:
+                dq_out = torch.empty(pb.out_shape, dtype=q.dtype, device=dev)
+            first(o, do, delta, dq, counters, pb.heads, pb.lq, *pb.o_strides)
         else:  # the dq kernel also writes delta
             first(q, k, v, o, do, lse, delta, dq, dk, dv, lens_arg, *pb.bwd_ints)
-        dkdv(q, k, v, do, lse, delta, dq, dk, dv, lens_arg, *pb.bwd_ints)
+        dkdv(q, k, v, do, lse, delta, dq, dk, dv, lens_arg, dq_out, counters, *pb.bwd_ints)
     if pb.broadcast:
-        dq = dq.sum(0, keepdim=True)
-    return dq.to(q.dtype), dk, dv
+        dq_out = dq.sum(0, keepdim=True)
+    return dq_out.to(q.dtype), dk, dv
 
 
 class _FlashAttention(torch.autograd.Function):

@@ -91,9 +91,11 @@ def _check(device, dtype, *, batch=3, q_batch=None, heads=2, lq=50, lk=None, d=6
 @pytest.mark.parametrize("device,dtype", [CPU32, *GPU])
 @pytest.mark.parametrize("d", [16, 64, 128])
 @pytest.mark.parametrize("length", [1, 7, 50, 129])
-def test_lengths_and_head_dims(device, dtype, length, d):
-    """Every length x head dim; 50 runs the fused backward, 129 the split one."""
-    _check(device, dtype, lq=length, d=d, heads=1)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_lengths_and_head_dims(device, dtype, length, d, causal):
+    """Every length x head dim, with and without the causal mask; key lengths include 0 (a fully
+    padded sequence: zeros, zero gradients) and Lk; 50 runs the fused backward, 129 the split one."""
+    _check(device, dtype, lq=length, d=d, heads=1, causal=causal)
 
 
 @pytest.mark.parametrize("device,dtype", [CPU32, CPU16, *GPU])
@@ -118,8 +120,10 @@ def test_broadcast_queries(device, dtype, lq, lk):
         {"d": 24, "lq": 129, "layout": "packed"},  # padded to 32, strided [B, L, H, D] memory
         {"lq": 129, "lk": 7, "d": 16},  # more queries than keys
         {"lq": 7, "lk": 129, "d": 16, "lengths": False, "scale": 0.3},
+        {"lq": 50, "d": 16, "scale": -0.4},  # scale <= 0: the forward's row max on scaled logits
+        {"lq": 129, "d": 16, "scale": 0.0, "causal": True},
     ],
-    ids=["d48-causal", "d24-packed", "lq>lk", "lq<lk-nolengths"],
+    ids=["d48-causal", "d24-packed", "lq>lk", "lq<lk-nolengths", "negative-scale", "zero-scale"],
 )
 def test_odd_shapes(device, dtype, case):
     _check(device, dtype, seed=3, **case)
@@ -133,6 +137,24 @@ def test_split_backward_modes(device, dtype, case, atomic):
     """Lq > 64: dq by atomics inside the dk/dv kernel, or by its own kernel (longer keys)."""
     with kernel_module.backward_paths(atomic_dq_max_lk=1 << 30 if atomic else 0):
         _check(device, dtype, lq=70, d=32, seed=7, **case)
+
+
+def test_forward_takes_the_row_max_on_unscaled_products_only_where_that_is_exact():
+    """The FMA form (max of raw q·k, scaled once per row) needs a positive scale and no soft-cap."""
+    q = torch.zeros(1, 1, 9, 16)
+    raw = lambda scale, softcap: kernel_module._problem(q, q, q, None, False, scale, softcap).forward.meta["RAW"]  # noqa: E731
+    assert raw(None, None) and raw(0.5, None)
+    assert not raw(-0.5, None) and not raw(0.0, None) and not raw(None, 2.0)
+
+
+@pytest.mark.parametrize("device,dtype", [CPU32, CPU16, *GPU])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_atomic_dq_is_cast_by_the_last_key_block(device, dtype, causal):
+    """Lq > 64, Lk <= 256: several key blocks add into the fp32 dq of a (batch, head) and the last to
+    arrive writes it in the input dtype (sequences with no keys: key block 0 writes the zeros)."""
+    q = torch.zeros(1, 1, 90, 16)
+    assert kernel_module._problem(q, q, q, None, False, None, None).cast_dq
+    _check(device, dtype, batch=6, lq=90, lk=90 if causal else 200, d=16, causal=causal, seed=11)
 
 
 def test_backward_paths_switches_the_path_and_restores_it():

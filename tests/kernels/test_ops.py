@@ -191,7 +191,8 @@ def _launches(fn, counted_launches) -> tuple[list[str], list[str]]:
 @needs_interpreter
 def test_attention_launches_per_call_cpu(counted_launches):
     """Forward: one kernel, no cast of int64 lengths; fused backward: one kernel; split backward:
-    delta (zeroing the fp32 dq) + dk/dv, no separate zeros (nor, in fp32, a cast of dq)."""
+    delta (zeroing the fp32 dq) + dk/dv, no separate zeros nor, in fp32 or fp16, a cast of dq (the
+    dk/dv kernel writes dq in the input dtype)."""
     q, k, v, lengths, *_ = _attention_args("cpu", lq=6)
     do = torch.randn(3, 2, 6, 16)
     fwd, other = _launches(lambda: attention(q, k, v, key_lengths=lengths, backend="triton"), counted_launches)
@@ -202,6 +203,11 @@ def test_attention_launches_per_call_cpu(counted_launches):
     with attention_module.backward_paths(fused_max_lq=0):
         out = attention(q, k, v, key_lengths=lengths, backend="triton")
     bwd, other = _launches(lambda: torch.autograd.grad(out, (q, k, v), do), counted_launches)
+    assert bwd == ["_bwd_delta_kernel", "_bwd_dkdv_kernel"] and other == []
+    half, do = [t.detach().half().requires_grad_() for t in (q, k, v)], do.half()
+    with attention_module.backward_paths(fused_max_lq=0):
+        out = attention(*half, key_lengths=lengths, backend="triton")
+    bwd, other = _launches(lambda: torch.autograd.grad(out, half, do), counted_launches)
     assert bwd == ["_bwd_delta_kernel", "_bwd_dkdv_kernel"] and other == []
 
 

@@ -1,0 +1,174 @@
+"""Compile the attention kernels for an H100/H200 (sm_90) on a machine without a GPU, and read the
+result: registers per thread, spill stack, shared memory and the instructions of each inner loop.
+
+Uses the ptxas and cuobjdump that the Triton wheel ships (``triton/backends/nvidia/bin``). Needs
+``TRITON_INTERPRET`` unset (the interpreter wraps the kernels). ``test_sm90_compile.py`` runs
+``--json`` in a subprocess; from the repository root
+
+    python tests/kernels/sm90.py
+
+prints the table for the bf16, D = 64 configurations the H200 bench uses.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import subprocess
+import tempfile
+from typing import Any
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+TENSORS = {"Q", "K", "V", "O", "DO", "DK", "DV", "DQ_OUT"}
+FLOATS = {"qk_scale", "tanh_scale", "cap_log2", "sm_scale"}
+ALIGNED_INTS = {"sqb", "sqh", "sqm", "skb", "skh", "skn", "svb", "svh", "svn", "sob", "soh", "som"}
+UNIT_STRIDES = ("sqd", "skd", "svd")
+
+
+def available() -> bool:
+    """Whether the wheel's ptxas and cuobjdump are there (Linux x86-64 wheels ship them)."""
+    return all(os.access(os.path.join(BIN, tool), os.X_OK) for tool in ("ptxas", "cuobjdump"))
+
+
+def _signature(fn: Any, dtype: str, dq: str, consts: dict) -> dict[str, str]:
+    """Argument types as a launch on contiguous ``dtype`` tensors with int64 lengths gives them."""
+    sig = {}
+    for name in fn.arg_names:
+        if name in consts:
+            sig[name] = "constexpr"
+        elif name in TENSORS:
+            sig[name] = "*" + dtype
+        elif name == "DQ":
+            sig[name] = "*" + dq
+        elif name in ("LSE", "DELTA"):
+            sig[name] = "*fp32"
+        elif name == "LENS":
+            sig[name] = "*i64"
+        elif name == "CNT":
+            sig[name] = "*i32"
+        else:
+            sig[name] = "fp32" if name in FLOATS else "i32"
+    return sig
+
+
+def compile_sm90(fn: Any, consts: dict, num_warps: int, num_stages: int, dtype: str = "bf16",
+                 dq: str | None = None) -> Any:  # a triton CompiledKernel
+    """``fn`` compiled for sm_90 with the compile-time arguments ``consts`` (unit head-dim strides and
+    16-divisible pointers and strides, as Triton specialises a contiguous launch)."""
+    consts = dict(consts, **{n: 1 for n in UNIT_STRIDES if n in fn.arg_names})
+    sig = _signature(fn, dtype, dq or dtype, consts)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+             if n not in consts and (sig[n].startswith("*") or n in ALIGNED_INTS)}
+    src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(n),): v for n, v in consts.items()}, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def _cuobjdump(kernel: Any, *flags: str) -> str:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        return subprocess.run([os.path.join(BIN, "cuobjdump"), *flags, f.name], capture_output=True, text=True,
+                              check=True).stdout
+
+
+def resources(kernel: Any) -> dict[str, int]:
+    """Registers per thread, spill stack bytes and shared memory bytes of a compiled kernel."""
+    usage = re.search(r"REG:(\d+).*?STACK:(\d+)", _cuobjdump(kernel, "--dump-resource-usage"))
+    return {"regs": int(usage.group(1)), "stack": int(usage.group(2)), "smem": kernel.metadata.shared}
+
+
+def loops(kernel: Any) -> list[collections.Counter]:
+    """Per inner loop (a backward branch in the SASS), its instructions counted by opcode."""
+    sass = _cuobjdump(kernel, "-sass")
+    ins = [(int(a, 16), op) for a, op in re.findall(r"/\*([0-9a-f]{4,6})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", sass)]
+    out = []
+    for m in re.finditer(r"/\*([0-9a-f]{4,6})\*/\s+(?:@!?U?P\w+\s+)?BRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", sass):
+        end, start = int(m.group(1), 16), int(m.group(2), 16)
+        if start < end:
+            out.append(collections.Counter(op for a, op in ins if start <= a <= end))
+    return out
+
+
+# the bench's shape: bf16, D = 64, key lengths, no causal mask, no soft-cap
+_COMMON = {"HEAD_DIM": 64, "BLOCK_D": 64, "HAS_LENS": True, "CAUSAL": False, "SOFTCAP": False, "DOT_PREC": "tf32"}
+Variant = tuple[str, Any, dict, int, int, str, "str | None"]  # label, kernel, constexprs, warps, stages, dtype, dq
+
+
+def bench_variants() -> list[Variant]:
+    """The H200 bench's kernels (bf16, D = 64) in configurations the autotuner picks or may pick."""
+    from recsys.kernels import triton_attention as attn
+
+    fwd, dq, dkdv = attn._fwd_kernel, attn._bwd_dq_kernel, attn._bwd_dkdv_kernel
+    no_cast = {"ATOMIC_DQ": False, "CAST_DQ": False}
+    return [
+        ("fwd 128x64 w8 s3", fwd, {**_COMMON, "RAW": True, "BLOCK_M": 128, "BLOCK_N": 64}, 8, 3, "bf16", None),
+        ("fwd 128x64 w8 s3 scaled", fwd, {**_COMMON, "RAW": False, "BLOCK_M": 128, "BLOCK_N": 64}, 8, 3, "bf16", None),
+        ("fwd 128x128 w8 s2", fwd, {**_COMMON, "RAW": True, "BLOCK_M": 128, "BLOCK_N": 128}, 8, 2, "bf16", None),
+        ("fused 64x16 w4 s2", dq, {**_COMMON, "FUSED": True, "BLOCK_M": 64, "BLOCK_N": 16}, 4, 2, "bf16", None),
+        ("dq 128x64 w8 s3", dq, {**_COMMON, "FUSED": False, "BLOCK_M": 128, "BLOCK_N": 64}, 8, 3, "bf16", None),
+        *((f"dkdv 32x128 w{w} s{st}", dkdv, {**_COMMON, **no_cast, "BLOCK_M": 32, "BLOCK_N": 128}, w, st, "bf16", None)
+          for w, st in ((4, 2), (8, 2))),
+        ("dkdv 64x128 w8 s2", dkdv, {**_COMMON, **no_cast, "BLOCK_M": 64, "BLOCK_N": 128}, 8, 2, "bf16", None),
+        ("dkdv-atomic 32x64 w4 s3", dkdv, {**_COMMON, "ATOMIC_DQ": True, "CAST_DQ": True, "BLOCK_M": 32,
+                                           "BLOCK_N": 64}, 4, 3, "bf16", "fp32"),
+        ("delta 64 rows", attn._bwd_delta_kernel, {"HEAD_DIM": 64, "BLOCK_D": 64, "BLOCK_R": attn.DELTA_ROWS}, 4, 2,
+         "bf16", "fp32"),
+    ]
+
+
+def flag_variants() -> list[Variant]:
+    """Every kernel with causal masking and soft-capping, and without lengths at a padded head dim
+    (fp16; fp32's IEEE products add compile time, not other code paths in these kernels)."""
+    from recsys.kernels import triton_attention as attn
+
+    out = []
+    for dtype in ("fp16",):
+        for tag, flags in (("causal-softcap", {"CAUSAL": True, "SOFTCAP": True}),
+                           ("nolengths-d48", {"HAS_LENS": False, "HEAD_DIM": 48})):
+            common = {**_COMMON, **flags, "DOT_PREC": "ieee" if dtype == "fp32" else "tf32"}
+            for name, fn, consts, dq in (
+                ("fwd", attn._fwd_kernel, {"RAW": False, "BLOCK_M": 64, "BLOCK_N": 32}, None),
+                ("fused", attn._bwd_dq_kernel, {"FUSED": True, "BLOCK_M": 64, "BLOCK_N": 16}, None),
+                ("dq", attn._bwd_dq_kernel, {"FUSED": False, "BLOCK_M": 64, "BLOCK_N": 32}, None),
+                ("dkdv", attn._bwd_dkdv_kernel, {"ATOMIC_DQ": False, "CAST_DQ": False, "BLOCK_M": 32, "BLOCK_N": 64},
+                 None),
+                ("dkdv-atomic", attn._bwd_dkdv_kernel, {"ATOMIC_DQ": True, "CAST_DQ": True, "BLOCK_M": 32,
+                                                        "BLOCK_N": 64}, "fp32"),
+            ):
+                out.append((f"{name} {tag} {dtype}", fn, {**common, **consts}, 4, 2, dtype, dq))
+    return out
+
+
+def report(variants: list[Variant]) -> dict[str, dict]:
+    """Per label: registers, stack, shared memory and the inner loops' opcode counts."""
+    out = {}
+    for label, fn, consts, warps, stages, dtype, dq in variants:
+        kernel = compile_sm90(fn, consts, warps, stages, dtype=dtype, dq=dq)
+        out[label] = {**resources(kernel), "loops": [dict(c) for c in loops(kernel)]}
+    return out
+
+
+def main() -> None:
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="bench and flag variants as JSON")
+    args = parser.parse_args()
+    if args.json:
+        print(json.dumps(report(bench_variants() + flag_variants())))
+        return
+    print(f"{'kernel':26} {'regs':>4} {'stack':>5} {'smem':>6}  inner loops: instructions (MUFU, HGMMA)")
+    for label, res in report(bench_variants()).items():
+        body = ", ".join(f"{sum(c.values())} ({c.get('MUFU', 0)}, {c.get('HGMMA', 0)})" for c in res["loops"])
+        print(f"{label:26} {res['regs']:4d} {res['stack']:5d} {res['smem']:6d}  {body}")
+
+
+if __name__ == "__main__":
+    main()
