@@ -28,7 +28,8 @@ from recsys.run import RunDir
 from reproduce_comirec import _device_label, report, run_one  # same folder: the shared train-and-test step
 
 HEALTH = (("mi_eff_clicks", "eff. clicks"), ("mi_eff_clicks_min", "min eff."),
-          ("mi_readout_share_min", "min share"), ("mi_cosine", "cosine"), ("mi_planted_recovery", "planted"))
+          ("mi_readout_share_min", "min share"), ("mi_cosine", "cosine"), ("mi_planted_recovery", "planted"),
+          ("mi_planted_recovery_of_present", "of present"))
 
 
 def best_health(run_dir: str, best_step: int) -> dict[str, float]:

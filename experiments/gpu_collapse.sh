@@ -15,7 +15,11 @@
 #   round 5: round 4's candidates (K = 1, K = 4 defaults, K = 4 max + attention regulariser 1)
 #            with seeds 1 and 2;
 #   round 6: only the training speed (`recsys train` on taobao, one process at a time) of the
-#            defaults, max-scored negatives, and max + the attention regulariser 1 (~3 minutes).
+#            defaults, max-scored negatives, and max + the attention regulariser 1 (~3 minutes);
+#   round 7: the confirmation datasets on the GPU: MovieLens 100K (the best multi- and single-
+#            interest settings, longer inputs, K = 2; seeds 42, 1, 2) on GPU 0 and the built-in
+#            synthetic data (planted recovery: the regulariser's strength, the routing models) on
+#            GPU 1 when there are two, each study on its half of the CPU cores.
 #
 #   bash experiments/gpu_collapse.sh OUT_DIR [MINUTES] [ROUND]
 #
@@ -103,6 +107,45 @@ for b in 128 1024; do
     speed max_reg1 $b --set train.negative_scores=max --set train.attention_reg=1
 done
 cat "$out/speed.md"
+exit 0
+elif [ "$round" = 7 ]; then  # session 7: MovieLens 100K with seeds, synthetic planted recovery
+ml=() syn=()
+for seed in 42 1 2; do
+    ml+=(--variant "sasrec seed $seed" model.name=sasrec train.seed=$seed
+         --variant "sasrec len 100 seed $seed" model.name=sasrec data.max_len=100 train.seed=$seed
+         --variant "K=4 max reg 1 seed $seed" train.negative_scores=max train.attention_reg=1 train.seed=$seed
+         --variant "K=4 max reg 1 len 100 seed $seed" train.negative_scores=max train.attention_reg=1 data.max_len=100 train.seed=$seed
+         --variant "K=2 max reg 1 seed $seed" model.num_interests=2 train.negative_scores=max train.attention_reg=1 train.seed=$seed
+         --variant "sasrec_mi K=4 max seed $seed" model.name=sasrec_mi train.negative_scores=max train.seed=$seed)
+done
+for seed in 42 1; do
+    syn+=(--variant "K=4 (defaults) seed $seed" train.seed=$seed
+          --variant "K=4 reg 1 seed $seed" train.attention_reg=1 train.seed=$seed
+          --variant "K=4 reg 3 seed $seed" train.attention_reg=3 train.seed=$seed
+          --variant "K=4 max reg 1 seed $seed" train.negative_scores=max train.attention_reg=1 train.seed=$seed
+          --variant "comirec_dr K=4 seed $seed" model.name=comirec_dr train.seed=$seed
+          --variant "mind K=4 seed $seed" model.name=mind train.seed=$seed)
+done
+gpus=$(nvidia-smi -L | wc -l)
+common=(--output-dir /tmp/recsys_runs --set train.max_steps=0 --set train.eval_every=0 --set train.cuda_graph=true
+        --set "train.max_minutes=$minutes")
+studies=${STUDIES:-ml-100k synthetic}  # STUDIES=ml-100k: that one alone, on GPU 0 and every core
+[ "$studies" = ml-100k ] && cpus=$(nproc --all | awk '{print "0-" $1 - 1}') || cpus=$(bash experiments/cpu_half.sh 0)
+if [[ " $studies " == *" ml-100k "* ]]; then
+    CUDA_VISIBLE_DEVICES=0 taskset -c "$cpus" python experiments/collapse_study.py --data ml-100k --jobs 18 \
+        --set data.source=.gpu_data/ml-100k "${common[@]}" "${ml[@]}" --results "$out/study_ml-100k.md" \
+        > "$out/study_ml-100k.log" 2>&1 &
+    ml_pid=$!
+fi
+if [[ " $studies " == *" synthetic "* ]]; then
+    CUDA_VISIBLE_DEVICES=$((gpus > 1 ? 1 : 0)) taskset -c "$(bash experiments/cpu_half.sh 1)" python \
+        experiments/collapse_study.py --data synthetic --jobs 12 "${common[@]}" "${syn[@]}" \
+        --results "$out/study_synthetic.md" > "$out/study_synthetic.log" 2>&1 &
+    syn_pid=$!
+fi
+[ -n "${ml_pid:-}" ] && { wait "$ml_pid"; echo "ml-100k: exit $?"; }
+[ -n "${syn_pid:-}" ] && { wait "$syn_pid"; echo "synthetic: exit $?"; }
+tail -n 22 "$out/study_ml-100k.md"; tail -n 15 "$out/study_synthetic.md"
 exit 0
 elif [ "$round" = 5 ]; then  # session 6: round 4's candidates again with two more seeds each
 tests=
