@@ -83,10 +83,10 @@ elif [ "$mode" = single ] || [ "$mode" = taobao ] || [ "$mode" = synthetic1M ]; 
         table "$data"
     done
 elif [ "$mode" = pair ]; then  # two GPUs: no flags on GPU 0 beside train.cuda_graph=true on GPU 1, each on half the cores
-    cores=$(nproc); half=$((cores / 2))
-    CUDA_VISIBLE_DEVICES=0 taskset -c 0-$((half - 1)) bash -c "$(declare -f run); $(declare -p out work common); \
+    first=$(bash experiments/cpu_half.sh 0) second=$(bash experiments/cpu_half.sh 1)  # by physical core
+    CUDA_VISIBLE_DEVICES=0 taskset -c "$first" bash -c "$(declare -f run); $(declare -p out work common); \
         run synthetic1M_no-flags python -- $(printf '%q ' "${synthetic_cfg[@]}")" &
-    CUDA_VISIBLE_DEVICES=1 taskset -c $half-$((cores - 1)) bash -c "$(declare -f run); $(declare -p out work common); \
+    CUDA_VISIBLE_DEVICES=1 taskset -c "$second" bash -c "$(declare -f run); $(declare -p out work common); \
         run synthetic1M_cuda_graph=true python -- $(printf '%q ' "${synthetic_cfg[@]}") --set train.cuda_graph=true" &
     wait
     table synthetic1M

@@ -12,10 +12,10 @@
 set -uo pipefail
 out=${1:?output folder}; tune_minutes=${2:-7}; side=${3:-study}; study_minutes=${4:-6}
 mkdir -p "$out"
-cores=$(nproc); half=$((cores / 2))  # before OMP_NUM_THREADS=1, which nproc obeys
+first=$(bash experiments/cpu_half.sh 0) second=$(bash experiments/cpu_half.sh 1)  # by physical core
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
 export PYTHONPATH="$PWD:/tmp/site" PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
-CUDA_VISIBLE_DEVICES=0 taskset -c 0-$((half - 1)) python -m recsys tune --data .gpu_data/amazon-beauty/interactions.csv \
+CUDA_VISIBLE_DEVICES=0 taskset -c "$first" python -m recsys tune --data .gpu_data/amazon-beauty/interactions.csv \
     --model comirec_sa --trials 20 --jobs 6 --max-minutes "$tune_minutes" --set output_dir=/tmp/tune \
     > "$out/tune.log" 2>&1 &
 tune=$!
@@ -30,9 +30,9 @@ kernels() {
 }
 if [ "$side" = kernels ]; then
     export -f kernels; export out
-    CUDA_VISIBLE_DEVICES=1 taskset -c $half-$((cores - 1)) bash -c kernels > "$out/kernels.log" 2>&1 &
+    CUDA_VISIBLE_DEVICES=1 taskset -c "$second" bash -c kernels > "$out/kernels.log" 2>&1 &
 else
-    CUDA_VISIBLE_DEVICES=1 taskset -c $half-$((cores - 1)) bash experiments/gpu_collapse.sh "$out/study" "$study_minutes" 5 \
+    CUDA_VISIBLE_DEVICES=1 taskset -c "$second" bash experiments/gpu_collapse.sh "$out/study" "$study_minutes" 5 \
         > "$out/study.log" 2>&1 &
 fi
 other=$!
