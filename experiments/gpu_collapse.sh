@@ -101,7 +101,7 @@ variants=(
 extra_taobao=() extra_beauty=()
 elif [ "$round" = 6 ]; then  # the training speed of max-scored negatives (+ the attention term) on the idle GPU
 echo "| setting | batch | samples/s |" > "$out/speed.md"; echo "|---|---:|---:|" >> "$out/speed.md"
-for b in 128 1024; do
+for b in ${BATCHES:-128 1024}; do  # BATCHES=1024: that batch alone
     speed defaults $b
     speed max $b --set train.negative_scores=max
     speed max_reg1 $b --set train.negative_scores=max --set train.attention_reg=1

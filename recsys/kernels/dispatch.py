@@ -171,3 +171,45 @@ def multi_interest(
         if backend == "triton" or triton_supports(h, w1):
             return triton_multi_interest(h, lengths, w1, w2, pos=pos, **extra)
     return reference.multi_interest_ref(h, lengths, w1, w2, pos=pos, **extra)
+
+
+def max_interest_scores(interests: Tensor, items: Tensor, *, backend: str = "auto") -> Tensor:
+    """``out[b, s] = max_k <interests[b, k], items[s]>``: each item scored by the user's best
+    matching interest (the score retrieval ranks by; ``train.negative_scores = "max"``).
+
+    Args:
+        interests: ``[B, K, d]``.
+        items: ``[S, d]``, same device.
+        backend: ``"auto" | "triton" | "torch"``.
+
+    Returns:
+        ``[B, S]`` float32 (float64 for float64 inputs). The inputs are multiplied in the autocast
+        dtype where autocast is on for their device, else in their common dtype. The gradient of
+        each score goes to its winning interest (Triton: the first of tied ones; the twin splits
+        ties evenly). The Triton kernels never hold the ``[B, K, S]`` product; "auto" sends fp64,
+        ``d > 256`` and ``K > 127`` to the twin.
+    """
+    if interests.dim() != 3:
+        raise ValueError(f"interests must be [B, K, d], got {tuple(interests.shape)}")
+    if items.dim() != 2 or items.shape[1] != interests.shape[2]:
+        raise ValueError(f"items must be [S, {interests.shape[2]}], got {tuple(items.shape)}")
+    if interests.device != items.device:
+        raise ValueError(f"interests and items are on different devices: {interests.device}, {items.device}")
+    if not (interests.dtype.is_floating_point and items.dtype.is_floating_point):
+        raise ValueError(f"interests and items must be floating point, got {interests.dtype} and {items.dtype}")
+    device_type = interests.device.type
+    if torch.is_autocast_enabled(device_type):
+        dtype = torch.get_autocast_dtype(device_type)
+    else:
+        dtype = torch.promote_types(interests.dtype, items.dtype)
+    interests, items = interests.to(dtype), items.to(dtype)
+    if _use_triton(backend, interests.device):
+        from recsys.kernels.triton_max_scores import max_interest_scores_op, triton_supports
+
+        if triton_supports(interests):
+            return max_interest_scores_op(interests, items)[0]
+        if backend == "triton":
+            raise ValueError(f"the Triton kernel needs fp16/bf16/fp32, d <= 256 and K <= 127; got "
+                             f"{dtype}, d = {interests.shape[2]}, K = {interests.shape[1]}")
+    with torch.autocast(device_type, enabled=False):
+        return reference.max_interest_scores_ref(interests, items)

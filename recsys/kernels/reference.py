@@ -106,3 +106,11 @@ def multi_interest_ref(
     a = length_softmax(scores, lengths)  # [B, L, K]
     out = torch.matmul(a.transpose(1, 2).to(pooled.dtype), pooled)  # [B, K, d]
     return (out, scores) if return_scores else out
+
+
+def max_interest_scores_ref(interests: Tensor, items: Tensor) -> Tensor:
+    """``interests [B, K, d]``, ``items [S, d]`` (one dtype) -> ``[B, S]`` float32 (at least)
+    ``max_k <interests[b, k], items[s]>``, through the ``[B, K, S]`` product; ``amax`` shares the
+    gradient of a tie evenly between the tied interests."""
+    scores = torch.einsum("bkd,sd->bks", interests, items).amax(dim=1)
+    return _at_least_fp32(scores)

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from recsys.kernels import max_interest_scores
 from recsys.kernels.reference import length_softmax
 
 SAMPLER_KINDS = ("uniform", "log_uniform", "unigram")
@@ -328,6 +329,7 @@ def sampled_softmax_loss(
     remove_accidental_hits: bool = True,
     z_loss: float = 0.0,
     interests: Tensor | None = None,
+    backend: str = "auto",
 ) -> LossOutput:
     """Softmax cross-entropy over each row's target and ``S`` negatives shared by the batch.
 
@@ -345,6 +347,7 @@ def sampled_softmax_loss(
         interests: ``[B, K, d]`` (optional, ``train.negative_scores = "max"``): score each
             negative by its best-matching interest, ``max_k <v_bk, e_neg>``, instead of by
             ``user``; see :func:`negative_logits`.
+        backend: kernel backend of that max score (``"auto" | "triton" | "torch"``).
 
     Row ``b``'s logits are ``[u_b . e_target_b, u_b . e_neg_1, ..., u_b . e_neg_S]`` (minus the
     logQ terms), computed by the matmul in the ambient (autocast) precision and then cast to
@@ -357,7 +360,7 @@ def sampled_softmax_loss(
     # gradient buffer instead of two
     rows = item_emb[torch.cat([target, negatives])]  # [B + S, d]
     pos = (user * rows[: target.shape[0]]).sum(dim=1).float()  # [B]
-    neg = negative_logits(user, rows[target.shape[0] :], interests)  # [B, S]
+    neg = negative_logits(user, rows[target.shape[0] :], interests, backend=backend)  # [B, S]
     if log_q_target is not None:
         if log_q_target.shape != target.shape:
             raise ValueError(f"log_q_target: expected [{target.shape[0]}], got {tuple(log_q_target.shape)}")
@@ -373,33 +376,35 @@ def sampled_softmax_loss(
 
 
 def full_softmax_loss(user: Tensor, target: Tensor, item_emb: Tensor, *, z_loss: float = 0.0,
-                      interests: Tensor | None = None) -> LossOutput:
+                      interests: Tensor | None = None, backend: str = "auto") -> LossOutput:
     """Exact softmax cross-entropy over the whole catalogue, padding row 0 excluded.
 
     ``user [B, d]``, ``target [B]`` long in ``1 .. N - 1``, ``item_emb [N, d]``. Logits
     ``[B, N - 1]`` are ``user @ item_emb[1:].T`` cast to float32. For small catalogues. With
     ``interests [B, K, d]`` every other item is scored by its best-matching interest
-    (:func:`negative_logits`) and the target keeps ``<user, e_target>``.
+    (:func:`negative_logits`, on kernel ``backend``) and the target keeps ``<user, e_target>``.
     """
     _check_user_items("full_softmax_loss", user, target, item_emb)
-    logits = negative_logits(user, item_emb[1:], interests)  # [B, N - 1]
+    logits = negative_logits(user, item_emb[1:], interests, backend=backend)  # [B, N - 1]
     if interests is not None:  # the target's own logit is the readout's
         pos = (user * item_emb[target]).sum(dim=1, keepdim=True).float()  # [B, 1]
         logits = logits.scatter(1, (target - 1)[:, None], pos)
     return _finish(logits, target - 1, z_loss)
 
 
-def negative_logits(user: Tensor, items: Tensor, interests: Tensor | None = None) -> Tensor:
+def negative_logits(user: Tensor, items: Tensor, interests: Tensor | None = None, *, backend: str = "auto") -> Tensor:
     """``user [B, d]``, ``items [S, d]`` -> float32 logits ``[B, S]`` of the items as negatives.
 
     Without ``interests``: ``user @ items.T`` (ComiRec: the interest the readout chose for the
     row's target scores every negative). With ``interests [B, K, d]``: ``max_k <v_bk, e_s>``,
     the score retrieval ranks candidates by (the best of a user's interests), so an interest
     that ranks a wrong item high is pushed down even on rows whose target it did not win. The
-    gradient of each negative goes to its best-matching interest. Costs a ``[B, K, S]`` product.
+    gradient of each negative goes to its best-matching interest
+    (:func:`recsys.kernels.max_interest_scores` on kernel ``backend``: on CUDA without the
+    ``[B, K, S]`` product).
     """
     if interests is None:
         return (user @ items.T).float()
     if interests.dim() != 3 or interests.shape[0] != user.shape[0] or interests.shape[2] != user.shape[1]:
         raise ValueError(f"interests: expected [{user.shape[0]}, K, {user.shape[1]}], got {tuple(interests.shape)}")
-    return torch.einsum("bkd,sd->bks", interests, items).amax(dim=1).float()
+    return max_interest_scores(interests, items, backend=backend).float()

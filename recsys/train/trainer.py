@@ -186,7 +186,8 @@ class TrainStep:
             user = readout(interests, item_emb[targets], soft=soft if self.soft_phase else 0.0)  # [B, d]
             if self.sampler is None:
                 out = full_softmax_loss(user, targets, item_emb, z_loss=t.z_loss,
-                                        interests=interests if self.max_scores else None)
+                                        interests=interests if self.max_scores else None,
+                                        backend=self.cfg.model.backend)
             else:
                 out = self._sampled_loss(user, targets, item_emb, negatives, hard_uniforms, interests)
         if scores is not None:
@@ -208,7 +209,7 @@ class TrainStep:
             user, targets, item_emb, negatives,
             log_q_target=log_q(targets) if t.logq else None, log_q_neg=log_q(negatives) if t.logq else None,
             remove_accidental_hits=t.remove_accidental_hits, z_loss=t.z_loss,
-            interests=interests if self.max_scores else None,
+            interests=interests if self.max_scores else None, backend=self.cfg.model.backend,
         )
 
     def _update(self, *batch: Tensor) -> tuple[LossOutput, Tensor | None]:
