@@ -187,7 +187,8 @@ def max_interest_scores(interests: Tensor, items: Tensor, *, backend: str = "aut
         dtype where autocast is on for their device, else in their common dtype. The gradient of
         each score goes to its winning interest (Triton: the first of tied ones; the twin splits
         ties evenly). The Triton kernels never hold the ``[B, K, S]`` product; "auto" sends fp64,
-        ``d > 256`` and ``K > 127`` to the twin.
+        ``d > 256``, ``K > 127`` and fp32 on CUDA (the kernels' IEEE fp32 products spill there) to
+        the twin.
     """
     if interests.dim() != 3:
         raise ValueError(f"interests must be [B, K, d], got {tuple(interests.shape)}")
@@ -206,7 +207,10 @@ def max_interest_scores(interests: Tensor, items: Tensor, *, backend: str = "aut
     if _use_triton(backend, interests.device):
         from recsys.kernels.triton_max_scores import max_interest_scores_op, triton_supports
 
-        if triton_supports(interests):
+        # "auto" leaves fp32 on CUDA to the twin: the kernel's IEEE fp32 products spill registers
+        # on sm_90 (6 KB of stack per thread, tests/kernels/sm90.py); bf16/fp16 is the fast path
+        ieee_on_gpu = dtype == torch.float32 and interests.device.type == "cuda"
+        if triton_supports(interests) and (backend == "triton" or not ieee_on_gpu):
             return max_interest_scores_op(interests, items)[0]
         if backend == "triton":
             raise ValueError(f"the Triton kernel needs fp16/bf16/fp32, d <= 256 and K <= 127; got "

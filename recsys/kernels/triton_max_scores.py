@@ -36,7 +36,7 @@ TARGET_PROGRAMS = 1024  # backward grids are split along the summed axis up to a
 
 
 @triton.jit
-def _fwd_kernel(V, E, OUT, WIN, B, S, K, svb, svk, svd, ses, sed,
+def _fwd_kernel(V, E, OUT, WIN, B, S, NK, svb, svk, svd, ses, sed,
                 D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_S: tl.constexpr,
                 DOT_PREC: tl.constexpr):
     """``OUT[b, s]`` (fp32, contiguous ``[B, S]``) ``= max_k <V[b, k], E[s]>`` and ``WIN[b, s]``
@@ -49,7 +49,7 @@ def _fwd_kernel(V, E, OUT, WIN, B, S, K, svb, svk, svd, ses, sed,
     best = tl.full((BLOCK_B, BLOCK_S), float("-inf"), tl.float32)
     win = tl.zeros((BLOCK_B, BLOCK_S), tl.int32)
     v_ptrs = V + offs_b[:, None].to(tl.int64) * svb + offs_d[None, :] * svd
-    for k in range(K):
+    for k in range(NK):
         v = tl.load(v_ptrs + k * svk, mask=b_ok[:, None] & d_ok[None, :], other=0.0)
         score = tl.dot(v, tl.trans(e), input_precision=DOT_PREC)  # [BLOCK_B, BLOCK_S]
         better = (score > best) | ((score != score) & (best == best))  # a NaN wins once and stays
@@ -62,11 +62,20 @@ def _fwd_kernel(V, E, OUT, WIN, B, S, K, svb, svk, svd, ses, sed,
 
 
 @triton.jit
-def _d_interests_kernel(G, WIN, E, DV, B, S, sgb, ses, sed, s_per_program,
+def _grad_and_winners(G, WIN, offs_b, offs_s, b_ok, s_ok, sgb, S):
+    """The ``[BLOCK_B, BLOCK_S]`` tiles of the scores' gradient (fp32) and their winners (-1 outside)."""
+    ok = b_ok[:, None] & s_ok[None, :]
+    g = tl.load(G + offs_b[:, None].to(tl.int64) * sgb + offs_s[None, :], mask=ok, other=0.0)
+    win = tl.load(WIN + offs_b[:, None].to(tl.int64) * S + offs_s[None, :], mask=ok, other=-1)
+    return g, win
+
+
+@triton.jit
+def _d_interests_kernel(G, WIN, E, DI, B, S, sgb, ses, sed, s_per_program,
                         D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_S: tl.constexpr,
                         DOT_PREC: tl.constexpr):
     """Adds ``sum_s G[b, s] [WIN[b, s] = k] E[s]`` over this program's items into the fp32
-    ``DV [B, K, D]`` (contiguous, zeroed); grid ``(cdiv(B, BLOCK_B), K, item slices)``."""
+    ``DI [B, K, D]`` (contiguous, zeroed); grid ``(cdiv(B, BLOCK_B), K, item slices)``."""
     k = tl.program_id(1)
     num_k = tl.num_programs(1)
     offs_b = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
@@ -77,19 +86,17 @@ def _d_interests_kernel(G, WIN, E, DV, B, S, sgb, ses, sed, s_per_program,
     for s0 in range(start, tl.minimum(start + s_per_program, S), BLOCK_S):
         offs_s = s0 + tl.arange(0, BLOCK_S)
         s_ok = offs_s < S
-        ok = b_ok[:, None] & s_ok[None, :]
-        g = tl.load(G + offs_b[:, None].to(tl.int64) * sgb + offs_s[None, :], mask=ok, other=0.0)
-        win = tl.load(WIN + offs_b[:, None].to(tl.int64) * S + offs_s[None, :], mask=ok, other=-1)
+        g, win = _grad_and_winners(G, WIN, offs_b, offs_s, b_ok, s_ok, sgb, S)
         e = tl.load(E + offs_s[:, None] * ses + offs_d[None, :] * sed, mask=s_ok[:, None] & d_ok[None, :],
                     other=0.0)
         mine = tl.where(win == k, g, 0.0).to(e.dtype)
         acc += tl.dot(mine, e, input_precision=DOT_PREC)
-    dv = DV + (offs_b[:, None].to(tl.int64) * num_k + k) * D + offs_d[None, :]
-    tl.atomic_add(dv, acc, mask=b_ok[:, None] & d_ok[None, :])
+    di = DI + (offs_b[:, None].to(tl.int64) * num_k + k) * D + offs_d[None, :]
+    tl.atomic_add(di, acc, mask=b_ok[:, None] & d_ok[None, :])
 
 
 @triton.jit
-def _d_items_kernel(G, WIN, V, DE, B, S, K, sgb, svb, svk, svd, b_per_program,
+def _d_items_kernel(G, WIN, V, DE, B, S, NK, sgb, svb, svk, svd, b_per_program,
                     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_S: tl.constexpr,
                     DOT_PREC: tl.constexpr):
     """Adds ``sum_b G[b, s] V[b, WIN[b, s]]`` over this program's users into the fp32 ``DE [S, D]``
@@ -102,11 +109,9 @@ def _d_items_kernel(G, WIN, V, DE, B, S, K, sgb, svb, svk, svd, b_per_program,
     for b0 in range(start, tl.minimum(start + b_per_program, B), BLOCK_B):
         offs_b = b0 + tl.arange(0, BLOCK_B)
         b_ok = offs_b < B
-        ok = b_ok[:, None] & s_ok[None, :]
-        g = tl.load(G + offs_b[:, None].to(tl.int64) * sgb + offs_s[None, :], mask=ok, other=0.0)
-        win = tl.load(WIN + offs_b[:, None].to(tl.int64) * S + offs_s[None, :], mask=ok, other=-1)
+        g, win = _grad_and_winners(G, WIN, offs_b, offs_s, b_ok, s_ok, sgb, S)
         v_ptrs = V + offs_b[:, None].to(tl.int64) * svb + offs_d[None, :] * svd
-        for k in range(K):
+        for k in range(NK):
             v = tl.load(v_ptrs + k * svk, mask=b_ok[:, None] & d_ok[None, :], other=0.0)
             mine = tl.where(win == k, g, 0.0).to(v.dtype)  # [BLOCK_B, BLOCK_S]
             acc += tl.dot(tl.trans(mine), v, input_precision=DOT_PREC)

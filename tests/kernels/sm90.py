@@ -1,5 +1,6 @@
-"""Compile the attention kernels for an H100/H200 (sm_90) on a machine without a GPU, and read the
-result: registers per thread, spill stack, shared memory and the instructions of each inner loop.
+"""Compile the attention kernels (and the max-over-interests score kernels) for an H100/H200 (sm_90)
+on a machine without a GPU, and read the result: registers per thread, spill stack, shared memory
+and the instructions of each inner loop.
 
 Uses the ptxas and cuobjdump that the Triton wheel ships (``triton/backends/nvidia/bin``). Needs
 ``TRITON_INTERPRET`` unset (the interpreter wraps the kernels). ``test_sm90_compile.py`` runs
@@ -24,7 +25,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-TENSORS = {"Q", "K", "V", "O", "DO", "DK", "DV", "DQ_OUT"}
+TENSORS = {"Q", "K", "V", "O", "DO", "DK", "DV", "DQ_OUT", "E"}  # in the launch's dtype
+FP32_TENSORS = {"OUT", "G", "DI", "DE"}  # the max-score kernels' scores, their gradient and sums
 FLOATS = {"qk_scale", "tanh_scale", "cap_log2", "sm_scale"}
 ALIGNED_INTS = {"sqb", "sqh", "sqm", "skb", "skh", "skn", "svb", "svh", "svn", "sob", "soh", "som"}
 UNIT_STRIDES = ("sqd", "skd", "svd")
@@ -43,6 +45,10 @@ def _signature(fn: Any, dtype: str, dq: str, consts: dict) -> dict[str, str]:
             sig[name] = "constexpr"
         elif name in TENSORS:
             sig[name] = "*" + dtype
+        elif name in FP32_TENSORS:
+            sig[name] = "*fp32"
+        elif name == "WIN":
+            sig[name] = "*i8"
         elif name == "DQ":
             sig[name] = "*" + dq
         elif name in ("LSE", "DELTA"):
@@ -145,6 +151,19 @@ def flag_variants() -> list[Variant]:
     return out
 
 
+def max_score_variants() -> list[Variant]:
+    """The max-over-interests score kernels at the training step's launch (bf16 and fp32, d = 64)."""
+    from recsys.kernels import triton_max_scores as ms
+
+    out = []
+    for dtype in ("bf16", "fp32"):
+        consts = {"D": 64, "BLOCK_D": 64, "BLOCK_B": ms.BLOCK_B, "BLOCK_S": ms.BLOCK_S,
+                  "DOT_PREC": "ieee" if dtype == "fp32" else "tf32"}
+        for fn in (ms._fwd_kernel, ms._d_interests_kernel, ms._d_items_kernel):
+            out.append((f"max-scores {fn.__name__.strip('_')} {dtype}", fn, consts, 4, 2, dtype, None))
+    return out
+
+
 def report(variants: list[Variant]) -> dict[str, dict]:
     """Per label: registers, stack, shared memory and the inner loops' opcode counts."""
     out = {}
@@ -159,10 +178,10 @@ def main() -> None:
     import json
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", action="store_true", help="bench and flag variants as JSON")
+    parser.add_argument("--json", action="store_true", help="bench, flag and max-score variants as JSON")
     args = parser.parse_args()
     if args.json:
-        print(json.dumps(report(bench_variants() + flag_variants())))
+        print(json.dumps(report(bench_variants() + flag_variants() + max_score_variants())))
         return
     print(f"{'kernel':26} {'regs':>4} {'stack':>5} {'smem':>6}  inner loops: instructions (MUFU, HGMMA)")
     for label, res in report(bench_variants()).items():

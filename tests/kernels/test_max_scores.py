@@ -105,6 +105,21 @@ def test_empty_batch_or_catalogue(device, dtype, batch, s):
     assert (dv == 0).all() and (de == 0).all()
 
 
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=GPU_MARKS)])
+def test_auto_leaves_fp32_on_cuda_to_the_twin_and_takes_bf16(device):
+    """The dispatch rule: the twin's amax splits a tie evenly, the kernel gives it to one interest."""
+    v = torch.ones(2, 2, 16, device=device)  # two identical interests: every score is a tie
+    e = torch.ones(3, 16, device=device)
+    for dtype, expected in ((torch.float32, 0.5), (torch.bfloat16, None)):
+        vv = v.to(dtype).requires_grad_()
+        (dv,) = torch.autograd.grad(max_interest_scores(vv, e.to(dtype)).sum(), (vv,))
+        shares = dv[:, :, 0].float() / 3  # each interest's share of the 3 items' gradient
+        if expected is None:
+            assert sorted(shares[0].tolist()) == [0.0, 1.0]
+        else:
+            torch.testing.assert_close(shares, torch.full_like(shares, expected))
+
+
 def test_bad_inputs_name_the_argument():
     v, e = torch.randn(2, 3, 8), torch.randn(5, 8)
     with pytest.raises(ValueError, match="interests must be"):
@@ -164,7 +179,7 @@ def test_compiles_without_graph_breaks(device):
     v, e, grad = (t.float().to(device) for t in (v, e, grad))
 
     def scores(v, e):
-        return max_interest_scores(v, e)
+        return max_interest_scores(v, e, backend="triton")  # fp32 on CUDA: "auto" would take the twin
 
     def step(fn):
         leaves = [t.detach().requires_grad_() for t in (v, e)]
