@@ -40,7 +40,8 @@ def estimate_bytes(cfg: Config, num_params: int, num_items: int, num_interests: 
     # forward activations kept for backward, and their gradients: x 3
     step = 3 * b * (seq_len * (hidden + k) + k * d + m.num_layers * seq_len * d * 12) + 2 * b * (negatives + 1)
     if t.negative_scores == "max" and k > 1:
-        step += 2 * b * k * negatives  # every score of every negative (the PyTorch twin; the bf16/fp16 CUDA kernel keeps none)
+        # every interest's score of every negative (the PyTorch twin; the bf16/fp16 CUDA kernel keeps none)
+        step += 2 * b * k * negatives
     if t.hard_negatives and not t.full_softmax:
         step += 2 * b * k * num_items  # the hard-negative proposal's scores and softmax over the catalogue
     eval_batch = e.batch_size * k * (d + 3 * max(e.topn))  # interests and per-interest search results

@@ -27,6 +27,7 @@ needs_interpreter = pytest.mark.skipif(
     CUDA, reason="CPU interpreter tests run only where there is no GPU (the gpu tests cover CUDA)"
 )
 GPU_MARKS = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")]
+BOTH = [pytest.param("cpu", marks=needs_interpreter), pytest.param("cuda", marks=GPU_MARKS)]
 ATOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 CASES = [  # (B, K, d, S): lengths 1, 7, 50, 129 on both axes, K 1..8, d 16..128, blocks crossed
     (1, 1, 16, 1),
@@ -145,7 +146,7 @@ def test_autocast_multiplies_in_its_dtype():
     torch.testing.assert_close(out, expected)
 
 
-@pytest.mark.parametrize("device", [pytest.param("cpu", marks=needs_interpreter), pytest.param("cuda", marks=GPU_MARKS)])
+@pytest.mark.parametrize("device", BOTH)
 def test_negative_logits_and_the_sampled_loss_take_the_kernel(device):
     """The loss with max-scored negatives gives the same value and gradients on both backends."""
     g = torch.Generator().manual_seed(3)
@@ -163,7 +164,7 @@ def test_negative_logits_and_the_sampled_loss_take_the_kernel(device):
     assert negative_logits(user, item_emb, interests, backend="triton").dtype == torch.float32
 
 
-@pytest.mark.parametrize("device", [pytest.param("cpu", marks=needs_interpreter), pytest.param("cuda", marks=GPU_MARKS)])
+@pytest.mark.parametrize("device", BOTH)
 def test_opcheck(device):
     """Schema, fake shapes (the int8 winners too), autograd registration, AOT dispatch."""
     v, e, _ = _inputs(5, 3, 16, 7)
@@ -171,7 +172,7 @@ def test_opcheck(device):
     torch.library.opcheck(max_interest_scores_op, (v, e))
 
 
-@pytest.mark.parametrize("device", [pytest.param("cpu", marks=needs_interpreter), pytest.param("cuda", marks=GPU_MARKS)])
+@pytest.mark.parametrize("device", BOTH)
 def test_compiles_without_graph_breaks(device):
     """``torch.compile(fullgraph=True)`` of the scores and their backward matches eager
     (``aot_eager`` on the CPU, Inductor on CUDA)."""
