@@ -21,8 +21,6 @@ products, as PyTorch's autocast matmul backward does).
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -125,7 +123,6 @@ def _flags(v: Tensor) -> dict[str, object]:
             "DOT_PREC": "ieee" if v.dtype == torch.float32 else "tf32"}
 
 
-@functools.cache
 def _slices(blocks_other: int, blocks_summed: int) -> int:
     """How many slices the summed axis is cut into so that the grid has about TARGET_PROGRAMS."""
     return max(1, min(blocks_summed, TARGET_PROGRAMS // max(1, blocks_other)))
