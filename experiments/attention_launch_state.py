@@ -20,11 +20,12 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from gpu_timing import launch_ms  # experiments/ is on sys.path as a script
+from bench_attention import make_inputs  # experiments/ is on sys.path as a script
+from gpu_timing import launch_ms
 
 from recsys.kernels import attention
 
-BATCH, SEQ_LEN, HEADS, HEAD_DIM = 4096, 50, 2, 64
+BATCH, SEQ_LEN = 4096, 50  # bench_attention.py's first shape (H = 2, D = 64)
 
 
 def host_us(fn: Callable[[], object], calls: int = 200) -> float:
@@ -39,11 +40,7 @@ def host_us(fn: Callable[[], object], calls: int = 200) -> float:
 
 
 def main() -> None:
-    g = torch.Generator(device="cuda").manual_seed(0)
-    shape = (BATCH, HEADS, SEQ_LEN, HEAD_DIM)
-    q, k, v, do = (torch.randn(shape, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(4))
-    q, k, v = (t.requires_grad_() for t in (q, k, v))
-    lengths = torch.randint(SEQ_LEN // 4, SEQ_LEN + 1, (BATCH,), device="cuda", generator=g)
+    (q, k, v), lengths, do = make_inputs(BATCH, SEQ_LEN, seed=0)  # the bench's inputs
 
     def forward():
         return attention(q, k, v, key_lengths=lengths)
