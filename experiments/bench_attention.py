@@ -32,7 +32,7 @@ import triton
 
 import recsys
 from recsys.kernels import attention
-from recsys.kernels.triton_attention import ATOMIC_DQ_MAX_LK, FUSED_MAX_LQ, backward_paths, best_configs
+from recsys.kernels.triton_attention import FUSED_MAX_LQ, backward_paths, best_configs
 
 from gpu_timing import launch_and_graph_ms, launch_ms, ratio_table  # experiments/ is on sys.path as a script
 
@@ -104,12 +104,11 @@ def variant(fn: Method, **paths) -> Method:
 
 
 def path_variants(fns: dict[str, Method], seq_len: int) -> dict[str, Method]:
-    """The backward path ``ours`` does not take at this length (``--paths``)."""
-    if seq_len <= FUSED_MAX_LQ:  # the split backward instead of the fused one
+    """The split backward in place of the fused one, up to ``FUSED_MAX_LQ`` (``--paths``; longer
+    sequences have only the split backward)."""
+    if seq_len <= FUSED_MAX_LQ:
         return {"ours-split": variant(fns["ours"], fused_max_lq=0)}
-    if seq_len <= ATOMIC_DQ_MAX_LK:  # the other way to get dq in the split backward
-        return {"ours-dq-kernel": variant(fns["ours"], atomic_dq_max_lk=0)}
-    return {"ours-atomic-dq": variant(fns["ours"], atomic_dq_max_lk=1 << 30)}
+    return {}
 
 
 def problem_size(batch: int, seq_len: int, lengths: torch.Tensor) -> dict[str, float]:

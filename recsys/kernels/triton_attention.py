@@ -11,14 +11,10 @@ Backward recomputes the probabilities tile by tile from the saved log-sum-exp:
 - ``Lq <= 64`` (click sequences of up to 64 items, learned interest queries): one program per
   (batch, head) holds every query row, walks the valid key tiles once and writes ``dk``/``dv``
   for each tile plus ``dq`` at the end (the "fused" kernel; no atomics);
-- longer ``Lq`` with ``Lk <= 256``: a ``delta = rowsum(dO * O)`` kernel (which also zeroes the
-  fp32 dq buffer and the per-(batch, head) arrival counters), then one dk/dv kernel over key
-  blocks that also adds each tile's share of ``dq`` into the buffer with atomics; the last key
-  block of a (batch, head) to finish writes that ``dq`` in the input dtype (fastest there on the
-  H200; the float summation order varies from run to run);
-- longer keys: a ``dq`` kernel over query blocks (which also stores ``delta``) followed by the
-  dk/dv kernel without atomics (deterministic; the second recomputation costs less there than
-  the atomic traffic).
+- longer ``Lq``: a ``dq`` kernel over query blocks (which also stores ``delta = rowsum(dO * O)``)
+  followed by a dk/dv kernel over key blocks; no atomics, so the gradients are deterministic.
+  (Adding dq atomically from the dk/dv kernel instead saves the dq kernel's recomputation but
+  measured 13-25% slower on the H200 at every length tried, 128 to 1024 keys, 2026-11-30.)
 
 With broadcast queries (``q`` batch 1) each batch row's ``dq`` goes to an fp32 buffer that is
 summed over the batch afterwards, without atomics across the batch.
@@ -48,12 +44,12 @@ from recsys.kernels.dispatch import check_attention_args
 from recsys.kernels.launch import MAX_KEYS, Kernel, Launch, aligned
 
 LOG2E = 1.4426950408889634
+TAIL_M: tl.constexpr = tl.constexpr(16)  # rows of the tile for a last, partial query block (block sizes >= 16)
 MAX_HEAD_DIM = 128
 FUSED_MAX_LQ = 64  # query rows one fused backward program holds
-ATOMIC_DQ_MAX_LK = 256  # split backward: dq by fp32 atomics (no dq kernel) up to this many keys
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
-_PATHS = {"fused_max_lq": FUSED_MAX_LQ, "atomic_dq_max_lk": ATOMIC_DQ_MAX_LK}  # see backward_paths
+_PATHS = {"fused_max_lq": FUSED_MAX_LQ}  # see backward_paths
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _AUTOTUNE = not _INTERPRET and os.environ.get("RECSYS_ATTN_AUTOTUNE", "1") != "0"
 
@@ -181,16 +177,34 @@ def _fwd_kernel(Q, K, V, O, LSE, LENS,
 
     Grid: ``cdiv(LQ, BLOCK_M) * B * H`` programs, query blocks fastest (they share K/V in L2).
     ``O`` is ``[B, H, LQ, HEAD_DIM]`` with strides ``sob, soh, som, 1``; ``LSE`` contiguous
-    ``[B, H, LQ]`` fp32.
+    ``[B, H, LQ]`` fp32. A last query block of at most ``TAIL_M`` rows is computed as a
+    ``TAIL_M``-row tile (Lq = 200 in 64-row blocks: the fourth block on 16 rows, not 64).
     """
     num_m = tl.cdiv(LQ, BLOCK_M)
     pid = tl.program_id(0)
     pid_m = pid % num_m
     bh = pid // num_m
+    start_m = pid_m * BLOCK_M
+    if LQ - start_m <= TAIL_M:  # the last block, partial: a TAIL_M-row tile (BLOCK_M >= TAIL_M)
+        _fwd_rows(Q, K, V, O, LSE, LENS, sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som,
+                  H, LQ, LK, qk_scale, tanh_scale, cap_log2, bh, start_m,
+                  HEAD_DIM, BLOCK_D, HAS_LENS, CAUSAL, SOFTCAP, DOT_PREC, RAW, TAIL_M, BLOCK_N)
+    else:
+        _fwd_rows(Q, K, V, O, LSE, LENS, sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som,
+                  H, LQ, LK, qk_scale, tanh_scale, cap_log2, bh, start_m,
+                  HEAD_DIM, BLOCK_D, HAS_LENS, CAUSAL, SOFTCAP, DOT_PREC, RAW, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _fwd_rows(Q, K, V, O, LSE, LENS, sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som,
+              H, LQ, LK, qk_scale, tanh_scale, cap_log2, bh, start_m,
+              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LENS: tl.constexpr, CAUSAL: tl.constexpr,
+              SOFTCAP: tl.constexpr, DOT_PREC: tl.constexpr, RAW: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr):
+    """The forward of query rows ``[start_m, start_m + BLOCK_M)`` of (batch, head) ``bh``."""
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
-
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     m_ok = offs_m < LQ
@@ -203,8 +217,8 @@ def _fwd_kernel(Q, K, V, O, LSE, LENS,
     hi = kv_len
     full = kv_len  # keys below `full` are visible to every row of this block
     if CAUSAL:
-        hi = tl.minimum(hi, (pid_m + 1) * BLOCK_M)
-        full = tl.minimum(full, pid_m * BLOCK_M)
+        hi = tl.minimum(hi, start_m + BLOCK_M)
+        full = tl.minimum(full, start_m)
     full = (full // BLOCK_N) * BLOCK_N
 
     k_base = K + b * skb + h * skh
@@ -277,16 +291,34 @@ def _bwd_dq_kernel(Q, K, V, O, DO, LSE, DELTA, DQ, DK, DV, LENS,
     ``delta`` to itself. Otherwise ``delta`` is stored for the dk/dv kernel.
     ``O`` and ``DO`` are ``[B, H, LQ, HEAD_DIM]`` with ``O``'s strides; ``DQ`` contiguous (per kv-batch
     row, fp32, when queries are broadcast); ``DK``, ``DV`` contiguous ``[B, H, LK, HEAD_DIM]``.
+    Without ``FUSED``, a last query block of at most ``TAIL_M`` rows is a ``TAIL_M``-row tile.
     """
     num_m = tl.cdiv(LQ, BLOCK_M)
     pid = tl.program_id(0)
     pid_m = pid % num_m
     bh = pid // num_m
+    start_m = pid_m * BLOCK_M
+    if not FUSED and LQ - start_m <= TAIL_M:  # the last block, partial (BLOCK_M >= TAIL_M)
+        _dq_rows(Q, K, V, O, DO, LSE, DELTA, DQ, DK, DV, LENS, sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn,
+                 svd, sob, soh, som, H, LQ, LK, qk_scale, tanh_scale, cap_log2, sm_scale, bh, start_m,
+                 HEAD_DIM, BLOCK_D, HAS_LENS, CAUSAL, SOFTCAP, FUSED, DOT_PREC, TAIL_M, BLOCK_N)
+    else:
+        _dq_rows(Q, K, V, O, DO, LSE, DELTA, DQ, DK, DV, LENS, sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn,
+                 svd, sob, soh, som, H, LQ, LK, qk_scale, tanh_scale, cap_log2, sm_scale, bh, start_m,
+                 HEAD_DIM, BLOCK_D, HAS_LENS, CAUSAL, SOFTCAP, FUSED, DOT_PREC, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _dq_rows(Q, K, V, O, DO, LSE, DELTA, DQ, DK, DV, LENS, sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
+             sob, soh, som, H, LQ, LK, qk_scale, tanh_scale, cap_log2, sm_scale, bh, start_m,
+             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LENS: tl.constexpr, CAUSAL: tl.constexpr,
+             SOFTCAP: tl.constexpr, FUSED: tl.constexpr, DOT_PREC: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The dq kernel's work on query rows ``[start_m, start_m + BLOCK_M)`` of (batch, head) ``bh``."""
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     bh64 = bh.to(tl.int64)
-
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     m_ok = offs_m < LQ
@@ -307,8 +339,8 @@ def _bwd_dq_kernel(Q, K, V, O, DO, LSE, DELTA, DQ, DK, DV, LENS,
     hi = kv_len
     full = kv_len
     if CAUSAL:
-        hi = tl.minimum(hi, (pid_m + 1) * BLOCK_M)
-        full = tl.minimum(full, pid_m * BLOCK_M)
+        hi = tl.minimum(hi, start_m + BLOCK_M)
+        full = tl.minimum(full, start_m)
     full = (full // BLOCK_N) * BLOCK_N
 
     k_base = K + b * skb + h * skh
@@ -334,40 +366,14 @@ def _bwd_dq_kernel(Q, K, V, O, DO, LSE, DELTA, DQ, DK, DV, LENS,
 
 
 @triton.jit
-def _bwd_delta_kernel(O, DO, DELTA, DQ, CNT, H, LQ, sob, soh, som,
-                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
-    """``delta = rowsum(dO * O)`` for one (batch, head) and ``BLOCK_R`` query rows (``O`` and ``DO``
-    with ``O``'s strides), and the same rows of the contiguous fp32 ``DQ`` set to 0 for the atomic
-    adds that follow, as is the (batch, head)'s arrival counter ``CNT[b * H + h]`` (int32); grid
-    ``cdiv(LQ, BLOCK_R) * B * H``."""
-    num_m = tl.cdiv(LQ, BLOCK_R)
-    pid = tl.program_id(0)
-    bh = (pid // num_m).to(tl.int64)
-    if pid % num_m == 0:
-        tl.store(CNT + bh, 0)
-    offs_m = (pid % num_m) * BLOCK_R + tl.arange(0, BLOCK_R)
-    offs_d = tl.arange(0, BLOCK_D)
-    ok = offs_m < LQ
-    off = (bh // H) * sob + (bh % H) * soh + offs_m[:, None] * som + offs_d[None, :]
-    o = _load_tile(O + off, ok, offs_d, HEAD_DIM, BLOCK_D, True)
-    do = _load_tile(DO + off, ok, offs_d, HEAD_DIM, BLOCK_D, True)
-    rows = bh * LQ + offs_m
-    tl.store(DELTA + rows, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1), mask=ok)
-    _store_tile(DQ + rows[:, None] * HEAD_DIM + offs_d[None, :], tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32),
-                ok, offs_d, HEAD_DIM, BLOCK_D)
-
-
-@triton.jit
-def _dkdv_tiles(dk, dv, k, v, q_base, sqm, sqd, do_base, som, lse_base, delta_base, dq_base, lo, hi, LQ, offs_n, offs_m0,
-                offs_d, qk_scale, tanh_scale, cap_log2, sm_scale,
+def _dkdv_tiles(dk, dv, k, v, q_base, sqm, sqd, do_base, som, lse_base, delta_base, lo, hi, LQ, offs_n, offs_m0,
+                offs_d, qk_scale, tanh_scale, cap_log2,
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, MASK: tl.constexpr,
-                SOFTCAP: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PREC: tl.constexpr):
+                SOFTCAP: tl.constexpr, DOT_PREC: tl.constexpr):
     """Accumulate one key tile's ``dk`` (unscaled) and ``dv`` over query blocks ``[lo, hi)``.
 
     Works on transposed scores ``[BLOCK_N, BLOCK_M]``; ``MASK`` applies the causal mask.
-    Query rows past ``LQ`` read ``lse = +inf``, so their probabilities are 0. ``ATOMIC_DQ`` also
-    adds this tile's share of ``dq`` into the fp32 buffer at ``dq_base`` (keys past the length
-    were read as 0, so they add nothing).
+    Query rows past ``LQ`` read ``lse = +inf``, so their probabilities are 0.
     """
     for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
@@ -387,31 +393,19 @@ def _dkdv_tiles(dk, dv, k, v, q_base, sqm, sqd, do_base, som, lse_base, delta_ba
         if SOFTCAP:
             ds = ds * (1.0 - t * t)
         dk = tl.dot(ds.to(q.dtype), q, dk, input_precision=DOT_PREC)
-        if ATOMIC_DQ:
-            dq = tl.dot(tl.trans(ds.to(k.dtype)), k, input_precision=DOT_PREC) * sm_scale
-            dq_ptrs = dq_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
-            if BLOCK_D == HEAD_DIM:
-                tl.atomic_add(dq_ptrs, dq, mask=m_ok[:, None], sem="relaxed")
-            else:
-                tl.atomic_add(dq_ptrs, dq, mask=m_ok[:, None] & (offs_d[None, :] < HEAD_DIM), sem="relaxed")
     return dk, dv
 
 
 @triton.jit
-def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DQ, DK, DV, LENS, DQ_OUT, CNT,
+def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, LENS,
                      sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som,
                      H, LQ, LK, lq_bucket, lk_bucket, qk_scale, tanh_scale, cap_log2, sm_scale,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LENS: tl.constexpr, CAUSAL: tl.constexpr,
-                     SOFTCAP: tl.constexpr, ATOMIC_DQ: tl.constexpr, CAST_DQ: tl.constexpr, DOT_PREC: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                     SOFTCAP: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """dk, dv for one (batch, head, key block); key blocks past the key length write zeros only.
 
     Grid: ``cdiv(LK, BLOCK_N) * B * H``. Causal: query blocks before the key block are skipped and
-    only the blocks crossing the diagonal are masked. ``ATOMIC_DQ``: also accumulate ``dq`` into
-    the zeroed fp32 ``DQ`` (contiguous ``[B, H, LQ, HEAD_DIM]``) with atomic adds. ``CAST_DQ`` (with
-    ``ATOMIC_DQ``): the last of a (batch, head)'s adding programs to finish (counted in its zeroed
-    int32 ``CNT[b * H + h]``) writes that (batch, head)'s ``dq`` into ``DQ_OUT`` (contiguous, the
-    input dtype), which spares a cast kernel reading and writing all of ``dq`` again.
+    only the blocks crossing the diagonal are masked. ``DELTA`` is the dq kernel's ``rowsum(dO * O)``.
     """
     num_n = tl.cdiv(LK, BLOCK_N)
     pid = tl.program_id(0)
@@ -448,46 +442,18 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DQ, DK, DV, LENS, DQ_OUT, CNT,
     delta_base = DELTA + bh64 * LQ
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    dq_base = DQ + bh64 * LQ * HEAD_DIM
-    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, sqm, sqd, do_base, som, lse_base, delta_base, dq_base, lo, mid, LQ, offs_n,
-                         offs_m0, offs_d, qk_scale, tanh_scale, cap_log2, sm_scale,
-                         HEAD_DIM, BLOCK_D, BLOCK_M, True, SOFTCAP, ATOMIC_DQ, DOT_PREC)
-    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, sqm, sqd, do_base, som, lse_base, delta_base, dq_base, mid, hi, LQ, offs_n,
-                         offs_m0, offs_d, qk_scale, tanh_scale, cap_log2, sm_scale,
-                         HEAD_DIM, BLOCK_D, BLOCK_M, False, SOFTCAP, ATOMIC_DQ, DOT_PREC)
+    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, sqm, sqd, do_base, som, lse_base, delta_base, lo, mid, LQ, offs_n,
+                         offs_m0, offs_d, qk_scale, tanh_scale, cap_log2,
+                         HEAD_DIM, BLOCK_D, BLOCK_M, True, SOFTCAP, DOT_PREC)
+    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, sqm, sqd, do_base, som, lse_base, delta_base, mid, hi, LQ, offs_n,
+                         offs_m0, offs_d, qk_scale, tanh_scale, cap_log2,
+                         HEAD_DIM, BLOCK_D, BLOCK_M, False, SOFTCAP, DOT_PREC)
     # keys past the length were read as 0 and summed nonzero probabilities: their gradients are 0
     dk = tl.where(n_ok[:, None], dk * sm_scale, 0.0)
     dv = tl.where(n_ok[:, None], dv, 0.0)
     off = bh64 * LK * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
     _store_tile(DK + off, dk.to(DK.dtype.element_ty), offs_n < LK, offs_d, HEAD_DIM, BLOCK_D)
     _store_tile(DV + off, dv.to(DV.dtype.element_ty), offs_n < LK, offs_d, HEAD_DIM, BLOCK_D)
-    if CAST_DQ:
-        _cast_dq_when_last(dq_base, DQ_OUT + bh64 * LQ * HEAD_DIM, CNT + bh64, start_n, kv_len, pid_n, LQ, offs_m0,
-                           offs_d, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N)
-
-
-@triton.jit
-def _cast_dq_when_last(dq_base, out_base, cnt_ptr, start_n, kv_len, pid_n, LQ, offs_m0, offs_d,
-                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """After a key block's atomic adds into the fp32 ``dq`` of its (batch, head): if it is the last
-    adding block to arrive (or, for a sequence with no keys, where nothing adds, key block 0),
-    copy that ``dq [LQ, HEAD_DIM]`` into ``out_base`` in its dtype.
-
-    The barrier orders this program's adds before the counter's release; the acquiring add of the
-    last arrival makes every block's adds visible, and the copy reads L2 (``.cg``), where atomics land.
-    """
-    adders = tl.cdiv(kv_len, BLOCK_N)
-    last = (adders == 0) & (pid_n == 0)
-    if start_n < kv_len:
-        tl.debug_barrier()
-        last = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu") == adders - 1
-    if last:
-        for start_m in range(0, LQ, BLOCK_M):
-            offs_m = start_m + offs_m0
-            off = offs_m[:, None] * HEAD_DIM + offs_d[None, :]
-            ok = (offs_m[:, None] < LQ) & (offs_d[None, :] < HEAD_DIM)
-            dq = tl.load(dq_base + off, mask=ok, other=0.0, cache_modifier=".cg")
-            tl.store(out_base + off, dq.to(out_base.dtype.element_ty), mask=ok)
 
 
 # --------------------------------------------------------------------------------------------
@@ -512,16 +478,19 @@ _FWD_CONFIGS = [_cfg(n, w, s, m) for m, n, w, s in [
     (16, 16, 4, 2), (32, 16, 4, 2), (64, 16, 4, 2), (64, 32, 4, 2), (64, 64, 4, 3),
     (128, 32, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3),
     (128, 64, 8, 2), (128, 64, 8, 4),  # 128 registers: two programs per SM
-    (128, 128, 8, 2)]]  # 199 registers, half the per-tile loop overhead and rescaling per score
+    (128, 128, 8, 2),  # 199 registers, half the per-tile loop overhead and rescaling per score
+    (64, 32, 4, 3), (128, 32, 8, 2)]]
 _DQ_CONFIGS = [_cfg(n, w, s, m) for m, n, w, s in [
     (64, 32, 4, 2), (64, 64, 4, 3), (128, 32, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3),
-    (128, 64, 8, 2), (128, 64, 8, 4)]]
+    (128, 64, 8, 2), (128, 64, 8, 4),
+    (64, 32, 4, 3), (64, 16, 4, 2), (128, 32, 8, 2)]]
 _FUSED_CONFIGS = [_cfg(n, w, s) for n, w, s in [(16, 4, 2), (32, 4, 2), (64, 4, 2), (16, 2, 2), (32, 8, 2)]]
 _DKDV_CONFIGS = [_cfg(n, w, s, m) for m, n, w, s in [
     (32, 32, 4, 2), (32, 64, 4, 3), (64, 64, 4, 3), (32, 128, 4, 3), (64, 128, 4, 3), (64, 128, 8, 3),
     # (32, 128, 4, 3), the H200's pick at L >= 1024, spills (255 registers + 56 bytes of stack);
     # these do not: 254 registers at 2 stages, 160 / 138 with 8 warps
-    (32, 128, 4, 2), (32, 128, 8, 3), (32, 128, 8, 2), (64, 128, 8, 2)]]
+    (32, 128, 4, 2), (32, 128, 8, 3), (32, 128, 8, 2), (64, 128, 8, 2),
+    (32, 32, 4, 3), (64, 32, 4, 2), (64, 64, 4, 2)]]
 
 
 def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
@@ -546,25 +515,20 @@ def _heuristic(kind: str, lq: int, lk: int) -> tuple[dict, int, int]:
     return {"BLOCK_M": min(qb, 128), "BLOCK_N": 64}, 8, 3
 
 
-def _autotuned(kernel, configs: list[triton.Config], reset: list[str] | None = None):
+def _autotuned(kernel, configs: list[triton.Config]):
     return triton.autotune(
         configs=configs,
         key=["lq_bucket", "lk_bucket", "HEAD_DIM", "HAS_LENS", "CAUSAL", "SOFTCAP"],
         prune_configs_by={"early_config_prune": _prune},
-        reset_to_zero=reset,
     )(kernel)
 
 
 _CANDIDATES = {"fwd": (_fwd_kernel, _FWD_CONFIGS), "dq": (_bwd_dq_kernel, _DQ_CONFIGS),
-               "fused": (_bwd_dq_kernel, _FUSED_CONFIGS), "dkdv": (_bwd_dkdv_kernel, _DKDV_CONFIGS),
-               "dkdv_atomic": (_bwd_dkdv_kernel, _DKDV_CONFIGS)}
+               "fused": (_bwd_dq_kernel, _FUSED_CONFIGS), "dkdv": (_bwd_dkdv_kernel, _DKDV_CONFIGS)}
 _KERNELS = {
-    kind: Kernel(kernel, _autotuned(kernel, configs, ["DQ", "CNT"] if kind == "dkdv_atomic" else None)  # timing runs add into DQ
-                 if _AUTOTUNE else None)
+    kind: Kernel(kernel, _autotuned(kernel, configs) if _AUTOTUNE else None)
     for kind, (kernel, configs) in _CANDIDATES.items()
 }
-_DELTA = Kernel(_bwd_delta_kernel)
-DELTA_ROWS = 64  # rows of dO per program of the delta kernel
 
 
 def best_configs() -> dict[str, str]:
@@ -573,17 +537,13 @@ def best_configs() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def backward_paths(*, fused_max_lq: int | None = None, atomic_dq_max_lk: int | None = None) -> Iterator[None]:
-    """Within the block, pick the backward path by other thresholds than the defaults (for
-    benchmarks comparing the paths): the fused backward for ``Lq <= fused_max_lq`` (default
-    ``FUSED_MAX_LQ``; 0 = never), else the split backward with dq by fp32 atomics for
-    ``Lk <= atomic_dq_max_lk`` (default ``ATOMIC_DQ_MAX_LK``) and by its own kernel above. The
-    forward call fixes the path of its backward."""
+def backward_paths(*, fused_max_lq: int | None = None) -> Iterator[None]:
+    """Within the block, take the fused backward for ``Lq <= fused_max_lq`` instead of the default
+    ``FUSED_MAX_LQ`` (0 = never; for benchmarks and tests comparing the paths), the split dq and
+    dk/dv kernels above it. The forward call fixes the path of its backward."""
     saved = dict(_PATHS)
     if fused_max_lq is not None:
         _PATHS["fused_max_lq"] = int(fused_max_lq)
-    if atomic_dq_max_lk is not None:
-        _PATHS["atomic_dq_max_lk"] = int(atomic_dq_max_lk)
     try:
         yield
     finally:
@@ -610,7 +570,6 @@ class _Problem:
         self.lq = q.shape[2]
         self.broadcast = q.shape[0] != self.batch
         self.fused = self.lq <= _PATHS["fused_max_lq"]
-        self.atomic_dq = not self.fused and self.lk <= _PATHS["atomic_dq_max_lk"]
         scale = 1.0 / math.sqrt(self.head_dim) if scale is None else float(scale)
         self.scale = scale
         cap = float(softcap) if softcap else 0.0
@@ -634,15 +593,12 @@ class _Problem:
         self.bwd_ints = (*self.fwd_ints, scale)  # the backward kernels' arguments after their tensors
         self.out_shape = (self.batch, self.heads, self.lq, self.head_dim)  # o, do and (per kv-batch row) dq
         self.kv_shape = (self.batch, self.heads, self.lk, self.head_dim)  # dk, dv
-        # atomic dq: the dk/dv kernel casts the fp32 sums into a dq of q's dtype itself, except for
-        # broadcast queries (their per-batch fp32 dq is summed over the batch afterwards)
-        self.cast_dq = self.atomic_dq and not self.broadcast
-        self.dq_dtype = torch.float32 if self.broadcast or self.atomic_dq else q.dtype
+        self.dq_dtype = torch.float32 if self.broadcast else q.dtype  # broadcast: per-batch dq, summed after
         self.forward, self.backward = self._launches(q, lens, causal, cap)
 
     def _launches(self, q: Tensor, lens: Tensor | None, causal: bool, cap: float) -> tuple[Launch, tuple[Launch, ...]]:
-        """The forward's launch and the backward path's: the fused kernel; or delta (which also zeroes
-        the fp32 dq) and the dk/dv kernel adding dq atomically; or the dq kernel and the dk/dv kernel."""
+        """The forward's launch and the backward path's: the fused kernel, or the dq kernel and the
+        dk/dv kernel."""
         common = {
             "HEAD_DIM": self.head_dim,
             "BLOCK_D": _bucket(self.head_dim),
@@ -651,15 +607,11 @@ class _Problem:
             "SOFTCAP": bool(cap),
             "DOT_PREC": "ieee" if q.dtype == torch.float32 else "tf32",
         }
-        kinds = ["fwd", *(["fused"] if self.fused else ["dkdv_atomic"] if self.atomic_dq else ["dq", "dkdv"])]
+        kinds = ["fwd", *(["fused"] if self.fused else ["dq", "dkdv"])]
         meta = {kind: dict(common) for kind in kinds}
         for kind in ("fused", "dq"):
             if kind in meta:
                 meta[kind]["FUSED"] = kind == "fused"
-        for kind in ("dkdv", "dkdv_atomic"):
-            if kind in meta:
-                meta[kind]["ATOMIC_DQ"] = kind == "dkdv_atomic"
-                meta[kind]["CAST_DQ"] = kind == "dkdv_atomic" and self.cast_dq
         if not _AUTOTUNE:  # the heuristic config instead of the tuner's pick
             for kind, kind_meta in meta.items():
                 cfg, warps, stages = _heuristic(kind, self.lq, self.lk)
@@ -678,10 +630,6 @@ class _Problem:
         if self.fused:  # one program per (batch, head) holds every query row
             meta["fused"]["BLOCK_M"] = _bucket(self.lq)
             return forward, (_KERNELS["fused"].launch((bh,), meta["fused"]),)
-        if self.atomic_dq:
-            delta = _DELTA.launch((triton.cdiv(self.lq, DELTA_ROWS) * bh,), {
-                "HEAD_DIM": self.head_dim, "BLOCK_D": common["BLOCK_D"], "BLOCK_R": DELTA_ROWS})
-            return forward, (delta, _KERNELS["dkdv_atomic"].launch(k_grid, meta["dkdv_atomic"]))
         return forward, (_KERNELS["dq"].launch(q_grid, meta["dq"]), _KERNELS["dkdv"].launch(k_grid, meta["dkdv"]))
 
 
@@ -706,7 +654,7 @@ def _problem(q: Tensor, k: Tensor, v: Tensor, lens: Tensor | None, causal: bool,
     """The (cached) :class:`_Problem` of these inputs; the backward path thresholds are part of the key."""
     key = (q.device, q.dtype, q.shape, q.stride(), k.shape, k.stride(), v.stride(),
            None if lens is None else lens.dtype, causal, scale, softcap,
-           _PATHS["fused_max_lq"], _PATHS["atomic_dq_max_lk"], aligned(q, k, v, lens))
+           _PATHS["fused_max_lq"], aligned(q, k, v, lens))
     pb = _PROBLEMS.get(key)
     if pb is None:
         if len(_PROBLEMS) >= MAX_KEYS:
@@ -739,22 +687,14 @@ def _backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tenso
     lens_arg = lse if lens is None else lens
     if pb.fused:  # delta stays inside the program: `lse` fills its unused slot
         pb.backward[0](q, k, v, o, do, lse, lse, dq, dk, dv, lens_arg, *pb.bwd_ints)
-        dq_out = dq
-    else:
+    else:  # the dq kernel also writes delta for the dk/dv kernel
         delta = torch.empty_like(lse)
-        first, dkdv = pb.backward
-        dq_out, counters = dq, lse  # unused slots of the dk/dv kernel without CAST_DQ
-        if pb.atomic_dq:
-            counters = torch.empty(pb.batch * pb.heads, dtype=torch.int32, device=dev)  # zeroed by `first`
-            if pb.cast_dq:
-                dq_out = torch.empty(pb.out_shape, dtype=q.dtype, device=dev)
-            first(o, do, delta, dq, counters, pb.heads, pb.lq, *pb.o_strides)
-        else:  # the dq kernel also writes delta
-            first(q, k, v, o, do, lse, delta, dq, dk, dv, lens_arg, *pb.bwd_ints)
-        dkdv(q, k, v, do, lse, delta, dq, dk, dv, lens_arg, dq_out, counters, *pb.bwd_ints)
+        dq_kernel, dkdv = pb.backward
+        dq_kernel(q, k, v, o, do, lse, delta, dq, dk, dv, lens_arg, *pb.bwd_ints)
+        dkdv(q, k, v, do, lse, delta, dk, dv, lens_arg, *pb.bwd_ints)
     if pb.broadcast:
-        dq_out = dq.sum(0, keepdim=True)
-    return dq_out.to(q.dtype), dk, dv
+        dq = dq.sum(0, keepdim=True)
+    return dq.to(q.dtype), dk, dv
 
 
 class _FlashAttention(torch.autograd.Function):

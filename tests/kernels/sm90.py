@@ -25,7 +25,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-TENSORS = {"Q", "K", "V", "O", "DO", "DK", "DV", "DQ_OUT", "E"}  # in the launch's dtype
+TENSORS = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV", "E"}  # in the launch's dtype
 FP32_TENSORS = {"OUT", "G", "DI", "DE"}  # the max-score kernels' scores, their gradient and sums
 FLOATS = {"qk_scale", "tanh_scale", "cap_log2", "sm_scale"}
 ALIGNED_INTS = {"sqb", "sqh", "sqm", "skb", "skh", "skn", "svb", "svh", "svn", "sob", "soh", "som"}
@@ -37,7 +37,7 @@ def available() -> bool:
     return all(os.access(os.path.join(BIN, tool), os.X_OK) for tool in ("ptxas", "cuobjdump"))
 
 
-def _signature(fn: Any, dtype: str, dq: str, consts: dict) -> dict[str, str]:
+def _signature(fn: Any, dtype: str, consts: dict) -> dict[str, str]:
     """Argument types as a launch on contiguous ``dtype`` tensors with int64 lengths gives them."""
     sig = {}
     for name in fn.arg_names:
@@ -49,25 +49,21 @@ def _signature(fn: Any, dtype: str, dq: str, consts: dict) -> dict[str, str]:
             sig[name] = "*fp32"
         elif name == "WIN":
             sig[name] = "*i8"
-        elif name == "DQ":
-            sig[name] = "*" + dq
         elif name in ("LSE", "DELTA"):
             sig[name] = "*fp32"
         elif name == "LENS":
             sig[name] = "*i64"
-        elif name == "CNT":
-            sig[name] = "*i32"
         else:
             sig[name] = "fp32" if name in FLOATS else "i32"
     return sig
 
 
-def compile_sm90(fn: Any, consts: dict, num_warps: int, num_stages: int, dtype: str = "bf16",
-                 dq: str | None = None) -> Any:  # a triton CompiledKernel
+def compile_sm90(fn: Any, consts: dict, num_warps: int, num_stages: int, dtype: str = "bf16") -> Any:
+    # returns a triton CompiledKernel
     """``fn`` compiled for sm_90 with the compile-time arguments ``consts`` (unit head-dim strides and
     16-divisible pointers and strides, as Triton specialises a contiguous launch)."""
     consts = dict(consts, **{n: 1 for n in UNIT_STRIDES if n in fn.arg_names})
-    sig = _signature(fn, dtype, dq or dtype, consts)
+    sig = _signature(fn, dtype, consts)
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
              if n not in consts and (sig[n].startswith("*") or n in ALIGNED_INTS)}
     src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(n),): v for n, v in consts.items()}, attrs=attrs)
@@ -103,7 +99,7 @@ def loops(kernel: Any) -> list[collections.Counter]:
 
 # the bench's shape: bf16, D = 64, key lengths, no causal mask, no soft-cap
 _COMMON = {"HEAD_DIM": 64, "BLOCK_D": 64, "HAS_LENS": True, "CAUSAL": False, "SOFTCAP": False, "DOT_PREC": "tf32"}
-Variant = tuple[str, Any, dict, int, int, str, "str | None"]  # label, kernel, constexprs, warps, stages, dtype, dq
+Variant = tuple[str, Any, dict, int, int, str]  # label, kernel, constexprs, warps, stages, dtype
 
 
 def bench_variants() -> list[Variant]:
@@ -111,20 +107,17 @@ def bench_variants() -> list[Variant]:
     from recsys.kernels import triton_attention as attn
 
     fwd, dq, dkdv = attn._fwd_kernel, attn._bwd_dq_kernel, attn._bwd_dkdv_kernel
-    no_cast = {"ATOMIC_DQ": False, "CAST_DQ": False}
     return [
-        ("fwd 128x64 w8 s3", fwd, {**_COMMON, "RAW": True, "BLOCK_M": 128, "BLOCK_N": 64}, 8, 3, "bf16", None),
-        ("fwd 128x64 w8 s3 scaled", fwd, {**_COMMON, "RAW": False, "BLOCK_M": 128, "BLOCK_N": 64}, 8, 3, "bf16", None),
-        ("fwd 128x128 w8 s2", fwd, {**_COMMON, "RAW": True, "BLOCK_M": 128, "BLOCK_N": 128}, 8, 2, "bf16", None),
-        ("fused 64x16 w4 s2", dq, {**_COMMON, "FUSED": True, "BLOCK_M": 64, "BLOCK_N": 16}, 4, 2, "bf16", None),
-        ("dq 128x64 w8 s3", dq, {**_COMMON, "FUSED": False, "BLOCK_M": 128, "BLOCK_N": 64}, 8, 3, "bf16", None),
-        *((f"dkdv 32x128 w{w} s{st}", dkdv, {**_COMMON, **no_cast, "BLOCK_M": 32, "BLOCK_N": 128}, w, st, "bf16", None)
+        ("fwd 128x64 w8 s3", fwd, {**_COMMON, "RAW": True, "BLOCK_M": 128, "BLOCK_N": 64}, 8, 3, "bf16"),
+        ("fwd 128x64 w8 s3 scaled", fwd, {**_COMMON, "RAW": False, "BLOCK_M": 128, "BLOCK_N": 64}, 8, 3, "bf16"),
+        ("fwd 128x128 w8 s2", fwd, {**_COMMON, "RAW": True, "BLOCK_M": 128, "BLOCK_N": 128}, 8, 2, "bf16"),
+        ("fused 64x16 w4 s2", dq, {**_COMMON, "FUSED": True, "BLOCK_M": 64, "BLOCK_N": 16}, 4, 2, "bf16"),
+        ("dq 128x64 w8 s3", dq, {**_COMMON, "FUSED": False, "BLOCK_M": 128, "BLOCK_N": 64}, 8, 3, "bf16"),
+        *((f"dkdv 32x128 w{w} s{st}", dkdv, {**_COMMON, "BLOCK_M": 32, "BLOCK_N": 128}, w, st, "bf16")
           for w, st in ((4, 2), (8, 2))),
-        ("dkdv 64x128 w8 s2", dkdv, {**_COMMON, **no_cast, "BLOCK_M": 64, "BLOCK_N": 128}, 8, 2, "bf16", None),
-        ("dkdv-atomic 32x64 w4 s3", dkdv, {**_COMMON, "ATOMIC_DQ": True, "CAST_DQ": True, "BLOCK_M": 32,
-                                           "BLOCK_N": 64}, 4, 3, "bf16", "fp32"),
-        ("delta 64 rows", attn._bwd_delta_kernel, {"HEAD_DIM": 64, "BLOCK_D": 64, "BLOCK_R": attn.DELTA_ROWS}, 4, 2,
-         "bf16", "fp32"),
+        ("dkdv 64x128 w8 s2", dkdv, {**_COMMON, "BLOCK_M": 64, "BLOCK_N": 128}, 8, 2, "bf16"),
+        ("dq 64x32 w4 s2", dq, {**_COMMON, "FUSED": False, "BLOCK_M": 64, "BLOCK_N": 32}, 4, 2, "bf16"),
+        ("dkdv 32x64 w4 s3", dkdv, {**_COMMON, "BLOCK_M": 32, "BLOCK_N": 64}, 4, 3, "bf16"),
     ]
 
 
@@ -138,16 +131,13 @@ def flag_variants() -> list[Variant]:
         for tag, flags in (("causal-softcap", {"CAUSAL": True, "SOFTCAP": True}),
                            ("nolengths-d48", {"HAS_LENS": False, "HEAD_DIM": 48})):
             common = {**_COMMON, **flags, "DOT_PREC": "ieee" if dtype == "fp32" else "tf32"}
-            for name, fn, consts, dq in (
-                ("fwd", attn._fwd_kernel, {"RAW": False, "BLOCK_M": 64, "BLOCK_N": 32}, None),
-                ("fused", attn._bwd_dq_kernel, {"FUSED": True, "BLOCK_M": 64, "BLOCK_N": 16}, None),
-                ("dq", attn._bwd_dq_kernel, {"FUSED": False, "BLOCK_M": 64, "BLOCK_N": 32}, None),
-                ("dkdv", attn._bwd_dkdv_kernel, {"ATOMIC_DQ": False, "CAST_DQ": False, "BLOCK_M": 32, "BLOCK_N": 64},
-                 None),
-                ("dkdv-atomic", attn._bwd_dkdv_kernel, {"ATOMIC_DQ": True, "CAST_DQ": True, "BLOCK_M": 32,
-                                                        "BLOCK_N": 64}, "fp32"),
+            for name, fn, consts in (
+                ("fwd", attn._fwd_kernel, {"RAW": False, "BLOCK_M": 64, "BLOCK_N": 32}),
+                ("fused", attn._bwd_dq_kernel, {"FUSED": True, "BLOCK_M": 64, "BLOCK_N": 16}),
+                ("dq", attn._bwd_dq_kernel, {"FUSED": False, "BLOCK_M": 64, "BLOCK_N": 32}),
+                ("dkdv", attn._bwd_dkdv_kernel, {"BLOCK_M": 32, "BLOCK_N": 64}),
             ):
-                out.append((f"{name} {tag} {dtype}", fn, {**common, **consts}, 4, 2, dtype, dq))
+                out.append((f"{name} {tag} {dtype}", fn, {**common, **consts}, 4, 2, dtype))
     return out
 
 
@@ -160,15 +150,15 @@ def max_score_variants() -> list[Variant]:
         consts = {"D": 64, "BLOCK_D": 64, "BLOCK_B": ms.BLOCK_B, "BLOCK_S": ms.BLOCK_S,
                   "DOT_PREC": "ieee" if dtype == "fp32" else "tf32"}
         for fn in (ms._fwd_kernel, ms._d_interests_kernel, ms._d_items_kernel):
-            out.append((f"max-scores {fn.__name__.strip('_')} {dtype}", fn, consts, 4, 2, dtype, None))
+            out.append((f"max-scores {fn.__name__.strip('_')} {dtype}", fn, consts, 4, 2, dtype))
     return out
 
 
 def report(variants: list[Variant]) -> dict[str, dict]:
     """Per label: registers, stack, shared memory and the inner loops' opcode counts."""
     out = {}
-    for label, fn, consts, warps, stages, dtype, dq in variants:
-        kernel = compile_sm90(fn, consts, warps, stages, dtype=dtype, dq=dq)
+    for label, fn, consts, warps, stages, dtype in variants:
+        kernel = compile_sm90(fn, consts, warps, stages, dtype=dtype)
         out[label] = {**resources(kernel), "loops": [dict(c) for c in loops(kernel)]}
     return out
 

@@ -132,11 +132,9 @@ def test_odd_shapes(device, dtype, case):
 @pytest.mark.parametrize("device,dtype", [CPU32, *GPU])
 @pytest.mark.parametrize("case", [{"causal": True, "softcap": 2.0}, {"q_batch": 1, "lk": 100}],
                          ids=["causal-softcap", "broadcast"])
-@pytest.mark.parametrize("atomic", [True, False], ids=["atomic-dq", "dq-kernel"])
-def test_split_backward_modes(device, dtype, case, atomic):
-    """Lq > 64: dq by atomics inside the dk/dv kernel, or by its own kernel (longer keys)."""
-    with kernel_module.backward_paths(atomic_dq_max_lk=1 << 30 if atomic else 0):
-        _check(device, dtype, lq=70, d=32, seed=7, **case)
+def test_split_backward_modes(device, dtype, case):
+    """Lq > 64: the dq kernel (which stores delta), then the dk/dv kernel."""
+    _check(device, dtype, lq=70, d=32, seed=7, **case)
 
 
 def test_forward_takes_the_row_max_on_unscaled_products_only_where_that_is_exact():
@@ -149,29 +147,27 @@ def test_forward_takes_the_row_max_on_unscaled_products_only_where_that_is_exact
 
 @pytest.mark.parametrize("device,dtype", [CPU32, CPU16, *GPU])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_atomic_dq_is_cast_by_the_last_key_block(device, dtype, causal):
-    """Lq > 64, Lk <= 256: several key blocks add into the fp32 dq of a (batch, head) and the last to
-    arrive writes it in the input dtype (sequences with no keys: key block 0 writes the zeros)."""
-    q = torch.zeros(1, 1, 90, 16)
-    assert kernel_module._problem(q, q, q, None, False, None, None).cast_dq
+def test_split_backward_over_several_key_and_query_blocks(device, dtype, causal):
+    """Lq > 64 with keys up to 200: several query blocks per dq program's walk and several key
+    blocks per (batch, head), random lengths (0 among them)."""
     _check(device, dtype, batch=6, lq=90, lk=90 if causal else 200, d=16, causal=causal, seed=11)
 
 
 def test_backward_paths_switches_the_path_and_restores_it():
     q = torch.zeros(1, 1, 70, 16)
     problem = lambda: kernel_module._problem(q, q, q, None, False, None, None)  # noqa: E731
-    assert not problem().fused and problem().atomic_dq  # Lq = 70 > 64, Lk = 70 <= 256
-    with kernel_module.backward_paths(atomic_dq_max_lk=0):
-        assert not problem().atomic_dq
-        with kernel_module.backward_paths(fused_max_lq=128):
-            assert problem().fused
-    assert not problem().fused and problem().atomic_dq
+    assert not problem().fused  # Lq = 70 > 64
+    with kernel_module.backward_paths(fused_max_lq=128):
+        assert problem().fused
+        with kernel_module.backward_paths(fused_max_lq=0):
+            assert not problem().fused
+        assert problem().fused
+    assert not problem().fused
 
 
 @pytest.mark.parametrize("device", [pytest.param("cpu", marks=needs_interpreter),
                                     pytest.param("cuda", marks=GPU_MARKS)])
-@pytest.mark.parametrize("paths", [{}, {"fused_max_lq": 0}, {"fused_max_lq": 0, "atomic_dq_max_lk": 0}],
-                         ids=["fused", "atomic-dq", "dq-kernel"])
+@pytest.mark.parametrize("paths", [{}, {"fused_max_lq": 0}], ids=["fused", "split"])
 def test_fused_projection_layout(device, paths):
     """q, k, v as views of one ``[B, L, 3, H, D]`` projection, the output reshaped for the output
     projection (as ``nn.attention`` does): o is written in ``[B, L, H, D]`` memory and dO read in

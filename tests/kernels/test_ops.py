@@ -191,8 +191,7 @@ def _launches(fn, counted_launches) -> tuple[list[str], list[str]]:
 @needs_interpreter
 def test_attention_launches_per_call_cpu(counted_launches):
     """Forward: one kernel, no cast of int64 lengths; fused backward: one kernel; split backward:
-    delta (zeroing the fp32 dq) + dk/dv, no separate zeros nor, in fp32 or fp16, a cast of dq (the
-    dk/dv kernel writes dq in the input dtype)."""
+    dq + dk/dv, no separate zeros nor, in fp32 or fp16, a cast of dq."""
     q, k, v, lengths, *_ = _attention_args("cpu", lq=6)
     do = torch.randn(3, 2, 6, 16)
     fwd, other = _launches(lambda: attention(q, k, v, key_lengths=lengths, backend="triton"), counted_launches)
@@ -203,12 +202,12 @@ def test_attention_launches_per_call_cpu(counted_launches):
     with attention_module.backward_paths(fused_max_lq=0):
         out = attention(q, k, v, key_lengths=lengths, backend="triton")
     bwd, other = _launches(lambda: torch.autograd.grad(out, (q, k, v), do), counted_launches)
-    assert bwd == ["_bwd_delta_kernel", "_bwd_dkdv_kernel"] and other == []
+    assert bwd == ["_bwd_dq_kernel", "_bwd_dkdv_kernel"] and other == []
     half, do = [t.detach().half().requires_grad_() for t in (q, k, v)], do.half()
     with attention_module.backward_paths(fused_max_lq=0):
         out = attention(*half, key_lengths=lengths, backend="triton")
     bwd, other = _launches(lambda: torch.autograd.grad(out, half, do), counted_launches)
-    assert bwd == ["_bwd_delta_kernel", "_bwd_dkdv_kernel"] and other == []
+    assert bwd == ["_bwd_dq_kernel", "_bwd_dkdv_kernel"] and other == []
 
 
 @needs_interpreter
@@ -376,8 +375,7 @@ def direct_launches(monkeypatch, fake_device):
     """Every kernel of both modules behind :class:`_Interpreted`, with empty problem caches;
     returns the names of the kernels launched directly (not through Triton)."""
     direct: list[str] = []
-    kernels = [*attention_module._KERNELS.values(), attention_module._DELTA,
-               *multi_interest_module._KERNELS.values()]
+    kernels = [*attention_module._KERNELS.values(), *multi_interest_module._KERNELS.values()]
     for kernel in kernels:
         monkeypatch.setattr(kernel, "fn", _Interpreted(kernel.fn, direct))
     monkeypatch.setattr(attention_module, "_PROBLEMS", {})
@@ -391,8 +389,8 @@ def _forward_backward(fn, leaves, grad):
 
 
 @needs_interpreter
-@pytest.mark.parametrize("paths,lq", [({}, 6), ({"fused_max_lq": 0}, 6), ({"fused_max_lq": 0, "atomic_dq_max_lk": 0}, 6),
-                                      ({}, 70)], ids=["fused", "atomic-dq", "dq-kernel", "long-broadcast"])
+@pytest.mark.parametrize("paths,lq", [({}, 6), ({"fused_max_lq": 0}, 6), ({}, 70)],
+                         ids=["fused", "split", "long-broadcast"])
 def test_cached_attention_launches_match_the_first_cpu(direct_launches, paths, lq):
     """The second call launches every kernel directly and gives the first call's bits; both match
     the PyTorch twin."""
