@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 from triton.testing import do_bench
 
 
@@ -72,3 +73,26 @@ def ratio_table(title: str, rows: list[tuple[str, dict[str, float], dict[str, fl
             cells.append(f"{ratio:.2f}x{mark}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def kernel_table(fn: Callable[[], object], iters: int = 20) -> list[tuple[str, float, int]]:
+    """GPU time per kernel of ``fn`` from ``torch.profiler``: ``[(kernel name, µs per call, launches
+    per call)]``, the costliest first (after three warm-up calls)."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    rows = [(e.key[:70], e.self_device_time_total / iters, e.count // iters)
+            for e in prof.key_averages() if e.self_device_time_total > 0]
+    return sorted(rows, key=lambda r: -r[1])
+
+
+def print_kernel_table(title: str, table: list[tuple[str, float, int]]) -> None:
+    """Print :func:`kernel_table`'s rows as a markdown table under ``title``."""
+    print(f"\n## {title}: {sum(r[1] for r in table):.1f} µs of kernels")
+    print("| kernel | µs per call | launches |\n|---|---:|---:|")
+    for kernel, us, count in table:
+        print(f"| {kernel} | {us:.1f} | {count} |")
