@@ -19,6 +19,7 @@ if not torch.cuda.is_available():
 from kernel_accuracy import assert_within_twice_twin  # tests/kernels is on sys.path
 from recsys.kernels import multi_interest
 from recsys.kernels.triton_multi_interest import (
+    _mi_row_offsets_kernel,
     multi_interest_backward,
     multi_interest_forward,
     triton_multi_interest,
@@ -179,6 +180,53 @@ def test_all_empty_gives_zeros_cpu():
     out, dh, dw1, dw2, dpos = _run(triton_multi_interest, params, lengths, grad, torch.float32)
     for name, t in zip(NAMES, (out, dh, dw1, dw2, dpos)):
         assert (t == 0).all(), f"{name} must be exactly 0 when every sequence is empty"
+
+
+# Length patterns for the backward's valid-row list (B = 37, L = 13; the interpreter's tiles hold 32
+# rows for dX and 16 for the weights, so tiles straddle sequence ends, and the weight kernel's one
+# program per hidden slice walks every tile; dP sums chunks of 3 sequences).
+LENGTH_CASES = {
+    "all-empty": lambda g: torch.zeros(37, dtype=torch.long),
+    "all-full": lambda g: torch.full((37,), 13),
+    "one-row": lambda g: torch.zeros(37, dtype=torch.long).index_fill_(0, torch.tensor([20]), 1),
+    "over-L-and-negative": lambda g: torch.randint(-5, 30, (37,), generator=g),
+    "random": lambda g: torch.randint(0, 14, (37,), generator=g),
+}
+
+
+@needs_interpreter
+@pytest.mark.parametrize("case", LENGTH_CASES)
+def test_valid_row_list_cpu(case):
+    """The dX, weight and dP kernels walk only the valid rows: within the accuracy rule against
+    the twin (lengths clamped to [0, L] as the twin reads them), padded rows of dh and positions no
+    sequence reaches (and pos's rows past L) exactly 0, and the same inputs give the same bits."""
+    params, _, grad = _problem(37, 13, 4, 16, 64, 21, "cpu")
+    lengths = LENGTH_CASES[case](torch.Generator().manual_seed(5))
+    ref = _run(multi_interest_ref, params, lengths, grad, torch.float64)
+    twin = _run(multi_interest_ref, params, lengths, grad, torch.float32)
+    ours = _run(triton_multi_interest, params, lengths, grad, torch.float32)
+    assert_within_twice_twin(NAMES, ref, twin, ours, ATOL[torch.float32])
+    n = lengths.clamp(0, 13)
+    padded = torch.arange(13)[None, :] >= n[:, None]
+    assert (ours[1][padded] == 0).all() and (ours[1][~padded] != 0).all()
+    reached = int(n.max())
+    assert (ours[4][reached:] == 0).all() and (ours[4][:reached] != 0).all(1).all()
+    again = _run(triton_multi_interest, params, lengths, grad, torch.float32)
+    for name, a, b in zip(NAMES, ours, again):
+        assert torch.equal(a, b), f"{name} differs between two runs on the same inputs"
+
+
+@needs_interpreter
+@pytest.mark.parametrize("block_b", [16, 64])
+def test_row_offsets_cpu(block_b):
+    """The valid-row offsets: exclusive prefix sums of the clamped lengths and their total, over one
+    block and over several."""
+    lengths = torch.randint(-3, 12, (40,), generator=torch.Generator().manual_seed(6))
+    cu = torch.full((41,), -1, dtype=torch.int32)
+    _mi_row_offsets_kernel[(1,)](lengths, cu, 40, 9, BLOCK_B=block_b)
+    n = lengths.clamp(0, 9)
+    expected = torch.cat([torch.zeros(1, dtype=torch.long), n.cumsum(0)])
+    assert torch.equal(cu.long(), expected)
 
 
 @needs_interpreter

@@ -1,4 +1,4 @@
-"""Every attention kernel variant compiles for sm_90 (H100/H200) here, without a GPU: the
+"""Every attention (and multi-interest backward) kernel variant compiles for sm_90 (H100/H200) here, without a GPU: the
 interpreter tests cannot catch what only the GPU compiler rejects. Also pins the facts the
 autotune candidates and the forward's FMA form rely on (no spills; no multiply per score)."""
 
@@ -29,7 +29,14 @@ def compiled() -> dict[str, dict]:
 
 
 def test_every_kernel_variant_compiles(compiled):
-    assert len(compiled) == len(sm90.bench_variants()) + len(sm90.flag_variants()) + len(sm90.max_score_variants())
+    assert len(compiled) == (len(sm90.bench_variants()) + len(sm90.flag_variants()) + len(sm90.max_score_variants())
+                             + len(sm90.multi_interest_variants()))
+
+
+def test_multi_interest_valid_row_kernels_do_not_spill(compiled):
+    """The multi-interest backward's kernels that walk the valid-row list, at the bench's launches."""
+    labels = [label for label, *_ in sm90.multi_interest_variants()]
+    assert not {label: compiled[label]["stack"] for label in labels if compiled[label]["stack"]}
 
 
 def test_bench_configurations_do_not_spill(compiled):
