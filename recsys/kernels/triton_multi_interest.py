@@ -15,14 +15,20 @@ registers and accumulates ``S``, so the ``[B, L, hidden]`` activation never reac
 once more and does the masked softmax over ``L`` (online, over blocks) and ``Aᵀ H``; it also
 writes the log-sum-exp ``[B, K]`` for backward.
 
-Backward, three launches, then sums. (1) Per sequence: ``A`` from the saved ``S`` and
-log-sum-exp, the value path ``dH = A dO`` and the score gradients ``dS = A (dA - <dO, O>)``
-(``[B, L, K]``, small). (2) *dX*, flat row tiles: over hidden slices it recomputes ``tanh``,
-forms ``dZ = (dS W2ᵀ) (1 - T²)`` and accumulates ``dX = dZ W1ᵀ``, which it adds to ``dH`` in
-place (and, with positions, stores for ``dP = sum over the batch``). (3) *Weights*: flat row
-tiles on a ``(programs, hidden slices)`` grid; it recomputes ``tanh`` for its slice and sums
-``Xᵀ dZ`` and ``Tᵀ dS`` in registers. Each program stores its partial sums once and a ``sum``
-over programs finishes them: deterministic, no atomics.
+Backward, five launches (six with positions). (0) *Row offsets*, one program: the exclusive
+prefix sum ``cu`` of the clamped lengths and the number of valid rows ``cu[B]``, kept on the device.
+(1) Per sequence: ``A`` from the saved ``S`` and log-sum-exp, the value path ``dH = A dO`` and the
+score gradients ``dS = A (dA - <dO, O>)`` (``[B, L, K]``, small); it also writes the sequence's flat
+row ids to the *valid-row list* at ``cu[b]``. The next kernels walk tiles of that list (tile row
+``i`` is flat row ``idx[i]``), so their work scales with the number of clicks, not ``B L``; their
+grids are sized for all ``B L`` rows and tiles past ``cu[B]`` do nothing (no host sync).
+(2) *dX*: over hidden slices it recomputes ``tanh``, forms ``dZ = (dS W2ᵀ) (1 - T²)`` and
+accumulates ``dX = dZ W1ᵀ``, which it adds to ``dH`` in place (and, with positions, stores for dP).
+(3) *Weights*: persistent programs on a ``(programs, hidden slices)`` grid, looping to
+``cdiv(cu[B], BLOCK_M)``; each recomputes ``tanh`` for its slice and sums ``Xᵀ dZ`` and ``Tᵀ dS``
+in registers. (4) With positions, *dP*: per position and chunk of sequences, the sum of the valid
+rows' dX. (5) One launch sums the per-program weight partials and dP's partials, in a fixed order:
+deterministic, no atomics.
 
 Tiles span many rows (several sequences) because one sequence's work is a chain of small
 dependent steps: with a tile per sequence the GPU mostly waits on latency.
@@ -32,7 +38,8 @@ backward's scores kernel multiplies ``dS`` by ``1 - (S / c)²``; the (capped) sc
 returned, differentiable, for a loss term on the attention (their gradient is added to ``dS``).
 
 Rows at or past ``lengths[b]`` contribute nothing and get zero gradients (they must hold
-finite values, as for the PyTorch twin); a sequence of length 0 gives zero interests. For
+finite values, as for the PyTorch twin; a gradient of the returned scores at those rows is
+ignored); a sequence of length 0 gives zero interests. For
 fp16/bf16 on GPU, ``tanh`` is the hardware ``tanh.approx.f32`` (its result is rounded to the
 operand dtype for the next product anyway, as in the PyTorch twin); fp32 and the interpreter
 use an ``exp2`` form exact to fp32 rounding, and fp32 products run in IEEE fp32 (no TF32).
@@ -87,7 +94,7 @@ class ForwardConfig:
 
 @dataclass(frozen=True)
 class BackwardConfig:
-    """Launch shapes of the three backward kernels."""
+    """Launch shapes of the three heavy backward kernels (row offsets, dP and the sums have fixed shapes)."""
 
     scores: LaunchConfig
     dx: LaunchConfig
@@ -628,7 +635,8 @@ def _backward_flat(
     out: Tensor, lse: Tensor, scores: Tensor, dout: Tensor, config: BackwardConfig | None = None,
     dscores: Tensor | None = None, score_cap: float | None = None, key: tuple | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Launch the three backward kernels and one that sums the per-program weight gradients.
+    """Launch the backward kernels (the module docstring's row offsets, scores and row list, dX,
+    weights, and dP with positions) and the one summing the partial sums.
 
     Args:
         h, lengths, w1, w2, pos: the forward's inputs (contiguous; dtypes as :func:`multi_interest_forward`).
