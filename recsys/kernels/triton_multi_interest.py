@@ -683,7 +683,7 @@ def _backward_flat(
     if pos is not None:
         dpos_part = torch.empty((n_chunks, *pos.shape), device=h.device, dtype=torch.float32)
         _run(plan, "dpos", (dx, lengths, dpos_part))
-        dpos = torch.empty_like(pos)  # [L_max, d]; rows >= L get 0
+        dpos = torch.empty(pos.shape, device=h.device, dtype=pos.dtype)  # contiguous [L_max, d]; rows >= L get 0
         second_sum = (dpos_part, dpos)
     _run(plan, "sum_parts", (dw_part, dw, *second_sum))
     return dh, dw, dpos
