@@ -15,14 +15,20 @@ registers and accumulates ``S``, so the ``[B, L, hidden]`` activation never reac
 once more and does the masked softmax over ``L`` (online, over blocks) and ``Aᵀ H``; it also
 writes the log-sum-exp ``[B, K]`` for backward.
 
-Backward, three launches, then sums. (1) Per sequence: ``A`` from the saved ``S`` and
-log-sum-exp, the value path ``dH = A dO`` and the score gradients ``dS = A (dA - <dO, O>)``
-(``[B, L, K]``, small). (2) *dX*, flat row tiles: over hidden slices it recomputes ``tanh``,
-forms ``dZ = (dS W2ᵀ) (1 - T²)`` and accumulates ``dX = dZ W1ᵀ``, which it adds to ``dH`` in
-place (and, with positions, stores for ``dP = sum over the batch``). (3) *Weights*: flat row
-tiles on a ``(programs, hidden slices)`` grid; it recomputes ``tanh`` for its slice and sums
-``Xᵀ dZ`` and ``Tᵀ dS`` in registers. Each program stores its partial sums once and a ``sum``
-over programs finishes them: deterministic, no atomics.
+Backward, five launches (six with positions). (0) *Row offsets*, one program: the exclusive
+prefix sum ``cu`` of the clamped lengths and the number of valid rows ``cu[B]``, kept on the device.
+(1) Per sequence: ``A`` from the saved ``S`` and log-sum-exp, the value path ``dH = A dO`` and the
+score gradients ``dS = A (dA - <dO, O>)`` (``[B, L, K]``, small); it also writes the sequence's flat
+row ids to the *valid-row list* at ``cu[b]``. The next kernels walk tiles of that list (tile row
+``i`` is flat row ``idx[i]``), so their work scales with the number of clicks, not ``B L``; their
+grids are sized for all ``B L`` rows and tiles past ``cu[B]`` do nothing (no host sync).
+(2) *dX*: over hidden slices it recomputes ``tanh``, forms ``dZ = (dS W2ᵀ) (1 - T²)`` and
+accumulates ``dX = dZ W1ᵀ``, which it adds to ``dH`` in place (and, with positions, stores for dP).
+(3) *Weights*: persistent programs on a ``(programs, hidden slices)`` grid, looping to
+``cdiv(cu[B], BLOCK_M)``; each recomputes ``tanh`` for its slice and sums ``Xᵀ dZ`` and ``Tᵀ dS``
+in registers. (4) With positions, *dP*: per position and chunk of sequences, the sum of the valid
+rows' dX. (5) One launch sums the per-program weight partials and dP's partials, in a fixed order:
+deterministic, no atomics.
 
 Tiles span many rows (several sequences) because one sequence's work is a chain of small
 dependent steps: with a tile per sequence the GPU mostly waits on latency.
@@ -32,7 +38,8 @@ backward's scores kernel multiplies ``dS`` by ``1 - (S / c)²``; the (capped) sc
 returned, differentiable, for a loss term on the attention (their gradient is added to ``dS``).
 
 Rows at or past ``lengths[b]`` contribute nothing and get zero gradients (they must hold
-finite values, as for the PyTorch twin); a sequence of length 0 gives zero interests. For
+finite values, as for the PyTorch twin; a gradient of the returned scores at those rows is
+ignored); a sequence of length 0 gives zero interests. For
 fp16/bf16 on GPU, ``tanh`` is the hardware ``tanh.approx.f32`` (its result is rounded to the
 operand dtype for the next product anyway, as in the PyTorch twin); fp32 and the interpreter
 use an ``exp2`` form exact to fp32 rounding, and fp32 products run in IEEE fp32 (no TF32).
@@ -87,7 +94,7 @@ class ForwardConfig:
 
 @dataclass(frozen=True)
 class BackwardConfig:
-    """Launch shapes of the three backward kernels."""
+    """Launch shapes of the three heavy backward kernels (row offsets, dP and the sums have fixed shapes)."""
 
     scores: LaunchConfig
     dx: LaunchConfig
@@ -176,6 +183,15 @@ def _flat_rows(H, POS, rows, offs_d, r_ok, d_ok, L, D, stride_pl, HAS_POS: tl.co
 
 
 @triton.jit
+def _valid_rows(IDX, start, total, BLOCK_M: tl.constexpr):
+    """Flat row ids ``IDX[start : start + BLOCK_M]`` of the valid-row list and their mask (``< total``);
+    masked entries read row 0 (and are masked again at every load and store)."""
+    slots = start + tl.arange(0, BLOCK_M)
+    r_ok = slots < total
+    return tl.load(IDX + slots, mask=r_ok, other=0), r_ok
+
+
+@triton.jit
 def _mi_scores_kernel(
     H, POS, W1, W2, S,
     R, L, D, HID, K, stride_pl, stride_w1, stride_w2, CAP,
@@ -260,12 +276,15 @@ def _pool_block(h_seq, s_seq, m_i, l_i, acc, start, n, K, stride_hl, offs_l, off
 
 @triton.jit
 def _mi_bwd_scores_kernel(
-    H, S, LENGTHS, OUT, DOUT, LSE, DH, DS,
+    H, S, LENGTHS, OUT, DOUT, LSE, DH, DS, CU, IDX,
     L, D, K, stride_hb, stride_hl, stride_ob, stride_ok, CAP,
     HAS_CAP: tl.constexpr,
     BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """One sequence: ``A``, ``dH = A dO`` (value path) and ``dS = A (H dOᵀ - <dO, O>)``; 0 on padding.
+
+    Also writes the sequence's flat row ids ``b L + l`` (``l < n``) to ``IDX[CU[b]:]``: the row list
+    the dX, weight and dP kernels walk.
 
     With ``HAS_CAP`` the saved ``S`` are the capped scores and ``dS`` is taken through the cap
     (times ``1 - (S / CAP)²``), so it is the gradient of the raw scores.
@@ -285,10 +304,12 @@ def _mi_bwd_scores_kernel(
     o = tl.load(OUT + kd_ptr, mask=kd_mask, other=0.0)
     delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), axis=1)  # [BLOCK_K] = dO·O
     lse = tl.load(LSE + b * K + offs_k, mask=k_ok, other=0.0)
+    first = tl.load(CU + b)  # this sequence's first slot in the row list
     for start in range(0, L, BLOCK_L):
         rows = start + offs_l
         in_l = rows < L
         r_ok = rows < n
+        tl.store(IDX + first + rows, b * L + rows, mask=r_ok)
         valid = r_ok[:, None] & k_ok[None, :]
         sk_ptr = (b64 * L + rows[:, None]) * K + offs_k[None, :]
         s = tl.load(S + sk_ptr, mask=valid, other=0.0)
@@ -306,25 +327,38 @@ def _mi_bwd_scores_kernel(
 
 @triton.jit
 def _mi_bwd_dx_kernel(
-    H, POS, DS, W1, W2, DH, DX,
+    H, POS, DS, W1, W2, DH, DX, CU, IDX,
     R, L, D, HID, K, stride_pl, stride_w1, stride_w2,
     HAS_POS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
     TANH_MODE: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """Score path of dH for one tile of flat rows: ``dX = ((dS W2ᵀ) (1 - T²)) W1ᵀ``.
+    """Score path of dH for one tile of the valid-row list: ``dX = ((dS W2ᵀ) (1 - T²)) W1ᵀ``.
 
-    Adds dX to ``DH`` (which holds the value path) in place; with positions it also stores dX
-    in ``DX`` (summed over the batch into dP afterwards).
+    Tile row ``i`` is flat row ``IDX[i]``, for ``i < CU[B]`` (the number of valid rows; the grid
+    covers all ``R`` rows, tiles past the valid ones do nothing). Adds dX to ``DH`` (which holds
+    the value path, and zeros on padding) in place; with positions it also stores dX in ``DX``
+    (its padded rows are left unwritten; :func:`_mi_dpos_kernel` reads valid rows only).
     """
+    start = tl.program_id(0) * BLOCK_M
+    total = tl.load(CU + R // L)
+    if start < total:
+        _dx_tile(H, POS, DS, W1, W2, DH, DX, IDX, start, total, L, D, HID, K, stride_pl,
+                 stride_w1, stride_w2, HAS_POS, BLOCK_M, BLOCK_D, BLOCK_H, BLOCK_K, TANH_MODE, PRECISION)
+
+
+@triton.jit
+def _dx_tile(H, POS, DS, W1, W2, DH, DX, IDX, start, total, L, D, HID, K, stride_pl, stride_w1, stride_w2,
+             HAS_POS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
+             BLOCK_K: tl.constexpr, TANH_MODE: tl.constexpr, PRECISION: tl.constexpr):
+    """:func:`_mi_bwd_dx_kernel`'s work for the valid rows ``IDX[start : start + BLOCK_M]`` (``< total``)."""
     dt = H.dtype.element_ty
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_h = tl.arange(0, BLOCK_H)
     offs_k = tl.arange(0, BLOCK_K)
     d_ok = offs_d < D
     k_ok = offs_k < K
-    r_ok = rows < R
+    rows, r_ok = _valid_rows(IDX, start, total, BLOCK_M)
     x = _flat_rows(H, POS, rows, offs_d, r_ok, d_ok, L, D, stride_pl, HAS_POS)  # [BLOCK_M, BLOCK_D]
     ds = tl.load(DS + rows.to(tl.int64)[:, None] * K + offs_k[None, :],
                  mask=r_ok[:, None] & k_ok[None, :], other=0.0)  # [BLOCK_M, BLOCK_K]
@@ -344,21 +378,20 @@ def _mi_bwd_dx_kernel(
 
 @triton.jit
 def _mi_bwd_weights_kernel(
-    H, POS, DS, W1, W2, DW_PART,
+    H, POS, DS, W1, W2, DW_PART, CU, IDX,
     R, L, D, HID, K, stride_pl, stride_w1, stride_w2,
     HAS_POS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
     TANH_MODE: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """Per-program sums of dW1 and dW2 for one slice of hidden units over strided flat-row tiles.
-
-    Padded rows have ``dS = 0`` (written so by the backward scores kernel) and add nothing.
+    """Per-program sums of dW1 and dW2 for one slice of hidden units over strided tiles of the
+    valid-row list (``IDX[:CU[B]]``, as :func:`_mi_bwd_dx_kernel`): padded rows (``dS = 0``) are
+    never read. Each program sums its tiles in a fixed order: the same lengths give the same bits.
     """
     pid_r = tl.program_id(0)
     nprog_r = tl.num_programs(0)
     dt = H.dtype.element_ty
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_k = tl.arange(0, BLOCK_K)
     d_ok = offs_d < D
@@ -367,9 +400,9 @@ def _mi_bwd_weights_kernel(
     w1, w2t = _hidden_slice(W1, W2, cols, offs_d, offs_k, d_ok, k_ok, HID, stride_w1, stride_w2, dt)
     dw1 = tl.zeros([BLOCK_D, BLOCK_H], tl.float32)
     dw2t = tl.zeros([BLOCK_K, BLOCK_H], tl.float32)  # dW2ᵀ
-    for tile in range(pid_r, tl.cdiv(R, BLOCK_M), nprog_r):
-        rows = tile * BLOCK_M + offs_m  # int32: B L < 2**31 rows
-        r_ok = rows < R
+    total = tl.load(CU + R // L)  # valid rows: B L < 2**31, int32
+    for tile in range(pid_r, tl.cdiv(total, BLOCK_M), nprog_r):
+        rows, r_ok = _valid_rows(IDX, tile * BLOCK_M, total, BLOCK_M)
         x = _flat_rows(H, POS, rows, offs_d, r_ok, d_ok, L, D, stride_pl, HAS_POS)
         ds = tl.load(DS + rows.to(tl.int64)[:, None] * K + offs_k[None, :],
                      mask=r_ok[:, None] & k_ok[None, :], other=0.0)  # [BLOCK_M, BLOCK_K]
@@ -384,10 +417,62 @@ def _mi_bwd_weights_kernel(
 
 
 @triton.jit
-def _sum_parts_kernel(PARTS, OUT, P, N, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+def _mi_row_offsets_kernel(LENGTHS, CU, B, L, BLOCK_B: tl.constexpr):
+    """One program: ``CU[b]`` = sum of the lengths (clamped to ``[0, L]``) before sequence ``b``, the
+    first slot of ``b``'s rows in the valid-row list, and ``CU[B]`` = the number of valid rows (int32)."""
+    offs = tl.arange(0, BLOCK_B)
+    carry = tl.full([], 0, tl.int32)
+    for start in range(0, B, BLOCK_B):
+        seqs = start + offs
+        ok = seqs < B
+        n = tl.minimum(tl.maximum(tl.load(LENGTHS + seqs, mask=ok, other=0).to(tl.int32), 0), L)
+        tl.store(CU + seqs, carry + tl.cumsum(n, axis=0) - n, mask=ok)
+        carry += tl.sum(n, axis=0)
+    tl.store(CU + B, carry)
+
+
+@triton.jit
+def _mi_dpos_kernel(DX, LENGTHS, PART, B, L, D, CHUNK, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr):
+    """dP partial sums: program ``(l, s)`` sums ``DX[b, l]`` over the sequences ``b`` of chunk ``s``
+    (``CHUNK`` of them) with ``l < lengths[b]``, in fp32 and a fixed order, into ``PART[s, l]``
+    (``[programs(1), programs(0), D]``; rows ``l >= L`` get zeros). Padded rows of ``DX`` are never read."""
+    l = tl.program_id(0)
+    s = tl.program_id(1)
+    offs_b = tl.arange(0, BLOCK_B)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    acc = tl.zeros([BLOCK_B, BLOCK_D], tl.float32)
+    end = tl.minimum(s * CHUNK + CHUNK, B)
+    if l < L:
+        for start in range(s * CHUNK, end, BLOCK_B):
+            seqs = start + offs_b
+            n = tl.load(LENGTHS + seqs, mask=seqs < end, other=0)  # unclamped: l < L already
+            ok = (seqs < end) & (l < n)
+            x = tl.load(DX + (seqs.to(tl.int64)[:, None] * L + l) * D + offs_d[None, :],
+                        mask=ok[:, None] & d_ok[None, :], other=0.0)
+            acc += x.to(tl.float32)
+    part = PART + (s.to(tl.int64) * tl.num_programs(0) + l) * D
+    tl.store(part + offs_d, tl.sum(acc, axis=0), mask=d_ok)
+
+
+@triton.jit
+def _sum_parts_kernel(PARTS, OUT, PARTS2, OUT2, P, N, P2, N2, TWO: tl.constexpr, BLOCK_P: tl.constexpr,
+                      BLOCK_N: tl.constexpr):
     """``OUT[n] = sum over p of PARTS[p, n]`` (contiguous fp32 ``[P, N]``), summed in fp32 in a fixed
-    order and stored in ``OUT``'s dtype (the cast is part of the same launch)."""
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    order and stored in ``OUT``'s dtype (the cast is part of the same launch). With ``TWO`` the
+    programs after the first ``cdiv(N, BLOCK_N)`` do the same for ``PARTS2 [P2, N2]`` into ``OUT2``."""
+    pid = tl.program_id(0)
+    first = tl.cdiv(N, BLOCK_N)
+    if pid < first:
+        _sum_columns(PARTS, OUT, P, N, pid, BLOCK_P, BLOCK_N)
+    elif TWO:
+        _sum_columns(PARTS2, OUT2, P2, N2, pid - first, BLOCK_P, BLOCK_N)
+
+
+@triton.jit
+def _sum_columns(PARTS, OUT, P, N, block, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Columns ``block · BLOCK_N ...`` of :func:`_sum_parts_kernel`."""
+    cols = block * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_p = tl.arange(0, BLOCK_P)
     ok = cols < N
     acc = tl.zeros([BLOCK_N], tl.float32)
@@ -397,6 +482,12 @@ def _sum_parts_kernel(PARTS, OUT, P, N, BLOCK_P: tl.constexpr, BLOCK_N: tl.const
                     other=0.0)
         acc += tl.sum(x, axis=0)
     tl.store(OUT + cols, acc.to(OUT.dtype.element_ty), mask=ok)
+
+
+def _dpos_chunk() -> tuple[int, int]:
+    """Sequences per dP program and per load block of :func:`_mi_dpos_kernel`: 256 and 32 on GPU
+    (~800 programs at the bench shapes); small in the interpreter, so that tests cross chunks."""
+    return (3, 2) if _interpreting() else (256, 32)
 
 
 def _blocks(d: int, hidden: int, k: int, block_h: int) -> dict[str, int]:
@@ -423,7 +514,8 @@ def _launch(cfg: LaunchConfig) -> dict[str, int]:
 
 
 _KERNELS = {"scores": Kernel(_mi_scores_kernel), "pool": Kernel(_mi_pool_kernel),
-            "bwd_scores": Kernel(_mi_bwd_scores_kernel), "bwd_dx": Kernel(_mi_bwd_dx_kernel),
+            "row_offsets": Kernel(_mi_row_offsets_kernel), "bwd_scores": Kernel(_mi_bwd_scores_kernel),
+            "bwd_dx": Kernel(_mi_bwd_dx_kernel), "dpos": Kernel(_mi_dpos_kernel),
             "bwd_weights": Kernel(_mi_bwd_weights_kernel), "sum_parts": Kernel(_sum_parts_kernel)}
 Plan = dict[str, tuple[Launch, tuple]]  # kernel name -> (its launch, its run-time integer arguments)
 
@@ -471,7 +563,12 @@ def _plan(key: tuple, h: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None, sco
         n_tiles = triton.cdiv(rows, cfg.weights.block_l)
         nprog_r = min(n_tiles, max(1, _max_programs(h.device, cfg.weights.programs_per_sm) // n_hblocks))
         n_weights = d * hidden + hidden * k
+        n_pos = 0 if pos is None else pos.shape[0] * d  # dP: [L_max, d]
+        chunk, block_b = _dpos_chunk()
+        n_chunks = triton.cdiv(b, chunk)
         launches = {
+            "row_offsets": ((1,), (b, seq_len), dict(
+                BLOCK_B=min(max(16, triton.next_power_of_2(b)), 1024), num_warps=4, num_stages=1)),
             "bwd_scores": ((b,), seq_ints, dict(
                 HAS_CAP=bool(score_cap), BLOCK_L=_seq_block(seq_len, cfg.scores.block_l), BLOCK_D=block_d,
                 BLOCK_K=block_k, PRECISION=flags["PRECISION"], **_launch(cfg.scores))),
@@ -480,9 +577,13 @@ def _plan(key: tuple, h: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None, sco
                 **_launch(cfg.dx))),
             "bwd_weights": ((nprog_r, n_hblocks), flat_ints, dict(
                 BLOCK_M=cfg.weights.block_l, **has_pos, **blocks, **flags, **_launch(cfg.weights))),
-            "sum_parts": ((triton.cdiv(n_weights, SUM_BLOCK_N),), (nprog_r, n_weights), dict(
-                BLOCK_P=SUM_BLOCK_P, BLOCK_N=SUM_BLOCK_N, num_warps=4, num_stages=2)),
+            "sum_parts": ((triton.cdiv(n_weights, SUM_BLOCK_N) + triton.cdiv(n_pos, SUM_BLOCK_N),),
+                          (nprog_r, n_weights, n_chunks, n_pos), dict(
+                TWO=pos is not None, BLOCK_P=SUM_BLOCK_P, BLOCK_N=SUM_BLOCK_N, num_warps=4, num_stages=2)),
         }
+        if pos is not None:
+            launches["dpos"] = ((pos.shape[0], n_chunks), (b, seq_len, d, chunk), dict(
+                BLOCK_B=block_b, BLOCK_D=block_d, num_warps=4, num_stages=2))
     plan = {name: (_KERNELS[name].launch(grid, meta), ints) for name, (grid, ints, meta) in launches.items()}
     if len(_PLANS) >= MAX_KEYS:
         _PLANS.clear()
@@ -534,7 +635,8 @@ def _backward_flat(
     out: Tensor, lse: Tensor, scores: Tensor, dout: Tensor, config: BackwardConfig | None = None,
     dscores: Tensor | None = None, score_cap: float | None = None, key: tuple | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Launch the three backward kernels and one that sums the per-program weight gradients.
+    """Launch the backward kernels (the module docstring's row offsets, scores and row list, dX,
+    weights, and dP with positions) and the one summing the partial sums.
 
     Args:
         h, lengths, w1, w2, pos: the forward's inputs (contiguous; dtypes as :func:`multi_interest_forward`).
@@ -565,21 +667,25 @@ def _backward_flat(
     plan = _plan(key or _key(h, lengths, w1, w2, pos, score_cap), h, w1, w2, pos, score_cap, config, backward=True)
     pos_arg = pos if pos is not None else h
     ds = torch.empty((b, seq_len, k), device=h.device, dtype=h.dtype)  # dLoss/dS; 0 on padding
-    _run(plan, "bwd_scores", (h, scores, lengths, out, dout, lse, dh, ds), (float(score_cap or 1.0),))
+    cu = torch.empty(b + 1, device=h.device, dtype=torch.int32)  # first slot per sequence, then the count
+    idx = torch.empty(b * seq_len, device=h.device, dtype=torch.int32)  # valid flat rows, cu[B] of them
+    _run(plan, "row_offsets", (lengths, cu))
+    _run(plan, "bwd_scores", (h, scores, lengths, out, dout, lse, dh, ds, cu, idx), (float(score_cap or 1.0),))
     if dscores is not None:
         ds = _add_score_grad(ds, scores, dscores, score_cap)
-    dx = torch.empty_like(h) if pos is not None else dh  # score-path dH, for dP
-    _run(plan, "bwd_dx", (h, pos_arg, ds, w1, w2, dh, dx))
-    nprog_r = plan["sum_parts"][1][0]
+    dx = torch.empty_like(h) if pos is not None else dh  # score-path dH of the valid rows, for dP
+    _run(plan, "bwd_dx", (h, pos_arg, ds, w1, w2, dh, dx, cu, idx))
+    nprog_r, _, n_chunks, _ = plan["sum_parts"][1]
     dw_part = torch.empty((nprog_r, n_weights), device=h.device, dtype=torch.float32)  # per program: dW1, dW2
-    _run(plan, "bwd_weights", (h, pos_arg, ds, w1, w2, dw_part))
+    _run(plan, "bwd_weights", (h, pos_arg, ds, w1, w2, dw_part, cu, idx))
     dw = torch.empty(n_weights, device=h.device, dtype=w1.dtype)
-    _run(plan, "sum_parts", (dw_part, dw))
-    dpos = None
+    dpos, second_sum = None, (dw_part, dw)  # dP's partial sums and result, if any, summed in the same launch
     if pos is not None:
-        dpos = dx.sum(0, dtype=pos.dtype)  # [L, d]; reduced-precision sums accumulate in fp32
-        if pos.shape[0] > seq_len:
-            dpos = torch.cat([dpos, dpos.new_zeros(pos.shape[0] - seq_len, d)])
+        dpos_part = torch.empty((n_chunks, *pos.shape), device=h.device, dtype=torch.float32)
+        _run(plan, "dpos", (dx, lengths, dpos_part))
+        dpos = torch.empty(pos.shape, device=h.device, dtype=pos.dtype)  # contiguous [L_max, d]; rows >= L get 0
+        second_sum = (dpos_part, dpos)
+    _run(plan, "sum_parts", (dw_part, dw, *second_sum))
     return dh, dw, dpos
 
 

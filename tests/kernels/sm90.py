@@ -1,6 +1,6 @@
-"""Compile the attention kernels (and the max-over-interests score kernels) for an H100/H200 (sm_90)
-on a machine without a GPU, and read the result: registers per thread, spill stack, shared memory
-and the instructions of each inner loop.
+"""Compile the attention kernels (and the max-over-interests score and multi-interest backward kernels)
+for an H100/H200 (sm_90) on a machine without a GPU, and read the result: registers per thread,
+spill stack, shared memory and the instructions of each inner loop.
 
 Uses the ptxas and cuobjdump that the Triton wheel ships (``triton/backends/nvidia/bin``). Needs
 ``TRITON_INTERPRET`` unset (the interpreter wraps the kernels). ``test_sm90_compile.py`` runs
@@ -37,12 +37,25 @@ def available() -> bool:
     return all(os.access(os.path.join(BIN, tool), os.X_OK) for tool in ("ptxas", "cuobjdump"))
 
 
-def _signature(fn: Any, dtype: str, consts: dict) -> dict[str, str]:
-    """Argument types as a launch on contiguous ``dtype`` tensors with int64 lengths gives them."""
+# the multi-interest kernels' arguments that are not in the launch's dtype, and their 16-divisible
+# integers at the bench shape (B L, d, hidden and their strides)
+MI_TYPES = {"S": "*fp32", "LSE": "*fp32", "DW_PART": "*fp32", "PART": "*fp32", "PARTS": "*fp32",
+            "PARTS2": "*fp32", "LENGTHS": "*i64", "CU": "*i32", "IDX": "*i32", "CAP": "fp32",
+            **{n: "i32" for n in ("B", "R", "L", "D", "HID", "K", "P", "N", "P2", "N2", "CHUNK")}}
+MI_ALIGNED_INTS = {"R", "D", "HID", "stride_pl", "stride_w1", "stride_hb", "stride_hl", "stride_ob", "stride_ok", "N",
+                   "N2", "CHUNK"}
+
+
+def _signature(fn: Any, dtype: str, consts: dict, types: dict[str, str] | None = None) -> dict[str, str]:
+    """Argument types as a launch on contiguous ``dtype`` tensors with int64 lengths gives them
+    (``types``: per-name types, pointer or scalar; with it, other upper-case names are ``dtype``
+    pointers and lower-case ones ``i32``)."""
     sig = {}
     for name in fn.arg_names:
         if name in consts:
             sig[name] = "constexpr"
+        elif types is not None:
+            sig[name] = types.get(name, "*" + dtype if name.isupper() else "i32")
         elif name in TENSORS:
             sig[name] = "*" + dtype
         elif name in FP32_TENSORS:
@@ -58,14 +71,16 @@ def _signature(fn: Any, dtype: str, consts: dict) -> dict[str, str]:
     return sig
 
 
-def compile_sm90(fn: Any, consts: dict, num_warps: int, num_stages: int, dtype: str = "bf16") -> Any:
+def compile_sm90(fn: Any, consts: dict, num_warps: int, num_stages: int, dtype: str = "bf16",
+                 types: dict[str, str] | None = None, aligned_ints: set[str] = ALIGNED_INTS) -> Any:
     # returns a triton CompiledKernel
     """``fn`` compiled for sm_90 with the compile-time arguments ``consts`` (unit head-dim strides and
-    16-divisible pointers and strides, as Triton specialises a contiguous launch)."""
+    16-divisible pointers and strides, as Triton specialises a contiguous launch); ``types`` as
+    :func:`_signature`, ``aligned_ints`` the integer arguments that are multiples of 16."""
     consts = dict(consts, **{n: 1 for n in UNIT_STRIDES if n in fn.arg_names})
-    sig = _signature(fn, dtype, consts)
+    sig = _signature(fn, dtype, consts, types)
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-             if n not in consts and (sig[n].startswith("*") or n in ALIGNED_INTS)}
+             if n not in consts and (sig[n].startswith("*") or n in aligned_ints)}
     src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(n),): v for n, v in consts.items()}, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": num_warps, "num_stages": num_stages})
@@ -154,11 +169,34 @@ def max_score_variants() -> list[Variant]:
     return out
 
 
+def multi_interest_variants() -> list[Variant]:
+    """The multi-interest backward kernels at the default launches of the H200 bench (bf16, d = 64,
+    hidden = 256, K = 4, positions on): :func:`recsys.kernels.triton_multi_interest.backward_config`."""
+    from recsys.kernels import triton_multi_interest as mi
+
+    blocks = {"BLOCK_D": 64, "BLOCK_K": 16, "TANH_MODE": 1, "PRECISION": "tf32", "HAS_POS": True}
+    return [
+        ("mi row_offsets", mi._mi_row_offsets_kernel, {"BLOCK_B": 1024}, 4, 1, "bf16"),
+        ("mi bwd_scores 64 w4", mi._mi_bwd_scores_kernel,
+         {"HAS_CAP": False, "BLOCK_L": 64, "BLOCK_D": 64, "BLOCK_K": 16, "PRECISION": "tf32"}, 4, 1, "bf16"),
+        ("mi bwd_dx 128x64 w8 s3", mi._mi_bwd_dx_kernel, {**blocks, "BLOCK_M": 128, "BLOCK_H": 64}, 8, 3, "bf16"),
+        ("mi bwd_weights 64x128 w4 s2", mi._mi_bwd_weights_kernel, {**blocks, "BLOCK_M": 64, "BLOCK_H": 128}, 4, 2,
+         "bf16"),
+        ("mi bwd_weights 128x64 w8 s2", mi._mi_bwd_weights_kernel, {**blocks, "BLOCK_M": 128, "BLOCK_H": 64}, 8, 2,
+         "bf16"),  # the largest tile that does not spill: a candidate for the next H200 sweep
+        ("mi dpos 32 w4 s2", mi._mi_dpos_kernel, {"BLOCK_B": 32, "BLOCK_D": 64}, 4, 2, "bf16"),
+        ("mi sum_parts two", mi._sum_parts_kernel, {"TWO": True, "BLOCK_P": mi.SUM_BLOCK_P,
+                                                    "BLOCK_N": mi.SUM_BLOCK_N}, 4, 2, "bf16"),
+    ]
+
+
 def report(variants: list[Variant]) -> dict[str, dict]:
     """Per label: registers, stack, shared memory and the inner loops' opcode counts."""
     out = {}
     for label, fn, consts, warps, stages, dtype in variants:
-        kernel = compile_sm90(fn, consts, warps, stages, dtype=dtype)
+        mi = label.startswith("mi ")
+        kernel = compile_sm90(fn, consts, warps, stages, dtype=dtype, types=MI_TYPES if mi else None,
+                              aligned_ints=MI_ALIGNED_INTS if mi else ALIGNED_INTS)
         out[label] = {**resources(kernel), "loops": [dict(c) for c in loops(kernel)]}
     return out
 
@@ -168,15 +206,15 @@ def main() -> None:
     import json
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", action="store_true", help="bench, flag and max-score variants as JSON")
+    parser.add_argument("--json", action="store_true", help="bench, flag, max-score and multi-interest variants as JSON")
     args = parser.parse_args()
     if args.json:
-        print(json.dumps(report(bench_variants() + flag_variants() + max_score_variants())))
+        print(json.dumps(report(bench_variants() + flag_variants() + max_score_variants() + multi_interest_variants())))
         return
-    print(f"{'kernel':26} {'regs':>4} {'stack':>5} {'smem':>6}  inner loops: instructions (MUFU, HGMMA)")
-    for label, res in report(bench_variants()).items():
+    print(f"{'kernel':30} {'regs':>4} {'stack':>5} {'smem':>6}  inner loops: instructions (MUFU, HGMMA)")
+    for label, res in report(bench_variants() + multi_interest_variants()).items():
         body = ", ".join(f"{sum(c.values())} ({c.get('MUFU', 0)}, {c.get('HGMMA', 0)})" for c in res["loops"])
-        print(f"{label:26} {res['regs']:4d} {res['stack']:5d} {res['smem']:6d}  {body}")
+        print(f"{label:30} {res['regs']:4d} {res['stack']:5d} {res['smem']:6d}  {body}")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ if not torch.cuda.is_available():
 from kernel_accuracy import assert_within_twice_twin  # tests/kernels is on sys.path
 from recsys.kernels import multi_interest
 from recsys.kernels.triton_multi_interest import (
+    _mi_row_offsets_kernel,
     multi_interest_backward,
     multi_interest_forward,
     triton_multi_interest,
@@ -181,6 +182,53 @@ def test_all_empty_gives_zeros_cpu():
         assert (t == 0).all(), f"{name} must be exactly 0 when every sequence is empty"
 
 
+# Length patterns for the backward's valid-row list (B = 37, L = 13; the interpreter's tiles hold 32
+# rows for dX and 16 for the weights, so tiles straddle sequence ends, and the weight kernel's one
+# program per hidden slice walks every tile; dP sums chunks of 3 sequences).
+LENGTH_CASES = {
+    "all-empty": lambda g: torch.zeros(37, dtype=torch.long),
+    "all-full": lambda g: torch.full((37,), 13),
+    "one-row": lambda g: torch.zeros(37, dtype=torch.long).index_fill_(0, torch.tensor([20]), 1),
+    "over-L-and-negative": lambda g: torch.randint(-5, 30, (37,), generator=g),
+    "random": lambda g: torch.randint(0, 14, (37,), generator=g),
+}
+
+
+@needs_interpreter
+@pytest.mark.parametrize("case", LENGTH_CASES)
+def test_valid_row_list_cpu(case):
+    """The dX, weight and dP kernels walk only the valid rows: within the accuracy rule against
+    the twin (lengths clamped to [0, L] as the twin reads them), padded rows of dh and positions no
+    sequence reaches (and pos's rows past L) exactly 0, and the same inputs give the same bits."""
+    params, _, grad = _problem(37, 13, 4, 16, 64, 21, "cpu")
+    lengths = LENGTH_CASES[case](torch.Generator().manual_seed(5))
+    ref = _run(multi_interest_ref, params, lengths, grad, torch.float64)
+    twin = _run(multi_interest_ref, params, lengths, grad, torch.float32)
+    ours = _run(triton_multi_interest, params, lengths, grad, torch.float32)
+    assert_within_twice_twin(NAMES, ref, twin, ours, ATOL[torch.float32])
+    n = lengths.clamp(0, 13)
+    padded = torch.arange(13)[None, :] >= n[:, None]
+    assert (ours[1][padded] == 0).all() and (ours[1][~padded] != 0).all()
+    reached = int(n.max())
+    assert (ours[4][reached:] == 0).all() and (ours[4][:reached] != 0).all(1).all()
+    again = _run(triton_multi_interest, params, lengths, grad, torch.float32)
+    for name, a, b in zip(NAMES, ours, again):
+        assert torch.equal(a, b), f"{name} differs between two runs on the same inputs"
+
+
+@needs_interpreter
+@pytest.mark.parametrize("block_b", [16, 64])
+def test_row_offsets_cpu(block_b):
+    """The valid-row offsets: exclusive prefix sums of the clamped lengths and their total, over one
+    block and over several."""
+    lengths = torch.randint(-3, 12, (40,), generator=torch.Generator().manual_seed(6))
+    cu = torch.full((41,), -1, dtype=torch.int32)
+    _mi_row_offsets_kernel[(1,)](lengths, cu, 40, 9, BLOCK_B=block_b)
+    n = lengths.clamp(0, 9)
+    expected = torch.cat([torch.zeros(1, dtype=torch.long), n.cumsum(0)])
+    assert torch.equal(cu.long(), expected)
+
+
 @needs_interpreter
 def test_backward_is_deterministic_and_dispatched_cpu():
     """Two backward passes give bit-identical gradients; the dispatcher routes to the kernel."""
@@ -262,3 +310,37 @@ def test_autocast_gpu():
     assert w1.grad.dtype == torch.float32 and torch.isfinite(w1.grad).all()
     ref = multi_interest_ref(h.double(), lengths, w1.double(), w2.double(), pos=pos.double())
     assert (out.double() - ref).abs().max().item() < 5e-2
+
+
+@gpu
+@needs_cuda
+def test_cuda_graph_replay_follows_new_lengths_gpu():
+    """A forward+backward captured once in a CUDA graph replays right for other lengths of the same
+    shape (none valid, all valid, some past L): the valid-row count stays on the device, nothing of
+    the captured lengths is baked in; each replay equals an eager call bit for bit."""
+    params, lengths, grad = _problem(300, 50, 4, 64, 256, 8, "cuda")
+    h, w1, w2, pos = (p.to(torch.bfloat16).requires_grad_() for p in params)
+    grad = grad.to(torch.bfloat16)
+    static_lengths = lengths.clone()
+
+    def step():
+        out = triton_multi_interest(h, static_lengths, w1, w2, pos=pos)
+        return (out, *torch.autograd.grad(out, (h, w1, w2, pos), grad))
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compile and cache the launches before the capture
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    g = torch.Generator(device="cuda").manual_seed(9)
+    for new in (torch.zeros_like(lengths), torch.full_like(lengths, 50),
+                torch.randint(-2, 60, lengths.shape, device="cuda", generator=g)):
+        static_lengths.copy_(new)
+        graph.replay()
+        expected = step()
+        for name, a, b in zip(NAMES, captured, expected):
+            assert torch.equal(a, b), f"{name}: graph replay differs from the eager call"
