@@ -75,6 +75,9 @@ class LaunchConfig:
         programs_per_sm: persistent programs per multiprocessor, for the weight-gradient
             kernel (it sums partial gradients); the others launch one program per tile.
         block_h: hidden units per slice (scores, dX and weights kernels).
+        max_registers: cap on registers per thread given to ptxas (Triton's ``maxnreg``), or None
+            for ptxas's own choice. Programs per multiprocessor are set by registers per program:
+            65,536 registers hold two 256-thread programs only at <= 128 registers each.
     """
 
     block_l: int
@@ -82,6 +85,7 @@ class LaunchConfig:
     num_stages: int
     programs_per_sm: int = 0
     block_h: int = 64
+    max_registers: int | None = None
 
 
 @dataclass(frozen=True)
@@ -119,9 +123,10 @@ def _max_programs(device: torch.device, programs_per_sm: int) -> int:
 def forward_config(seq_len: int, d: int, hidden: int) -> ForwardConfig:
     """Default forward launches for ``h [*, seq_len, d]`` and ``w1 [d, hidden]``.
 
-    The defaults (here and in :func:`backward_config`) are the fastest of one H200 sweep at
-    B = 4096, L = 50, d = 64, hidden = 256 (``experiments/NOTES_multi_interest.md``); none
-    spills registers except the weight kernel's (64 bytes, and still the fastest).
+    The defaults (here and in :func:`backward_config`) are the fastest of the H200 sweeps
+    (``bench_multi_interest.py --sweep``) at B = 4096, L = 50, K = 4 and B = 1024, L = 200, K = 8,
+    d = 64, hidden = 256, lengths uniform in [L/4, L] (``experiments/NOTES_multi_interest.md``); none
+    spills registers except the weight kernel's (192 bytes, and still the fastest).
     """
     if _interpreting():
         return ForwardConfig(LaunchConfig(32, 4, 1, block_h=32), LaunchConfig(16, 4, 1))
@@ -132,14 +137,23 @@ def forward_config(seq_len: int, d: int, hidden: int) -> ForwardConfig:
 
 
 def backward_config(seq_len: int, d: int, hidden: int) -> BackwardConfig:
-    """Default backward launches for ``h [*, seq_len, d]`` and ``w1 [d, hidden]``."""
+    """Default backward launches for ``h [*, seq_len, d]`` and ``w1 [d, hidden]``: small tiles in
+    the interpreter, else :func:`gpu_backward_config`."""
     if _interpreting():
         return BackwardConfig(
             LaunchConfig(16, 4, 1), LaunchConfig(32, 4, 1, block_h=32), LaunchConfig(16, 4, 1, 1, block_h=32)
         )
+    return gpu_backward_config(seq_len, d, hidden)
+
+
+def gpu_backward_config(seq_len: int, d: int, hidden: int) -> BackwardConfig:
+    """The backward launches compiled for a GPU (see :func:`forward_config` for where they come from)."""
+    # more programs per multiprocessor (H200 sweep, session 9): the scores kernel capped at 128
+    # registers fits four 4-warp programs (Triton 3.6 gave it 130: three); the dX kernel's 64 x 32
+    # tile needs 96 registers, five programs (its old 128 x 64 tile on 8 warps took 130: one)
     return BackwardConfig(
-        scores=LaunchConfig(block_l=64, num_warps=4, num_stages=1),
-        dx=LaunchConfig(block_l=128, num_warps=8, num_stages=3, block_h=64),
+        scores=LaunchConfig(block_l=64, num_warps=4, num_stages=1, max_registers=128),
+        dx=LaunchConfig(block_l=64, num_warps=4, num_stages=3, block_h=32),
         weights=LaunchConfig(block_l=64, num_warps=4, num_stages=2, programs_per_sm=2, block_h=128),
     )
 
@@ -510,7 +524,10 @@ def _seq_block(seq_len: int, block_l: int) -> int:
 
 
 def _launch(cfg: LaunchConfig) -> dict[str, int]:
-    return {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    if cfg.max_registers is not None and not _interpreting():
+        options["maxnreg"] = cfg.max_registers
+    return options
 
 
 _KERNELS = {"scores": Kernel(_mi_scores_kernel), "pool": Kernel(_mi_pool_kernel),

@@ -72,7 +72,8 @@ def _signature(fn: Any, dtype: str, consts: dict, types: dict[str, str] | None =
 
 
 def compile_sm90(fn: Any, consts: dict, num_warps: int, num_stages: int, dtype: str = "bf16",
-                 types: dict[str, str] | None = None, aligned_ints: set[str] = ALIGNED_INTS) -> Any:
+                 types: dict[str, str] | None = None, aligned_ints: set[str] = ALIGNED_INTS,
+                 max_registers: int | None = None) -> Any:
     # returns a triton CompiledKernel
     """``fn`` compiled for sm_90 with the compile-time arguments ``consts`` (unit head-dim strides and
     16-divisible pointers and strides, as Triton specialises a contiguous launch); ``types`` as
@@ -82,8 +83,10 @@ def compile_sm90(fn: Any, consts: dict, num_warps: int, num_stages: int, dtype: 
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
              if n not in consts and (sig[n].startswith("*") or n in aligned_ints)}
     src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(n),): v for n, v in consts.items()}, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": num_warps, "num_stages": num_stages})
+    options = {"num_warps": num_warps, "num_stages": num_stages}
+    if max_registers is not None:
+        options["maxnreg"] = max_registers
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
 def _cuobjdump(kernel: Any, *flags: str) -> str:
@@ -114,7 +117,8 @@ def loops(kernel: Any) -> list[collections.Counter]:
 
 # the bench's shape: bf16, D = 64, key lengths, no causal mask, no soft-cap
 _COMMON = {"HEAD_DIM": 64, "BLOCK_D": 64, "HAS_LENS": True, "CAUSAL": False, "SOFTCAP": False, "DOT_PREC": "tf32"}
-Variant = tuple[str, Any, dict, int, int, str]  # label, kernel, constexprs, warps, stages, dtype
+# label, kernel, constexprs, warps, stages, dtype[, register cap]
+Variant = tuple[str, Any, dict, int, int, str] | tuple[str, Any, dict, int, int, str, int | None]
 
 
 def bench_variants() -> list[Variant]:
@@ -171,32 +175,39 @@ def max_score_variants() -> list[Variant]:
 
 def multi_interest_variants() -> list[Variant]:
     """The multi-interest backward kernels at the default launches of the H200 bench (bf16, d = 64,
-    hidden = 256, K = 4, positions on): :func:`recsys.kernels.triton_multi_interest.backward_config`."""
+    hidden = 256, K = 4, positions on): :func:`recsys.kernels.triton_multi_interest.gpu_backward_config`,
+    register caps included."""
     from recsys.kernels import triton_multi_interest as mi
 
+    cfg = mi.gpu_backward_config(50, 64, 256)
     blocks = {"BLOCK_D": 64, "BLOCK_K": 16, "TANH_MODE": 1, "PRECISION": "tf32", "HAS_POS": True}
+
+    def row_kernel(name: str, fn: Any, launch: Any) -> Variant:
+        label = f"mi {name} {launch.block_l}x{launch.block_h} w{launch.num_warps} s{launch.num_stages}"
+        return (label, fn, {**blocks, "BLOCK_M": launch.block_l, "BLOCK_H": launch.block_h}, launch.num_warps,
+                launch.num_stages, "bf16", launch.max_registers)
+
+    scores = cfg.scores
     return [
-        ("mi row_offsets", mi._mi_row_offsets_kernel, {"BLOCK_B": 1024}, 4, 1, "bf16"),
-        ("mi bwd_scores 64 w4", mi._mi_bwd_scores_kernel,
-         {"HAS_CAP": False, "BLOCK_L": 64, "BLOCK_D": 64, "BLOCK_K": 16, "PRECISION": "tf32"}, 4, 1, "bf16"),
-        ("mi bwd_dx 128x64 w8 s3", mi._mi_bwd_dx_kernel, {**blocks, "BLOCK_M": 128, "BLOCK_H": 64}, 8, 3, "bf16"),
-        ("mi bwd_weights 64x128 w4 s2", mi._mi_bwd_weights_kernel, {**blocks, "BLOCK_M": 64, "BLOCK_H": 128}, 4, 2,
-         "bf16"),
-        ("mi bwd_weights 128x64 w8 s2", mi._mi_bwd_weights_kernel, {**blocks, "BLOCK_M": 128, "BLOCK_H": 64}, 8, 2,
-         "bf16"),  # the largest tile that does not spill: a candidate for the next H200 sweep
-        ("mi dpos 32 w4 s2", mi._mi_dpos_kernel, {"BLOCK_B": 32, "BLOCK_D": 64}, 4, 2, "bf16"),
+        ("mi row_offsets", mi._mi_row_offsets_kernel, {"BLOCK_B": 1024}, 4, 1, "bf16", None),
+        (f"mi bwd_scores {scores.block_l} w{scores.num_warps}", mi._mi_bwd_scores_kernel,
+         {"HAS_CAP": False, "BLOCK_L": scores.block_l, "BLOCK_D": 64, "BLOCK_K": 16, "PRECISION": "tf32"},
+         scores.num_warps, scores.num_stages, "bf16", scores.max_registers),
+        row_kernel("bwd_dx", mi._mi_bwd_dx_kernel, cfg.dx),
+        row_kernel("bwd_weights", mi._mi_bwd_weights_kernel, cfg.weights),
+        ("mi dpos 32 w4 s2", mi._mi_dpos_kernel, {"BLOCK_B": 32, "BLOCK_D": 64}, 4, 2, "bf16", None),
         ("mi sum_parts two", mi._sum_parts_kernel, {"TWO": True, "BLOCK_P": mi.SUM_BLOCK_P,
-                                                    "BLOCK_N": mi.SUM_BLOCK_N}, 4, 2, "bf16"),
+                                                    "BLOCK_N": mi.SUM_BLOCK_N}, 4, 2, "bf16", None),
     ]
 
 
 def report(variants: list[Variant]) -> dict[str, dict]:
     """Per label: registers, stack, shared memory and the inner loops' opcode counts."""
     out = {}
-    for label, fn, consts, warps, stages, dtype in variants:
+    for label, fn, consts, warps, stages, dtype, *cap in variants:
         mi = label.startswith("mi ")
         kernel = compile_sm90(fn, consts, warps, stages, dtype=dtype, types=MI_TYPES if mi else None,
-                              aligned_ints=MI_ALIGNED_INTS if mi else ALIGNED_INTS)
+                              aligned_ints=MI_ALIGNED_INTS if mi else ALIGNED_INTS, max_registers=(cap or [None])[0])
         out[label] = {**resources(kernel), "loops": [dict(c) for c in loops(kernel)]}
     return out
 

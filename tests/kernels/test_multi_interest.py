@@ -18,6 +18,7 @@ if not torch.cuda.is_available():
 
 from kernel_accuracy import assert_within_twice_twin  # tests/kernels is on sys.path
 from recsys.kernels import multi_interest
+from recsys.kernels import triton_multi_interest as tmi
 from recsys.kernels.triton_multi_interest import (
     _mi_row_offsets_kernel,
     multi_interest_backward,
@@ -344,3 +345,16 @@ def test_cuda_graph_replay_follows_new_lengths_gpu():
         expected = step()
         for name, a, b in zip(NAMES, captured, expected):
             assert torch.equal(a, b), f"{name}: graph replay differs from the eager call"
+
+
+def test_register_cap_reaches_the_compiler_options(monkeypatch):
+    """``LaunchConfig.max_registers`` becomes Triton's ``maxnreg`` for a compiled launch (the
+    interpreter takes no such option) and is absent when not set."""
+    capped = tmi.LaunchConfig(64, 4, 1, max_registers=128)
+    monkeypatch.setattr(tmi, "_interpreting", lambda: True)
+    assert "maxnreg" not in tmi._launch(capped)
+    assert tmi.backward_config(50, 64, 256) != tmi.gpu_backward_config(50, 64, 256)  # small interpreter tiles
+    monkeypatch.setattr(tmi, "_interpreting", lambda: False)
+    assert tmi._launch(capped) == {"num_warps": 4, "num_stages": 1, "maxnreg": 128}
+    assert tmi._launch(tmi.LaunchConfig(64, 4, 1)) == {"num_warps": 4, "num_stages": 1}
+    assert tmi.backward_config(50, 64, 256) == tmi.gpu_backward_config(50, 64, 256)

@@ -67,3 +67,12 @@ def test_last_partial_query_block_gets_a_small_tile(compiled):
     for label in ("fwd 128x64 w8 s3", "dq 128x64 w8 s3", "dq 64x32 w4 s2"):
         loops = compiled[label]["loops"]
         assert len(loops) == 4 and sum(1 for loop in loops if not loop.get("HGMMA")) == 2, label
+
+
+def test_register_caps_hold_without_spills(compiled):
+    """A launch with ``max_registers`` (Triton's ``maxnreg``) compiles within its cap, so that the
+    programs per multiprocessor it was chosen for fit, and does not spill for it."""
+    capped = [(v[0], v[6]) for v in sm90.multi_interest_variants() if len(v) > 6 and v[6] is not None]
+    assert capped  # the backward scores kernel's default is capped
+    for label, cap in capped:
+        assert compiled[label]["regs"] <= cap and compiled[label]["stack"] == 0, (label, compiled[label])
