@@ -89,10 +89,13 @@ class Kernel:
         return Launch(self, grid, meta)
 
     def chosen(self) -> dict[str, Any] | None:
-        """The autotuner's last pick (block sizes, warps, stages), None when not autotuned."""
+        """The autotuner's last pick (block sizes, warps, stages, a register cap if any), None when
+        not autotuned."""
         config = getattr(self.tuned, "best_config", None)
-        return None if config is None else {**config.kwargs, "num_warps": config.num_warps,
-                                            "num_stages": config.num_stages}
+        if config is None:
+            return None
+        cap = {"maxnreg": config.maxnreg} if getattr(config, "maxnreg", None) else {}
+        return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages, **cap}
 
 
 class Launch:

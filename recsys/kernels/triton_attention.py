@@ -466,9 +466,11 @@ def _bucket(n: int) -> int:
     return max(16, triton.next_power_of_2(max(n, 1)))
 
 
-def _cfg(block_n: int, warps: int, stages: int, block_m: int | None = None) -> triton.Config:
+def _cfg(block_n: int, warps: int, stages: int, block_m: int | None = None, regs: int | None = None) -> triton.Config:
+    """An autotune candidate; ``regs`` caps registers per thread (ptxas ``maxnreg``) so that more
+    programs fit on a multiprocessor (65,536 registers: 256 threads x 128 fit twice)."""
     kwargs = {"BLOCK_N": block_n} if block_m is None else {"BLOCK_M": block_m, "BLOCK_N": block_n}
-    return triton.Config(kwargs, num_warps=warps, num_stages=stages)
+    return triton.Config(kwargs, num_warps=warps, num_stages=stages, maxnreg=regs)
 
 
 # candidates: (BLOCK_M, BLOCK_N, num_warps, num_stages); pruned per shape by `_prune`. Register
@@ -483,14 +485,19 @@ _FWD_CONFIGS = [_cfg(n, w, s, m) for m, n, w, s in [
 _DQ_CONFIGS = [_cfg(n, w, s, m) for m, n, w, s in [
     (64, 32, 4, 2), (64, 64, 4, 3), (128, 32, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3),
     (128, 64, 8, 2), (128, 64, 8, 4),
-    (64, 32, 4, 3), (64, 16, 4, 2), (128, 32, 8, 2)]]
+    (64, 32, 4, 3), (64, 16, 4, 2), (128, 32, 8, 2)]] + [
+    # 132 registers on 8 warps fit one program per SM (H200 ncu, 256 x 1024); capped, two, no spill
+    _cfg(64, 8, 3, 128, regs=128), _cfg(64, 8, 2, 128, regs=128)]
 _FUSED_CONFIGS = [_cfg(n, w, s) for n, w, s in [(16, 4, 2), (32, 4, 2), (64, 4, 2), (16, 2, 2), (32, 8, 2)]]
 _DKDV_CONFIGS = [_cfg(n, w, s, m) for m, n, w, s in [
     (32, 32, 4, 2), (32, 64, 4, 3), (64, 64, 4, 3), (32, 128, 4, 3), (64, 128, 4, 3), (64, 128, 8, 3),
     # (32, 128, 4, 3), the H200's pick at L >= 1024, spills (255 registers + 56 bytes of stack);
     # these do not: 254 registers at 2 stages, 160 / 138 with 8 warps
     (32, 128, 4, 2), (32, 128, 8, 3), (32, 128, 8, 2), (64, 128, 8, 2),
-    (32, 32, 4, 3), (64, 32, 4, 2), (64, 64, 4, 2)]]
+    (32, 32, 4, 3), (64, 32, 4, 2), (64, 64, 4, 2)]] + [
+    # capped at 128 registers: two 8-warp programs per SM instead of one (160 registers), four 4-warp
+    # ones instead of three (159); ptxas spills 24-80 bytes for it, the tuner weighs that
+    _cfg(n, w, s, m, regs=128) for m, n, w, s in [(32, 128, 8, 2), (32, 128, 8, 3), (32, 64, 4, 2), (32, 64, 4, 3)]]
 
 
 def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
