@@ -137,8 +137,8 @@ def multi_interest(
             ``h`` itself, so with ``values`` "auto" runs the PyTorch twin and "triton" is an error.
         score_cap: bound on the attention scores (0 or None: none).
         return_scores: also return the scores ``S [B, L, K]`` (fp32, differentiable; the
-            softmax over the valid positions of each column is the attention ``A``). The fused
-            kernel writes them anyway, so this costs nothing extra.
+            softmax over the valid positions of each column is the attention ``A``; 0 at padded
+            positions). The fused kernel writes them anyway, so this costs nothing extra.
         backend: ``"auto" | "triton" | "torch"``.
 
     Returns:

@@ -94,7 +94,7 @@ def multi_interest_ref(
         values: optional ``[B, L, d_v]`` pooled instead of ``h`` (``V = Aᵀ values``).
         score_cap: if > 0, the scores become ``cap · tanh(S / cap)`` before the softmax.
         return_scores: also return the (capped) scores ``S [B, L, K]`` (fp32, or fp64 for fp64 inputs), differentiable:
-            the logits whose softmax over valid positions is ``A``.
+            the logits whose softmax over valid positions is ``A``; 0 at padded positions.
 
     Returns:
         ``[B, K, d]`` (``[B, K, d_v]`` with ``values``) interests; 0 for a sequence of length 0.
@@ -105,7 +105,10 @@ def multi_interest_ref(
     pooled = h if values is None else values
     a = length_softmax(scores, lengths)  # [B, L, K]
     out = torch.matmul(a.transpose(1, 2).to(pooled.dtype), pooled)  # [B, K, d]
-    return (out, scores) if return_scores else out
+    if not return_scores:
+        return out
+    padded = torch.arange(scores.shape[1], device=scores.device)[None, :] >= lengths.to(scores.device)[:, None]
+    return out, scores.masked_fill(padded[..., None], 0.0)
 
 
 def max_interest_scores_ref(interests: Tensor, items: Tensor) -> Tensor:

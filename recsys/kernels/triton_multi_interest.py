@@ -8,16 +8,19 @@ For each sequence ``b`` with ``n = lengths[b]`` valid clicks::
     A = softmax over l < n of S    [L, K]
     out[b] = Aᵀ H[b]               [K, d]
 
-Forward, two launches. (1) *Scores*: the ``R = B L`` rows of ``H`` as one flat matrix, in
-tiles of ``BLOCK_M`` rows; a loop over slices of the hidden units computes ``tanh(X W1)`` in
-registers and accumulates ``S``, so the ``[B, L, hidden]`` activation never reaches memory;
-``S [B, L, K]`` fp32 (small) does. (2) *Pool*: one program per sequence reads ``S`` and ``H``
-once more and does the masked softmax over ``L`` (online, over blocks) and ``Aᵀ H``; it also
-writes the log-sum-exp ``[B, K]`` for backward.
+Forward, three launches. (0) *Row offsets*, one program: the exclusive prefix sum ``cu`` of the
+clamped lengths and the number of valid rows ``cu[B]``, kept on the device: slot ``cu[b] + l`` of
+the *valid rows* is row ``l < lengths[b]`` of sequence ``b``. (1) *Scores*: tiles of ``BLOCK_M``
+valid rows (each slot finds its row by a binary search of ``cu``; the grid covers all ``B L`` rows
+and tiles past ``cu[B]`` do nothing, so there is no host sync), so padded rows cost nothing; a loop
+over slices of the hidden units computes ``tanh(X W1)`` in registers and accumulates ``S``, so the
+``[B, L, hidden]`` activation never reaches memory; ``S [B, L, K]`` fp32 (small) does. (2) *Pool*:
+one program per sequence reads ``S`` and ``H`` once more and does the masked softmax over ``L``
+(online, over blocks) and ``Aᵀ H``; it also writes the log-sum-exp ``[B, K]`` for backward and
+zeros into the padded rows' scores.
 
-Backward, five launches (six with positions). (0) *Row offsets*, one program: the exclusive
-prefix sum ``cu`` of the clamped lengths and the number of valid rows ``cu[B]``, kept on the device.
-(1) Per sequence: ``A`` from the saved ``S`` and log-sum-exp, the value path ``dH = A dO`` and the
+Backward, four launches (five with positions; the registered operator used under
+``torch.compile`` launches the row offsets again first). (1) Per sequence: ``A`` from the saved ``S`` and log-sum-exp, the value path ``dH = A dO`` and the
 score gradients ``dS = A (dA - <dO, O>)`` (``[B, L, K]``, small); it also writes the sequence's flat
 row ids to the *valid-row list* at ``cu[b]``. The next kernels walk tiles of that list (tile row
 ``i`` is flat row ``idx[i]``), so their work scales with the number of clicks, not ``B L``; their
@@ -37,9 +40,9 @@ With a score cap ``c`` (``model.score_cap``) the scores kernel stores ``c · tan
 backward's scores kernel multiplies ``dS`` by ``1 - (S / c)²``; the (capped) scores can also be
 returned, differentiable, for a loss term on the attention (their gradient is added to ``dS``).
 
-Rows at or past ``lengths[b]`` contribute nothing and get zero gradients (they must hold
-finite values, as for the PyTorch twin; a gradient of the returned scores at those rows is
-ignored); a sequence of length 0 gives zero interests. For
+Rows at or past ``lengths[b]`` contribute nothing and get zero gradients (the kernels do not
+read them; their returned scores are 0, and a gradient of the returned scores there is ignored); a
+sequence of length 0 gives zero interests. For
 fp16/bf16 on GPU, ``tanh`` is the hardware ``tanh.approx.f32`` (its result is rounded to the
 operand dtype for the next product anyway, as in the PyTorch twin); fp32 and the interpreter
 use an ``exp2`` form exact to fp32 rounding, and fp32 products run in IEEE fp32 (no TF32).
@@ -130,6 +133,11 @@ def forward_config(seq_len: int, d: int, hidden: int) -> ForwardConfig:
     """
     if _interpreting():
         return ForwardConfig(LaunchConfig(32, 4, 1, block_h=32), LaunchConfig(16, 4, 1))
+    return gpu_forward_config(seq_len, d, hidden)
+
+
+def gpu_forward_config(seq_len: int, d: int, hidden: int) -> ForwardConfig:
+    """The forward launches compiled for a GPU (:func:`forward_config` says where they come from)."""
     return ForwardConfig(
         scores=LaunchConfig(block_l=64, num_warps=4, num_stages=3, block_h=64),
         pool=LaunchConfig(block_l=64, num_warps=4, num_stages=1),
@@ -206,32 +214,55 @@ def _valid_rows(IDX, start, total, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
+def _slot_rows(CU, start, total, B, L, STEPS, BLOCK_M: tl.constexpr):
+    """Flat rows ``b L + l`` of the valid-row slots ``start ... start + BLOCK_M`` (slot ``CU[b] + l``
+    is row ``l < lengths[b]`` of sequence ``b``) and their mask (``< total``): a binary search of
+    ``CU[:B]`` per slot, ``STEPS >= log2(B)`` halvings (``CU`` is small and stays in cache)."""
+    slots = start + tl.arange(0, BLOCK_M)
+    lo = tl.zeros([BLOCK_M], tl.int32)  # invariant: CU[lo] <= slot (CU[0] = 0), answer in [lo, hi)
+    hi = tl.full([BLOCK_M], B, tl.int32)
+    first = tl.zeros([BLOCK_M], tl.int32)  # CU[lo]
+    for _ in range(STEPS):
+        mid = (lo + hi) // 2
+        c = tl.load(CU + mid)
+        right = c <= slots  # the last sequence starting at or before the slot is at mid or later
+        lo = tl.where(right, mid, lo)
+        first = tl.where(right, c, first)
+        hi = tl.where(right, hi, mid)
+    return lo * L + slots - first, slots < total
+
+
+@triton.jit
 def _mi_scores_kernel(
-    H, POS, W1, W2, S,
-    R, L, D, HID, K, stride_pl, stride_w1, stride_w2, CAP,
+    H, POS, W1, W2, S, CU,
+    R, L, D, HID, K, stride_pl, stride_w1, stride_w2, STEPS, CAP,
     HAS_POS: tl.constexpr, HAS_CAP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
     TANH_MODE: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """``S[rows] = tanh((H + P)[rows] W1) W2`` (fp32) for one tile of flat rows; with ``HAS_CAP``
-    the stored scores are ``CAP · tanh(S / CAP)``."""
-    dt = H.dtype.element_ty
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_h = tl.arange(0, BLOCK_H)
-    offs_k = tl.arange(0, BLOCK_K)
-    d_ok = offs_d < D
-    k_ok = offs_k < K
-    r_ok = rows < R
-    x = _flat_rows(H, POS, rows, offs_d, r_ok, d_ok, L, D, stride_pl, HAS_POS)  # [BLOCK_M, BLOCK_D]
-    s = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
-    for c in range(0, HID, BLOCK_H):
-        w1, w2t = _hidden_slice(W1, W2, c + offs_h, offs_d, offs_k, d_ok, k_ok, HID, stride_w1, stride_w2, dt)
-        t = _tanh(tl.dot(x, w1, input_precision=PRECISION), dt, TANH_MODE)  # [BLOCK_M, BLOCK_H]
-        s = tl.dot(t, tl.trans(w2t), s, input_precision=PRECISION)
-    if HAS_CAP:
-        s = CAP * _tanh(s / CAP, tl.float32, 0)
-    tl.store(S + rows.to(tl.int64)[:, None] * K + offs_k[None, :], s, mask=r_ok[:, None] & k_ok[None, :])
+    """``S[rows] = tanh((H + P)[rows] W1) W2`` (fp32) for one tile of the valid rows (slots
+    ``pid BLOCK_M ...`` of ``CU``'s packing; the grid covers all ``R`` rows, tiles past ``CU[B]``
+    do nothing); with ``HAS_CAP`` the stored scores are ``CAP · tanh(S / CAP)``. Padded rows are
+    neither read nor written here (the pool kernel zeroes their scores)."""
+    start = tl.program_id(0) * BLOCK_M
+    total = tl.load(CU + R // L)
+    if start < total:
+        dt = H.dtype.element_ty
+        rows, r_ok = _slot_rows(CU, start, total, R // L, L, STEPS, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_D)
+        offs_h = tl.arange(0, BLOCK_H)
+        offs_k = tl.arange(0, BLOCK_K)
+        d_ok = offs_d < D
+        k_ok = offs_k < K
+        x = _flat_rows(H, POS, rows, offs_d, r_ok, d_ok, L, D, stride_pl, HAS_POS)  # [BLOCK_M, BLOCK_D]
+        s = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
+        for c in range(0, HID, BLOCK_H):
+            w1, w2t = _hidden_slice(W1, W2, c + offs_h, offs_d, offs_k, d_ok, k_ok, HID, stride_w1, stride_w2, dt)
+            t = _tanh(tl.dot(x, w1, input_precision=PRECISION), dt, TANH_MODE)  # [BLOCK_M, BLOCK_H]
+            s = tl.dot(t, tl.trans(w2t), s, input_precision=PRECISION)
+        if HAS_CAP:
+            s = CAP * _tanh(s / CAP, tl.float32, 0)
+        tl.store(S + rows.to(tl.int64)[:, None] * K + offs_k[None, :], s, mask=r_ok[:, None] & k_ok[None, :])
 
 
 @triton.jit
@@ -241,7 +272,8 @@ def _mi_pool_kernel(
     SINGLE_BLOCK: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    """Masked softmax over the sequence and ``Aᵀ H`` for one sequence; also its log-sum-exp."""
+    """Masked softmax over the sequence and ``Aᵀ H`` for one sequence; also its log-sum-exp, and
+    zeros into the scores of its padded rows."""
     b = tl.program_id(0)
     dt = H.dtype.element_ty
     offs_l = tl.arange(0, BLOCK_L)
@@ -262,6 +294,11 @@ def _mi_pool_kernel(
         for start in range(0, n, BLOCK_L):
             m_i, l_i, acc = _pool_block(h_seq, s_seq, m_i, l_i, acc, start, n, K, stride_hl, offs_l,
                                         offs_d, offs_k, d_ok, k_ok, PRECISION)
+    for start in range(n // BLOCK_L * BLOCK_L, L, BLOCK_L):  # padded scores are 0 (never computed)
+        rows = start + offs_l
+        pad = (rows >= n) & (rows < L)
+        tl.store(s_seq + rows[:, None] * K + offs_k[None, :], tl.zeros([BLOCK_L, BLOCK_K], tl.float32),
+                 mask=pad[:, None] & k_ok[None, :])
     has = l_i > 0.0  # false exactly when n == 0
     l_safe = tl.where(has, l_i, 1.0)
     out = acc / l_safe[:, None]  # [BLOCK_K, BLOCK_D]; 0 when n == 0
@@ -562,11 +599,14 @@ def _plan(key: tuple, h: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None, sco
     flat_ints = (rows, seq_len, d, hidden, k, pos.stride(0) if pos is not None else 0, w1.stride(0), w2.stride(0))
     seq_ints = (seq_len, d, k, h.stride(0), h.stride(1), k * d, d)  # out is a fresh contiguous [B, K, d]
     has_pos = {"HAS_POS": pos is not None}
+    row_offsets = ((1,), (b, seq_len), dict(  # the valid-row offsets, in whichever pass runs first
+        BLOCK_B=min(max(16, triton.next_power_of_2(b)), 1024), num_warps=4, num_stages=1))
     if not backward:
         cfg = config or forward_config(seq_len, d, hidden)
         block_l = _seq_block(seq_len, cfg.pool.block_l)
         launches = {
-            "scores": ((triton.cdiv(rows, cfg.scores.block_l),), flat_ints, dict(
+            "row_offsets": row_offsets,
+            "scores": ((triton.cdiv(rows, cfg.scores.block_l),), (*flat_ints, max(0, (b - 1).bit_length())), dict(
                 HAS_CAP=bool(score_cap), BLOCK_M=cfg.scores.block_l, **has_pos,
                 **_blocks(d, hidden, k, cfg.scores.block_h), **flags, **_launch(cfg.scores))),
             "pool": ((b,), seq_ints, dict(
@@ -584,8 +624,7 @@ def _plan(key: tuple, h: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None, sco
         chunk, block_b = _dpos_chunk()
         n_chunks = triton.cdiv(b, chunk)
         launches = {
-            "row_offsets": ((1,), (b, seq_len), dict(
-                BLOCK_B=min(max(16, triton.next_power_of_2(b)), 1024), num_warps=4, num_stages=1)),
+            "row_offsets": row_offsets,
             "bwd_scores": ((b,), seq_ints, dict(
                 HAS_CAP=bool(score_cap), BLOCK_L=_seq_block(seq_len, cfg.scores.block_l), BLOCK_D=block_d,
                 BLOCK_K=block_k, PRECISION=flags["PRECISION"], **_launch(cfg.scores))),
@@ -618,7 +657,7 @@ def multi_interest_forward(
     h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None,
     config: ForwardConfig | None = None, score_cap: float | None = None, key: tuple | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Launch the two forward kernels on contiguous tensors; ``h``'s dtype is the compute dtype, the
+    """Launch the forward kernels on contiguous tensors; ``h``'s dtype is the compute dtype, the
     weights (one dtype) and ``pos`` may be stored wider (fp32), rounded on load.
 
     Args:
@@ -630,27 +669,39 @@ def multi_interest_forward(
 
     Returns:
         ``(out [B, K, d] in h's dtype, lse [B, K] fp32, scores [B, L, K] fp32)``: ``scores``
-        are the (capped) logits of the softmax, ``lse`` their log-sum-exp over the valid
-        positions (0 for empty sequences).
+        are the (capped) logits of the softmax (0 at padded positions), ``lse`` their
+        log-sum-exp over the valid positions (0 for empty sequences).
     """
+    return _forward(h, lengths, w1, w2, pos, config, score_cap, key)[:3]
+
+
+def _forward(
+    h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None,
+    config: ForwardConfig | None, score_cap: float | None, key: tuple | None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """:func:`multi_interest_forward`'s outputs and the valid-row offsets ``cu [B + 1]`` int32 (the
+    backward's too: :func:`_backward_flat` takes them instead of recomputing)."""
     b, seq_len, d = h.shape
     k = w2.shape[1]
     out = torch.empty((b, k, d), device=h.device, dtype=h.dtype)
     lse = torch.empty((b, k), device=h.device, dtype=torch.float32)
     scores = torch.empty((b, seq_len, k), device=h.device, dtype=torch.float32)
+    cu = torch.empty(b + 1, device=h.device, dtype=torch.int32)  # first slot per sequence, then the count
     if b * seq_len == 0:
-        return out.zero_(), lse.zero_(), scores
+        return out.zero_(), lse.zero_(), scores, cu.zero_()
     key = key or _key(h, lengths, w1, w2, pos, score_cap)
     plan = _plan(key, h, w1, w2, pos, score_cap, config, backward=False)
-    _run(plan, "scores", (h, pos if pos is not None else h, w1, w2, scores), (float(score_cap or 1.0),))
+    _run(plan, "row_offsets", (lengths, cu))
+    _run(plan, "scores", (h, pos if pos is not None else h, w1, w2, scores, cu), (float(score_cap or 1.0),))
     _run(plan, "pool", (h, scores, lengths, out, lse))
-    return out, lse, scores
+    return out, lse, scores, cu
 
 
 def _backward_flat(
     h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None,
     out: Tensor, lse: Tensor, scores: Tensor, dout: Tensor, config: BackwardConfig | None = None,
     dscores: Tensor | None = None, score_cap: float | None = None, key: tuple | None = None,
+    cu: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Launch the backward kernels (the module docstring's row offsets, scores and row list, dX,
     weights, and dP with positions) and the one summing the partial sums.
@@ -666,6 +717,8 @@ def _backward_flat(
         score_cap: the forward's cap; the scores kernel of the backward applies its derivative
             ``1 - (S / cap)²`` (and :func:`_add_score_grad` to ``dscores``).
         key: the inputs' :func:`_key`, when the caller has it already.
+        cu: the forward's valid-row offsets ``[B + 1]`` int32 (:func:`_forward`), or None to
+            compute them again.
 
     Returns:
         ``(dh [B, L, d], dw [d · hidden + hidden · K] (dW1 then dW2, flat), dpos [L_max, d] or None)``
@@ -684,9 +737,10 @@ def _backward_flat(
     plan = _plan(key or _key(h, lengths, w1, w2, pos, score_cap), h, w1, w2, pos, score_cap, config, backward=True)
     pos_arg = pos if pos is not None else h
     ds = torch.empty((b, seq_len, k), device=h.device, dtype=h.dtype)  # dLoss/dS; 0 on padding
-    cu = torch.empty(b + 1, device=h.device, dtype=torch.int32)  # first slot per sequence, then the count
+    if cu is None:
+        cu = torch.empty(b + 1, device=h.device, dtype=torch.int32)  # first slot per sequence, then the count
+        _run(plan, "row_offsets", (lengths, cu))
     idx = torch.empty(b * seq_len, device=h.device, dtype=torch.int32)  # valid flat rows, cu[B] of them
-    _run(plan, "row_offsets", (lengths, cu))
     _run(plan, "bwd_scores", (h, scores, lengths, out, dout, lse, dh, ds, cu, idx), (float(score_cap or 1.0),))
     if dscores is not None:
         ds = _add_score_grad(ds, scores, dscores, score_cap)
@@ -735,15 +789,17 @@ def _add_score_grad(ds: Tensor, scores: Tensor, dscores: Tensor, score_cap: floa
 def _input_grads(saved: tuple[Tensor, ...], dout: Tensor | None, dscores: Tensor | None,
                  score_cap: float | None, key: tuple | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
     """``(dh, dw flat, dpos)`` (as :func:`_backward_flat`) from the forward's saved ``(h, lengths,
-    w1, w2, pos, out, lse, scores)`` and the output gradients (either may be None: unused by the loss)."""
-    h, lengths, w1, w2, pos, out, lse, scores = saved
+    w1, w2, pos, out, lse, scores[, cu])`` and the output gradients (either may be None: unused by
+    the loss)."""
+    h, lengths, w1, w2, pos, out, lse, scores, *cu = saved
     dout = torch.zeros_like(out) if dout is None else dout
     return _backward_flat(h, lengths, w1, w2, pos, out, lse, scores, dout, dscores=dscores, score_cap=score_cap,
-                          key=key)
+                          key=key, cu=cu[0] if cu else None)
 
 
 class _MultiInterest(torch.autograd.Function):
-    """Eager autograd path: saves the inputs, the output, the scores ``[B, L, K]`` and log-sum-exp.
+    """Eager autograd path: saves the inputs, the output, the scores ``[B, L, K]``, log-sum-exp and
+    the valid-row offsets (so the backward does not compute them again).
 
     Returns ``(out, scores)``; ``scores`` (the capped logits) is differentiable, so a loss term
     on the attention adds its gradient to the kernel's own score gradient. (The registered op
@@ -754,8 +810,8 @@ class _MultiInterest(torch.autograd.Function):
     def forward(ctx, h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None,
                 score_cap: float | None) -> tuple[Tensor, Tensor]:
         key = _key(h, lengths, w1, w2, pos, score_cap)
-        out, lse, scores = multi_interest_forward(h, lengths, w1, w2, pos, score_cap=score_cap, key=key)
-        ctx.save_for_backward(h, lengths, w1, w2, pos, out, lse, scores)
+        out, lse, scores, cu = _forward(h, lengths, w1, w2, pos, None, score_cap, key)
+        ctx.save_for_backward(h, lengths, w1, w2, pos, out, lse, scores, cu)
         ctx.score_cap, ctx.key = score_cap, key  # the backward's launches are found by the same key
         ctx.set_materialize_grads(False)
         return out, scores
@@ -857,7 +913,8 @@ def triton_multi_interest(
         w2: ``[hidden, K]``.
         pos: optional ``[L_max >= L, d]``, added to ``h`` for the scores only.
         score_cap: if > 0, scores become ``cap · tanh(S / cap)`` before the softmax.
-        return_scores: also return the (capped) scores ``[B, L, K]`` fp32, differentiable.
+        return_scores: also return the (capped) scores ``[B, L, K]`` fp32, differentiable; 0 at
+            padded positions.
 
     Returns:
         ``[B, K, d]`` interests; 0 (with zero gradients) for a sequence of length 0.

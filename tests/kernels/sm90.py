@@ -1,4 +1,4 @@
-"""Compile the attention kernels (and the max-over-interests score and multi-interest backward kernels)
+"""Compile the attention kernels (and the max-over-interests score and multi-interest kernels)
 for an H100/H200 (sm_90) on a machine without a GPU, and read the result: registers per thread,
 spill stack, shared memory and the instructions of each inner loop.
 
@@ -41,7 +41,7 @@ def available() -> bool:
 # integers at the bench shape (B L, d, hidden and their strides)
 MI_TYPES = {"S": "*fp32", "LSE": "*fp32", "DW_PART": "*fp32", "PART": "*fp32", "PARTS": "*fp32",
             "PARTS2": "*fp32", "LENGTHS": "*i64", "CU": "*i32", "IDX": "*i32", "CAP": "fp32",
-            **{n: "i32" for n in ("B", "R", "L", "D", "HID", "K", "P", "N", "P2", "N2", "CHUNK")}}
+            **{n: "i32" for n in ("B", "R", "L", "D", "HID", "K", "P", "N", "P2", "N2", "CHUNK", "STEPS")}}
 MI_ALIGNED_INTS = {"R", "D", "HID", "stride_pl", "stride_w1", "stride_hb", "stride_hl", "stride_ob", "stride_ok", "N",
                    "N2", "CHUNK"}
 
@@ -174,21 +174,25 @@ def max_score_variants() -> list[Variant]:
 
 
 def multi_interest_variants() -> list[Variant]:
-    """The multi-interest backward kernels at the default launches of the H200 bench (bf16, d = 64,
-    hidden = 256, K = 4, positions on): :func:`recsys.kernels.triton_multi_interest.gpu_backward_config`,
-    register caps included."""
+    """The multi-interest kernels at the default launches of the H200 bench (bf16, d = 64, hidden =
+    256, K = 4, positions on): ``gpu_forward_config`` and ``gpu_backward_config`` of
+    :mod:`recsys.kernels.triton_multi_interest`, register caps included."""
     from recsys.kernels import triton_multi_interest as mi
 
-    cfg = mi.gpu_backward_config(50, 64, 256)
+    cfg, fwd = mi.gpu_backward_config(50, 64, 256), mi.gpu_forward_config(50, 64, 256)
     blocks = {"BLOCK_D": 64, "BLOCK_K": 16, "TANH_MODE": 1, "PRECISION": "tf32", "HAS_POS": True}
 
-    def row_kernel(name: str, fn: Any, launch: Any) -> Variant:
+    def row_kernel(name: str, fn: Any, launch: Any, **consts: Any) -> Variant:
         label = f"mi {name} {launch.block_l}x{launch.block_h} w{launch.num_warps} s{launch.num_stages}"
-        return (label, fn, {**blocks, "BLOCK_M": launch.block_l, "BLOCK_H": launch.block_h}, launch.num_warps,
-                launch.num_stages, "bf16", launch.max_registers)
+        return (label, fn, {**blocks, **consts, "BLOCK_M": launch.block_l, "BLOCK_H": launch.block_h},
+                launch.num_warps, launch.num_stages, "bf16", launch.max_registers)
 
-    scores = cfg.scores
+    scores, pool = cfg.scores, fwd.pool
     return [
+        row_kernel("scores", mi._mi_scores_kernel, fwd.scores, HAS_CAP=False),
+        (f"mi pool {pool.block_l} w{pool.num_warps}", mi._mi_pool_kernel,
+         {"SINGLE_BLOCK": True, "BLOCK_L": pool.block_l, "BLOCK_D": 64, "BLOCK_K": 16, "PRECISION": "tf32"},
+         pool.num_warps, pool.num_stages, "bf16", pool.max_registers),
         ("mi row_offsets", mi._mi_row_offsets_kernel, {"BLOCK_B": 1024}, 4, 1, "bf16", None),
         (f"mi bwd_scores {scores.block_l} w{scores.num_warps}", mi._mi_bwd_scores_kernel,
          {"HAS_CAP": False, "BLOCK_L": scores.block_l, "BLOCK_D": 64, "BLOCK_K": 16, "PRECISION": "tf32"},

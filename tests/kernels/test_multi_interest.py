@@ -217,6 +217,55 @@ def test_valid_row_list_cpu(case):
         assert torch.equal(a, b), f"{name} differs between two runs on the same inputs"
 
 
+def _check_padded_scores(batch: int, seq_len: int, lengths: torch.Tensor, device: str) -> None:
+    """The forward's scores kernel walks only the valid rows (each slot's row found by a binary
+    search of the row offsets): there its scores match the twin's, at padded positions they are
+    exactly 0 (written by the pool kernel, as documented) although the buffer held NaN, with and
+    without a cap (fp32); the public call returns the same."""
+    params, _, _ = _problem(batch, seq_len, 4, 16, 64, 22, device)
+    h, w1, w2, pos = (p.float().contiguous() for p in params)
+    lengths = lengths.to(device)
+    padded = torch.arange(seq_len, device=device)[None, :] >= lengths.clamp(0, seq_len)[:, None]  # [B, L]
+    for cap in (None, 1.5):
+        plan = tmi._plan(tmi._key(h, lengths, w1, w2, pos, cap), h, w1, w2, pos, cap, None, backward=False)
+        out, lse = h.new_empty(batch, 4, 16), h.new_empty(batch, 4)
+        scores = torch.full((batch, seq_len, 4), float("nan"), device=device)
+        cu = torch.empty(batch + 1, dtype=torch.int32, device=device)
+        tmi._run(plan, "row_offsets", (lengths, cu))
+        tmi._run(plan, "scores", (h, pos, w1, w2, scores, cu), (float(cap or 1.0),))
+        tmi._run(plan, "pool", (h, scores, lengths, out, lse))
+        twin_out, twin = multi_interest_ref(h, lengths, w1, w2, pos=pos, score_cap=cap, return_scores=True)
+        assert (scores[padded] == 0).all() and (twin[padded] == 0).all()
+        torch.testing.assert_close(scores[~padded], twin[~padded], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out, twin_out, rtol=1e-5, atol=1e-5)
+        returned = triton_multi_interest(h, lengths, w1, w2, pos=pos, score_cap=cap, return_scores=True)[1]
+        assert torch.equal(returned, scores)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("case", LENGTH_CASES)
+def test_scores_walk_the_valid_rows_cpu(case):
+    _check_padded_scores(37, 13, LENGTH_CASES[case](torch.Generator().manual_seed(5)), "cpu")
+
+
+@needs_interpreter
+@pytest.mark.parametrize("batch,seq_len,lengths", [(1, 9, [5]), (2, 9, [0, 9]), (5, 70, [70, 0, 33, 65, 1])],
+                         ids=["one-sequence", "empty-then-full", "longer-than-a-tile"])
+def test_scores_slot_search_edges_cpu(batch, seq_len, lengths):
+    """One sequence (no search step), an empty sequence before a full one (equal offsets), and
+    sequences longer than the interpreter's 32-row tiles."""
+    _check_padded_scores(batch, seq_len, torch.tensor(lengths), "cpu")
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("case", LENGTH_CASES)
+def test_scores_walk_the_valid_rows_gpu(case):
+    _check_padded_scores(37, 13, LENGTH_CASES[case](torch.Generator().manual_seed(5)), "cuda")
+    lengths = torch.randint(12, 51, (4096,), generator=torch.Generator().manual_seed(3))
+    _check_padded_scores(4096, 50, lengths, "cuda")  # the bench's shape: 12 search steps, 64-row tiles
+
+
 @needs_interpreter
 @pytest.mark.parametrize("block_b", [16, 64])
 def test_row_offsets_cpu(block_b):

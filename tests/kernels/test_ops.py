@@ -231,22 +231,21 @@ def test_attention_on_a_fused_projection_copies_nothing_cpu(counted_launches):
 
 @needs_interpreter
 def test_multi_interest_launches_per_call_cpu(counted_launches):
-    """Forward: two kernels; backward: the valid-row offsets, three kernels over the valid rows,
-    dP's partial sums over the batch and one launch summing the weight and dP partials (no torch
-    sums, casts, zeros or concatenations)."""
+    """Forward: the valid-row offsets, the scores over the valid rows and the pool; backward (which
+    reuses the offsets): three kernels over the valid rows, dP's partial sums over the batch and
+    one launch summing the weight and dP partials (no torch sums, casts, zeros or concatenations)."""
     h, lengths, w1, w2, pos, _ = _multi_interest_args("cpu")
     fwd, other = _launches(lambda: multi_interest(h, lengths, w1, w2, pos=pos, backend="triton"), counted_launches)
-    assert fwd == ["_mi_scores_kernel", "_mi_pool_kernel"] and other == []
+    assert fwd == ["_mi_row_offsets_kernel", "_mi_scores_kernel", "_mi_pool_kernel"] and other == []
     out = multi_interest(h, lengths, w1, w2, pos=pos, backend="triton")
     grad = torch.randn_like(out)
     bwd, other = _launches(lambda: torch.autograd.grad(out, (h, w1, w2, pos), grad), counted_launches)
-    assert bwd == ["_mi_row_offsets_kernel", "_mi_bwd_scores_kernel", "_mi_bwd_dx_kernel", "_mi_bwd_weights_kernel",
-                   "_mi_dpos_kernel", "_sum_parts_kernel"]
+    assert bwd == ["_mi_bwd_scores_kernel", "_mi_bwd_dx_kernel", "_mi_bwd_weights_kernel", "_mi_dpos_kernel",
+                   "_sum_parts_kernel"]
     assert other == []  # dP comes out with pos's 9 rows (L = 7) from the kernels
     out = multi_interest(h, lengths, w1, w2, backend="triton")
     no_pos, _ = _launches(lambda: torch.autograd.grad(out, (h, w1, w2), grad), counted_launches)
-    assert no_pos == ["_mi_row_offsets_kernel", "_mi_bwd_scores_kernel", "_mi_bwd_dx_kernel",
-                      "_mi_bwd_weights_kernel", "_sum_parts_kernel"]
+    assert no_pos == ["_mi_bwd_scores_kernel", "_mi_bwd_dx_kernel", "_mi_bwd_weights_kernel", "_sum_parts_kernel"]
 
 
 @needs_interpreter
@@ -256,11 +255,11 @@ def test_multi_interest_reads_fp32_weights_without_casts_cpu(counted_launches):
     h, lengths, w1, w2, pos, _ = _multi_interest_args("cpu")
     h = h.detach().half().requires_grad_()
     fwd, other = _launches(lambda: multi_interest(h, lengths, w1, w2, pos=pos, backend="triton"), counted_launches)
-    assert len(fwd) == 2 and other == []
+    assert len(fwd) == 3 and other == []
     out = multi_interest(h, lengths, w1, w2, pos=pos, backend="triton")
     grad = torch.randn_like(out)
     bwd, other = _launches(lambda: torch.autograd.grad(out, (h, w1, w2, pos), grad), counted_launches)
-    assert len(bwd) == 6 and other == []  # dP summed in fp32, stored in fp32 by the kernels
+    assert len(bwd) == 5 and other == []  # dP summed in fp32, stored in fp32 by the kernels
 
 
 # --------------------------------------------------------------------------------------------
@@ -430,7 +429,7 @@ def test_cached_multi_interest_launches_match_the_first_cpu(direct_launches, cas
     second = _forward_backward(call, leaves, grad)
     twin = _forward_backward(lambda: call("torch"), leaves, grad)
     dpos = ["_mi_dpos_kernel"] if pos is not None else []
-    assert direct_launches == ["_mi_scores_kernel", "_mi_pool_kernel", "_mi_row_offsets_kernel",
+    assert direct_launches == ["_mi_row_offsets_kernel", "_mi_scores_kernel", "_mi_pool_kernel",
                                "_mi_bwd_scores_kernel", "_mi_bwd_dx_kernel", "_mi_bwd_weights_kernel", *dpos,
                                "_sum_parts_kernel"]
     for a, b, t in zip(first, second, twin, strict=True):

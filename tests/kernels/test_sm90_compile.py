@@ -38,9 +38,10 @@ def test_every_kernel_variant_compiles(compiled):
 WEIGHTS_DEFAULT, WEIGHTS_DEFAULT_STACK = "mi bwd_weights 64x128 w4 s2", 200
 
 
-def test_multi_interest_backward_kernels_do_not_spill(compiled):
-    """The multi-interest backward's kernels (the valid-row offsets, scores, dX, dP and sums), at the
-    bench's launches: no spill, but the weight kernel's default, which spills no more than before."""
+def test_multi_interest_kernels_do_not_spill(compiled):
+    """The multi-interest kernels (the forward's scores and pool; the valid-row offsets, the
+    backward's scores, dX, dP and sums), at the bench's launches: no spill, but the weight kernel's
+    default, which spills no more than before."""
     labels = [label for label, *_ in sm90.multi_interest_variants() if label != WEIGHTS_DEFAULT]
     assert not {label: compiled[label]["stack"] for label in labels if compiled[label]["stack"]}
     assert compiled[WEIGHTS_DEFAULT]["stack"] <= WEIGHTS_DEFAULT_STACK
