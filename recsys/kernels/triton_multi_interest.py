@@ -20,11 +20,12 @@ one program per sequence reads ``S`` and ``H`` once more and does the masked sof
 zeros into the padded rows' scores.
 
 Backward, four launches (five with positions; the registered operator used under
-``torch.compile`` launches the row offsets again first). (1) Per sequence: ``A`` from the saved ``S`` and log-sum-exp, the value path ``dH = A dO`` and the
-score gradients ``dS = A (dA - <dO, O>)`` (``[B, L, K]``, small); it also writes the sequence's flat
-row ids to the *valid-row list* at ``cu[b]``. The next kernels walk tiles of that list (tile row
-``i`` is flat row ``idx[i]``), so their work scales with the number of clicks, not ``B L``; their
-grids are sized for all ``B L`` rows and tiles past ``cu[B]`` do nothing (no host sync).
+``torch.compile`` launches the row offsets again first). (1) Per sequence: ``A`` from the saved
+``S`` and log-sum-exp, the value path ``dH = A dO`` and the score gradients
+``dS = A (dA - <dO, O>)`` (``[B, L, K]``, small); it also writes the sequence's flat row ids to the
+*valid-row list* at ``cu[b]``. The next kernels walk tiles of that list (tile row ``i`` is flat row
+``idx[i]``), so their work scales with the number of clicks, not ``B L``; their grids are sized for
+all ``B L`` rows and tiles past ``cu[B]`` do nothing (no host sync).
 (2) *dX*: over hidden slices it recomputes ``tanh``, forms ``dZ = (dS W2ᵀ) (1 - T²)`` and
 accumulates ``dX = dZ W1ᵀ``, which it adds to ``dH`` in place (and, with positions, stores for dP).
 (3) *Weights*: persistent programs on a ``(programs, hidden slices)`` grid, looping to
