@@ -788,14 +788,15 @@ def _add_score_grad(ds: Tensor, scores: Tensor, dscores: Tensor, score_cap: floa
 
 
 def _input_grads(saved: tuple[Tensor, ...], dout: Tensor | None, dscores: Tensor | None,
-                 score_cap: float | None, key: tuple | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+                 score_cap: float | None, key: tuple | None = None,
+                 cu: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
     """``(dh, dw flat, dpos)`` (as :func:`_backward_flat`) from the forward's saved ``(h, lengths,
-    w1, w2, pos, out, lse, scores[, cu])`` and the output gradients (either may be None: unused by
-    the loss)."""
-    h, lengths, w1, w2, pos, out, lse, scores, *cu = saved
+    w1, w2, pos, out, lse, scores)`` (and its valid-row offsets ``cu``, if kept) and the output
+    gradients (either may be None: unused by the loss)."""
+    h, lengths, w1, w2, pos, out, lse, scores = saved
     dout = torch.zeros_like(out) if dout is None else dout
     return _backward_flat(h, lengths, w1, w2, pos, out, lse, scores, dout, dscores=dscores, score_cap=score_cap,
-                          key=key, cu=cu[0] if cu else None)
+                          key=key, cu=cu)
 
 
 class _MultiInterest(torch.autograd.Function):
@@ -820,8 +821,8 @@ class _MultiInterest(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout: Tensor | None, dscores: Tensor | None):
-        saved = ctx.saved_tensors
-        dh, dw, dpos = _input_grads(saved, dout, dscores, ctx.score_cap, ctx.key)
+        *saved, cu = ctx.saved_tensors
+        dh, dw, dpos = _input_grads(saved, dout, dscores, ctx.score_cap, ctx.key, cu)
         dw1, dw2 = _split_weights(dw, saved[2], saved[3])
         need = ctx.needs_input_grad
         return (
