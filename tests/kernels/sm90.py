@@ -200,7 +200,7 @@ def multi_interest_variants() -> list[Variant]:
         row_kernel("bwd_dx", mi._mi_bwd_dx_kernel, cfg.dx),
         row_kernel("bwd_weights", mi._mi_bwd_weights_kernel, cfg.weights),
         ("mi dpos 32 w4 s2", mi._mi_dpos_kernel, {"BLOCK_B": 32, "BLOCK_D": 64}, 4, 2, "bf16", None),
-        ("mi sum_parts two", mi._sum_parts_kernel, {"TWO": True, "BLOCK_P": mi.SUM_BLOCK_P,
+        ("mi sum_parts two", mi._sum_parts_kernel, {"TWO": True, "BLOCK_P": 256,
                                                     "BLOCK_N": mi.SUM_BLOCK_N}, 4, 2, "bf16", None),
     ]
 
