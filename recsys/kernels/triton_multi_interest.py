@@ -26,12 +26,14 @@ Backward, four launches (five with positions; the registered operator used under
 *valid-row list* at ``cu[b]``. The next kernels walk tiles of that list (tile row ``i`` is flat row
 ``idx[i]``), so their work scales with the number of clicks, not ``B L``; their grids are sized for
 all ``B L`` rows and tiles past ``cu[B]`` do nothing (no host sync).
-(2) *dX*: over hidden slices it recomputes ``tanh``, forms ``dZ = (dS W2ᵀ) (1 - T²)`` and
-accumulates ``dX = dZ W1ᵀ``, which it adds to ``dH`` in place (and, with positions, stores for dP).
-(3) *Weights*: persistent programs on a ``(programs, hidden slices)`` grid, looping to
+(2) *Weights*: persistent programs on a ``(programs, hidden slices)`` grid, looping to
 ``cdiv(cu[B], BLOCK_M)``; each recomputes ``tanh`` for its slice and sums ``Xᵀ dZ`` and ``Tᵀ dS``
-in registers. (4) With positions, *dP*: per position and chunk of sequences, the sum of the valid
-rows' dX. (5) One launch sums the per-program weight partials and dP's partials, in a fixed order:
+in registers. On a GPU it runs on a second stream (:func:`_side_stream`), alongside (3) and (4):
+one weight program per multiprocessor leaves room for the others' programs. (3) *dX*: over hidden
+slices it recomputes ``tanh``, forms ``dZ = (dS W2ᵀ) (1 - T²)`` and accumulates ``dX = dZ W1ᵀ``,
+which it adds to ``dH`` in place (and, with positions, stores for dP). (4) With positions, *dP*:
+per position and chunk of sequences, the sum of the valid rows' dX. (5) After the streams join,
+one launch sums the per-program weight partials and dP's partials, in a fixed order:
 deterministic, no atomics.
 
 Tiles span many rows (several sequences) because one sequence's work is a chain of small
@@ -163,7 +165,10 @@ def gpu_backward_config(seq_len: int, d: int, hidden: int) -> BackwardConfig:
     return BackwardConfig(
         scores=LaunchConfig(block_l=64, num_warps=4, num_stages=1, max_registers=128),
         dx=LaunchConfig(block_l=64, num_warps=4, num_stages=3, block_h=32),
-        weights=LaunchConfig(block_l=64, num_warps=4, num_stages=2, programs_per_sm=2, block_h=128),
+        # one program per multiprocessor (255 registers on 4 warps, half the register file): the dX
+        # and dP kernels run beside it on the other stream (H200, session 10: backward 160 -> 151 us
+        # at 4096 x 50 x 4, 159 -> 147 at 1024 x 200 x 8 against two programs and one stream)
+        weights=LaunchConfig(block_l=64, num_warps=4, num_stages=2, programs_per_sm=1, block_h=128),
     )
 
 
@@ -754,10 +759,17 @@ def _backward_flat(
     if dscores is not None:
         ds = _add_score_grad(ds, scores, dscores, score_cap)
     dx = torch.empty_like(h) if pos is not None else dh  # score-path dH of the valid rows, for dP
-    _run(plan, "bwd_dx", (h, pos_arg, ds, w1, w2, dh, dx, cu, idx))
     nprog_r, _, n_chunks, _ = plan["sum_parts"][1]
     dw_part = torch.empty((nprog_r, n_weights), device=h.device, dtype=torch.float32)  # per program: dW1, dW2
-    _run(plan, "bwd_weights", (h, pos_arg, ds, w1, w2, dw_part, cu, idx))
+    side = _side_stream(h.device.index) if h.is_cuda else None
+    if side is None:
+        _run(plan, "bwd_weights", (h, pos_arg, ds, w1, w2, dw_part, cu, idx))
+    else:  # launched first, so that its persistent programs take their place on every multiprocessor
+        main = torch.cuda.current_stream(h.device)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            _run(plan, "bwd_weights", (h, pos_arg, ds, w1, w2, dw_part, cu, idx))
+    _run(plan, "bwd_dx", (h, pos_arg, ds, w1, w2, dh, dx, cu, idx))
     dw = torch.empty(n_weights, device=h.device, dtype=w1.dtype)
     dpos, second_sum = None, (dw_part, dw)  # dP's partial sums and result, if any, summed in the same launch
     if pos is not None:
@@ -765,8 +777,19 @@ def _backward_flat(
         _run(plan, "dpos", (dx, lengths, dpos_part))
         dpos = torch.empty(pos.shape, device=h.device, dtype=pos.dtype)  # contiguous [L_max, d]; rows >= L get 0
         second_sum = (dpos_part, dpos)
+    if side is not None:
+        main.wait_stream(side)  # the join: what the weight kernel read or wrote is free after this point
     _run(plan, "sum_parts", (dw_part, dw, *second_sum))
     return dh, dw, dpos
+
+
+@functools.cache
+def _side_stream(device_index: int) -> torch.cuda.Stream:
+    """A second stream per GPU: the backward runs the weight kernel on it while dX and dP run on
+    the caller's stream (the two read the same inputs and write different outputs). Joined before
+    the sums, so the call's work ends on the caller's stream, in eager mode and under CUDA-graph
+    capture alike."""
+    return torch.cuda.Stream(device_index)
 
 
 def _split_weights(dw: Tensor, w1: Tensor, w2: Tensor) -> tuple[Tensor, Tensor]:

@@ -8,6 +8,7 @@ the sweep on CUDA in bf16.
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -394,6 +395,38 @@ def test_cuda_graph_replay_follows_new_lengths_gpu():
         expected = step()
         for name, a, b in zip(NAMES, captured, expected):
             assert torch.equal(a, b), f"{name}: graph replay differs from the eager call"
+
+
+@gpu
+@needs_cuda
+def test_weight_kernel_runs_on_its_own_stream_gpu(tmp_path):
+    """The backward's weight kernel runs on a second stream, beside dX and dP on the caller's; the
+    call still ends on the caller's stream (its gradients are ready there without a sync) and gives
+    the same bits as a run with the weight kernel on the caller's stream."""
+    params, lengths, grad = _problem(300, 50, 4, 64, 256, 8, "cuda")
+    h, w1, w2, pos = (p.to(torch.bfloat16).contiguous() for p in params)
+    grad = grad.to(torch.bfloat16)
+    lengths = lengths.cuda()
+    out, lse, scores = multi_interest_forward(h, lengths, w1, w2, pos)
+
+    def backward():
+        return multi_interest_backward(h, lengths, w1, w2, pos, out, lse, scores, grad)
+
+    backward()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        two_streams = backward()
+        torch.cuda.synchronize()
+    trace = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(trace))
+    streams = {e["name"]: e["args"]["stream"] for e in json.loads(trace.read_text())["traceEvents"]
+               if e.get("cat") == "kernel" and e["name"].startswith("_")}
+    assert streams["_mi_bwd_weights_kernel"] != streams["_mi_bwd_dx_kernel"]
+    assert streams["_sum_parts_kernel"] == streams["_mi_bwd_dx_kernel"] == streams["_mi_bwd_scores_kernel"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tmi, "_side_stream", lambda index: torch.cuda.current_stream(index))
+        one_stream = backward()
+    for a, b in zip(two_streams, one_stream):
+        assert torch.equal(a, b)
 
 
 def test_register_cap_reaches_the_compiler_options(monkeypatch):

@@ -240,12 +240,12 @@ def test_multi_interest_launches_per_call_cpu(counted_launches):
     out = multi_interest(h, lengths, w1, w2, pos=pos, backend="triton")
     grad = torch.randn_like(out)
     bwd, other = _launches(lambda: torch.autograd.grad(out, (h, w1, w2, pos), grad), counted_launches)
-    assert bwd == ["_mi_bwd_scores_kernel", "_mi_bwd_dx_kernel", "_mi_bwd_weights_kernel", "_mi_dpos_kernel",
+    assert bwd == ["_mi_bwd_scores_kernel", "_mi_bwd_weights_kernel", "_mi_bwd_dx_kernel", "_mi_dpos_kernel",
                    "_sum_parts_kernel"]
     assert other == []  # dP comes out with pos's 9 rows (L = 7) from the kernels
     out = multi_interest(h, lengths, w1, w2, backend="triton")
     no_pos, _ = _launches(lambda: torch.autograd.grad(out, (h, w1, w2), grad), counted_launches)
-    assert no_pos == ["_mi_bwd_scores_kernel", "_mi_bwd_dx_kernel", "_mi_bwd_weights_kernel", "_sum_parts_kernel"]
+    assert no_pos == ["_mi_bwd_scores_kernel", "_mi_bwd_weights_kernel", "_mi_bwd_dx_kernel", "_sum_parts_kernel"]
 
 
 @needs_interpreter
@@ -430,7 +430,7 @@ def test_cached_multi_interest_launches_match_the_first_cpu(direct_launches, cas
     twin = _forward_backward(lambda: call("torch"), leaves, grad)
     dpos = ["_mi_dpos_kernel"] if pos is not None else []
     assert direct_launches == ["_mi_row_offsets_kernel", "_mi_scores_kernel", "_mi_pool_kernel",
-                               "_mi_bwd_scores_kernel", "_mi_bwd_dx_kernel", "_mi_bwd_weights_kernel", *dpos,
+                               "_mi_bwd_scores_kernel", "_mi_bwd_weights_kernel", "_mi_bwd_dx_kernel", *dpos,
                                "_sum_parts_kernel"]
     for a, b, t in zip(first, second, twin, strict=True):
         assert torch.equal(a, b)
