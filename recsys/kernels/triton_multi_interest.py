@@ -28,8 +28,8 @@ Backward, four launches (five with positions; the registered operator used under
 all ``B L`` rows and tiles past ``cu[B]`` do nothing (no host sync).
 (2) *Weights*: persistent programs on a ``(programs, hidden slices)`` grid, looping to
 ``cdiv(cu[B], BLOCK_M)``; each recomputes ``tanh`` for its slice and sums ``Xᵀ dZ`` and ``Tᵀ dS``
-in registers. On a GPU it runs on a second stream (:func:`_side_stream`), alongside (3) and (4):
-one weight program per multiprocessor leaves room for the others' programs. (3) *dX*: over hidden
+in registers. Under CUDA-graph capture it runs on a second stream (:func:`_side_stream`),
+alongside (3) and (4). (3) *dX*: over hidden
 slices it recomputes ``tanh``, forms ``dZ = (dS W2ᵀ) (1 - T²)`` and accumulates ``dX = dZ W1ᵀ``,
 which it adds to ``dH`` in place (and, with positions, stores for dP). (4) With positions, *dP*:
 per position and chunk of sequences, the sum of the valid rows' dX. (5) After the streams join,
@@ -165,10 +165,7 @@ def gpu_backward_config(seq_len: int, d: int, hidden: int) -> BackwardConfig:
     return BackwardConfig(
         scores=LaunchConfig(block_l=64, num_warps=4, num_stages=1, max_registers=128),
         dx=LaunchConfig(block_l=64, num_warps=4, num_stages=3, block_h=32),
-        # one program per multiprocessor (255 registers on 4 warps, half the register file): the dX
-        # and dP kernels run beside it on the other stream (H200, session 10: backward 160 -> 151 us
-        # at 4096 x 50 x 4, 159 -> 147 at 1024 x 200 x 8 against two programs and one stream)
-        weights=LaunchConfig(block_l=64, num_warps=4, num_stages=2, programs_per_sm=1, block_h=128),
+        weights=LaunchConfig(block_l=64, num_warps=4, num_stages=2, programs_per_sm=2, block_h=128),
     )
 
 
@@ -761,7 +758,9 @@ def _backward_flat(
     dx = torch.empty_like(h) if pos is not None else dh  # score-path dH of the valid rows, for dP
     nprog_r, _, n_chunks, _ = plan["sum_parts"][1]
     dw_part = torch.empty((nprog_r, n_weights), device=h.device, dtype=torch.float32)  # per program: dW1, dW2
-    side = _side_stream(h.device.index) if h.is_cuda else None
+    # under CUDA-graph capture the weight kernel runs beside dX and dP on a second stream (GPU time
+    # only counts there); launched call by call the stream switch costs more host time than it saves
+    side = _side_stream(h.device.index) if h.is_cuda and torch.cuda.is_current_stream_capturing() else None
     if side is None:
         _run(plan, "bwd_weights", (h, pos_arg, ds, w1, w2, dw_part, cu, idx))
     else:  # launched first, so that its persistent programs take their place on every multiprocessor
@@ -785,10 +784,15 @@ def _backward_flat(
 
 @functools.cache
 def _side_stream(device_index: int) -> torch.cuda.Stream:
-    """A second stream per GPU: the backward runs the weight kernel on it while dX and dP run on
-    the caller's stream (the two read the same inputs and write different outputs). Joined before
-    the sums, so the call's work ends on the caller's stream, in eager mode and under CUDA-graph
-    capture alike."""
+    """A second stream per GPU: a backward captured in a CUDA graph runs the weight kernel on it
+    while dX and dP run on the caller's stream (they read the same inputs and write different
+    outputs). Joined before the sums, so the call's work ends on the caller's stream; the same
+    launches as one stream, so a graph replay gives the bits of an eager call.
+
+    H200 (session 10), backward in a graph at 4096 x 50 x 4: 160 -> 152 us; 1024 x 200 x 8: 159 -> 149.
+    Launched call by call it would cost ~0.1-0.25 ms more host time per call on the lent machine
+    (events and stream switches), more than it saves, so eager calls use one stream.
+    """
     return torch.cuda.Stream(device_index)
 
 
