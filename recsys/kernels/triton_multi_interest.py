@@ -29,12 +29,11 @@ all ``B L`` rows and tiles past ``cu[B]`` do nothing (no host sync).
 (2) *Weights*: persistent programs on a ``(programs, hidden slices)`` grid, looping to
 ``cdiv(cu[B], BLOCK_M)``; each recomputes ``tanh`` for its slice and sums ``Xᵀ dZ`` and ``Tᵀ dS``
 in registers. Under CUDA-graph capture it runs on a second stream (:func:`_side_stream`),
-alongside (3) and (4). (3) *dX*: over hidden
-slices it recomputes ``tanh``, forms ``dZ = (dS W2ᵀ) (1 - T²)`` and accumulates ``dX = dZ W1ᵀ``,
-which it adds to ``dH`` in place (and, with positions, stores for dP). (4) With positions, *dP*:
-per position and chunk of sequences, the sum of the valid rows' dX. (5) After the streams join,
-one launch sums the per-program weight partials and dP's partials, in a fixed order:
-deterministic, no atomics.
+alongside (3) and (4). (3) *dX*: over hidden slices it recomputes ``tanh``, forms
+``dZ = (dS W2ᵀ) (1 - T²)`` and accumulates ``dX = dZ W1ᵀ``, which it adds to ``dH`` in place (and,
+with positions, stores for dP). (4) With positions, *dP*: per position and chunk of sequences, the
+sum of the valid rows' dX. (5) After the streams join, one launch sums the per-program weight
+partials and dP's partials, in a fixed order: deterministic, no atomics.
 
 Tiles span many rows (several sequences) because one sequence's work is a chain of small
 dependent steps: with a tile per sequence the GPU mostly waits on latency.
@@ -413,9 +412,7 @@ def _dx_tile(H, POS, DS, W1, W2, DH, DX, IDX, start, total, L, D, HID, K, stride
     d_ok = offs_d < D
     k_ok = offs_k < K
     rows, r_ok = _valid_rows(IDX, start, total, BLOCK_M)
-    x = _flat_rows(H, POS, rows, offs_d, r_ok, d_ok, L, D, stride_pl, HAS_POS)  # [BLOCK_M, BLOCK_D]
-    ds = tl.load(DS + rows.to(tl.int64)[:, None] * K + offs_k[None, :],
-                 mask=r_ok[:, None] & k_ok[None, :], other=0.0)  # [BLOCK_M, BLOCK_K]
+    x, ds = _x_and_ds(H, POS, DS, rows, r_ok, offs_d, offs_k, d_ok, k_ok, L, D, K, stride_pl, HAS_POS)
     dx = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for c in range(0, HID, BLOCK_H):
         w1, w2t = _hidden_slice(W1, W2, c + offs_h, offs_d, offs_k, d_ok, k_ok, HID, stride_w1, stride_w2, dt)
