@@ -207,6 +207,14 @@ def _flat_rows(H, POS, rows, offs_d, r_ok, d_ok, L, D, stride_pl, HAS_POS: tl.co
 
 
 @triton.jit
+def _x_and_ds(H, POS, DS, rows, r_ok, offs_d, offs_k, d_ok, k_ok, L, D, K, stride_pl, HAS_POS: tl.constexpr):
+    """``(H + P)[rows]`` ``[M, BLOCK_D]`` and ``dS[rows]`` ``[M, BLOCK_K]`` (zeros where ``r_ok`` is false)."""
+    x = _flat_rows(H, POS, rows, offs_d, r_ok, d_ok, L, D, stride_pl, HAS_POS)
+    ds = tl.load(DS + rows.to(tl.int64)[:, None] * K + offs_k[None, :], mask=r_ok[:, None] & k_ok[None, :], other=0.0)
+    return x, ds
+
+
+@triton.jit
 def _valid_rows(IDX, start, total, BLOCK_M: tl.constexpr):
     """Flat row ids ``IDX[start : start + BLOCK_M]`` of the valid-row list and their mask (``< total``);
     masked entries read row 0 (and are masked again at every load and store)."""
@@ -472,14 +480,6 @@ def _mi_bwd_weights_kernel(
     part = DW_PART + pid_r.to(tl.int64) * (D * HID + HID * K)  # this program's row: dW1 then dW2, flat
     tl.store(part + offs_d[:, None] * HID + cols[None, :], dw1, mask=d_ok[:, None] & c_ok[None, :])
     tl.store(part + D * HID + cols[None, :] * K + offs_k[:, None], dw2t, mask=c_ok[None, :] & k_ok[:, None])
-
-
-@triton.jit
-def _x_and_ds(H, POS, DS, rows, r_ok, offs_d, offs_k, d_ok, k_ok, L, D, K, stride_pl, HAS_POS: tl.constexpr):
-    """``(H + P)[rows]`` ``[M, BLOCK_D]`` and ``dS[rows]`` ``[M, BLOCK_K]`` (zeros where ``r_ok`` is false)."""
-    x = _flat_rows(H, POS, rows, offs_d, r_ok, d_ok, L, D, stride_pl, HAS_POS)
-    ds = tl.load(DS + rows.to(tl.int64)[:, None] * K + offs_k[None, :], mask=r_ok[:, None] & k_ok[None, :], other=0.0)
-    return x, ds
 
 
 @triton.jit
