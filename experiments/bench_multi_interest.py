@@ -9,6 +9,7 @@ two ratio tables (launch, graph).
 
     python experiments/bench_multi_interest.py             # the acceptance shapes
     python experiments/bench_multi_interest.py --sweep     # also time launch configs at the first shape
+    python experiments/bench_multi_interest.py --shapes 1024x200x8 --sweep fwd:scores,bwd:scores  # some kernels
     python experiments/bench_multi_interest.py --shapes 1024x200x8,128x20x4
 """
 
@@ -152,8 +153,10 @@ def flex_method(lengths_of_set: dict[int, torch.Tensor], seq_len: int, k: int):
     return flex
 
 
-def sweep(sets: list[Inputs]) -> None:
-    """GPU time (CUDA graphs) of each kernel's launch configs, the others at their defaults."""
+def sweep(sets: list[Inputs], kernels: str = "all") -> None:
+    """GPU time (CUDA graphs) of each kernel's launch configs, the others at their defaults;
+    ``kernels``: "all" or a comma-separated subset of ``fwd:scores``, ``fwd:pool``, ``bwd:scores``,
+    ``bwd:dx``, ``bwd:weights``."""
     batch, seq_len, d = sets[0][0].shape
     hidden, k = sets[0][3].shape
     fwd_default = forward_config(seq_len, d, hidden)
@@ -175,15 +178,22 @@ def sweep(sets: list[Inputs]) -> None:
         return graph_ms(rotating(saved, bwd))
 
     candidates = {  # (rows per tile, warps, stages, hidden per slice, register cap)
-        ("fwd", "scores"): [(128, 8, 3, 64, None), (64, 4, 3, 64, None), (128, 8, 3, 64, 128), (64, 4, 2, 64, None)],
+        ("fwd", "scores"): [(128, 8, 3, 64, None), (64, 4, 3, 64, None), (64, 4, 3, 64, 96), (128, 8, 3, 64, 128),
+                            (64, 4, 2, 64, None)],
         ("fwd", "pool"): [(64, 4, 1, 0, None), (32, 4, 1, 0, None)],
-        ("bwd", "scores"): [(64, 4, 1, 0, None), (64, 4, 1, 0, 128), (32, 4, 1, 0, None), (32, 4, 1, 0, 96)],
+        ("bwd", "scores"): [(64, 4, 1, 0, None), (64, 4, 1, 0, 128), (64, 4, 1, 0, 120), (32, 4, 1, 0, None),
+                            (32, 4, 1, 0, 96)],
         ("bwd", "dx"): [(128, 8, 3, 64, None), (128, 8, 3, 64, 128), (128, 8, 2, 64, 128), (64, 4, 3, 64, None),
                         (64, 4, 3, 64, 128), (64, 4, 2, 64, 128), (128, 8, 3, 32, 128), (64, 4, 3, 32, 96)],
         ("bwd", "weights"): [(64, 4, 2, 128, None), (64, 4, 2, 64, None), (64, 4, 2, 64, 168), (128, 8, 2, 64, None),
                              (64, 8, 2, 64, 128), (32, 4, 2, 128, 168), (64, 8, 2, 128, None), (128, 8, 2, 128, None)],
     }
+    chosen = set(candidates) if kernels == "all" else {tuple(k.split(":")) for k in kernels.split(",")}
+    if chosen - set(candidates):
+        raise SystemExit(f"--sweep: unknown kernels {sorted(chosen - set(candidates))}")
     for (which, field), shapes in candidates.items():
+        if (which, field) not in chosen:
+            continue
         for block_l, warps, stages, block_h, regs in shapes:
             for pps in ((1, 2, 3, 4) if field == "weights" else (0,)):
                 cfg = LaunchConfig(block_l, warps, stages, pps, block_h or 64, regs)
@@ -253,7 +263,8 @@ def main() -> None:
     parser.add_argument("--d", type=int, default=64)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--sets", type=int, default=4, help="input sets to rotate over")
-    parser.add_argument("--sweep", action="store_true", help="time launch configs at the first shape")
+    parser.add_argument("--sweep", nargs="?", const="all", default=None, metavar="KERNELS",
+                        help="time launch configs at the first shape: all kernels, or e.g. fwd:scores,bwd:scores")
     parser.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in SHAPES),
                         help="comma-separated BxLxK (default: the acceptance shapes)")
     args = parser.parse_args()
@@ -280,7 +291,7 @@ def main() -> None:
         print(ratios(rows, timing))
     if args.sweep:
         batch, seq_len, k = shapes[0]
-        sweep([make_inputs(batch, seq_len, k, args.d, args.hidden, False, s) for s in range(args.sets)])
+        sweep([make_inputs(batch, seq_len, k, args.d, args.hidden, False, s) for s in range(args.sets)], args.sweep)
     print(f"\ntotal {time.time() - start:.0f} s", flush=True)
 
 

@@ -8,11 +8,12 @@ For each sequence ``b`` with ``n = lengths[b]`` valid clicks::
     A = softmax over l < n of S    [L, K]
     out[b] = Aᵀ H[b]               [K, d]
 
-Forward, three launches. (0) *Row offsets*, one program: the exclusive prefix sum ``cu`` of the
-clamped lengths and the number of valid rows ``cu[B]``, kept on the device: slot ``cu[b] + l`` of
-the *valid rows* is row ``l < lengths[b]`` of sequence ``b``. (1) *Scores*: tiles of ``BLOCK_M``
-valid rows (each slot finds its row by a binary search of ``cu``; the grid covers all ``B L`` rows
-and tiles past ``cu[B]`` do nothing, so there is no host sync), so padded rows cost nothing; a loop
+Forward, three launches. (0) *Valid-row list*, kept on the device: the exclusive prefix sum ``cu``
+of the clamped lengths, the number of valid rows ``cu[B]``, and ``idx``: slot ``cu[b] + l`` of the
+list holds the flat row ``b L + l`` of position ``l < lengths[b]`` (each program sums the lengths
+before its sequences itself: one launch). (1) *Scores*: tiles of ``BLOCK_M`` slots of the list (the
+grid covers all ``B L`` rows and tiles past ``cu[B]`` do nothing, so there is no host sync), so
+padded rows cost nothing; a loop
 over slices of the hidden units computes ``tanh(X W1)`` in registers and accumulates ``S``, so the
 ``[B, L, hidden]`` activation never reaches memory; ``S [B, L, K]`` fp32 (small) does. (2) *Pool*:
 one program per sequence reads ``S`` and ``H`` once more and does the masked softmax over ``L``
@@ -20,12 +21,12 @@ one program per sequence reads ``S`` and ``H`` once more and does the masked sof
 zeros into the padded rows' scores.
 
 Backward, four launches (five with positions; the registered operator used under
-``torch.compile`` launches the row offsets again first). (1) Per sequence: ``A`` from the saved
+``torch.compile`` builds the valid-row list again first). (1) Per sequence: ``A`` from the saved
 ``S`` and log-sum-exp, the value path ``dH = A dO`` and the score gradients
-``dS = A (dA - <dO, O>)`` (``[B, L, K]``, small); it also writes the sequence's flat row ids to the
-*valid-row list* at ``cu[b]``. The next kernels walk tiles of that list (tile row ``i`` is flat row
-``idx[i]``), so their work scales with the number of clicks, not ``B L``; their grids are sized for
-all ``B L`` rows and tiles past ``cu[B]`` do nothing (no host sync).
+``dS = A (dA - <dO, O>)`` (``[B, L, K]``, small). The next kernels walk tiles of the forward's
+valid-row list (tile row ``i`` is flat row ``idx[i]``), so their work scales with the number of
+clicks, not ``B L``; their grids are sized for all ``B L`` rows and tiles past ``cu[B]`` do nothing
+(no host sync).
 (2) *Weights*: persistent programs on a ``(programs, hidden slices)`` grid, looping to
 ``cdiv(cu[B], BLOCK_M)``; each recomputes ``tanh`` for its slice and sums ``Xᵀ dZ`` and ``Tᵀ dS``
 in registers. Under CUDA-graph capture it runs on a second stream (:func:`_side_stream`),
@@ -103,7 +104,7 @@ class ForwardConfig:
 
 @dataclass(frozen=True)
 class BackwardConfig:
-    """Launch shapes of the three heavy backward kernels (row offsets, dP and the sums have fixed shapes)."""
+    """Launch shapes of the three heavy backward kernels (the row list, dP and the sums have fixed shapes)."""
 
     scores: LaunchConfig
     dx: LaunchConfig
@@ -140,8 +141,10 @@ def forward_config(seq_len: int, d: int, hidden: int) -> ForwardConfig:
 
 def gpu_forward_config(seq_len: int, d: int, hidden: int) -> ForwardConfig:
     """The forward launches compiled for a GPU (:func:`forward_config` says where they come from)."""
+    # the scores kernel reading its rows from the valid-row list took 102 registers (sm_90, Triton
+    # 3.9; 88 with the binary search it replaced): capped at 96 it keeps five programs, no spill
     return ForwardConfig(
-        scores=LaunchConfig(block_l=64, num_warps=4, num_stages=3, block_h=64),
+        scores=LaunchConfig(block_l=64, num_warps=4, num_stages=3, block_h=64, max_registers=96),
         pool=LaunchConfig(block_l=64, num_warps=4, num_stages=1),
     )
 
@@ -158,11 +161,12 @@ def backward_config(seq_len: int, d: int, hidden: int) -> BackwardConfig:
 
 def gpu_backward_config(seq_len: int, d: int, hidden: int) -> BackwardConfig:
     """The backward launches compiled for a GPU (see :func:`forward_config` for where they come from)."""
-    # more programs per multiprocessor (H200 sweep, session 9): the scores kernel capped at 128
-    # registers fits four 4-warp programs (Triton 3.6 gave it 130: three); the dX kernel's 64 x 32
+    # more programs per multiprocessor (H200 sweep, session 9): the scores kernel capped fits four
+    # 4-warp programs (Triton 3.6 gave it 130: three; capped at 128 it spilled 8 bytes once it no
+    # longer wrote the row list, at 120 it takes 115 and none); the dX kernel's 64 x 32
     # tile needs 96 registers, five programs (its old 128 x 64 tile on 8 warps took 130: one)
     return BackwardConfig(
-        scores=LaunchConfig(block_l=64, num_warps=4, num_stages=1, max_registers=128),
+        scores=LaunchConfig(block_l=64, num_warps=4, num_stages=1, max_registers=120),
         dx=LaunchConfig(block_l=64, num_warps=4, num_stages=3, block_h=32),
         weights=LaunchConfig(block_l=64, num_warps=4, num_stages=2, programs_per_sm=2, block_h=128),
     )
@@ -224,41 +228,22 @@ def _valid_rows(IDX, start, total, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def _slot_rows(CU, start, total, B, L, STEPS, BLOCK_M: tl.constexpr):
-    """Flat rows ``b L + l`` of the valid-row slots ``start ... start + BLOCK_M`` (slot ``CU[b] + l``
-    is row ``l < lengths[b]`` of sequence ``b``) and their mask (``< total``): a binary search of
-    ``CU[:B]`` per slot, ``STEPS >= log2(B)`` halvings (``CU`` is small and stays in cache)."""
-    slots = start + tl.arange(0, BLOCK_M)
-    lo = tl.zeros([BLOCK_M], tl.int32)  # invariant: CU[lo] <= slot (CU[0] = 0), answer in [lo, hi)
-    hi = tl.full([BLOCK_M], B, tl.int32)
-    first = tl.zeros([BLOCK_M], tl.int32)  # CU[lo]
-    for _ in range(STEPS):
-        mid = (lo + hi) // 2
-        c = tl.load(CU + mid)
-        right = c <= slots  # the last sequence starting at or before the slot is at mid or later
-        lo = tl.where(right, mid, lo)
-        first = tl.where(right, c, first)
-        hi = tl.where(right, hi, mid)
-    return lo * L + slots - first, slots < total
-
-
-@triton.jit
 def _mi_scores_kernel(
-    H, POS, W1, W2, S, CU,
-    R, L, D, HID, K, stride_pl, stride_w1, stride_w2, STEPS, CAP,
+    H, POS, W1, W2, S, CU, IDX,
+    R, L, D, HID, K, stride_pl, stride_w1, stride_w2, CAP,
     HAS_POS: tl.constexpr, HAS_CAP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
     TANH_MODE: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """``S[rows] = tanh((H + P)[rows] W1) W2`` (fp32) for one tile of the valid rows (slots
-    ``pid BLOCK_M ...`` of ``CU``'s packing; the grid covers all ``R`` rows, tiles past ``CU[B]``
-    do nothing); with ``HAS_CAP`` the stored scores are ``CAP · tanh(S / CAP)``. Padded rows are
-    neither read nor written here (the pool kernel zeroes their scores)."""
+    """``S[rows] = tanh((H + P)[rows] W1) W2`` (fp32) for one tile of the valid-row list (rows
+    ``IDX[pid BLOCK_M ...]``; the grid covers all ``R`` rows, tiles past ``CU[B]`` do nothing); with
+    ``HAS_CAP`` the stored scores are ``CAP · tanh(S / CAP)``. Padded rows are neither read nor
+    written here (the pool kernel zeroes their scores)."""
     start = tl.program_id(0) * BLOCK_M
     total = tl.load(CU + R // L)
     if start < total:
         dt = H.dtype.element_ty
-        rows, r_ok = _slot_rows(CU, start, total, R // L, L, STEPS, BLOCK_M)
+        rows, r_ok = _valid_rows(IDX, start, total, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
         offs_h = tl.arange(0, BLOCK_H)
         offs_k = tl.arange(0, BLOCK_K)
@@ -337,15 +322,12 @@ def _pool_block(h_seq, s_seq, m_i, l_i, acc, start, n, K, stride_hl, offs_l, off
 
 @triton.jit
 def _mi_bwd_scores_kernel(
-    H, S, LENGTHS, OUT, DOUT, LSE, DH, DS, CU, IDX,
+    H, S, LENGTHS, OUT, DOUT, LSE, DH, DS,
     L, D, K, stride_hb, stride_hl, stride_ob, stride_ok, CAP,
     HAS_CAP: tl.constexpr,
     BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """One sequence: ``A``, ``dH = A dO`` (value path) and ``dS = A (H dOᵀ - <dO, O>)``; 0 on padding.
-
-    Also writes the sequence's flat row ids ``b L + l`` (``l < n``) to ``IDX[CU[b]:]``: the row list
-    the dX, weight and dP kernels walk.
 
     With ``HAS_CAP`` the saved ``S`` are the capped scores and ``dS`` is taken through the cap
     (times ``1 - (S / CAP)²``), so it is the gradient of the raw scores.
@@ -365,12 +347,10 @@ def _mi_bwd_scores_kernel(
     o = tl.load(OUT + kd_ptr, mask=kd_mask, other=0.0)
     delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), axis=1)  # [BLOCK_K] = dO·O
     lse = tl.load(LSE + b * K + offs_k, mask=k_ok, other=0.0)
-    first = tl.load(CU + b)  # this sequence's first slot in the row list
     for start in range(0, L, BLOCK_L):
         rows = start + offs_l
         in_l = rows < L
         r_ok = rows < n
-        tl.store(IDX + first + rows, b * L + rows, mask=r_ok)
         valid = r_ok[:, None] & k_ok[None, :]
         sk_ptr = (b64 * L + rows[:, None]) * K + offs_k[None, :]
         s = tl.load(S + sk_ptr, mask=valid, other=0.0)
@@ -483,18 +463,35 @@ def _mi_bwd_weights_kernel(
 
 
 @triton.jit
-def _mi_row_offsets_kernel(LENGTHS, CU, B, L, BLOCK_B: tl.constexpr):
-    """One program: ``CU[b]`` = sum of the lengths (clamped to ``[0, L]``) before sequence ``b``, the
-    first slot of ``b``'s rows in the valid-row list, and ``CU[B]`` = the number of valid rows (int32)."""
-    offs = tl.arange(0, BLOCK_B)
-    carry = tl.full([], 0, tl.int32)
-    for start in range(0, B, BLOCK_B):
-        seqs = start + offs
+def _mi_rows_kernel(LENGTHS, CU, IDX, B, L, CHUNK,
+                    BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_L: tl.constexpr):
+    """The valid-row list for the sequences ``pid CHUNK ...`` (``CHUNK`` a multiple of ``BLOCK_C``):
+    ``CU[b]`` = sum of the lengths (clamped to ``[0, L]``) before sequence ``b`` (its first slot),
+    ``IDX[CU[b] + l] = b L + l`` for ``l < lengths[b]``, and from the last program ``CU[B]`` = the
+    number of valid rows (int32). Each program sums the lengths before its sequences itself (``B``
+    int lengths, in cache): one launch, no second pass, no atomics."""
+    seq0 = tl.program_id(0) * CHUNK
+    offs_b = tl.arange(0, BLOCK_B)
+    offs_c = tl.arange(0, BLOCK_C)
+    offs_l = tl.arange(0, BLOCK_L)
+    earlier = tl.zeros([BLOCK_B], tl.int32)
+    for start in range(0, seq0, BLOCK_B):
+        seqs = start + offs_b
+        earlier += tl.minimum(tl.maximum(tl.load(LENGTHS + seqs, mask=seqs < seq0, other=0).to(tl.int32), 0), L)
+    prefix = tl.sum(earlier, axis=0)
+    for start in range(seq0, tl.minimum(seq0 + CHUNK, B), BLOCK_C):
+        seqs = start + offs_c
         ok = seqs < B
         n = tl.minimum(tl.maximum(tl.load(LENGTHS + seqs, mask=ok, other=0).to(tl.int32), 0), L)
-        tl.store(CU + seqs, carry + tl.cumsum(n, axis=0) - n, mask=ok)
-        carry += tl.sum(n, axis=0)
-    tl.store(CU + B, carry)
+        first = prefix + tl.cumsum(n, axis=0) - n
+        tl.store(CU + seqs, first, mask=ok)
+        for l0 in range(0, tl.max(n, axis=0), BLOCK_L):
+            pos = l0 + offs_l
+            tl.store(IDX + first[:, None] + pos[None, :], seqs[:, None] * L + pos[None, :],
+                     mask=pos[None, :] < n[:, None])
+        prefix += tl.sum(n, axis=0)
+    if seq0 + CHUNK >= B:
+        tl.store(CU + B, prefix)
 
 
 @triton.jit
@@ -556,6 +553,18 @@ def _dpos_chunk() -> tuple[int, int]:
     return (3, 2) if _interpreting() else (256, 32)
 
 
+def _rows_blocks(batch: int, seq_len: int) -> tuple[int, dict[str, int]]:
+    """Sequences per program and block sizes of :func:`_mi_rows_kernel`: on GPU ~64-128 programs,
+    each storing ``BLOCK_C`` sequences x ``BLOCK_L`` positions (4096 slots) at a time; small in the
+    interpreter, so that tests cross every loop."""
+    if _interpreting():
+        return 4, {"BLOCK_B": 4, "BLOCK_C": 2, "BLOCK_L": 4}
+    block_l = min(max(16, triton.next_power_of_2(seq_len)), 256)
+    block_c = max(1, 4096 // block_l)
+    chunk = block_c * triton.cdiv(triton.cdiv(batch, 128), block_c)
+    return chunk, {"BLOCK_B": 1024, "BLOCK_C": block_c, "BLOCK_L": block_l}
+
+
 def _sum_block_p(parts: int) -> int:
     """Partial rows per load of :func:`_sum_parts_kernel`: all of them up to 256 on GPU (one load,
     no loop, at up to 256 weight-kernel programs; H200: 7.0 -> 3.4 us at the bench shapes against
@@ -590,7 +599,7 @@ def _launch(cfg: LaunchConfig) -> dict[str, int]:
 
 
 _KERNELS = {"scores": Kernel(_mi_scores_kernel), "pool": Kernel(_mi_pool_kernel),
-            "row_offsets": Kernel(_mi_row_offsets_kernel), "bwd_scores": Kernel(_mi_bwd_scores_kernel),
+            "rows": Kernel(_mi_rows_kernel), "bwd_scores": Kernel(_mi_bwd_scores_kernel),
             "bwd_dx": Kernel(_mi_bwd_dx_kernel), "dpos": Kernel(_mi_dpos_kernel),
             "bwd_weights": Kernel(_mi_bwd_weights_kernel), "sum_parts": Kernel(_sum_parts_kernel)}
 Plan = dict[str, tuple[Launch, tuple]]  # kernel name -> (its launch, its run-time integer arguments)
@@ -621,14 +630,14 @@ def _plan(key: tuple, h: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None, sco
     flat_ints = (rows, seq_len, d, hidden, k, pos.stride(0) if pos is not None else 0, w1.stride(0), w2.stride(0))
     seq_ints = (seq_len, d, k, h.stride(0), h.stride(1), k * d, d)  # out is a fresh contiguous [B, K, d]
     has_pos = {"HAS_POS": pos is not None}
-    row_offsets = ((1,), (b, seq_len), dict(  # the valid-row offsets, in whichever pass runs first
-        BLOCK_B=min(max(16, triton.next_power_of_2(b)), 1024), num_warps=4, num_stages=1))
+    chunk, rows_blocks = _rows_blocks(b, seq_len)
+    valid_rows = ((triton.cdiv(b, chunk),), (b, seq_len, chunk), dict(**rows_blocks, num_warps=4, num_stages=1))
     if not backward:
         cfg = config or forward_config(seq_len, d, hidden)
         block_l = _seq_block(seq_len, cfg.pool.block_l)
         launches = {
-            "row_offsets": row_offsets,
-            "scores": ((triton.cdiv(rows, cfg.scores.block_l),), (*flat_ints, max(0, (b - 1).bit_length())), dict(
+            "rows": valid_rows,
+            "scores": ((triton.cdiv(rows, cfg.scores.block_l),), flat_ints, dict(
                 HAS_CAP=bool(score_cap), BLOCK_M=cfg.scores.block_l, **has_pos,
                 **_blocks(d, hidden, k, cfg.scores.block_h), **flags, **_launch(cfg.scores))),
             "pool": ((b,), seq_ints, dict(
@@ -646,7 +655,7 @@ def _plan(key: tuple, h: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None, sco
         chunk, block_b = _dpos_chunk()
         n_chunks = triton.cdiv(b, chunk)
         launches = {
-            "row_offsets": row_offsets,
+            "rows": valid_rows,  # used when the forward's list is not at hand (the registered op)
             "bwd_scores": ((b,), seq_ints, dict(
                 HAS_CAP=bool(score_cap), BLOCK_L=_seq_block(seq_len, cfg.scores.block_l), BLOCK_D=block_d,
                 BLOCK_K=block_k, PRECISION=flags["PRECISION"], **_launch(cfg.scores))),
@@ -676,6 +685,18 @@ def _run(plan: Plan, name: str, tensors: tuple, scalars: tuple = ()) -> None:
     launch(*tensors, *ints, *scalars)
 
 
+RowList = tuple[Tensor, Tensor]  # (cu [B + 1], idx [B L]) int32: see _mi_rows_kernel
+
+
+def _row_list(plan: Plan, lengths: Tensor, rows: int) -> RowList:
+    """The valid-row list of ``lengths`` (``rows = B L``), built on the device (no host sync):
+    ``cu`` (first slot per sequence, then the count) and ``idx`` (flat row per slot, ``cu[B]`` of them)."""
+    cu = torch.empty(lengths.shape[0] + 1, device=lengths.device, dtype=torch.int32)
+    idx = torch.empty(rows, device=lengths.device, dtype=torch.int32)
+    _run(plan, "rows", (lengths, cu, idx))
+    return cu, idx
+
+
 def multi_interest_forward(
     h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None,
     config: ForwardConfig | None = None, score_cap: float | None = None, key: tuple | None = None,
@@ -701,33 +722,32 @@ def multi_interest_forward(
 def _forward(
     h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None,
     config: ForwardConfig | None, score_cap: float | None, key: tuple | None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """:func:`multi_interest_forward`'s outputs and the valid-row offsets ``cu [B + 1]`` int32 (the
-    backward's too: :func:`_backward_flat` takes them instead of recomputing)."""
+) -> tuple[Tensor, Tensor, Tensor, RowList | None]:
+    """:func:`multi_interest_forward`'s outputs and the valid-row list (None when ``B L = 0``; the
+    backward's too: :func:`_backward_flat` takes it instead of building it again)."""
     b, seq_len, d = h.shape
     k = w2.shape[1]
     out = torch.empty((b, k, d), device=h.device, dtype=h.dtype)
     lse = torch.empty((b, k), device=h.device, dtype=torch.float32)
     scores = torch.empty((b, seq_len, k), device=h.device, dtype=torch.float32)
-    cu = torch.empty(b + 1, device=h.device, dtype=torch.int32)  # first slot per sequence, then the count
     if b * seq_len == 0:
-        return out.zero_(), lse.zero_(), scores, cu.zero_()
+        return out.zero_(), lse.zero_(), scores, None
     key = key or _key(h, lengths, w1, w2, pos, score_cap)
     plan = _plan(key, h, w1, w2, pos, score_cap, config, backward=False)
-    _run(plan, "row_offsets", (lengths, cu))
-    _run(plan, "scores", (h, pos if pos is not None else h, w1, w2, scores, cu), (float(score_cap or 1.0),))
+    cu, idx = row_list = _row_list(plan, lengths, b * seq_len)
+    _run(plan, "scores", (h, pos if pos is not None else h, w1, w2, scores, cu, idx), (float(score_cap or 1.0),))
     _run(plan, "pool", (h, scores, lengths, out, lse))
-    return out, lse, scores, cu
+    return out, lse, scores, row_list
 
 
 def _backward_flat(
     h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None,
     out: Tensor, lse: Tensor, scores: Tensor, dout: Tensor, config: BackwardConfig | None = None,
     dscores: Tensor | None = None, score_cap: float | None = None, key: tuple | None = None,
-    cu: Tensor | None = None,
+    row_list: RowList | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Launch the backward kernels (the module docstring's row offsets, scores and row list, dX,
-    weights, and dP with positions) and the one summing the partial sums.
+    """Launch the backward kernels (the module docstring's scores, weights, dX, and dP with
+    positions) and the one summing the partial sums.
 
     Args:
         h, lengths, w1, w2, pos: the forward's inputs (contiguous; dtypes as :func:`multi_interest_forward`).
@@ -740,8 +760,7 @@ def _backward_flat(
         score_cap: the forward's cap; the scores kernel of the backward applies its derivative
             ``1 - (S / cap)²`` (and :func:`_add_score_grad` to ``dscores``).
         key: the inputs' :func:`_key`, when the caller has it already.
-        cu: the forward's valid-row offsets ``[B + 1]`` int32 (:func:`_forward`), or None to
-            compute them again.
+        row_list: the forward's valid-row list (:func:`_forward`), or None to build it again.
 
     Returns:
         ``(dh [B, L, d], dw [d · hidden + hidden · K] (dW1 then dW2, flat), dpos [L_max, d] or None)``
@@ -760,11 +779,8 @@ def _backward_flat(
     plan = _plan(key or _key(h, lengths, w1, w2, pos, score_cap), h, w1, w2, pos, score_cap, config, backward=True)
     pos_arg = pos if pos is not None else h
     ds = torch.empty((b, seq_len, k), device=h.device, dtype=h.dtype)  # dLoss/dS; 0 on padding
-    if cu is None:
-        cu = torch.empty(b + 1, device=h.device, dtype=torch.int32)  # first slot per sequence, then the count
-        _run(plan, "row_offsets", (lengths, cu))
-    idx = torch.empty(b * seq_len, device=h.device, dtype=torch.int32)  # valid flat rows, cu[B] of them
-    _run(plan, "bwd_scores", (h, scores, lengths, out, dout, lse, dh, ds, cu, idx), (float(score_cap or 1.0),))
+    cu, idx = row_list or _row_list(plan, lengths, b * seq_len)
+    _run(plan, "bwd_scores", (h, scores, lengths, out, dout, lse, dh, ds), (float(score_cap or 1.0),))
     if dscores is not None:
         ds = _add_score_grad(ds, scores, dscores, score_cap)
     dx = torch.empty_like(h) if pos is not None else dh  # score-path dH of the valid rows, for dP
@@ -836,19 +852,19 @@ def _add_score_grad(ds: Tensor, scores: Tensor, dscores: Tensor, score_cap: floa
 
 def _input_grads(saved: tuple[Tensor, ...], dout: Tensor | None, dscores: Tensor | None,
                  score_cap: float | None, key: tuple | None = None,
-                 cu: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+                 row_list: RowList | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
     """``(dh, dw flat, dpos)`` (as :func:`_backward_flat`) from the forward's saved ``(h, lengths,
-    w1, w2, pos, out, lse, scores)`` (and its valid-row offsets ``cu``, if kept) and the output
+    w1, w2, pos, out, lse, scores)`` (and its valid-row list, if kept) and the output
     gradients (either may be None: unused by the loss)."""
     h, lengths, w1, w2, pos, out, lse, scores = saved
     dout = torch.zeros_like(out) if dout is None else dout
     return _backward_flat(h, lengths, w1, w2, pos, out, lse, scores, dout, dscores=dscores, score_cap=score_cap,
-                          key=key, cu=cu)
+                          key=key, row_list=row_list)
 
 
 class _MultiInterest(torch.autograd.Function):
     """Eager autograd path: saves the inputs, the output, the scores ``[B, L, K]``, log-sum-exp and
-    the valid-row offsets (so the backward does not compute them again).
+    the valid-row list (so the backward does not build it again).
 
     Returns ``(out, scores)``; ``scores`` (the capped logits) is differentiable, so a loss term
     on the attention adds its gradient to the kernel's own score gradient. (The registered op
@@ -859,8 +875,8 @@ class _MultiInterest(torch.autograd.Function):
     def forward(ctx, h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None,
                 score_cap: float | None) -> tuple[Tensor, Tensor]:
         key = _key(h, lengths, w1, w2, pos, score_cap)
-        out, lse, scores, cu = _forward(h, lengths, w1, w2, pos, None, score_cap, key)
-        ctx.save_for_backward(h, lengths, w1, w2, pos, out, lse, scores, cu)
+        out, lse, scores, row_list = _forward(h, lengths, w1, w2, pos, None, score_cap, key)
+        ctx.save_for_backward(h, lengths, w1, w2, pos, out, lse, scores, *(row_list or (None, None)))
         ctx.score_cap, ctx.key = score_cap, key  # the backward's launches are found by the same key
         ctx.set_materialize_grads(False)
         return out, scores
@@ -868,8 +884,8 @@ class _MultiInterest(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout: Tensor | None, dscores: Tensor | None):
-        *saved, cu = ctx.saved_tensors
-        dh, dw, dpos = _input_grads(saved, dout, dscores, ctx.score_cap, ctx.key, cu)
+        *saved, cu, idx = ctx.saved_tensors
+        dh, dw, dpos = _input_grads(saved, dout, dscores, ctx.score_cap, ctx.key, None if cu is None else (cu, idx))
         dw1, dw2 = _split_weights(dw, saved[2], saved[3])
         need = ctx.needs_input_grad
         return (

@@ -16,11 +16,12 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import triton  # noqa: E402 - after TRITON_INTERPRET is set
 from kernel_accuracy import assert_within_twice_twin  # tests/kernels is on sys.path
 from recsys.kernels import multi_interest
 from recsys.kernels import triton_multi_interest as tmi
 from recsys.kernels.triton_multi_interest import (
-    _mi_row_offsets_kernel,
+    _mi_rows_kernel,
     multi_interest_backward,
     multi_interest_forward,
     triton_multi_interest,
@@ -218,8 +219,8 @@ def test_valid_row_list_cpu(case):
 
 
 def _check_padded_scores(batch: int, seq_len: int, lengths: torch.Tensor, device: str) -> None:
-    """The forward's scores kernel walks only the valid rows (each slot's row found by a binary
-    search of the row offsets): there its scores match the twin's, at padded positions they are
+    """The forward's scores kernel walks only the valid rows (tiles of the valid-row list): there
+    its scores match the twin's, at padded positions they are
     exactly 0 (written by the pool kernel, as documented) although the buffer held NaN, with and
     without a cap (fp32); the public call returns the same."""
     params, _, _ = _problem(batch, seq_len, 4, 16, 64, 22, device)
@@ -230,9 +231,8 @@ def _check_padded_scores(batch: int, seq_len: int, lengths: torch.Tensor, device
         plan = tmi._plan(tmi._key(h, lengths, w1, w2, pos, cap), h, w1, w2, pos, cap, None, backward=False)
         out, lse = h.new_empty(batch, 4, 16), h.new_empty(batch, 4)
         scores = torch.full((batch, seq_len, 4), float("nan"), device=device)
-        cu = torch.empty(batch + 1, dtype=torch.int32, device=device)
-        tmi._run(plan, "row_offsets", (lengths, cu))
-        tmi._run(plan, "scores", (h, pos, w1, w2, scores, cu), (float(cap or 1.0),))
+        cu, idx = tmi._row_list(plan, lengths, batch * seq_len)
+        tmi._run(plan, "scores", (h, pos, w1, w2, scores, cu, idx), (float(cap or 1.0),))
         tmi._run(plan, "pool", (h, scores, lengths, out, lse))
         twin_out, twin = multi_interest_ref(h, lengths, w1, w2, pos=pos, score_cap=cap, return_scores=True)
         assert (scores[padded] == 0).all() and (twin[padded] == 0).all()
@@ -251,9 +251,9 @@ def test_scores_walk_the_valid_rows_cpu(case):
 @needs_interpreter
 @pytest.mark.parametrize("batch,seq_len,lengths", [(1, 9, [5]), (2, 9, [0, 9]), (5, 70, [70, 0, 33, 65, 1])],
                          ids=["one-sequence", "empty-then-full", "longer-than-a-tile"])
-def test_scores_slot_search_edges_cpu(batch, seq_len, lengths):
-    """One sequence (no search step), an empty sequence before a full one (equal offsets), and
-    sequences longer than the interpreter's 32-row tiles."""
+def test_scores_row_list_edges_cpu(batch, seq_len, lengths):
+    """One sequence, an empty sequence before a full one (equal offsets), and sequences longer
+    than the interpreter's 32-row tiles."""
     _check_padded_scores(batch, seq_len, torch.tensor(lengths), "cpu")
 
 
@@ -263,20 +263,44 @@ def test_scores_slot_search_edges_cpu(batch, seq_len, lengths):
 def test_scores_walk_the_valid_rows_gpu(case):
     _check_padded_scores(37, 13, LENGTH_CASES[case](torch.Generator().manual_seed(5)), "cuda")
     lengths = torch.randint(12, 51, (4096,), generator=torch.Generator().manual_seed(3))
-    _check_padded_scores(4096, 50, lengths, "cuda")  # the bench's shape: 12 search steps, 64-row tiles
+    _check_padded_scores(4096, 50, lengths, "cuda")  # the bench's shape, 64-row tiles
+
+
+def _check_row_list(lengths: torch.Tensor, seq_len: int, chunk: int, blocks: dict[str, int]) -> None:
+    """``cu`` = exclusive prefix sums of the clamped lengths and their total; ``idx[cu[b] + l] = b L + l``
+    for every valid position, and nothing written past ``cu[B]``."""
+    batch = lengths.shape[0]
+    cu = torch.full((batch + 1,), -1, dtype=torch.int32, device=lengths.device)
+    idx = torch.full((batch * seq_len,), -1, dtype=torch.int32, device=lengths.device)
+    _mi_rows_kernel[(triton.cdiv(batch, chunk),)](lengths, cu, idx, batch, seq_len, chunk, **blocks)
+    n = lengths.long().clamp(0, seq_len).cpu()
+    assert torch.equal(cu.long().cpu(), torch.cat([torch.zeros(1, dtype=torch.long), n.cumsum(0)]))
+    valid = torch.arange(seq_len)[None, :] < n[:, None]
+    expected = torch.arange(batch * seq_len).view(batch, seq_len)[valid]  # row-major: sequence, then position
+    total = int(n.sum())
+    assert torch.equal(idx[:total].long().cpu(), expected) and (idx[total:] == -1).all()
 
 
 @needs_interpreter
-@pytest.mark.parametrize("block_b", [16, 64])
-def test_row_offsets_cpu(block_b):
-    """The valid-row offsets: exclusive prefix sums of the clamped lengths and their total, over one
-    block and over several."""
-    lengths = torch.randint(-3, 12, (40,), generator=torch.Generator().manual_seed(6))
-    cu = torch.full((41,), -1, dtype=torch.int32)
-    _mi_row_offsets_kernel[(1,)](lengths, cu, 40, 9, BLOCK_B=block_b)
-    n = lengths.clamp(0, 9)
-    expected = torch.cat([torch.zeros(1, dtype=torch.long), n.cumsum(0)])
-    assert torch.equal(cu.long(), expected)
+@pytest.mark.parametrize("chunk,blocks", [
+    (4, {"BLOCK_B": 4, "BLOCK_C": 2, "BLOCK_L": 4}),  # several programs, sub-blocks and position blocks
+    (40, {"BLOCK_B": 16, "BLOCK_C": 64, "BLOCK_L": 16}),  # one program, one block of everything
+    (6, {"BLOCK_B": 32, "BLOCK_C": 2, "BLOCK_L": 8}),  # a last program with a partial chunk
+], ids=["small-blocks", "one-program", "partial-chunk"])
+def test_row_list_cpu(chunk, blocks):
+    """The valid-row list over lengths below 0, 0, in between and above L."""
+    _check_row_list(torch.randint(-3, 12, (40,), generator=torch.Generator().manual_seed(6)), 9, chunk, blocks)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("batch,seq_len", [(4096, 50), (1000, 200), (3, 1024), (70000, 20)])
+def test_row_list_gpu(batch, seq_len):
+    """The list at the GPU's own launch (:func:`_rows_blocks`), int32 and int64 lengths."""
+    gen = torch.Generator().manual_seed(batch)
+    lengths = torch.randint(-2, seq_len + 3, (batch,), generator=gen)
+    for dtype in (torch.int64, torch.int32):
+        _check_row_list(lengths.to("cuda", dtype), seq_len, *tmi._rows_blocks(batch, seq_len))
 
 
 @needs_interpreter

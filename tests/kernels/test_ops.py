@@ -231,12 +231,12 @@ def test_attention_on_a_fused_projection_copies_nothing_cpu(counted_launches):
 
 @needs_interpreter
 def test_multi_interest_launches_per_call_cpu(counted_launches):
-    """Forward: the valid-row offsets, the scores over the valid rows and the pool; backward (which
-    reuses the offsets): three kernels over the valid rows, dP's partial sums over the batch and
+    """Forward: the valid-row list, the scores over the valid rows and the pool; backward (which
+    reuses the list): three kernels over the valid rows, dP's partial sums over the batch and
     one launch summing the weight and dP partials (no torch sums, casts, zeros or concatenations)."""
     h, lengths, w1, w2, pos, _ = _multi_interest_args("cpu")
     fwd, other = _launches(lambda: multi_interest(h, lengths, w1, w2, pos=pos, backend="triton"), counted_launches)
-    assert fwd == ["_mi_row_offsets_kernel", "_mi_scores_kernel", "_mi_pool_kernel"] and other == []
+    assert fwd == ["_mi_rows_kernel", "_mi_scores_kernel", "_mi_pool_kernel"] and other == []
     out = multi_interest(h, lengths, w1, w2, pos=pos, backend="triton")
     grad = torch.randn_like(out)
     bwd, other = _launches(lambda: torch.autograd.grad(out, (h, w1, w2, pos), grad), counted_launches)
@@ -429,7 +429,7 @@ def test_cached_multi_interest_launches_match_the_first_cpu(direct_launches, cas
     second = _forward_backward(call, leaves, grad)
     twin = _forward_backward(lambda: call("torch"), leaves, grad)
     dpos = ["_mi_dpos_kernel"] if pos is not None else []
-    assert direct_launches == ["_mi_row_offsets_kernel", "_mi_scores_kernel", "_mi_pool_kernel",
+    assert direct_launches == ["_mi_rows_kernel", "_mi_scores_kernel", "_mi_pool_kernel",
                                "_mi_bwd_scores_kernel", "_mi_bwd_weights_kernel", "_mi_bwd_dx_kernel", *dpos,
                                "_sum_parts_kernel"]
     for a, b, t in zip(first, second, twin, strict=True):

@@ -39,7 +39,7 @@ WEIGHTS_DEFAULT, WEIGHTS_DEFAULT_STACK = "mi bwd_weights 64x128 w4 s2", 224
 
 
 def test_multi_interest_kernels_do_not_spill(compiled):
-    """The multi-interest kernels (the forward's scores and pool; the valid-row offsets, the
+    """The multi-interest kernels (the forward's scores and pool; the valid-row list, the
     backward's scores, dX, dP and sums), at the bench's launches: no spill, but the weight kernel's
     default, which spills no more than before."""
     labels = [label for label, *_ in sm90.multi_interest_variants() if label != WEIGHTS_DEFAULT]
