@@ -61,6 +61,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from recsys.kernels.launch import MAX_KEYS, Kernel, Launch, aligned
 
@@ -173,6 +174,16 @@ def gpu_backward_config(seq_len: int, d: int, hidden: int) -> BackwardConfig:
 
 
 @triton.jit
+def _after_prior_grid(PDL: tl.constexpr):
+    """With programmatic dependent launch (``PDL``): wait until the kernel before this one on the
+    stream has finished (its writes visible), then let the next one launch, whose programs take the
+    multiprocessors this kernel's last programs free and wait there. A no-op without."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
+@triton.jit
 def _tanh(z, dt: tl.constexpr, MODE: tl.constexpr):
     """tanh of an fp32 tile, returned in ``dt`` (the operand dtype of the next product).
 
@@ -233,12 +244,13 @@ def _mi_scores_kernel(
     R, L, D, HID, K, stride_pl, stride_w1, stride_w2, CAP,
     HAS_POS: tl.constexpr, HAS_CAP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
-    TANH_MODE: tl.constexpr, PRECISION: tl.constexpr,
+    TANH_MODE: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
     """``S[rows] = tanh((H + P)[rows] W1) W2`` (fp32) for one tile of the valid-row list (rows
     ``IDX[pid BLOCK_M ...]``; the grid covers all ``R`` rows, tiles past ``CU[B]`` do nothing); with
     ``HAS_CAP`` the stored scores are ``CAP · tanh(S / CAP)``. Padded rows are neither read nor
     written here (the pool kernel zeroes their scores)."""
+    _after_prior_grid(PDL)
     start = tl.program_id(0) * BLOCK_M
     total = tl.load(CU + R // L)
     if start < total:
@@ -265,10 +277,11 @@ def _mi_pool_kernel(
     H, S, LENGTHS, OUT, LSE,
     L, D, K, stride_hb, stride_hl, stride_ob, stride_ok,
     SINGLE_BLOCK: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
     """Masked softmax over the sequence and ``Aᵀ H`` for one sequence; also its log-sum-exp, and
     zeros into the scores of its padded rows."""
+    _after_prior_grid(PDL)
     b = tl.program_id(0)
     dt = H.dtype.element_ty
     offs_l = tl.arange(0, BLOCK_L)
@@ -326,12 +339,14 @@ def _mi_bwd_scores_kernel(
     L, D, K, stride_hb, stride_hl, stride_ob, stride_ok, CAP,
     HAS_CAP: tl.constexpr,
     BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One sequence: ``A``, ``dH = A dO`` (value path) and ``dS = A (H dOᵀ - <dO, O>)``; 0 on padding.
 
     With ``HAS_CAP`` the saved ``S`` are the capped scores and ``dS`` is taken through the cap
     (times ``1 - (S / CAP)²``), so it is the gradient of the raw scores.
     """
+    _after_prior_grid(PDL)
     b = tl.program_id(0)
     b64 = tl.cast(b, tl.int64)
     dt = H.dtype.element_ty
@@ -372,7 +387,7 @@ def _mi_bwd_dx_kernel(
     R, L, D, HID, K, stride_pl, stride_w1, stride_w2,
     HAS_POS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
-    TANH_MODE: tl.constexpr, PRECISION: tl.constexpr,
+    TANH_MODE: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
     """Score path of dH for one tile of the valid-row list: ``dX = ((dS W2ᵀ) (1 - T²)) W1ᵀ``.
 
@@ -381,6 +396,7 @@ def _mi_bwd_dx_kernel(
     the value path, and zeros on padding) in place; with positions it also stores dX in ``DX``
     (its padded rows are left unwritten; :func:`_mi_dpos_kernel` reads valid rows only).
     """
+    _after_prior_grid(PDL)
     start = tl.program_id(0) * BLOCK_M
     total = tl.load(CU + R // L)
     if start < total:
@@ -421,7 +437,7 @@ def _mi_bwd_weights_kernel(
     R, L, D, HID, K, stride_pl, stride_w1, stride_w2,
     HAS_POS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
-    TANH_MODE: tl.constexpr, PRECISION: tl.constexpr,
+    TANH_MODE: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
     """Per-program sums of dW1 and dW2 for one slice of hidden units over strided tiles of the
     valid-row list (``IDX[:CU[B]]``, as :func:`_mi_bwd_dx_kernel`): padded rows (``dS = 0``) are
@@ -429,6 +445,7 @@ def _mi_bwd_weights_kernel(
     A tile's inputs are loaded one tile ahead (H200: backward in a graph 152 -> 140 us at
     4096 x 50 x 4, 150 -> 136 at 1024 x 200 x 8; same bits).
     """
+    _after_prior_grid(PDL)
     pid_r = tl.program_id(0)
     nprog_r = tl.num_programs(0)
     dt = H.dtype.element_ty
@@ -464,12 +481,13 @@ def _mi_bwd_weights_kernel(
 
 @triton.jit
 def _mi_rows_kernel(LENGTHS, CU, IDX, B, L, CHUNK,
-                    BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_L: tl.constexpr):
+                    BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_L: tl.constexpr, PDL: tl.constexpr):
     """The valid-row list for the sequences ``pid CHUNK ...`` (``CHUNK`` a multiple of ``BLOCK_C``):
     ``CU[b]`` = sum of the lengths (clamped to ``[0, L]``) before sequence ``b`` (its first slot),
     ``IDX[CU[b] + l] = b L + l`` for ``l < lengths[b]``, and from the last program ``CU[B]`` = the
     number of valid rows (int32). Each program sums the lengths before its sequences itself (``B``
     int lengths, in cache): one launch, no second pass, no atomics."""
+    _after_prior_grid(PDL)
     seq0 = tl.program_id(0) * CHUNK
     offs_b = tl.arange(0, BLOCK_B)
     offs_c = tl.arange(0, BLOCK_C)
@@ -495,10 +513,12 @@ def _mi_rows_kernel(LENGTHS, CU, IDX, B, L, CHUNK,
 
 
 @triton.jit
-def _mi_dpos_kernel(DX, LENGTHS, PART, B, L, D, CHUNK, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr):
+def _mi_dpos_kernel(DX, LENGTHS, PART, B, L, D, CHUNK, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr,
+                    PDL: tl.constexpr):
     """dP partial sums: program ``(l, s)`` sums ``DX[b, l]`` over the sequences ``b`` of chunk ``s``
     (``CHUNK`` of them) with ``l < lengths[b]``, in fp32 and a fixed order, into ``PART[s, l]``
     (``[programs(1), programs(0), D]``; rows ``l >= L`` get zeros). Padded rows of ``DX`` are never read."""
+    _after_prior_grid(PDL)
     l = tl.program_id(0)
     s = tl.program_id(1)
     offs_b = tl.arange(0, BLOCK_B)
@@ -520,10 +540,11 @@ def _mi_dpos_kernel(DX, LENGTHS, PART, B, L, D, CHUNK, BLOCK_B: tl.constexpr, BL
 
 @triton.jit
 def _sum_parts_kernel(PARTS, OUT, PARTS2, OUT2, P, N, P2, N2, TWO: tl.constexpr, BLOCK_P: tl.constexpr,
-                      BLOCK_N: tl.constexpr):
+                      BLOCK_N: tl.constexpr, PDL: tl.constexpr):
     """``OUT[n] = sum over p of PARTS[p, n]`` (contiguous fp32 ``[P, N]``), summed in fp32 in a fixed
     order and stored in ``OUT``'s dtype (the cast is part of the same launch). With ``TWO`` the
     programs after the first ``cdiv(N, BLOCK_N)`` do the same for ``PARTS2 [P2, N2]`` into ``OUT2``."""
+    _after_prior_grid(PDL)
     pid = tl.program_id(0)
     first = tl.cdiv(N, BLOCK_N)
     if pid < first:
@@ -589,6 +610,13 @@ def _kernel_flags(h: Tensor) -> dict[str, object]:
 def _seq_block(seq_len: int, block_l: int) -> int:
     """Positions per block for the per-sequence kernels: all of them, up to ``block_l``."""
     return min(max(16, triton.next_power_of_2(seq_len)), block_l)
+
+
+def _use_pdl(h: Tensor) -> bool:
+    """Whether the launches chain by programmatic dependent launch: on Hopper and newer GPUs
+    (``RECSYS_PDL=0`` turns it off), never in the interpreter."""
+    return (h.is_cuda and not _interpreting() and torch.cuda.get_device_capability(h.device)[0] >= 9
+            and os.environ.get("RECSYS_PDL", "1") != "0")
 
 
 def _launch(cfg: LaunchConfig) -> dict[str, int]:
@@ -672,7 +700,9 @@ def _plan(key: tuple, h: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None, sco
         if pos is not None:
             launches["dpos"] = ((pos.shape[0], n_chunks), (b, seq_len, d, chunk), dict(
                 BLOCK_B=block_b, BLOCK_D=block_d, num_warps=4, num_stages=2))
-    plan = {name: (_KERNELS[name].launch(grid, meta), ints) for name, (grid, ints, meta) in launches.items()}
+    pdl = _use_pdl(h)
+    chain = {"PDL": pdl, **({"launch_pdl": True} if pdl else {})}
+    plan = {name: (_KERNELS[name].launch(grid, {**meta, **chain}), ints) for name, (grid, ints, meta) in launches.items()}
     if len(_PLANS) >= MAX_KEYS:
         _PLANS.clear()
     _PLANS[(backward, key, config)] = plan

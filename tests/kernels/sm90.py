@@ -175,8 +175,8 @@ def max_score_variants() -> list[Variant]:
 
 def multi_interest_variants() -> list[Variant]:
     """The multi-interest kernels at the default launches of the H200 bench (bf16, d = 64, hidden =
-    256, K = 4, positions on): ``gpu_forward_config`` and ``gpu_backward_config`` of
-    :mod:`recsys.kernels.triton_multi_interest`, register caps included."""
+    256, K = 4, positions on, programmatic dependent launch): ``gpu_forward_config`` and
+    ``gpu_backward_config`` of :mod:`recsys.kernels.triton_multi_interest`, register caps included."""
     from recsys.kernels import triton_multi_interest as mi
 
     cfg, fwd = mi.gpu_backward_config(50, 64, 256), mi.gpu_forward_config(50, 64, 256)
@@ -188,7 +188,7 @@ def multi_interest_variants() -> list[Variant]:
                 launch.num_warps, launch.num_stages, "bf16", launch.max_registers)
 
     scores, pool = cfg.scores, fwd.pool
-    return [
+    variants = [
         row_kernel("scores", mi._mi_scores_kernel, fwd.scores, HAS_CAP=False),
         (f"mi pool {pool.block_l} w{pool.num_warps}", mi._mi_pool_kernel,
          {"SINGLE_BLOCK": True, "BLOCK_L": pool.block_l, "BLOCK_D": 64, "BLOCK_K": 16, "PRECISION": "tf32"},
@@ -203,6 +203,8 @@ def multi_interest_variants() -> list[Variant]:
         ("mi sum_parts two", mi._sum_parts_kernel, {"TWO": True, "BLOCK_P": 256,
                                                     "BLOCK_N": mi.SUM_BLOCK_N}, 4, 2, "bf16", None),
     ]
+    # as launched on Hopper: chained by programmatic dependent launch
+    return [(label, fn, {**consts, "PDL": True}, *rest) for label, fn, consts, *rest in variants]
 
 
 def report(variants: list[Variant]) -> dict[str, dict]:

@@ -272,7 +272,7 @@ def _check_row_list(lengths: torch.Tensor, seq_len: int, chunk: int, blocks: dic
     batch = lengths.shape[0]
     cu = torch.full((batch + 1,), -1, dtype=torch.int32, device=lengths.device)
     idx = torch.full((batch * seq_len,), -1, dtype=torch.int32, device=lengths.device)
-    _mi_rows_kernel[(triton.cdiv(batch, chunk),)](lengths, cu, idx, batch, seq_len, chunk, **blocks)
+    _mi_rows_kernel[(triton.cdiv(batch, chunk),)](lengths, cu, idx, batch, seq_len, chunk, **blocks, PDL=False)
     n = lengths.long().clamp(0, seq_len).cpu()
     assert torch.equal(cu.long().cpu(), torch.cat([torch.zeros(1, dtype=torch.long), n.cumsum(0)]))
     valid = torch.arange(seq_len)[None, :] < n[:, None]
