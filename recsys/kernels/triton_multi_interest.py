@@ -36,6 +36,12 @@ with positions, stores for dP). (4) With positions, *dP*: per position and chunk
 sum of the valid rows' dX. (5) After the streams join, one launch sums the per-program weight
 partials and dP's partials, in a fixed order: deterministic, no atomics.
 
+On Hopper and newer GPUs every launch carries programmatic dependent launch: a kernel first
+waits for the one before it on the stream (``griddepcontrol.wait``), then lets the next one
+launch, so the next kernel's programs are already resident when this one's last programs finish
+(H200, forward+backward in a CUDA graph: 173.6 -> 168.1 us at 1024 x 200 x 8, 181.6 -> 177.0 at
+4096 x 50 x 4; same bits). ``RECSYS_PDL=0`` launches plainly.
+
 Tiles span many rows (several sequences) because one sequence's work is a chain of small
 dependent steps: with a tile per sequence the GPU mostly waits on latency.
 

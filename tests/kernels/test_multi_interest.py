@@ -420,6 +420,45 @@ def test_cuda_graph_replay_follows_new_lengths_gpu():
             assert torch.equal(a, b), f"{name}: graph replay differs from the eager call"
 
 
+@needs_interpreter
+def test_interpreter_launches_without_programmatic_dependent_launch_cpu():
+    """The interpreter has no grid dependency control: its forward and backward launch plainly."""
+    params, lengths, grad = _problem(3, 5, 2, 16, 32, 9, "cpu")
+    h, w1, w2, pos = (p.float() for p in params)
+    h.requires_grad_()
+    tmi._PLANS.clear()
+    torch.autograd.grad(triton_multi_interest(h, lengths, w1, w2, pos=pos), h, grad.float())
+    metas = [launch.meta for plan in tmi._PLANS.values() for launch, _ in plan.values()]
+    assert len(metas) == 9 and all(m["PDL"] is False and "launch_pdl" not in m for m in metas)
+
+
+@gpu
+@needs_cuda
+def test_launches_chain_by_programmatic_dependent_launch_gpu(monkeypatch):
+    """On Hopper and newer GPUs every launch of a forward and backward carries programmatic
+    dependent launch (older ones launch plainly); each kernel waits for the one before it, so the
+    results keep their bits, compared with ``RECSYS_PDL=0``."""
+    params, lengths, grad = _problem(300, 50, 4, 64, 256, 9, "cuda")
+    h, w1, w2, pos = (p.to(torch.bfloat16).contiguous().requires_grad_() for p in params)
+    grad, lengths = grad.to(torch.bfloat16), lengths.cuda()
+
+    def call() -> tuple[list[torch.Tensor], list[dict]]:
+        tmi._PLANS.clear()
+        out = triton_multi_interest(h, lengths, w1, w2, pos=pos)
+        results = [out, *torch.autograd.grad(out, (h, w1, w2, pos), grad)]
+        return results, [launch.meta for plan in tmi._PLANS.values() for launch, _ in plan.values()]
+
+    hopper = torch.cuda.get_device_capability()[0] >= 9
+    chained, metas = call()
+    assert len(metas) == 9 and all(m["PDL"] == m.get("launch_pdl", False) == hopper for m in metas)
+    monkeypatch.setenv("RECSYS_PDL", "0")
+    plain, metas = call()
+    assert len(metas) == 9 and all(m["PDL"] is False and "launch_pdl" not in m for m in metas)
+    tmi._PLANS.clear()
+    for a, b in zip(chained, plain, strict=True):
+        assert torch.equal(a, b)
+
+
 @gpu
 @needs_cuda
 def test_captured_backward_runs_the_weight_kernel_on_its_own_stream_gpu(monkeypatch):
