@@ -620,7 +620,8 @@ def _seq_block(seq_len: int, block_l: int) -> int:
 
 def _use_pdl(h: Tensor) -> bool:
     """Whether the launches chain by programmatic dependent launch: on Hopper and newer GPUs
-    (``RECSYS_PDL=0`` turns it off), never in the interpreter."""
+    (``RECSYS_PDL=0`` turns it off; read when a problem's launches are first planned), never in the
+    interpreter."""
     return (h.is_cuda and not _interpreting() and torch.cuda.get_device_capability(h.device)[0] >= 9
             and os.environ.get("RECSYS_PDL", "1") != "0")
 
