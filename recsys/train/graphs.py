@@ -95,10 +95,13 @@ def side_stream(stream: torch.cuda.Stream | None) -> Iterator[None]:
 @contextlib.contextmanager
 def capturing(graph: torch.cuda.CUDAGraph, stream: torch.cuda.Stream, *, thread_local: bool = False) -> Iterator[None]:
     """``torch.cuda.graph(graph, stream=stream)`` that, when the capture fails, puts the current
-    stream and the memory allocator back as they were before raising (``torch.cuda.graph`` does
-    neither when ending an invalidated capture raises: the allocator would keep routing to the
-    dead graph's pool and stop recycling memory). ``thread_local``: only this thread's CUDA calls
-    can invalidate the capture (others, e.g. NCCL's watchdog, keep querying events)."""
+    stream, the memory allocator and the device's default random generator back as they were
+    before raising (``torch.cuda.graph`` does none of it when ending an invalidated capture raises:
+    the allocator would keep routing to the dead graph's pool and stop recycling memory, and the
+    generator would stay in capture mode, so that every later random op on the device, e.g. the
+    eager fallback's dropout, fails with "Offset increment outside graph capture encountered
+    unexpectedly"). ``thread_local``: only this thread's CUDA calls can invalidate the capture
+    (others, e.g. NCCL's watchdog, keep querying events)."""
     device = stream.device
     index = device.index if device.index is not None else torch.cuda.current_device()
     before = torch.cuda.current_stream(device)
@@ -109,6 +112,8 @@ def capturing(graph: torch.cuda.CUDAGraph, stream: torch.cuda.Stream, *, thread_
             yield
     except BaseException:
         torch.cuda.set_stream(before)
+        generator = torch.cuda.default_generators[index]
+        generator.graphsafe_set_state(generator.clone_state())  # same seed and offset, not capturing
         try:
             torch._C._cuda_endAllocateToPool(index, pool)
         except RuntimeError:  # the capture ended far enough to stop routing; the graph frees its pool

@@ -188,8 +188,11 @@ def test_a_step_that_fails_to_capture_falls_back_to_eager_with_one_line():
     (line,) = _launch_lines(lines)
     assert line.startswith("training step: eager launches (train.cuda_graph = auto: capturing the step failed: ")
     assert losses == pytest.approx(eager, rel=1e-3)  # the warm-up before the capture was undone
+    # the device's random generator left capture mode: the eager steps' dropout (and any random op) works
+    assert 0 < torch.nn.functional.dropout(torch.ones(1000, device=CUDA), 0.5).count_nonzero().item() < 1000
     with pytest.raises(ValueError, match="train.cuda_graph = true: capturing the step failed"):
         _steps(["train.cuda_graph=true"], batches, patch=_syncing)
+    torch.randn(4, device=CUDA)
 
 
 @pytest.mark.gpu
