@@ -67,9 +67,23 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from recsys.kernels.launch import MAX_KEYS, Kernel, Launch, aligned
+
+try:  # grid dependency control, for programmatic dependent launch (Triton >= 3.3)
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+    HAS_PDL = True
+except ImportError:  # older Triton: the launches are never chained, so these are never called
+    HAS_PDL = False
+
+    @triton.jit
+    def gdc_wait():
+        pass
+
+    @triton.jit
+    def gdc_launch_dependents():
+        pass
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
@@ -619,10 +633,10 @@ def _seq_block(seq_len: int, block_l: int) -> int:
 
 
 def _use_pdl(h: Tensor) -> bool:
-    """Whether the launches chain by programmatic dependent launch: on Hopper and newer GPUs
-    (``RECSYS_PDL=0`` turns it off; read when a problem's launches are first planned), never in the
-    interpreter."""
-    return (h.is_cuda and not _interpreting() and torch.cuda.get_device_capability(h.device)[0] >= 9
+    """Whether the launches chain by programmatic dependent launch: on Hopper and newer GPUs with
+    Triton >= 3.3 (``RECSYS_PDL=0`` turns it off; read when a problem's launches are first planned),
+    never in the interpreter."""
+    return (HAS_PDL and h.is_cuda and not _interpreting() and torch.cuda.get_device_capability(h.device)[0] >= 9
             and os.environ.get("RECSYS_PDL", "1") != "0")
 
 

@@ -9,6 +9,8 @@ the sweep on CUDA in bf16.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -430,6 +432,30 @@ def test_interpreter_launches_without_programmatic_dependent_launch_cpu():
     torch.autograd.grad(triton_multi_interest(h, lengths, w1, w2, pos=pos), h, grad.float())
     metas = [launch.meta for plan in tmi._PLANS.values() for launch, _ in plan.values()]
     assert len(metas) == 9 and all(m["PDL"] is False and "launch_pdl" not in m for m in metas)
+
+
+@needs_interpreter
+def test_kernels_work_with_a_triton_without_grid_dependency_control_cpu():
+    """Triton < 3.3 has no ``gdc_wait``: the module still imports, never chains its launches and
+    matches the twin (checked in a fresh interpreter whose Triton lacks the functions)."""
+    script = """
+import os, sys, types
+os.environ["TRITON_INTERPRET"] = "1"
+import triton.language.extra.cuda
+sys.modules["triton.language.extra.cuda"] = types.ModuleType("triton.language.extra.cuda")  # no gdc_*
+import torch
+from recsys.kernels import triton_multi_interest as tmi
+from recsys.kernels.reference import multi_interest_ref
+assert tmi.HAS_PDL is False
+g = torch.Generator().manual_seed(0)
+h, w1, w2, pos = (torch.randn(*s, generator=g) for s in ((3, 5, 16), (16, 32), (32, 2), (5, 16)))
+lengths = torch.tensor([5, 0, 3])
+torch.testing.assert_close(tmi.triton_multi_interest(h, lengths, w1, w2, pos=pos),
+                           multi_interest_ref(h, lengths, w1, w2, pos=pos), rtol=1e-4, atol=1e-5)
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
 
 
 @gpu
