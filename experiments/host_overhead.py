@@ -119,6 +119,15 @@ def stub_triton() -> None:
     dispatch.triton_available = lambda device: True
 
 
+def no_grad(fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` under ``torch.no_grad()``: the forward as evaluation and serving call it."""
+    def call():
+        with torch.no_grad():
+            return fn()
+
+    return call
+
+
 def attention_calls(device: str, batch: int, seq_len: int) -> dict[str, Callable[[], object]]:
     g = torch.Generator(device=device).manual_seed(0)
     shape = (batch, HEADS, seq_len, HEAD_DIM)
@@ -139,7 +148,7 @@ def attention_calls(device: str, batch: int, seq_len: int) -> dict[str, Callable
         o = attention(*packed, key_lengths=lengths)
         return o.transpose(1, 2).reshape(batch, seq_len, HEADS * HEAD_DIM)
 
-    return {"fwd": fwd, "f+b": lambda: torch.autograd.grad(fwd(), inputs, do),
+    return {"fwd": fwd, "fwd, no grad": no_grad(fwd), "f+b": lambda: torch.autograd.grad(fwd(), inputs, do),
             "f+b, fused qkv + reshape": lambda: torch.autograd.grad(layer(), packed, grad)}
 
 
@@ -157,7 +166,7 @@ def multi_interest_calls(device: str, batch: int, seq_len: int, k: int,
     def fwd():
         return multi_interest(h, lengths, w1, w2, pos=pos)
 
-    return {"fwd": fwd, "f+b": lambda: torch.autograd.grad(fwd(), leaves, grad)}
+    return {"fwd": fwd, "fwd, no grad": no_grad(fwd), "f+b": lambda: torch.autograd.grad(fwd(), leaves, grad)}
 
 
 def calibration_calls(device: str) -> dict[str, Callable[[], object]]:

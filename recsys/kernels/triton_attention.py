@@ -835,4 +835,7 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, key_lengths: Tensor | None,
     if torch.compiler.is_compiling():
         scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
         return flash_attention_op(q, k, v, lens, causal, scale, softcap or 0.0)[0]
-    return _FlashAttention.apply(q, k, v, lens, _problem(q, k, v, lens, causal, scale, softcap))
+    pb = _problem(q, k, v, lens, causal, scale, softcap)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _FlashAttention.apply(q, k, v, lens, pb)
+    return _forward(q, k, v, lens, pb)[0]  # inference (evaluation, serving): no autograd node, nothing saved

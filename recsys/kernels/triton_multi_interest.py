@@ -1056,6 +1056,8 @@ def triton_multi_interest(
         lengths = lengths.to(h.device).contiguous()
     if torch.compiler.is_compiling():
         out, _, scores = multi_interest_op(h, lengths, w1, w2, pos, float(score_cap or 0.0))
-    else:
+    elif torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (h, w1, w2, pos)):
         out, scores = _MultiInterest.apply(h, lengths, w1, w2, pos, score_cap or None)
+    else:  # inference (evaluation, serving): no autograd node, nothing saved for a backward
+        out, _, scores, _ = _forward(h, lengths, w1, w2, pos, None, score_cap or None, None)
     return (out, scores) if return_scores else out

@@ -231,3 +231,21 @@ def test_dispatcher_routes_and_falls_back_cpu():
         attention(q, k, v, backend="triton")
     with pytest.raises(ValueError, match="different devices"):
         attention(q, k, v.to("meta"), backend="torch")
+
+
+@needs_interpreter
+@pytest.mark.parametrize("causal", [False, True])
+def test_inference_calls_build_no_autograd_node_cpu(causal):
+    """Under ``no_grad``, or with no input requiring grad, the forward is launched directly (no
+    autograd node, nothing saved for a backward) and gives the differentiable call's values."""
+    qkv, key_lengths, _ = _problem(3, 3, 2, 7, 7, 16, 5, "cpu")
+    q, k, v = (t.float() for t in qkv)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    trained = triton_attention(*leaves, key_lengths=key_lengths, causal=causal)
+    assert trained.grad_fn is not None
+    with torch.no_grad():
+        inferred = triton_attention(*leaves, key_lengths=key_lengths, causal=causal)
+    plain = triton_attention(q, k, v, key_lengths=key_lengths, causal=causal)
+    for out in (inferred, plain):
+        assert out.grad_fn is None and not out.requires_grad
+        assert torch.equal(out, trained.detach())

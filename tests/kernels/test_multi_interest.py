@@ -435,6 +435,26 @@ def test_interpreter_launches_without_programmatic_dependent_launch_cpu():
 
 
 @needs_interpreter
+def test_inference_calls_build_no_autograd_node_cpu():
+    """Under ``no_grad``, or with no input requiring grad, the forward is launched directly (no
+    autograd node, nothing saved for a backward) and gives the differentiable call's values."""
+    params, lengths, _ = _problem(5, 9, 3, 16, 32, 4, "cpu")
+    h, w1, w2, pos = (p.float() for p in params)
+    leaves = [t.clone().requires_grad_() for t in (h, w1, w2, pos)]
+    trained = triton_multi_interest(leaves[0], lengths, leaves[1], leaves[2], pos=leaves[3], score_cap=2.0,
+                                    return_scores=True)
+    assert all(t.grad_fn is not None for t in trained)
+    with torch.no_grad():
+        inferred = triton_multi_interest(leaves[0], lengths, leaves[1], leaves[2], pos=leaves[3], score_cap=2.0,
+                                         return_scores=True)
+    plain = triton_multi_interest(h, lengths, w1, w2, pos=pos, score_cap=2.0, return_scores=True)
+    for outputs in (inferred, plain):
+        for out, ref in zip(outputs, trained, strict=True):
+            assert out.grad_fn is None and not out.requires_grad
+            assert torch.equal(out, ref.detach())
+
+
+@needs_interpreter
 def test_kernels_work_with_a_triton_without_grid_dependency_control_cpu():
     """Triton < 3.3 has no ``gdc_wait``: the module still imports, never chains its launches and
     matches the twin (checked in a fresh interpreter whose Triton lacks the functions)."""
