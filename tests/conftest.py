@@ -34,6 +34,27 @@ def tiny_run(tmp_path_factory):
 
 
 @pytest.fixture
+def count_syncs():
+    """``count(fn)``: how many synchronizing CUDA calls ``fn()`` makes, from torch's sync debug
+    mode's warnings. Only the per-call warning counts: the first switch to the mode in a process
+    also warns, once, that the mode "does not yet detect all synchronizing operations"."""
+    import warnings
+
+    def count(fn) -> int:
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                fn()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        return sum("called a synchronizing CUDA operation" in str(w.message) for w in caught)
+
+    return count
+
+
+@pytest.fixture
 def random_batches():
     """``batches(num_items, max_len)``: right-padded random click batches ``(seq [B, L] int64,
     lengths [B] int64)`` at batch sizes 1..33 and lengths 1..max_len (for export checks)."""
