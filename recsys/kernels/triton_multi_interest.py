@@ -633,11 +633,11 @@ def _seq_block(seq_len: int, block_l: int) -> int:
 
 
 def _use_pdl(h: Tensor) -> bool:
-    """Whether the launches chain by programmatic dependent launch: on Hopper and newer GPUs with
-    Triton >= 3.3 (``RECSYS_PDL=0`` turns it off; read when a problem's launches are first planned),
-    never in the interpreter."""
-    return (HAS_PDL and h.is_cuda and not _interpreting() and torch.cuda.get_device_capability(h.device)[0] >= 9
-            and os.environ.get("RECSYS_PDL", "1") != "0")
+    """Whether the launches chain by programmatic dependent launch: on NVIDIA Hopper and newer GPUs
+    with Triton >= 3.3 (``RECSYS_PDL=0`` turns it off; read when a problem's launches are first
+    planned), never in the interpreter or on ROCm (whose capabilities also start at 9)."""
+    return (HAS_PDL and h.is_cuda and torch.version.hip is None and not _interpreting()
+            and torch.cuda.get_device_capability(h.device)[0] >= 9 and os.environ.get("RECSYS_PDL", "1") != "0")
 
 
 def _launch(cfg: LaunchConfig) -> dict[str, int]:
