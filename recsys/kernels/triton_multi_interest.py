@@ -204,6 +204,12 @@ def _after_prior_grid(PDL: tl.constexpr):
 
 
 @triton.jit
+def _clamped(lengths, L):
+    """Loaded lengths (any int dtype) as int32 in ``[0, L]``."""
+    return tl.minimum(tl.maximum(lengths.to(tl.int32), 0), L)
+
+
+@triton.jit
 def _tanh(z, dt: tl.constexpr, MODE: tl.constexpr):
     """tanh of an fp32 tile, returned in ``dt`` (the operand dtype of the next product).
 
@@ -309,7 +315,7 @@ def _mi_pool_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     d_ok = offs_d < D
     k_ok = offs_k < K
-    n = tl.minimum(tl.maximum(tl.load(LENGTHS + b).to(tl.int32), 0), L)
+    n = _clamped(tl.load(LENGTHS + b), L)
     h_seq = H + tl.cast(b, tl.int64) * stride_hb
     s_seq = S + tl.cast(b, tl.int64) * L * K
     m_i = tl.full([BLOCK_K], float("-inf"), tl.float32)
@@ -375,7 +381,7 @@ def _mi_bwd_scores_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     d_ok = offs_d < D
     k_ok = offs_k < K
-    n = tl.minimum(tl.maximum(tl.load(LENGTHS + b).to(tl.int32), 0), L)
+    n = _clamped(tl.load(LENGTHS + b), L)
     kd_ptr = b64 * stride_ob + offs_k[:, None] * stride_ok + offs_d[None, :]
     kd_mask = k_ok[:, None] & d_ok[None, :]
     do = tl.load(DOUT + kd_ptr, mask=kd_mask, other=0.0)  # [BLOCK_K, BLOCK_D]
@@ -515,12 +521,12 @@ def _mi_rows_kernel(LENGTHS, CU, IDX, B, L, CHUNK,
     earlier = tl.zeros([BLOCK_B], tl.int32)
     for start in range(0, seq0, BLOCK_B):
         seqs = start + offs_b
-        earlier += tl.minimum(tl.maximum(tl.load(LENGTHS + seqs, mask=seqs < seq0, other=0).to(tl.int32), 0), L)
+        earlier += _clamped(tl.load(LENGTHS + seqs, mask=seqs < seq0, other=0), L)
     prefix = tl.sum(earlier, axis=0)
     for start in range(seq0, tl.minimum(seq0 + CHUNK, B), BLOCK_C):
         seqs = start + offs_c
         ok = seqs < B
-        n = tl.minimum(tl.maximum(tl.load(LENGTHS + seqs, mask=ok, other=0).to(tl.int32), 0), L)
+        n = _clamped(tl.load(LENGTHS + seqs, mask=ok, other=0), L)
         first = prefix + tl.cumsum(n, axis=0) - n
         tl.store(CU + seqs, first, mask=ok)
         for l0 in range(0, tl.max(n, axis=0), BLOCK_L):
@@ -595,11 +601,16 @@ def _dpos_chunk() -> tuple[int, int]:
 
 
 def _rows_blocks(batch: int, seq_len: int) -> tuple[int, dict[str, int]]:
-    """Sequences per program and block sizes of :func:`_mi_rows_kernel`: on GPU ~64-128 programs,
-    each storing ``BLOCK_C`` sequences x ``BLOCK_L`` positions (4096 slots) at a time; small in the
-    interpreter, so that tests cross every loop."""
+    """Sequences per program and block sizes of :func:`_mi_rows_kernel`: small in the interpreter,
+    so that tests cross every loop, else :func:`gpu_rows_blocks`."""
     if _interpreting():
         return 4, {"BLOCK_B": 4, "BLOCK_C": 2, "BLOCK_L": 4}
+    return gpu_rows_blocks(batch, seq_len)
+
+
+def gpu_rows_blocks(batch: int, seq_len: int) -> tuple[int, dict[str, int]]:
+    """:func:`_rows_blocks` compiled for a GPU: ~64-128 programs, each storing ``BLOCK_C`` sequences
+    x ``BLOCK_L`` positions (4096 slots) at a time."""
     block_l = min(max(16, triton.next_power_of_2(seq_len)), 256)
     block_c = max(1, 4096 // block_l)
     chunk = block_c * triton.cdiv(triton.cdiv(batch, 128), block_c)

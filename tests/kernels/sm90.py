@@ -193,7 +193,7 @@ def multi_interest_variants() -> list[Variant]:
         (f"mi pool {pool.block_l} w{pool.num_warps}", mi._mi_pool_kernel,
          {"SINGLE_BLOCK": True, "BLOCK_L": pool.block_l, "BLOCK_D": 64, "BLOCK_K": 16, "PRECISION": "tf32"},
          pool.num_warps, pool.num_stages, "bf16", pool.max_registers),
-        ("mi rows", mi._mi_rows_kernel, {"BLOCK_B": 1024, "BLOCK_C": 64, "BLOCK_L": 64}, 4, 1, "bf16", None),
+        ("mi rows", mi._mi_rows_kernel, mi.gpu_rows_blocks(4096, 50)[1], 4, 1, "bf16", None),
         (f"mi bwd_scores {scores.block_l} w{scores.num_warps}", mi._mi_bwd_scores_kernel,
          {"HAS_CAP": False, "BLOCK_L": scores.block_l, "BLOCK_D": 64, "BLOCK_K": 16, "PRECISION": "tf32"},
          scores.num_warps, scores.num_stages, "bf16", scores.max_registers),

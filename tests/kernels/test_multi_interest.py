@@ -298,11 +298,11 @@ def test_row_list_cpu(chunk, blocks):
 @needs_cuda
 @pytest.mark.parametrize("batch,seq_len", [(4096, 50), (1000, 200), (3, 1024), (70000, 20)])
 def test_row_list_gpu(batch, seq_len):
-    """The list at the GPU's own launch (:func:`_rows_blocks`), int32 and int64 lengths."""
+    """The list at the GPU's own launch (:func:`gpu_rows_blocks`), int32 and int64 lengths."""
     gen = torch.Generator().manual_seed(batch)
     lengths = torch.randint(-2, seq_len + 3, (batch,), generator=gen)
     for dtype in (torch.int64, torch.int32):
-        _check_row_list(lengths.to("cuda", dtype), seq_len, *tmi._rows_blocks(batch, seq_len))
+        _check_row_list(lengths.to("cuda", dtype), seq_len, *tmi.gpu_rows_blocks(batch, seq_len))
 
 
 @needs_interpreter
@@ -422,6 +422,11 @@ def test_cuda_graph_replay_follows_new_lengths_gpu():
             assert torch.equal(a, b), f"{name}: graph replay differs from the eager call"
 
 
+def _planned_launch_options() -> list[dict]:
+    """Compile-time arguments and launch options of every launch planned so far."""
+    return [launch.meta for plan in tmi._PLANS.values() for launch, _ in plan.values()]
+
+
 @needs_interpreter
 def test_interpreter_launches_without_programmatic_dependent_launch_cpu():
     """The interpreter has no grid dependency control: its forward and backward launch plainly."""
@@ -430,7 +435,7 @@ def test_interpreter_launches_without_programmatic_dependent_launch_cpu():
     h.requires_grad_()
     tmi._PLANS.clear()
     torch.autograd.grad(triton_multi_interest(h, lengths, w1, w2, pos=pos), h, grad.float())
-    metas = [launch.meta for plan in tmi._PLANS.values() for launch, _ in plan.values()]
+    metas = _planned_launch_options()
     assert len(metas) == 9 and all(m["PDL"] is False and "launch_pdl" not in m for m in metas)
 
 
@@ -492,7 +497,7 @@ def test_launches_chain_by_programmatic_dependent_launch_gpu(monkeypatch):
         tmi._PLANS.clear()
         out = triton_multi_interest(h, lengths, w1, w2, pos=pos)
         results = [out, *torch.autograd.grad(out, (h, w1, w2, pos), grad)]
-        return results, [launch.meta for plan in tmi._PLANS.values() for launch, _ in plan.values()]
+        return results, _planned_launch_options()
 
     hopper = torch.cuda.get_device_capability()[0] >= 9
     chained, metas = call()
