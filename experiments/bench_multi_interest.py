@@ -2,8 +2,9 @@
 the same extraction with its attention step done by SDPA (padding mask) or FlexAttention (CUDA, bf16).
 
 Times forward and forward+backward (gradients of h, W1, W2 and P) two ways: launched call by call
-(``triton.testing.do_bench`` medians, CPU launch overhead included) and replayed from a CUDA graph
-(GPU time only), rotating over several input sets so that the inputs are not served from L2.
+(``triton.testing.do_bench`` medians, CPU launch overhead included; the methods timed in turns over
+five rounds, so that they share the host's drift) and replayed from a CUDA graph (GPU time only),
+rotating over several input sets so that the inputs are not served from L2.
 Lengths are uniform in [L/4, L]. Prints the memory and matrix-unit floors per shape and, last, the
 two ratio tables (launch, graph).
 
@@ -24,7 +25,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from gpu_timing import graph_ms, launch_and_graph_ms, ratio_table  # experiments/ is on sys.path as a script
+from gpu_timing import graph_ms, graph_ms_or_nan, interleaved_launch_ms, ratio_table  # experiments/ is on sys.path
 from gpu_timing import launch_ms as median_ms
 
 from recsys.kernels import multi_interest
@@ -225,7 +226,7 @@ def bench_shape(batch: int, seq_len: int, k: int, d: int, hidden: int, n_sets: i
     ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
     ref = twin(ref_leaves[0], lengths, ref_leaves[1], ref_leaves[2], pos=ref_leaves[3])
     ref_grads = torch.autograd.grad(ref, ref_leaves, grad.double())
-    errors, times = {}, {}
+    errors, times, launched = {}, {}, {}
     for name, fn in methods.items():
         t0 = time.time()
         try:
@@ -233,13 +234,17 @@ def bench_shape(batch: int, seq_len: int, k: int, d: int, hidden: int, n_sets: i
             grads = torch.autograd.grad(out, leaves, grad)
             errors[name] = [(a.double() - r).abs().max().item() for a, r in zip((out, *grads), (ref, *ref_grads))]
             for mode, body in (("fwd", forward_only(fn)), ("fwd+bwd", forward_backward(fn))):
-                for timing, ms in launch_and_graph_ms(rotating(sets, body), f"{name} {mode}").items():
-                    times[name, mode, timing] = ms
+                launched[name, mode] = rotating(sets, body)
+                times[name, mode, "graph"] = graph_ms_or_nan(launched[name, mode], f"{name} {mode}")
         except Exception as exc:  # noqa: BLE001 - a baseline that fails here is reported, not fatal
             print(f"  {name}: failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
         print(f"  {name:13s} {time.time() - t0:5.1f} s  err o/dh/dw1/dw2/dpos "
               + "/".join(f"{e:.1e}" for e in errors.get(name, [])), flush=True)
         torch.cuda.empty_cache()
+    t0 = time.time()
+    for (name, mode), ms in interleaved_launch_ms(launched).items():  # every method in turn, 5 rounds
+        times[name, mode, "launch"] = ms
+    print(f"  launched, in turns: {time.time() - t0:.1f} s", flush=True)
     return {"errors": errors, "times": times}
 
 

@@ -7,16 +7,39 @@ and replays it, which measures what the kernels cost once launched.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import statistics
+from collections.abc import Callable, Hashable
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 from triton.testing import do_bench
 
 
-def launch_ms(fn: Callable[[], object], rep: int = 200) -> float:
+def launch_ms(fn: Callable[[], object], rep: int = 200, warmup: int = 25) -> float:
     """Median time per call launched from Python (CPU launch overhead included)."""
-    return do_bench(fn, warmup=25, rep=rep, return_mode="median")
+    return do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+
+
+def interleaved_launch_ms(fns: dict[Hashable, Callable[[], object]], rounds: int = 5,
+                          rep: int = 20) -> dict[Hashable, float]:
+    """:func:`launch_ms` of each function, taken in turns: ``rounds`` rounds that each time every
+    function (for ``rep`` ms), then the median of its rounds. The lent machine's host speed drifts
+    during a bench (launched times moved by up to 3x between runs of the same code), and launched
+    calls are host-bound; timed in turns, the methods compared share the drift, so their ratios do
+    not depend on which one was timed when. A function that raises gets ``nan`` (the reason
+    printed) and is left out of the later rounds."""
+    times: dict[Hashable, list[float]] = {key: [] for key in fns}
+    failed: set[Hashable] = set()
+    for _ in range(rounds):
+        for key, fn in fns.items():
+            if key in failed:
+                continue
+            try:
+                times[key].append(launch_ms(fn, rep=rep, warmup=5))
+            except Exception as exc:  # noqa: BLE001 - report and go on with the others
+                print(f"  {key}: launched timing failed: {type(exc).__name__}: {str(exc)[:160]}", flush=True)
+                failed.add(key)
+    return {key: float("nan") if key in failed else statistics.median(ms) for key, ms in times.items()}
 
 
 def graph_ms(fn: Callable[[], object], calls: int = 20, replays: int = 15) -> float:
@@ -45,16 +68,19 @@ def graph_ms(fn: Callable[[], object], calls: int = 20, replays: int = 15) -> fl
     return sorted(times)[len(times) // 2]
 
 
-def launch_and_graph_ms(fn: Callable[[], object], label: str) -> dict[str, float]:
-    """``{"launch": ms, "graph": ms}`` of :func:`launch_ms` and :func:`graph_ms`; a call that cannot
-    be captured in a CUDA graph gets ``nan`` there, with the reason printed under ``label``."""
-    times = {"launch": launch_ms(fn, rep=100)}
+def graph_ms_or_nan(fn: Callable[[], object], label: str) -> float:
+    """:func:`graph_ms`, or ``nan`` for a call that cannot be captured in a CUDA graph (the reason
+    printed under ``label``)."""
     try:
-        times["graph"] = graph_ms(fn)
+        return graph_ms(fn)
     except Exception as exc:  # noqa: BLE001 - some baselines cannot be captured: report and go on
         print(f"  {label}: CUDA graph capture failed: {type(exc).__name__}: {str(exc)[:160]}", flush=True)
-        times["graph"] = float("nan")
-    return times
+        return float("nan")
+
+
+def launch_and_graph_ms(fn: Callable[[], object], label: str) -> dict[str, float]:
+    """``{"launch": ms, "graph": ms}`` of :func:`launch_ms` and :func:`graph_ms_or_nan`."""
+    return {"launch": launch_ms(fn, rep=100), "graph": graph_ms_or_nan(fn, label)}
 
 
 def ratio_table(title: str, rows: list[tuple[str, dict[str, float], dict[str, float]]], baselines: list[str]) -> str:
