@@ -4,8 +4,8 @@
 H = 2, D = 64, key lengths uniform in [L/4, L], self-attention (Lq = Lk = L) at the issue's
 (B, L) shapes. Each method's forward (inputs requiring grad, as in training) and forward+backward
 (dq, dk, dv) are timed two ways: launched call by call (``triton.testing.do_bench`` medians, CPU
-launch overhead included: what a user's Python loop gets) and replayed from a CUDA graph (GPU
-time only). Every method is checked against an fp32 reference. Rows are printed per shape as
+launch overhead included: what a user's Python loop gets; the methods timed in turns over five
+rounds, so that they share the host's drift) and replayed from a CUDA graph (GPU time only). Every method is checked against an fp32 reference. Rows are printed per shape as
 they are measured; the details table and the two ratio tables (launch, graph) come last.
 ``--out DIR`` also writes ``bench_attention.json`` there; ``--methods`` times only the named
 methods (``ours`` always); ``--before JSON`` (an earlier run's ``bench_attention.json``, e.g. of
@@ -34,7 +34,7 @@ import recsys
 from recsys.kernels import attention
 from recsys.kernels.triton_attention import FUSED_MAX_LQ, backward_paths, best_configs
 
-from gpu_timing import launch_and_graph_ms, launch_ms, ratio_table  # experiments/ is on sys.path as a script
+from gpu_timing import graph_ms_or_nan, interleaved_launch_ms, launch_ms, ratio_table  # experiments/ is on sys.path
 
 SHAPES = [(4096, 50), (1024, 200), (256, 1024), (32, 8192)]
 HEADS, HEAD_DIM = 2, 64
@@ -139,24 +139,26 @@ def bench_shape(batch: int, seq_len: int, seed: int, paths: bool, names: set[str
         torch.arange(seq_len, device="cuda")[None, :] < lengths[:, None])[:, None, None, :])
     ref = [ref_out.detach(), *torch.autograd.grad(ref_out, ref_in, do.float())]
     size = problem_size(batch, seq_len, lengths)
-    rows = {}
+    rows, bodies = {}, {}
     for name, fn in fns.items():
         t0 = time.time()
-        row = {}
+        row = rows[name] = {}
         try:
             row["err"] = errors(fn, inputs, do, ref)  # also compiles / autotunes
             for mode, body in (("fwd", lambda fn=fn: fn(*inputs)),
                                ("fb", lambda fn=fn: torch.autograd.grad(fn(*inputs), inputs, do))):
-                times = launch_and_graph_ms(body, f"{name} {mode}")
-                row[f"{mode}_ms"], row[f"{mode}_graph_ms"] = times["launch"], times["graph"]
+                bodies[name, mode] = body
+                row[f"{mode}_graph_ms"] = graph_ms_or_nan(body, f"{name} {mode}")
         except Exception as e:  # noqa: BLE001 - e.g. out of memory: record and go on
             row["failed"] = f"{type(e).__name__}: {str(e)[:200]}"
         row["wall_s"] = round(time.time() - t0, 1)
         if name.startswith("ours"):
             row["configs"] = best_configs()
-        print(f"  {name:15s} {json.dumps(row)}", flush=True)
-        rows[name] = row
         torch.cuda.empty_cache()
+    for (name, mode), ms in interleaved_launch_ms(bodies).items():  # every method in turn, 5 rounds
+        rows[name][f"{mode}_ms"] = ms
+    for name, row in rows.items():
+        print(f"  {name:15s} {json.dumps(row)}", flush=True)
     return {"batch": batch, "seq_len": seq_len, "size": size, "methods": rows}
 
 

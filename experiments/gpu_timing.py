@@ -22,8 +22,8 @@ def launch_ms(fn: Callable[[], object], rep: int = 200, warmup: int = 25) -> flo
 
 def interleaved_launch_ms(fns: dict[Hashable, Callable[[], object]], rounds: int = 5,
                           rep: int = 20) -> dict[Hashable, float]:
-    """:func:`launch_ms` of each function, taken in turns: ``rounds`` rounds that each time every
-    function (for ``rep`` ms), then the median of its rounds. The lent machine's host speed drifts
+    """:func:`launch_ms` of each function, taken in turns: ``rounds`` rounds, each timing every
+    function once (for ``rep`` ms), then the median of its rounds. The lent machine's host speed drifts
     during a bench (launched times moved by up to 3x between runs of the same code), and launched
     calls are host-bound; timed in turns, the methods compared share the drift, so their ratios do
     not depend on which one was timed when. A function that raises gets ``nan`` (the reason
