@@ -5,8 +5,9 @@ H = 2, D = 64, key lengths uniform in [L/4, L], self-attention (Lq = Lk = L) at 
 (B, L) shapes. Each method's forward (inputs requiring grad, as in training) and forward+backward
 (dq, dk, dv) are timed two ways: launched call by call (``triton.testing.do_bench`` medians, CPU
 launch overhead included: what a user's Python loop gets; the methods timed in turns over five
-rounds, so that they share the host's drift) and replayed from a CUDA graph (GPU time only). Every method is checked against an fp32 reference. Rows are printed per shape as
-they are measured; the details table and the two ratio tables (launch, graph) come last.
+rounds, so that they share the host's drift) and replayed from a CUDA graph (GPU time only).
+Every method is checked against an fp32 reference. Rows are printed per shape as they are
+measured; the details table and the two ratio tables (launch, graph) come last.
 ``--out DIR`` also writes ``bench_attention.json`` there; ``--methods`` times only the named
 methods (``ours`` always); ``--before JSON`` (an earlier run's ``bench_attention.json``, e.g. of
 main's kernels imported through ``PYTHONPATH``) adds a before/after table of ``ours``.
