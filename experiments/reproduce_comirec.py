@@ -3,7 +3,7 @@
 Every model is trained with the same protocol and budget (the dataset's config file under
 ``experiments/configs/data/`` plus any ``--set`` overrides), then evaluated on the test users;
 the table (Recall, NDCG, HitRate @20/@50) is printed and, with ``--results``, appended to
-``experiments/RESULTS.md`` together with the command, wall time and samples/s. ``--k-sweep``
+a Markdown file together with the command, wall time and samples/s. ``--k-sweep``
 adds ComiRec-SA at K = 1, 2, 4, 8. ``--jobs N`` trains N models at once, each in its own
 process (on one GPU they share the device; on a CPU give each run one thread with
 ``--set train.cpu_threads=1``). On CUDA every step is captured in a CUDA graph where it can be
@@ -12,7 +12,7 @@ process (on one GPU they share the device; on a CPU give each run one thread wit
 Usage::
 
     python experiments/reproduce_comirec.py --data amazon-beauty [--models popular,comirec_sa]
-        [--k-sweep] [--jobs 8] [--set train.max_steps=3000 ...] [--results experiments/RESULTS.md]
+        [--k-sweep] [--jobs 8] [--set train.max_steps=3000 ...] [--results tables.md]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Evaluator throughput: the batched ComiRec-protocol evaluator vs a plain per-user Python loop.
 
-Synthetic case (issue 2): ``--users`` users × ``--items`` items, d = 64, K = 4 interests,
+Synthetic case: ``--users`` users × ``--items`` items, d = 64, K = 4 interests,
 top-N = 50 (metrics at 20 and 50). Items fall in categories with a centre each; a user's
 interests sit near the centres of K categories and the truth clicks come mostly from those
 categories, so the metrics are not all zero. The "model" looks each user's interests up in
@@ -12,8 +12,8 @@ items with numpy, take each interest's top N, merge with a dict, and compute the
 with Python sets. It is timed on ``--loop-users`` users and extrapolated linearly (the work
 per user is constant), and its metrics are checked against the evaluator's on those users.
 
-    python experiments/bench_evaluate.py                       # the issue's full size
-    python experiments/bench_evaluate.py --users 20000 --items 20000 --loop-users 500
+    python benchmarks/evaluate.py                       # 100k users x 100k items
+    python benchmarks/evaluate.py --users 20000 --items 20000 --loop-users 500
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
-    print(f"# bench_evaluate  {datetime.date.today()}  {platform.platform()}  "
+    print(f"# benchmarks/evaluate.py  {datetime.date.today()}  {platform.platform()}  "
           f"cpus={os.cpu_count()} torch_threads={torch.get_num_threads()} torch={torch.__version__}")
     print(f"# {args.users:,} users x {args.items:,} items, d={args.dim}, K={args.interests}, N=50 "
           f"(metrics @20, @50)")

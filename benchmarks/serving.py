@@ -13,11 +13,11 @@ d = 64, max_len = 50; item embeddings clustered by category with noise ``--sprea
 trained table is) under ``--work`` and saves its index there first, printing the index's
 recall@50 against exact search on the run's users::
 
-    python experiments/bench_serving.py                          # 100k items, IVF1024,Flat nprobe 16
-    python experiments/bench_serving.py --spread 0 --factory HNSW32,Flat --ef-search 64   # i.i.d. random
-    python experiments/bench_serving.py --run RUN --concurrency 1 8 32 --seconds 10
+    python benchmarks/serving.py                          # 100k items, IVF1024,Flat nprobe 16
+    python benchmarks/serving.py --spread 0 --factory HNSW32,Flat --ef-search 64   # i.i.d. random
+    python benchmarks/serving.py --run RUN --concurrency 1 8 32 --seconds 10
 
-Targets (issue 7): >= 500 requests/s with p99 < 50 ms, K = 4, N = 50, 100k items, no error.
+Targets: >= 500 requests/s with p99 < 50 ms, K = 4, N = 50, 100k items, no error.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def make_bodies(run: Path, n: int, count: int, seed: int = 0) -> list[bytes]:
         else:
             clicks = ds.items[ds.indptr[u] : ds.indptr[u + 1]][-50:]
             body = {"items": ds.item_raw[clicks].tolist(), "n": n}
-        body["exclude_seen"] = False  # as when RESULTS.md's numbers were measured (the default is now true)
+        body["exclude_seen"] = False  # as docs/results.md's numbers were measured (the service's default is true)
         bodies.append(json.dumps(body).encode())
     return bodies
 

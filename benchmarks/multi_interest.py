@@ -8,10 +8,10 @@ rotating over several input sets so that the inputs are not served from L2.
 Lengths are uniform in [L/4, L]. Prints the memory and matrix-unit floors per shape and, last, the
 two ratio tables (launch, graph).
 
-    python experiments/bench_multi_interest.py             # the acceptance shapes
-    python experiments/bench_multi_interest.py --sweep     # also time launch configs at the first shape
-    python experiments/bench_multi_interest.py --shapes 1024x200x8 --sweep fwd:scores,bwd:scores  # some kernels
-    python experiments/bench_multi_interest.py --shapes 1024x200x8,128x20x4
+    python benchmarks/multi_interest.py             # the acceptance shapes
+    python benchmarks/multi_interest.py --sweep     # also time launch configs at the first shape
+    python benchmarks/multi_interest.py --shapes 1024x200x8 --sweep fwd:scores,bwd:scores  # some kernels
+    python benchmarks/multi_interest.py --shapes 1024x200x8,128x20x4
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import time
 
 import torch
 import torch.nn.functional as F
-from gpu_timing import graph_ms, graph_ms_or_nan, interleaved_launch_ms, ratio_table  # experiments/ is on sys.path
-from gpu_timing import launch_ms as median_ms
+from timing import graph_ms, graph_ms_or_nan, interleaved_launch_ms, ratio_table  # benchmarks/ is on sys.path when run as a script
+from timing import launch_ms as median_ms
 
 from recsys.kernels import multi_interest
 from recsys.kernels.triton_multi_interest import (
@@ -40,7 +40,7 @@ from recsys.kernels.triton_multi_interest import (
 )
 
 SHAPES = [(4096, 50, 4), (1024, 200, 8), (128, 20, 4)]  # (B, L, K)
-COPY_BYTES_PER_S = 4.3e12  # device-to-device copy on this workplace's H200 (KINDS.md)
+COPY_BYTES_PER_S = 4.3e12  # device-to-device copy bandwidth of an H200
 BF16_FLOP_PER_S = 7.9e14  # 8192^3 bf16 matmul on random data, same machine
 TANH_PER_S = 132 * 16 * 1.98e9  # MUFU.TANH: 16 per SM per clock, 132 SMs, 1.98 GHz boost
 
@@ -126,8 +126,8 @@ def _keys_queries(h, lengths, w1, w2, pos):
 
 def sdpa(h, lengths, w1, w2, *, pos=None):
     """The extraction with SDPA for the masked softmax and pooling. The memory-efficient backend
-    (else the math one): cuDNN's refused these shapes on the H200 (2026-11-30: query/key head dim
-    ``hidden`` differs from the value head dim ``d``)."""
+    (else the math one): cuDNN refuses these shapes (the query/key head dim ``hidden`` differs from
+    the value head dim ``d``)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     q, k, v = _keys_queries(h, lengths, w1, w2, pos)
@@ -249,7 +249,7 @@ def bench_shape(batch: int, seq_len: int, k: int, d: int, hidden: int, n_sets: i
 
 
 BASELINES = ["compile-twin", "eager-twin", "sdpa-mask", "flex"]
-TARGETS = {"launch": {"compile-twin": 2.0}, "graph": {"compile-twin": 3.0}}  # forward+backward (issue 13)
+TARGETS = {"launch": {"compile-twin": 2.0}, "graph": {"compile-twin": 3.0}}  # forward+backward
 
 
 def ratios(rows: list[tuple[tuple[int, int, int], dict]], timing: str) -> str:
@@ -275,14 +275,13 @@ def main() -> None:
     args = parser.parse_args()
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     if not torch.cuda.is_available():
-        raise SystemExit("bench_multi_interest.py needs a CUDA GPU")
+        raise SystemExit("benchmarks/multi_interest.py needs a CUDA GPU")
     torch.backends.cuda.matmul.allow_tf32 = False
     start = time.time()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    # The first shape a process measures failed every method's forward+backward CUDA-graph capture
-    # on the H200 ("operation failed due to a previous error during capture", 2026-11-30, also after
-    # a lone capture of ours beforehand) and the shapes after it succeeded: a small shape goes first
-    # and its numbers are dropped.
+    # The first shape a process measures can fail every method's forward+backward CUDA-graph capture
+    # ("operation failed due to a previous error during capture", also after a lone capture of ours)
+    # while the shapes after it succeed: a small shape goes first and its numbers are dropped.
     bench_shape(64, 8, 2, args.d, args.hidden, 1)
     rows = []
     for batch, seq_len, k in shapes:

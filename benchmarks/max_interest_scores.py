@@ -5,9 +5,9 @@ The shapes are the training step's with ``train.negative_scores = "max"``: B use
 d against the batch's S = 10 B shared negatives (batch 128 and 1024, K = 4, d = 64) and a
 catalogue-sized S for the full softmax. Each method's forward and forward+backward (gradients of
 interests and items) are timed launched call by call and replayed from a CUDA graph
-(``gpu_timing``), after a check against an fp64 reference; the two ratio tables come last.
+(``timing.py``), after a check against an fp64 reference; the two ratio tables come last.
 
-    python experiments/bench_max_scores.py [--shapes 1024x4x64x10240,...]
+    python benchmarks/max_interest_scores.py [--shapes 1024x4x64x10240,...]
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 
 import torch
-from gpu_timing import launch_and_graph_ms, ratio_table  # experiments/ is on sys.path as a script
+from timing import launch_and_graph_ms, ratio_table  # benchmarks/ is on sys.path when run as a script
 
 from recsys.kernels import max_interest_scores
 
@@ -73,11 +73,10 @@ def main() -> None:
     parser.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in SHAPES), help="BxKxdxS,...")
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        raise SystemExit("bench_max_scores.py needs a CUDA GPU")
+        raise SystemExit("benchmarks/max_interest_scores.py needs a CUDA GPU")
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}; B x K x d x S, bf16")
-    # as in bench_multi_interest.py: the first shape a process measures failed every method's
-    # forward+backward CUDA-graph capture on the H200 (2026-11-30, here too), so a small shape goes
-    # first and its numbers are dropped
+    # as in multi_interest.py: the first shape a process measures can fail every method's
+    # forward+backward CUDA-graph capture, so a small shape goes first and its numbers are dropped
     bench_shape(64, 2, 64, 256)
     results = []
     for shape in [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]:

@@ -13,8 +13,8 @@ i.i.d. random vectors (``--spread 0``) no index beats exact search by much at us
 Default: the synthetic generator with 100,000 items (half the clicks uniform, so nearly every
 item is clicked and survives filtering), ComiRec-SA with K = 4, d = 64::
 
-    python experiments/make_random_run.py --out /tmp/random-100k
-    python experiments/make_random_run.py --out /tmp/r --set synthetic.num_items=20000
+    python benchmarks/make_random_run.py --out /tmp/random-100k
+    python benchmarks/make_random_run.py --out /tmp/r --set synthetic.num_items=20000
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Public ``recsys.kernels.attention`` vs SDPA with a key-padding mask, FlexAttention and
 ``torch.compile`` of the PyTorch twin (CUDA, bf16).
 
-H = 2, D = 64, key lengths uniform in [L/4, L], self-attention (Lq = Lk = L) at the issue's
-(B, L) shapes. Each method's forward (inputs requiring grad, as in training) and forward+backward
+H = 2, D = 64, key lengths uniform in [L/4, L], self-attention (Lq = Lk = L) at four
+(B, L) shapes, from short click histories to long sequences. Each method's forward (inputs requiring grad, as in training) and forward+backward
 (dq, dk, dv) are timed two ways: launched call by call (``triton.testing.do_bench`` medians, CPU
 launch overhead included: what a user's Python loop gets; the methods timed in turns over five
 rounds, so that they share the host's drift) and replayed from a CUDA graph (GPU time only).
@@ -12,11 +12,11 @@ measured; the details table and the two ratio tables (launch, graph) come last.
 methods (``ours`` always); ``--before JSON`` (an earlier run's ``bench_attention.json``, e.g. of
 main's kernels imported through ``PYTHONPATH``) adds a before/after table of ``ours``.
 
-    python experiments/bench_attention.py [--shapes 4096x50,32x8192] [--paths] [--out DIR]
+    python benchmarks/attention.py [--shapes 4096x50,32x8192] [--paths] [--out DIR]
         [--methods ours,sdpa-mask,flex] [--before OLD/bench_attention.json]
 
 The kernels autotune by default, as users get them (the first call of each shape bucket compiles
-and times every candidate config); ``RECSYS_ATTN_AUTOTUNE=0`` runs the fixed H200 picks instead.
+and times every candidate config); ``RECSYS_ATTN_AUTOTUNE=0`` runs fixed block sizes instead.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import recsys
 from recsys.kernels import attention
 from recsys.kernels.triton_attention import FUSED_MAX_LQ, backward_paths, best_configs
 
-from gpu_timing import graph_ms_or_nan, interleaved_launch_ms, launch_ms, ratio_table  # experiments/ is on sys.path
+from timing import graph_ms_or_nan, interleaved_launch_ms, launch_ms, ratio_table  # benchmarks/ is on sys.path when run as a script
 
 SHAPES = [(4096, 50), (1024, 200), (256, 1024), (32, 8192)]
 HEADS, HEAD_DIM = 2, 64

@@ -17,7 +17,7 @@ Two parts, one run:
 
 Usage::
 
-    python experiments/bench_train.py [--data ../shared/data/taobao/sequences.txt] [--steps 300]
+    python benchmarks/train.py [--data ../shared/data/taobao/sequences.txt] [--steps 300]
 """
 
 from __future__ import annotations
@@ -230,7 +230,7 @@ def main() -> None:
     data = None if args.data == "synthetic" else args.data
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     name = torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu"
-    print(f"# bench_train on {device} ({name}), torch {torch.__version__}, {time.strftime('%Y-%m-%d')}")
+    print(f"# benchmarks/train.py on {device} ({name}), torch {torch.__version__}, {time.strftime('%Y-%m-%d')}")
     if args.part in ("grid", "both"):
         grid(device, args.steps, data)
     if args.part in ("compare", "both"):

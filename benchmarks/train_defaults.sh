@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Is `recsys train` with no flags as fast as the best explicit launch setting? (issue 13)
+# Is `recsys train` with no flags as fast as the best explicit launch setting?
 #
-#   bash experiments/bench_train_defaults.sh [single|taobao|synthetic1M|data|pair|ddp|ddp2] [TAOBAO] [OUT_DIR] [WORK_DIR]
+#   bash benchmarks/train_defaults.sh [single|taobao|synthetic1M|data|pair|ddp|ddp2] [TAOBAO] [OUT_DIR] [WORK_DIR]
 #
 # taobao, synthetic1M: one half of single (to run the halves on two GPUs at once); data: only
 # generate the 1M-user cache; ddp2: ddp without its one-GPU run (compare with synthetic1M's);
@@ -83,7 +83,7 @@ elif [ "$mode" = single ] || [ "$mode" = taobao ] || [ "$mode" = synthetic1M ]; 
         table "$data"
     done
 elif [ "$mode" = pair ]; then  # two GPUs: no flags on GPU 0 beside train.cuda_graph=true on GPU 1, each on half the cores
-    first=$(bash experiments/cpu_half.sh 0) second=$(bash experiments/cpu_half.sh 1)  # by physical core
+    first=$(bash benchmarks/cpu_half.sh 0) second=$(bash benchmarks/cpu_half.sh 1)  # by physical core
     CUDA_VISIBLE_DEVICES=0 taskset -c "$first" bash -c "$(declare -f run); $(declare -p out work common); \
         run synthetic1M_no-flags python -- $(printf '%q ' "${synthetic_cfg[@]}")" &
     CUDA_VISIBLE_DEVICES=1 taskset -c "$second" bash -c "$(declare -f run); $(declare -p out work common); \

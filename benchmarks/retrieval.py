@@ -12,11 +12,11 @@ Every method searches the same ``--queries`` queries in one call (batch throughp
 threads); recall@k is the overlap with exact FAISS Flat's top k. Build time covers training
 (IVF) and adding the vectors. Prints one ratio table per catalogue size::
 
-    python experiments/bench_retrieval.py                        # 100k and 1M items
-    python experiments/bench_retrieval.py --sizes 100000 --queries 500
-    python experiments/bench_retrieval.py --sizes 1000000 --clusters 1000 --ef-construction 80
+    python benchmarks/retrieval.py                        # 100k and 1M items
+    python benchmarks/retrieval.py --sizes 100000 --queries 500
+    python benchmarks/retrieval.py --sizes 1000000 --clusters 1000 --ef-construction 80
 
-Target (issue 7): on 1M items, HNSW at recall >= 0.95 with >= 5x the queries/s of exact Flat.
+Target: on 1M items, HNSW at recall >= 0.95 with >= 5x the queries/s of exact Flat.
 """
 
 from __future__ import annotations

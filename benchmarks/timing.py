@@ -1,7 +1,7 @@
 """GPU timing helpers shared by the kernel benchmarks.
 
-``launch_ms`` times calls launched one by one from Python (CPU launch overhead included, which
-on the lent H200 is tens of µs per op); ``graph_ms`` captures several calls in one CUDA graph
+``launch_ms`` times calls launched one by one from Python (CPU launch overhead included, tens
+of µs per op on a busy host); ``graph_ms`` captures several calls in one CUDA graph
 and replays it, which measures what the kernels cost once launched.
 """
 
@@ -11,7 +11,6 @@ import statistics
 from collections.abc import Callable, Hashable
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 from triton.testing import do_bench
 
 
@@ -23,8 +22,8 @@ def launch_ms(fn: Callable[[], object], rep: int = 200, warmup: int = 25) -> flo
 def interleaved_launch_ms(fns: dict[Hashable, Callable[[], object]], rounds: int = 5,
                           rep: int = 20) -> dict[Hashable, float]:
     """:func:`launch_ms` of each function, taken in turns: ``rounds`` rounds, each timing every
-    function once (for ``rep`` ms), then the median of its rounds. The lent machine's host speed drifts
-    during a bench (launched times moved by up to 3x between runs of the same code), and launched
+    function once (for ``rep`` ms), then the median of its rounds. A host's speed can drift
+    during a bench (launched times have moved by up to 3x between runs of the same code), and launched
     calls are host-bound; timed in turns, the methods compared share the drift, so their ratios do
     not depend on which one was timed when. A function that raises gets ``nan`` (the reason
     printed) and is left out of the later rounds."""
@@ -52,7 +51,7 @@ def graph_ms(fn: Callable[[], object], calls: int = 20, replays: int = 15) -> fl
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     # captured on the warm-up stream: its cuBLAS workspace exists before the capture (a first
-    # backward captured on a fresh stream failed on the H200, 2026-11-30)
+    # backward captured on a fresh stream can fail)
     with torch.cuda.graph(graph, stream=stream):
         for _ in range(calls):
             fn()
@@ -99,26 +98,3 @@ def ratio_table(title: str, rows: list[tuple[str, dict[str, float], dict[str, fl
             cells.append(f"{ratio:.2f}x{mark}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def kernel_table(fn: Callable[[], object], iters: int = 20) -> list[tuple[str, float, int]]:
-    """GPU time per kernel of ``fn`` from ``torch.profiler``: ``[(kernel name, µs per call, launches
-    per call)]``, the costliest first (after three warm-up calls)."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-    rows = [(e.key[:70], e.self_device_time_total / iters, e.count // iters)
-            for e in prof.key_averages() if e.self_device_time_total > 0]
-    return sorted(rows, key=lambda r: -r[1])
-
-
-def print_kernel_table(title: str, table: list[tuple[str, float, int]]) -> None:
-    """Print :func:`kernel_table`'s rows as a markdown table under ``title``."""
-    print(f"\n## {title}: {sum(r[1] for r in table):.1f} µs of kernels")
-    print("| kernel | µs per call | launches |\n|---|---:|---:|")
-    for kernel, us, count in table:
-        print(f"| {kernel} | {us:.1f} | {count} |")
