@@ -46,7 +46,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from recsys.config import TUNE_TABLE, Config, ConfigError, load_config, with_values
-from recsys.run import RunDir, atomic_write_text
+from recsys.io import atomic_write_text
+from recsys.run import RunDir
 from recsys.train.trainer import train
 
 if sys.version_info >= (3, 11):

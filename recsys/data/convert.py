@@ -28,7 +28,7 @@ import pandas as pd
 from recsys.config import DataConfig
 from recsys.data.comirec_preprocess import comirec_categories, comirec_filter, write_comirec
 from recsys.data.readers import DataError, read_interactions
-from recsys.run.files import atomic_save
+from recsys.io import atomic_save
 
 CLICKS = "clicks.csv"
 Converter = Callable[[list[Path], Path], dict[str, int]]

@@ -20,7 +20,7 @@ import pandas as pd
 
 from recsys.config import DataConfig
 from recsys.data.readers import DataError
-from recsys.run.files import atomic_write, atomic_write_text
+from recsys.io import atomic_write, atomic_write_text
 
 PAD = "<pad>"
 UNKNOWN = "<unknown>"

@@ -9,7 +9,7 @@
                    indexes, and the recall of its top-n against exact search on the run's
                    held-out (test) users
 
-Both are recorded in the run's manifest (:mod:`recsys.run.manifest`). :func:`open_run_index`
+Both are recorded in the run's manifest (:mod:`recsys.io.manifest`). :func:`open_run_index`
 (used by ``recsys recommend``, ``recsys serve`` and ``Run.recommend``) verifies them, loads the
 saved index when its embedding hash matches the weights, and otherwise builds the index in
 memory. IVF factories are clamped to what the catalogue can train
@@ -37,7 +37,7 @@ from recsys.retrieval.index import (
     save_index,
 )
 from recsys.run.experiment import LoadedRun
-from recsys.run.manifest import IntegrityError
+from recsys.io import IntegrityError
 
 __all__ = ["IndexReport", "build_run_index", "open_run_index"]
 

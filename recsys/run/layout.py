@@ -12,12 +12,12 @@ A run directory is self-contained::
       tensorboard/        TensorBoard event files of the metrics.jsonl scalars (``train.tensorboard``)
       index/<slug>.faiss  saved ANN indexes (`recsys index`), with <slug>.json describing each
       export/<format>/    the exported network, item table and id maps (`recsys export`)
-      manifest.json       SHA-256 and size of every file above except tensorboard/ and export/ (recsys.run.manifest)
+      manifest.json       SHA-256 and size of every file above except tensorboard/ and export/ (recsys.io.manifest)
 
 Only this package knows these names. Every file is written atomically
-(:mod:`recsys.run.files`), recorded in the manifest as it is put in place and verified against
+(:mod:`recsys.io.files`), recorded in the manifest as it is put in place and verified against
 it before it is read, so a flipped byte or a truncated file is a one-line
-:class:`~recsys.run.manifest.IntegrityError` naming the file and what to do. Checkpoints load
+:class:`~recsys.io.manifest.IntegrityError` naming the file and what to do. Checkpoints load
 with ``torch.load(weights_only=True)``.
 Opening a run (:class:`RunDir`) never creates anything: a mistyped path fails naming it;
 :meth:`RunDir.create` and :func:`new_run_dir` make new ones.
@@ -36,9 +36,7 @@ import numpy as np
 import torch
 
 from recsys.config import Config, ConfigError, run_config_from_dict
-from recsys.run import manifest
-from recsys.run.files import atomic_save, atomic_torch_save, atomic_write, atomic_write_text
-from recsys.run.manifest import IntegrityError
+from recsys.io import IntegrityError, atomic_save, atomic_torch_save, atomic_write, atomic_write_text, manifest
 
 if TYPE_CHECKING:
     from recsys.data.prepare import Dataset
@@ -125,7 +123,7 @@ class RunDir:
 
     def verify(self, name: str | Path, advice: str | None = None) -> None:
         """Check file ``name`` against the run's manifest; raises
-        :class:`~recsys.run.manifest.IntegrityError` ending with ``advice`` (what to do; by
+        :class:`~recsys.io.manifest.IntegrityError` ending with ``advice`` (what to do; by
         default the advice for that file) when it does not match."""
         manifest.verify(self.path, self.file(name), advice or ADVICE.get(str(name), REWRITE_ADVICE))
 
@@ -214,7 +212,7 @@ class RunDir:
         """Load checkpoint file ``name`` of this run with ``torch.load(weights_only=True)``,
         after verifying it against the manifest. A file that fails verification or that torch
         cannot read (also in runs written before manifests existed) is an
-        :class:`~recsys.run.manifest.IntegrityError` naming it and what to do."""
+        :class:`~recsys.io.manifest.IntegrityError` naming it and what to do."""
         path = self.file(name)
         if not path.exists():
             raise FileNotFoundError(f"{path}: no such checkpoint in run directory {self.path}")

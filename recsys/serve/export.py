@@ -28,8 +28,9 @@ import pandas as pd
 import torch
 from torch import Tensor, nn
 
+from recsys.io import atomic_write, atomic_write_text
 from recsys.models import InterestModel
-from recsys.run import LoadedRun, atomic_write, atomic_write_text, build_experiment
+from recsys.run import LoadedRun, build_experiment
 
 __all__ = ["FORMATS", "export_run"]
 

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from recsys.run.files import check_plain
+from recsys.io import check_plain
 from recsys.train.distributed import unwrap_model
 
 __all__ = ["capture_rng", "make_checkpoint", "restore_rng"]

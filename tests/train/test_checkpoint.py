@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from recsys.config import load_config
-from recsys.run import RunDir, atomic_write, check_plain, new_run_dir
+from recsys.io import atomic_write, check_plain
+from recsys.run import RunDir, new_run_dir
 from recsys.run import layout
 from recsys.train.checkpoint import capture_rng, make_checkpoint, restore_rng
 

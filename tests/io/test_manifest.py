@@ -1,4 +1,4 @@
-"""The run manifest (recsys.run.manifest): recorded on write, verified on load, crash-safe."""
+"""The run manifest (recsys.io.manifest): recorded on write, verified on load, crash-safe."""
 
 import hashlib
 import json
@@ -6,9 +6,7 @@ import os
 
 import pytest
 
-from recsys.run import manifest
-from recsys.run.files import default_file_mode
-from recsys.run.manifest import IntegrityError
+from recsys.io import IntegrityError, default_file_mode, manifest
 
 
 def _write(path, data: bytes):

@@ -25,7 +25,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from recsys.run.files import atomic_write_text
+from recsys.io.files import atomic_write_text
 
 __all__ = [
     "MANIFEST", "Digest", "IntegrityError", "file_digest", "read_manifest", "record", "record_tree", "replace_recorded",
@@ -108,7 +108,7 @@ def record_tree(root: str | Path, folder: str | Path) -> None:
 def replace_recorded(tmp: str | Path, path: str | Path, root: str | Path) -> Digest:
     """``os.replace(tmp, path)`` with ``path``'s manifest entry moved to ``tmp``'s content,
     crash-safely (see the module docstring). ``tmp`` must be complete and flushed; this is the
-    ``replace`` step :class:`recsys.run.RunDir` gives :func:`recsys.run.files.atomic_write`."""
+    ``replace`` step :class:`recsys.run.RunDir` gives :func:`recsys.io.files.atomic_write`."""
     root, path = Path(root), Path(path)
     digest = file_digest(tmp)
     key = _key(root, path)

@@ -4,7 +4,7 @@ A file is written to a temporary file in the same directory, flushed and ``fsync
 then renamed over the target (``os.replace``), so a crash leaves either the old file or the
 new one, never half of one. Every file gets the mode a plain ``open`` would give it
 (:func:`default_file_mode`), checkpoints and metrics alike. A run directory passes ``replace``
-(:func:`recsys.run.manifest.replace_recorded`) so the rename also records the file's digest in
+(:func:`recsys.io.manifest.replace_recorded`) so the rename also records the file's digest in
 the run's manifest. This module imports nothing else of recsys, so the data pipeline
 (:meth:`recsys.data.Dataset.save`) uses it too.
 

@@ -1,0 +1,17 @@
+"""The ground floor for files: every module that writes a file goes through here.
+
+- :mod:`recsys.io.files`: atomic writes (temporary file, fsync, rename) and the check that a
+  checkpoint loads with ``torch.load(weights_only=True)``;
+- :mod:`recsys.io.manifest`: the SHA-256 and size of every file of a directory, recorded on
+  write and verified on read (:class:`~recsys.io.manifest.IntegrityError`).
+
+It imports nothing else of recsys, so the data pipeline and the run directory use it alike.
+"""
+
+from recsys.io.files import atomic_save, atomic_torch_save, atomic_write, atomic_write_text, check_plain, default_file_mode
+from recsys.io.manifest import IntegrityError
+
+__all__ = [
+    "IntegrityError", "atomic_save", "atomic_torch_save", "atomic_write", "atomic_write_text", "check_plain",
+    "default_file_mode",
+]
