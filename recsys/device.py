@@ -16,10 +16,14 @@ __all__ = ["to_device"]
 
 
 def to_device(arrays: tuple[np.ndarray, ...], device: torch.device) -> tuple[Tensor, ...]:
-    """numpy arrays -> tensors on ``device`` (through pinned memory, non-blocking, on CUDA)."""
+    """numpy arrays -> tensors on ``device`` (through pinned memory, non-blocking, on CUDA).
+
+    A read-only array (a memory-mapped dataset, a ``np.broadcast_to`` view) is copied first: a
+    tensor may be written to, and torch warns about sharing memory it must not write.
+    """
     out = []
     for a in arrays:
-        x = torch.from_numpy(np.ascontiguousarray(a))
+        x = torch.from_numpy(np.require(a, requirements=("C", "W")))  # copies only when needed
         if device.type == "cuda":
             x = x.pin_memory().to(device, non_blocking=True)
         out.append(x)
