@@ -34,8 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from recsys.kernels import max_interest_scores
-from recsys.kernels.reference import length_softmax
+from recsys.kernels import length_softmax, max_interest_scores
 
 SAMPLER_KINDS = ("uniform", "log_uniform", "unigram")
 
@@ -289,6 +288,9 @@ class LossOutput:
     ``loss``: scalar, mean cross-entropy + ``z_loss * mean(log_z ** 2)`` (differentiable).
     ``log_z``: scalar, detached batch mean of the log-partition (per-row logsumexp of the logits).
     ``max_logit``: scalar, detached largest logit in the batch.
+
+    With a ``mask`` (bool ``[B]``, False = padding row) every mean and the max run over the valid
+    rows only; with no valid row the loss and ``log_z`` are 0 and ``max_logit`` is ``-inf``.
     """
 
     loss: Tensor
@@ -296,7 +298,9 @@ class LossOutput:
     max_logit: Tensor
 
 
-def _check_user_items(name: str, user: Tensor, target: Tensor, item_emb: Tensor) -> None:
+def _check_user_items(name: str, user: Tensor, target: Tensor, item_emb: Tensor, mask: Tensor | None = None) -> None:
+    if mask is not None and (mask.dtype != torch.bool or mask.shape != (user.shape[0],)):
+        raise ValueError(f"{name}: mask must be bool [{user.shape[0]}], got {mask.dtype} {tuple(mask.shape)}")
     if user.dim() != 2 or item_emb.dim() != 2 or user.shape[1] != item_emb.shape[1]:
         raise ValueError(
             f"{name}: expected user [B, d] and item_emb [N, d], "
@@ -308,14 +312,36 @@ def _check_user_items(name: str, user: Tensor, target: Tensor, item_emb: Tensor)
         )
 
 
-def _finish(logits: Tensor, target_col: Tensor, z_loss: float) -> LossOutput:
-    """``logits [B, C]`` float32, ``target_col [B]`` column of each row's target -> LossOutput."""
+def _finish(logits: Tensor, target_col: Tensor, z_loss: float, mask: Tensor | None = None) -> LossOutput:
+    """``logits [B, C]`` float32, ``target_col [B]`` column of each row's target, ``mask [B]`` bool
+    or None -> LossOutput.
+
+    Masked rows' logits are set to 0 before the logsumexp: a padding row can hold infinite logits
+    (id 0 has ``log q = -inf`` under the unigram sampler), and its softmax would turn the zero
+    upstream gradient into NaN.
+    """
+    if mask is not None:
+        logits = logits.masked_fill(~mask[:, None], 0.0)
     log_z = torch.logsumexp(logits, dim=1)  # [B]
     ce = log_z - logits.gather(1, target_col[:, None]).squeeze(1)  # [B]
-    loss = ce.mean()
+    return _reduce(ce, log_z, logits.detach().amax(dim=1), z_loss, mask)
+
+
+def _reduce(ce: Tensor, log_z: Tensor, row_max: Tensor, z_loss: float, mask: Tensor | None) -> LossOutput:
+    """Per-row cross-entropy, log-partition and largest logit (``[B]`` float32 each) -> LossOutput,
+    averaged over the rows where ``mask [B]`` is True (every row when None). Masked rows enter
+    through ``torch.where``, so they get exactly zero gradient whatever their values."""
+    def mean(x: Tensor) -> Tensor:
+        if mask is None:
+            return x.mean()
+        return torch.where(mask, x, 0.0).sum() / mask.sum().clamp(min=1)
+
+    loss = mean(ce)
     if z_loss > 0:
-        loss = loss + z_loss * log_z.square().mean()
-    return LossOutput(loss=loss, log_z=log_z.detach().mean(), max_logit=logits.detach().max())
+        loss = loss + z_loss * mean(log_z.square())
+    if mask is not None:
+        row_max = row_max.masked_fill(~mask, -math.inf)
+    return LossOutput(loss=loss, log_z=mean(log_z.detach()), max_logit=row_max.detach().max())
 
 
 def sampled_softmax_loss(
@@ -330,6 +356,7 @@ def sampled_softmax_loss(
     z_loss: float = 0.0,
     interests: Tensor | None = None,
     backend: str = "auto",
+    mask: Tensor | None = None,
 ) -> LossOutput:
     """Softmax cross-entropy over each row's target and ``S`` negatives shared by the batch.
 
@@ -348,12 +375,14 @@ def sampled_softmax_loss(
             negative by its best-matching interest, ``max_k <v_bk, e_neg>``, instead of by
             ``user``; see :func:`negative_logits`.
         backend: kernel backend of that max score (``"auto" | "triton" | "torch"``).
+        mask: ``[B]`` bool (optional): False rows are padding (dense training's empty positions,
+            target id 0 allowed): left out of every mean, exactly zero gradient.
 
     Row ``b``'s logits are ``[u_b . e_target_b, u_b . e_neg_1, ..., u_b . e_neg_S]`` (minus the
     logQ terms), computed by the matmul in the ambient (autocast) precision and then cast to
     float32 for the logsumexp. Ids are not range-checked (that would sync the host).
     """
-    _check_user_items("sampled_softmax_loss", user, target, item_emb)
+    _check_user_items("sampled_softmax_loss", user, target, item_emb, mask)
     if negatives.dim() != 1 or negatives.dtype != torch.long:
         raise ValueError(f"negatives: must be long [S], got {negatives.dtype} {tuple(negatives.shape)}")
     # one gather for targets and negatives: on the CPU its backward allocates one [N, d]
@@ -372,24 +401,144 @@ def sampled_softmax_loss(
     if remove_accidental_hits:
         neg = neg.masked_fill(negatives[None, :] == target[:, None], -math.inf)
     logits = torch.cat([pos[:, None], neg], dim=1)  # [B, 1 + S]
-    return _finish(logits, torch.zeros_like(target), z_loss)
+    return _finish(logits, torch.zeros_like(target), z_loss, mask)
 
 
 def full_softmax_loss(user: Tensor, target: Tensor, item_emb: Tensor, *, z_loss: float = 0.0,
-                      interests: Tensor | None = None, backend: str = "auto") -> LossOutput:
+                      interests: Tensor | None = None, backend: str = "auto",
+                      mask: Tensor | None = None) -> LossOutput:
     """Exact softmax cross-entropy over the whole catalogue, padding row 0 excluded.
 
     ``user [B, d]``, ``target [B]`` long in ``1 .. N - 1``, ``item_emb [N, d]``. Logits
     ``[B, N - 1]`` are ``user @ item_emb[1:].T`` cast to float32. For small catalogues. With
     ``interests [B, K, d]`` every other item is scored by its best-matching interest
     (:func:`negative_logits`, on kernel ``backend``) and the target keeps ``<user, e_target>``.
+    ``mask [B]`` bool: False rows are padding (any target, 0 included): left out of every mean,
+    exactly zero gradient. :func:`chunked_softmax_loss` is the same loss without the ``[B, N]``
+    logits.
     """
-    _check_user_items("full_softmax_loss", user, target, item_emb)
+    _check_user_items("full_softmax_loss", user, target, item_emb, mask)
+    target_col = target - 1 if mask is None else torch.where(mask, target - 1, 0)  # [B]
     logits = negative_logits(user, item_emb[1:], interests, backend=backend)  # [B, N - 1]
     if interests is not None:  # the target's own logit is the readout's
         pos = (user * item_emb[target]).sum(dim=1, keepdim=True).float()  # [B, 1]
-        logits = logits.scatter(1, (target - 1)[:, None], pos)
-    return _finish(logits, target - 1, z_loss)
+        logits = logits.scatter(1, target_col[:, None], pos)
+    return _finish(logits, target_col, z_loss, mask)
+
+
+def chunked_softmax_loss(
+    user: Tensor,
+    target: Tensor,
+    item_emb: Tensor,
+    *,
+    mask: Tensor | None = None,
+    z_loss: float = 0.0,
+    chunk_size: int = 8192,
+    interests: Tensor | None = None,
+    backend: str = "auto",
+) -> LossOutput:
+    """:func:`full_softmax_loss`, computed ``chunk_size`` items at a time: the ``[R, N]`` logits
+    are never held (the idea of Cut Cross-Entropy, Wijmans et al., 2024).
+
+    Dense training has ``R = B * L`` targets (every position of a window), where ``[R, N]`` fp32
+    logits outgrow the GPU at catalogue sizes that the model itself handles easily.
+
+    Args:
+        user: ``[R, d]`` user vectors (after :func:`readout`), one per target.
+        target: ``[R]`` long, item ids in ``1 .. N - 1`` (any id on a masked row).
+        item_emb: ``[N, d]``; row 0 is padding and takes no part in the softmax.
+        mask: ``[R]`` bool (optional); False rows are padding: left out of every mean, exactly
+            zero gradient.
+        z_loss: weight of ``mean(log_z ** 2)``.
+        chunk_size: items per chunk; the largest transient is ``[R, chunk_size]`` fp32 (and
+            ``[R, K, chunk_size]`` for ``interests`` on the torch twin).
+        interests: ``[R, K, d]`` (optional): every item but the target scored by its
+            best-matching interest, as in :func:`full_softmax_loss`.
+        backend: kernel backend of that max score.
+
+    The target's logit is ``<user, e_target>``; the other items' logsumexp comes from an
+    autograd Function that keeps one running fp32 logsumexp per row and recomputes each chunk's
+    logits in the backward (:class:`_CatalogueLogSumExp`); the cross-entropy, the mask and the
+    z-loss are composed on the ``[R]`` results by ordinary autograd. Nothing syncs the host,
+    so the loss can be captured in a CUDA graph; ids are not range-checked (that would sync).
+    """
+    _check_user_items("chunked_softmax_loss", user, target, item_emb, mask)
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunked_softmax_loss: chunk_size must be an int >= 1, got {chunk_size!r}")
+    pos = (user * item_emb[target]).sum(dim=1).float()  # [R]
+    if interests is None:  # the target's column of user @ item_emb.T is pos already
+        log_z, row_max = _CatalogueLogSumExp.apply(user, item_emb, None, None, chunk_size, backend)
+    else:  # the target is left out of the max-scored items and enters with its readout logit
+        lse_others, row_max = _CatalogueLogSumExp.apply(user, item_emb, target, interests, chunk_size, backend)
+        log_z = torch.logaddexp(lse_others, pos)  # [R]
+        row_max = torch.maximum(row_max, pos.detach())
+    return _reduce(log_z - pos, log_z, row_max, z_loss, mask)
+
+
+def _chunk_logits(user: Tensor, items: Tensor, first: int, exclude: Tensor | None, interests: Tensor | None,
+                  backend: str) -> Tensor:
+    """Float32 logits ``[R, C]`` (:func:`negative_logits`) of ``items [C, d]``, the rows of ids
+    ``first .. first + C - 1``; with ``exclude [R]`` ids, each row's excluded id at ``-inf``."""
+    logits = negative_logits(user, items, interests, backend=backend)
+    if exclude is None:
+        return logits
+    ids = torch.arange(first, first + items.shape[0], device=exclude.device)  # [C]
+    return logits.masked_fill(ids[None, :] == exclude[:, None], -math.inf)
+
+
+class _CatalogueLogSumExp(torch.autograd.Function):
+    """``(lse [R], row_max [R])``, fp32: logsumexp and max over items ``j`` in ``1 .. N - 1``
+    (``j != exclude_r`` when ``exclude [R]`` is given) of :func:`negative_logits`, one chunk of
+    items at a time.
+
+    The forward keeps a running logsumexp and max per row and saves only ``lse``; the backward
+    recomputes each chunk's logits under the forward's autocast state and sends
+    ``grad_lse_r * softmax_rj`` back through them (``torch.autograd.grad`` of the chunk, so the
+    max score's kernel backward is reused), writing that chunk's rows of ``d_item_emb`` and
+    adding into ``d_user`` (or ``d_interests``) in fp32. ``row_max`` is not differentiable.
+    """
+
+    @staticmethod
+    def forward(ctx, user: Tensor, item_emb: Tensor, exclude: Tensor | None, interests: Tensor | None,
+                chunk_size: int, backend: str) -> tuple[Tensor, Tensor]:
+        device_type = user.device.type
+        ctx.autocast = {"device_type": device_type, "dtype": torch.get_autocast_dtype(device_type),
+                        "enabled": torch.is_autocast_enabled(device_type), "cache_enabled": False}
+        ctx.chunk_size, ctx.backend = chunk_size, backend
+        lse = torch.full((user.shape[0],), -math.inf, device=user.device)  # [R]
+        row_max = torch.full_like(lse, -math.inf)
+        for first in range(1, item_emb.shape[0], chunk_size):  # row 0 is padding
+            items = item_emb[first : first + chunk_size]  # [C, d]
+            logits = _chunk_logits(user, items, first, exclude, interests, backend)  # [R, C]
+            lse = torch.logaddexp(lse, torch.logsumexp(logits, dim=1))
+            row_max = torch.maximum(row_max, logits.amax(dim=1))
+        ctx.save_for_backward(user, item_emb, exclude, interests, lse)
+        ctx.mark_non_differentiable(row_max)
+        return lse, row_max
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_lse: Tensor, _grad_row_max: Tensor) -> tuple[Tensor | None, ...]:
+        user, item_emb, exclude, interests, lse = ctx.saved_tensors
+        scored = user if interests is None else interests  # what the logits differentiate into
+        leaf = scored.detach().requires_grad_()
+        user_in, interests_in = (leaf, None) if interests is None else (user.detach(), leaf)
+        d_scored = torch.zeros_like(scored, dtype=torch.float32)
+        d_items = torch.zeros_like(item_emb)  # row 0 (padding) keeps 0
+        # an excluded id's logit is -inf and exp(-inf - lse) may be NaN (lse = -inf when the target
+        # is a row's only item), but masked_fill's backward drops those entries
+        lse = lse[:, None]  # [R, 1]
+        with torch.enable_grad(), torch.autocast(**ctx.autocast):
+            for first in range(1, item_emb.shape[0], ctx.chunk_size):
+                items = item_emb[first : first + ctx.chunk_size].detach().requires_grad_()  # [C, d]
+                logits = _chunk_logits(user_in, items, first, exclude, interests_in, ctx.backend)  # [R, C]
+                grad_logits = torch.sub(logits.detach(), lse).exp_().mul_(grad_lse[:, None])  # [R, C]
+                d_leaf, d_chunk = torch.autograd.grad(logits, (leaf, items), grad_logits)
+                d_scored += d_leaf
+                d_items[first : first + ctx.chunk_size] = d_chunk
+        if interests is None:
+            return d_scored.to(user.dtype), d_items, None, None, None, None
+        return None, d_items, None, d_scored.to(interests.dtype), None, None
 
 
 def negative_logits(user: Tensor, items: Tensor, interests: Tensor | None = None, *, backend: str = "auto") -> Tensor:
