@@ -151,8 +151,7 @@ class Run:
             raise ValueError("sequences: no sequences given")
         if any(isinstance(s, (str, bytes)) or np.ndim(s) != 1 for s in sequences):
             raise TypeError("sequences: each sequence must be a list of raw item ids, e.g. [['50', '172'], ['9']]")
-        raw = np.asarray([str(x) for s in sequences for x in s], dtype=str)
-        ids = pd.Index(self.dataset.item_raw[1:]).get_indexer(raw) + 1  # 0 = unknown
+        ids = self.dataset.item_map.lookup(x for s in sequences for x in s)  # -1 = unknown
         rows = np.repeat(np.arange(len(sequences)), [len(s) for s in sequences])
         keep = ids > 0
         indptr = np.zeros(len(sequences) + 1, dtype=np.int64)

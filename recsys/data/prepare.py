@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import zipfile
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +29,64 @@ UNKNOWN = "<unknown>"
 _ARRAYS = "dataset.npz"
 _META = "dataset.json"
 _FORMAT_VERSION = 1
+
+
+class IdMap:
+    """Raw ids <-> internal ids of one id space (items or users): the one place raw ids become
+    internal ids after :func:`prepare` has numbered them.
+
+    ``names[i]`` is the raw id (str) of internal id ``i``; ids below ``first`` are reserved
+    (item id 0 is padding) and are never the answer for a raw id. The raw-id lookup is a dict,
+    built on first use: it answers a one-id request in about a microsecond and a million ids as
+    fast as pandas' hash index does.
+    """
+
+    def __init__(self, names: np.ndarray, *, first: int = 0, kind: str = "id") -> None:
+        self.names = np.asarray(names)
+        self.first = int(first)
+        self.kind = kind  # "item" or "user": names the space in error messages
+        self._index: dict[str, int] | None = None
+
+    def __len__(self) -> int:
+        """Size of the id space, reserved ids included."""
+        return len(self.names)
+
+    def lookup(self, raw: Iterable[object]) -> np.ndarray:
+        """Raw ids (``str()`` of each) -> ``[n]`` int64 internal ids, ``-1`` where unknown."""
+        if self._index is None:
+            self._index = {name: i for i, name in enumerate(self.names[self.first:].tolist(), self.first)}
+        index = self._index
+        return np.fromiter((index.get(r, -1) for r in self._strings(raw)), dtype=np.int64)
+
+    def encode(self, raw: Iterable[object]) -> tuple[np.ndarray, list[str]]:
+        """Raw ids -> ``(ids [n_known] int64, unknown)``: the internal ids of the known raw ids
+        in input order, and the unknown raw ids (as ``str``), also in input order."""
+        raw = list(self._strings(raw))
+        ids = self.lookup(raw)
+        return ids[ids >= 0], [r for r, i in zip(raw, ids.tolist()) if i < 0]
+
+    def require(self, raw: Iterable[object], what: str) -> np.ndarray:
+        """:meth:`encode` for inputs that must all be known: ``[n]`` internal ids, or a
+        ``ValueError`` naming ``what`` and the first unknown raw ids."""
+        ids, unknown = self.encode(raw)
+        if unknown:
+            shown = ", ".join(repr(r) for r in unknown[:10]) + (" ..." if len(unknown) > 10 else "")
+            raise ValueError(f"{what}: {len(unknown):,} unknown {self.kind} ids: {shown}")
+        return ids
+
+    def _strings(self, raw: Iterable[object]) -> Iterable[str]:
+        """``str()`` of each raw id, lazily; a lone string is refused rather than split into characters."""
+        if isinstance(raw, (str, bytes)):
+            raise TypeError(f"expected a list of raw {self.kind} ids, got a single string")
+        return (str(r) for r in raw)
+
+    def decode(self, ids: np.ndarray) -> np.ndarray:
+        """Internal ids ``[...]`` (each in ``first..len - 1``) -> raw ids (str), same shape."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.size and (ids.min() < self.first or ids.max() >= len(self.names)):
+            bad = ids[(ids < self.first) | (ids >= len(self.names))][0]
+            raise ValueError(f"{self.kind} id {bad} is outside {self.first}..{len(self.names) - 1}")
+        return self.names[ids]
 
 
 @dataclass(eq=False)
@@ -53,8 +113,6 @@ class Dataset:
     category_raw: np.ndarray
     item_counts: np.ndarray
     source: str = ""
-    _item_index: pd.Index | None = field(default=None, init=False, repr=False)
-    _user_index: pd.Index | None = field(default=None, init=False, repr=False)
 
     @property
     def num_items(self) -> int:
@@ -93,20 +151,15 @@ class Dataset:
             "timestamps": self.times is not None,
         }
 
-    def encode_items(self, raw: list[str] | np.ndarray) -> tuple[np.ndarray, list[str]]:
-        """Raw item ids -> ``(ids [n_known] int64, unknown)``: the internal ids of the known
-        items in input order, and the raw ids not in the catalogue (also in input order)."""
-        if self._item_index is None:
-            self._item_index = pd.Index(self.item_raw[1:])
-        pos = self._item_index.get_indexer(pd.Index(np.asarray(raw, dtype=str)))
-        return (pos[pos >= 0] + 1).astype(np.int64), [r for r, p in zip(raw, pos) if p < 0]
+    @cached_property
+    def item_map(self) -> IdMap:
+        """Raw item ids <-> internal item ids ``1..num_items-1`` (0 is padding)."""
+        return IdMap(self.item_raw, first=1, kind="item")
 
-    def encode_users(self, raw: list[str] | np.ndarray) -> tuple[np.ndarray, list[str]]:
-        """Raw user ids -> ``(user indices [n_known] int64, unknown raw ids)``."""
-        if self._user_index is None:
-            self._user_index = pd.Index(self.user_raw)
-        pos = self._user_index.get_indexer(pd.Index(np.asarray(raw, dtype=str)))
-        return pos[pos >= 0].astype(np.int64), [r for r, p in zip(raw, pos) if p < 0]
+    @cached_property
+    def user_map(self) -> IdMap:
+        """Raw user ids <-> user indices ``0..num_users-1``."""
+        return IdMap(self.user_raw, kind="user")
 
     def save(self, directory: str | Path) -> None:
         """Write ``dataset.npz`` (arrays, no pickles) and ``dataset.json`` (stats) atomically."""

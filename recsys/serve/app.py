@@ -117,7 +117,7 @@ class _Service:
         fallback = self.cfg.fallback_popular if req.fallback_popular is None else req.fallback_popular
         if req.user is not None:
             user = str(req.user)
-            index, _ = self.rec.encode_users([user])
+            index, _ = self.rec.dataset.user_map.encode([user])
             if len(index) == 0:
                 if fallback:
                     return self.render_popular(req.n, [], user)
@@ -126,7 +126,7 @@ class _Service:
             exclude = self.rec.user_histories(index)[1] if req.exclude_seen else None
             return _Job(inputs[0], int(lengths[0]), req.n, req.diversity_lambda, exclude, [], user)
         raw = [str(r) for r in req.items]
-        ids, unknown = self.rec.encode_items(raw)
+        ids, unknown = self.rec.dataset.item_map.encode(raw)
         if len(ids) == 0:
             if fallback:
                 return self.render_popular(req.n, unknown, None)
@@ -168,7 +168,7 @@ class _Service:
         items = [
             {"item": item, "score": score, "interest": k}
             for item, score, k in zip(
-                self.rec.item_raw(ids[valid]).tolist(), scores[valid].tolist(), interest_of[valid].tolist()
+                self.rec.dataset.item_map.decode(ids[valid]).tolist(), scores[valid].tolist(), interest_of[valid].tolist()
             )
         ]
         return json.dumps({

@@ -56,11 +56,10 @@ def resolve_users(rec: Recommender, raw: list[str] | None, *, strict: bool = Fal
     """
     if raw is None:
         return np.arange(rec.dataset.num_users, dtype=np.int64), []
-    users, unknown = rec.encode_users([str(u) for u in dict.fromkeys(raw)])
-    if unknown and strict:
-        shown = ", ".join(repr(u) for u in unknown[:10])
-        raise ValueError(f"{what}: {len(unknown)} unknown user ids (strict): {shown}")
-    return users, unknown
+    raw = list(dict.fromkeys(str(u) for u in raw))
+    if strict:
+        return rec.dataset.user_map.require(raw, what), []
+    return rec.dataset.user_map.encode(raw)
 
 
 def recommend_table(
@@ -105,7 +104,7 @@ def recommend_table(
     return pd.DataFrame({
         "user": labels[row],
         "rank": (col + 1).astype(np.int64),
-        "item": rec.item_raw(recs.ids[row, col]),
+        "item": ds.item_map.decode(recs.ids[row, col]),
         "score": recs.scores[row, col],
         "interest": recs.interest_of[row, col],
     })

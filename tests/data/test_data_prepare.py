@@ -117,10 +117,25 @@ def test_save_load_round_trip_and_encode(tmp_path):
     for name in ("item_raw", "user_raw", "indptr", "items", "times", "item_category", "category_raw", "item_counts"):
         np.testing.assert_array_equal(getattr(back, name), getattr(ds, name), err_msg=name)
     assert back.stats() == ds.stats()
-    ids, unknown = back.encode_items(["b", "zz", "a", "<pad>"])
+    ids, unknown = back.item_map.encode(["b", "zz", "a", "<pad>"])
     assert ids.tolist() == [2, 1] and unknown == ["zz", "<pad>"]
-    users, unknown = back.encode_users(["u2", "nobody"])
+    users, unknown = back.user_map.encode(["u2", "nobody"])
     assert users.tolist() == [1] and unknown == ["nobody"]
+
+
+def test_id_map_encodes_decodes_and_names_unknown_ids():
+    ds = prepare(clicks([("7", "10", 0), ("7", "2", 1), ("8", "10", 0)]), DataConfig(min_item_count=0, min_user_count=0))
+    items = ds.item_map
+    assert items.lookup([10, "2", "3"]).tolist() == [1, 2, -1]  # numbers are looked up by their text
+    assert items.decode(np.array([[2, 1]])).tolist() == [["2", "10"]]
+    assert items.lookup(["<pad>"]).tolist() == [-1]  # padding is never an answer
+    assert ds.user_map.require(["8", "7"], "users").tolist() == [1, 0]
+    with pytest.raises(ValueError, match=r"^--users: 2 unknown user ids: 'x', '9'$"):
+        ds.user_map.require(["7", "x", "9"], "--users")
+    with pytest.raises(ValueError, match=r"item id 0 is outside 1\.\.2"):
+        items.decode(np.array([1, 0]))
+    with pytest.raises(TypeError, match="a list of raw item ids"):
+        items.encode("10")
 
 
 def test_load_rejects_inconsistent_files(tmp_path):

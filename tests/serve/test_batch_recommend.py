@@ -80,7 +80,7 @@ def test_recommend_errors(tiny_run, tmp_path, capsys):
     (tmp_path / "users.txt").write_text("ghost\n")
     out = str(tmp_path / "r.csv")
     assert main(["recommend", tiny_run, "--users", str(tmp_path / "users.txt"), "--out", out, "--strict"]) == 2
-    assert "unknown user ids (strict): 'ghost'" in capsys.readouterr().err
+    assert "unknown user ids: 'ghost'" in capsys.readouterr().err
     assert main(["recommend", tiny_run, "--all", "--out", str(tmp_path / "r.json")]) == 2
     assert ".parquet, .csv" in capsys.readouterr().err
     assert main(["recommend", tiny_run, "--users", str(tmp_path / "none.txt"), "--out", out]) == 2

@@ -57,10 +57,10 @@ def test_user_inputs_are_last_clicks(rec):
 
 def test_encode_and_popular(rec):
     raw = [rec.dataset.item_raw[3], "nope", rec.dataset.item_raw[1]]
-    ids, unknown = rec.encode_items(raw)
+    ids, unknown = rec.dataset.item_map.encode(raw)
     np.testing.assert_array_equal(ids, [3, 1])
     assert unknown == ["nope"]
-    users, unknown = rec.encode_users([rec.dataset.user_raw[2], "ghost"])
+    users, unknown = rec.dataset.user_map.encode([rec.dataset.user_raw[2], "ghost"])
     np.testing.assert_array_equal(users, [2])
     assert unknown == ["ghost"]
     top = rec.popular(5)
