@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from recsys.kernels import triton_available
 from recsys.train.losses import (
     chunked_softmax_loss,
     full_softmax_loss,
@@ -61,6 +62,16 @@ def test_chunked_equals_full_softmax_in_value_and_gradients(k, rows, num_items, 
                           chunk_size=chunk_size, backend="torch")
     _assert_same(got, want)
     assert got[0].loss.isfinite() and not got[0].log_z.requires_grad and not got[0].max_logit.requires_grad
+
+
+@pytest.mark.skipif(not triton_available(torch.device("cpu")), reason="needs TRITON_INTERPRET=1 (set by conftest)")
+def test_chunked_through_the_max_score_kernel_equals_the_full_softmax_on_the_twin():
+    user, target, item_emb, mask, interests = _case(10, 40, dim=8, k=3)
+    want = _loss_and_grads(full_softmax_loss, user, target, item_emb, interests, mask=mask, z_loss=0.1,
+                           backend="torch")
+    got = _loss_and_grads(chunked_softmax_loss, user, target, item_emb, interests, mask=mask, z_loss=0.1,
+                          chunk_size=16, backend="triton")
+    _assert_same(got, want, rtol=1e-4, atol=1e-5)
 
 
 def test_chunked_without_mask_is_the_plain_mean():
