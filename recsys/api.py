@@ -43,12 +43,6 @@ Clicks = pd.DataFrame | str | Path
 SPLITS = ("test", "valid")
 
 
-def _device(device: str | torch.device) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
 class Run:
     """A trained run directory in memory: its config, dataset (with the id maps), split and best
     model. Open one with :meth:`load` or get one from :func:`fit`."""
@@ -61,7 +55,7 @@ class Run:
     def load(cls, path: str | Path, *, device: str | torch.device = "auto") -> Run:
         """Open run directory ``path`` with its best weights (``device``: ``auto`` = CUDA when
         available). A path that is not a trained run raises ``FileNotFoundError`` naming it."""
-        return cls(load_run(path, device=_device(device)))
+        return cls(load_run(path, device=device))
 
     def __repr__(self) -> str:
         ds = self.dataset

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from recsys.device import model_device
 from recsys.evaluate.diagnostics import attention_weights, effective_clicks
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ def draw_interests(model: InterestModel, ds: Dataset, eval_set: EvalSet, path: s
     rows = np.flatnonzero(np.asarray(eval_set.lengths) >= min_clicks)[:users]
     if len(rows) == 0:
         raise ValueError(f"no evaluation user has {min_clicks} or more input clicks to draw")
-    device = next(iter(model.parameters()), torch.empty(0)).device
+    device = model_device(model)
     model.eval()
     with torch.no_grad():
         seq = torch.as_tensor(eval_set.inputs[rows], device=device)

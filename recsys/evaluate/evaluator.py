@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from recsys.device import to_device
+from recsys.device import model_device, to_device
 from recsys.evaluate.metrics import (
     category_diversity,
     hit_rate,
@@ -43,12 +43,6 @@ _TABLE_NAMES = {
 }
 
 
-def _model_device(model: torch.nn.Module) -> torch.device:
-    for tensor in (*model.parameters(), *model.buffers()):
-        return tensor.device
-    return torch.device("cpu")
-
-
 def evaluate(
     model: InterestModel,
     eval_set: EvalSet,
@@ -61,7 +55,6 @@ def evaluate(
     item_category: np.ndarray | None = None,
     diversity_lambda: float = 0.0,
     batch_size: int = 2048,
-    device: str | torch.device | None = None,
     nprobe: int = 16,
     ef_search: int = 128,
     ef_construction: int = 80,
@@ -80,8 +73,7 @@ def evaluate(
         item_category: ``[num_items]`` categories: enables ``diversity@n`` (unless every
             item is 0 = unknown) and the diversity-controlled pick.
         diversity_lambda: ``> 0`` uses ComiRec's greedy aggregation with this λ.
-        batch_size: users per model call and search.
-        device: where the model runs (default: where its parameters are).
+        batch_size: users per model call and search (on the model's device).
         progress: a bar over the users (on a terminal).
 
     Returns:
@@ -106,7 +98,7 @@ def evaluate(
             f"entries for {num_users} users (expected {num_users} and {num_users + 1})"
         )
     n_max = max(topn)
-    device = torch.device(device) if device is not None else _model_device(model)
+    device = model_device(model)
     was_training = model.training
     model.eval()
     try:
@@ -193,10 +185,9 @@ def evaluate_with_config(
     cfg: Config,
     item_category: np.ndarray | None = None,
     *,
-    device: str | torch.device | None = None,
     progress: bool = False,
 ) -> dict[str, float]:
-    """:func:`evaluate` with ``cfg.eval`` and ``cfg.retrieval`` (the model's device by default)."""
+    """:func:`evaluate` with ``cfg.eval`` and ``cfg.retrieval``."""
     return evaluate(
         model,
         eval_set,
@@ -208,7 +199,6 @@ def evaluate_with_config(
         item_category=item_category,
         diversity_lambda=cfg.eval.diversity_lambda,
         batch_size=cfg.eval.batch_size,
-        device=device,
         nprobe=cfg.retrieval.nprobe,
         ef_search=cfg.retrieval.ef_search,
         ef_construction=cfg.retrieval.ef_construction,

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from recsys.config import Config
 from recsys.data import Dataset, Split, load_dataset, split_dataset
-from recsys.device import to_device
+from recsys.device import model_device, resolve_device, to_device
 from recsys.models import InterestModel, build_model
 from recsys.run.layout import RunDir
 
@@ -43,7 +43,7 @@ class Experiment:
     @property
     def device(self) -> torch.device:
         """Where the model's parameters live."""
-        return next(iter(self.model.parameters()), torch.empty(0)).device
+        return model_device(self.model)
 
     def item_table(self) -> np.ndarray:
         """``[num_items, d]`` float32 item embeddings of the model (row 0 = padding)."""
@@ -93,7 +93,9 @@ def load_run(path: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
     """Open run directory ``path`` (written by ``recsys train``) with its best weights.
 
     Raises ``FileNotFoundError`` naming ``path`` when it is not a trained run (nothing is created).
+    ``device``: see :func:`recsys.device.resolve_device` (``auto`` = CUDA when available).
     """
+    device = resolve_device(device)  # a GPU this machine lacks fails before anything is read
     rd = RunDir(path)
     rd.require_trained()
     cfg = rd.read_config()

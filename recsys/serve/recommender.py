@@ -23,7 +23,7 @@ import torch
 
 from recsys.data.batches import gather_rows, pad_sequences
 from recsys.data.prepare import Dataset
-from recsys.device import to_device
+from recsys.device import model_device, to_device
 from recsys.models.base import InterestModel
 from recsys.retrieval.aggregate import check_lambda, diverse_merge, max_merge
 from recsys.retrieval.index import Retriever
@@ -122,7 +122,7 @@ class Recommender:
         self.max_len = int(max_len)
         self.name = name
         self.index_name = index_name
-        self.device = next(iter(model.parameters()), torch.empty(0)).device
+        self.device = model_device(model)
         counts = np.asarray(dataset.item_counts, dtype=np.int64)
         self._popular = (np.argsort(-counts[1:], kind="stable") + 1).astype(np.int64)  # [N - 1]
         self._counts = counts.astype(np.float32)

@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from recsys.device import resolve_device
+
 _ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 
@@ -42,16 +44,6 @@ class DistInfo:
         return self.rank == 0
 
 
-def _pick_device(device_pref: str, local_rank: int) -> torch.device:
-    if device_pref not in ("auto", "cpu", "cuda"):
-        raise ValueError(f"train.device: {device_pref!r} is not one of ['auto', 'cpu', 'cuda']")
-    if device_pref == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("train.device = 'cuda' but no CUDA device is available")
-    if device_pref == "cpu" or not torch.cuda.is_available():
-        return torch.device("cpu")
-    return torch.device("cuda", local_rank)
-
-
 def setup_distributed(device_pref: str = "auto", *, graphs: bool = False) -> DistInfo:
     """Join the process group described by the ``torchrun`` environment, or run alone.
 
@@ -66,7 +58,7 @@ def setup_distributed(device_pref: str = "auto", *, graphs: bool = False) -> Dis
     """
     present = [name for name in _ENV if name in os.environ]
     if not present:
-        return DistInfo(rank=0, world_size=1, local_rank=0, device=_pick_device(device_pref, 0))
+        return DistInfo(rank=0, world_size=1, local_rank=0, device=resolve_device(device_pref, "train.device", index=0))
     if len(present) != len(_ENV):
         missing = ", ".join(name for name in _ENV if name not in os.environ)
         raise RuntimeError(f"distributed launch: {missing} not set (launch with torchrun)")
@@ -75,7 +67,7 @@ def setup_distributed(device_pref: str = "auto", *, graphs: bool = False) -> Dis
     except ValueError:
         values = ", ".join(f"{name}={os.environ[name]!r}" for name in _ENV)
         raise RuntimeError(f"distributed launch: non-integer environment ({values})") from None
-    device = _pick_device(device_pref, local_rank)
+    device = resolve_device(device_pref, "train.device", index=local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if world_size > 1 and not dist.is_initialized():

@@ -77,15 +77,6 @@ class TrainResult:
     cuda_graph: bool = False  # the training steps ran as one CUDA graph each (train.cuda_graph)
 
 
-def resolve_device(pref: str) -> torch.device:
-    """``auto`` -> CUDA when available, else CPU."""
-    if pref == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if pref == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("train.device: 'cuda' requested but no CUDA device is available")
-    return torch.device(pref)
-
-
 def make_optimizer(model: torch.nn.Module, cfg: Config, device: torch.device, weight_decay: float,
                    capturable: bool = False) -> torch.optim.Optimizer:
     """Fused Adam/AdamW (one pass over each parameter per step, on the CPU too: on taobao's
