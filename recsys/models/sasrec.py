@@ -43,7 +43,7 @@ class SASRecMI(SequenceModel):
     interests ``= softmax_L(tanh((E + P) W1) W2)ᵀ H`` ``[B, K, d]`` stay convex combinations of
     item embeddings as in comirec_sa, with the transformer deciding where to attend;
     ``"encoded"`` pools ``E`` itself. On amazon-beauty "items" gave 7.7% more test Recall@50
-    than "encoded" (experiments/RESULTS.md). The fused Triton multi-interest kernel pools its own
+    than "encoded" (docs/results.md, "Positions"). The fused Triton multi-interest kernel pools its own
     input, so "items" runs the head's PyTorch twin.
     """
 

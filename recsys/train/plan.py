@@ -18,8 +18,8 @@ least ``train.min_target`` clicks before it) at ``train.batch_size`` samples a s
   over the samples while a prior's weight should fall as ``1 / samples``; a constant per-step
   decay regularises a large dataset as much as a small one over each step, and so far more over
   its longer run. On taobao the best constant was 0.05, on amazon-beauty 0.2 to 0.5 (four times
-  more steps per epoch on taobao): both are about 0.15 a pass (``experiments/RESULTS.md``,
-  "Defaults study"). With ``optimizer = "adam"`` the automatic decay is 0 (plain Adam).
+  more steps per epoch on taobao): both are about 0.15 a pass (docs/results.md, "Weight decay
+  per epoch"). With ``optimizer = "adam"`` the automatic decay is 0 (plain Adam).
 
 A run that fixes ``max_steps``, ``eval_every`` or ``weight_decay`` gets exactly those values.
 """
