@@ -1,6 +1,6 @@
 """recsys: multi-interest sequential retrieval (ComiRec-SA and baselines) with Triton kernels.
 
-The Python API (see README, "Python API")::
+The Python API (see docs/python-api.md)::
 
     import recsys
     run = recsys.fit(clicks_df, overrides={"model.name": "comirec_sa"})

@@ -138,7 +138,7 @@ class TrainConfig:
     min_target: int = 4  # earliest target position in a training sequence (ComiRec's code: 4)
     cpu_threads: int = 0  # torch intra-op threads on CPU; 0 keeps torch's default
     tensorboard: bool = False  # also write every metrics.jsonl scalar as TensorBoard events (RUN/tensorboard/; extra track)
-    # against interest collapse (see README "Multi-interest health")
+    # against interest collapse (see docs/multi-interest.md)
     attention_reg: float = 0.0  # weight of mean sum_l A^2 (each interest's collision probability) for self-attentive models
     # K > 1: the readout blends from a softmax over interests to ComiRec's argmax over these steps;
     # -1 (the default) resolves to 1000 for comirec_sa and sasrec_mi and 0 for the others

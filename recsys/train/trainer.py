@@ -364,7 +364,7 @@ def _run(cfg: Config, rd: RunDir, ds: Dataset, split: Split, item_counts: Tensor
 
     def validate() -> dict[str, float]:
         metrics = evaluate_with_config(model, split.valid, cfg, item_category=ds.item_category)
-        if model.trainable:  # multi-interest health, logged beside the recall (README: "Multi-interest health")
+        if model.trainable:  # multi-interest health, logged beside the recall (docs/multi-interest.md)
             metrics.update(interest_health(model, split.valid, item_category=ds.item_category, planted=planted))
         return metrics
 
