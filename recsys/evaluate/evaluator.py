@@ -66,7 +66,11 @@ def evaluate(
         model: an :class:`InterestModel`; put in eval mode for the call (its mode is restored).
         eval_set: input sequences ``inputs [U, L]`` / ``lengths [U]`` and truth CSR.
         topn: cutoffs; the search retrieves ``max(topn)`` items per user.
-        retriever_factory, backend, nprobe, ef_search, ef_construction: see :class:`Retriever`.
+        retriever_factory: the FAISS ``index_factory`` string of the item index (see :class:`Retriever`).
+        backend: ``"auto" | "faiss" | "torch"``, where the search runs (see :class:`Retriever`).
+        nprobe: IVF lists searched per query.
+        ef_search: HNSW search beam width.
+        ef_construction: HNSW build beam.
         exclude_history: drop each user's input clicks from the recommendations
             (ComiRec does not; off by default).
         comirec_ndcg: ComiRec's NDCG variant (see :mod:`recsys.evaluate.metrics`).
