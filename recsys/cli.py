@@ -23,9 +23,9 @@ from pathlib import Path
 
 from recsys.config import Config, ConfigError, apply_overrides, load_config
 
-# failures with a message meant for the user: ConfigError, DataError and IntegrityError are
-# ValueErrors; OSError covers missing files, existing run names and ports in use; ImportError
-# names the extra to install
+# failures with a message meant for the user: ConfigError, DataError, IntegrityError and
+# TrainingDiverged are ValueErrors; OSError covers missing files, existing run names and ports
+# in use; ImportError names the extra to install
 KNOWN_ERRORS = (ValueError, OSError, ImportError, MemoryError)
 EXIT_ERROR = 2
 
@@ -53,7 +53,9 @@ def _config(args: argparse.Namespace) -> Config:
         overrides.insert(0, f"data.source={args.data}")
     if getattr(args, "model", None):
         overrides.insert(0, f"model.name={args.model}")
-    cfg = load_config(args.config, overrides)
+    from recsys.models import resolve
+
+    cfg = resolve(load_config(args.config, overrides))  # the model's automatic values filled in
     _show_config(args, cfg, "resolved")
     return cfg
 
@@ -143,7 +145,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     result = train(cfg, run_dir=args.resume, resume=bool(args.resume), progress=_progress(args))
     if result.test_metrics:
         print(f"\ntest metrics ({cfg.model.name}, best step {result.best_step}, "
-              f"{result.wall_s:.0f}s, {result.samples_per_s:,.0f} samples/s):")
+              f"{result.wall_s:.0f}s, {result.samples_per_s:,.0f} samples/s, {result.targets_per_s:,.0f} targets/s):")
         print(format_table({cfg.model.name: result.test_metrics}))
         print(f"run directory: {result.run_dir}")
     return 0
@@ -213,8 +215,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     print("\n" + trials_table(result))
     print(f"\nbest: trial {result.best_trial}, valid {result.key} {result.best_valid:.4f}; "
           f"its config: {result.best_config} (recsys train --config {result.best_config})")
-    print(f"test metrics of the best config retrained ({result.run_dir}):")
-    print(format_table({cfg.model.name: result.test_metrics}))
+    if result.run_dir:  # else --max-minutes left no time to retrain it (a line said so)
+        print(f"test metrics of the best config retrained ({result.run_dir}):")
+        print(format_table({cfg.model.name: result.test_metrics}))
     return 0
 
 
@@ -357,7 +360,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tune", help="search hyperparameters (Optuna), write the best config, retrain and test it")
     _add_config_args(p)
     p.add_argument("--trials", type=int, default=20, help="finished trials the tune should hold (default 20)")
-    p.add_argument("--max-minutes", type=float, default=0.0, help="wall-clock budget of the trials (default none)")
+    p.add_argument("--max-minutes", type=float, default=0.0,
+                   help="wall-clock budget of the tune, the retrain included (default none)")
     p.add_argument("--jobs", type=int, default=1, help="trials trained at once, one process each (default 1)")
     p.add_argument("--out", help="tune folder; the same folder again resumes (default OUTPUT_DIR/tune-MODEL-DATA)")
     p.set_defaults(func=cmd_tune)

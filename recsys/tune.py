@@ -9,13 +9,14 @@ tuned result is never worse than it on the validation users. Everything lives in
     TUNE/
       study.db        the Optuna study (SQLite): each trial's values, state and validation curve
       trials/NNNN/    each trial's run directory
-      best.toml       the best trial's config: the keys that differ from the defaults
+      best.toml       the best trial's config: the keys that differ from the defaults (data files as absolute paths)
       best-NNNN/      that config retrained from best.toml and tested (a run directory)
 
 Running the same tune again resumes it: finished trials are kept, a trial that was running
-when the tune was interrupted (Ctrl-C, or the process killed) runs again with the same values
-as a new trial, and ``trials`` counts the finished (complete or pruned) trials of the whole
-study. One tune at a time uses a folder (a lock file says so).
+when the tune was interrupted (Ctrl-C, the process killed, or cut by ``max_minutes``) runs again
+with the same values as a new trial, and ``trials`` counts the finished (complete or pruned)
+trials of the whole study. One tune at a time uses a folder (a lock file says so). Every
+validation of a running trial prints a line.
 
 The search space is :func:`default_space` for the model, updated by a ``[tune]`` table in a
 config file, keyed by config key::
@@ -46,7 +47,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from recsys.config import TUNE_TABLE, Config, ConfigError, load_config, with_values
+from recsys.data import IN_MEMORY
+from recsys.data.registry import SOURCE_PREFIX
 from recsys.io import atomic_write_text
+from recsys.models.spec import spec_for
 from recsys.run import RunDir
 from recsys.train.trainer import train
 
@@ -68,17 +72,21 @@ TRIALS = "trials"
 BEST_CONFIG = "best.toml"
 STUDY_NAME = "recsys"
 
-# a trial failing with one of these (values that do not fit memory, a bad combination) fails alone
-TRIAL_ERRORS = (ValueError, MemoryError, torch.cuda.OutOfMemoryError)
-MULTI_INTEREST = ("mind", "comirec_dr", "comirec_sa", "sasrec_mi")
-SELF_ATTENTIVE = ("comirec_sa", "sasrec_mi")  # model.score_cap and train.attention_reg apply
-TRANSFORMERS = ("sasrec", "sasrec_mi")  # model.dropout applies
+
+class TrialCut(Exception):
+    """A trial stopped by the tune's ``max_minutes`` before its own end: a partial result, which
+    must not steer the sampler; its values run again first when the tune resumes."""
+
+
+# a trial failing with one of these (values that do not fit memory, a bad combination, a
+# divergence, the tune's deadline) fails alone
+TRIAL_ERRORS = (ValueError, MemoryError, torch.cuda.OutOfMemoryError, TrialCut)
 
 
 def default_space(cfg: Config) -> dict[str, Any]:
-    """The search space for ``cfg``'s model, in the ``[tune]`` table's format. Ranges come from
-    the ComiRec comparison and the collapse study (experiments/RESULTS.md)."""
-    name = cfg.model.name
+    """The search space for ``cfg``'s model, in the ``[tune]`` table's format: the shared
+    optimisation ranges plus the model spec's own (:attr:`recsys.models.spec.ModelSpec.tune_space`)."""
+    spec = spec_for(cfg.model.name)
     space: dict[str, Any] = {
         "train.optimizer": "adamw",
         "train.lr": {"low": 3e-4, "high": 3e-3, "log": True},
@@ -89,15 +97,7 @@ def default_space(cfg: Config) -> dict[str, Any]:
     if not cfg.train.full_softmax:
         space["train.num_negatives"] = [256, 1024, 4096]
         space["train.hard_negatives"] = [0.0, 0.25, 0.5]
-    if name in MULTI_INTEREST:
-        space["model.num_interests"] = [1, 2, 4, 8]
-        space["train.soft_readout_steps"] = [0, 1000, 5000]
-        space["train.negative_scores"] = ["readout", "max"]
-    if name in SELF_ATTENTIVE:
-        space["model.score_cap"] = [0.5, 1.0, 2.0]  # 0 (no cap) is the collapse of RESULTS.md
-        space["train.attention_reg"] = [0.0, 0.3, 1.0]
-    if name in TRANSFORMERS:
-        space["model.dropout"] = {"low": 0.0, "high": 0.5}
+    space.update(spec.tune_space)
     return space
 
 
@@ -237,15 +237,16 @@ class TuneResult:
     best_trial: int
     best_valid: float
     best_config: Path  # best.toml
-    run_dir: str  # the best config retrained
+    run_dir: str  # the best config retrained ("" when max_minutes left no time for it)
     test_metrics: dict[str, float]
 
 
 class _Objective:
     """One trial: the base config with the trial's values, trained with pruning at each validation."""
 
-    def __init__(self, folder: Path, base: Config, space: Space, deadline: float, threads: int):
+    def __init__(self, folder: Path, base: Config, space: Space, deadline: float, threads: int, log: Log):
         self.folder, self.base, self.space, self.deadline, self.threads = folder, base, space, deadline, threads
+        self.log = log
 
     def __call__(self, trial: optuna.Trial) -> float:
         values = {} if trial.user_attrs.get("base") else self.space.suggest(trial)
@@ -264,20 +265,37 @@ class _Objective:
         optuna = _optuna()
         if self.threads and not cfg.train.cpu_threads:
             cfg.train.cpu_threads = self.threads
-        if self.deadline < math.inf:  # the tune's budget bounds every trial
-            left = max((self.deadline - time.time()) / 60, 1e-3)
-            cfg.train.max_minutes = min(cfg.train.max_minutes or left, left)
+        cut_by_deadline = _bound_by(cfg, self.deadline)
         key = f"recall@{max(cfg.eval.topn)}"
         validations = itertools.count()
+        self.log(f"trial {trial.number}: training {_params(trial)}")
 
         def report(step: int, metrics: dict[str, float]) -> None:
+            self.log(f"trial {trial.number} @ step {step}: valid {key} {metrics[key]:.4f}")
             trial.report(metrics[key], next(validations))
             if trial.should_prune():
                 raise optuna.TrialPruned(f"{key} {metrics[key]:.4f} at step {step}")
 
         run_dir = self.folder / TRIALS / f"{trial.number:04d}"
         trial.set_user_attr("run_dir", str(run_dir))
-        return train(cfg, run_dir=run_dir, log=lambda line: None, on_validate=report).best_valid
+        result = train(cfg, run_dir=run_dir, log=lambda line: None, on_validate=report)
+        if result.out_of_time and cut_by_deadline:
+            _requeue(trial.study, trial)
+            raise TrialCut(f"stopped by the tune's max_minutes at step {result.steps} (valid {key} "
+                           f"{result.best_valid:.4f} so far); it runs again first when the tune resumes")
+        return result.best_valid
+
+
+def _bound_by(cfg: Config, deadline: float) -> bool:
+    """Lower ``cfg``'s ``train.max_minutes`` (in place) to the time left before ``deadline``
+    (``time.time()`` seconds); True when the deadline, not the config's own budget, is the bound."""
+    if deadline == math.inf:
+        return False
+    left = max((deadline - time.time()) / 60, 1e-3)
+    if 0 < cfg.train.max_minutes <= left:
+        return False
+    cfg.train.max_minutes = left
+    return True
 
 
 def _requeue(study: optuna.Study, trial: optuna.Trial | optuna.trial.FrozenTrial) -> None:
@@ -308,7 +326,7 @@ def _optimize(folder: Path, base: Config, space: Space, trials: int, deadline: f
             study.stop()  # the base config itself does not train: no trial will
 
     study.optimize(
-        _Objective(folder, base, space, deadline, threads), n_trials=trials,
+        _Objective(folder, base, space, deadline, threads, log), n_trials=trials,
         timeout=None if deadline == math.inf else max(deadline - time.time(), 0.0), callbacks=[report],
         catch=TRIAL_ERRORS,
     )
@@ -318,7 +336,7 @@ def _run_claimed(folder: Path, base: Config, space: Space, claimed: list[optuna.
                  threads: int, log: Log) -> None:
     """Train trials already taken from the queue (``study.ask()``) and record their outcome."""
     optuna = _optuna()
-    objective = _Objective(folder, base, space, deadline, threads)
+    objective = _Objective(folder, base, space, deadline, threads, log)
     for trial in claimed:
         try:
             frozen = trial.study.tell(trial, objective(trial))
@@ -388,8 +406,11 @@ def tune(cfg: Config, folder: str | Path | None = None, *, trials: int = 20, max
         cfg: the base config (its model, data and every key the search leaves alone).
         folder: the tune folder (default :func:`default_folder`); an existing one is resumed.
         trials: finished trials the study should hold (complete or pruned, over all runs of it).
-        max_minutes: wall-clock budget of this call's trials (0: none); a trial running at the
-            limit stops there (``train.max_minutes``), validates and counts.
+        max_minutes: wall-clock budget of this call, the retrain included (0: none). A trial
+            running at the limit stops there (``train.max_minutes``) and is recorded as failed
+            (a partial curve must not steer the sampler), its values queued to run first when
+            the tune resumes; the best config is retrained only when the time left covers what
+            its trial took (else ``run_dir`` is ``""`` and ``test_metrics`` empty).
         jobs: trials trained at once, each in its own process; on the CPU each gets
             ``cores // jobs`` torch threads unless ``train.cpu_threads`` is set.
         space: a ``[tune]``-format table updating :func:`default_space`.
@@ -397,8 +418,8 @@ def tune(cfg: Config, folder: str | Path | None = None, *, trials: int = 20, max
     """
     if trials <= 0 or jobs <= 0 or max_minutes < 0:
         raise ValueError(f"need trials > 0, jobs > 0 and max_minutes >= 0, got {trials}, {jobs}, {max_minutes}")
-    if cfg.model.name == "popular":
-        raise ConfigError("model.name: popular has nothing to train or tune")
+    if not spec_for(cfg.model.name).trainable:
+        raise ConfigError(f"model.name: {cfg.model.name} has nothing to train or tune")
     _optuna()  # fails here, naming the extra, when optuna is missing
     folder = Path(folder) if folder is not None else default_folder(cfg)
     parsed = Space.parse({**default_space(cfg), **(space or {})}, cfg)
@@ -439,25 +460,44 @@ def _tune(cfg: Config, folder: Path, parsed: Space, trials: int, max_minutes: fl
     if not done:
         raise ValueError(f"{folder}: no trial has completed yet (failed, pruned or interrupted: see the trial lines)")
     best = max(done, key=lambda t: t.value)
-    best_cfg = with_values(cfg, best.user_attrs["values"])
+    best_cfg = _absolute_paths(with_values(cfg, best.user_attrs["values"]))
     path = folder / BEST_CONFIG
     atomic_write_text(path, f"# recsys tune: trial {best.number} of {folder}, valid recall {best.value:.4f}\n"
                       + best_cfg.to_toml(base=load_config()))
-    run_dir, test = _retrain(path, folder / f"best-{best.number:04d}", log)
+    took = (best.datetime_complete - best.datetime_start).total_seconds()
+    run_dir, test = _retrain(path, folder / f"best-{best.number:04d}", deadline, took, log)
     return TuneResult(folder=folder, trials=study.get_trials(), key=f"recall@{max(cfg.eval.topn)}",
                       best_trial=best.number, best_valid=best.value, best_config=path, run_dir=run_dir,
                       test_metrics=test)
 
 
-def _retrain(config: Path, run_dir: Path, log: Log) -> tuple[str, dict[str, float]]:
-    """Train the config file ``config`` into ``run_dir`` and test it (kept if already done)."""
+def _absolute_paths(cfg: Config) -> Config:
+    """``cfg`` with a relative ``data.source`` or ``data.categories`` file made absolute, so the
+    written config trains from any folder (``synthetic`` and ``dataset:NAME/...`` stay)."""
+    paths = {f"data.{key}": os.path.abspath(value) for key in ("source", "categories")
+             if (value := getattr(cfg.data, key)) and value != "synthetic" and not value.startswith(SOURCE_PREFIX)
+             and value != IN_MEMORY and not os.path.isabs(value)}
+    return with_values(cfg, paths) if paths else cfg
+
+
+def _retrain(config: Path, run_dir: Path, deadline: float, took_s: float, log: Log) -> tuple[str, dict[str, float]]:
+    """Train the config file ``config`` into ``run_dir`` and test it (kept if already done),
+    within ``deadline``: when less time is left than its trial took (``took_s``), it is skipped
+    (``("", {})``) with a line saying how to run it."""
     if run_dir.is_dir():
         try:
             return str(run_dir), RunDir(run_dir).read_test_metrics()
         except FileNotFoundError:
             shutil.rmtree(run_dir)  # an interrupted retrain
+    left = deadline - time.time()
+    if left < took_s:
+        log(f"the best config is not retrained: {max(left, 0):.0f}s of the tune's max_minutes are left and its "
+            f"trial took {took_s:.0f}s; `recsys train --config {config}` retrains and tests it")
+        return "", {}
+    cfg = load_config(config)
+    _bound_by(cfg, deadline)
     log(f"retraining the best config ({config}) into {run_dir}")
-    result = train(load_config(config), run_dir=run_dir, log=log)
+    result = train(cfg, run_dir=run_dir, log=log)
     return result.run_dir, result.test_metrics
 
 

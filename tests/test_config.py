@@ -3,7 +3,9 @@ from pathlib import Path
 
 import pytest
 
-from recsys.config import Config, ConfigError, config_from_dict, load_config, run_config_from_dict, validate
+from recsys.config import Config, ConfigError, config_from_dict, load_config, validate
+from recsys.models import resolve
+from recsys.run.saved_config import run_config_from_dict
 
 
 def test_defaults_round_trip_through_json_and_toml(tmp_path):
@@ -64,16 +66,17 @@ def test_bool_is_not_an_int():
 
 def test_default_config_is_valid():
     cfg = Config()
-    validate(cfg)  # resolves the automatic score cap
+    validate(cfg)
     assert cfg == load_config(None, [])
+    assert (cfg.model.score_cap, cfg.train.targets) == (-1.0, "auto")  # left for the model spec to resolve
 
 
 @pytest.mark.parametrize("name,cap,soft", [("comirec_sa", 1.0, 1000), ("sasrec_mi", 1.0, 1000), ("youtube_dnn", 0.0, 0),
                                            ("mind", 0.0, 0), ("comirec_dr", 0.0, 0)])
 def test_automatic_anti_collapse_defaults_resolve_per_model(name, cap, soft):
-    cfg = load_config(None, [f"model.name={name}"])
+    cfg = resolve(load_config(None, [f"model.name={name}"]))
     assert (cfg.model.score_cap, cfg.train.soft_readout_steps) == (cap, soft)
-    explicit = load_config(None, [f"model.name={name}", "model.score_cap=0", "train.soft_readout_steps=7"])
+    explicit = resolve(load_config(None, [f"model.name={name}", "model.score_cap=0", "train.soft_readout_steps=7"]))
     assert (explicit.model.score_cap, explicit.train.soft_readout_steps) == (0.0, 7)
     with pytest.raises(ConfigError, match="model.score_cap"):
         load_config(None, ["model.score_cap=-2"])
@@ -177,10 +180,10 @@ def test_memory_estimate_counts_the_hard_negative_proposal():
         check_fits(hard, model, items, torch.device("cpu"), available=24 * gib)
 
 
-def test_attention_reg_on_a_model_without_attention_fails_at_parse_time():
+def test_attention_reg_on_a_model_without_attention_fails_when_resolved():
     with pytest.raises(ConfigError, match="train.attention_reg=1 has no effect on mind"):
-        load_config(None, ["model.name=mind", "train.attention_reg=1"])
-    assert load_config(None, ["model.name=sasrec_mi", "train.attention_reg=1"]).train.attention_reg == 1.0
+        resolve(load_config(None, ["model.name=mind", "train.attention_reg=1"]))
+    assert resolve(load_config(None, ["model.name=sasrec_mi", "train.attention_reg=1"])).train.attention_reg == 1.0
 
 
 def test_values_apply_after_files_and_overrides(tmp_path):
@@ -188,6 +191,7 @@ def test_values_apply_after_files_and_overrides(tmp_path):
     path.write_text('[model]\nname = "youtube_dnn"\ndim = 16\n')
     cfg = load_config(path, ["model.dim=8"], values={"model.name": "mind", "data.max_len": 30})
     assert (cfg.model.name, cfg.model.dim, cfg.data.max_len) == ("mind", 8, 30)
+    cfg = resolve(cfg)
     assert (cfg.model.score_cap, cfg.train.soft_readout_steps) == (0.0, 0)  # resolved for mind, not the default
 
 
@@ -195,11 +199,11 @@ def test_changing_the_model_resolves_automatic_settings_again():
     from recsys.config import with_values
 
     mind = with_values(load_config(None, []), {"model.name": "mind"})  # from comirec_sa's automatic values
-    assert (mind.model.score_cap, mind.train.soft_readout_steps) == (0.0, 0)
-    explicit = with_values(load_config(None, ["model.score_cap=2", "train.soft_readout_steps=50"]),
-                           {"model.name": "sasrec_mi"})
+    assert (resolve(mind).model.score_cap, resolve(mind).train.soft_readout_steps) == (0.0, 0)
+    explicit = resolve(with_values(load_config(None, ["model.score_cap=2", "train.soft_readout_steps=50"]),
+                                   {"model.name": "sasrec_mi"}))
     assert (explicit.model.score_cap, explicit.train.soft_readout_steps) == (2.0, 50)  # set by hand: kept
-    back = with_values(mind, {"model.name": "comirec_sa"})
+    back = resolve(with_values(mind, {"model.name": "comirec_sa"}))
     assert (back.model.score_cap, back.train.soft_readout_steps) == (1.0, 1000)
 
 

@@ -108,3 +108,56 @@ class TrainSampler:
         positions = self.rng.integers(self.min_target, self.indptr[rows + 1] - starts)  # [min_target, n - 1]
         seq, lengths = pad_sequences(self.indptr, self.items, rows, self.max_len, ends=starts + positions)
         return seq, lengths, self.items[starts + positions]
+
+
+class WindowSampler:
+    """Dense training windows: a uniformly random user with at least two clicks, a uniformly
+    random end ``e`` in ``[2, n]`` of that user's sequence, and the up-to-``max_len + 1`` clicks
+    before ``e`` as one window. Position ``t`` of the window's inputs (clicks ``0..n_w - 2``)
+    predicts click ``t + 1``, so one window carries up to ``max_len`` targets, each seeing only
+    the clicks before it (causal models).
+
+    Same constructor and state as :class:`TrainSampler` (``min_target`` does not apply: every
+    click with one before it is a target somewhere).
+    """
+
+    def __init__(self, indptr: np.ndarray, items: np.ndarray, max_len: int, seed: int,
+                 users: np.ndarray | None = None) -> None:
+        self.indptr = np.asarray(indptr, dtype=np.int64)
+        self.items = np.asarray(items, dtype=np.int64)
+        self.max_len = max_len
+        lengths = np.diff(self.indptr)
+        pool = np.arange(len(lengths)) if users is None else np.asarray(users, dtype=np.int64)
+        self.users = pool[lengths[pool] >= 2]  # [U] rows with at least one (input, target) pair
+        if len(self.users) == 0:
+            raise ValueError("WindowSampler: no training sequence has two clicks")
+        self.rng = np.random.default_rng(seed)
+
+    @property
+    def num_users(self) -> int:
+        return len(self.users)
+
+    def mean_targets(self) -> float:
+        """Expected valid positions of one window, ``E[min(e - 1, max_len)]`` over the draw (for the plan)."""
+        n = np.diff(self.indptr)[self.users]  # [U]
+        full = np.maximum(n - self.max_len - 1, 0)  # ends e in [max_len + 2, n] give max_len targets
+        short = np.minimum(n, self.max_len + 1) - 1  # ends e in [2, min(n, max_len + 1)] give e - 1
+        per_user = (full * self.max_len + short * (short + 1) / 2) / (n - 1)
+        return float(per_user.mean())
+
+    get_state = TrainSampler.get_state
+    set_state = TrainSampler.set_state
+
+    def sample(self, batch_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Returns ``seq [B, max_len]`` int64 (right-padded), ``lengths [B]`` int64 (>= 1) and
+        ``targets [B, max_len]`` int64: ``targets[b, t]`` is the click after ``seq[b, t]``, 0 at
+        padded positions."""
+        rows = self.users[self.rng.integers(0, len(self.users), size=batch_size)]
+        starts = self.indptr[rows]
+        ends = starts + self.rng.integers(2, self.indptr[rows + 1] - starts + 1)  # absolute, exclusive
+        seq, lengths = pad_sequences(self.indptr, self.items, rows, self.max_len, ends=ends - 1)
+        targets = np.zeros_like(seq)
+        cols = np.arange(self.max_len)
+        valid = cols[None, :] < lengths[:, None]
+        targets[valid] = self.items[((ends - lengths)[:, None] + cols[None, :])[valid]]
+        return seq, lengths, targets

@@ -1,14 +1,12 @@
-"""The interface every model implements, and the registry that builds models by name."""
+"""The interface every model implements, and :func:`build_model`, which builds one from its spec."""
 
 from __future__ import annotations
-
-import dataclasses
-from typing import Callable
 
 import torch
 from torch import Tensor, nn
 
-from recsys.config import SCORE_CAP_MODELS, ModelConfig, resolved_score_cap
+from recsys.config import ModelConfig
+from recsys.models.spec import resolve_model, spec_for
 
 
 class InterestModel(nn.Module):
@@ -41,50 +39,36 @@ class InterestModel(nn.Module):
         """``[num_items, d]`` output item embeddings (row 0 = padding)."""
         raise NotImplementedError
 
-    def forward(self, seq: Tensor, lengths: Tensor, with_attention: bool = False):
-        """:meth:`interests`, or :meth:`interests_with_attention` (through ``forward`` so that a
-        DistributedDataParallel wrapper sees the call)."""
+    def prefix_interests(self, seq: Tensor, lengths: Tensor) -> Tensor:
+        """Interests at every prefix, for dense training (``train.targets = "all"``):
+        ``seq [B, L]``, ``lengths [B]`` -> ``[B, L, K, d]`` where ``[:, t]`` depends on clicks
+        ``0..t`` only and equals :meth:`interests` of the sequence cut after click ``t``
+        (up to the positions' reference point, see the model). Positions ``t >= length`` are 0.
+        Only models whose spec says ``dense`` implement it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot train densely (no prefix_interests)")
+
+    def forward(self, seq: Tensor, lengths: Tensor, with_attention: bool = False, prefix: bool = False):
+        """:meth:`interests`, :meth:`interests_with_attention` or :meth:`prefix_interests`
+        (through ``forward`` so that a DistributedDataParallel wrapper sees the call)."""
+        if prefix:
+            return self.prefix_interests(seq, lengths)
         if with_attention:
             return self.interests_with_attention(seq, lengths)
         return self.interests(seq, lengths)
 
 
-ModelFactory = Callable[..., InterestModel]
-_REGISTRY: dict[str, ModelFactory] = {}
-
-
-def register(name: str) -> Callable[[ModelFactory], ModelFactory]:
-    """Class decorator: make a model buildable as ``model.name = <name>``."""
-
-    def deco(factory: ModelFactory) -> ModelFactory:
-        if name in _REGISTRY:
-            raise ValueError(f"model {name!r} registered twice")
-        _REGISTRY[name] = factory
-        return factory
-
-    return deco
-
-
-def model_names() -> list[str]:
-    return sorted(_REGISTRY)
-
-
 def build_model(
     cfg: ModelConfig, num_items: int, max_len: int, item_counts: torch.Tensor | None = None
 ) -> InterestModel:
-    """Build ``cfg.name`` for a catalogue of ``num_items`` ids (0 = padding).
+    """Build ``cfg.name`` for a catalogue of ``num_items`` ids (0 = padding), through its spec
+    (:mod:`recsys.models.spec`): automatic values resolved, settings it does not read refused.
 
     ``item_counts [num_items]`` (click counts) is passed to models that need it (MostPopular).
     """
-    import recsys.models  # noqa: F401  (registers the built-in models)
-
-    if cfg.name not in _REGISTRY:
-        raise ValueError(f"model.name: unknown model {cfg.name!r}; known: {', '.join(model_names())}")
-    if cfg.head_values != "items" and cfg.name != "sasrec_mi":
-        raise ValueError(f"model.head_values={cfg.head_values!r} has no effect on {cfg.name} (only sasrec_mi's "
-                         "head can pool encoder outputs); leave it at \"items\"")
-    cfg = dataclasses.replace(cfg, score_cap=resolved_score_cap(cfg))
-    if cfg.score_cap > 0 and cfg.name not in SCORE_CAP_MODELS:
-        raise ValueError(f"model.score_cap={cfg.score_cap!r} has no effect on {cfg.name} (only comirec_sa and "
-                         "sasrec_mi have self-attentive interest scores); set it to 0")
-    return _REGISTRY[cfg.name](cfg=cfg, num_items=num_items, max_len=max_len, item_counts=item_counts)
+    spec = spec_for(cfg.name)
+    if spec.needs_item_counts:
+        if item_counts is None:
+            raise ValueError(f"model {cfg.name!r} needs item_counts (training click counts per item id)")
+        if len(item_counts) != num_items:
+            raise ValueError(f"item_counts: expected {num_items} entries (one per item id), got {len(item_counts)}")
+    return spec.build(resolve_model(cfg), num_items, max_len, item_counts)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from torch import Tensor
 
 from recsys.config import ModelConfig
-from recsys.models.base import register
-from recsys.models.sequence import SequenceModel, reject_attention_switches
+from recsys.models.sequence import SequenceModel
+from recsys.models.spec import MULTI_INTEREST_SPACE, ModelSpec, register
 from recsys.nn.capsule import CapsuleRouting, routing_scores
 
 
@@ -35,7 +35,13 @@ class ComiRecDR(SequenceModel):
         return caps, routing_scores(weights)
 
 
-@register("comirec_dr")
 def build(cfg: ModelConfig, num_items: int, max_len: int, item_counts: Tensor | None = None) -> ComiRecDR:
-    reject_attention_switches(cfg)
     return ComiRecDR(num_items, cfg.dim, cfg.num_interests, max_len, cfg.routing_iters, cfg.positions)
+
+
+# routing is iterative over the whole sequence: no cheap prefix form, so it trains on the last position
+SPEC = register(ModelSpec(
+    name="comirec_dr", build=build, settings=("num_interests", "routing_iters", "positions"),
+    multi_interest=True, tune_space=MULTI_INTEREST_SPACE,
+    saved_defaults={"model.head_values": {"model.positions": "absolute"}},  # its maps ignored positions then
+))

@@ -5,8 +5,8 @@ from __future__ import annotations
 from torch import Tensor
 
 from recsys.config import ModelConfig
-from recsys.models.base import register
-from recsys.models.sequence import SequenceModel, reject_attention_switches
+from recsys.models.sequence import SequenceModel
+from recsys.models.spec import MULTI_INTEREST_SPACE, SELF_ATTENTIVE_SPACE, ModelSpec, register
 from recsys.nn.multi_interest import SelfAttentiveHead
 
 
@@ -37,9 +37,18 @@ class ComiRecSA(SequenceModel):
     def encode_with_attention(self, h: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
         return self.head(h, lengths, return_scores=True)
 
+    def encode_prefix(self, h: Tensor, lengths: Tensor) -> Tensor:
+        return self.head.prefix(h, lengths)
 
-@register("comirec_sa")
+
 def build(cfg: ModelConfig, num_items: int, max_len: int, item_counts: Tensor | None = None) -> ComiRecSA:
-    reject_attention_switches(cfg)
     return ComiRecSA(num_items, cfg.dim, cfg.num_interests, cfg.hidden or 4 * cfg.dim, max_len, cfg.backend,
                      cfg.positions, cfg.score_cap)
+
+
+SPEC = register(ModelSpec(
+    name="comirec_sa", build=build, settings=("num_interests", "hidden", "positions", "score_cap"),
+    multi_interest=True, self_attentive=True, dense=True,
+    defaults={"model.score_cap": 1.0, "train.soft_readout_steps": 1000},
+    tune_space={**MULTI_INTEREST_SPACE, **SELF_ATTENTIVE_SPACE},
+))

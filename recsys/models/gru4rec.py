@@ -5,9 +5,9 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from recsys.config import ModelConfig
-from recsys.models.base import register
-from recsys.models.sequence import SequenceModel, reject_attention_switches
-from recsys.nn.masking import gather_last
+from recsys.models.sequence import SequenceModel
+from recsys.models.spec import ModelSpec, register
+from recsys.nn.masking import gather_last, length_mask
 
 
 class GRU4Rec(SequenceModel):
@@ -26,8 +26,13 @@ class GRU4Rec(SequenceModel):
         out, _ = self.gru(h)  # [B, L, d]
         return gather_last(out, lengths)[:, None]  # [B, 1, d]
 
+    def encode_prefix(self, h: Tensor, lengths: Tensor) -> Tensor:
+        out, _ = self.gru(h)  # [B, L, d]: the state after clicks 0..t
+        return (out * length_mask(lengths, h.shape[1]).to(out.dtype)[..., None])[:, :, None]
 
-@register("gru4rec")
+
 def build(cfg: ModelConfig, num_items: int, max_len: int, item_counts: Tensor | None = None) -> GRU4Rec:
-    reject_attention_switches(cfg)
     return GRU4Rec(num_items, cfg.dim)
+
+
+SPEC = register(ModelSpec(name="gru4rec", build=build, dense=True))

@@ -6,8 +6,8 @@ import torch
 from torch import Tensor, nn
 
 from recsys.config import ModelConfig
-from recsys.models.base import register
-from recsys.models.sequence import SequenceModel, reject_attention_switches
+from recsys.models.sequence import SequenceModel
+from recsys.models.spec import MULTI_INTEREST_SPACE, ModelSpec, register
 from recsys.nn.capsule import CapsuleRouting, routing_scores
 
 
@@ -41,7 +41,10 @@ class MIND(SequenceModel):
         return torch.relu(self.proj(caps)) * (lengths > 0).to(caps.dtype)[:, None, None]
 
 
-@register("mind")
 def build(cfg: ModelConfig, num_items: int, max_len: int, item_counts: Tensor | None = None) -> MIND:
-    reject_attention_switches(cfg)
     return MIND(num_items, cfg.dim, cfg.num_interests, max_len, cfg.routing_iters)
+
+
+# routing is iterative over the whole sequence: no cheap prefix form, so it trains on the last position
+SPEC = register(ModelSpec(name="mind", build=build, settings=("num_interests", "routing_iters"),
+                          multi_interest=True, tune_space=MULTI_INTEREST_SPACE))

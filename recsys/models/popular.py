@@ -14,7 +14,8 @@ import torch
 from torch import Tensor
 
 from recsys.config import ModelConfig
-from recsys.models.base import InterestModel, register
+from recsys.models.base import InterestModel
+from recsys.models.spec import ModelSpec, register
 
 _PADDING_SCORE = -1e9  # below log1p(count) >= 0 of every real item
 
@@ -48,13 +49,10 @@ class MostPopular(InterestModel):
         return self.scores
 
 
-@register("popular")
-def build_popular(
-    *, cfg: ModelConfig, num_items: int, max_len: int, item_counts: np.ndarray | Tensor | None = None
-) -> MostPopular:
-    """Registry factory: needs ``item_counts [num_items]`` from the training split."""
-    if item_counts is None:
-        raise ValueError("model 'popular' needs item_counts (training click counts per item id)")
-    if len(item_counts) != num_items:
-        raise ValueError(f"item_counts: expected {num_items} entries (one per item id), got {len(item_counts)}")
+def build_popular(cfg: ModelConfig, num_items: int, max_len: int, item_counts: np.ndarray | Tensor | None) -> MostPopular:
+    """Spec builder: ``item_counts [num_items]`` from the training split (checked by ``build_model``)."""
+    assert item_counts is not None
     return MostPopular(item_counts)
+
+
+SPEC = register(ModelSpec(name="popular", build=build_popular, needs_item_counts=True, trainable=False))

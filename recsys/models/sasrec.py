@@ -5,8 +5,8 @@ from __future__ import annotations
 from torch import Tensor
 
 from recsys.config import ModelConfig
-from recsys.models.base import register
 from recsys.models.sequence import SequenceModel
+from recsys.models.spec import DROPOUT_SPACE, MULTI_INTEREST_SPACE, SELF_ATTENTIVE_SPACE, ModelSpec, register
 from recsys.nn.masking import gather_last
 from recsys.nn.multi_interest import SelfAttentiveHead
 from recsys.nn.transformer import TransformerEncoder
@@ -33,6 +33,9 @@ class SASRec(SequenceModel):
 
     def encode(self, h: Tensor, lengths: Tensor) -> Tensor:
         return gather_last(self.encoder(h, lengths), lengths)[:, None]  # [B, 1, d]
+
+    def encode_prefix(self, h: Tensor, lengths: Tensor) -> Tensor:
+        return self.encoder(h, lengths)[:, :, None]  # [B, L, 1, d]; causal, 0 at padding
 
 
 class SASRecMI(SequenceModel):
@@ -65,14 +68,29 @@ class SASRecMI(SequenceModel):
         values = h if self.head_values == "items" else None
         return self.head(self.encoder(h, lengths), lengths, values=values, return_scores=True)
 
+    def encode_prefix(self, h: Tensor, lengths: Tensor) -> Tensor:
+        return self.head.prefix(self.encoder(h, lengths), lengths, values=h if self.head_values == "items" else None)
 
-@register("sasrec")
+
+TRANSFORMER_SETTINGS = ("num_layers", "num_heads", "dropout", "qk_norm", "softcap", "positions")
+
+
 def build_sasrec(cfg: ModelConfig, num_items: int, max_len: int, item_counts: Tensor | None = None) -> SASRec:
     return SASRec(num_items, cfg, max_len)
 
 
-@register("sasrec_mi")
-def build_sasrec_mi(
-    cfg: ModelConfig, num_items: int, max_len: int, item_counts: Tensor | None = None
-) -> SASRecMI:
+def build_sasrec_mi(cfg: ModelConfig, num_items: int, max_len: int, item_counts: Tensor | None = None) -> SASRecMI:
     return SASRecMI(num_items, cfg, max_len)
+
+
+SASREC = register(ModelSpec(
+    name="sasrec", build=build_sasrec, settings=TRANSFORMER_SETTINGS, dense=True, tune_space=DROPOUT_SPACE,
+))
+SASREC_MI = register(ModelSpec(
+    name="sasrec_mi", build=build_sasrec_mi,
+    settings=(*TRANSFORMER_SETTINGS, "num_interests", "hidden", "score_cap", "head_values"),
+    multi_interest=True, self_attentive=True, dense=True,
+    defaults={"model.score_cap": 1.0, "train.soft_readout_steps": 1000},
+    tune_space={**MULTI_INTEREST_SPACE, **SELF_ATTENTIVE_SPACE, **DROPOUT_SPACE},
+    saved_defaults={"model.head_values": {"model.head_values": "encoded"}},  # its head pooled the encoder outputs
+))

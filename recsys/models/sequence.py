@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from recsys.config import ModelConfig
 from recsys.models.base import InterestModel
 from recsys.nn.embeddings import ItemEmbedding
 from recsys.nn.masking import check_batch
@@ -35,25 +34,20 @@ class SequenceModel(InterestModel):
         check_batch(seq, lengths)
         return self.encode_with_attention(self.embedding(seq, lengths), lengths)
 
+    def prefix_interests(self, seq: Tensor, lengths: Tensor) -> Tensor:
+        check_batch(seq, lengths)
+        return self.encode_prefix(self.embedding(seq, lengths), lengths)
+
     def encode(self, h: Tensor, lengths: Tensor) -> Tensor:
         """``h [B, L, d]`` (masked embeddings), ``lengths [B]`` -> interests ``[B, K, d]``."""
         raise NotImplementedError
+
+    def encode_prefix(self, h: Tensor, lengths: Tensor) -> Tensor:
+        """``h [B, L, d]``, ``lengths [B]`` -> interests at every prefix ``[B, L, K, d]``
+        (:meth:`InterestModel.prefix_interests`); dense-trainable models implement it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot train densely (no encode_prefix)")
 
     def encode_with_attention(self, h: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor | None]:
         """``(interests [B, K, d], attention logits [B, L, K] or None)``; see
         :meth:`InterestModel.interests_with_attention`."""
         return self.encode(h, lengths), None
-
-
-def reject_attention_switches(cfg: ModelConfig) -> None:
-    """Fail when ``qk_norm`` or ``softcap`` is set for a model without query-key attention."""
-    if cfg.qk_norm:
-        raise ValueError(
-            f"model.qk_norm={cfg.qk_norm!r} has no effect on {cfg.name} "
-            "(only sasrec and sasrec_mi have query-key attention); set it to \"\""
-        )
-    if cfg.softcap:
-        raise ValueError(
-            f"model.softcap={cfg.softcap!r} has no effect on {cfg.name} "
-            "(only sasrec and sasrec_mi have query-key attention); set it to 0"
-        )

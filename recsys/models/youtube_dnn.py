@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from recsys.config import ModelConfig
-from recsys.models.base import register
-from recsys.models.sequence import SequenceModel, reject_attention_switches
+from recsys.models.sequence import SequenceModel
+from recsys.models.spec import ModelSpec, register
+from recsys.nn.masking import length_mask
 
 
 class YouTubeDNN(SequenceModel):
@@ -21,8 +23,15 @@ class YouTubeDNN(SequenceModel):
         user = self.proj(mean) * (lengths > 0).to(h.dtype)[:, None]
         return user[:, None]  # [B, 1, d]
 
+    def encode_prefix(self, h: Tensor, lengths: Tensor) -> Tensor:
+        count = torch.arange(1, h.shape[1] + 1, device=h.device, dtype=h.dtype)[None, :, None]
+        mean = h.cumsum(dim=1) / count  # [B, L, d]: the mean of clicks 0..t
+        return (self.proj(mean) * length_mask(lengths, h.shape[1]).to(h.dtype)[..., None])[:, :, None]
 
-@register("youtube_dnn")
+
 def build(cfg: ModelConfig, num_items: int, max_len: int, item_counts: Tensor | None = None) -> YouTubeDNN:
-    reject_attention_switches(cfg)
     return YouTubeDNN(num_items, cfg.dim)
+
+
+# a mean of embeddings overfits sooner: it decays 0.5 a pass (docs/results.md, defaults study)
+SPEC = register(ModelSpec(name="youtube_dnn", build=build, dense=True, defaults={"epoch_decay": 0.5}))

@@ -5,6 +5,7 @@ the experiments; :func:`load_run` is the same setup on a saved run plus its best
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,11 +17,13 @@ from torch import Tensor
 from recsys.config import Config
 from recsys.data import Dataset, Split, load_dataset, split_dataset
 from recsys.device import model_device, resolve_device, to_device
-from recsys.models import InterestModel, build_model
+from recsys.models import InterestModel, build_model, resolve
 from recsys.run.layout import RunDir
 
 if TYPE_CHECKING:
     import pandas as pd
+
+CheckMemory = Callable[[InterestModel, int], None]  # (the model on the meta device, catalogue size with padding)
 
 __all__ = ["Experiment", "LoadedRun", "build_experiment", "load_run", "train_item_counts"]
 
@@ -68,12 +71,23 @@ class Experiment:
 
 
 def build_experiment(cfg: Config, *, dataset: Dataset | None = None, clicks: pd.DataFrame | None = None,
-                     progress: bool = False) -> Experiment:
+                     progress: bool = False, check_memory: CheckMemory | None = None) -> Experiment:
     """Load ``cfg``'s data (or use ``dataset``, or the click table ``clicks``), split it, count
-    the training clicks and build ``cfg.model`` (untrained, on the CPU)."""
+    the training clicks and build ``cfg.model`` (untrained, on the CPU). ``cfg`` is resolved for
+    its model first (:func:`recsys.models.resolve`); the experiment holds the resolved copy.
+
+    ``check_memory(shapes, num_items)``, when given, runs before the model takes any memory, on
+    the same model built on the ``meta`` device (parameters with shapes and no storage), so a
+    size that cannot fit (e.g. :func:`recsys.train.memory.check_fits`) is refused before it is
+    allocated rather than by the allocator or the out-of-memory killer.
+    """
+    cfg = resolve(cfg)
     ds = dataset if dataset is not None else load_dataset(cfg, clicks=clicks, progress=progress)
     split = split_dataset(ds, cfg.data)
     counts = train_item_counts(split, ds.num_items)
+    if check_memory is not None:
+        with torch.device("meta"):
+            check_memory(build_model(cfg.model, ds.num_items, cfg.data.max_len, item_counts=counts), ds.num_items)
     model = build_model(cfg.model, ds.num_items, cfg.data.max_len, item_counts=counts)
     return Experiment(cfg, ds, split, counts, model)
 

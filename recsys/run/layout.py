@@ -35,7 +35,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from recsys.config import Config, ConfigError, run_config_from_dict
+from recsys.config import Config, ConfigError
+from recsys.models.spec import resolve
+from recsys.run.saved_config import run_config_from_dict
 from recsys.io import IntegrityError, atomic_save, atomic_torch_save, atomic_write, atomic_write_text, manifest
 
 if TYPE_CHECKING:
@@ -133,13 +135,14 @@ class RunDir:
 
     # config ---------------------------------------------------------------------------------
     def save_config(self, config: Config | Mapping[str, Any]) -> None:
-        """Write ``config.json`` from a ``Config`` or a mapping of plain data."""
-        values = config.to_dict() if isinstance(config, Config) else dict(config)
+        """Write ``config.json`` from a ``Config`` (resolved for its model first, so the file
+        records what the run used) or a mapping of plain data (written as given)."""
+        values = resolve(config).to_dict() if isinstance(config, Config) else dict(config)
         atomic_write_text(self.file(CONFIG), json.dumps(values, indent=2) + "\n", replace=self._replace)
 
     def read_config(self) -> Config:
         """The run's config (``config.json``, verified against the manifest), with the defaults
-        the run was trained under for keys added since (:func:`recsys.config.run_config_from_dict`).
+        the run was trained under for keys added since (:func:`recsys.run.saved_config.run_config_from_dict`).
 
         A damaged, unreadable or invalid file is a :class:`~recsys.config.ConfigError` naming it.
         """

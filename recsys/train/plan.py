@@ -2,7 +2,8 @@
 and the weight decay.
 
 An *epoch* here is one pass over the training targets (every click of a training user with at
-least ``train.min_target`` clicks before it) at ``train.batch_size`` samples a step.
+least ``train.min_target`` clicks before it; with ``train.targets = "all"``, every click with one
+before it) at ``train.batch_size`` samples (histories or windows) a step.
 
 - ``train.max_steps = 0`` (the default): ``train.max_epochs`` epochs; the plateau stop ends
   almost every run long before.
@@ -13,8 +14,8 @@ least ``train.min_target`` clicks before it) at ``train.batch_size`` samples a s
   (about 60% of the steps to the best validation with patience 5) on every dataset, and the
   number of validations grows with the logarithm of the run's length.
 - ``train.weight_decay = -1`` (the default) with AdamW: the decoupled decay that shrinks the
-  weights by a fixed factor per epoch, ``EPOCH_DECAY[model]`` (``exp(-EPOCH_DECAY)`` a pass),
-  i.e. ``weight_decay = EPOCH_DECAY / (lr * epoch_steps)``. The data term of the loss is a mean
+  weights by a fixed factor per epoch, the model spec's ``epoch_decay`` (``exp(-epoch_decay)``
+  a pass, :func:`recsys.models.spec.epoch_decay`), i.e. ``weight_decay = epoch_decay / (lr * epoch_steps)``. The data term of the loss is a mean
   over the samples while a prior's weight should fall as ``1 / samples``; a constant per-step
   decay regularises a large dataset as much as a small one over each step, and so far more over
   its longer run. On taobao the best constant was 0.05, on amazon-beauty 0.2 to 0.5 (four times
@@ -32,13 +33,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from recsys.config import TrainConfig
+from recsys.models.spec import epoch_decay
 
 EVAL_GROWTH = 0.1  # automatic cadence: validate after another 10% of the steps taken so far
 MIN_FIRST = 250  # automatic cadence: the first validations are at least this many steps apart ...
 MAX_FIRST = 2500  # ... and at most this many
-# automatic AdamW decay per epoch, by model (the defaults study); other models: DEFAULT_EPOCH_DECAY
-EPOCH_DECAY = {"youtube_dnn": 0.5}
-DEFAULT_EPOCH_DECAY = 0.15
 
 
 @dataclass(frozen=True)
@@ -92,17 +91,21 @@ def automatic_weight_decay(train: TrainConfig, model: str, epoch_steps: int) -> 
     """AdamW's decay for a fixed shrinkage per epoch (module docstring); 0 for plain Adam."""
     if train.optimizer != "adamw" or train.lr == 0:
         return 0.0
-    return EPOCH_DECAY.get(model, DEFAULT_EPOCH_DECAY) / (train.lr * epoch_steps)
+    return epoch_decay(model) / (train.lr * epoch_steps)
 
 
-def plan_training(train: TrainConfig, model: str, train_indptr: np.ndarray, world_size: int = 1) -> TrainPlan:
+def plan_training(train: TrainConfig, model: str, train_indptr: np.ndarray, world_size: int = 1, *,
+                  targets_per_sample: float = 1.0) -> TrainPlan:
     """The :class:`TrainPlan` for ``train`` and the model named ``model`` on the training
     sequences ``train_indptr [R + 1]``, with ``world_size`` processes each drawing
-    ``train.batch_size`` samples a step."""
+    ``train.batch_size`` samples a step, each sample carrying ``targets_per_sample`` targets
+    on average (1 for ``train.targets = "last"``; a window's expected valid positions for
+    ``"all"``, whose targets are every click with at least one before it)."""
     samples_per_step = train.batch_size * world_size
-    targets = training_targets(train_indptr, train.min_target)
-    users = int((np.diff(train_indptr) > train.min_target).sum())
-    epoch_steps = max(1, math.ceil(targets / samples_per_step))
+    min_target = 1 if train.targets == "all" else train.min_target
+    targets = training_targets(train_indptr, min_target)
+    users = int((np.diff(train_indptr) > min_target).sum())
+    epoch_steps = max(1, math.ceil(targets / (samples_per_step * targets_per_sample)))
     max_steps = train.max_steps or max(1, math.ceil(train.max_epochs * epoch_steps))
     decay = train.weight_decay if train.weight_decay >= 0 else automatic_weight_decay(train, model, epoch_steps)
     if train.eval_every:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import shutil
 import time
@@ -27,19 +28,22 @@ import torch
 from torch import Tensor
 
 from recsys.config import Config
-from recsys.data.batches import TrainSampler
+from recsys.data.batches import TrainSampler, WindowSampler
 from recsys.data.split import Split
 from recsys.data.synthetic import planted_for
 from recsys.device import to_device
 from recsys.evaluate.diagnostics import interest_health
 from recsys.evaluate.evaluator import evaluate_with_config
-from recsys.models import InterestModel
+from recsys.models import InterestModel, resolve
 from recsys.nn.attention import max_attention_logit, set_track_stats
+from recsys.nn.masking import gather_last
 from recsys.run import RunDir, build_experiment, new_run_dir
 from recsys.train import distributed
 from recsys.train.checkpoint import capture_rng, make_checkpoint, restore_rng
+from recsys.train.divergence import DivergenceGuard
 from recsys.train.graphs import DDP_WARMUP_STEPS, WARMUP_STEPS, capturing, launch_line, plan_graph, side_stream
 from recsys.train.memory import check_fits
+from recsys.train.meter import RunMeter
 from recsys.train.plan import plan_training
 from recsys.train.losses import (
     LossOutput,
@@ -74,7 +78,9 @@ class TrainResult:
     test_metrics: dict[str, float]
     samples_per_s: float
     wall_s: float
+    targets_per_s: float = 0.0  # training targets a second: samples_per_s for "last", every valid position for "all"
     cuda_graph: bool = False  # the training steps ran as one CUDA graph each (train.cuda_graph)
+    out_of_time: bool = False  # train.max_minutes stopped the run (before its plateau stop or step budget)
 
 
 def make_optimizer(model: torch.nn.Module, cfg: Config, device: torch.device, weight_decay: float,
@@ -124,9 +130,6 @@ class TrainStep:
         )
         self.num_hard = round(t.hard_negatives * self.num_negatives)  # drawn near the interests
         self.num_base = self.num_negatives - self.num_hard  # drawn from the sampler
-        if t.attention_reg and not model.has_attention:
-            raise ValueError(f"train.attention_reg={t.attention_reg:g} has no effect on {cfg.model.name} (only "
-                             "comirec_sa and sasrec_mi read their clicks through attention scores); set it to 0")
         # warm-up and capture run on this stream; DDP is built on it too (its gradient hooks
         # remember the stream they were made on)
         self.stream = torch.cuda.Stream(device) if self.use_graph else None
@@ -142,6 +145,7 @@ class TrainStep:
         # negatives scored by each row's best-matching interest (K > 1 only; for K = 1 the same)
         self.max_scores = t.negative_scores == "max" and model.num_interests > 1
         self.amp = t.amp and device.type == "cuda"
+        self.dense = t.targets == "all"  # every position of a window is a target (resolved by the model spec)
         self.optimizer = make_optimizer(model, cfg, device, weight_decay, capturable=self.use_graph)
         self.loss_fn = torch.compile(self.loss, dynamic=False) if t.compile else self.loss
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -161,46 +165,64 @@ class TrainStep:
 
     def loss(self, seq: Tensor, lengths: Tensor, targets: Tensor, negatives: Tensor, hard_uniforms: Tensor,
              soft: Tensor) -> LossOutput:
-        """``seq [B, L]``, ``lengths [B]``, ``targets [B]``, ``negatives [S_base]``,
-        ``hard_uniforms [S_hard]``, ``soft`` (0-d readout blend) on the device -> the loss."""
+        """``seq [B, L]``, ``lengths [B]``, ``targets`` (``[B]``, or ``[B, L]`` with 0 at padding
+        when dense), ``negatives [S_base]``, ``hard_uniforms [S_hard]``, ``soft`` (0-d readout
+        blend) on the device -> the loss.
+
+        Dense (``train.targets = "all"``): the interests at every prefix ``[B, L, K, d]`` become
+        ``B·L`` rows, each read out against its own next click; padding positions are masked out
+        of the loss (no gradient), and the hard-negative proposal reads each window's last prefix.
+        """
         t = self.cfg.train
         autocast = (  # the autocast weight cache cannot live across graph replays
             torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=not self.use_graph)
             if self.amp else contextlib.nullcontext()
         )
+        mask = None
         with autocast:
-            if t.attention_reg:  # the attention logits [B, L, K] feed the routing regulariser
+            if self.dense:
+                prefix = self.forward(seq, lengths, prefix=True)  # [B, L, K, d]
+                proposal_interests = gather_last(prefix.flatten(2), lengths).view(-1, *prefix.shape[2:])  # [B, K, d]
+                interests, scores = prefix.flatten(0, 1), None  # [B L, K, d]
+                targets = targets.flatten()  # [B L], 0 at padding
+                mask = targets > 0
+            elif t.attention_reg:  # the attention logits [B, L, K] feed the routing regulariser
                 interests, scores = self.forward(seq, lengths, with_attention=True)  # [B, K, d]
+                proposal_interests = interests
             else:
                 interests, scores = self.forward(seq, lengths), None
+                proposal_interests = interests
             item_emb = self.model.item_embeddings()  # [N, d]
-            user = readout(interests, item_emb[targets], soft=soft if self.soft_phase else 0.0)  # [B, d]
+            user = readout(interests, item_emb[targets], soft=soft if self.soft_phase else 0.0)  # [R, d]
             if self.sampler is None:
                 out = full_softmax_loss(user, targets, item_emb, z_loss=t.z_loss,
                                         interests=interests if self.max_scores else None,
-                                        backend=self.cfg.model.backend)
+                                        backend=self.cfg.model.backend, mask=mask)
             else:
-                out = self._sampled_loss(user, targets, item_emb, negatives, hard_uniforms, interests)
+                out = self._sampled_loss(user, targets, item_emb, negatives, hard_uniforms, interests,
+                                         proposal_interests, mask)
         if scores is not None:
             out = dataclasses.replace(out, loss=out.loss + t.attention_reg * attention_collision(scores, lengths))
         return out
 
     def _sampled_loss(self, user: Tensor, targets: Tensor, item_emb: Tensor, negatives: Tensor,
-                      hard_uniforms: Tensor, interests: Tensor) -> LossOutput:
+                      hard_uniforms: Tensor, interests: Tensor, proposal_interests: Tensor,
+                      mask: Tensor | None) -> LossOutput:
         """Sampled softmax over the base negatives plus, with ``train.hard_negatives``, draws from
-        :func:`interest_proposal`; logQ is the exact expected count under the mixture."""
+        :func:`interest_proposal` of ``proposal_interests [B, K, d]``; logQ is the exact expected
+        count under the mixture. ``mask [R]`` drops padding rows (dense training)."""
         t = self.cfg.train
         assert self.sampler is not None
         log_q: Callable[[Tensor], Tensor] = lambda ids: self.sampler.log_expected_count(ids, self.num_negatives)
         if self.num_hard:
-            probs = interest_proposal(interests, item_emb, t.hard_negative_temperature)  # [N]
+            probs = interest_proposal(proposal_interests, item_emb, t.hard_negative_temperature)  # [N]
             negatives = torch.cat([negatives, draw_from(probs, hard_uniforms)])
             log_q = lambda ids: mixture_log_expected_count(ids, self.sampler, self.num_base, probs, self.num_hard)
         return sampled_softmax_loss(
             user, targets, item_emb, negatives,
             log_q_target=log_q(targets) if t.logq else None, log_q_neg=log_q(negatives) if t.logq else None,
             remove_accidental_hits=t.remove_accidental_hits, z_loss=t.z_loss,
-            interests=interests if self.max_scores else None, backend=self.cfg.model.backend,
+            interests=interests if self.max_scores else None, backend=self.cfg.model.backend, mask=mask,
         )
 
     def _update(self, *batch: Tensor) -> tuple[LossOutput, Tensor | None]:
@@ -315,6 +337,7 @@ def train(cfg: Config, *, run_dir: str | Path | None = None, resume: bool = Fals
     """
     if resume and run_dir is None:
         raise ValueError("--resume needs the run directory to continue")
+    cfg = resolve(cfg)  # the model's automatic values, so the saved config records what the run used
     if cfg.train.cpu_threads:
         torch.set_num_threads(cfg.train.cpu_threads)
     dist = distributed.setup_distributed(cfg.train.device, graphs=cfg.train.cuda_graph is not False)
@@ -326,10 +349,10 @@ def train(cfg: Config, *, run_dir: str | Path | None = None, resume: bool = Fals
     rd = RunDir(run_dir) if resume else None
     if rd is not None:
         rd.require_checkpoint()
-    exp = build_experiment(cfg, dataset=rd.load_dataset() if rd else None, clicks=clicks, progress=progress)
+    exp = build_experiment(cfg, dataset=rd.load_dataset() if rd else None, clicks=clicks, progress=progress,
+                           check_memory=functools.partial(check_fits, cfg, device=device, step_kept=capture))
     ds, split, item_counts = exp.dataset, exp.split, exp.item_counts
     _check_split(ds, split)
-    check_fits(cfg, exp.model, ds.num_items, device, step_kept=capture)
     model = exp.model.to(device)
 
     created = rd is None and (run_dir is None or not Path(run_dir).exists())
@@ -387,7 +410,8 @@ def _run(cfg: Config, rd: RunDir, ds: Dataset, split: Split, item_counts: Tensor
     return TrainResult(
         run_dir=str(rd.path), steps=state.step, best_step=state.best_step, best_valid=state.best,
         test_metrics=test_metrics, samples_per_s=state.samples_per_s, wall_s=time.perf_counter() - t0,
-        cuda_graph=state.cuda_graph,
+        targets_per_s=state.targets_per_s,
+        cuda_graph=state.cuda_graph, out_of_time=state.out_of_time,
     )
 
 
@@ -398,8 +422,10 @@ class _LoopState:
     best_step: int = 0
     bad_evals: int = 0
     samples_per_s: float = 0.0
+    targets_per_s: float = 0.0
     last_eval: int = 0  # the step of the latest validation
     cuda_graph: bool = False
+    out_of_time: bool = False
 
 
 def _optimise(model: InterestModel, cfg: Config, dist: distributed.DistInfo, split: Split, item_counts: Tensor,
@@ -409,73 +435,93 @@ def _optimise(model: InterestModel, cfg: Config, dist: distributed.DistInfo, spl
     t, device = cfg.train, dist.device
     generator = torch.Generator(device=device)
     generator.manual_seed(t.seed + 1000 + dist.rank)
-    batches = TrainSampler(split.train_indptr, split.train_items, cfg.data.max_len,
-                           seed=t.seed + dist.rank, min_target=t.min_target)
-    plan = plan_training(t, cfg.model.name, split.train_indptr, dist.world_size)
+    batches: TrainSampler | WindowSampler
+    if t.targets == "all":
+        batches = WindowSampler(split.train_indptr, split.train_items, cfg.data.max_len, seed=t.seed + dist.rank)
+        per_sample = batches.mean_targets()
+    else:
+        batches = TrainSampler(split.train_indptr, split.train_items, cfg.data.max_len,
+                               seed=t.seed + dist.rank, min_target=t.min_target)
+        per_sample = 1.0
+    plan = plan_training(t, cfg.model.name, split.train_indptr, dist.world_size, targets_per_sample=per_sample)
     if dist.is_main:
         log(plan.describe(t))
     step_fn = TrainStep(model, cfg, device, item_counts.to(device), generator, world_size=dist.world_size,
                         log=log if dist.is_main else lambda line: None, weight_decay=plan.weight_decay)
     st = _LoopState()
+    guard = DivergenceGuard(t, rd, device)
     if resume:
         ck = rd.load_checkpoint(map_location=device)
         model.load_state_dict(ck["model"])
         step_fn.optimizer.load_state_dict(ck["optimizer"])
         st = _LoopState(ck["step"], ck["best"], ck["best_step"], ck["bad_evals"], last_eval=ck["step"])
         restore_rng(ck["rng"], {"batches": batches.rng}, {"neg": generator})
+        guard.start_loss = ck.get("start_loss")
         rd.rewind_metrics(st.step)
         log(f"resumed at step {st.step} (best {key} {st.best:.4f} at step {st.best_step})")
 
     sums = torch.zeros(4, device=device)  # loss, log Z, max logit, grad norm over the log window
-    window_start, window_steps = time.perf_counter(), 0
-    run_start_step, run_start = st.step, time.perf_counter()
+    meter = RunMeter(plan, t, start_step=st.step, samples_per_step=t.batch_size * dist.world_size)
+    window_steps, window_targets = 0, 0
     max_steps = plan.max_steps
     while st.step < max_steps:
         log_now = (st.step + 1) % t.log_every == 0 or st.step + 1 == max_steps
         set_track_stats(model, log_now and not step_fn.use_graph)  # max attention logit, on logging steps
-        out, grad_norm = step_fn(*to_device(batches.sample(t.batch_size), device), step=st.step)
+        batch = batches.sample(t.batch_size)
+        window_targets += int(batch[1].sum()) if step_fn.dense else t.batch_size  # counted on the host copy
+        out, grad_norm = step_fn(*to_device(batch, device), step=st.step)
+        guard.watch(out.loss)
         st.step += 1
         window_steps += 1
         sums += torch.stack([out.loss.detach(), out.log_z, out.max_logit,
                              grad_norm.float() if grad_norm is not None else sums.new_zeros(())])
         if log_now:
-            elapsed = time.perf_counter() - window_start
-            st.samples_per_s = window_steps * t.batch_size * dist.world_size / max(elapsed, 1e-9)
-            rate = (st.step - run_start_step) / max(time.perf_counter() - run_start, 1e-9)
             loss, log_z, max_logit, gnorm = (sums / window_steps).tolist()  # the one host sync
+            rates = meter.log(window_steps, window_targets * dist.world_size)
             row = {"step": st.step, "loss": loss, "log_z": log_z, "max_output_logit": max_logit,
-                   "grad_norm": gnorm, "samples_per_s": round(st.samples_per_s, 1)}
+                   "grad_norm": gnorm, "samples_per_s": round(rates.samples_per_s, 1),
+                   "targets_per_s": round(rates.targets_per_s, 1)}
             attn = max_attention_logit(model)
             if attn is not None:
                 row["max_attention_logit"] = float(attn)
             if dist.is_main:
                 rd.append_metrics(row)
-                log(f"step {st.step}/{max_steps}  loss {loss:.4f}  logZ {log_z:.2f}  |g| {gnorm:.2f}  "
-                    f"{st.samples_per_s:,.0f} samples/s  at most {(max_steps - st.step) / max(rate, 1e-9):,.0f}s left")
+                log(f"step {st.step}/{max_steps}  loss {loss:.4f}  logZ {log_z:.2f}  |g| {gnorm:.2f}  {rates.describe()}"
+                    f"  {meter.time_left(st.step, st.last_eval, st.bad_evals, validated=st.last_eval > 0)}".rstrip())
+            guard.check(st.step, loss, gnorm)
             sums.zero_()
-            window_start, window_steps = time.perf_counter(), 0
-        out_of_time = log_now and t.max_minutes > 0 and distributed.broadcast_flag(
-            time.perf_counter() - run_start > 60 * t.max_minutes, device)
+            window_steps, window_targets = 0, 0
+        out_of_time = log_now and st.step < max_steps and t.max_minutes > 0 and distributed.broadcast_flag(
+            time.perf_counter() - meter.start > 60 * t.max_minutes, device)
         if plan.validates_at(st.step, st.last_eval) or out_of_time:
+            if window_steps:  # the steps since the last log line, before their weights are checkpointed
+                guard.check(st.step, *(sums[[0, 3]] / window_steps).tolist())
             st.last_eval = st.step
             stop = False
-            if dist.is_main:
-                stop = _validate(st, model, step_fn, batches, generator, rd, validate, key, cfg, log, on_validate)
+            with meter.paused():
+                if dist.is_main:
+                    stop = _validate(st, model, step_fn, batches, generator, rd, validate, key, cfg, log, guard,
+                                     on_validate)
             if out_of_time:
                 log(f"stopped at step {st.step}: train.max_minutes={t.max_minutes:g} reached")
+                st.out_of_time = True
                 break
             if distributed.broadcast_flag(stop, device):
                 log(f"early stop at step {st.step}: no {key} improvement in {t.patience} evaluations")
                 break
     set_track_stats(model, False)
+    if window_steps:  # an early stop between log steps
+        meter.log(window_steps, window_targets * dist.world_size)
+    st.samples_per_s, st.targets_per_s = dataclasses.astuple(meter.average())  # the run's, not its last window's
     st.cuda_graph = step_fn.use_graph
     return st
 
 
 def _validate(st: _LoopState, model: InterestModel, step_fn: TrainStep, batches: TrainSampler,
               generator: torch.Generator, rd: RunDir, validate: Callable[[], dict[str, float]], key: str,
-              cfg: Config, log: Log, on_validate: OnValidate | None = None) -> bool:
-    """Evaluate on the valid users, keep the best weights, checkpoint; True when it is time to stop."""
+              cfg: Config, log: Log, guard: DivergenceGuard, on_validate: OnValidate | None = None) -> bool:
+    """Evaluate on the valid users, keep the best weights, checkpoint (with ``guard``'s start loss);
+    True when it is time to stop."""
     metrics = validate()
     improved = metrics[key] > st.best
     if improved:
@@ -491,7 +537,7 @@ def _validate(st: _LoopState, model: InterestModel, step_fn: TrainStep, batches:
         + (f"\n  interests: {health}" if health else ""))
     rd.save_checkpoint(make_checkpoint(
         model, step_fn.optimizer, step=st.step, best=st.best, best_step=st.best_step, bad_evals=st.bad_evals,
-        rng=capture_rng({"batches": batches.rng}, {"neg": generator}),
+        rng=capture_rng({"batches": batches.rng}, {"neg": generator}), **guard.state(),
     ))
     if on_validate is not None:
         on_validate(st.step, metrics)

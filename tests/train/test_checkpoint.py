@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from recsys.models import resolve
 from recsys.config import load_config
 from recsys.io import atomic_write, check_plain
 from recsys.run import RunDir, new_run_dir
@@ -157,7 +158,7 @@ def test_config_and_test_metrics_round_trip(tmp_path):
     run = RunDir(tmp_path)
     run.save_config(cfg)
     assert json.loads(run.file(layout.CONFIG).read_text())["model"]["dim"] == 32
-    assert run.read_config() == cfg
+    assert run.read_config() == resolve(cfg)
     run.save_test_metrics({"recall@50": np.float64(0.125), "users": np.int64(7)})
     assert run.read_test_metrics() == {"recall@50": 0.125, "users": 7}
 

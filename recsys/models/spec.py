@@ -1,0 +1,175 @@
+"""What a model is, declared in one place: :class:`ModelSpec`, the registry of specs, and the
+model-aware half of configuration (automatic values, settings that do not apply).
+
+Every model module registers one spec: how to build the model, which ``[model]`` settings it
+reads, what it can do (multi-interest, self-attentive scores, dense training, needs item
+counts), its automatic defaults and its tuning space. The trainer, the plan, ``recsys tune`` and
+model building ask the spec instead of comparing model names, so adding a model touches its own
+file only::
+
+    register(ModelSpec(name="my_model", build=build_my_model, settings=("num_layers",), dense=True))
+
+``recsys.config`` is the schema (types, ranges); :func:`resolve` adds what depends on the model.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from torch import Tensor
+
+from recsys.config import AUTO, Config, ConfigError, ModelConfig
+
+# switches a model must read to accept a changed value: each changes what a model computes, so one
+# set on a model that ignores it is a mistake. Sizes (num_interests, num_layers, hidden, dropout, ...)
+# may be carried by a config that several models share, and are ignored where they do not apply.
+STRICT_SETTINGS = ("qk_norm", "softcap", "head_values", "score_cap")
+DEFAULT_EPOCH_DECAY = 0.15  # AdamW shrinkage per pass over the data (recsys.train.plan), unless a spec says otherwise
+
+# shared blocks of tuning space (the [tune] table's format), composed by the specs
+MULTI_INTEREST_SPACE: dict[str, Any] = {
+    "model.num_interests": [1, 2, 4, 8],
+    "train.soft_readout_steps": [0, 1000, 5000],
+    "train.negative_scores": ["readout", "max"],
+}
+SELF_ATTENTIVE_SPACE: dict[str, Any] = {
+    "model.score_cap": [0.5, 1.0, 2.0],  # 0 (no cap) lets a head collapse onto one click
+    "train.attention_reg": [0.0, 0.3, 1.0],
+}
+DROPOUT_SPACE: dict[str, Any] = {"model.dropout": {"low": 0.0, "high": 0.5}}
+
+Builder = Callable[[ModelConfig, int, int, "Tensor | None"], Any]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model, as the rest of the library sees it.
+
+    Attributes:
+        name: ``model.name``.
+        build: ``build(cfg: ModelConfig, num_items, max_len, item_counts [num_items] or None)``
+            -> an :class:`~recsys.models.base.InterestModel` (``cfg`` already resolved).
+        settings: the ``[model]`` fields it reads beyond ``name``, ``dim`` and ``backend``; a
+            switch of :data:`STRICT_SETTINGS` it does not read must keep its default (a changed
+            one is an error naming it, since it would silently do nothing).
+        multi_interest: reads ``model.num_interests`` as its ``K`` (the readout and the
+            multi-interest training switches apply).
+        self_attentive: its interests read the clicks through differentiable attention scores
+            (``train.attention_reg`` applies; ``interests_with_attention`` returns them).
+        dense: can train with ``train.targets = "all"`` (implements ``prefix_interests``).
+        needs_item_counts: ``build`` needs the training click counts.
+        trainable: has parameters to learn (MostPopular has none).
+        defaults: what the automatic (-1 / ``"auto"``) values of the config resolve to, by dotted
+            key (``"model.score_cap"``, ``"train.soft_readout_steps"``, ``"train.targets"``), and
+            ``"epoch_decay"``: the automatic AdamW shrinkage per pass (:mod:`recsys.train.plan`).
+        tune_space: search space added to the shared one by ``recsys tune`` (``[tune]`` format).
+        saved_defaults: for runs saved before a key existed: ``{missing key: {key: value}}``, the
+            values that were in force for this model then (:mod:`recsys.run.saved_config`).
+    """
+
+    name: str
+    build: Builder
+    settings: tuple[str, ...] = ()
+    multi_interest: bool = False
+    self_attentive: bool = False
+    dense: bool = False
+    needs_item_counts: bool = False
+    trainable: bool = True
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    tune_space: Mapping[str, Any] = field(default_factory=dict)
+    saved_defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def default(self, key: str, fallback: Any) -> Any:
+        """The automatic value of ``key`` for this model (``fallback`` where the spec says nothing)."""
+        return self.defaults.get(key, fallback)
+
+
+_SPECS: dict[str, ModelSpec] = {}
+
+
+def register(spec: ModelSpec) -> ModelSpec:
+    """Make ``spec`` buildable as ``model.name = spec.name``; returns it."""
+    if spec.name in _SPECS:
+        raise ValueError(f"model {spec.name!r} registered twice")
+    known = {f.name for f in dataclasses.fields(ModelConfig)}
+    unknown = sorted(set(spec.settings) - known)
+    if unknown:
+        raise ValueError(f"model {spec.name!r}: settings {unknown} are not [model] fields")
+    _SPECS[spec.name] = spec
+    return spec
+
+
+def unregister(name: str) -> None:
+    """Remove a registered model (for tests that register a toy model)."""
+    _SPECS.pop(name, None)
+
+
+def model_names() -> list[str]:
+    """Every registered ``model.name``, sorted."""
+    _load_builtin()
+    return sorted(_SPECS)
+
+
+def spec_for(name: str) -> ModelSpec:
+    """The spec of ``model.name = name``; unknown names are a :class:`ConfigError` listing the known ones."""
+    _load_builtin()
+    if name not in _SPECS:
+        raise ConfigError(f"model.name: unknown model {name!r}; known: {', '.join(sorted(_SPECS))}")
+    return _SPECS[name]
+
+
+def _load_builtin() -> None:
+    import recsys.models  # noqa: F401  (importing the package registers every built-in model)
+
+
+def resolve_model(model: ModelConfig) -> ModelConfig:
+    """A copy of ``model`` with its automatic values resolved and its settings checked."""
+    spec = spec_for(model.name)
+    model = dataclasses.replace(model)
+    if model.score_cap == -1.0:
+        model.score_cap = float(spec.default("model.score_cap", 0.0))
+    defaults = dataclasses.replace(ModelConfig(), score_cap=0.0)
+    for key in STRICT_SETTINGS:
+        value, default = getattr(model, key), getattr(defaults, key)
+        if key not in spec.settings and value != default:
+            readers = [s.name for s in _SPECS.values() if key in s.settings]
+            raise ConfigError(f"model.{key}={value!r} has no effect on {model.name} (only "
+                              f"{', '.join(sorted(readers)) or 'no model'} read it); set it to {default!r}")
+    return model
+
+
+def resolve(cfg: Config) -> Config:
+    """A copy of ``cfg`` with every automatic value resolved for ``cfg.model.name`` and the
+    model-dependent checks done, so that a saved config records what the run used.
+
+    Raises :class:`ConfigError` naming the key for a setting that has no effect on the model
+    (``model.qk_norm`` on a model without query-key attention, ``train.attention_reg`` on a
+    model without attention scores) and for ``train.targets = "all"`` on a model that cannot
+    train densely.
+    """
+    spec = spec_for(cfg.model.name)
+    cfg = copy.deepcopy(cfg)
+    cfg.model = resolve_model(cfg.model)
+    t = cfg.train
+    if t.soft_readout_steps == -1:
+        t.soft_readout_steps = int(spec.default("train.soft_readout_steps", 0))
+    if t.targets == AUTO:
+        t.targets = str(spec.default("train.targets", "last"))
+    if t.attention_reg and not spec.self_attentive:
+        readers = sorted(s.name for s in _SPECS.values() if s.self_attentive)
+        raise ConfigError(f"train.attention_reg={t.attention_reg:g} has no effect on {cfg.model.name} (only "
+                          f"{' and '.join(readers)} read their clicks through attention scores); set it to 0")
+    if t.targets == "all" and not spec.dense:
+        dense = sorted(s.name for s in _SPECS.values() if s.dense)
+        raise ConfigError(f'train.targets="all": {cfg.model.name} cannot train on every position of a window '
+                          f'(models that can: {", ".join(dense)}); use "last" or "auto"')
+    return cfg
+
+
+def epoch_decay(name: str) -> float:
+    """The automatic AdamW shrinkage per pass over the data for model ``name``."""
+    return float(spec_for(name).default("epoch_decay", DEFAULT_EPOCH_DECAY))

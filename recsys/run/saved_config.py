@@ -1,0 +1,42 @@
+"""A saved run's ``config.json`` -> :class:`~recsys.config.Config`, keeping what the run was
+trained with where a default has changed since it was saved.
+
+A key missing from the file dates the run; the values that were in force then fill it:
+
+- no ``model.positions``: positions were numbered from the oldest click (``"absolute"``), for
+  the models that read positions;
+- no ``model.score_cap``: the self-attentive scores were not capped (0);
+- no ``train.soft_readout_steps``: the readout was the argmax from the first step (0);
+- no ``train.negative_scores``: the readout's interest scored the negatives (``"readout"``);
+- no ``train.targets``: one target per sampled history (``"last"``);
+- and what the model's own spec says (:attr:`recsys.models.spec.ModelSpec.saved_defaults`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from recsys.config import Config, config_from_dict
+from recsys.models.spec import resolve, spec_for
+
+_TRAIN_DEFAULTS = {"soft_readout_steps": 0, "negative_scores": "readout", "targets": "last"}
+
+
+def run_config_from_dict(values: dict[str, Any]) -> Config:
+    """The resolved config of a saved run from its ``config.json`` contents (see the module docstring)."""
+    model = dict(values.get("model", {}))
+    train = dict(values.get("train", {}))
+    spec = spec_for(model.get("name", "comirec_sa"))
+    model.setdefault("score_cap", 0.0)
+    for key, value in _TRAIN_DEFAULTS.items():
+        train.setdefault(key, value)
+    if "positions" not in model and "positions" in spec.settings:
+        model["positions"] = "absolute"
+    sections = {"model": model, "train": train}
+    for missing, then in spec.saved_defaults.items():
+        section, key = missing.split(".")
+        if key not in values.get(section, {}):
+            for dotted, value in then.items():
+                where, leaf = dotted.split(".")
+                sections[where][leaf] = value
+    return resolve(config_from_dict({**values, **sections}))
