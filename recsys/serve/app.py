@@ -13,12 +13,23 @@ Endpoints::
 A ``user`` request uses that user's last ``max_len`` clicks in the run's dataset; an ``items``
 request uses the last ``max_len`` known items given. Unknown item ids are skipped and listed
 in ``unknown_items``. ``exclude_seen`` (default true) drops the user's clicked items (every
-click in the dataset) or the given items. An unknown user is a 404 and a sequence with no
-known item a 422, unless ``fallback_popular`` (default ``serve.fallback_popular``) asks for the
-most clicked items instead (``"source": "popular"``, interests ``-1``). Malformed bodies,
-unknown fields, ``n`` outside ``1..serve.max_n`` and a ``diversity_lambda`` outside
-``[0, MAX_DIVERSITY_LAMBDA]`` are 422s. Every error body is built from text made safe for any
-input: ids are shown truncated (:data:`SHOWN_CHARS`) and with unpaired surrogates escaped.
+click in the dataset) or the given items.
+
+The OpenAPI schema (``/openapi.json``) states all of this and the service keeps to it:
+
+* 404 ``{"detail": str, "unknown_items": [...]}``: an unknown user, or an items sequence that
+  is empty or has no known item, unless ``fallback_popular`` (default
+  ``serve.fallback_popular``) asks for the most clicked items instead (``"source": "popular"``,
+  interests ``-1``).
+* 422 ``{"detail": [{"loc", "msg", "type"}, ...]}``: a body that breaks the schema, i.e. not
+  exactly one of ``items`` / ``user`` (a ``oneOf``), an unknown field, a wrong type (strict:
+  ``true`` is not ``1``, ``"10"`` is not ``10``; ``3.0`` is the integer 3, as in JSON Schema),
+  ``n`` outside ``1..serve.max_n``, a ``diversity_lambda`` outside ``[0,
+  MAX_DIVERSITY_LAMBDA]``, an integer id beyond :data:`MAX_JSON_INT`.
+* 400 ``{"detail": str}``: a body that is not JSON at all; 415 likewise: one not sent as JSON.
+
+Every error body is built from text made safe for any input: ids are shown truncated
+(:data:`SHOWN_CHARS`) and with unpaired surrogates escaped.
 
 The model and index load once at start. Requests in flight are micro-batched
 (:class:`~recsys.serve.microbatch.MicroBatcher`): one model call and one index search per
@@ -28,20 +39,20 @@ not depend on what else is in its batch (see :mod:`recsys.serve.recommender`).
 
 import json
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
 
 try:
     import uvicorn
-    from fastapi import FastAPI, Request
+    from fastapi import Body, FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import Response
-    from pydantic import BaseModel, ConfigDict, Field, model_validator
+    from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag
 except ImportError as err:  # pragma: no cover - exercised only without the extra
     raise ImportError("FastAPI and uvicorn are not installed: pip install 'recsys[serve]'") from err
 
@@ -53,8 +64,30 @@ __all__ = ["bind", "create_app", "run_server", "shown"]
 
 MAX_ITEMS = 10_000  # longest accepted "items" list (only the last max_len known ones are used)
 SHOWN_CHARS = 100  # an id or field name quoted in an error message is cut to this many characters
-# a raw id is a string or an integer; integers are bounded so str() of them is always cheap
-RawId = str | Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+MAX_JSON_INT = 2**53 - 1  # the largest integer every JSON client holds exactly (a double's mantissa)
+
+
+def _integral(value: Any) -> Any:
+    """``5.0`` -> ``5``: JSON Schema counts a float with no fraction as an integer, so the strict
+    models take it as one; everything else (``true``, ``"10"``) is left to strict validation."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _id_kind(value: Any) -> str | None:
+    """Which kind of raw id ``value`` is meant to be (``None``: neither, the ``raw_id`` error)."""
+    if isinstance(value, str):
+        return "string"
+    return "integer" if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+JsonInt = Annotated[int, BeforeValidator(_integral)]
+# a raw id is a string or an integer (a oneOf, so an error names the kind it was taken for);
+# integers are bounded by JSON's exact range (larger ids are sent as strings), which also keeps str() cheap
+RawId = Annotated[
+    Annotated[str, Tag("string")]
+    | Annotated[int, Field(ge=-MAX_JSON_INT, le=MAX_JSON_INT), BeforeValidator(_integral), Tag("integer")],
+    Discriminator(_id_kind, custom_error_type="raw_id", custom_error_message="a raw id is a string or an integer"),
+]
 
 
 def shown(text: object) -> str:
@@ -71,6 +104,43 @@ def _error(content: dict[str, Any], status: int) -> Response:
     return Response(json.dumps(content, ensure_ascii=True), status_code=status, media_type="application/json")
 
 
+def _sent_as_json(content_type: str | None) -> bool:
+    """Whether FastAPI parses a body with this content type as JSON (``application/json`` or
+    ``application/*+json``)."""
+    kind = (content_type or "").split(";")[0].strip().lower()
+    return kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
+
+
+def _validation_error(errors: Sequence[Any], content_type: str | None) -> Response:
+    """The answer to a body FastAPI could not validate: 415 when it was not sent as JSON (e.g.
+    ``curl -d`` without ``-H 'content-type: application/json'``), 400 when it is not JSON at
+    all (both :class:`BadRequest`), else 422 (:class:`InvalidRequest`) listing each error with
+    its field.
+
+    Unlike FastAPI's default handler this does not echo the input back (that fails on NaN,
+    Infinity and unpaired surrogates), and field names, which come from the client too, are
+    shown safely."""
+    if not _sent_as_json(content_type):
+        given = f"'{shown(content_type)}'" if content_type else "none"
+        return _error({"detail": f"send the body as JSON with content-type: application/json (got {given})"}, 415)
+    for error in errors:
+        if error["type"] == "json_invalid":
+            reason = error.get("ctx", {}).get("error", "not JSON")
+            where = error["loc"][-1] if isinstance(error["loc"][-1], int) else "?"
+            return _error({"detail": f"the body is not valid JSON: {shown(reason)} (at character {where})"}, 400)
+    return _error({"detail": [{"loc": _field_loc(e["loc"]), "msg": shown(e["msg"]), "type": e["type"]}
+                              for e in errors]}, 422)
+
+
+def _field_loc(loc: Sequence[str | int]) -> list[str | int]:
+    """An error's location as the client wrote it: ``["body", field, ...]``, without the union
+    tag (``"items"`` / ``"user"``) pydantic puts after ``"body"`` for a field of either request."""
+    parts = list(loc)
+    if len(parts) > 2 and parts[0] == "body" and parts[1] in ("items", "user"):
+        del parts[1]
+    return [p if isinstance(p, int) else shown(p) for p in parts]
+
+
 @dataclass
 class _Job:
     """One validated model request: its padded input and options."""
@@ -84,26 +154,87 @@ class _Job:
     user: str | None
 
 
-def _request_model(cfg: ServeConfig) -> type[BaseModel]:
-    """The ``POST /recommend`` body schema, with ``n`` bounded by ``cfg.max_n``."""
+ONE_INPUT = "send a JSON object with exactly one of 'items' (raw item ids) or 'user' (a raw user id)"
 
-    class RecommendRequest(BaseModel):
-        model_config = ConfigDict(extra="forbid")
 
-        items: list[RawId] | None = Field(None, max_length=MAX_ITEMS)
-        user: RawId | None = None
-        n: int = Field(cfg.n, ge=1, le=cfg.max_n)
-        exclude_seen: bool = True
-        diversity_lambda: float = Field(0.0, ge=0.0, le=MAX_DIVERSITY_LAMBDA, allow_inf_nan=False)
-        fallback_popular: bool | None = None
+def _input_kind(body: Any) -> str | None:
+    """Which request model ``body`` is meant for: ``"items"``, ``"user"``, or ``None`` (not an
+    object, or neither or both of the two keys: the :data:`ONE_INPUT` error)."""
+    if not isinstance(body, dict) or ("items" in body) == ("user" in body):
+        return None
+    return "items" if "items" in body else "user"
 
-        @model_validator(mode="after")
-        def _one_input(self) -> "RecommendRequest":
-            if (self.items is None) == (self.user is None):
-                raise ValueError("give exactly one of 'items' (raw item ids) or 'user' (a raw user id)")
-            return self
 
-    return RecommendRequest
+def _request_model(cfg: ServeConfig) -> Any:
+    """The ``POST /recommend`` body: a ``oneOf`` of an items request and a user request (so the
+    schema itself says "exactly one of"), options bounded by ``cfg.max_n``. Strict types: JSON
+    ``true`` is not ``1`` and ``"10"`` is not ``10`` (an ``int`` is accepted where a float is)."""
+
+    class Options(BaseModel):
+        model_config = ConfigDict(extra="forbid", strict=True)
+
+        n: JsonInt = Field(cfg.n, ge=1, le=cfg.max_n, description="how many items to return")
+        exclude_seen: bool = Field(True, description="never return the user's clicks or the given items")
+        diversity_lambda: float = Field(0.0, ge=0.0, le=MAX_DIVERSITY_LAMBDA, allow_inf_nan=False,
+                                        description="ComiRec's diversity λ (0: max-score merge)")
+        fallback_popular: bool | None = Field(
+            None, description="answer the most clicked items for an unknown user or a sequence with no "
+                              "known item (default: serve.fallback_popular)")
+
+    class ItemsRequest(Options):
+        items: list[RawId] = Field(max_length=MAX_ITEMS, description="raw item ids, oldest first")
+
+    class UserRequest(Options):
+        user: RawId = Field(description="a raw user id of the run's dataset")
+
+    return Annotated[
+        Annotated[ItemsRequest, Tag("items")] | Annotated[UserRequest, Tag("user")],
+        Discriminator(_input_kind, custom_error_type="one_input", custom_error_message=ONE_INPUT),
+    ]
+
+
+class RecommendedItem(BaseModel):
+    item: str = Field(description="raw item id")
+    score: float
+    interest: int = Field(description="which of the K interests found it (-1: a popularity fallback)")
+
+
+class RecommendResponse(BaseModel):
+    items: list[RecommendedItem] = Field(description="best first")
+    unknown_items: list[str] = Field(description="given item ids the run does not know (skipped)")
+    n: int
+    source: Literal["model", "popular"]
+    user: str | None
+    input_length: int = Field(description="clicks fed to the model (0 for a popularity fallback)")
+
+
+class BadRequest(BaseModel):
+    detail: str = Field(description="why the body could not be read")
+
+
+class NotFound(BaseModel):
+    detail: str = Field(description="the unknown user, or why the items sequence has no known item")
+    unknown_items: list[str] = Field(description="the given item ids the run does not know ([] for a user)")
+
+
+class FieldError(BaseModel):
+    loc: list[str | int] = Field(description='where: "body", then the field (and list position)')
+    msg: str
+    type: str
+
+
+class InvalidRequest(BaseModel):
+    detail: list[FieldError]
+
+
+RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"model": RecommendResponse, "description": "the recommendations"},
+    400: {"model": BadRequest, "description": "the body is not valid JSON"},
+    415: {"model": BadRequest, "description": "the body is not sent as JSON (content-type: application/json)"},
+    404: {"model": NotFound, "description": "unknown user, or an items sequence with no known item "
+                                            "(unless fallback_popular)"},
+    422: {"model": InvalidRequest, "description": "the body breaks the schema; every error names its field"},
+}
 
 
 class _Service:
@@ -113,19 +244,24 @@ class _Service:
         self.rec, self.cfg = rec, cfg
 
     def prepare(self, req: Any) -> _Job | Response | bytes:
-        """A model job, a finished popular answer (bytes), or an error response."""
+        """A model job, a finished popular answer (bytes), or an error response, for an items
+        request or a user request (see :func:`_request_model`)."""
         fallback = self.cfg.fallback_popular if req.fallback_popular is None else req.fallback_popular
-        if req.user is not None:
-            user = str(req.user)
-            index, _ = self.rec.dataset.user_map.encode([user])
-            if len(index) == 0:
-                if fallback:
-                    return self.render_popular(req.n, [], user)
-                return _error({"detail": f"unknown user '{shown(user)}'"}, 404)
-            inputs, lengths = self.rec.user_inputs(index)
-            exclude = self.rec.user_histories(index)[1] if req.exclude_seen else None
-            return _Job(inputs[0], int(lengths[0]), req.n, req.diversity_lambda, exclude, [], user)
-        raw = [str(r) for r in req.items]
+        if hasattr(req, "user"):
+            return self._prepare_user(req, str(req.user), fallback)
+        return self._prepare_items(req, [str(r) for r in req.items], fallback)
+
+    def _prepare_user(self, req: Any, user: str, fallback: bool) -> _Job | Response | bytes:
+        index, _ = self.rec.dataset.user_map.encode([user])
+        if len(index) == 0:
+            if fallback:
+                return self.render_popular(req.n, [], user)
+            return _error({"detail": f"unknown user '{shown(user)}'", "unknown_items": []}, 404)
+        inputs, lengths = self.rec.user_inputs(index)
+        exclude = self.rec.user_histories(index)[1] if req.exclude_seen else None
+        return _Job(inputs[0], int(lengths[0]), req.n, req.diversity_lambda, exclude, [], user)
+
+    def _prepare_items(self, req: Any, raw: list[str], fallback: bool) -> _Job | Response | bytes:
         ids, unknown = self.rec.dataset.item_map.encode(raw)
         if len(ids) == 0:
             if fallback:
@@ -134,7 +270,7 @@ class _Service:
             return _error(
                 {"detail": f"the items sequence {what}; send at least one known item id "
                            "(or set fallback_popular)", "unknown_items": [shown(u) for u in unknown]},
-                422,
+                404,
             )
         inputs, lengths = self.rec.sequence_inputs([ids])
         exclude = ids if req.exclude_seen else None
@@ -203,11 +339,7 @@ def create_app(rec: Recommender, cfg: ServeConfig, *, run: str = "") -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> Response:
-        # The default handler echoes the input back, which fails on NaN / Infinity and on
-        # unpaired surrogates; field names in "loc" come from the client too.
-        errors = [{"loc": [p if isinstance(p, int) else shown(p) for p in e["loc"]], "msg": shown(e["msg"]),
-                   "type": e["type"]} for e in exc.errors()]
-        return _error({"detail": errors}, 422)
+        return _validation_error(exc.errors(), request.headers.get("content-type"))
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -217,8 +349,8 @@ def create_app(rec: Recommender, cfg: ServeConfig, *, run: str = "") -> FastAPI:
     async def get_info() -> dict[str, Any]:
         return {**info, "batches": app.state.batcher.batches, "requests": app.state.batcher.items}
 
-    @app.post("/recommend")
-    async def recommend(req: RequestBody) -> Response:  # type: ignore[valid-type]
+    @app.post("/recommend", responses=RESPONSES)
+    async def recommend(req: Annotated[RequestBody, Body()]) -> Response:  # type: ignore[valid-type]
         job = service.prepare(req)
         if isinstance(job, Response):
             return job
@@ -231,17 +363,15 @@ def create_app(rec: Recommender, cfg: ServeConfig, *, run: str = "") -> FastAPI:
 
 
 def run_server(
-    run: str | Path,
+    rec: Recommender,
     cfg: ServeConfig,
     *,
-    factory: str | None = None,
-    nprobe: int | None = None,
-    ef_search: int | None = None,
-    device: str = "cpu",
+    run: str | Path = "",
     threads: int = 1,
     access_log: bool = False,
 ) -> None:
-    """Load ``run`` once, then serve it on ``cfg.host:cfg.port`` until interrupted.
+    """Serve ``rec`` (e.g. :meth:`Recommender.from_run`, loaded once) on ``cfg.host:cfg.port``
+    until interrupted; ``run`` names the run directory in ``GET /info`` and the start line.
 
     ``threads`` caps torch's and FAISS's CPU threads (1 suits a single-worker server:
     concurrency comes from micro-batching, not from intra-op threads).
@@ -251,7 +381,6 @@ def run_server(
 
     torch.set_num_threads(threads)
     faiss.omp_set_num_threads(threads)
-    rec = Recommender.from_run(run, factory=factory, nprobe=nprobe, ef_search=ef_search, device=device)
     app = create_app(rec, cfg, run=str(run))
     sock = bind(cfg.host, cfg.port)
     port = sock.getsockname()[1]

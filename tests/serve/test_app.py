@@ -152,11 +152,11 @@ def test_unknown_items_are_skipped_and_reported(server, dataset, batch_answers):
 def test_empty_or_unknown_sequences_and_users(server, dataset):
     client = Client(server)
     status, response = client.request("POST", "/recommend", {"items": []})
-    assert status == 422 and "empty" in response["detail"]
+    assert status == 404 and "empty" in response["detail"]
     status, response = client.request("POST", "/recommend", {"items": ["nope", "nada"]})
-    assert status == 422 and "no known item" in response["detail"] and response["unknown_items"] == ["nope", "nada"]
+    assert status == 404 and "no known item" in response["detail"] and response["unknown_items"] == ["nope", "nada"]
     status, response = client.request("POST", "/recommend", {"user": "ghost"})
-    assert status == 404 and "ghost" in response["detail"]
+    assert status == 404 and "ghost" in response["detail"] and response["unknown_items"] == []
 
     popular = [str(r) for r in dataset.item_raw[1 + np.argsort(-dataset.item_counts[1:], kind="stable")[:5]]]
     for body in ({"user": "ghost", "n": 5, "fallback_popular": True},
@@ -170,7 +170,6 @@ def test_empty_or_unknown_sequences_and_users(server, dataset):
 @pytest.mark.parametrize(
     "raw, field",
     [
-        (b'{"items": ["1"', None),  # not JSON
         (b'[1, 2]', None),  # not an object
         (b'{"items": ["1"], "user": "0"}', None),  # both inputs
         (b'{"n": 5}', None),  # neither
@@ -178,6 +177,9 @@ def test_empty_or_unknown_sequences_and_users(server, dataset):
         (b'{"items": ["1"], "n": 0}', "n"),
         (b'{"items": ["1"], "n": 101}', "n"),  # above serve.max_n
         (b'{"items": ["1"], "n": "many"}', "n"),
+        (b'{"items": ["1"], "n": "10"}', "n"),  # strict types: a string is not a number
+        (b'{"items": ["1"], "n": true}', "n"),
+        (b'{"items": ["1"], "exclude_seen": "yes"}', "exclude_seen"),
         (b'{"items": ["1"], "diversity_lambda": -0.1}', "diversity_lambda"),
         (b'{"items": ["1"], "diversity_lambda": NaN}', "diversity_lambda"),
         (b'{"items": [1.5]}', "items"),
@@ -190,6 +192,11 @@ def test_malformed_bodies_are_422(server, raw, field):
     assert response["detail"] and all({"loc", "msg", "type"} <= set(e) for e in response["detail"])
     if field is not None:
         assert any(field in e["loc"] for e in response["detail"])
+
+
+def test_a_body_that_is_not_json_is_a_400(server):
+    status, response = Client(server).request("POST", "/recommend", raw=b'{"items": ["1"')
+    assert status == 400 and response["detail"].startswith("the body is not valid JSON: ")
 
 
 def test_n_and_diversity(server, dataset, tiny_run):

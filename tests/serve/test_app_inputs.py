@@ -26,10 +26,10 @@ def post(client, raw: bytes):
     return client.post("/recommend", content=raw, headers={"content-type": "application/json"})
 
 
-def test_lone_surrogate_item_is_a_422_not_a_500(client):
-    """Was: HTTP 500, UnicodeEncodeError while building the 422 answer."""
+def test_lone_surrogate_item_is_a_404_not_a_500(client):
+    """Was: HTTP 500, UnicodeEncodeError while building the error answer."""
     resp = post(client, b'{"items": ["\\ud800"]}')
-    assert resp.status_code == 422
+    assert resp.status_code == 404
     body = resp.json()
     assert "no known item" in body["detail"] and body["unknown_items"] == ["\\ud800"]
     resp = post(client, b'{"items": ["1"], "\\udfff": 1}')  # an unknown field with a surrogate name

@@ -58,7 +58,7 @@ def _requests(ds: Dataset, rng: random.Random):
         elif kind < 0.7:
             body, ok = {"user": "ghost-" + "x" * rng.randint(1, 100_000)}, {404}
         elif kind < 0.8:
-            body, ok = {"items": ["\ud800", "nope"]}, {422}
+            body, ok = {"items": ["\ud800", "nope"]}, {404}
         elif kind < 0.9:
             body, ok = {"user": rng.choice(users), "diversity_lambda": rng.choice([-1, 1e308])}, {422}
         else:
