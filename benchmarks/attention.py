@@ -33,7 +33,7 @@ import triton
 
 import recsys
 from recsys.kernels import attention
-from recsys.kernels.triton_attention import FUSED_MAX_LQ, backward_paths, best_configs
+from recsys.kernels.attention.triton import FUSED_MAX_LQ, backward_paths, best_configs
 
 from timing import graph_ms_or_nan, interleaved_launch_ms, launch_ms, ratio_table  # benchmarks/ is on sys.path when run as a script
 

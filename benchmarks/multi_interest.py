@@ -29,7 +29,7 @@ from timing import graph_ms, graph_ms_or_nan, interleaved_launch_ms, ratio_table
 from timing import launch_ms as median_ms
 
 from recsys.kernels import multi_interest
-from recsys.kernels.triton_multi_interest import (
+from recsys.kernels.multi_interest.triton import (
     BackwardConfig,
     ForwardConfig,
     LaunchConfig,

@@ -54,9 +54,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from recsys.config import DataConfig
+from recsys.config import DATA_FORMATS, DataConfig
 
-FORMATS = ("csv", "tsv", "parquet", "comirec", "movielens", "sequences")
 _DATA_SUFFIXES = {".csv", ".tsv", ".parquet", ".pq", ".txt", ".dat", ""}
 _CATEGORY_NAME = re.compile(r"item_?cate|categor", re.IGNORECASE)
 _COMIREC_PART = re.compile(r"^(?P<prefix>.+)_(?:train|valid|test)\.txt$")
@@ -79,8 +78,8 @@ def read_interactions(cfg: DataConfig) -> pd.DataFrame:
     Returns a DataFrame ``[n_clicks]`` with columns ``user``, ``item``, ``time`` and, when
     known, ``category`` (see the module docstring), in the source's row order.
     """
-    if cfg.format not in ("auto", *FORMATS):
-        raise DataError(f"data.format: {cfg.format!r} is not one of {['auto', *FORMATS]}")
+    if cfg.format not in ("auto", *DATA_FORMATS):
+        raise DataError(f"data.format: {cfg.format!r} is not one of {['auto', *DATA_FORMATS]}")
     source = Path(cfg.source)
     if not source.exists():
         raise DataError(f"data.source: {source} does not exist")

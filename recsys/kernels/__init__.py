@@ -1,11 +1,22 @@
-"""Attention kernels: Triton implementations, their PyTorch twins and the dispatcher.
+"""The kernels: one folder per op, each with its public function and argument checks
+(``op.py``, ``checks.py``), its Triton kernels (``triton.py``) and its PyTorch twin
+(``reference.py``); :mod:`recsys.kernels.common` holds what the ops share (backend choice, the
+launch path of the Triton kernels, the twins' helpers).
 
-``attention``, ``multi_interest`` and ``max_interest_scores`` (from :mod:`recsys.kernels.dispatch`)
-are the public entry points; :mod:`recsys.kernels.triton_attention`,
-:mod:`recsys.kernels.triton_multi_interest` and :mod:`recsys.kernels.triton_max_scores` hold the
-Triton kernels, :mod:`recsys.kernels.reference` their PyTorch twins.
+Ops: :func:`attention`, :func:`multi_interest`, :func:`max_interest_scores`. Each takes
+``backend="auto" | "triton" | "torch"`` (:func:`triton_available` says where Triton runs).
+
+The op folders share their functions' names, so ``recsys.kernels.attention`` is the function;
+reach an op's modules by ``from recsys.kernels.attention import triton``.
 """
 
-from recsys.kernels.dispatch import attention, max_interest_scores, multi_interest, triton_available
+from recsys.kernels.attention import attention, attention_ref
+from recsys.kernels.common.backend import BACKENDS, triton_available
+from recsys.kernels.common.reference import length_softmax
+from recsys.kernels.max_interest_scores import max_interest_scores, max_interest_scores_ref
+from recsys.kernels.multi_interest import cap_scores, multi_interest, multi_interest_ref
 
-__all__ = ["attention", "max_interest_scores", "multi_interest", "triton_available"]
+__all__ = [
+    "BACKENDS", "attention", "attention_ref", "cap_scores", "length_softmax", "max_interest_scores",
+    "max_interest_scores_ref", "multi_interest", "multi_interest_ref", "triton_available",
+]

@@ -123,7 +123,7 @@ Variant = tuple[str, Any, dict, int, int, str] | tuple[str, Any, dict, int, int,
 
 def bench_variants() -> list[Variant]:
     """The H200 bench's kernels (bf16, D = 64) in configurations the autotuner picks or may pick."""
-    from recsys.kernels import triton_attention as attn
+    from recsys.kernels.attention import triton as attn
 
     fwd, dq, dkdv = attn._fwd_kernel, attn._bwd_dq_kernel, attn._bwd_dkdv_kernel
     return [
@@ -143,7 +143,7 @@ def bench_variants() -> list[Variant]:
 def flag_variants() -> list[Variant]:
     """Every kernel with causal masking and soft-capping, and without lengths at a padded head dim
     (fp16; fp32's IEEE products add compile time, not other code paths in these kernels)."""
-    from recsys.kernels import triton_attention as attn
+    from recsys.kernels.attention import triton as attn
 
     out = []
     for dtype in ("fp16",):
@@ -162,7 +162,7 @@ def flag_variants() -> list[Variant]:
 
 def max_score_variants() -> list[Variant]:
     """The max-over-interests score kernels at the training step's launch (bf16 and fp32, d = 64)."""
-    from recsys.kernels import triton_max_scores as ms
+    from recsys.kernels.max_interest_scores import triton as ms
 
     out = []
     for dtype in ("bf16", "fp32"):
@@ -176,8 +176,8 @@ def max_score_variants() -> list[Variant]:
 def multi_interest_variants() -> list[Variant]:
     """The multi-interest kernels at the default launches of the H200 bench (bf16, d = 64, hidden =
     256, K = 4, positions on, programmatic dependent launch): ``gpu_forward_config`` and
-    ``gpu_backward_config`` of :mod:`recsys.kernels.triton_multi_interest`, register caps included."""
-    from recsys.kernels import triton_multi_interest as mi
+    ``gpu_backward_config`` of :mod:`recsys.kernels.multi_interest.triton`, register caps included."""
+    from recsys.kernels.multi_interest import triton as mi
 
     cfg, fwd = mi.gpu_backward_config(50, 64, 256), mi.gpu_forward_config(50, 64, 256)
     blocks = {"BLOCK_D": 64, "BLOCK_K": 16, "TANH_MODE": 1, "PRECISION": "tf32", "HAS_POS": True}

@@ -17,11 +17,9 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from kernel_accuracy import assert_within_twice_twin  # tests/kernels is on sys.path
-from recsys.kernels import attention
-from recsys.kernels.triton_attention import triton_attention
-from recsys.kernels.reference import attention_ref
-
-import recsys.kernels.triton_attention as kernel_module
+from recsys.kernels import attention, attention_ref
+from recsys.kernels.attention import triton as kernel_module
+from recsys.kernels.attention.triton import triton_attention
 
 CUDA = torch.cuda.is_available()
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"

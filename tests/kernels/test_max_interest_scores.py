@@ -19,7 +19,7 @@ if not torch.cuda.is_available():
 
 from kernel_accuracy import assert_within_twice_twin  # noqa: E402  (tests/kernels is on sys.path)
 from recsys.kernels import max_interest_scores  # noqa: E402
-from recsys.kernels.triton_max_scores import BLOCK_B, BLOCK_S, max_interest_scores_op  # noqa: E402
+from recsys.kernels.max_interest_scores.triton import BLOCK_B, BLOCK_S, max_interest_scores_op  # noqa: E402
 from recsys.train.losses import negative_logits, sampled_softmax_loss  # noqa: E402
 
 CUDA = torch.cuda.is_available()

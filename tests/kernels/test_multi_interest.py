@@ -20,15 +20,14 @@ if not torch.cuda.is_available():
 
 import triton  # noqa: E402 - after TRITON_INTERPRET is set
 from kernel_accuracy import assert_within_twice_twin  # tests/kernels is on sys.path
-from recsys.kernels import multi_interest
-from recsys.kernels import triton_multi_interest as tmi
-from recsys.kernels.triton_multi_interest import (
+from recsys.kernels import length_softmax, multi_interest, multi_interest_ref
+from recsys.kernels.multi_interest import triton as tmi
+from recsys.kernels.multi_interest.triton import (
     _mi_rows_kernel,
     multi_interest_backward,
     multi_interest_forward,
     triton_multi_interest,
 )
-from recsys.kernels.reference import length_softmax, multi_interest_ref
 
 CUDA = torch.cuda.is_available()
 gpu = pytest.mark.gpu
@@ -469,8 +468,8 @@ os.environ["TRITON_INTERPRET"] = "1"
 import triton.language.extra.cuda
 sys.modules["triton.language.extra.cuda"] = types.ModuleType("triton.language.extra.cuda")  # no gdc_*
 import torch
-from recsys.kernels import triton_multi_interest as tmi
-from recsys.kernels.reference import multi_interest_ref
+from recsys.kernels import multi_interest_ref
+from recsys.kernels.multi_interest import triton as tmi
 assert tmi.HAS_PDL is False
 g = torch.Generator().manual_seed(0)
 h, w1, w2, pos = (torch.randn(*s, generator=g) for s in ((3, 5, 16), (16, 32), (32, 2), (5, 16)))

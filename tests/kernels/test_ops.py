@@ -17,12 +17,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import recsys.kernels.triton_attention as attention_module  # noqa: E402
-import recsys.kernels.triton_multi_interest as multi_interest_module  # noqa: E402
 from recsys.config import ModelConfig  # noqa: E402
 from recsys.kernels import attention, multi_interest  # noqa: E402
-import recsys.kernels.launch as launch_module  # noqa: E402
-from recsys.kernels.launch import Kernel, Launch  # noqa: E402
+from recsys.kernels.attention import triton as attention_module  # noqa: E402
+from recsys.kernels.common import launch as launch_module  # noqa: E402
+from recsys.kernels.common.launch import Kernel, Launch  # noqa: E402
+from recsys.kernels.multi_interest import triton as multi_interest_module  # noqa: E402
 from recsys.models import build_model  # noqa: E402
 
 CUDA = torch.cuda.is_available()

@@ -209,7 +209,7 @@ def test_float_sequence_is_refused():
 def test_capsule_models_report_their_routing_as_attention_in_click_order(name):
     """``interests_with_attention``: the same interests, and scores whose softmax over the valid
     clicks is each capsule's share of every click (``w_kl / sum_l w_kl``), in click order."""
-    from recsys.kernels.reference import length_softmax
+    from recsys.kernels import length_softmax
     from recsys.nn.masking import recency_index
 
     model = _build(name).eval()

@@ -40,8 +40,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from recsys.kernels.dispatch import check_attention_args
-from recsys.kernels.launch import MAX_KEYS, Kernel, Launch, aligned
+from recsys.kernels.attention.checks import check_attention_args
+from recsys.kernels.attention.reference import attention_ref
+from recsys.kernels.common.launch import MAX_KEYS, Kernel, Launch, aligned
 
 LOG2E = 1.4426950408889634
 TAIL_M: tl.constexpr = tl.constexpr(16)  # rows of the tile for a last, partial query block (block sizes >= 16)
@@ -825,8 +826,6 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, key_lengths: Tensor | None,
     """:func:`triton_attention` on arguments the caller has checked (as :func:`recsys.kernels.attention`
     does): the launched path, with the fewest host steps."""
     if q.numel() == 0 or k.numel() == 0:
-        from recsys.kernels.reference import attention_ref
-
         return attention_ref(q, k, v, key_lengths=key_lengths, causal=causal, scale=scale, softcap=softcap)
     lens = key_lengths  # the kernels read any integer dtype: no cast launch
     if lens is not None and (lens.device != q.device or lens.stride(0) != 1):

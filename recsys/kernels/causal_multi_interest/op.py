@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from recsys.kernels.causal_multi_interest.reference import causal_multi_interest_ref
-from recsys.kernels.dispatch import _check_lengths, _use_triton
+from recsys.kernels.common.backend import check_lengths, use_triton
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_DIM = 256  # d held in registers per program
@@ -41,7 +41,7 @@ def check_args(h: Tensor, scores: Tensor, lengths: Tensor) -> None:
         raise ValueError(f"h and scores must be floating point, got {h.dtype} and {scores.dtype}")
     if h.device != scores.device:
         raise ValueError(f"h and scores are on different devices: {h.device}, {scores.device}")
-    _check_lengths(lengths, h.shape[0], "lengths")
+    check_lengths(lengths, h.shape[0], "lengths")
 
 
 def triton_supports(h: Tensor, scores: Tensor) -> bool:
@@ -78,7 +78,7 @@ def causal_multi_interest(h: Tensor, scores: Tensor, lengths: Tensor, *, backend
         h = h.to(torch.get_autocast_dtype(device_type))
     lengths = lengths.to(h.device)
     with torch.autocast(device_type, enabled=False):
-        if _use_triton(backend, h.device):
+        if use_triton(backend, h.device):
             if triton_supports(h, scores):
                 return causal_multi_interest_op(h.contiguous(), scores.contiguous(), lengths.contiguous())[0]
             if backend == "triton":

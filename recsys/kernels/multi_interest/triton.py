@@ -68,7 +68,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from recsys.kernels.launch import MAX_KEYS, Kernel, Launch, aligned
+from recsys.kernels.common.launch import MAX_KEYS, Kernel, Launch, aligned
 
 try:  # grid dependency control, for programmatic dependent launch (Triton >= 3.3)
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -666,7 +666,7 @@ Plan = dict[str, tuple[Launch, tuple]]  # kernel name -> (its launch, its run-ti
 
 
 def _key(h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None, score_cap: float | None) -> tuple:
-    """Problem key (see :mod:`recsys.kernels.launch`): everything the integer arguments, pointer
+    """Problem key (see :mod:`recsys.kernels.common.launch`): everything the integer arguments, pointer
     specialisations and compile-time arguments of the launches depend on, but the launch config."""
     return (h.device, h.dtype, h.shape, h.stride(), w1.dtype, w1.shape, w1.stride(), w2.stride(), lengths.dtype,
             None if pos is None else (pos.dtype, pos.shape, pos.stride()), bool(score_cap),
