@@ -162,7 +162,7 @@ def run_client(args: argparse.Namespace) -> None:
 
 
 def ensure_run(args: argparse.Namespace) -> Path:
-    from recsys.run import RunDir, build_run_index, load_run
+    from recsys.run import RunDir, build_run_index, load_run, retrieval_settings
 
     if args.run:
         run = Path(args.run)
@@ -175,8 +175,9 @@ def ensure_run(args: argparse.Namespace) -> Path:
             make_random_run(run, [f"synthetic.num_items={args.items}"], spread=args.spread)
     if not RunDir(run).index_files(args.factory)[0].exists():
         print(f"building {args.factory} for {run} ...", flush=True)
-        report = build_run_index(load_run(run), args.factory, nprobe=args.nprobe, ef_search=args.ef_search,
-                                 log=print)
+        loaded = load_run(run)
+        settings = retrieval_settings(loaded, args.factory, nprobe=args.nprobe, ef_search=args.ef_search, saved=False)
+        report = build_run_index(loaded, settings, log=print)
         print(f"  built in {report.build_s:.1f}s, recall@50 vs exact {report.recall:.3f}", flush=True)
     return run
 

@@ -32,7 +32,7 @@ from recsys.data.synthetic import planted_for
 from recsys.evaluate.diagnostics import interest_health
 from recsys.evaluate.evaluator import evaluate_with_config
 from recsys.retrieval.aggregate import check_lambda
-from recsys.run import IndexReport, LoadedRun, build_experiment, build_run_index, load_run
+from recsys.run import IndexReport, LoadedRun, build_experiment, build_run_index, load_run, retrieval_settings
 from recsys.serve.batch import recommend_table, resolve_users
 from recsys.serve.recommender import Recommender
 
@@ -161,9 +161,10 @@ class Run:
                   log: Log | None = None, progress: bool = False) -> Run:
         """Make :meth:`recommend` search with ``factory`` (default the run's
         ``retrieval.factory``): the saved index when it matches the weights, else built in
-        memory. Returns ``self``."""
-        self._recommender = Recommender.of_run(self._run, factory, nprobe=nprobe, ef_search=ef_search,
-                                               log=log or (lambda _: None), progress=progress)
+        memory; searched with the saved index's ``nprobe`` / ``ef_search``, or the run's,
+        unless given here. Returns ``self``."""
+        settings = retrieval_settings(self._run, factory, nprobe=nprobe, ef_search=ef_search)
+        self._recommender = Recommender.of_run(self._run, settings, log=log or (lambda _: None), progress=progress)
         return self
 
     def index(self, factory: str | None = None, *, nprobe: int | None = None, ef_search: int | None = None,
@@ -171,16 +172,13 @@ class Run:
               progress: bool = False) -> IndexReport:
         """Build the FAISS index ``factory`` (e.g. ``"HNSW32,Flat"``; default the run's
         ``retrieval.factory``), save it in the run directory, measure its recall@``n`` against
-        exact search on the test users, and use it for :meth:`recommend` from now on."""
-        rc = self.config.retrieval
-        report = build_run_index(
-            self._run, factory or rc.factory,
-            nprobe=rc.nprobe if nprobe is None else nprobe,
-            ef_search=rc.ef_search if ef_search is None else ef_search,
-            ef_construction=rc.ef_construction if ef_construction is None else ef_construction,
-            n=n, log=log or (lambda _: None), progress=progress,
-        )
-        self.use_index(report.requested_factory, log=log)
+        exact search on the test users, and use it for :meth:`recommend` from now on. Settings
+        not given here are the run's ``retrieval`` ones."""
+        settings = retrieval_settings(self._run, factory, nprobe=nprobe, ef_search=ef_search,
+                                      ef_construction=ef_construction, saved=False)
+        log = log or (lambda _: None)
+        report = build_run_index(self._run, settings, n=n, log=log, progress=progress)
+        self._recommender = Recommender.of_run(self._run, settings, log=log)
         return report
 
     def recommend(

@@ -288,15 +288,17 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve a run over HTTP (needs the serve extra)."""
     from recsys.device import resolve_device
-    from recsys.serve.app import run_server
+    from recsys.serve.app import run_server  # first: a missing serve extra fails before any work
+    from recsys.serve.recommender import Recommender
 
     device = resolve_device(args.device, "--device")  # before the run is read
     cfg = _run_config(args.run)
     overrides = [f"serve.{key}={value}" for key, value in
                  (("host", args.host), ("port", args.port)) if value is not None] + list(args.overrides)
     apply_overrides(cfg, overrides)
-    run_server(args.run, cfg.serve, factory=args.factory, nprobe=args.nprobe, ef_search=args.ef_search,
-               device=device, threads=args.threads, access_log=args.access_log)
+    rec = Recommender.from_run(args.run, factory=args.factory, nprobe=args.nprobe, ef_search=args.ef_search,
+                               device=device)
+    run_server(rec, cfg.serve, run=args.run, threads=args.threads, access_log=args.access_log)
     return 0
 
 

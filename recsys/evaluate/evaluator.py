@@ -13,12 +13,14 @@ candidates from each interest's top ``max(topn)``, as ComiRec does with ``topN =
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from recsys.config import Config, RetrievalConfig
 from recsys.device import model_device, to_device
 from recsys.evaluate.metrics import (
     category_diversity,
@@ -31,7 +33,6 @@ from recsys.progress import progress_bar
 from recsys.retrieval.index import Retriever
 
 if TYPE_CHECKING:
-    from recsys.config import Config
     from recsys.data.split import EvalSet
     from recsys.models.base import InterestModel
 
@@ -48,16 +49,13 @@ def evaluate(
     eval_set: EvalSet,
     *,
     topn: Sequence[int] = (20, 50),
-    retriever_factory: str = "Flat",
-    backend: str = "auto",
+    retrieval: RetrievalConfig | None = None,
+    backend: str | None = None,
     exclude_history: bool = False,
     comirec_ndcg: bool = False,
     item_category: np.ndarray | None = None,
     diversity_lambda: float = 0.0,
     batch_size: int = 2048,
-    nprobe: int = 16,
-    ef_search: int = 128,
-    ef_construction: int = 80,
     progress: bool = False,
 ) -> dict[str, float]:
     """Recall / NDCG / HitRate (and diversity, coverage) at each ``n`` in ``topn``.
@@ -66,11 +64,11 @@ def evaluate(
         model: an :class:`InterestModel`; put in eval mode for the call (its mode is restored).
         eval_set: input sequences ``inputs [U, L]`` / ``lengths [U]`` and truth CSR.
         topn: cutoffs; the search retrieves ``max(topn)`` items per user.
-        retriever_factory: the FAISS ``index_factory`` string of the item index (see :class:`Retriever`).
-        backend: ``"auto" | "faiss" | "torch"``, where the search runs (see :class:`Retriever`).
-        nprobe: IVF lists searched per query.
-        ef_search: HNSW search beam width.
-        ef_construction: HNSW build beam.
+        retrieval: the item index to search: factory, backend, ``nprobe``, ``ef_search``,
+            ``ef_construction`` (a run config's ``retrieval`` section; see :class:`Retriever`);
+            default ``RetrievalConfig()``, exact search.
+        backend: ``"auto" | "faiss" | "torch"``, overriding ``retrieval.backend`` (e.g.
+            ``"torch"``: exact search where the model lives).
         exclude_history: drop each user's input clicks from the recommendations
             (ComiRec does not; off by default).
         comirec_ndcg: ComiRec's NDCG variant (see :mod:`recsys.evaluate.metrics`).
@@ -102,6 +100,9 @@ def evaluate(
             f"entries for {num_users} users (expected {num_users} and {num_users + 1})"
         )
     n_max = max(topn)
+    settings = retrieval if retrieval is not None else RetrievalConfig()
+    if backend is not None:
+        settings = dataclasses.replace(settings, backend=backend)
     device = model_device(model)
     was_training = model.training
     model.eval()
@@ -109,10 +110,7 @@ def evaluate(
         with torch.no_grad():
             item_emb = model.item_embeddings()
             num_items = int(item_emb.shape[0])
-            retriever = Retriever(
-                item_emb, retriever_factory, backend, nprobe, ef_search, ef_construction=ef_construction,
-                item_category=item_category,
-            )
+            retriever = Retriever(item_emb, settings, item_category=item_category)
             with progress_bar(num_users, "evaluate", enabled=progress, unit="users") as bar:  # closed on errors too
                 if retriever.on_device and diversity_lambda == 0:
                     ids = _top_on_device(model, retriever, eval_set, n_max, exclude_history, batch_size, device, bar)
@@ -196,16 +194,12 @@ def evaluate_with_config(
         model,
         eval_set,
         topn=tuple(cfg.eval.topn),
-        retriever_factory=cfg.retrieval.factory,
-        backend=cfg.retrieval.backend,
+        retrieval=cfg.retrieval,
         exclude_history=cfg.eval.exclude_history,
         comirec_ndcg=cfg.eval.comirec_ndcg,
         item_category=item_category,
         diversity_lambda=cfg.eval.diversity_lambda,
         batch_size=cfg.eval.batch_size,
-        nprobe=cfg.retrieval.nprobe,
-        ef_search=cfg.retrieval.ef_search,
-        ef_construction=cfg.retrieval.ef_construction,
         progress=progress,
     )
 

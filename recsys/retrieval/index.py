@@ -17,6 +17,9 @@ Backends:
   embeddings' device (CPU or CUDA). It returns the same items as FAISS ``Flat`` (up to ties
   and float rounding of equal scores).
 * ``auto``: torch for ``Flat`` over CUDA embeddings or when FAISS is not installed, else FAISS.
+
+The settings (factory, backend, ``nprobe``, ``ef_search``, ``ef_construction``) travel as one
+:class:`~recsys.config.RetrievalConfig`, the run config's ``retrieval`` section.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from recsys.config import RetrievalConfig
 from recsys.progress import progress_bar
 from recsys.retrieval.aggregate import diverse_merge, max_merge
 
@@ -67,40 +71,33 @@ def _as_float32_numpy(x: np.ndarray | torch.Tensor, name: str) -> np.ndarray:
     return x
 
 
-def set_search_params(index: Any, *, nprobe: int | None = None, ef_search: int | None = None) -> None:
-    """Set ``nprobe`` (IVF indexes) and ``efSearch`` (HNSW indexes) where ``index`` has them."""
+def set_search_params(index: Any, settings: RetrievalConfig) -> None:
+    """Set ``settings.nprobe`` (IVF indexes) and ``settings.ef_search`` (HNSW indexes) where
+    ``index`` has them."""
     faiss = _faiss()
-    if nprobe is not None:
-        if nprobe <= 0:
-            raise ValueError(f"retrieval.nprobe: must be > 0, got {nprobe}")
-        ivf = faiss.try_extract_index_ivf(index)
-        if ivf is not None:
-            ivf.nprobe = min(nprobe, ivf.nlist)
-    if ef_search is not None:
-        if ef_search <= 0:
-            raise ValueError(f"retrieval.ef_search: must be > 0, got {ef_search}")
-        inner = faiss.downcast_index(index)
-        if hasattr(inner, "hnsw"):
-            inner.hnsw.efSearch = ef_search
+    if settings.nprobe <= 0:
+        raise ValueError(f"retrieval.nprobe: must be > 0, got {settings.nprobe}")
+    if settings.ef_search <= 0:
+        raise ValueError(f"retrieval.ef_search: must be > 0, got {settings.ef_search}")
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:
+        ivf.nprobe = min(settings.nprobe, ivf.nlist)
+    inner = faiss.downcast_index(index)
+    if hasattr(inner, "hnsw"):
+        inner.hnsw.efSearch = settings.ef_search
 
 
-def build_index(
-    item_emb: np.ndarray | torch.Tensor,
-    factory: str = "Flat",
-    *,
-    nprobe: int = 16,
-    ef_search: int = 128,
-    ef_construction: int = 80,
-    progress: bool = False,
-) -> Any:
+def build_index(item_emb: np.ndarray | torch.Tensor, settings: RetrievalConfig, *, progress: bool = False) -> Any:
     """A FAISS inner-product index over ``item_emb [N, d]`` rows ``1..N-1`` (label ``j`` = item ``j+1``).
 
-    ``factory`` is a FAISS ``index_factory`` string; indexes that need training (IVF, PQ)
-    are trained on the same embeddings. ``ef_construction`` is the HNSW graph's build beam
-    (ignored by other indexes): wider builds slower and finds better neighbours. ``progress``
-    shows a bar over the vectors added (on a terminal).
+    ``settings.factory`` is a FAISS ``index_factory`` string; indexes that need training (IVF,
+    PQ) are trained on the same embeddings. ``settings.ef_construction`` is the HNSW graph's
+    build beam (ignored by other indexes): wider builds slower and finds better neighbours; the
+    search settings are applied as :func:`set_search_params` does. ``progress`` shows a bar
+    over the vectors added (on a terminal).
     """
     faiss = _faiss()
+    factory, ef_construction = settings.factory, settings.ef_construction
     emb = _as_float32_numpy(item_emb, "item_emb")
     if emb.ndim != 2 or emb.shape[0] < 2:
         raise ValueError(f"item_emb: expected [num_items >= 2, d] (row 0 = padding), got {emb.shape}")
@@ -129,7 +126,7 @@ def build_index(
         for start in range(0, len(vectors), _ADD_CHUNK):
             index.add(vectors[start : start + _ADD_CHUNK])
             bar.update(min(_ADD_CHUNK, len(vectors) - start))
-    set_search_params(index, nprobe=nprobe, ef_search=ef_search)
+    set_search_params(index, settings)
     return index
 
 
@@ -175,14 +172,13 @@ def save_index(index: Any, path: str | Path) -> None:
     _faiss().write_index(index, str(path))
 
 
-def load_index(path: str | Path, *, nprobe: int | None = None, ef_search: int | None = None) -> Any:
-    """Read an index written by :func:`save_index`, then set its search parameters."""
+def load_index(path: str | Path) -> Any:
+    """Read an index written by :func:`save_index` (with the search settings it was saved with;
+    :meth:`Retriever.from_index` can set others)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"index file not found: {path}")
-    index = _faiss().read_index(str(path))
-    set_search_params(index, nprobe=nprobe, ef_search=ef_search)
-    return index
+    return _faiss().read_index(str(path))
 
 
 def _exclude_keys(exclude: Exclude, bsz: int, stride: int) -> tuple[np.ndarray, int]:
@@ -216,36 +212,32 @@ class Retriever:
     Args:
         item_emb: ``[num_items, d]`` (numpy or torch; row 0 = padding, never returned).
             The torch backend keeps a torch tensor on its device (CUDA works).
-        factory: FAISS ``index_factory`` string; the torch backend needs ``"Flat"``.
-        backend: ``"auto" | "faiss" | "torch"`` (see the module docstring).
-        nprobe, ef_search: search-time parameters of IVF / HNSW indexes.
-        ef_construction: the HNSW build beam (see :func:`build_index`).
+        settings: the factory (a FAISS ``index_factory`` string; the torch backend needs
+            ``"Flat"``), the backend (``"auto" | "faiss" | "torch"``, see the module docstring),
+            the search settings of IVF / HNSW indexes and the HNSW build beam (see
+            :func:`build_index`); default ``RetrievalConfig()``, exact search.
         item_category: ``[num_items]`` int categories, needed for ``diversity_lambda > 0``.
     """
 
     def __init__(
         self,
         item_emb: np.ndarray | torch.Tensor,
-        factory: str = "Flat",
-        backend: str = "auto",
-        nprobe: int = 16,
-        ef_search: int = 128,
+        settings: RetrievalConfig | None = None,
         *,
-        ef_construction: int = 80,
         item_category: np.ndarray | None = None,
     ) -> None:
+        settings = settings if settings is not None else RetrievalConfig()
         if item_emb.ndim != 2 or item_emb.shape[0] < 2:
             raise ValueError(f"item_emb: expected [num_items >= 2, d] (row 0 = padding), got {tuple(item_emb.shape)}")
-        backend = self.resolve_backend(backend, factory, item_emb)
+        backend = self.resolve_backend(settings, item_emb)
         self.backend = backend
-        self.factory = factory
+        self.factory = settings.factory
         self.num_items, self.dim = int(item_emb.shape[0]), int(item_emb.shape[1])
         self.item_category = _check_categories(item_category, self.num_items)
         self.index: Any = None
         self._emb: torch.Tensor | None = None
         if backend == "faiss":
-            self.index = build_index(item_emb, factory, nprobe=nprobe, ef_search=ef_search,
-                                     ef_construction=ef_construction)
+            self.index = build_index(item_emb, settings)
         else:
             emb = item_emb if isinstance(item_emb, torch.Tensor) else torch.from_numpy(np.asarray(item_emb))
             emb = emb.detach().float()
@@ -254,9 +246,10 @@ class Retriever:
             self._emb = emb.contiguous()
 
     @staticmethod
-    def resolve_backend(backend: str, factory: str, item_emb: np.ndarray | torch.Tensor) -> str:
-        """``"torch"`` or ``"faiss"``: what ``backend`` (``auto``: torch for ``Flat`` over CUDA
-        embeddings or without FAISS) means for ``factory`` over ``item_emb``."""
+    def resolve_backend(settings: RetrievalConfig, item_emb: np.ndarray | torch.Tensor) -> str:
+        """``"torch"`` or ``"faiss"``: what ``settings.backend`` (``auto``: torch for ``Flat``
+        over CUDA embeddings or without FAISS) means for ``settings.factory`` over ``item_emb``."""
+        backend, factory = settings.backend, settings.factory
         if backend not in _BACKENDS:
             raise ValueError(f"retrieval.backend: {backend!r} is not one of {list(_BACKENDS)}")
         is_flat = factory.strip() == "Flat"
@@ -271,15 +264,18 @@ class Retriever:
     def from_index(
         cls,
         index: Any,
+        settings: RetrievalConfig | None = None,
         *,
-        nprobe: int | None = None,
-        ef_search: int | None = None,
         item_category: np.ndarray | None = None,
     ) -> Retriever:
-        """Wrap a FAISS index from :func:`build_index` / :func:`load_index` (no embeddings needed)."""
+        """Wrap a FAISS index from :func:`build_index` / :func:`load_index` (no embeddings
+        needed), searched with ``settings``' ``nprobe`` / ``ef_search`` (default: the index's
+        own); ``settings.factory`` should be the string the index was built from (kept for display)."""
         self = cls.__new__(cls)
-        set_search_params(index, nprobe=nprobe, ef_search=ef_search)
-        self.backend, self.factory, self.index, self._emb = "faiss", "", index, None
+        if settings is not None:
+            set_search_params(index, settings)
+        factory = settings.factory if settings is not None else ""
+        self.backend, self.factory, self.index, self._emb = "faiss", factory, index, None
         self.num_items, self.dim = int(index.ntotal) + 1, int(index.d)
         self.item_category = _check_categories(item_category, self.num_items)
         return self

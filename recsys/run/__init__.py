@@ -10,10 +10,10 @@
 
 from recsys.io import IntegrityError
 from recsys.run.experiment import Experiment, LoadedRun, build_experiment, load_run, train_item_counts
-from recsys.run.index import IndexReport, build_run_index, open_run_index
+from recsys.run.index import IndexReport, build_run_index, open_run_index, retrieval_settings
 from recsys.run.layout import RunDir, index_slug, new_run_dir
 
 __all__ = [
     "Experiment", "IndexReport", "IntegrityError", "LoadedRun", "RunDir", "build_experiment", "build_run_index",
-    "index_slug", "load_run", "new_run_dir", "open_run_index", "train_item_counts",
+    "index_slug", "load_run", "new_run_dir", "open_run_index", "retrieval_settings", "train_item_counts",
 ]

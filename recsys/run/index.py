@@ -14,10 +14,15 @@ Both are recorded in the run's manifest (:mod:`recsys.io.manifest`). :func:`open
 saved index when its embedding hash matches the weights, and otherwise builds the index in
 memory. IVF factories are clamped to what the catalogue can train
 (:func:`recsys.retrieval.index.clamp_ivf`), with a warning.
+
+The settings travel as one :class:`~recsys.config.RetrievalConfig`; :func:`retrieval_settings`
+is where the options a user gives (``--factory``, ``--nprobe``, ...) meet the run's
+``retrieval`` section and a saved index's own settings.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -27,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from recsys.config import RetrievalConfig, with_values
 from recsys.retrieval.index import (
     Retriever,
     ann_recall,
@@ -39,7 +45,7 @@ from recsys.retrieval.index import (
 from recsys.run.experiment import LoadedRun
 from recsys.io import IntegrityError
 
-__all__ = ["IndexReport", "build_run_index", "open_run_index"]
+__all__ = ["IndexReport", "build_run_index", "open_run_index", "retrieval_settings"]
 
 Log = Callable[[str], None]
 
@@ -71,17 +77,65 @@ class IndexReport:
     created: str
 
 
-def _build(emb: np.ndarray, factory: str, nprobe: int, ef_search: int, ef_construction: int,
-           log: Log, progress: bool) -> tuple[Any, str, float]:
-    """Build ``factory`` (IVF lists clamped to the catalogue, with a warning) over ``emb``:
-    ``(index, factory as built, build seconds)``."""
-    built_factory, warning = clamp_ivf(factory, len(emb) - 1)
+def _build(emb: np.ndarray, settings: RetrievalConfig, log: Log, progress: bool) -> tuple[Any, RetrievalConfig, float]:
+    """Build ``settings.factory`` (IVF lists clamped to the catalogue, with a warning) over
+    ``emb [N, d]``: ``(index, the settings as built, build seconds)``."""
+    built_factory, warning = clamp_ivf(settings.factory, len(emb) - 1)
     if warning:
         log(f"warning: {warning}")
+    built = dataclasses.replace(settings, factory=built_factory)
     t0 = time.perf_counter()
-    index = build_index(emb, built_factory, nprobe=nprobe, ef_search=ef_search, ef_construction=ef_construction,
-                        progress=progress)
-    return index, built_factory, time.perf_counter() - t0
+    index = build_index(emb, built, progress=progress)
+    return index, built, time.perf_counter() - t0
+
+
+def retrieval_settings(
+    run: LoadedRun,
+    factory: str | None = None,
+    *,
+    nprobe: int | None = None,
+    ef_search: int | None = None,
+    ef_construction: int | None = None,
+    saved: bool = True,
+) -> RetrievalConfig:
+    """The settings a request for ``factory`` means: the run's ``retrieval`` section; with
+    ``saved``, the settings a saved ``recsys index`` of that factory was built and measured with;
+    then each value given here (``None``: not given). Checked like ``--set retrieval.KEY=VALUE``:
+    a bad value is a ``ConfigError`` naming the key.
+
+    Without ``factory``: with ``saved``, that of the run's most recently saved index (it was built
+    to be used: ``recsys index RUN --factory F``, then ``recsys recommend RUN`` searches ``F``),
+    else, or when there is none, the run's ``retrieval.factory``."""
+    if not factory:
+        factory = (saved_factory(run) if saved else None) or run.cfg.retrieval.factory
+    values: dict[str, Any] = {"factory": factory}
+    if saved:
+        values.update(_saved_settings(run, factory))
+    given = {"nprobe": nprobe, "ef_search": ef_search, "ef_construction": ef_construction}
+    values.update({key: value for key, value in given.items() if value is not None})
+    return with_values(run.cfg, {f"retrieval.{key}": value for key, value in values.items()}).retrieval
+
+
+def saved_factory(run: LoadedRun) -> str | None:
+    """The factory (as asked for) of the run's most recently saved index, or ``None`` when it
+    has none (its description verified against the manifest)."""
+    saved = run.dir.saved_index_descriptions()
+    if not saved:
+        return None
+    factory = _saved_meta(run, None, saved[0]).get("requested_factory")
+    if not isinstance(factory, str) or not factory.strip():
+        raise IntegrityError(f"{saved[0]}: names no factory; {_rebuild_advice(run, None)}")
+    return factory
+
+
+def _saved_settings(run: LoadedRun, factory: str) -> dict[str, int]:
+    """``nprobe`` / ``ef_search`` / ``ef_construction`` of the saved index of ``factory``
+    (verified against the manifest), or nothing when there is none."""
+    index_file, meta_file = run.dir.index_files(factory)
+    if not (index_file.is_file() and meta_file.is_file()):
+        return {}
+    meta = _saved_meta(run, factory, meta_file)
+    return {key: int(meta[key]) for key in ("nprobe", "ef_search", "ef_construction") if key in meta}
 
 
 def _timed_search(retriever: Retriever, batches: list[np.ndarray], n: int) -> tuple[np.ndarray, float]:
@@ -92,40 +146,37 @@ def _timed_search(retriever: Retriever, batches: list[np.ndarray], n: int) -> tu
 
 def build_run_index(
     run: LoadedRun,
-    factory: str,
+    settings: RetrievalConfig,
     *,
-    nprobe: int = 16,
-    ef_search: int = 128,
-    ef_construction: int = 80,
     n: int = 50,
     batch_size: int = 2048,
     log: Log = print,
     progress: bool = False,
 ) -> IndexReport:
-    """Build ``factory`` over ``run``'s item embeddings, save it in the run's ``index/``
-    folder, and measure it against exact (``Flat``) search on the run's test users.
+    """Build ``settings.factory`` over ``run``'s item embeddings, save it in the run's
+    ``index/`` folder, and measure it against exact (``Flat``) search on the run's test users.
 
     Returns the :class:`IndexReport` that is also written as ``<slug>.json``.
     """
     if n <= 0:
         raise ValueError(f"--n: must be > 0, got {n}")
     emb = run.item_table()
-    index, built_factory, build_s = _build(emb, factory, nprobe, ef_search, ef_construction, log, progress)
-    index_file, meta_file = run.dir.index_files(factory)
+    index, built, build_s = _build(emb, settings, log, progress)
+    index_file, meta_file = run.dir.index_files(settings.factory)
     index_file.parent.mkdir(parents=True, exist_ok=True)
     run.dir.save_file(index_file.relative_to(run.dir.path), lambda tmp: save_index(index, tmp))
 
     test = run.split.test
     interests = run.interests(test.inputs, test.lengths, batch_size)
     batches = [interests[i : i + batch_size] for i in range(0, len(interests), batch_size)]
-    exact = Retriever(emb, "Flat", backend="faiss")
+    exact = Retriever(emb, RetrievalConfig(factory="Flat", backend="faiss"))
     ann = Retriever.from_index(index)
     exact_ids, exact_s = _timed_search(exact, batches, n)
     ann_ids, ann_s = _timed_search(ann, batches, n)
     users = len(exact_ids)
     report = IndexReport(
-        factory=built_factory, requested_factory=factory, nprobe=nprobe, ef_search=ef_search,
-        ef_construction=ef_construction, num_items=len(emb) - 1, dim=int(emb.shape[1]), build_s=build_s,
+        factory=built.factory, requested_factory=settings.factory, nprobe=settings.nprobe,
+        ef_search=settings.ef_search, ef_construction=settings.ef_construction, num_items=len(emb) - 1, dim=int(emb.shape[1]), build_s=build_s,
         embedding_sha1=embedding_hash(emb), n=n, users=users,
         recall=float(np.nanmean(ann_recall(ann_ids, exact_ids))) if users else float("nan"),
         exact_users_per_s=users / max(exact_s, 1e-9), ann_users_per_s=users / max(ann_s, 1e-9),
@@ -135,10 +186,14 @@ def build_run_index(
     return report
 
 
-def _load_saved(run: LoadedRun, factory: str, index_file: Path, meta_file: Path) -> tuple[dict, Callable[[], Any]]:
-    """The saved index's description and a loader for it, both verified against the manifest."""
-    advice = f"rebuild it with `recsys index {run.path} --factory {factory!r}`, or delete it"
-    run.dir.verify(index_file, advice)
+def _rebuild_advice(run: LoadedRun, factory: str | None) -> str:
+    named = repr(factory) if factory else "F"
+    return f"rebuild it with `recsys index {run.path} --factory {named}`, or delete it"
+
+
+def _saved_meta(run: LoadedRun, factory: str | None, meta_file: Path) -> dict[str, Any]:
+    """The saved index's description (``<slug>.json``), verified against the manifest."""
+    advice = _rebuild_advice(run, factory)
     try:
         meta = run.dir.read_json(meta_file.relative_to(run.path).as_posix(), advice)
     except IntegrityError:
@@ -147,6 +202,14 @@ def _load_saved(run: LoadedRun, factory: str, index_file: Path, meta_file: Path)
         raise IntegrityError(f"{err}; {advice}") from None
     if not isinstance(meta, dict):
         raise IntegrityError(f"{meta_file}: not a JSON object; {advice}")
+    return meta
+
+
+def _load_saved(run: LoadedRun, factory: str, index_file: Path, meta_file: Path) -> tuple[dict, Callable[[], Any]]:
+    """The saved index's description and a loader for it, both verified against the manifest."""
+    advice = _rebuild_advice(run, factory)
+    run.dir.verify(index_file, advice)
+    meta = _saved_meta(run, factory, meta_file)
 
     def load() -> Any:
         try:
@@ -160,48 +223,41 @@ def _load_saved(run: LoadedRun, factory: str, index_file: Path, meta_file: Path)
 
 def open_run_index(
     run: LoadedRun,
-    factory: str | None = None,
+    settings: RetrievalConfig | None = None,
     *,
-    nprobe: int | None = None,
-    ef_search: int | None = None,
     log: Log = print,
     progress: bool = False,
 ) -> tuple[Retriever, str]:
-    """A :class:`Retriever` for ``run`` with ``factory`` (default: the run's
-    ``retrieval.factory``) and a one-line description of where it came from.
+    """A :class:`Retriever` for ``run`` with ``settings`` (default: :func:`retrieval_settings`
+    of the run's own factory) and a one-line description of where it came from.
 
-    With ``Flat`` and ``retrieval.backend`` resolving to torch (``auto``: the model is on a GPU,
+    With ``Flat`` and ``settings.backend`` resolving to torch (``auto``: the model is on a GPU,
     or FAISS is missing) it is exact search on the model's device. Otherwise a saved index
-    (``recsys index``) is loaded when its embedding hash matches the run's weights, with its
-    saved ``nprobe`` / ``ef_search`` unless given here; otherwise the index is built in memory
-    (``Flat`` is instant; HNSW over 100k items takes tens of seconds).
+    (``recsys index``) of ``settings.factory`` is loaded when its embedding hash matches the
+    run's weights; otherwise the index is built in memory (``Flat`` is instant; HNSW over 100k
+    items takes tens of seconds). Either is searched with ``settings.nprobe`` / ``ef_search``.
     """
-    cfg = run.cfg.retrieval
-    factory = factory or cfg.factory
+    settings = settings if settings is not None else retrieval_settings(run)
+    factory = settings.factory
     categories = run.dataset.item_category
     with torch.inference_mode():
         live = run.model.item_embeddings().detach()  # [N, d] where the model runs
-    if factory.strip() == "Flat" and Retriever.resolve_backend(cfg.backend, factory, live) == "torch":
-        retriever = Retriever(live, factory, "torch", item_category=categories)
+    if factory.strip() == "Flat" and Retriever.resolve_backend(settings, live) == "torch":
+        retriever = Retriever(live, dataclasses.replace(settings, backend="torch"), item_category=categories)
         return retriever, f"Flat: exact search with torch on {live.device}"
     emb = run.item_table()
     index_file, meta_file = run.dir.index_files(factory)
     if index_file.is_file() and meta_file.is_file():
         meta, load = _load_saved(run, factory, index_file, meta_file)
         if meta.get("embedding_sha1") == embedding_hash(emb):
-            index = load()
-            nprobe = nprobe if nprobe is not None else int(meta["nprobe"])
-            ef_search = ef_search if ef_search is not None else int(meta["ef_search"])
-            retriever = Retriever.from_index(index, nprobe=nprobe, ef_search=ef_search, item_category=categories)
-            retriever.factory = meta["factory"]
-            return retriever, f"{meta['factory']} loaded from {index_file} (nprobe={nprobe}, ef_search={ef_search})"
+            as_saved = dataclasses.replace(settings, factory=meta["factory"])
+            retriever = Retriever.from_index(load(), as_saved, item_category=categories)
+            return retriever, (f"{meta['factory']} loaded from {index_file} "
+                               f"(nprobe={settings.nprobe}, ef_search={settings.ef_search})")
         log(f"warning: {index_file} was built from other weights; building {factory!r} in memory instead")
-    nprobe = nprobe if nprobe is not None else cfg.nprobe
-    ef_search = ef_search if ef_search is not None else cfg.ef_search
-    index, built_factory, build_s = _build(emb, factory, nprobe, ef_search, cfg.ef_construction, log, progress)
-    retriever = Retriever.from_index(index, item_category=categories)
-    retriever.factory = built_factory
+    index, built, build_s = _build(emb, settings, log, progress)
+    retriever = Retriever.from_index(index, built, item_category=categories)
     return retriever, (
-        f"{built_factory} built in memory in {build_s:.1f}s "
-        f"(nprobe={nprobe}, ef_search={ef_search}; save it with `recsys index`)"
+        f"{built.factory} built in memory in {build_s:.1f}s "
+        f"(nprobe={settings.nprobe}, ef_search={settings.ef_search}; save it with `recsys index`)"
     )

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from recsys.config import RetrievalConfig
 from recsys.data.batches import gather_rows, pad_sequences
 from recsys.data.prepare import Dataset
 from recsys.device import model_device, to_device
@@ -141,28 +142,27 @@ class Recommender:
         log: Callable[[str], None] = print,
     ) -> Recommender:
         """Load run directory ``path`` and its index (``factory`` default: the run's
-        ``retrieval.factory``; a saved ``recsys index`` file is reused when it matches)."""
-        from recsys.run import load_run
+        ``retrieval.factory``; a saved ``recsys index`` file is reused when it matches; the
+        options as :func:`recsys.run.retrieval_settings` takes them)."""
+        from recsys.run import load_run, retrieval_settings
 
-        return cls.of_run(load_run(path, device=device), factory, nprobe=nprobe, ef_search=ef_search, log=log)
+        run = load_run(path, device=device)
+        return cls.of_run(run, retrieval_settings(run, factory, nprobe=nprobe, ef_search=ef_search), log=log)
 
     @classmethod
     def of_run(
         cls,
         run: LoadedRun,
-        factory: str | None = None,
+        settings: RetrievalConfig | None = None,
         *,
-        nprobe: int | None = None,
-        ef_search: int | None = None,
         log: Callable[[str], None] = print,
         progress: bool = False,
     ) -> Recommender:
-        """The recommender of a loaded run, with its saved index for ``factory`` when that
-        matches the weights, else one built in memory (see :func:`recsys.run.open_run_index`)."""
+        """The recommender of a loaded run, with its saved index for ``settings.factory`` when
+        that matches the weights, else one built in memory (see :func:`recsys.run.open_run_index`)."""
         from recsys.run import open_run_index
 
-        retriever, where = open_run_index(run, factory, nprobe=nprobe, ef_search=ef_search, log=log,
-                                          progress=progress)
+        retriever, where = open_run_index(run, settings, log=log, progress=progress)
         log(f"index: {where}")
         return cls(
             run.model, run.dataset, retriever, max_len=run.cfg.data.max_len,

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from recsys.config import RetrievalConfig
 from recsys.retrieval import Retriever, build_index, load_index, save_index
 
 
@@ -40,7 +41,7 @@ def test_search_equals_brute_force(backend, with_exclude):
         exclude[:, :6] = ref_ids[:, ::5][:, :6]  # the true top items must go
         exclude[:, 6:9] = rng.integers(1, len(emb), size=(len(interests), 3))
     n = 30
-    ids, scores, interest_of = Retriever(emb, backend=backend).search(interests, n, exclude)
+    ids, scores, interest_of = Retriever(emb, RetrievalConfig(backend=backend)).search(interests, n, exclude)
     ref_ids, ref_scores, ref_int = _brute_force(emb, interests, n, exclude)
     np.testing.assert_array_equal(ids, ref_ids)
     np.testing.assert_allclose(scores, ref_scores, rtol=1e-5, atol=1e-5)
@@ -71,8 +72,8 @@ def test_exclude_as_csr_equals_dense():
 
 def test_faiss_and_torch_backends_agree_on_torch_input():
     _, emb, interests = _data(seed=2, num_items=3000, d=32)
-    faiss_out = Retriever(emb, backend="faiss").search(torch.from_numpy(interests), 50)
-    torch_out = Retriever(torch.from_numpy(emb), backend="torch").search(torch.from_numpy(interests), 50)
+    faiss_out = Retriever(emb, RetrievalConfig(backend="faiss")).search(torch.from_numpy(interests), 50)
+    torch_out = Retriever(torch.from_numpy(emb), RetrievalConfig(backend="torch")).search(torch.from_numpy(interests), 50)
     np.testing.assert_array_equal(faiss_out[0], torch_out[0])
     np.testing.assert_allclose(faiss_out[1], torch_out[1], rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(faiss_out[2], torch_out[2])
@@ -83,7 +84,7 @@ def test_small_catalogue_pads_with_minus_one():
     emb = rng.standard_normal((6, 4)).astype(np.float32)  # 5 real items
     interests = rng.standard_normal((3, 2, 4)).astype(np.float32)
     for backend in ("faiss", "torch"):
-        ids, scores, interest_of = Retriever(emb, backend=backend).search(interests, 8, np.array([[1], [0], [0]]))
+        ids, scores, interest_of = Retriever(emb, RetrievalConfig(backend=backend)).search(interests, 8, np.array([[1], [0], [0]]))
         assert sorted(ids[0, :4]) == [2, 3, 4, 5] and (ids[0, 4:] == -1).all()
         assert sorted(ids[1, :5]) == [1, 2, 3, 4, 5] and (ids[1, 5:] == -1).all()
         assert np.isneginf(scores[1, 5:]).all() and (interest_of[1, 5:] == -1).all()
@@ -92,7 +93,7 @@ def test_small_catalogue_pads_with_minus_one():
 @pytest.mark.parametrize("factory", ["HNSW16,Flat", "IVF8,Flat", "IVF8,PQ4x4"])
 def test_ann_factories_return_valid_ids(factory):
     _, emb, interests = _data(seed=4, num_items=2000, d=16)
-    retriever = Retriever(emb, factory=factory, nprobe=8, ef_search=64)
+    retriever = Retriever(emb, RetrievalConfig(factory=factory, nprobe=8, ef_search=64))
     ids, scores, _ = retriever.search(interests, 20)
     assert ids.shape == (len(interests), 20)
     assert ((ids >= 1) & (ids < len(emb))).all()
@@ -105,33 +106,38 @@ def test_ann_factories_return_valid_ids(factory):
 
 
 def test_save_load_roundtrip(tmp_path):
+    import faiss
+
     _, emb, interests = _data(seed=5)
-    index = build_index(emb, "IVF4,Flat", nprobe=4)
+    index = build_index(emb, RetrievalConfig(factory="IVF4,Flat", nprobe=4))
     save_index(index, tmp_path / "items.faiss")
-    loaded = Retriever.from_index(load_index(tmp_path / "items.faiss", nprobe=4))
-    assert loaded.num_items == len(emb)
+    loaded = Retriever.from_index(load_index(tmp_path / "items.faiss"))
+    assert loaded.num_items == len(emb) and loaded.factory == ""
+    assert faiss.extract_index_ivf(loaded.index).nprobe == 4  # the file keeps its search settings
     np.testing.assert_array_equal(loaded.search(interests, 10)[0], Retriever(emb).search(interests, 10)[0])
+    reset = Retriever.from_index(load_index(tmp_path / "items.faiss"), RetrievalConfig(factory="IVF4,Flat", nprobe=1))
+    assert faiss.extract_index_ivf(reset.index).nprobe == 1 and reset.factory == "IVF4,Flat"
 
 
 def test_ef_construction_sets_the_hnsw_build_beam():
     import faiss
 
     _, emb, interests = _data(seed=6)
-    built = [build_index(emb, "HNSW8,Flat", ef_construction=ef) for ef in (8, 200)]  # keep them alive
+    built = [build_index(emb, RetrievalConfig(factory="HNSW8,Flat", ef_construction=ef)) for ef in (8, 200)]  # keep them alive
     assert [faiss.downcast_index(index).hnsw.efConstruction for index in built] == [8, 200]
     # a flat index ignores it, and the same search comes back
     exact = Retriever(emb).search(interests, 10)[0]
-    np.testing.assert_array_equal(Retriever(emb, "Flat", "faiss", ef_construction=8).search(interests, 10)[0], exact)
+    np.testing.assert_array_equal(Retriever(emb, RetrievalConfig(backend="faiss", ef_construction=8)).search(interests, 10)[0], exact)
     with pytest.raises(ValueError, match="retrieval.ef_construction"):
-        build_index(emb, "HNSW8,Flat", ef_construction=0)
+        build_index(emb, RetrievalConfig(factory="HNSW8,Flat", ef_construction=0))
 
 
 def test_bad_inputs_name_the_field():
     _, emb, interests = _data()
     with pytest.raises(ValueError, match="retrieval.backend"):
-        Retriever(emb, factory="HNSW32,Flat", backend="torch")
+        Retriever(emb, RetrievalConfig(factory="HNSW32,Flat", backend="torch"))
     with pytest.raises(ValueError, match="retrieval.factory"):
-        Retriever(emb[:50], factory="IVF1024,Flat")
+        Retriever(emb[:50], RetrievalConfig(factory="IVF1024,Flat"))
     with pytest.raises(ValueError, match="interests"):
         Retriever(emb).search(interests[:, :, :3], 5)
     with pytest.raises(ValueError, match="exclude"):
@@ -162,8 +168,8 @@ def test_top_items_on_the_device_equals_faiss_search_with_and_without_history():
     _, emb, interests = _data(seed=4, num_items=3000, d=32)
     rng = np.random.default_rng(5)
     history = rng.integers(0, len(emb), size=(len(interests), 7))  # 0 = padding
-    faiss = Retriever(emb, backend="faiss")
-    on_device = Retriever(torch.from_numpy(emb), backend="torch")
+    faiss = Retriever(emb, RetrievalConfig(backend="faiss"))
+    on_device = Retriever(torch.from_numpy(emb), RetrievalConfig(backend="torch"))
     assert on_device.on_device and not faiss.on_device
     for exclude in (None, history):
         want = faiss.search(interests, 50, exclude)
@@ -182,8 +188,8 @@ def test_top_items_pads_a_small_catalogue_like_search():
     emb = rng.standard_normal((6, 4)).astype(np.float32)  # 5 real items
     interests = rng.standard_normal((3, 2, 4)).astype(np.float32)
     exclude = np.array([[1], [0], [0]])
-    want = Retriever(emb, backend="faiss").search(interests, 8, exclude)
-    got = Retriever(emb, backend="torch").top_items(torch.from_numpy(interests), 8, torch.from_numpy(exclude))
+    want = Retriever(emb, RetrievalConfig(backend="faiss")).search(interests, 8, exclude)
+    got = Retriever(emb, RetrievalConfig(backend="torch")).top_items(torch.from_numpy(interests), 8, torch.from_numpy(exclude))
     np.testing.assert_array_equal(got[0].numpy(), want[0])
     np.testing.assert_allclose(got[1].numpy(), want[1], rtol=1e-5)
     np.testing.assert_array_equal(got[2].numpy(), want[2])

@@ -8,7 +8,7 @@ import pytest
 
 from recsys.cli import main
 from recsys.retrieval.index import ann_recall, clamp_ivf
-from recsys.run import RunDir, index_slug, load_run, open_run_index
+from recsys.run import RunDir, index_slug, load_run, open_run_index, retrieval_settings
 
 
 def test_index_slug_and_paths(tmp_path):
@@ -77,7 +77,7 @@ def test_open_run_index_reuses_matching_file_and_rebuilds_stale(tiny_run, tmp_pa
     assert main(["index", tiny_run, "--factory", "HNSW16,Flat", "--ef-search", "40"]) == 0
     run = load_run(tiny_run)
     logs = []
-    retriever, where = open_run_index(run, "HNSW16,Flat", log=logs.append)
+    retriever, where = open_run_index(run, retrieval_settings(run, "HNSW16,Flat"), log=logs.append)
     assert "loaded from" in where and "ef_search=40" in where and not logs
     assert retriever.num_items == run.dataset.num_items and retriever.factory == "HNSW16,Flat"
     # Loaded labels map to item ids (label j = item j + 1): near-exact on ~200 items.
@@ -85,7 +85,7 @@ def test_open_run_index_reuses_matching_file_and_rebuilds_stale(tiny_run, tmp_pa
     interests = np.random.default_rng(0).standard_normal((3, 4, 16)).astype(np.float32)
     brute = np.argsort(-(interests @ emb[1:].T).max(axis=1), axis=1)[:, :10] + 1
     assert np.mean(ann_recall(retriever.search(interests, 10)[0], brute)) >= 0.9
-    exact_ids = open_run_index(run, "Flat", log=logs.append)[0].search(interests, 10)[0]
+    exact_ids = open_run_index(run, retrieval_settings(run, "Flat"), log=logs.append)[0].search(interests, 10)[0]
     np.testing.assert_array_equal(exact_ids, brute)
 
     # Different weights: the saved file no longer matches and is not used.
@@ -98,7 +98,8 @@ def test_open_run_index_reuses_matching_file_and_rebuilds_stale(tiny_run, tmp_pa
     (stale / "dataset").symlink_to(Path(tiny_run) / "dataset")
     (stale / "index" / "HNSW16_Flat.faiss").write_bytes(RunDir(tiny_run).index_files("HNSW16,Flat")[0].read_bytes())
     (stale / "index" / "HNSW16_Flat.json").write_text(json.dumps({**meta, "embedding_sha1": "0" * 40}))
-    _, where = open_run_index(load_run(stale), "HNSW16,Flat", log=logs.append)
+    stale_run = load_run(stale)
+    _, where = open_run_index(stale_run, retrieval_settings(stale_run, "HNSW16,Flat"), log=logs.append)
     assert "built in memory" in where
     assert any("other weights" in line for line in logs)
 
@@ -128,7 +129,7 @@ def test_saved_index_and_dataset_are_verified_against_the_manifest(tiny_run, tmp
     index_file = RunDir(run_dir).index_files("Flat")[0]
     index_file.write_bytes(index_file.read_bytes()[:-10])
     with pytest.raises(IntegrityError, match=r"Flat\.faiss: truncated .*rebuild it with `recsys index"):
-        open_run_index(run, "Flat", log=lambda line: None)
+        open_run_index(run, retrieval_settings(run, "Flat"), log=lambda line: None)
 
     arrays = run_dir / "dataset" / "dataset.npz"
     data = bytearray(arrays.read_bytes())
@@ -136,3 +137,21 @@ def test_saved_index_and_dataset_are_verified_against_the_manifest(tiny_run, tmp
     arrays.write_bytes(bytes(data))
     with pytest.raises(IntegrityError, match=r"dataset\.npz: corrupted"):
         load_run(run_dir)
+
+
+def test_retrieval_settings_layer_the_run_a_saved_index_and_given_values(tiny_run):
+    """A saved index is reopened with the settings it was built and measured with; values given
+    win; a fresh build starts from the run's own section; bad values name the key."""
+    from recsys.config import ConfigError
+
+    assert main(["index", tiny_run, "--factory", "HNSW8,Flat", "--ef-search", "24", "--ef-construction", "50"]) == 0
+    run = load_run(tiny_run)
+    own = run.cfg.retrieval
+    saved = retrieval_settings(run, "HNSW8,Flat")
+    assert (saved.factory, saved.ef_search, saved.ef_construction, saved.nprobe) == ("HNSW8,Flat", 24, 50, own.nprobe)
+    assert retrieval_settings(run, "HNSW8,Flat", ef_search=9).ef_search == 9
+    fresh = retrieval_settings(run, "HNSW8,Flat", saved=False)
+    assert (fresh.ef_search, fresh.ef_construction) == (own.ef_search, own.ef_construction)
+    assert retrieval_settings(run, saved=False) == own  # no factory: the run's
+    with pytest.raises(ConfigError, match="retrieval.nprobe"):
+        retrieval_settings(run, "HNSW8,Flat", nprobe=0)
