@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from recsys.device import model_device
 from recsys.kernels import length_softmax
 
 if TYPE_CHECKING:
@@ -79,7 +80,6 @@ def interest_health(
     item_category: np.ndarray | None = None,
     planted: list[set[int]] | None = None,
     top_m: int = 20,
-    device: torch.device | str | None = None,
 ) -> dict[str, float]:
     """The health metrics of the module docstring on the first ``max_users`` users of ``eval_set``.
 
@@ -100,8 +100,7 @@ def interest_health(
     """
     if max_users <= 0 or batch_size <= 0:
         raise ValueError(f"interest_health: max_users and batch_size must be > 0, got {max_users}, {batch_size}")
-    if device is None:
-        device = next(iter(model.parameters()), torch.empty(0)).device
+    device = model_device(model)
     users = min(max_users, len(eval_set.lengths))
     was_training = model.training
     model.eval()
