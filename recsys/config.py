@@ -31,6 +31,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
+AUTO = "auto"  # the value of a setting that the model's spec (recsys.models.spec) or the data decides
 REGISTRY_TABLE = "dataset"  # a data/<name>.toml's registry entry (recsys.data.registry); not run config
 TUNE_TABLE = "tune"  # `recsys tune`'s search space (recsys.tune); not run config
 DATA_FORMATS = ("csv", "tsv", "parquet", "comirec", "movielens", "sequences")  # data.format (or auto): recsys.data.readers
@@ -103,8 +104,8 @@ class ModelConfig:
     backend: str = "auto"  # kernel backend: auto | triton | torch
     positions: str = "recent"  # learned positions: recent (0 = latest click) | absolute (0 = oldest) | none
     head_values: str = "items"  # sasrec_mi: its multi-interest head pools items (embeddings) | encoded (encoder outputs)
-    # comirec_sa, sasrec_mi: self-attentive scores become c*tanh(s/c), so no interest collapses onto one click;
-    # 0 disables; -1 (the default) resolves to 1.0 for those two models and 0 for the others
+    # self-attentive models: scores become c*tanh(s/c), so no interest collapses onto one click;
+    # 0 disables; -1 (the default): the model's automatic value (recsys.models.spec)
     score_cap: float = -1.0
 
 
@@ -138,12 +139,15 @@ class TrainConfig:
     seed: int = 42
     log_every: int = 100
     min_target: int = 4  # earliest target position in a training sequence (ComiRec's code: 4)
+    # what a training window teaches: "last" = one target per sampled history (ComiRec's sampler) | "all" =
+    # every position of a window predicts the next click (dense) | "auto" = the model's default (its spec)
+    targets: str = AUTO
     cpu_threads: int = 0  # torch intra-op threads on CPU; 0 keeps torch's default
     tensorboard: bool = False  # also write every metrics.jsonl scalar as TensorBoard events (RUN/tensorboard/; extra track)
-    # against interest collapse (see README "Multi-interest health")
+    # against interest collapse (see docs/multi-interest.md)
     attention_reg: float = 0.0  # weight of mean sum_l A^2 (each interest's collision probability) for self-attentive models
     # K > 1: the readout blends from a softmax over interests to ComiRec's argmax over these steps;
-    # -1 (the default) resolves to 1000 for comirec_sa and sasrec_mi and 0 for the others
+    # -1 (the default): the model's automatic value (recsys.models.spec)
     soft_readout_steps: int = -1
     # who scores a row's negatives (K > 1): "readout" = the interest the readout chose for its target
     # (ComiRec) | "max" = each negative's best-matching interest, the score retrieval ranks by
@@ -324,19 +328,9 @@ def config_from_dict(values: dict[str, Any]) -> Config:
 def with_values(cfg: Config, values: Mapping[str, Any]) -> Config:
     """A validated copy of ``cfg`` with ``{"section.key": value}`` set (plain Python values,
     e.g. ``{"train.lr": 0.01}``); unknown keys and bad values raise :class:`ConfigError` naming the key.
-
-    When ``values`` changes ``model.name``, settings that hold the automatic value of the old
-    model (``model.score_cap``, ``train.soft_readout_steps``) are resolved again for the new one.
-    """
-    tree = cfg.to_dict()
-    if values.get("model.name", cfg.model.name) != cfg.model.name:
-        automatic = Config()
-        automatic.model.name = cfg.model.name
-        _resolve_automatic(automatic)
-        for section, key in (("model", "score_cap"), ("train", "soft_readout_steps")):
-            if tree[section][key] == getattr(getattr(automatic, section), key):
-                tree[section][key] = -1
-    return config_from_dict(_set_dotted(tree, values))
+    Automatic values (-1, ``"auto"``) stay automatic until the model resolves them
+    (:func:`recsys.models.spec.resolve`), so they follow a changed ``model.name``."""
+    return config_from_dict(_set_dotted(cfg.to_dict(), values))
 
 
 def _set_dotted(tree: dict[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
@@ -352,31 +346,6 @@ def _set_dotted(tree: dict[str, Any], values: Mapping[str, Any]) -> dict[str, An
     return tree
 
 
-def run_config_from_dict(values: dict[str, Any]) -> Config:
-    """A saved run's ``config.json`` -> config, keeping what the run was trained with where a
-    default has changed since. A key missing from the file dates the run:
-
-    - no ``model.positions``: positions were numbered from the oldest click (``"absolute"``);
-    - no ``model.head_values``: sasrec_mi's head pooled the encoder outputs (``"encoded"``), and
-      comirec_dr's per-position maps ignored ``model.positions`` (they were ``"absolute"``);
-    - no ``model.score_cap``: the self-attentive scores were not capped (0); no
-      ``train.soft_readout_steps``: the readout was the argmax from the first step (0); no
-      ``train.negative_scores``: the readout's interest scored the negatives (``"readout"``).
-    """
-    model = dict(values.get("model", {}))
-    model.setdefault("score_cap", 0.0)
-    train_values = dict(values.get("train", {}))
-    train_values.setdefault("soft_readout_steps", 0)
-    train_values.setdefault("negative_scores", "readout")
-    if "positions" not in model:
-        model["positions"] = "absolute"
-    if "head_values" not in model:
-        model["head_values"] = "encoded" if model.get("name") == "sasrec_mi" else "items"
-        if model.get("name") == "comirec_dr":
-            model["positions"] = "absolute"
-    return config_from_dict({**values, "model": model, "train": train_values})
-
-
 def load_config(
     paths: str | Path | list[str | Path] | None = None, overrides: list[str] | None = None,
     *, values: Mapping[str, Any] | None = None,
@@ -384,9 +353,8 @@ def load_config(
     """Defaults, then each TOML file in ``paths`` in order (later files win; a ``[dataset]``
     table, a registry entry's download details, and a ``[tune]`` table, ``recsys tune``'s search
     space, are skipped), then each ``section.key=value`` override, then ``values`` (plain Python
-    values by dotted key, as :func:`with_values` takes them). The automatic values
-    (``model.score_cap``, ``train.soft_readout_steps``) resolve last, for the final ``model.name``.
-    Layering lets a dataset file and a model file combine::
+    values by dotted key, as :func:`with_values` takes them). Automatic values (-1, ``"auto"``)
+    are left for the model to resolve (:func:`recsys.models.spec.resolve`). Layering lets a dataset file and a model file combine::
 
         load_config(["experiments/configs/data/taobao.toml", "experiments/configs/models/comirec_sa.toml"])
     """
@@ -426,16 +394,17 @@ _CHOICES = {
     "train.optimizer": ("adam", "adamw"),
     "train.sampler": ("uniform", "log_uniform", "unigram"),
     "train.negative_scores": ("readout", "max"),
+    "train.targets": (AUTO, "last", "all"),
     "train.device": ("auto", "cpu", "cuda"),
     "retrieval.backend": ("auto", "faiss", "torch"),
 }
 
-GRAPH_AUTO = "auto"  # train.cuda_graph: capture where the step can be captured
+GRAPH_AUTO = AUTO  # train.cuda_graph: capture where the step can be captured
 GRAPH_MODES = (GRAPH_AUTO, True, False)
 
 _POSITIVE = (
     "data.max_len", "model.dim", "model.num_interests", "model.num_layers", "model.num_heads",
-    "model.routing_iters", "train.batch_size", "train.max_epochs", "train.log_every", "train.min_target",
+    "model.routing_iters", "train.lr", "train.batch_size", "train.max_epochs", "train.log_every", "train.min_target",
     "eval.batch_size", "synthetic.num_users", "synthetic.num_items",
     "synthetic.num_categories", "synthetic.interests_per_user", "synthetic.mean_length",
     "serve.n", "serve.max_n", "serve.max_batch", "serve.batch_workers", "retrieval.nprobe", "retrieval.ef_search",
@@ -443,7 +412,7 @@ _POSITIVE = (
 )
 _NON_NEGATIVE = (
     "data.min_item_count", "data.min_user_count", "model.hidden", "model.softcap",
-    "model.dropout", "train.lr", "train.max_steps", "train.eval_every", "train.attention_reg",
+    "model.dropout", "train.max_steps", "train.eval_every", "train.attention_reg",
     "train.patience", "train.num_negatives",
     "train.z_loss", "train.max_minutes", "train.cpu_threads", "train.grad_clip", "eval.diversity_lambda", "synthetic.noise",
 )
@@ -456,31 +425,10 @@ def _get(cfg: Config, path: str) -> Any:
     return obj
 
 
-SCORE_CAP_MODELS = ("comirec_sa", "sasrec_mi")  # models with self-attentive interest scores
-# automatic defaults for those models, chosen by the collapse study (experiments/RESULTS.md)
-DEFAULT_SCORE_CAP = 1.0
-DEFAULT_SOFT_READOUT_STEPS = 1000
-
-
-def resolved_score_cap(model: ModelConfig) -> float:
-    """``model.score_cap`` with the automatic value (-1) replaced: 1.0 for comirec_sa and sasrec_mi, else 0."""
-    if model.score_cap == -1.0:
-        return DEFAULT_SCORE_CAP if model.name in SCORE_CAP_MODELS else 0.0
-    return model.score_cap
-
-
-def _resolve_automatic(cfg: Config) -> None:
-    """Replace the automatic (-1) values by what they mean for ``cfg.model.name``, so a saved
-    config records what the run used."""
-    cfg.model.score_cap = resolved_score_cap(cfg.model)
-    if cfg.train.soft_readout_steps == -1:
-        cfg.train.soft_readout_steps = DEFAULT_SOFT_READOUT_STEPS if cfg.model.name in SCORE_CAP_MODELS else 0
-
-
 def validate(cfg: Config) -> None:
-    """Check values (not only types) so a bad config fails before any work starts; resolve the
-    automatic values (``model.score_cap``, ``train.soft_readout_steps`` = -1) for ``model.name``."""
-    _resolve_automatic(cfg)
+    """Check values (not only types) so a bad config fails before any work starts. What depends
+    on the model (settings it does not read, its automatic values) is checked when the model
+    resolves the config (:func:`recsys.models.spec.resolve`)."""
     for path in ("model.score_cap", "train.soft_readout_steps", "train.weight_decay"):
         if _get(cfg, path) < 0 and _get(cfg, path) != -1:
             raise ConfigError(f"{path}: must be >= 0 (or -1: automatic), got {_get(cfg, path)!r}")
@@ -495,9 +443,6 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"{path}: must be >= 0, got {_get(cfg, path)!r}")
     if cfg.eval.diversity_lambda > MAX_DIVERSITY_LAMBDA:
         raise ConfigError(f"eval.diversity_lambda: must be <= {MAX_DIVERSITY_LAMBDA:g}, got {cfg.eval.diversity_lambda!r}")
-    if cfg.train.attention_reg and cfg.model.name not in SCORE_CAP_MODELS:
-        raise ConfigError(f"train.attention_reg={cfg.train.attention_reg:g} has no effect on {cfg.model.name} (only "
-                          f"{' and '.join(SCORE_CAP_MODELS)} have differentiable attention over the clicks); set it to 0")
     if cfg.train.cuda_graph not in GRAPH_MODES:
         raise ConfigError(f'train.cuda_graph: must be true, false or "auto", got {cfg.train.cuda_graph!r}')
     if not 0.0 <= cfg.train.hard_negatives < 1.0:

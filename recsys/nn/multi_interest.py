@@ -7,7 +7,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from recsys.kernels import multi_interest
+from recsys.kernels import cap_scores, multi_interest
+from recsys.kernels.causal_multi_interest import causal_multi_interest
 from recsys.nn.embeddings import POSITIONS
 from recsys.nn.masking import length_mask, recency_index
 
@@ -81,3 +82,25 @@ class SelfAttentiveHead(nn.Module):
         if index is not None:  # the recency permutation is its own inverse: back to click order
             scores = scores.gather(1, index.expand_as(scores))
         return out, scores
+
+    def scores(self, h: Tensor, lengths: Tensor) -> Tensor:
+        """Capped scores ``[B, L, K]`` in click order (what the softmax over the clicks reads):
+        ``tanh((H + P) W1) W2``, with ``P`` counted from each row's last click (``recent``) or
+        from its first (``absolute``). The same for every prefix of the row, which is what lets
+        :meth:`prefix` be one scan."""
+        if self.pos is not None:
+            if self.positions == "recent":
+                h = h + self.pos[recency_index(lengths, h.shape[1])]
+            else:
+                h = h + self.pos[None, : h.shape[1]]
+        return cap_scores(torch.tanh(h @ self.w1) @ self.w2, self.score_cap)
+
+    def prefix(self, h: Tensor, lengths: Tensor, values: Tensor | None = None) -> Tensor:
+        """Interests at every prefix (dense training): ``h [B, L, d]``, ``lengths [B]`` ->
+        ``[B, L, K, d]``, where ``[:, t]`` pools clicks ``0..t`` with the softmax of their
+        scores over ``l <= t`` (the causal form of :meth:`forward`; its pooled ``values`` as
+        there). With ``recent`` positions the scores count back from the window's last click,
+        so ``[:, length - 1]`` equals :meth:`forward` and earlier prefixes see the same
+        position vectors as the full window."""
+        return causal_multi_interest(h if values is None else values, self.scores(h, lengths), lengths,
+                                     backend=self.backend)
