@@ -302,9 +302,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+SEARCH_FACTORY = ("(a saved `recsys index` of it is reused; default: the run's most recently saved index, "
+                  "else its retrieval.factory)")
+
+
 def _add_index_args(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("run", help="run directory (written by recsys train)")
-    p.add_argument("--factory", help=f"FAISS index_factory string {what} (default: the run's retrieval.factory)")
+    p.add_argument("--factory", help=f"FAISS index_factory string {what}")
     p.add_argument("--nprobe", type=int, help="IVF lists searched per query")
     p.add_argument("--ef-search", type=int, help="HNSW search beam width")
 
@@ -374,14 +378,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_plot)
 
     p = sub.add_parser("index", help="build and save a FAISS index beside a run; report its recall")
-    _add_index_args(p, 'e.g. "HNSW32,Flat", "IVF1024,Flat", "Flat"')
+    _add_index_args(p, 'e.g. "HNSW32,Flat", "IVF1024,Flat", "Flat" (default: the run\'s retrieval.factory)')
     p.add_argument("--ef-construction", type=int, help="HNSW build beam (default: the run's retrieval.ef_construction)")
     p.add_argument("--n", type=int, default=50, help="top-N compared with exact search (default 50)")
     _add_quiet(p)
     p.set_defaults(func=cmd_index)
 
     p = sub.add_parser("recommend", help="batch top-N for many users of a run, to Parquet or CSV")
-    _add_index_args(p, "(a saved `recsys index` is reused)")
+    _add_index_args(p, SEARCH_FACTORY)
     who = p.add_mutually_exclusive_group(required=True)
     who.add_argument("--users", metavar="FILE", help="raw user ids, one per line")
     who.add_argument("--all", action="store_true", help="every user of the run's dataset")
@@ -403,7 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("serve", help="serve a run over HTTP (POST /recommend, GET /health, GET /info)")
-    _add_index_args(p, "(a saved `recsys index` is reused)")
+    _add_index_args(p, SEARCH_FACTORY)
     p.add_argument("--host", help="bind address (default: serve.host, 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default: serve.port, 8000)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="serve.KEY=VALUE",

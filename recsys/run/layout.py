@@ -326,6 +326,13 @@ class RunDir:
         base = self.file(INDEX) / index_slug(factory)
         return base.with_suffix(".faiss"), base.with_suffix(".json")
 
+    def saved_index_descriptions(self) -> list[Path]:
+        """The ``index/<slug>.json`` of every saved index whose ``.faiss`` is there too, the
+        most recently written first."""
+        folder = self.file(INDEX)
+        found = [p for p in folder.glob("*.json") if p.with_suffix(".faiss").is_file()] if folder.is_dir() else []
+        return sorted(found, key=lambda p: p.stat().st_mtime_ns, reverse=True)
+
     def export_dir(self, fmt: str) -> Path:
         """Default folder of an export in format ``fmt``: ``export/<fmt>/``."""
         return self.file(EXPORT) / fmt

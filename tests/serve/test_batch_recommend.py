@@ -1,5 +1,7 @@
 """`recsys recommend`: output format, unknown users, --all, --exclude-seen, Parquet and CSV."""
 
+import shutil
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -57,6 +59,22 @@ def test_recommend_all_parquet_excludes_seen_by_default(tiny_run, dataset, tmp_p
     assert main(["recommend", tiny_run, "--all", "--n", "5", "--out", str(out), "--no-exclude-seen",
                  "--factory", "Flat"]) == 0
     assert _seen_recommended(dataset, pd.read_parquet(out)) > 0  # the model ranks clicked items high
+
+
+def test_recommend_uses_the_runs_saved_index(tiny_run, tmp_path, capsys):
+    """Was: without --factory, `recommend --all` built retrieval.factory in memory and ignored the
+    index `recsys index` had saved."""
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)  # the shared run stays without a saved index
+    assert main(["index", str(run), "--factory", "HNSW32,Flat", "--ef-search", "48"]) == 0
+    capsys.readouterr()
+    tables = {}
+    for name, factory in (("default", []), ("given", ["--factory", "HNSW32,Flat"])):
+        out = tmp_path / f"{name}.csv"
+        assert main(["recommend", str(run), "--all", "--n", "5", "--out", str(out), *factory]) == 0
+        assert "index: HNSW32,Flat loaded from" in capsys.readouterr().out
+        tables[name] = pd.read_csv(out, dtype={"user": str, "item": str})
+    pd.testing.assert_frame_equal(tables["default"], tables["given"])
 
 
 def test_raw_ids_round_trip_exactly(tmp_path, capsys):
