@@ -11,6 +11,7 @@ from recsys.cli import main
 from recsys.data.prepare import Dataset
 from recsys.run import retrieval_settings
 from recsys.serve.batch import read_user_file
+from recsys.serve.recommender import Recommender
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +76,9 @@ def test_recommend_uses_the_runs_saved_index(tiny_run, tmp_path, capsys):
         assert "index: HNSW32,Flat loaded from" in capsys.readouterr().out
         tables[name] = pd.read_csv(out, dtype={"user": str, "item": str})
     pd.testing.assert_frame_equal(tables["default"], tables["given"])
+    assert Recommender.from_run(run, log=lambda line: None).index_name == "HNSW32,Flat"  # what `serve` loads
+    assert main(["index", str(run), "--factory", "IVF4,Flat"]) == 0
+    assert Recommender.from_run(run, log=lambda line: None).index_name == "IVF4,Flat"  # the newest one
 
 
 def test_raw_ids_round_trip_exactly(tmp_path, capsys):
