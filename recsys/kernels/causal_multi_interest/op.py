@@ -1,4 +1,4 @@
-"""The causal (prefix) multi-interest extraction: argument checks, backend choice and the autograd op.
+"""The public causal (prefix) multi-interest op: check the arguments, choose the backend; the registered op.
 
 ComiRec-SA pools a sequence into ``K`` interests, ``A = softmax_L(S)``, ``V = Aᵀ H``. Dense training
 needs those interests at every prefix ``t`` of the sequence (position ``t`` predicts click
@@ -8,13 +8,14 @@ of ``h``, read out at every ``t``. The Triton kernels (:mod:`.triton`) do that s
 positions and never hold the ``[B, L, L, K]`` prefix weights; the PyTorch twin (:mod:`.reference`)
 does hold them.
 
-The backward is one reverse scan. With ``lse_t`` the log-sum-exp of ``scores[: t + 1]`` (saved by the
-forward) and ``g_t`` the gradient of ``out_t``::
+The gradients, per interest, with ``lse_t`` the log-sum-exp of ``scores[: t + 1]`` (saved by the
+forward), ``w_tl = exp(s_l - lse_t)`` the prefix weights (at most 1) and ``g_t`` the gradient of
+``out_t``::
 
-    S_l = g_l + exp(lse_l - lse_{l+1}) S_{l+1}                dh_l = Σ_k exp(s_l - lse_l) S_l
-    U_l = <g_l, out_l> + exp(lse_l - lse_{l+1}) U_{l+1}        ds_l = <h_l, dh_l> - exp(s_l - lse_l) U_l
+    dh_l = Σ_k Σ_{l <= t < n} w_tl g_t        ds_l = Σ_{l <= t < n} w_tl (<g_t, h_l> - <g_t, out_t>)
 
-(per interest ``k``; ``lse`` is non-decreasing in ``t``, so every factor is at most 1).
+Summed from the end they are one reverse scan (``S_l = g_l + exp(lse_l - lse_{l+1}) S_{l+1}``,
+``dh_l = Σ_k exp(s_l - lse_l) S_l``); the kernels take the direct form, blockwise (see :mod:`.triton`).
 """
 
 from __future__ import annotations
@@ -22,32 +23,20 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from recsys.kernels.causal_multi_interest import triton as kernel
+from recsys.kernels.causal_multi_interest.checks import check_causal_multi_interest_args
 from recsys.kernels.causal_multi_interest.reference import causal_multi_interest_ref
-from recsys.kernels.common.backend import check_lengths, use_triton
+from recsys.kernels.common.backend import use_triton
+
+__all__ = ["causal_multi_interest", "triton_supports"]
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_DIM = 256  # d held in registers per program
-MAX_INTERESTS = 32  # the backward keeps a [K, d] carry per program
-
-
-def check_args(h: Tensor, scores: Tensor, lengths: Tensor) -> None:
-    """Raise ValueError unless ``h [B, L, d]`` and ``scores [B, L, K]`` (floating point, one
-    device) and ``lengths [B]`` (integer) fit together."""
-    if h.dim() != 3:
-        raise ValueError(f"h must be [B, L, d], got {tuple(h.shape)}")
-    if scores.dim() != 3 or scores.shape[:2] != h.shape[:2]:
-        raise ValueError(f"scores must be [{h.shape[0]}, {h.shape[1]}, K] to match h, got {tuple(scores.shape)}")
-    if not (h.dtype.is_floating_point and scores.dtype.is_floating_point):
-        raise ValueError(f"h and scores must be floating point, got {h.dtype} and {scores.dtype}")
-    if h.device != scores.device:
-        raise ValueError(f"h and scores are on different devices: {h.device}, {scores.device}")
-    check_lengths(lengths, h.shape[0], "lengths")
 
 
 def triton_supports(h: Tensor, scores: Tensor) -> bool:
-    """Whether the kernels cover these inputs: fp16/bf16/fp32, ``d <= 256``, ``K <= 32``."""
-    return (h.dtype in DTYPES and scores.dtype in DTYPES and h.shape[2] <= MAX_DIM
-            and scores.shape[2] <= MAX_INTERESTS)
+    """Whether the kernels cover these inputs: fp16/bf16/fp32 and ``d <= 256``."""
+    return h.dtype in DTYPES and scores.dtype in DTYPES and h.shape[2] <= MAX_DIM
 
 
 def causal_multi_interest(h: Tensor, scores: Tensor, lengths: Tensor, *, backend: str = "auto") -> Tensor:
@@ -66,13 +55,13 @@ def causal_multi_interest(h: Tensor, scores: Tensor, lengths: Tensor, *, backend
             never used.
         backend: ``"auto" | "triton" | "torch"``; "auto" takes the Triton kernels on CUDA (and on
             CPU under ``TRITON_INTERPRET=1``) where they cover the inputs (fp16/bf16/fp32,
-            ``d <= 256``, ``K <= 32``), else the PyTorch twin.
+            ``d <= 256``), else the PyTorch twin.
 
     Returns:
         ``[B, L, K, d]`` in ``h``'s dtype; under autocast ``h`` is first cast to the autocast dtype
         (as a matmul would be). The softmax and the sums run in fp32 (fp64 in the twin for fp64).
     """
-    check_args(h, scores, lengths)
+    check_causal_multi_interest_args(h, scores, lengths)
     device_type = h.device.type
     if torch.is_autocast_enabled(device_type):
         h = h.to(torch.get_autocast_dtype(device_type))
@@ -83,9 +72,8 @@ def causal_multi_interest(h: Tensor, scores: Tensor, lengths: Tensor, *, backend
                 return causal_multi_interest_op(h.contiguous(), scores.contiguous(), lengths.contiguous())[0]
             if backend == "triton":
                 raise ValueError(
-                    f"the Triton causal multi-interest kernels take fp16/bf16/fp32, d <= {MAX_DIM} and "
-                    f"K <= {MAX_INTERESTS}; got {h.dtype}/{scores.dtype}, d = {h.shape[2]}, "
-                    f"K = {scores.shape[2]} (use backend='torch')"
+                    f"the Triton causal multi-interest kernels take fp16/bf16/fp32 and d <= {MAX_DIM}; got "
+                    f"h {h.dtype}, scores {scores.dtype}, d = {h.shape[2]} (use backend='torch')"
                 )
         return causal_multi_interest_ref(h, scores, lengths)
 
@@ -99,9 +87,7 @@ def causal_multi_interest(h: Tensor, scores: Tensor, lengths: Tensor, *, backend
 def causal_multi_interest_op(h: Tensor, scores: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
     """``(out [B, L, K, d] in h's dtype, lse [B, L, K] fp32)`` of the Triton forward (contiguous
     inputs); ``lse[b, t, k]`` is the log-sum-exp of ``scores[b, : t + 1, k]`` (0 at padded ``t``)."""
-    from recsys.kernels.causal_multi_interest import triton as kernels
-
-    return kernels.forward(h, scores, lengths)
+    return kernel.forward(h, scores, lengths)
 
 
 @causal_multi_interest_op.register_fake
@@ -112,29 +98,27 @@ def _(h, scores, lengths):
 
 
 @torch.library.custom_op("recsys::causal_multi_interest_backward", mutates_args=())
-def causal_multi_interest_backward_op(h: Tensor, scores: Tensor, lengths: Tensor, out: Tensor, lse: Tensor,
+def causal_multi_interest_backward_op(h: Tensor, scores: Tensor, lengths: Tensor, lse: Tensor,
                                       grad: Tensor) -> tuple[Tensor, Tensor]:
     """``(dh [B, L, d] in h's dtype, dscores [B, L, K] in scores' dtype)`` of the Triton backward."""
-    from recsys.kernels.causal_multi_interest import triton as kernels
-
-    return kernels.backward(h, scores, lengths, out, lse, grad)
+    return kernel.backward(h, scores, lengths, lse, grad)
 
 
 @causal_multi_interest_backward_op.register_fake
-def _(h, scores, lengths, out, lse, grad):
+def _(h, scores, lengths, lse, grad):
     return torch.empty_like(h), torch.empty_like(scores)
 
 
 def _setup_context(ctx, inputs, output) -> None:
     h, scores, lengths = inputs
-    out, lse = output
-    ctx.save_for_backward(h, scores, lengths, out, lse)
+    _, lse = output
+    ctx.save_for_backward(h, scores, lengths, lse)
     ctx.mark_non_differentiable(lse)
 
 
 def _op_backward(ctx, grad, _dlse):
-    h, scores, lengths, out, lse = ctx.saved_tensors
-    dh, dscores = causal_multi_interest_backward_op(h, scores, lengths, out, lse, grad.contiguous())
+    h, scores, lengths, lse = ctx.saved_tensors
+    dh, dscores = causal_multi_interest_backward_op(h, scores, lengths, lse, grad.contiguous())
     return dh, dscores, None
 
 

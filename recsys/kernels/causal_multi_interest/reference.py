@@ -11,6 +11,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from recsys.kernels.common.reference import at_least_fp32
+
+__all__ = ["causal_multi_interest_ref"]
+
 
 def causal_multi_interest_ref(h: Tensor, scores: Tensor, lengths: Tensor) -> Tensor:
     """Interest ``k`` at every prefix ``t``: ``out[b, t, k] = Σ_{l<=t} softmax_{l<=t}(scores[b, l, k]) h[b, l]``.
@@ -30,7 +34,7 @@ def causal_multi_interest_ref(h: Tensor, scores: Tensor, lengths: Tensor) -> Ten
     valid = pos[None, :] < lengths.to(h.device)[:, None]  # [B, L]
     # visible[b, t, l]: position l is in prefix t of a valid row t (l <= t < n implies l < n)
     visible = (pos[:, None] >= pos[None, :])[None] & valid[:, :, None]  # [B, T, L]
-    logits = scores.to(torch.promote_types(scores.dtype, torch.float32)).transpose(1, 2)  # [B, K, L]
+    logits = at_least_fp32(scores).transpose(1, 2)  # [B, K, L]
     logits = logits[:, :, None, :].masked_fill(~visible[:, None], float("-inf"))  # [B, K, T, L]
     # padded rows t see nothing: give them finite logits so the softmax has no NaN, then zero them
     logits = logits.masked_fill(~valid[:, None, :, None], 0.0)
