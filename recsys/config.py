@@ -208,9 +208,6 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=False)
-
     def to_toml(self, base: Config | None = None) -> str:
         """The resolved config as TOML (printed at the start of every command); with ``base``,
         only the keys whose value differs from ``base``'s (and only tables that have some)."""

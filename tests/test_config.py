@@ -11,7 +11,7 @@ from recsys.run.saved_config import run_config_from_dict
 def test_defaults_round_trip_through_json_and_toml(tmp_path):
     cfg = load_config(None, ["model.dim=32", "eval.topn=[10, 20]", "data.source=/x/y.csv"])
     assert cfg.model.dim == 32 and cfg.eval.topn == [10, 20] and cfg.data.source == "/x/y.csv"
-    again = config_from_dict(json.loads(cfg.to_json()))
+    again = config_from_dict(json.loads(json.dumps(cfg.to_dict())))
     assert again == cfg
     path = tmp_path / "c.toml"
     path.write_text(cfg.to_toml())
@@ -101,14 +101,14 @@ def test_layered_files_later_wins(tmp_path):
 
 
 def test_saved_run_config_keeps_what_the_run_was_trained_with():
-    saved = json.loads(Config().to_json())
+    saved = json.loads(json.dumps(Config().to_dict()))
     assert run_config_from_dict(saved).model.positions == "recent"
     del saved["model"]["positions"]  # a run saved before the option existed
     assert run_config_from_dict(saved).model.positions == "absolute"
     assert config_from_dict(saved).model.positions == "recent"  # plain config files take today's default
     for name, positions, head_values in [("sasrec_mi", "recent", "encoded"), ("comirec_dr", "absolute", "items"),
                                          ("comirec_sa", "recent", "items")]:
-        saved = json.loads(Config().to_json())
+        saved = json.loads(json.dumps(Config().to_dict()))
         saved["model"]["name"] = name
         del saved["model"]["head_values"]  # saved before sasrec_mi could pool item embeddings
         model = run_config_from_dict(saved).model
@@ -212,7 +212,7 @@ def test_cuda_graph_takes_auto_true_or_false(tmp_path, text, value):
     assert Config().train.cuda_graph == "auto"  # the default
     cfg = load_config(None, [f"train.cuda_graph={text}"])
     assert cfg.train.cuda_graph is value if isinstance(value, bool) else cfg.train.cuda_graph == value
-    assert config_from_dict(json.loads(cfg.to_json())) == cfg  # JSON round trip keeps bool or string
+    assert config_from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg  # JSON round trip keeps bool or string
     path = tmp_path / "c.toml"
     path.write_text(cfg.to_toml())
     assert load_config(path).train.cuda_graph == value and type(load_config(path).train.cuda_graph) is type(value)

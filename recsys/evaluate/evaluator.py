@@ -22,13 +22,7 @@ import torch
 
 from recsys.config import Config, RetrievalConfig
 from recsys.device import model_device, to_device
-from recsys.evaluate.metrics import (
-    category_diversity,
-    hit_rate,
-    ndcg,
-    rank_hits,
-    recall,
-)
+from recsys.evaluate.metrics import compute_metrics
 from recsys.progress import progress_bar
 from recsys.retrieval.index import Retriever
 
@@ -119,7 +113,8 @@ def evaluate(
                                        batch_size, device, bar)
     finally:
         model.train(was_training)
-    return _metrics(ids, eval_set, topn, num_items, comirec_ndcg, item_category)
+    return compute_metrics(ids, eval_set.truth_indptr, eval_set.truth_items, topn=topn, comirec_ndcg=comirec_ndcg,
+                           item_category=item_category, num_items=num_items)
 
 
 def _top_on_device(model: InterestModel, retriever: Retriever, eval_set: EvalSet, n: int, exclude_history: bool,
@@ -157,28 +152,6 @@ def _top_on_host(model: InterestModel, retriever: Retriever, eval_set: EvalSet, 
                                     diversity_lambda=diversity_lambda)[0])
         bar.update(stop - start)
     return np.concatenate(out)
-
-
-def _metrics(ids: np.ndarray, eval_set: EvalSet, topn: tuple[int, ...], num_items: int, comirec_ndcg: bool,
-             item_category: np.ndarray | None) -> dict[str, float]:
-    """:func:`evaluate`'s metrics of the recommended ``ids [U, max(topn)]``, all users at once."""
-    num_users = len(ids)
-    with_diversity = item_category is not None and bool(np.any(np.asarray(item_category) != 0))
-    hits = rank_hits(ids, np.asarray(eval_set.truth_indptr, dtype=np.int64),
-                     np.asarray(eval_set.truth_items, dtype=np.int64))
-    out: dict[str, float] = {}
-    for n in topn:
-        out[f"recall@{n}"] = float(recall(hits, n).sum()) / num_users
-        out[f"ndcg@{n}"] = float(ndcg(hits, n, comirec=comirec_ndcg).sum()) / num_users
-        out[f"hitrate@{n}"] = float(hit_rate(hits, n).sum()) / num_users
-        top = ids[:, :n]
-        if with_diversity:
-            div = category_diversity(top, item_category)
-            users = int(np.isfinite(div).sum())
-            out[f"diversity@{n}"] = float(np.nansum(div)) / users if users else float("nan")
-        out[f"coverage@{n}"] = len(np.unique(top[top > 0])) / (num_items - 1)
-    out["users"] = float(num_users)
-    return out
 
 
 def evaluate_with_config(

@@ -209,18 +209,21 @@ def compute_metrics(
     item_category: np.ndarray | None = None,
     num_items: int | None = None,
 ) -> dict[str, float]:
-    """All metrics at every cutoff in ``topn`` (each ``<= N``), averaged over users.
+    """All metrics at every cutoff in ``topn`` (each ``<= N``), averaged over users, all users
+    at once.
 
     Keys ``recall@n``, ``ndcg@n``, ``hitrate@n``; ``diversity@n`` when ``item_category`` is
-    given; ``coverage@n`` when ``num_items`` is given; and ``users``.
+    given and labels some item (all 0 = unknown: no diversity to measure); ``coverage@n``
+    when ``num_items`` is given; and ``users``.
     """
     hits = rank_hits(topn_ids, truth_indptr, truth_items)
+    with_diversity = item_category is not None and bool(np.any(np.asarray(item_category) != 0))
     out: dict[str, float] = {}
     for n in topn:
         out[f"recall@{n}"] = float(recall(hits, n).mean())
         out[f"ndcg@{n}"] = float(ndcg(hits, n, comirec=comirec_ndcg).mean())
         out[f"hitrate@{n}"] = float(hit_rate(hits, n).mean())
-        if item_category is not None:
+        if with_diversity:
             div = category_diversity(np.asarray(topn_ids)[:, :n], item_category)
             out[f"diversity@{n}"] = float(np.nanmean(div)) if np.isfinite(div).any() else float("nan")
         if num_items is not None:

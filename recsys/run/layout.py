@@ -194,12 +194,6 @@ class RunDir:
                 "first validation; start a new run instead"
             )
 
-    def latest(self, map_location: str | torch.device = "cpu") -> dict[str, Any] | None:
-        """The resume checkpoint (``model.pt``), or ``None`` when the run has none yet."""
-        if not self.has_checkpoint():
-            return None
-        return self.load(CHECKPOINT, map_location)
-
     def save_best(self, state_dict: Mapping[str, torch.Tensor], **info: Any) -> None:
         """Atomically write ``best.pt``: ``{"model": state_dict, **info}`` (e.g. step, metric)."""
         atomic_torch_save({"model": dict(state_dict), **info}, self.file(BEST), replace=self._replace)

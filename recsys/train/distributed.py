@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch import Tensor, nn
+from torch import nn
 
 from recsys.device import resolve_device
 
@@ -99,18 +99,6 @@ def barrier() -> None:
     """Wait for every rank (no-op in a single-process run)."""
     if dist.is_initialized():
         dist.barrier()
-
-
-def all_reduce_mean(tensor: Tensor) -> Tensor:
-    """Mean of ``tensor`` over all ranks, detached (the input is not modified); for logging.
-
-    Every rank must call it with the same shape. In a single-process run: ``tensor.detach()``.
-    """
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return tensor.detach()
-    out = tensor.detach().clone()
-    dist.all_reduce(out, op=dist.ReduceOp.SUM)
-    return out / dist.get_world_size()
 
 
 def broadcast_flag(flag: bool, device: torch.device) -> bool:

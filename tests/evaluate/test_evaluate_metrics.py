@@ -136,6 +136,8 @@ def test_compute_metrics_equals_python_loop_on_random_data():
             assert got[f"diversity@{n}"] == pytest.approx(div)
             top = topn[:, :n]
             assert got[f"coverage@{n}"] == pytest.approx(len(set(top[top > 0].tolist())) / (num_items - 1))
+    unlabelled = compute_metrics(topn, indptr, items, topn=(5,), item_category=np.zeros(num_items, dtype=np.int64))
+    assert "diversity@5" not in unlabelled  # no item has a category: nothing to measure
 
 
 def test_bad_truth_is_reported():

@@ -44,7 +44,7 @@ def test_checkpoint_round_trip_loads_weights_only(tmp_path):
     raw = torch.load(run.file(layout.CHECKPOINT), weights_only=True)  # the contract itself
     assert raw["step"] == 7 and raw["best"] == 0.25 and raw["best_step"] == 5 and raw["bad_evals"] == 1
 
-    loaded = run.latest()
+    loaded = run.load_checkpoint()
     model2, optimizer2 = _model_and_optimizer(1)
     model2.load_state_dict(loaded["model"])
     optimizer2.load_state_dict(loaded["optimizer"])
@@ -70,7 +70,7 @@ def test_restore_rng_requires_the_same_generator_names():
 
 def test_best_and_latest(tmp_path):
     run = RunDir.create(tmp_path / "run")
-    assert run.latest() is None and not run.has_best()
+    assert not run.has_checkpoint() and not run.has_best()
     with pytest.raises(FileNotFoundError, match="model.pt"):
         run.load_checkpoint()
     model, _ = _model_and_optimizer(0)
@@ -114,7 +114,7 @@ def test_checkpoint_save_failure_midway_keeps_previous(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="killed"):
         run.save_checkpoint({"step": 2})
     monkeypatch.undo()
-    assert run.latest()["step"] == 1
+    assert run.load_checkpoint()["step"] == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json", "model.pt"]  # no temporary file left
 
 
