@@ -161,7 +161,7 @@ def fetch(name: str, *, dest: str | Path | None = None, sources: list[str | Path
 
     ``dest`` replaces the data root; ``sources`` are files downloaded by hand (``--from``);
     an already prepared dataset is left alone unless ``force`` or ``sources`` is given;
-    ``registry_dir`` replaces the repository's ``data/``.
+    ``registry_dir`` replaces the packaged registry (:data:`recsys.data.registry.REGISTRY_DIR`).
     """
     e = entry(name, registry_dir or REGISTRY_DIR)
     folder = Path(dest) / name if dest else data_root() / name
@@ -183,8 +183,8 @@ def fetch(name: str, *, dest: str | Path | None = None, sources: list[str | Path
     counts = convert(e.convert, files, folder)
     marker.write_text(json.dumps({"name": name, "sha256": digests, "counts": counts}, indent=2) + "\n")
     log(summary(e, counts))
-    if dest:
-        log(f"fetched outside the data root: train with RECSYS_DATA_DIR={Path(dest)} recsys train --config {e.config}")
+    where = f"RECSYS_DATA_DIR={Path(dest)} " if dest else ""  # fetched outside the data root
+    log(f"train with: {where}recsys train --config {e.config}")
     return folder
 
 

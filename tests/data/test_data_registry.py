@@ -1,4 +1,4 @@
-"""The registry in data/: every entry loads, combines with every model config, and is listed."""
+"""The packaged dataset registry: every entry loads, combines with every model config, and is listed."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
-"""The registry of public datasets: one ``data/<name>.toml`` per dataset.
+"""The registry of public datasets: one ``<name>.toml`` per dataset, in this package's folder
+(:data:`REGISTRY_DIR`; shipped as package data, so an installed recsys has it too).
 
-Each file is a training config (``recsys train --config data/<name>.toml``) with one extra
-table, ``[dataset]``, that training ignores and ``recsys data list|fetch`` reads::
+Each file is a training config (``recsys train --config <the file>``; ``recsys data fetch NAME``
+prints the command) with one extra table, ``[dataset]``, that training ignores and
+``recsys data list|fetch`` reads::
 
     [dataset]
     title = "MovieLens 100K"
@@ -39,7 +41,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-REGISTRY_DIR = Path(__file__).resolve().parents[2] / "data"
+REGISTRY_DIR = Path(__file__).resolve().parent
 DATA_DIR_ENV = "RECSYS_DATA_DIR"
 SOURCE_PREFIX = "dataset:"
 PREPARED_MARKER = "prepared.json"  # written last by a fetch: the prepared files are complete
@@ -67,7 +69,7 @@ class DatasetFile:
 
 @dataclass(frozen=True)
 class DatasetEntry:
-    """A registered dataset: ``data/<name>.toml``'s ``[dataset]`` table."""
+    """A registered dataset: ``<name>.toml``'s ``[dataset]`` table."""
 
     name: str
     title: str
