@@ -105,8 +105,93 @@ def test_debug_switch_and_environment_variable_show_the_traceback(run_copy, monk
 def test_existing_run_name_is_one_line(tmp_path, capsys):
     """Was: a FileExistsError traceback."""
     (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("not a run")
     assert main(["train", "--set", f"output_dir={tmp_path}", "--set", "name=taken", *TINY_DATA]) == 2
     assert "taken exists" in _error_line(capsys)
+    assert (tmp_path / "taken" / "notes.txt").is_file()
+
+
+def _other_models_best(run: Path) -> None:
+    """Write the weights of a model with twice the run's dim as the run's best.pt (without the manifest)."""
+    import dataclasses
+
+    import torch
+
+    from recsys.models import build_model
+    from recsys.run import RunDir
+
+    cfg = RunDir(run).read_config()
+    num_items = RunDir(run).load_dataset().num_items
+    other = build_model(dataclasses.replace(cfg.model, dim=2 * cfg.model.dim), num_items, cfg.data.max_len)
+    torch.save({"model": other.state_dict()}, run / "best.pt")
+
+
+def test_flipped_bytes_in_best_pt_without_a_manifest_are_caught(run_copy, capsys):
+    """Was: with manifest.json deleted, a bit-flipped best.pt evaluated silently."""
+    (run_copy / "manifest.json").unlink()
+    _flip(run_copy / "best.pt", (run_copy / "best.pt").stat().st_size // 2)
+    assert main(["evaluate", str(run_copy)]) == 2
+    line = _error_line(capsys)
+    assert "best.pt: corrupted (its entry" in line and "CRC-32" in line
+
+
+@pytest.mark.parametrize("with_manifest", [False, True])
+def test_another_models_weights_are_named_as_such(run_copy, capsys, with_manifest):
+    """Was: `Error(s) in loading state_dict` (no manifest), or "best.pt: truncated" (with one)."""
+    if not with_manifest:
+        (run_copy / "manifest.json").unlink()
+    _other_models_best(run_copy)
+    assert main(["evaluate", str(run_copy)]) == 2
+    line = _error_line(capsys)
+    assert f"{run_copy / 'best.pt'}: weights of another model (" in line
+    assert "is [" in line and "where the config's model has [" in line and "truncated" not in line
+
+
+def test_a_flipped_bit_in_the_manifest_is_reported_as_the_manifest(run_copy, capsys):
+    """Was: reported as "best.pt: corrupted" (the manifest's own bytes had changed)."""
+    import json
+
+    path = run_copy / "manifest.json"
+    sha = json.loads(path.read_text())["best.pt"]["sha256"]
+    path.write_text(path.read_text().replace(sha, chr(ord(sha[0]) ^ 1) + sha[1:]))
+    assert main(["evaluate", str(run_copy)]) == 2
+    line = _error_line(capsys)
+    assert "manifest.json: damaged manifest" in line and "best.pt" not in line
+
+
+def test_resume_restores_a_missing_best_pt(run_copy, capsys):
+    """Was: the resume succeeded and `recsys evaluate` then said the run had no trained weights."""
+    (run_copy / "best.pt").unlink()
+    assert main(["train", "--resume", str(run_copy), "--set", "train.max_steps=30"]) == 0
+    err = capsys.readouterr().err
+    assert "best.pt: missing; restored from model.pt (the best weights, of step 20)" in err
+    assert main(["evaluate", str(run_copy)]) == 0
+
+
+def test_a_truncated_metrics_log_does_not_block_the_resume(run_copy, capsys):
+    """Was: "metrics.jsonl: truncated" refused a resume whose checkpoints were fine."""
+    _truncate(run_copy / "metrics.jsonl")
+    assert main(["train", "--resume", str(run_copy), "--set", "train.max_steps=30"]) == 0
+    assert "metrics.jsonl: truncated" in capsys.readouterr().err  # a warning: the resume went on
+    from recsys.run import RunDir
+
+    assert max(r["step"] for r in RunDir(run_copy).read_metrics()) == 30
+
+
+def test_a_run_killed_before_its_first_checkpoint_can_be_started_again(tmp_path, capsys):
+    """Was: `--resume` refused the folder, and a new run of the same name refused it too."""
+    from recsys.config import load_config
+    from recsys.run import RunDir
+
+    killed = RunDir.create(tmp_path / "tiny")  # what `kill -9` leaves before the first validation
+    killed.save_config(load_config(None, TINY_RUN_OVERRIDES))
+    killed.append_metrics({"step": 10, "loss": 4.0})
+    assert main(["train", "--resume", str(killed.path)]) == 2
+    assert "with the same name, it replaces this folder" in _error_line(capsys)
+    assert main(["train", *TINY_DATA, "--set", "train.max_steps=10", "--set", "train.eval_every=10",
+                 "--set", f"output_dir={tmp_path}", "--set", "name=tiny"]) == 0
+    assert "stopped before its first checkpoint" in capsys.readouterr().err
+    assert RunDir(killed.path).has_checkpoint()
 
 
 def _no_work(monkeypatch):
@@ -151,6 +236,28 @@ def test_memory_estimate_refuses_what_cannot_fit(tmp_path, monkeypatch, capsys):
     line = _error_line(capsys)
     assert "model.num_interests=100000" in line and "GiB" in line and "24.0 GiB free" in line
     assert not any(tmp_path.iterdir())  # refused before the run folder exists
+
+
+def test_memory_estimate_comes_before_the_model_is_allocated(tmp_path, monkeypatch, capsys):
+    """Was: model.dim=100000 allocated its 160 GB model (a traceback from the allocator, or the
+    out-of-memory killer) before the estimate could refuse it."""
+    import torch
+
+    from recsys.run import experiment
+    from recsys.train import memory
+
+    real_build = experiment.build_model
+
+    def build_without_allocating_big_models(model_cfg, *args, **kwargs):
+        assert model_cfg.dim < 1000 or torch.get_default_device().type == "meta", "allocated before the estimate"
+        return real_build(model_cfg, *args, **kwargs)
+
+    monkeypatch.setattr(experiment, "build_model", build_without_allocating_big_models)
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 24 * 1024**3)
+    assert main(["train", *TINY_DATA, "--set", "model.dim=100000", "--set", f"output_dir={tmp_path}"]) == 2
+    line = _error_line(capsys)
+    assert "model.dim=100000" in line and "more than the 24.0 GiB free" in line
+    assert not any(tmp_path.iterdir())
 
 
 def test_too_small_dataset_leaves_no_run_folder(tmp_path, capsys):

@@ -11,8 +11,13 @@ announced first: :func:`replace_recorded` adds the new digest as ``"pending"`` b
 one, renames the file into place, then keeps only the new digest. A crash at any point leaves a
 file that matches one of the digests the manifest accepts.
 
+The manifest checks itself too: its own entry (under its own name, ``manifest.json``) holds the
+SHA-256 of every other entry, so a changed byte in the manifest is reported as a damaged
+manifest, never as a damaged file that it lists.
+
 A file the manifest does not list (a run written before manifests existed, or a file added by
-hand) is not checked. The module is pure file handling: it knows nothing of checkpoints or
+hand) is not checked: :func:`verify` says so, and the reader can check what the format itself
+allows. The module is pure file handling: it knows nothing of checkpoints or
 configs; :class:`recsys.run.RunDir` hooks it into every write and read of a run and passes the
 advice that fits the file.
 """
@@ -69,21 +74,36 @@ def _key(root: Path, path: Path) -> str:
 
 def read_manifest(root: str | Path) -> dict[str, dict]:
     """``root``'s manifest as ``{relative path: {"size", "sha256"[, "pending"]}}`` (``{}`` when
-    the run has none). A manifest that is not valid JSON is an :class:`IntegrityError`."""
+    the run has none), checked against its own entry. A manifest that is not valid JSON, or whose
+    entries do not match their recorded SHA-256, is an :class:`IntegrityError` naming it."""
     path = Path(root) / MANIFEST
     try:
         entries = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return {}
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise IntegrityError(f"{path}: damaged manifest ({err}); the run's files cannot be verified, re-train it") from None
+        raise IntegrityError(f"{path}: damaged manifest ({err}); {_DAMAGED_ADVICE}") from None
     if not isinstance(entries, dict) or not all(isinstance(v, dict) for v in entries.values()):
-        raise IntegrityError(f"{path}: damaged manifest (not an object of file entries); re-train the run")
+        raise IntegrityError(f"{path}: damaged manifest (not an object of file entries); {_DAMAGED_ADVICE}")
+    own = entries.pop(MANIFEST, None)
+    if own is not None and own.get("sha256") != _entries_digest(entries):
+        raise IntegrityError(f"{path}: damaged manifest (its entries do not match its own SHA-256, so it cannot "
+                             f"tell which file changed); {_DAMAGED_ADVICE}")
     return entries
 
 
+_DAMAGED_ADVICE = (f"the run's files cannot be verified: re-train the run, or delete {MANIFEST} to read them "
+                   "unverified (checkpoints still get their format's own checks)")
+
+
+def _entries_digest(entries: dict[str, dict]) -> str:
+    """SHA-256 of the entries in a canonical JSON form (sorted keys, no spaces)."""
+    return hashlib.sha256(json.dumps(entries, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
+
+
 def _write_manifest(root: Path, entries: dict[str, dict]) -> None:
-    atomic_write_text(root / MANIFEST, json.dumps(entries, indent=2, sort_keys=True) + "\n")
+    own = {MANIFEST: {"sha256": _entries_digest(entries)}}
+    atomic_write_text(root / MANIFEST, json.dumps({**entries, **own}, indent=2, sort_keys=True) + "\n")
 
 
 def record(root: str | Path, path: str | Path, digest: Digest | None = None) -> Digest:
@@ -122,16 +142,17 @@ def replace_recorded(tmp: str | Path, path: str | Path, root: str | Path) -> Dig
     return digest
 
 
-def verify(root: str | Path, path: str | Path, advice: str) -> None:
+def verify(root: str | Path, path: str | Path, advice: str) -> bool:
     """Raise :class:`IntegrityError` when ``path`` is listed in ``root``'s manifest and is
-    missing, or its size or SHA-256 differs from every digest the entry accepts.
+    missing, or its size or SHA-256 differs from every digest the entry accepts; returns whether
+    the manifest lists it (False: nothing was checked).
 
     The message is one line: the file, what is wrong, and ``advice`` (what to do about it).
     """
     root, path = Path(root), Path(path)
     entry = read_manifest(root).get(_key(root, path))
     if entry is None:
-        return
+        return False
     accepted = [e for e in (entry, entry.get("pending")) if isinstance(e, dict)]
     if not path.is_file():
         raise IntegrityError(f"{path}: missing (the run's manifest lists it); {advice}")
@@ -143,6 +164,7 @@ def verify(root: str | Path, path: str | Path, advice: str) -> None:
     actual = file_digest(path).sha256
     if all(actual != e.get("sha256") for e in accepted):
         raise IntegrityError(f"{path}: corrupted (its SHA-256 differs from the run's manifest); {advice}")
+    return True
 
 
 def verify_tree(root: str | Path, folder: str | Path, advice: str) -> None:

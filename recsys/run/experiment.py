@@ -114,6 +114,6 @@ def load_run(path: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
     rd.require_trained()
     cfg = rd.read_config()
     exp = build_experiment(cfg, dataset=rd.load_dataset())
-    exp.model.load_state_dict(rd.load_best(map_location="cpu"))
+    rd.load_best(map_location="cpu", model=exp.model)
     exp.model.to(device).eval()
     return LoadedRun(exp.cfg, exp.dataset, exp.split, exp.item_counts, exp.model, rd)

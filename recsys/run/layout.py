@@ -26,19 +26,24 @@ Opening a run (:class:`RunDir`) never creates anything: a mistyped path fails na
 from __future__ import annotations
 
 import json
+import math
 import re
+import shutil
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from recsys.config import Config, ConfigError
 from recsys.models.spec import resolve
 from recsys.run.saved_config import run_config_from_dict
 from recsys.io import IntegrityError, atomic_save, atomic_torch_save, atomic_write, atomic_write_text, manifest
+from recsys.run import checks
 
 if TYPE_CHECKING:
     from recsys.data.prepare import Dataset
@@ -60,8 +65,8 @@ MANIFEST = manifest.MANIFEST
 ADVICE = {
     CHECKPOINT: f"the run cannot be resumed from it; its best weights ({BEST}) still evaluate and serve, "
                 "or re-train the run",
-    BEST: f"if {CHECKPOINT} is intact, `recsys train --resume RUN` continues from the latest checkpoint "
-          f"({BEST} is rewritten at the next improvement); otherwise re-train the run",
+    BEST: f"if {CHECKPOINT} is intact, delete {BEST} and `recsys train --resume RUN` restores it from the latest "
+          "checkpoint; otherwise re-train the run",
 }
 REWRITE_ADVICE = "re-train the run (recsys train)"
 
@@ -123,11 +128,12 @@ class RunDir:
         want a file name, e.g. a FAISS index), recorded in the manifest."""
         atomic_save(self.file(name), save, replace=self._replace)
 
-    def verify(self, name: str | Path, advice: str | None = None) -> None:
+    def verify(self, name: str | Path, advice: str | None = None) -> bool:
         """Check file ``name`` against the run's manifest; raises
         :class:`~recsys.io.manifest.IntegrityError` ending with ``advice`` (what to do; by
-        default the advice for that file) when it does not match."""
-        manifest.verify(self.path, self.file(name), advice or ADVICE.get(str(name), REWRITE_ADVICE))
+        default the advice for that file) when it does not match. Returns whether the manifest
+        lists the file (False: nothing was checked)."""
+        return manifest.verify(self.path, self.file(name), advice or ADVICE.get(str(name), REWRITE_ADVICE))
 
     def verify_tree(self, name: str) -> None:
         """:meth:`verify` every file the manifest lists under folder ``name`` (e.g. the dataset)."""
@@ -178,21 +184,41 @@ class RunDir:
         """Atomically write ``model.pt`` (e.g. a dict from ``make_checkpoint``)."""
         atomic_torch_save(state, self.file(CHECKPOINT), replace=self._replace)
 
-    def load_checkpoint(self, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-        """``model.pt`` (raises ``FileNotFoundError`` naming the path when there is none)."""
-        return self.load(CHECKPOINT, map_location)
+    def load_checkpoint(self, map_location: str | torch.device = "cpu", *, model: nn.Module | None = None
+                        ) -> dict[str, Any]:
+        """``model.pt`` (raises ``FileNotFoundError`` naming the path when there is none); with
+        ``model``, its weights are checked against it and loaded into it (see :meth:`load`)."""
+        return self.load(CHECKPOINT, map_location, model=model)
 
     def has_checkpoint(self) -> bool:
         """Whether the run has a resume checkpoint (``model.pt``)."""
         return self.file(CHECKPOINT).exists()
 
     def require_checkpoint(self) -> None:
-        """Raise ``FileNotFoundError`` naming the run unless it has a resume checkpoint."""
+        """Raise ``FileNotFoundError`` naming the run unless it has a resume checkpoint.
+
+        A run to resume must also evaluate whenever it stops, so a missing ``best.pt`` is
+        restored from the checkpoint, with a warning: exactly when the checkpoint's validation was
+        the best one, else with the checkpoint's weights (``best.pt`` is rewritten as soon as a
+        validation beats the recorded best).
+        """
         if not self.has_checkpoint():
             raise FileNotFoundError(
                 f"--resume: {self.path} has no checkpoint ({CHECKPOINT}): it failed or was stopped before its "
-                "first validation; start a new run instead"
+                "first validation; start a new run instead (with the same name, it replaces this folder)"
             )
+        if not self.has_best():
+            self._restore_best()
+
+    def _restore_best(self) -> None:
+        ck = self.load_checkpoint()
+        if ck["best"] == -math.inf:  # no validation has scored yet: there is no best to restore
+            return
+        self.save_best(ck["model"])
+        which = (f"the best weights, of step {ck['step']}" if ck["best_step"] == ck["step"] else
+                 f"the weights of step {ck['step']}; the best, of step {ck['best_step']}, are lost until a "
+                 "validation beats them")
+        warnings.warn(f"{self.file(BEST)}: missing; restored from {CHECKPOINT} ({which})", stacklevel=3)
 
     def save_best(self, state_dict: Mapping[str, torch.Tensor], **info: Any) -> None:
         """Atomically write ``best.pt``: ``{"model": state_dict, **info}`` (e.g. step, metric)."""
@@ -201,27 +227,45 @@ class RunDir:
     def has_best(self) -> bool:
         return self.file(BEST).exists()
 
-    def load_best(self, map_location: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-        """The best weights (a state_dict) from ``best.pt``."""
-        return self.load(BEST, map_location)["model"]
+    def load_best(self, map_location: str | torch.device = "cpu", *, model: nn.Module | None = None
+                  ) -> dict[str, torch.Tensor]:
+        """The best weights (a state_dict) from ``best.pt``; with ``model``, checked against it
+        and loaded into it (see :meth:`load`)."""
+        return self.load(BEST, map_location, model=model)["model"]
 
-    def load(self, name: str, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    def load(self, name: str, map_location: str | torch.device = "cpu", *, model: nn.Module | None = None
+             ) -> dict[str, Any]:
         """Load checkpoint file ``name`` of this run with ``torch.load(weights_only=True)``,
-        after verifying it against the manifest. A file that fails verification or that torch
-        cannot read (also in runs written before manifests existed) is an
-        :class:`~recsys.io.manifest.IntegrityError` naming it and what to do."""
+        after verifying it against the manifest or, where the manifest does not list it (runs
+        written before manifests existed), against the archive's own CRC-32s. With ``model``, the
+        checkpoint's weights (its ``"model"`` entry) must have the model's names and shapes, and
+        are loaded into it.
+
+        Every failure is an :class:`~recsys.io.manifest.IntegrityError` naming the file, what is
+        wrong (truncated, corrupted, replaced by another checkpoint, weights of another model,
+        unreadable) and what to do (:mod:`recsys.run.checks`)."""
         path = self.file(name)
         if not path.exists():
             raise FileNotFoundError(f"{path}: no such checkpoint in run directory {self.path}")
         advice = ADVICE.get(name, REWRITE_ADVICE)
-        self.verify(name)
         try:
-            state = torch.load(path, map_location=map_location, weights_only=True)
-        except Exception as err:  # truncated zip, bad pickle opcode, ...: all mean "damaged"
-            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise IntegrityError(f"{path}: cannot be read ({reason[:200]}); {advice}") from None
-        if not isinstance(state, dict) or (name == BEST and "model" not in state):
+            listed = self.verify(name)
+        except IntegrityError:  # damaged, or a whole checkpoint that is not the run's own
+            whole = checks.read_whole(path)
+            if whole is None:
+                raise
+            if model is not None:
+                checks.check_weights(path, model, whole.get("model", {}), advice)
+            raise IntegrityError(f"{path}: replaced by another checkpoint (a whole file, but not the one the run's "
+                                 f"manifest records); {advice}") from None
+        if not listed:
+            checks.check_archive(path, advice)
+        state = checks.torch_load(path, map_location, advice)
+        if (name == BEST or model is not None) and "model" not in state:
             raise IntegrityError(f"{path}: not a recsys checkpoint; {advice}")
+        if model is not None:
+            checks.check_weights(path, model, state["model"], advice)
+            model.load_state_dict(state["model"])
         return state
 
     # metrics --------------------------------------------------------------------------------
@@ -253,28 +297,23 @@ class RunDir:
         if not path.exists():
             return []
         self.verify(METRICS)
-        records = []
-        lines = path.read_text(encoding="utf-8").split("\n")
-        for lineno, line in enumerate(lines[:-1], start=1):  # lines[-1]: "" or a partial line
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{lineno}: malformed metrics record: {err}") from None
-            if not isinstance(record, dict):
-                raise ValueError(f"{path}:{lineno}: metrics record is not a JSON object")
-            records.append(record)
-        return records
+        return _parse_metrics(path)
 
     def rewind_metrics(self, step: int) -> list[dict[str, Any]]:
         """Keep only records with ``record["step"] <= step`` (for resuming from ``step``).
 
         Rewrites ``metrics.jsonl`` atomically and returns the kept records. Every record must
-        carry an integer ``step``.
+        carry an integer ``step``. The log is not an input of the model, so one that fails
+        verification but whose complete lines all parse (a truncated copy: a torn last line) does
+        not block a resume whose checkpoints are fine: its whole records are kept, with a warning.
         """
+        try:
+            records = self.read_metrics()
+        except IntegrityError as err:
+            records = _parse_metrics(self.file(METRICS))
+            warnings.warn(f"{str(err).split('; ')[0]}; the resume keeps its {len(records)} whole records", stacklevel=2)
         kept = []
-        for i, record in enumerate(self.read_metrics(), start=1):
+        for i, record in enumerate(records, start=1):
             if not isinstance(record.get("step"), int):
                 raise ValueError(f"{self.file(METRICS)}: record {i} has no integer 'step': {record}")
             if record["step"] <= step:
@@ -282,7 +321,6 @@ class RunDir:
         text = "".join(json.dumps(record) + "\n" for record in kept)
         atomic_write_text(self.file(METRICS), text, replace=self._replace)
         return kept
-
     # test metrics and other JSON ------------------------------------------------------------
     def save_test_metrics(self, metrics: Mapping[str, Any]) -> None:
         """Atomically write ``test_metrics.json``."""
@@ -332,6 +370,34 @@ class RunDir:
         return self.file(EXPORT) / fmt
 
 
+def _parse_metrics(path: Path) -> list[dict[str, Any]]:
+    """The complete records of a metrics log (see :meth:`RunDir.read_metrics`), unverified."""
+    records = []
+    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
+    for lineno, line in enumerate(lines[:-1], start=1):  # lines[-1]: "" or a partial line
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{lineno}: malformed metrics record: {err}") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}:{lineno}: metrics record is not a JSON object")
+        records.append(record)
+    return records
+
+
+# what a run directory holds before its first checkpoint (and the atomic writes' temporary files)
+_BEFORE_CHECKPOINT = {CONFIG, DATASET, METRICS, MANIFEST, TENSORBOARD}
+
+
+def _unfinished_start(path: Path) -> bool:
+    """Whether folder ``path`` holds nothing but the start of a run that never reached its
+    first checkpoint (a process killed before it; empty counts too), so a new run may take it."""
+    return path.is_dir() and all(p.name in _BEFORE_CHECKPOINT or (p.name.startswith(".") and p.name.endswith(".tmp"))
+                                 for p in path.iterdir())
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_.")
 
@@ -348,14 +414,21 @@ def new_run_dir(
 
     With no ``name`` it is ``<model>-<dataset>-<YYYYmmdd-HHMMSS>`` (``-2``, ``-3``, ... appended
     if taken; characters outside ``[A-Za-z0-9._-]`` become ``_``). A given ``name`` that already
-    exists is an error unless ``exist_ok`` (to resume, open ``RunDir(path)`` instead).
+    exists is an error unless ``exist_ok`` (to resume, open ``RunDir(path)`` instead), or unless
+    it holds only the start of a run killed before its first checkpoint, which has nothing to
+    resume and is replaced (with a warning).
     """
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     if name:
         path = output_dir / name
         if path.exists() and not exist_ok:
-            raise FileExistsError(f"run directory {path} exists; pick another name or resume it")
+            if not _unfinished_start(path):
+                raise FileExistsError(f"run directory {path} exists; pick another name or resume it")
+            if any(path.iterdir()):
+                warnings.warn(f"{path}: replaced: the run there stopped before its first checkpoint, so it had "
+                              "nothing to resume", stacklevel=2)
+            shutil.rmtree(path)
         path.mkdir(exist_ok=True)
         return path
     parts = [_slug(part) for part in (model, dataset) if _slug(part)]

@@ -397,7 +397,7 @@ def _run(cfg: Config, rd: RunDir, ds: Dataset, split: Split, item_counts: Tensor
         with track_metrics(rd, cfg.train.tensorboard and dist.is_main):
             state = _optimise(model, cfg, dist, split, item_counts, rd, validate, key, resume, log, on_validate)
         if dist.is_main and rd.has_best():
-            model.load_state_dict(rd.load_best(map_location=device))
+            rd.load_best(map_location=device, model=model)
 
     test_metrics: dict[str, float] = {}
     if dist.is_main:
@@ -451,8 +451,7 @@ def _optimise(model: InterestModel, cfg: Config, dist: distributed.DistInfo, spl
     st = _LoopState()
     guard = DivergenceGuard(t, rd, device)
     if resume:
-        ck = rd.load_checkpoint(map_location=device)
-        model.load_state_dict(ck["model"])
+        ck = rd.load_checkpoint(map_location=device, model=model)
         step_fn.optimizer.load_state_dict(ck["optimizer"])
         st = _LoopState(ck["step"], ck["best"], ck["best_step"], ck["bad_evals"], last_eval=ck["step"])
         restore_rng(ck["rng"], {"batches": batches.rng}, {"neg": generator})

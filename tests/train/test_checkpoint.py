@@ -170,6 +170,21 @@ def test_new_run_dir_names(tmp_path):
     assert first != second and first.is_dir() and second.is_dir()
     named = new_run_dir(tmp_path, "mine")
     assert named == tmp_path / "mine" and named.is_dir()
+    assert new_run_dir(tmp_path, "mine") == named  # empty: nothing to lose
+    RunDir(named).save_checkpoint({"step": 1})
     with pytest.raises(FileExistsError, match="mine"):
         new_run_dir(tmp_path, "mine")
     assert new_run_dir(tmp_path, "mine", exist_ok=True) == named
+
+
+def test_new_run_dir_replaces_a_run_killed_before_its_first_checkpoint(tmp_path):
+    killed = RunDir.create(tmp_path / "run")
+    killed.save_config(load_config(None))
+    killed.append_metrics({"step": 100, "loss": 4.0})
+    (killed.path / ".model.pt.abc.tmp").write_bytes(b"half a checkpoint")
+    with pytest.warns(UserWarning, match="stopped before its first checkpoint"):
+        assert new_run_dir(tmp_path, "run") == killed.path
+    assert list(killed.path.iterdir()) == []
+    (killed.path / "notes.txt").write_text("mine")  # not a run file: never replaced
+    with pytest.raises(FileExistsError, match="run directory .* exists"):
+        new_run_dir(tmp_path, "run")
