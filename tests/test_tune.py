@@ -17,13 +17,13 @@ BASE = TINY_RUN_OVERRIDES + ["train.eval_every=10", "train.lr=0.02"]
 
 
 def _space_file(tmp_path, cfg) -> str:
-    """A [tune] table that fixes every default key at the base's value and searches lr in {0.02, 0}."""
+    """A [tune] table that fixes every default key at the base's value and searches lr in {0.02, 1e-9}."""
     values = cfg.to_dict()
     lines = ["[tune]"]
     for key in default_space(cfg).keys() - {"train.lr"}:
         section, leaf = key.split(".")
         lines.append(f'"{key}" = {json.dumps(values[section][leaf])}')
-    lines.append('"train.lr" = [0.02, 0.0]')
+    lines.append('"train.lr" = [0.02, 1e-9]')
     path = tmp_path / "space.toml"
     path.write_text("\n".join(lines) + "\n")
     return str(path)
@@ -41,7 +41,7 @@ def test_tune_prunes_resumes_and_writes_a_config_that_trains(tmp_path, capsys):
 
     study = open_study(folder)
     study.ask()  # a trial left running by an interrupted tune
-    study.enqueue_trial({"train.lr": 0.0})  # a trial that learns nothing: pruned at its second validation
+    study.enqueue_trial({"train.lr": 1e-9})  # a trial that learns nothing: pruned at its second validation
     args = ["tune", "--config", space_file, "--trials", "4", "--out", str(folder)]
     assert main(args + [a for o in BASE for a in ("--set", o)]) == 0
     out = capsys.readouterr().out
@@ -49,7 +49,7 @@ def test_tune_prunes_resumes_and_writes_a_config_that_trains(tmp_path, capsys):
     trials = open_study(folder).get_trials()
     assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE", "FAIL", "PRUNED", "COMPLETE"]
     assert {t.number: (t.datetime_start, t.value) for t in trials[:2]} == before  # not rerun
-    assert trials[3].params == {"train.lr": 0.0} and sorted(trials[3].intermediate_values) == [0, 1]
+    assert trials[3].params == {"train.lr": 1e-9} and sorted(trials[3].intermediate_values) == [0, 1]
     assert "trial 2 was interrupted" in out and "| 3 | pruned |" in out
     assert sorted(p.name for p in (folder / "trials").iterdir()) == ["0000", "0001", "0003", "0004"]
 
@@ -113,6 +113,11 @@ def test_a_trial_whose_values_do_not_fit_fails_alone(tmp_path):
     assert [t.state.name for t in result.trials] == ["COMPLETE", "FAIL"] and result.best_trial == 0
     assert any(line.startswith("trial 1: fail") for line in lines)
     assert any("train.hard_negatives: has no effect with train.full_softmax" in line for line in lines), lines
+    # a running trial prints a line per validation (was: nothing while a trial trained)
+    assert lines.index("trial 0: training (the base config)") < lines.index("trial 0: complete  valid "
+                                                                            f"{result.trials[0].value:.4f}  (the base config)")
+    assert [line.split(":")[0] for line in lines if line.startswith("trial 0 @")] == ["trial 0 @ step 10",
+                                                                                       "trial 0 @ step 20"]
 
 
 def test_a_base_config_that_does_not_train_stops_the_tune(tmp_path):
@@ -153,3 +158,52 @@ def test_jobs_train_trials_in_processes_with_their_share_of_threads(tmp_path):
     assert result.trials[0].user_attrs["base"] and states[0] == "COMPLETE"
     threads = {RunDir(t.user_attrs["run_dir"]).read_config().train.cpu_threads for t in result.trials}
     assert threads == {max(1, len(os.sched_getaffinity(0)) // 2)}
+
+
+def test_max_minutes_fails_a_cut_trial_queues_it_again_and_bounds_the_retrain(tmp_path, monkeypatch):
+    """Was: a trial cut by --max-minutes counted as complete (its partial curve steering the
+    sampler), and the best config's retrain ran past the budget. Validations are slowed down to
+    0.4 s so a trial outlasts a 1.2 s budget."""
+    import shutil
+    import time
+
+    from recsys.train import trainer
+
+    real_evaluate = trainer.evaluate_with_config
+
+    def slow_evaluate(*args, **kwargs):
+        time.sleep(0.4)
+        return real_evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "evaluate_with_config", slow_evaluate)
+    base = load_config(None, BASE + ["train.eval_every=4", "train.log_every=1"])
+    folder, space = tmp_path / "tune", {"model.dim": [16, 32]}
+    tune(base, folder, trials=1, space=space, log=lambda line: None)  # trial 0: the base config, no budget
+    shutil.rmtree(folder / "best-0000")  # its retrain, so the next call decides again
+    lines: list[str] = []
+    result = tune(base, folder, trials=2, max_minutes=0.02, space=space, log=lines.append)
+    states = [t.state.name for t in result.trials]
+    assert states == ["COMPLETE", "FAIL", "WAITING"]
+    cut, queued = result.trials[1], result.trials[2]
+    assert "stopped by the tune's max_minutes at step" in cut.user_attrs["error"]
+    assert queued.system_attrs["fixed_params"] == cut.params  # it runs again first on resume
+    assert result.best_trial == 0 and result.run_dir == "" and result.test_metrics == {}
+    assert any("the best config is not retrained" in line and "recsys train --config" in line for line in lines)
+    assert not (folder / "best-0000").exists()
+
+
+def test_best_toml_names_the_data_file_absolutely(tmp_path, monkeypatch):
+    """Was: a relative data.source in best.toml, so `--config best.toml` failed from another folder."""
+    from recsys.config import SyntheticConfig
+    from recsys.data.synthetic import generate
+
+    synthetic = load_config(None, TINY_RUN_OVERRIDES).synthetic
+    assert isinstance(synthetic, SyntheticConfig)
+    monkeypatch.chdir(tmp_path)
+    generate(synthetic).rename(columns={"time": "timestamp"}).to_csv("clicks.csv", index=False)
+    cfg = load_config(None, BASE + ["data.source=clicks.csv"])
+    result = tune(cfg, tmp_path / "tune", trials=1, space={"model.dim": [16]}, log=lambda line: None)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert load_config(result.best_config).data.source == str(tmp_path / "clicks.csv")
