@@ -114,8 +114,8 @@ def test_a_trial_whose_values_do_not_fit_fails_alone(tmp_path):
     assert any(line.startswith("trial 1: fail") for line in lines)
     assert any("train.hard_negatives: has no effect with train.full_softmax" in line for line in lines), lines
     # a running trial prints a line per validation (was: nothing while a trial trained)
-    assert lines.index("trial 0: training (the base config)") < lines.index("trial 0: complete  valid "
-                                                                            f"{result.trials[0].value:.4f}  (the base config)")
+    finished = f"trial 0: complete  valid {result.trials[0].value:.4f}  (the base config)"
+    assert lines.index("trial 0: training (the base config)") < lines.index(finished)
     assert [line.split(":")[0] for line in lines if line.startswith("trial 0 @")] == ["trial 0 @ step 10",
                                                                                        "trial 0 @ step 20"]
 

@@ -52,7 +52,7 @@ def torch_load(path: Path, map_location: str | torch.device, advice: str) -> dic
     loaded object must be a dict."""
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as err:  # truncated zip, bad pickle opcode, ...: all mean "damaged"
+    except Exception as err:  # noqa: BLE001 - truncated zip, bad pickle opcode, ...: all mean "damaged"
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise IntegrityError(f"{path}: cannot be read ({reason[:200]}); {advice}") from None
     if not isinstance(state, dict):

@@ -40,10 +40,10 @@ import torch
 from torch import nn
 
 from recsys.config import Config, ConfigError
-from recsys.models.spec import resolve
-from recsys.run.saved_config import run_config_from_dict
 from recsys.io import IntegrityError, atomic_save, atomic_torch_save, atomic_write, atomic_write_text, manifest
+from recsys.models.spec import resolve
 from recsys.run import checks
+from recsys.run.saved_config import run_config_from_dict
 
 if TYPE_CHECKING:
     from recsys.data.prepare import Dataset

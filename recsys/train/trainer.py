@@ -485,8 +485,9 @@ def _optimise(model: InterestModel, cfg: Config, dist: distributed.DistInfo, spl
                 row["max_attention_logit"] = float(attn)
             if dist.is_main:
                 rd.append_metrics(row)
-                log(f"step {st.step}/{max_steps}  loss {loss:.4f}  logZ {log_z:.2f}  |g| {gnorm:.2f}  {rates.describe()}"
-                    f"  {meter.time_left(st.step, st.last_eval, st.bad_evals, validated=st.last_eval > 0)}".rstrip())
+                left = meter.time_left(st.step, st.last_eval, st.bad_evals, validated=st.last_eval > 0)
+                log(f"step {st.step}/{max_steps}  loss {loss:.4f}  logZ {log_z:.2f}  |g| {gnorm:.2f}  "
+                    f"{rates.describe()}  {left}".rstrip())
             guard.check(st.step, loss, gnorm)
             sums.zero_()
             window_steps, window_targets = 0, 0

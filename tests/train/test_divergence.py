@@ -109,3 +109,20 @@ def test_divergence_is_caught_under_cuda_graphs(tmp_path):
                                                   f"output_dir={tmp_path}"])
     with pytest.raises(TrainingDiverged, match="training diverged at step 10"):
         train(cfg, log=lambda line: None)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("graph", ["true", "false"])
+def test_the_guard_adds_no_sync_between_log_lines(tmp_path, count_syncs, graph):
+    """A run's syncs do not grow with its steps between two log lines: the guard keeps the first
+    loss on the device and reads only what the log line reads."""
+    from recsys.train.trainer import train
+
+    def syncs(steps: int) -> int:
+        cfg = load_config(None, TINY_RUN_OVERRIDES + [
+            f"train.max_steps={steps}", f"train.eval_every={steps}", f"train.log_every={steps}", "train.device=cuda",
+            f"train.cuda_graph={graph}", f"output_dir={tmp_path / str(steps)}"])
+        return count_syncs(lambda: train(cfg, log=lambda line: None))
+
+    assert syncs(40) == syncs(80)
