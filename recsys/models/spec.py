@@ -109,21 +109,16 @@ def unregister(name: str) -> None:
 
 
 def model_names() -> list[str]:
-    """Every registered ``model.name``, sorted."""
-    _load_builtin()
+    """Every registered ``model.name``, sorted (the built-in ones are registered by the time this
+    module can be imported: importing it runs ``recsys.models`` first)."""
     return sorted(_SPECS)
 
 
 def spec_for(name: str) -> ModelSpec:
     """The spec of ``model.name = name``; unknown names are a :class:`ConfigError` listing the known ones."""
-    _load_builtin()
     if name not in _SPECS:
         raise ConfigError(f"model.name: unknown model {name!r}; known: {', '.join(sorted(_SPECS))}")
     return _SPECS[name]
-
-
-def _load_builtin() -> None:
-    import recsys.models  # noqa: F401  (importing the package registers every built-in model)
 
 
 def resolve_model(model: ModelConfig) -> ModelConfig:

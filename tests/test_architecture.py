@@ -1,0 +1,144 @@
+"""The import graph of recsys/: every import goes down the layers, and no modules import each other
+in a circle.
+
+The layers, lowest first (a package or top-level module of recsys is a *unit*; a unit imports only
+itself and units of lower layers; units of one layer are independent of each other):
+
+- ``io``, ``config``, ``progress``: the ground floor, importing nothing else of recsys;
+- ``device``, ``data``, ``kernels``, ``retrieval``;
+- ``nn`` (layers on the kernels), then ``models``;
+- ``evaluate`` and ``run`` (a run directory builds its experiment from data and models);
+- ``train`` (writes runs, validates with evaluate), then ``tune``, ``serve``, ``plots``;
+- ``api``, then ``cli`` and the package's own ``__init__``, then ``__main__``.
+
+Every import counts, also those inside functions and under ``TYPE_CHECKING``: an import deferred
+into a function still runs upward, and deferring one only hides a circle.
+"""
+
+from __future__ import annotations
+
+import ast
+import graphlib
+from pathlib import Path
+
+import pytest
+
+import recsys
+
+PACKAGE = Path(recsys.__file__).parent
+LAYERS = (
+    {"io", "config", "progress"},
+    {"device", "data", "kernels", "retrieval"},
+    {"nn"},
+    {"models"},
+    {"evaluate", "run"},
+    {"train"},
+    {"tune", "serve", "plots"},
+    {"api"},
+    {"cli", "recsys"},  # "recsys": the package itself (its names come from api)
+    {"__main__"},
+)
+RANK = {unit: rank for rank, layer in enumerate(LAYERS) for unit in layer}
+
+
+def module_name(path: Path, root: Path = PACKAGE) -> str:
+    """``recsys/kernels/attention/op.py`` -> ``recsys.kernels.attention.op`` (a package's
+    ``__init__.py`` is the package)."""
+    parts = (root.name, *path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(tree: ast.AST, module: str, is_package: bool, known: set[str]) -> set[str]:
+    """The recsys modules ``module`` imports: ``from a.b import c`` is ``a.b.c`` where that is a
+    module of ``known``, else ``a.b``; relative imports are resolved against ``module``."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = module.split(".")[: len(module.split(".")) - node.level + is_package]
+                base = ".".join(package + ([base] if base else []))
+            found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names}
+    return {name for name in found if name == "recsys" or name.startswith("recsys.")}
+
+
+def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
+    """``{module: modules of the package it imports}`` over every ``.py`` file under ``root``."""
+    files = {module_name(p, root): p for p in sorted(root.rglob("*.py"))}
+    known = set(files)
+    return {name: imported_modules(ast.parse(path.read_text(), str(path)), name, path.name == "__init__.py", known)
+            - {name} for name, path in files.items()}
+
+
+def unit(module: str) -> str:
+    """The unit of a module: ``recsys.kernels.attention.op`` -> ``kernels``; ``recsys`` -> ``recsys``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a unit from a unit of its own layer or a higher one (or not in :data:`LAYERS`)."""
+    bad = []
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            a, b = unit(module), unit(target)
+            if a != b and (a not in RANK or b not in RANK or RANK[b] >= RANK[a]):
+                bad.append(f"{module} imports {target} ({a} -> {b})")
+    return bad
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One circle of imports, as the modules along it, or None."""
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as err:
+        return err.args[1]
+    return None
+
+
+GRAPH = import_graph()
+
+
+def test_every_unit_has_a_layer():
+    assert {unit(m) for m in GRAPH} <= set(RANK), sorted({unit(m) for m in GRAPH} - set(RANK))
+
+
+def test_imports_go_down_the_layers():
+    assert not (bad := upward_imports(GRAPH)), "imports against the layers:\n" + "\n".join(bad)
+
+
+def test_no_circle_of_imports():
+    assert (cycle := find_cycle(GRAPH)) is None, "circle of imports: " + " -> ".join(cycle)
+
+
+@pytest.fixture
+def tiny_package(tmp_path) -> Path:
+    """A package ``recsys`` whose data imports run (upward) and whose kernels' op and triton
+    modules import each other (the second one inside a function)."""
+    root = tmp_path / "recsys"
+    files = {
+        "__init__.py": "",
+        "data/__init__.py": "from recsys.run import layout\n",
+        "run/__init__.py": "",
+        "run/layout.py": "from recsys.config import Config\n",
+        "config.py": "",
+        "kernels/__init__.py": "from .attention import op\n",
+        "kernels/attention/__init__.py": "",
+        "kernels/attention/op.py": "from recsys.kernels.attention import triton\n",
+        "kernels/attention/triton.py": "def f():\n    from . import op\n",
+    }
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+def test_the_checks_find_an_upward_import_and_a_circle(tiny_package):
+    graph = import_graph(tiny_package)
+    assert graph["recsys.data"] == {"recsys.run.layout"}
+    assert graph["recsys.kernels"] == {"recsys.kernels.attention.op"}
+    assert upward_imports(graph) == ["recsys.data imports recsys.run.layout (data -> run)"]
+    cycle = find_cycle(graph)
+    assert cycle is not None and set(cycle) == {"recsys.kernels.attention.op", "recsys.kernels.attention.triton"}
