@@ -176,7 +176,8 @@ def build_run_index(
     users = len(exact_ids)
     report = IndexReport(
         factory=built.factory, requested_factory=settings.factory, nprobe=settings.nprobe,
-        ef_search=settings.ef_search, ef_construction=settings.ef_construction, num_items=len(emb) - 1, dim=int(emb.shape[1]), build_s=build_s,
+        ef_search=settings.ef_search, ef_construction=settings.ef_construction, num_items=len(emb) - 1,
+        dim=int(emb.shape[1]), build_s=build_s,
         embedding_sha1=embedding_hash(emb), n=n, users=users,
         recall=float(np.nanmean(ann_recall(ann_ids, exact_ids))) if users else float("nan"),
         exact_users_per_s=users / max(exact_s, 1e-9), ann_users_per_s=users / max(ann_s, 1e-9),

@@ -124,7 +124,8 @@ def test_save_load_round_trip_and_encode(tmp_path):
 
 
 def test_id_map_encodes_decodes_and_names_unknown_ids():
-    ds = prepare(clicks([("7", "10", 0), ("7", "2", 1), ("8", "10", 0)]), DataConfig(min_item_count=0, min_user_count=0))
+    rows = [("7", "10", 0), ("7", "2", 1), ("8", "10", 0)]
+    ds = prepare(clicks(rows), DataConfig(min_item_count=0, min_user_count=0))
     items = ds.item_map
     assert items.lookup([10, "2", "3"]).tolist() == [1, 2, -1]  # numbers are looked up by their text
     assert items.decode(np.array([[2, 1]])).tolist() == [["2", "10"]]

@@ -73,7 +73,8 @@ def test_exclude_as_csr_equals_dense():
 def test_faiss_and_torch_backends_agree_on_torch_input():
     _, emb, interests = _data(seed=2, num_items=3000, d=32)
     faiss_out = Retriever(emb, RetrievalConfig(backend="faiss")).search(torch.from_numpy(interests), 50)
-    torch_out = Retriever(torch.from_numpy(emb), RetrievalConfig(backend="torch")).search(torch.from_numpy(interests), 50)
+    on_device = Retriever(torch.from_numpy(emb), RetrievalConfig(backend="torch"))
+    torch_out = on_device.search(torch.from_numpy(interests), 50)
     np.testing.assert_array_equal(faiss_out[0], torch_out[0])
     np.testing.assert_allclose(faiss_out[1], torch_out[1], rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(faiss_out[2], torch_out[2])
@@ -84,7 +85,8 @@ def test_small_catalogue_pads_with_minus_one():
     emb = rng.standard_normal((6, 4)).astype(np.float32)  # 5 real items
     interests = rng.standard_normal((3, 2, 4)).astype(np.float32)
     for backend in ("faiss", "torch"):
-        ids, scores, interest_of = Retriever(emb, RetrievalConfig(backend=backend)).search(interests, 8, np.array([[1], [0], [0]]))
+        retriever = Retriever(emb, RetrievalConfig(backend=backend))
+        ids, scores, interest_of = retriever.search(interests, 8, np.array([[1], [0], [0]]))
         assert sorted(ids[0, :4]) == [2, 3, 4, 5] and (ids[0, 4:] == -1).all()
         assert sorted(ids[1, :5]) == [1, 2, 3, 4, 5] and (ids[1, 5:] == -1).all()
         assert np.isneginf(scores[1, 5:]).all() and (interest_of[1, 5:] == -1).all()
@@ -123,11 +125,13 @@ def test_ef_construction_sets_the_hnsw_build_beam():
     import faiss
 
     _, emb, interests = _data(seed=6)
-    built = [build_index(emb, RetrievalConfig(factory="HNSW8,Flat", ef_construction=ef)) for ef in (8, 200)]  # keep them alive
+    built = [build_index(emb, RetrievalConfig(factory="HNSW8,Flat", ef_construction=ef))  # keep them alive
+             for ef in (8, 200)]
     assert [faiss.downcast_index(index).hnsw.efConstruction for index in built] == [8, 200]
     # a flat index ignores it, and the same search comes back
     exact = Retriever(emb).search(interests, 10)[0]
-    np.testing.assert_array_equal(Retriever(emb, RetrievalConfig(backend="faiss", ef_construction=8)).search(interests, 10)[0], exact)
+    flat = Retriever(emb, RetrievalConfig(backend="faiss", ef_construction=8))
+    np.testing.assert_array_equal(flat.search(interests, 10)[0], exact)
     with pytest.raises(ValueError, match="retrieval.ef_construction"):
         build_index(emb, RetrievalConfig(factory="HNSW8,Flat", ef_construction=0))
 
@@ -189,7 +193,8 @@ def test_top_items_pads_a_small_catalogue_like_search():
     interests = rng.standard_normal((3, 2, 4)).astype(np.float32)
     exclude = np.array([[1], [0], [0]])
     want = Retriever(emb, RetrievalConfig(backend="faiss")).search(interests, 8, exclude)
-    got = Retriever(emb, RetrievalConfig(backend="torch")).top_items(torch.from_numpy(interests), 8, torch.from_numpy(exclude))
+    on_device = Retriever(emb, RetrievalConfig(backend="torch"))
+    got = on_device.top_items(torch.from_numpy(interests), 8, torch.from_numpy(exclude))
     np.testing.assert_array_equal(got[0].numpy(), want[0])
     np.testing.assert_allclose(got[1].numpy(), want[1], rtol=1e-5)
     np.testing.assert_array_equal(got[2].numpy(), want[2])

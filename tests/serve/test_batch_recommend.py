@@ -157,7 +157,8 @@ def test_exact_search_on_the_device_gives_the_faiss_table(tiny_run):
     on_device = copy.copy(run)
     on_device.cfg = copy.deepcopy(run.cfg)
     on_device.cfg.retrieval.backend = "torch"
-    faiss, torch_rec = (Recommender.of_run(r, retrieval_settings(r, "Flat"), log=lambda line: None) for r in (run, on_device))
+    faiss, torch_rec = (Recommender.of_run(r, retrieval_settings(r, "Flat"), log=lambda line: None)
+                        for r in (run, on_device))
     assert not faiss.retriever.on_device and torch_rec.retriever.on_device
     users = np.arange(run.dataset.num_users)
     for exclude_seen in (True, False):
