@@ -32,7 +32,7 @@ else:  # pragma: no cover
 
 
 AUTO = "auto"  # the value of a setting that the model's spec (recsys.models.spec) or the data decides
-REGISTRY_TABLE = "dataset"  # a data/<name>.toml's registry entry (recsys.data.registry); not run config
+REGISTRY_TABLE = "dataset"  # a dataset registry entry's table (recsys/data/registry/<name>.toml); not run config
 TUNE_TABLE = "tune"  # `recsys tune`'s search space (recsys.tune); not run config
 DATA_FORMATS = ("csv", "tsv", "parquet", "comirec", "movielens", "sequences")  # data.format (or auto): recsys.data.readers
 KERNEL_BACKENDS = ("auto", "triton", "torch")  # model.backend: recsys.kernels.common.backend

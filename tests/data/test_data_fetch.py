@@ -33,7 +33,7 @@ def server():
 
 def local_registry(tmp_path: Path, server: FileServer, name: str, files: list[bytes], *, check: str = "sha256",
                    size_offset: int = 0) -> Path:
-    """A registry folder holding data/<name>.toml with its files served by ``server``:
+    """A registry folder holding <name>.toml with its files served by ``server``:
     ``check`` is "sha256" (the right digest), "wrong" (a wrong digest) or "size" (no digest)."""
     real = tomllib.loads((REGISTRY_DIR / f"{name}.toml").read_text())["dataset"]
     lines = ["[dataset]"] + [f"{key} = {json.dumps(real[key])}" for key in ("title", "homepage", "licence", "convert")]
@@ -88,7 +88,7 @@ def test_clicks_csv_keeps_times_and_categories(server, tmp_path):
 
 
 def test_dataset_source_resolves_from_the_data_root(server, tmp_path, monkeypatch):
-    """`--config data/<name>.toml` finds the files fetched into $RECSYS_DATA_DIR and says how
+    """`--config <registry>/<name>.toml` finds the files fetched into $RECSYS_DATA_DIR and says how
     to fetch them when they are missing."""
     monkeypatch.setenv("RECSYS_DATA_DIR", str(tmp_path / "root"))
     paths = [REGISTRY_DIR / "ml-100k.toml", Path("experiments/configs/models/popular.toml")]
