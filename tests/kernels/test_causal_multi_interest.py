@@ -185,6 +185,14 @@ def test_under_torch_compile_cpu():
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
 
 
+@needs_interpreter
+def test_opcheck_cpu():
+    """Schema, fake (meta) shapes incl. the saved log-sum-exp, autograd registration, AOT dispatch."""
+    h, scores, lengths, _ = _problem(3, 20, 2, 16, 11, "cpu")
+    args = (h.float().requires_grad_(), scores.float().requires_grad_(), lengths)
+    torch.library.opcheck(torch.ops.recsys.causal_multi_interest.default, args)
+
+
 def test_backends_and_unsupported_inputs():
     """fp64 is beyond the kernels: "auto" falls back to the twin, "triton" says why it cannot."""
     h, scores, lengths, _ = _problem(2, 5, 2, 8, 10, "cpu")

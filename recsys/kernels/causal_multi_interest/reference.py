@@ -29,15 +29,16 @@ def causal_multi_interest_ref(h: Tensor, scores: Tensor, lengths: Tensor) -> Ten
         zeros, with zero gradients). Values of ``h`` and ``scores`` at padded positions are never
         used, even when they are not finite.
     """
-    seq_len = h.shape[1]
+    b, seq_len, d = h.shape
+    k = scores.shape[2]
     pos = torch.arange(seq_len, device=h.device)
     valid = pos[None, :] < lengths.to(h.device)[:, None]  # [B, L]
     # visible[b, t, l]: position l is in prefix t of a valid row t (l <= t < n implies l < n)
-    visible = (pos[:, None] >= pos[None, :])[None] & valid[:, :, None]  # [B, T, L]
-    logits = at_least_fp32(scores).transpose(1, 2)  # [B, K, L]
-    logits = logits[:, :, None, :].masked_fill(~visible[:, None], float("-inf"))  # [B, K, T, L]
-    # padded rows t see nothing: give them finite logits so the softmax has no NaN, then zero them
-    logits = logits.masked_fill(~valid[:, None, :, None], 0.0)
-    weights = torch.softmax(logits, dim=-1).masked_fill(~visible[:, None], 0.0)  # [B, K, T, L]
+    visible = ((pos[:, None] >= pos[None, :])[None] & valid[:, :, None])[:, None]  # [B, 1, T, L]
+    logits = at_least_fp32(scores).transpose(1, 2)[:, :, None, :]  # [B, K, 1, L]
+    # a padded row t sees nothing: constant logits keep its softmax finite (and off the scores); zeroed below
+    logits = torch.where(visible, logits, float("-inf")).masked_fill(~valid[:, None, :, None], 0.0)  # [B, K, T, L]
+    weights = torch.softmax(logits, dim=-1).masked_fill(~visible, 0.0).to(h.dtype)
     values = h.masked_fill(~valid[:, :, None], 0.0)  # padded rows may hold anything, NaN included
-    return torch.einsum("bktl,bld->btkd", weights.to(h.dtype), values)
+    out = torch.bmm(weights.view(b, k * seq_len, seq_len), values)  # [B, K T, d]
+    return out.view(b, k, seq_len, d).transpose(1, 2).contiguous()

@@ -12,7 +12,7 @@ the backward).
 Backward, two launches. (1) The scan again, given the output gradient ``g``: ``delta_t = <g_t,
 out_t>`` per ``(b, t, k)``, from the fp32 output (taken from the stored output, rounded to ``h``'s
 dtype, fp16 ``dscores`` came out at more than twice the twin's error at d = 128). (2) The gradients
-on an ``(L / BLOCK_T, B)`` grid in flash-attention's dK/dV form: each program owns one block of
+on a grid of ``B L / BLOCK_T`` programs in flash-attention's dK/dV form: each program owns one block of
 positions ``l`` of one sequence and, per interest, walks the blocks of output rows ``t >= l``:
 ``w[t, l] = exp(s_l - lse_t)`` comes from the saved ``lse`` (no product to recompute),
 ``dh += wᵀ g`` and ``gh = g hᵀ`` run on the tensor cores, ``ds += Σ_t w (gh - delta)``. No carries
@@ -148,10 +148,12 @@ def _bwd_kernel(
     H, S, LENGTHS, LSE, DELTA, G, DH, DS, L, D, K,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """``DH`` and ``DS`` at one block of positions ``l`` of one sequence (program ``(block, b)``),
-    summed over the interests and over the output rows ``t >= l`` of the sequence."""
-    j = tl.program_id(0)
-    b = tl.program_id(1)
+    """``DH`` and ``DS`` at one block of positions ``l`` of one sequence, summed over the interests
+    and over the output rows ``t >= l`` of the sequence. Program ``b * blocks + j`` takes block ``j``
+    of sequence ``b``: a sequence's programs run side by side and share its rows in L2."""
+    blocks = tl.cdiv(L, BLOCK_T)
+    b = tl.program_id(0) // blocks
+    j = tl.program_id(0) % blocks
     n = _valid_length(LENGTHS, b, L)
     offs_t = tl.arange(0, BLOCK_T)
     offs_d = tl.arange(0, BLOCK_D)
@@ -257,6 +259,6 @@ def backward(h: Tensor, scores: Tensor, lengths: Tensor, lse: Tensor, grad: Tens
     dscores = torch.empty_like(scores)
     cfg = config or backward_config(d, h.dtype)
     key = ("grad", h.device, h.dtype, scores.dtype, lengths.dtype, h.shape, k, aligned(h, scores, lengths, grad), cfg)
-    _launch(_BACKWARD, key, (triton.cdiv(seq_len, cfg.block_t), b), _meta(h, cfg))(
+    _launch(_BACKWARD, key, (b * triton.cdiv(seq_len, cfg.block_t),), _meta(h, cfg))(
         h, scores, lengths, lse, delta, grad, dh, dscores, seq_len, d, k)
     return dh, dscores
