@@ -50,7 +50,7 @@ from recsys.config import TUNE_TABLE, Config, ConfigError, load_config, with_val
 from recsys.data import IN_MEMORY
 from recsys.data.registry import SOURCE_PREFIX
 from recsys.io import atomic_write_text
-from recsys.models.spec import spec_for
+from recsys.models.spec import resolve, spec_for
 from recsys.run import RunDir
 from recsys.train.trainer import train
 
@@ -421,6 +421,7 @@ def tune(cfg: Config, folder: str | Path | None = None, *, trials: int = 20, max
     if not spec_for(cfg.model.name).trainable:
         raise ConfigError(f"model.name: {cfg.model.name} has nothing to train or tune")
     _optuna()  # fails here, naming the extra, when optuna is missing
+    cfg = resolve(cfg)  # the study keeps the values trial 0 trains with, from the CLI or the Python API alike
     folder = Path(folder) if folder is not None else default_folder(cfg)
     parsed = Space.parse({**default_space(cfg), **(space or {})}, cfg)
     log(f"tune folder: {folder}; searching " + "; ".join(parsed.describe().values()))
