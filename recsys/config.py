@@ -102,7 +102,9 @@ class ModelConfig:
     qk_norm: str = ""  # "" | rms | layer
     softcap: float = 0.0  # attention logit soft-cap; 0 disables
     backend: str = "auto"  # kernel backend: auto | triton | torch
-    positions: str = "recent"  # learned positions: recent (0 = latest click) | absolute (0 = oldest) | none
+    # learned positions: recent (0 = latest click) | absolute (0 = oldest) | alibi (self-attentive heads: a
+    # learned linear recency bias per interest, which the dense causal form reads from every prefix) | none
+    positions: str = "recent"
     head_values: str = "items"  # sasrec_mi: its multi-interest head pools items (embeddings) | encoded (encoder outputs)
     # self-attentive models: scores become c*tanh(s/c), so no interest collapses onto one click;
     # 0 disables; -1 (the default): the model's automatic value (recsys.models.spec)
@@ -385,7 +387,7 @@ _CHOICES = {
     "data.format": ("auto", *DATA_FORMATS),
     "data.split": ("user", "time"),
     "model.qk_norm": ("", "rms", "layer"),
-    "model.positions": ("recent", "absolute", "none"),
+    "model.positions": ("recent", "absolute", "alibi", "none"),
     "model.head_values": ("items", "encoded"),
     "model.backend": KERNEL_BACKENDS,
     "train.optimizer": ("adam", "adamw"),

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from recsys.kernels import cap_scores, multi_interest
+from recsys.kernels import cap_scores, length_softmax, multi_interest
 from recsys.kernels.causal_multi_interest import causal_multi_interest
 from recsys.nn.embeddings import POSITIONS
 from recsys.nn.masking import length_mask, recency_index
@@ -23,7 +23,11 @@ class SelfAttentiveHead(nn.Module):
         max_len: longest sequence, for the learned position embeddings ``P [max_len, d]``.
         backend: kernel backend (``auto | triton | torch``).
         positions: ``recent`` (``P[0]`` marks the most recent click), ``absolute`` (``P[0]`` the
-            oldest click of the window) or ``none``. ``recent`` reverses each row's valid clicks
+            oldest click of the window), ``alibi`` (no table: interest ``k``'s score of click ``l``
+            gains ``m_k · l``, a learned per-interest linear recency bias as in ALiBi, Press et al.,
+            ICLR 2022; relative to any prefix end ``t`` it is ``-m_k (t - l)`` up to a constant
+            that cancels in the softmax, so every prefix of the dense form sees its own recency)
+            or ``none``. ``recent`` reverses each row's valid clicks
             before the kernel, which numbers positions from the start: the interests ``Aᵀ H``
             are a sum over positions, so moving the clicks with their positions changes nothing
             else.
@@ -39,11 +43,14 @@ class SelfAttentiveHead(nn.Module):
     def __init__(self, dim: int, hidden: int, num_interests: int, max_len: int, backend: str = "auto",
                  positions: str = "recent", score_cap: float = 0.0):
         super().__init__()
-        if positions not in (*POSITIONS, "none"):
-            raise ValueError(f"model.positions: {positions!r} is not one of {[*POSITIONS, 'none']}")
+        if positions not in (*POSITIONS, "alibi", "none"):
+            raise ValueError(f"model.positions: {positions!r} is not one of {[*POSITIONS, 'alibi', 'none']}")
         self.w1 = nn.Parameter(torch.empty(dim, hidden))
         self.w2 = nn.Parameter(torch.empty(hidden, num_interests))
-        self.pos = None if positions == "none" else nn.Parameter(torch.empty(max_len, dim))
+        self.pos = nn.Parameter(torch.empty(max_len, dim)) if positions in POSITIONS else None
+        # ALiBi's geometric slopes 2^(-8 k / K), k = 1..K: from a sharp recency preference to almost none
+        self.slopes = (nn.Parameter(torch.exp2(-8.0 * torch.arange(1, num_interests + 1) / num_interests))
+                       if positions == "alibi" else None)
         self.positions = positions
         self.backend = backend
         self.score_cap = score_cap
@@ -63,6 +70,8 @@ class SelfAttentiveHead(nn.Module):
         differentiable; ``A`` is their softmax over each row's valid positions, see
         :func:`recsys.kernels.length_softmax`).
         """
+        if self.slopes is not None:  # the bias is not in the fused kernel: its PyTorch form
+            return self._alibi_forward(h, lengths, values, return_scores)
         index = None
         if self.positions == "recent":  # row i <- the i-th most recent click
             index = recency_index(lengths, h.shape[1])[..., None]
@@ -93,7 +102,23 @@ class SelfAttentiveHead(nn.Module):
                 h = h + self.pos[recency_index(lengths, h.shape[1])]
             else:
                 h = h + self.pos[None, : h.shape[1]]
-        return cap_scores(torch.tanh(h @ self.w1) @ self.w2, self.score_cap)
+        s = cap_scores(torch.tanh(h @ self.w1) @ self.w2, self.score_cap)  # [B, L, K]
+        if self.slopes is not None:
+            s = s + torch.arange(h.shape[1], device=h.device, dtype=s.dtype)[None, :, None] * self.slopes.to(s.dtype)
+        return s
+
+    def _alibi_forward(self, h: Tensor, lengths: Tensor, values: Tensor | None,
+                       return_scores: bool) -> Tensor | tuple[Tensor, Tensor]:
+        """:meth:`forward` with ALiBi positions: ``A = softmax_L(S)`` over the valid clicks of
+        :meth:`scores` (bias included), interests ``Aᵀ H`` ``[B, K, d]``."""
+        scores = self.scores(h, lengths).float()  # [B, L, K]
+        weights = length_softmax(scores, lengths)
+        v = h if values is None else values
+        out = torch.einsum("blk,bld->bkd", weights.to(v.dtype), v)
+        if self.track_stats:
+            valid = length_mask(lengths, h.shape[1])[..., None]
+            self.last_max_logit = scores.detach().masked_fill(~valid, float("-inf")).amax()
+        return (out, scores) if return_scores else out
 
     def prefix(self, h: Tensor, lengths: Tensor, values: Tensor | None = None) -> Tensor:
         """Interests at every prefix (dense training): ``h [B, L, d]``, ``lengths [B]`` ->

@@ -100,7 +100,9 @@ def plan_training(train: TrainConfig, model: str, train_indptr: np.ndarray, worl
     sequences ``train_indptr [R + 1]``, with ``world_size`` processes each drawing
     ``train.batch_size`` samples a step, each sample carrying ``targets_per_sample`` targets
     on average (1 for ``train.targets = "last"``; a window's expected valid positions for
-    ``"all"``, whose targets are every click with at least one before it)."""
+    ``"all"``, whose targets are every click with at least one before it). An epoch is one
+    pass over the targets either way, so a dense epoch takes fewer steps, and the automatic
+    decay per step is larger by as much."""
     samples_per_step = train.batch_size * world_size
     min_target = 1 if train.targets == "all" else train.min_target
     targets = training_targets(train_indptr, min_target)

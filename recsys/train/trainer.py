@@ -49,7 +49,7 @@ from recsys.train.losses import (
     LossOutput,
     attention_collision,
     draw_from,
-    full_softmax_loss,
+    chunked_softmax_loss,
     interest_proposal,
     make_sampler,
     mixture_log_expected_count,
@@ -195,9 +195,9 @@ class TrainStep:
             item_emb = self.model.item_embeddings()  # [N, d]
             user = readout(interests, item_emb[targets], soft=soft if self.soft_phase else 0.0)  # [R, d]
             if self.sampler is None:
-                out = full_softmax_loss(user, targets, item_emb, z_loss=t.z_loss,
-                                        interests=interests if self.max_scores else None,
-                                        backend=self.cfg.model.backend, mask=mask)
+                out = chunked_softmax_loss(user, targets, item_emb, z_loss=t.z_loss,
+                                           interests=interests if self.max_scores else None,
+                                           backend=self.cfg.model.backend, mask=mask)
             else:
                 out = self._sampled_loss(user, targets, item_emb, negatives, hard_uniforms, interests,
                                          proposal_interests, mask)

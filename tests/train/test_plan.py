@@ -115,3 +115,11 @@ def test_explicit_weight_decay_and_plain_adam():
 def test_bad_budget_values_name_the_key(setting):
     with pytest.raises(ConfigError, match=setting.split("=")[0]):
         load_config(None, [setting])
+
+
+def test_a_dense_epoch_is_one_pass_over_every_target():
+    """train.targets = "all": targets are all clicks with one before them, a sample carries several."""
+    indptr = _indptr([11] * 100)  # 1,000 dense targets (10 a user), 600 with min_target = 4
+    dense = plan_training(_train("train.targets=all", "train.batch_size=10"), "sasrec", indptr, targets_per_sample=5.0)
+    last = plan_training(_train("train.targets=last", "train.batch_size=10"), "sasrec", indptr)
+    assert (dense.epoch_steps, last.epoch_steps) == (20, 70)

@@ -1,0 +1,112 @@
+"""A model is one spec: a toy model declared in this file alone trains, evaluates and tunes
+through the public functions, and the library asks its spec instead of its name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+import recsys
+from recsys.config import ConfigError, ModelConfig, load_config
+from recsys.models import ModelSpec, build_model, register, resolve, spec_for
+from recsys.models.sequence import SequenceModel
+from recsys.models.spec import unregister
+from recsys.train.plan import plan_training
+
+from tests.conftest import TINY_RUN_OVERRIDES
+
+
+class LastClick(SequenceModel):
+    """The interest is a learned map of the last click (dense: of the click at each prefix)."""
+
+    def __init__(self, num_items: int, dim: int):
+        super().__init__(num_items, dim, num_interests=1)
+        self.proj = nn.Linear(dim, dim)
+
+    def encode(self, h: Tensor, lengths: Tensor) -> Tensor:
+        last = h[torch.arange(len(h)), (lengths - 1).clamp(min=0)]
+        return self.proj(last)[:, None] * (lengths > 0)[:, None, None]
+
+    def encode_prefix(self, h: Tensor, lengths: Tensor) -> Tensor:
+        valid = torch.arange(h.shape[1])[None, :] < lengths[:, None]
+        return (self.proj(h) * valid[..., None])[:, :, None]
+
+
+@pytest.fixture
+def toy():
+    spec = register(ModelSpec(
+        name="toy_last_click", build=lambda cfg, n, max_len, counts: LastClick(n, cfg.dim), dense=True,
+        defaults={"train.targets": "all", "epoch_decay": 0.3}, tune_space={"model.dim": [8, 16]},
+    ))
+    yield spec
+    unregister(spec.name)
+
+
+def _overrides(tmp_path, *extra: str) -> list[str]:
+    keep = [o for o in TINY_RUN_OVERRIDES if not o.startswith(("model.num_interests", "model.backend"))]
+    return [*keep, "model.name=toy_last_click", f"output_dir={tmp_path}", *extra]
+
+
+def test_a_toy_model_trains_evaluates_and_tunes_through_the_public_functions(toy, tmp_path):
+    assert spec_for("toy_last_click") is toy and "toy_last_click" in recsys.models.model_names()
+    cfg = resolve(load_config(None, _overrides(tmp_path)))
+    assert cfg.train.targets == "all"  # its spec's automatic value
+    run = recsys.fit(None, config=cfg, log=None)
+    assert isinstance(run.model, LastClick)
+    metrics = run.evaluate("test")
+    assert 0.0 <= metrics["recall@50"] <= 1.0
+    assert len(run.recommend(users=run.dataset.user_raw[:2].tolist(), n=5)) == 10
+    assert recsys.Run.load(run.path).config.train.targets == "all"  # the resolved value is what was saved
+
+    from recsys.tune import default_space, tune
+
+    assert default_space(cfg)["model.dim"] == [8, 16]  # the spec's tuning space joins the shared one
+    result = tune(load_config(None, _overrides(tmp_path)), tmp_path / "tune", trials=2,
+                  space={"train.lr": {"low": 1e-3, "high": 1e-2, "log": True}}, log=lambda line: None)
+    assert len(result.trials) == 2 and result.run_dir
+
+
+def test_the_plan_reads_the_spec_s_weight_decay(toy):
+    import numpy as np
+
+    train = load_config(None, ["train.lr=0.002"]).train
+    indptr = np.arange(0, 14 * 1000 + 1, 14)
+    toy_plan = plan_training(train, "toy_last_click", indptr)
+    default_plan = plan_training(train, "comirec_sa", indptr)
+    assert toy_plan.weight_decay == pytest.approx(default_plan.weight_decay * 0.3 / 0.15)
+
+
+def test_settings_a_model_does_not_read_are_refused_naming_the_key(toy):
+    with pytest.raises(ConfigError, match=r"model.qk_norm='rms' has no effect on toy_last_click"):
+        build_model(ModelConfig(name="toy_last_click", qk_norm="rms"), 10, 5)
+    with pytest.raises(ConfigError, match="train.attention_reg=1 has no effect on toy_last_click"):
+        resolve(load_config(None, ["model.name=toy_last_click", "train.attention_reg=1"]))
+    with pytest.raises(ConfigError, match="model.name: unknown model 'nope'"):
+        spec_for("nope")
+
+
+def test_registering_a_name_twice_or_an_unknown_setting_fails(toy):
+    with pytest.raises(ValueError, match="registered twice"):
+        register(toy)
+    with pytest.raises(ValueError, match=r"settings \['depth'\] are not \[model\] fields"):
+        register(ModelSpec(name="toy_bad", build=toy.build, settings=("depth",)))
+
+
+@pytest.mark.parametrize("name", ["comirec_sa", "sasrec", "sasrec_mi", "gru4rec", "youtube_dnn", "mind",
+                                  "comirec_dr", "popular"])
+def test_every_built_in_spec_agrees_with_its_model(name):
+    """A spec's capabilities are what its model does: dense models implement prefix_interests,
+    multi-interest ones have K = model.num_interests, trainable ones have parameters."""
+    spec = spec_for(name)
+    counts = torch.ones(30, dtype=torch.long)
+    model = build_model(ModelConfig(name=name, dim=8, num_heads=2, num_interests=3, backend="torch"), 30, 6,
+                        item_counts=counts)
+    assert model.num_interests == (3 if spec.multi_interest else 1)
+    assert any(p.requires_grad for p in model.parameters()) == spec.trainable
+    seq, lengths = torch.randint(1, 30, (2, 6)), torch.tensor([6, 3])
+    if spec.dense:
+        assert model.prefix_interests(seq, lengths).shape == (2, 6, model.num_interests, 8)
+    else:
+        with pytest.raises(NotImplementedError):
+            model.prefix_interests(seq, lengths)

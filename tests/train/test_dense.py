@@ -1,0 +1,161 @@
+"""Dense training (``train.targets = "all"``): every position of a window predicts the next click."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from recsys.config import ConfigError, load_config
+from recsys.data.batches import WindowSampler
+from recsys.models import build_model, resolve, spec_for
+from recsys.train.trainer import TrainStep
+
+DENSE = ["sasrec", "sasrec_mi", "comirec_sa", "gru4rec", "youtube_dnn"]
+NUM_ITEMS, MAX_LEN = 40, 7
+
+
+def _step(name: str, targets: str, *extra: str) -> TrainStep:
+    cfg = resolve(load_config(None, [f"model.name={name}", f"train.targets={targets}", "model.dim=16",
+                                     "model.num_heads=2", "model.dropout=0", "model.backend=torch",
+                                     "model.num_interests=3", "train.num_negatives=12", *extra]))
+    torch.manual_seed(0)
+    model = build_model(cfg.model, NUM_ITEMS, MAX_LEN)
+    counts = torch.ones(NUM_ITEMS, dtype=torch.long)
+    return TrainStep(model, cfg, torch.device("cpu"), counts, torch.Generator().manual_seed(0))
+
+
+def _negatives(step: TrainStep) -> tuple[torch.Tensor, torch.Tensor]:
+    step.generator.manual_seed(3)
+    return step.negatives()
+
+
+@pytest.mark.parametrize("name", DENSE)
+@pytest.mark.parametrize("loss", ["sampled", "full"])
+def test_a_window_of_one_target_gives_the_last_position_loss(name, loss):
+    """With one input click per row, dense and last-position training compute the same loss and gradients."""
+    extra = ["train.full_softmax=true"] if loss == "full" else []
+    rng = np.random.default_rng(1)
+    seq = torch.from_numpy(rng.integers(1, NUM_ITEMS, (5, MAX_LEN)))
+    lengths = torch.ones(5, dtype=torch.long)
+    nxt = torch.from_numpy(rng.integers(1, NUM_ITEMS, 5))
+    dense_targets = torch.zeros_like(seq)
+    dense_targets[:, 0] = nxt
+    grads = []
+    outs = []
+    for targets, tgt in (("all", dense_targets), ("last", nxt)):
+        step = _step(name, targets, *extra)
+        out = step.loss(seq, lengths, tgt, *_negatives(step), torch.zeros(()))
+        out.loss.backward()
+        outs.append(out.loss.detach())
+        grads.append(torch.cat([p.grad.flatten() for p in step.model.parameters() if p.grad is not None]))
+    torch.testing.assert_close(outs[0], outs[1])
+    torch.testing.assert_close(grads[0], grads[1])
+
+
+@pytest.mark.parametrize("name", DENSE)
+def test_padding_positions_get_no_gradient_and_do_not_change_the_loss(name):
+    step = _step(name, "all")
+    rng = np.random.default_rng(2)
+    seq = torch.from_numpy(rng.integers(1, NUM_ITEMS - 5, (4, MAX_LEN)))
+    lengths = torch.tensor([7, 3, 1, 5])
+    targets = torch.from_numpy(rng.integers(1, NUM_ITEMS - 5, (4, MAX_LEN)))
+    pad = torch.arange(MAX_LEN)[None, :] >= lengths[:, None]
+    targets[pad] = 0
+    seq[pad] = NUM_ITEMS - 1  # an item that appears only at padded positions
+    negatives = torch.arange(1, NUM_ITEMS - 5)  # the padding-only items are never negatives
+    out = step.loss(seq, lengths, targets, negatives, torch.empty(0), torch.zeros(()))
+    out.loss.backward()
+    table = step.model.item_embeddings()
+    assert table.grad[NUM_ITEMS - 5 :].abs().max() == 0  # only seen at padding: no gradient
+    step.model.zero_grad()
+    seq2 = seq.clone()
+    seq2[pad] = NUM_ITEMS - 2
+    out2 = step.loss(seq2, lengths, targets, negatives, torch.empty(0), torch.zeros(()))
+    torch.testing.assert_close(out.loss, out2.loss)
+
+
+@pytest.mark.parametrize("name, positions", [(n, ["model.positions=absolute"] if "positions" in spec_for(n).settings
+                                                 else []) for n in DENSE] + [("comirec_sa", ["model.positions=alibi"])])
+def test_prefix_interests_equal_interests_of_each_cut_sequence(name, positions):
+    """``prefix_interests[:, t]`` is ``interests`` of the sequence cut after click t (positions counted from
+    the start, so the reference point is the same), and the last valid prefix always equals ``interests``."""
+    step = _step(name, "all", *positions)
+    model = step.model.eval()
+    rng = np.random.default_rng(3)
+    seq = torch.from_numpy(rng.integers(1, NUM_ITEMS, (3, MAX_LEN)))
+    lengths = torch.tensor([7, 4, 0])
+    with torch.no_grad():
+        prefix = model.prefix_interests(seq, lengths)  # [B, L, K, d]
+        assert prefix.shape[:2] == (3, MAX_LEN) and torch.isfinite(prefix).all()
+        for t in range(MAX_LEN):
+            cut = torch.clamp(lengths, max=t + 1)
+            full = model.interests(seq, cut)
+            valid = lengths > t
+            torch.testing.assert_close(prefix[valid, t], full[valid], atol=1e-5, rtol=1e-4)
+            assert (prefix[~valid, t] == 0).all()
+
+
+@pytest.mark.parametrize("name, positions", [("sasrec", "recent"), ("comirec_sa", "recent"), ("comirec_sa", "alibi"),
+                                             ("sasrec_mi", "recent")])
+def test_last_prefix_equals_interests(name, positions):
+    model = _step(name, "all", f"model.positions={positions}").model.eval()
+    seq = torch.from_numpy(np.random.default_rng(4).integers(1, NUM_ITEMS, (3, MAX_LEN)))
+    lengths = torch.tensor([7, 4, 2])
+    with torch.no_grad():
+        prefix = model.prefix_interests(seq, lengths)
+        last = prefix[torch.arange(3), lengths - 1]
+        torch.testing.assert_close(last, model.interests(seq, lengths), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["mind", "comirec_dr", "popular"])
+def test_models_that_cannot_train_densely_are_refused_by_name(name):
+    with pytest.raises(ConfigError, match=f'train.targets="all": {name} cannot train on every position'):
+        resolve(load_config(None, [f"model.name={name}", "train.targets=all"]))
+    assert resolve(load_config(None, [f"model.name={name}"])).train.targets == "last"
+
+
+def test_window_sampler_windows_are_contiguous_and_shifted_by_one():
+    lengths = np.array([2, 5, 30, 9])
+    indptr = np.concatenate([[0], np.cumsum(lengths)])
+    items = np.arange(1, indptr[-1] + 1)  # item ids = position + 1: contiguity is visible
+    sampler = WindowSampler(indptr, items, max_len=6, seed=0)
+    seq, lens, targets = sampler.sample(500)
+    assert ((lens >= 1) & (lens <= 6)).all()
+    for s, n, t in zip(seq, lens, targets):
+        assert (np.diff(s[:n]) == 1).all() and (t[:n] == s[:n] + 1).all()
+        assert (s[n:] == 0).all() and (t[n:] == 0).all()
+    # the plan's expected targets a window matches what the draws give
+    assert sampler.mean_targets() == pytest.approx(lens.mean(), rel=0.1)
+    exact = np.mean([np.mean([min(e - 1, 6) for e in range(2, n + 1)]) for n in lengths])
+    assert sampler.mean_targets() == pytest.approx(exact)
+
+
+def test_runs_saved_before_dense_training_load_as_trained(tiny_run, tmp_path):
+    """A config.json without train.targets was trained on the last position: it loads and evaluates so,
+    even for a model whose automatic value is now "all"."""
+    import json
+    import shutil
+
+    from recsys.config import Config
+    from recsys.run.saved_config import run_config_from_dict
+
+    saved = Config().to_dict()
+    saved["model"]["name"] = "sasrec"
+    del saved["train"]["targets"]
+    assert run_config_from_dict(saved).train.targets == "last"
+    assert resolve(load_config(None, ["model.name=sasrec"])).train.targets == "all"
+
+    import recsys
+    from recsys.io import manifest
+
+    old = tmp_path / "old"
+    shutil.copytree(tiny_run, old)
+    path = old / "config.json"
+    values = json.loads(path.read_text())
+    del values["train"]["targets"]
+    path.write_text(json.dumps(values))
+    manifest.record(old, path)  # an old run's manifest matched its config
+    run = recsys.Run.load(old)
+    assert run.config.train.targets == "last"
+    assert run.evaluate("test") == recsys.Run.load(tiny_run).evaluate("test")
