@@ -37,6 +37,7 @@ from torch import Tensor
 from recsys.kernels import length_softmax, max_interest_scores
 
 SAMPLER_KINDS = ("uniform", "log_uniform", "unigram")
+CATALOGUE_CHUNK = 8192  # items per chunk of the exact softmax (chunked_softmax_loss): [rows, chunk] fp32 at a time
 
 
 def readout(interests: Tensor, target_emb: Tensor, soft: Tensor | float = 0.0) -> Tensor:
@@ -433,7 +434,7 @@ def chunked_softmax_loss(
     *,
     mask: Tensor | None = None,
     z_loss: float = 0.0,
-    chunk_size: int = 8192,
+    chunk_size: int = CATALOGUE_CHUNK,
     interests: Tensor | None = None,
     backend: str = "auto",
 ) -> LossOutput:

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from recsys.config import Config, ConfigError
+from recsys.train.losses import CATALOGUE_CHUNK
 
 __all__ = ["available_bytes", "check_fits", "estimate_bytes"]
 
@@ -36,12 +37,16 @@ def estimate_bytes(cfg: Config, num_params: int, num_items: int, num_interests: 
     m, t, e = cfg.model, cfg.train, cfg.eval
     b, seq_len, k, d = t.batch_size, cfg.data.max_len, num_interests, m.dim
     hidden = m.hidden or 4 * d
-    negatives = num_items if t.full_softmax else (t.num_negatives or 10 * b)
+    # the exact softmax holds one chunk of the catalogue's logits at a time
+    negatives = min(num_items, CATALOGUE_CHUNK) if t.full_softmax else (t.num_negatives or 10 * b)
+    rows = b * seq_len if t.targets == "all" else b  # dense training: a target at every position
     # forward activations kept for backward, and their gradients: x 3
-    step = 3 * b * (seq_len * (hidden + k) + k * d + m.num_layers * seq_len * d * 12) + 2 * b * (negatives + 1)
+    step = 3 * b * (seq_len * (hidden + k) + k * d + m.num_layers * seq_len * d * 12) + 2 * rows * (negatives + 1)
+    if t.targets == "all":  # interests at every prefix, and the causal twin's [B, K, L, L] weights
+        step += 3 * rows * k * d + 2 * b * k * seq_len * seq_len
     if t.negative_scores == "max" and k > 1:
         # every interest's score of every negative (the PyTorch twin; the bf16/fp16 CUDA kernel keeps none)
-        step += 2 * b * k * negatives
+        step += 2 * rows * k * negatives
     if t.hard_negatives and not t.full_softmax:
         step += 2 * b * k * num_items  # the hard-negative proposal's scores and softmax over the catalogue
     eval_batch = e.batch_size * k * (d + 3 * max(e.topn))  # interests and per-interest search results

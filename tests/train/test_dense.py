@@ -159,3 +159,13 @@ def test_runs_saved_before_dense_training_load_as_trained(tiny_run, tmp_path):
     run = recsys.Run.load(old)
     assert run.config.train.targets == "last"
     assert run.evaluate("test") == recsys.Run.load(tiny_run).evaluate("test")
+
+
+def test_the_memory_estimate_counts_a_target_at_every_position():
+    from recsys.train.memory import estimate_bytes
+
+    last = resolve(load_config(None, ["model.name=sasrec", "train.targets=last", "data.max_len=50"]))
+    dense = resolve(load_config(None, ["model.name=sasrec", "data.max_len=50"]))
+    parts = [estimate_bytes(cfg, 10_000, 50_001, 1)["training step activations"] for cfg in (last, dense)]
+    # 49 more positions of logits over the 1,280 shared negatives (and their gradients), 4 bytes each
+    assert parts[1] - parts[0] >= 2 * 128 * 49 * 1281 * 4
