@@ -25,7 +25,6 @@ if not torch.cuda.is_available():
 import sm90  # noqa: E402 - tests/kernels is on sys.path
 from kernel_accuracy import assert_within_twice_twin  # noqa: E402
 from recsys.kernels.causal_multi_interest import causal_multi_interest, causal_multi_interest_ref  # noqa: E402
-from recsys.kernels.causal_multi_interest import triton as kernel  # noqa: E402
 from recsys.kernels.multi_interest import multi_interest_ref  # noqa: E402
 
 CUDA = torch.cuda.is_available()
@@ -197,7 +196,8 @@ def test_backends_and_unsupported_inputs():
     """fp64 is beyond the kernels: "auto" falls back to the twin, "triton" says why it cannot."""
     h, scores, lengths, _ = _problem(2, 5, 2, 8, 10, "cpu")
     if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
-        torch.testing.assert_close(causal_multi_interest(h, scores, lengths), causal_multi_interest_ref(h, scores, lengths))
+        twin = causal_multi_interest_ref(h, scores, lengths)
+        torch.testing.assert_close(causal_multi_interest(h, scores, lengths), twin)
         with pytest.raises(ValueError, match="fp16/bf16/fp32"):
             causal_multi_interest(h, scores, lengths, backend="triton")
     with pytest.raises(ValueError, match="backend must be one of"):

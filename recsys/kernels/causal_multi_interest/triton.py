@@ -185,7 +185,8 @@ def _bwd_kernel(
     else:  # past the sequence: zero gradients
         for k in range(0, K):
             tl.store(DS + rows_l * K + k, tl.zeros([BLOCK_T], DS.dtype.element_ty), mask=in_seq)
-    tl.store(DH + rows_l[:, None] * D + offs_d[None, :], dh.to(DH.dtype.element_ty), mask=in_seq[:, None] & d_ok[None, :])
+    tl.store(DH + rows_l[:, None] * D + offs_d[None, :], dh.to(DH.dtype.element_ty),
+             mask=in_seq[:, None] & d_ok[None, :])
 
 
 _SCAN, _BACKWARD = Kernel(_scan_kernel), Kernel(_bwd_kernel)
