@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from recsys.config import Config, config_from_dict
+from recsys.config import Config, ModelConfig, config_from_dict
 from recsys.models.spec import resolve, spec_for
 
 _TRAIN_DEFAULTS = {"soft_readout_steps": 0, "negative_scores": "readout", "targets": "last"}
@@ -26,7 +26,7 @@ def run_config_from_dict(values: dict[str, Any]) -> Config:
     """The resolved config of a saved run from its ``config.json`` contents (see the module docstring)."""
     model = dict(values.get("model", {}))
     train = dict(values.get("train", {}))
-    spec = spec_for(model.get("name", "comirec_sa"))
+    spec = spec_for(model.get("name", ModelConfig().name))
     model.setdefault("score_cap", 0.0)
     for key, value in _TRAIN_DEFAULTS.items():
         train.setdefault(key, value)
