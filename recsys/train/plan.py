@@ -89,7 +89,7 @@ def training_targets(indptr: np.ndarray, min_target: int) -> int:
 
 def automatic_weight_decay(train: TrainConfig, model: str, epoch_steps: int) -> float:
     """AdamW's decay for a fixed shrinkage per epoch (module docstring); 0 for plain Adam."""
-    if train.optimizer != "adamw" or train.lr == 0:
+    if train.optimizer != "adamw":
         return 0.0
     return epoch_decay(model) / (train.lr * epoch_steps)
 
