@@ -119,6 +119,7 @@ class TrainStep:
     def __init__(self, model: InterestModel, cfg: Config, device: torch.device, item_counts: Tensor,
                  generator: torch.Generator, *, world_size: int = 1, log: Log = lambda line: None,
                  weight_decay: float = 0.0):
+        cfg = resolve(cfg)  # automatic values (soft readout steps, targets) as the model's spec says
         self.model, self.cfg, self.device, self.world_size, self.log = model, cfg, device, world_size, log
         t = cfg.train
         self.use_graph, why_not = plan_graph(cfg, device, world_size)

@@ -169,3 +169,29 @@ def test_the_memory_estimate_counts_a_target_at_every_position():
     parts = [estimate_bytes(cfg, 10_000, 50_001, 1)["training step activations"] for cfg in (last, dense)]
     # 49 more positions of logits over the 1,280 shared negatives (and their gradients), 4 bytes each
     assert parts[1] - parts[0] >= 2 * 128 * 49 * 1281 * 4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name, extra", [("sasrec", []), ("comirec_sa", ["model.positions=alibi"]),
+                                         ("sasrec_mi", []), ("sasrec", ["train.full_softmax=true"])])
+def test_the_captured_dense_step_follows_the_eager_step(name, extra):
+    """Dense training under a CUDA graph (bf16, Triton kernels) trains as the eager step does."""
+    cuda = torch.device("cuda")
+    sampler_data = np.random.default_rng(5)
+    lengths = sampler_data.integers(2, 60, 400)
+    indptr = np.concatenate([[0], np.cumsum(lengths)])
+    windows = WindowSampler(indptr, sampler_data.integers(1, 500, indptr[-1]), 50, seed=0)
+    batches = [tuple(torch.from_numpy(x).to(cuda) for x in windows.sample(128)) for _ in range(6)]
+    losses = {}
+    for graph in ("false", "true"):
+        cfg = resolve(load_config(None, [f"model.name={name}", "train.targets=all", "data.max_len=50",
+                                         "train.batch_size=128", "model.dropout=0", f"train.cuda_graph={graph}", *extra]))
+        torch.manual_seed(0)
+        model = build_model(cfg.model, 500, 50).to(cuda)
+        step = TrainStep(model, cfg, cuda, torch.ones(500, dtype=torch.long, device=cuda),
+                         torch.Generator(device=cuda).manual_seed(0))
+        losses[graph] = [step(*b, step=i)[0].loss.item() for i, b in enumerate(batches)]
+        assert (step.graph is not None) == (graph == "true")
+    assert all(np.isfinite(losses["true"]))
+    assert losses["true"] == pytest.approx(losses["false"], rel=2e-2)
