@@ -7,8 +7,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from recsys.kernels import cap_scores, length_softmax, multi_interest
-from recsys.kernels.causal_multi_interest import causal_multi_interest
+from recsys.kernels import cap_scores, causal_multi_interest, length_softmax, multi_interest
 from recsys.nn.embeddings import POSITIONS
 from recsys.nn.masking import length_mask, recency_index
 
