@@ -13,8 +13,8 @@ Backward recomputes the probabilities tile by tile from the saved log-sum-exp:
   for each tile plus ``dq`` at the end (the "fused" kernel; no atomics);
 - longer ``Lq``: a ``dq`` kernel over query blocks (which also stores ``delta = rowsum(dO * O)``)
   followed by a dk/dv kernel over key blocks; no atomics, so the gradients are deterministic.
-  (Adding dq atomically from the dk/dv kernel instead saves the dq kernel's recomputation but
-  measured 13-25% slower on the H200 at every length tried, 128 to 1024 keys, 2026-11-30.)
+  (Adding dq atomically from the dk/dv kernel instead saves the dq kernel's recomputation, but
+  the atomic traffic makes it slower at every length from 128 to 1024 keys.)
 
 With broadcast queries (``q`` batch 1) each batch row's ``dq`` goes to an fp32 buffer that is
 summed over the batch afterwards, without atomics across the batch.
@@ -487,12 +487,12 @@ _DQ_CONFIGS = [_cfg(n, w, s, m) for m, n, w, s in [
     (64, 32, 4, 2), (64, 64, 4, 3), (128, 32, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3),
     (128, 64, 8, 2), (128, 64, 8, 4),
     (64, 32, 4, 3), (64, 16, 4, 2), (128, 32, 8, 2)]] + [
-    # 132 registers on 8 warps fit one program per SM (H200 ncu, 256 x 1024); capped, two, no spill
+    # 132 registers on 8 warps fit one program per SM (sm_90, 256 x 1024); capped, two, no spill
     _cfg(64, 8, 3, 128, regs=128), _cfg(64, 8, 2, 128, regs=128)]
 _FUSED_CONFIGS = [_cfg(n, w, s) for n, w, s in [(16, 4, 2), (32, 4, 2), (64, 4, 2), (16, 2, 2), (32, 8, 2)]]
 _DKDV_CONFIGS = [_cfg(n, w, s, m) for m, n, w, s in [
     (32, 32, 4, 2), (32, 64, 4, 3), (64, 64, 4, 3), (32, 128, 4, 3), (64, 128, 4, 3), (64, 128, 8, 3),
-    # (32, 128, 4, 3), the H200's pick at L >= 1024, spills (255 registers + 56 bytes of stack);
+    # (32, 128, 4, 3), the tuner's pick on sm_90 at L >= 1024, spills (255 registers + 56 bytes of stack);
     # these do not: 254 registers at 2 stages, 160 / 138 with 8 warps
     (32, 128, 4, 2), (32, 128, 8, 3), (32, 128, 8, 2), (64, 128, 8, 2),
     (32, 32, 4, 3), (64, 32, 4, 2), (64, 64, 4, 2)]] + [
@@ -512,7 +512,7 @@ def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[tri
 
 
 def _heuristic(kind: str, lq: int, lk: int) -> tuple[dict, int, int]:
-    """Fixed (meta-parameters, num_warps, num_stages) when not autotuning: the H200's picks."""
+    """Fixed (meta-parameters, num_warps, num_stages) when not autotuning: the tuner's picks on sm_90."""
     qb, kb = _bucket(lq), _bucket(lk)
     if kind == "fused":
         return {"BLOCK_N": 16}, 4, 2

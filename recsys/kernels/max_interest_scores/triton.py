@@ -4,7 +4,7 @@ This is how ``train.negative_scores = "max"`` scores the sampled negatives: ever
 matching interest scores every negative. The PyTorch twin (``reference.max_interest_scores_ref``)
 materialises the ``[B, K, S]`` product, reduces it and, in the backward, builds a ``[B, K, S]``
 gradient again: at batch 1024 with 10,240 shared negatives that is 42M scores written, read and
-differentiated per step (−30% samples/s on the H200). Here no ``[B, K, S]`` tensor exists:
+differentiated per step (about 30% of a training step's samples/s). Here no ``[B, K, S]`` tensor exists:
 
 - forward, one program per (block of users, block of items): ``K`` small products, a running max
   and the winning interest, stored as ``[B, S]`` fp32 scores and ``[B, S]`` int8 winners;

@@ -39,8 +39,8 @@ partials and dP's partials, in a fixed order: deterministic, no atomics.
 On Hopper and newer GPUs every launch carries programmatic dependent launch: a kernel first
 waits for the one before it on the stream (``griddepcontrol.wait``), then lets the next one
 launch, so the next kernel's programs are already resident when this one's last programs finish
-(H200, forward+backward in a CUDA graph: 173.6 -> 168.1 us at 1024 x 200 x 8, 181.6 -> 177.0 at
-4096 x 50 x 4; same bits). ``RECSYS_PDL=0`` launches plainly.
+(about 5 us less per forward+backward at the bench shapes, same bits; docs/results.md).
+``RECSYS_PDL=0`` launches plainly.
 
 Tiles span many rows (several sequences) because one sequence's work is a chain of small
 dependent steps: with a tile per sequence the GPU mostly waits on latency.
@@ -150,10 +150,10 @@ def _max_programs(device: torch.device, programs_per_sm: int) -> int:
 def forward_config(seq_len: int, d: int, hidden: int) -> ForwardConfig:
     """Default forward launches for ``h [*, seq_len, d]`` and ``w1 [d, hidden]``.
 
-    The defaults (here and in :func:`backward_config`) are the fastest of the H200 sweeps
-    (``bench_multi_interest.py --sweep``) at B = 4096, L = 50, K = 4 and B = 1024, L = 200, K = 8,
-    d = 64, hidden = 256, lengths uniform in [L/4, L] (``experiments/NOTES_multi_interest.md``); none
-    spills registers except the weight kernel's (192 bytes, and still the fastest).
+    The defaults (here and in :func:`backward_config`) are the fastest of launch sweeps on sm_90
+    (``benchmarks/multi_interest.py --sweep``) at B = 4096, L = 50, K = 4 and B = 1024, L = 200,
+    K = 8, d = 64, hidden = 256, lengths uniform in [L/4, L]; none spills registers except the
+    weight kernel's (192 bytes, and still the fastest).
     """
     if _interpreting():
         return ForwardConfig(LaunchConfig(32, 4, 1, block_h=32), LaunchConfig(16, 4, 1))
@@ -162,8 +162,8 @@ def forward_config(seq_len: int, d: int, hidden: int) -> ForwardConfig:
 
 def gpu_forward_config(seq_len: int, d: int, hidden: int) -> ForwardConfig:
     """The forward launches compiled for a GPU (:func:`forward_config` says where they come from)."""
-    # the scores kernel reading its rows from the valid-row list took 102 registers (sm_90, Triton
-    # 3.9; 88 with the binary search it replaced): capped at 96 it keeps five programs, no spill
+    # the scores kernel reading its rows from the valid-row list takes 102 registers (sm_90, Triton
+    # 3.9): capped at 96 it keeps five programs per multiprocessor, no spill
     return ForwardConfig(
         scores=LaunchConfig(block_l=64, num_warps=4, num_stages=3, block_h=64, max_registers=96),
         pool=LaunchConfig(block_l=64, num_warps=4, num_stages=1),
@@ -182,10 +182,10 @@ def backward_config(seq_len: int, d: int, hidden: int) -> BackwardConfig:
 
 def gpu_backward_config(seq_len: int, d: int, hidden: int) -> BackwardConfig:
     """The backward launches compiled for a GPU (see :func:`forward_config` for where they come from)."""
-    # more programs per multiprocessor (H200 sweep, session 9): the scores kernel capped fits four
-    # 4-warp programs (Triton 3.6 gave it 130: three; capped at 128 it spilled 8 bytes once it no
-    # longer wrote the row list, at 120 it takes 115 and none); the dX kernel's 64 x 32
-    # tile needs 96 registers, five programs (its old 128 x 64 tile on 8 warps took 130: one)
+    # register caps for more programs per multiprocessor (sm_90): the scores kernel capped at 120
+    # fits four 4-warp programs (it takes 115, no spill; uncapped, Triton 3.6 gives it 130: three);
+    # the dX kernel's 64 x 32 tile needs 96 registers, five programs (a 128 x 64 tile on 8 warps
+    # takes 130: one)
     return BackwardConfig(
         scores=LaunchConfig(block_l=64, num_warps=4, num_stages=1, max_registers=120),
         dx=LaunchConfig(block_l=64, num_warps=4, num_stages=3, block_h=32),
@@ -468,8 +468,8 @@ def _mi_bwd_weights_kernel(
     """Per-program sums of dW1 and dW2 for one slice of hidden units over strided tiles of the
     valid-row list (``IDX[:CU[B]]``, as :func:`_mi_bwd_dx_kernel`): padded rows (``dS = 0``) are
     never read. Each program sums its tiles in a fixed order: the same lengths give the same bits.
-    A tile's inputs are loaded one tile ahead (H200: backward in a graph 152 -> 140 us at
-    4096 x 50 x 4, 150 -> 136 at 1024 x 200 x 8; same bits).
+    A tile's inputs are loaded one tile ahead: Triton does not pipeline these gathered loads
+    itself, so this hides their latency (same bits).
     """
     _after_prior_grid(PDL)
     pid_r = tl.program_id(0)
@@ -619,8 +619,8 @@ def gpu_rows_blocks(batch: int, seq_len: int) -> tuple[int, dict[str, int]]:
 
 def _sum_block_p(parts: int) -> int:
     """Partial rows per load of :func:`_sum_parts_kernel`: all of them up to 256 on GPU (one load,
-    no loop, at up to 256 weight-kernel programs; H200: 7.0 -> 3.4 us at the bench shapes against
-    32-row loads on 128 columns), 2 in the interpreter (tests cross the loop)."""
+    no loop, at up to 256 weight-kernel programs; about half the time of 32-row loads on 128
+    columns), 2 in the interpreter (tests cross the loop)."""
     return 2 if _interpreting() else min(256, max(16, triton.next_power_of_2(parts)))
 
 
@@ -879,17 +879,17 @@ def _side_stream(device_index: int) -> torch.cuda.Stream:
     outputs). Joined before the sums, so the call's work ends on the caller's stream; the same
     launches as one stream, so a graph replay gives the bits of an eager call.
 
-    H200 (session 10), backward in a graph at 4096 x 50 x 4: 160 -> 152 us; 1024 x 200 x 8: 159 -> 149.
-    Launched call by call it would cost ~0.1-0.25 ms more host time per call on the lent machine
-    (events and stream switches), more than it saves, so eager calls use one stream.
+    In a graph this takes about 5% off the backward's GPU time at the bench shapes. Launched call
+    by call, the events and stream switches would cost more host time than that saves, so eager
+    calls use one stream.
     """
     return torch.cuda.Stream(device_index)
 
 
 def _split_weights(dw: Tensor, w1: Tensor, w2: Tensor) -> tuple[Tensor, Tensor]:
     """``dw1 [d, hidden]`` and ``dw2 [hidden, K]``: contiguous views of the flat buffer of
-    :func:`_backward_flat`. Two ``as_strided`` calls: a split and two reshapes cost the host 3x
-    more per backward (6.6 against 2.0 µs for this function on the CPU machine)."""
+    :func:`_backward_flat`. Two ``as_strided`` calls: a split and two reshapes cost the host about
+    3x more per backward."""
     (d, hidden), k = w1.shape, w2.shape[1]
     dw1 = dw.as_strided((d, hidden), (hidden, 1))
     return dw1, dw.as_strided((hidden, k), (k, 1), dw.storage_offset() + d * hidden)
