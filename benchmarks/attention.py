@@ -35,7 +35,12 @@ import recsys
 from recsys.kernels import attention
 from recsys.kernels.attention.triton import FUSED_MAX_LQ, backward_paths, best_configs
 
-from timing import graph_ms_or_nan, interleaved_launch_ms, launch_ms, ratio_table  # benchmarks/ is on sys.path when run as a script
+from timing import (  # benchmarks/ is on sys.path when run as a script
+    graph_ms_or_nan,
+    interleaved_launch_ms,
+    launch_ms,
+    ratio_table,
+)
 
 SHAPES = [(4096, 50), (1024, 200), (256, 1024), (32, 8192)]
 HEADS, HEAD_DIM = 2, 64

@@ -19,10 +19,11 @@ import time
 from collections.abc import Callable
 
 import torch
-from timing import graph_ms_or_nan, launch_and_graph_ms, ratio_table  # benchmarks/ is on sys.path as a script
 
 from recsys.kernels.causal_multi_interest import causal_multi_interest, causal_multi_interest_ref
 from recsys.kernels.causal_multi_interest import triton as kernel
+
+from timing import graph_ms_or_nan, launch_and_graph_ms, ratio_table  # benchmarks/ is on sys.path as a script
 
 SHAPES = [(1024, 50, 4, 64), (256, 200, 8, 64), (1024, 200, 4, 64)]  # B, L, K, d
 BASELINES = ["twin", "compile-twin"]

@@ -17,9 +17,10 @@ import time
 from collections.abc import Callable
 
 import torch
-from timing import launch_and_graph_ms, ratio_table  # benchmarks/ is on sys.path when run as a script
 
 from recsys.kernels import max_interest_scores
+
+from timing import launch_and_graph_ms, ratio_table  # benchmarks/ is on sys.path when run as a script
 
 SHAPES = [(128, 4, 64, 1280), (1024, 4, 64, 10240), (1024, 8, 64, 10240), (256, 4, 64, 100000)]  # B, K, d, S
 BASELINES = ["twin", "compile-twin"]

@@ -19,14 +19,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
-from collections.abc import Callable
-
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from timing import graph_ms, graph_ms_or_nan, interleaved_launch_ms, ratio_table  # benchmarks/ is on sys.path when run as a script
-from timing import launch_ms as median_ms
 
 from recsys.kernels import multi_interest
 from recsys.kernels.multi_interest.triton import (
@@ -38,6 +35,14 @@ from recsys.kernels.multi_interest.triton import (
     multi_interest_backward,
     multi_interest_forward,
 )
+
+from timing import (  # benchmarks/ is on sys.path when run as a script
+    graph_ms,
+    graph_ms_or_nan,
+    interleaved_launch_ms,
+    ratio_table,
+)
+from timing import launch_ms as median_ms
 
 SHAPES = [(4096, 50, 4), (1024, 200, 8), (128, 20, 4)]  # (B, L, K)
 COPY_BYTES_PER_S = 4.3e12  # device-to-device copy bandwidth of an H200

@@ -23,9 +23,10 @@ import os
 from collections.abc import Callable
 
 import torch
-from timing import ratio_table  # benchmarks/ is on sys.path when run as a script
 
 from recsys.train.losses import LogUniformSampler, chunked_softmax_loss, full_softmax_loss, sampled_softmax_loss
+
+from timing import ratio_table  # benchmarks/ is on sys.path when run as a script
 
 try:
     from cut_cross_entropy import linear_cross_entropy

@@ -34,10 +34,10 @@ from torch import Tensor, nn
 
 from recsys.config import Config, load_config
 from recsys.data.batches import TrainSampler
+from recsys.device import to_device
 from recsys.evaluate.evaluator import evaluate
 from recsys.models import InterestModel
 from recsys.run import Experiment, build_experiment
-from recsys.device import to_device
 from recsys.train.trainer import TrainStep
 
 

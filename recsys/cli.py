@@ -20,6 +20,7 @@ import os
 import sys
 import warnings
 from pathlib import Path
+from typing import TextIO
 
 from recsys.config import Config, ConfigError, apply_overrides, load_config
 
@@ -421,7 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+def _one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                      file: TextIO | None = None, line: str | None = None) -> None:
     """``warnings.showwarning`` for the CLI: the message only, no Python source line."""
     print(f"recsys: warning: {message}", file=sys.stderr if file is None else file)
 

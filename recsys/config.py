@@ -20,8 +20,8 @@ import math
 import sys
 import types
 import typing
-from dataclasses import dataclass, field
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -253,7 +253,7 @@ def _check_type(key: str, value: Any, hint: Any) -> Any:
         return [_check_type(f"{key}[{i}]", v, inner) for i, v in enumerate(value)]
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
-    if hint is int and isinstance(value, bool) or not isinstance(value, hint):
+    if (hint is int and isinstance(value, bool)) or not isinstance(value, hint):
         raise ConfigError(
             f"{key}: expected {hint.__name__}, got {type(value).__name__} {value!r}"
         )

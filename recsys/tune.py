@@ -62,7 +62,7 @@ else:  # pragma: no cover
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["Space", "TuneResult", "default_space", "default_folder", "open_study", "read_tune_tables",
+__all__ = ["Space", "TuneResult", "default_folder", "default_space", "open_study", "read_tune_tables",
            "trials_table", "tune"]
 
 Log = Callable[[str], None]

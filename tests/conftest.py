@@ -12,7 +12,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-import pytest  # noqa: E402
+import pytest
 
 TINY_RUN_OVERRIDES = [
     "synthetic.num_users=400", "synthetic.num_items=200", "synthetic.num_categories=8",

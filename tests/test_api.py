@@ -2,8 +2,8 @@
 path-trained run, errors that name what is wrong, and the CLI on top of it."""
 
 import json
-import sys
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY_RUN_OVERRIDES
 from recsys.cli import main
+
+from conftest import TINY_RUN_OVERRIDES
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_DATA = [a for o in TINY_RUN_OVERRIDES if not o.startswith(("name=", "train.")) for a in ("--set", o)]

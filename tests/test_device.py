@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TINY_RUN_OVERRIDES
 from recsys.api import Run
 from recsys.cli import main
 from recsys.config import ConfigError
 from recsys.device import model_device, resolve_device
+
+from conftest import TINY_RUN_OVERRIDES
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_DATA = [a for o in TINY_RUN_OVERRIDES if not o.startswith(("name=", "train.")) for a in ("--set", o)]

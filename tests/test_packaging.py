@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY_RUN_OVERRIDES
 from recsys.data.registry import registry
+
+from conftest import TINY_RUN_OVERRIDES
 
 pytestmark = pytest.mark.slow
 

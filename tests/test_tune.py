@@ -4,10 +4,11 @@ import json
 
 import pytest
 
-from conftest import TINY_RUN_OVERRIDES
 from recsys.cli import main
 from recsys.config import ConfigError, load_config
 from recsys.run import RunDir
+
+from conftest import TINY_RUN_OVERRIDES
 
 optuna = pytest.importorskip("optuna")
 

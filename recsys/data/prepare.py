@@ -236,22 +236,23 @@ def prepare(df: pd.DataFrame, cfg: DataConfig) -> Dataset:
     ``times`` is kept unless ``df.attrs["time_is_position"]`` is true. An item's category is
     the first non-missing one in row order.
     """
+    source = df.attrs.get("source") or "click table"  # errors name the file the clicks came from
     missing = [col for col in ("user", "item", "time") if col not in df]
     if missing:
-        raise DataError(f"click table lacks columns {missing} (has {list(df.columns)})")
+        raise DataError(f"{source}: lacks columns {missing} (has {list(df.columns)})")
     user_codes, user_uniques = pd.factorize(df["user"])
     item_codes, item_uniques = pd.factorize(df["item"])
     time = df["time"].to_numpy(np.float64)
     for name, codes in (("user", user_codes), ("item", item_codes)):
         if (codes < 0).any():
-            raise DataError(f"click table: {int((codes < 0).sum())} rows have a missing {name}")
+            raise DataError(f"{source}: {int((codes < 0).sum())} rows have a missing {name}")
     if not np.isfinite(time).all():
-        raise DataError(f"click table: {int((~np.isfinite(time)).sum())} rows have a missing or infinite time")
+        raise DataError(f"{source}: {int((~np.isfinite(time)).sum())} rows have a missing or infinite time")
 
     keep = filter_counts(user_codes, item_codes, cfg.min_item_count, cfg.min_user_count, cfg.kcore)
     if not keep.any():
         raise DataError(
-            f"no clicks left after filtering (data.min_item_count={cfg.min_item_count}, "
+            f"{source}: no clicks left after filtering (data.min_item_count={cfg.min_item_count}, "
             f"data.min_user_count={cfg.min_user_count}, data.kcore={cfg.kcore})"
         )
     row_items = item_codes  # [n_rows], for the categories of items

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from recsys.data.split import EvalSet
     from recsys.models.base import InterestModel
 
-__all__ = ["interest_health", "attention_weights", "effective_clicks", "majority_categories"]
+__all__ = ["attention_weights", "effective_clicks", "interest_health", "majority_categories"]
 
 _SCORE_BUDGET = 1 << 25  # most query x item scores held at once by majority_categories (128 MiB in fp32)
 

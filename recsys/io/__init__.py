@@ -8,7 +8,14 @@
 It imports nothing else of recsys, so the data pipeline and the run directory use it alike.
 """
 
-from recsys.io.files import atomic_save, atomic_torch_save, atomic_write, atomic_write_text, check_plain, default_file_mode
+from recsys.io.files import (
+    atomic_save,
+    atomic_torch_save,
+    atomic_write,
+    atomic_write_text,
+    check_plain,
+    default_file_mode,
+)
 from recsys.io.manifest import IntegrityError
 
 __all__ = [

@@ -1,7 +1,7 @@
 """Models: sequence -> K interests. Importing this package registers every built-in model's spec."""
 
+from recsys.models import comirec_dr, comirec_sa, gru4rec, mind, popular, sasrec, youtube_dnn  # noqa: F401  (register)
 from recsys.models.base import InterestModel, build_model
 from recsys.models.spec import ModelSpec, model_names, register, resolve, spec_for
-from recsys.models import comirec_dr, comirec_sa, gru4rec, mind, popular, sasrec, youtube_dnn  # noqa: F401  (register)
 
 __all__ = ["InterestModel", "ModelSpec", "build_model", "model_names", "register", "resolve", "spec_for"]

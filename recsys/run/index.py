@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from recsys.config import RetrievalConfig, with_values
+from recsys.io import IntegrityError
 from recsys.retrieval.index import (
     Retriever,
     ann_recall,
@@ -43,7 +44,6 @@ from recsys.retrieval.index import (
     save_index,
 )
 from recsys.run.experiment import LoadedRun
-from recsys.io import IntegrityError
 
 __all__ = ["IndexReport", "build_run_index", "open_run_index", "retrieval_settings"]
 

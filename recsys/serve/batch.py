@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from recsys.progress import progress_bar
 from recsys.data.batches import gather_rows, pad_sequences
+from recsys.progress import progress_bar
 from recsys.serve.recommender import CSR, Recommendations, Recommender
 
 __all__ = ["output_format", "read_user_file", "recommend_table", "resolve_users", "write_recommendations"]

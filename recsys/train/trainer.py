@@ -20,9 +20,10 @@ import functools
 import math
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -42,20 +43,20 @@ from recsys.train import distributed
 from recsys.train.checkpoint import capture_rng, make_checkpoint, restore_rng
 from recsys.train.divergence import DivergenceGuard
 from recsys.train.graphs import DDP_WARMUP_STEPS, WARMUP_STEPS, capturing, launch_line, plan_graph, side_stream
-from recsys.train.memory import check_fits
-from recsys.train.meter import RunMeter
-from recsys.train.plan import plan_training
 from recsys.train.losses import (
     LossOutput,
     attention_collision,
-    draw_from,
     chunked_softmax_loss,
+    draw_from,
     interest_proposal,
     make_sampler,
     mixture_log_expected_count,
     readout,
     sampled_softmax_loss,
 )
+from recsys.train.memory import check_fits
+from recsys.train.meter import RunMeter
+from recsys.train.plan import plan_training
 from recsys.train.tracking import track_metrics
 
 if TYPE_CHECKING:

@@ -149,7 +149,7 @@ class FileServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            def do_GET(self) -> None:  # the name http.server calls
                 server.requests.append((self.path, self.headers.get("Range")))
                 data = server.files.get(self.path)
                 if data is None:

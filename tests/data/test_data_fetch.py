@@ -16,6 +16,7 @@ from recsys.config import load_config
 from recsys.data import DataError, load_dataset
 from recsys.data.fetch import FetchError, fetch
 from recsys.data.registry import REGISTRY_DIR, entry
+
 from dataset_fixtures import BUILDERS, FileServer  # tests/data is on sys.path
 
 if sys.version_info >= (3, 11):

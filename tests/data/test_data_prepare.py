@@ -100,6 +100,15 @@ def test_filtering_applies_before_ids():
         prepare(clicks(rows), DataConfig(min_item_count=2, min_user_count=2))
 
 
+def test_errors_name_the_file_the_clicks_came_from():
+    df = clicks([("u", "a", 0)])
+    df.attrs["source"] = "data/log.csv"
+    with pytest.raises(DataError, match=r"^data/log\.csv: no clicks left after filtering \(data\.min_item_count=5"):
+        prepare(df, DataConfig())
+    with pytest.raises(DataError, match=r"^data/log\.csv: lacks columns \['time'\]"):
+        prepare(df.drop(columns="time"), DataConfig())
+
+
 def test_missing_columns_and_values_are_errors():
     with pytest.raises(DataError, match=r"lacks columns \['time'\]"):
         prepare(pd.DataFrame({"user": ["a"], "item": ["b"]}), DataConfig())

@@ -41,7 +41,7 @@ def available() -> bool:
 # integers at the bench shape (B L, d, hidden and their strides)
 MI_TYPES = {"S": "*fp32", "LSE": "*fp32", "DW_PART": "*fp32", "PART": "*fp32", "PARTS": "*fp32",
             "PARTS2": "*fp32", "LENGTHS": "*i64", "CU": "*i32", "IDX": "*i32", "CAP": "fp32",
-            **{n: "i32" for n in ("B", "R", "L", "D", "HID", "K", "P", "N", "P2", "N2", "CHUNK", "STEPS")}}
+            **dict.fromkeys(("B", "R", "L", "D", "HID", "K", "P", "N", "P2", "N2", "CHUNK", "STEPS"), "i32")}
 MI_ALIGNED_INTS = {"R", "D", "HID", "stride_pl", "stride_w1", "stride_hb", "stride_hl", "stride_ob", "stride_ok", "N",
                    "N2", "CHUNK"}
 

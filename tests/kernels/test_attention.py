@@ -16,10 +16,11 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from kernel_accuracy import assert_within_twice_twin  # tests/kernels is on sys.path
 from recsys.kernels import attention, attention_ref
 from recsys.kernels.attention import triton as kernel_module
 from recsys.kernels.attention.triton import triton_attention
+
+from kernel_accuracy import assert_within_twice_twin  # tests/kernels is on sys.path
 
 CUDA = torch.cuda.is_available()
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"

@@ -22,10 +22,11 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import sm90  # noqa: E402 - tests/kernels is on sys.path
-from kernel_accuracy import assert_within_twice_twin  # noqa: E402
-from recsys.kernels.causal_multi_interest import causal_multi_interest, causal_multi_interest_ref  # noqa: E402
-from recsys.kernels.multi_interest import multi_interest_ref  # noqa: E402
+from recsys.kernels.causal_multi_interest import causal_multi_interest, causal_multi_interest_ref
+from recsys.kernels.multi_interest import multi_interest_ref
+
+import sm90  # tests/kernels is on sys.path
+from kernel_accuracy import assert_within_twice_twin
 
 CUDA = torch.cuda.is_available()
 needs_interpreter = pytest.mark.skipif(

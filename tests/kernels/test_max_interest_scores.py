@@ -17,10 +17,11 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from kernel_accuracy import assert_within_twice_twin  # noqa: E402  (tests/kernels is on sys.path)
-from recsys.kernels import max_interest_scores  # noqa: E402
-from recsys.kernels.max_interest_scores.triton import BLOCK_B, BLOCK_S, max_interest_scores_op  # noqa: E402
-from recsys.train.losses import negative_logits, sampled_softmax_loss  # noqa: E402
+from recsys.kernels import max_interest_scores
+from recsys.kernels.max_interest_scores.triton import BLOCK_B, BLOCK_S, max_interest_scores_op
+from recsys.train.losses import negative_logits, sampled_softmax_loss
+
+from kernel_accuracy import assert_within_twice_twin  # tests/kernels is on sys.path
 
 CUDA = torch.cuda.is_available()
 needs_interpreter = pytest.mark.skipif(

@@ -18,8 +18,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import triton  # noqa: E402 - after TRITON_INTERPRET is set
-from kernel_accuracy import assert_within_twice_twin  # tests/kernels is on sys.path
+import triton  # after TRITON_INTERPRET is set
+
 from recsys.kernels import length_softmax, multi_interest, multi_interest_ref
 from recsys.kernels.multi_interest import triton as tmi
 from recsys.kernels.multi_interest.triton import (
@@ -28,6 +28,8 @@ from recsys.kernels.multi_interest.triton import (
     multi_interest_forward,
     triton_multi_interest,
 )
+
+from kernel_accuracy import assert_within_twice_twin  # tests/kernels is on sys.path
 
 CUDA = torch.cuda.is_available()
 gpu = pytest.mark.gpu

@@ -17,13 +17,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from recsys.config import ModelConfig  # noqa: E402
-from recsys.kernels import attention, multi_interest  # noqa: E402
-from recsys.kernels.attention import triton as attention_module  # noqa: E402
-from recsys.kernels.common import launch as launch_module  # noqa: E402
-from recsys.kernels.common.launch import Kernel, Launch  # noqa: E402
-from recsys.kernels.multi_interest import triton as multi_interest_module  # noqa: E402
-from recsys.models import build_model  # noqa: E402
+from recsys.config import ModelConfig
+from recsys.kernels import attention, multi_interest
+from recsys.kernels.attention import triton as attention_module
+from recsys.kernels.common import launch as launch_module
+from recsys.kernels.common.launch import Kernel, Launch
+from recsys.kernels.multi_interest import triton as multi_interest_module
+from recsys.models import build_model
 
 CUDA = torch.cuda.is_available()
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"

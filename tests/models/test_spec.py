@@ -13,7 +13,6 @@ from recsys.models import ModelSpec, build_model, register, resolve, spec_for
 from recsys.models.sequence import SequenceModel
 from recsys.models.spec import unregister
 from recsys.train.plan import plan_training
-
 from tests.conftest import TINY_RUN_OVERRIDES
 
 

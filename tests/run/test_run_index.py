@@ -116,8 +116,8 @@ def test_saved_index_and_dataset_are_verified_against_the_manifest(tiny_run, tmp
     index is an IntegrityError with the command that rebuilds it, a damaged dataset one too."""
     import shutil
 
-    from recsys.run import IntegrityError
     from recsys.io.manifest import MANIFEST, read_manifest
+    from recsys.run import IntegrityError
 
     run_dir = shutil.copytree(tiny_run, tmp_path / "run", ignore=shutil.ignore_patterns("export"))  # not recorded
     assert main(["index", str(run_dir), "--factory", "Flat"]) == 0

@@ -17,8 +17,8 @@ import pytest
 pytest.importorskip("fastapi", reason="recsys serve needs the serve extra: pip install 'recsys[serve]'")
 pytest.importorskip("uvicorn", reason="recsys serve needs the serve extra: pip install 'recsys[serve]'")
 
-from recsys.cli import main  # noqa: E402
-from recsys.data.prepare import Dataset  # noqa: E402
+from recsys.cli import main
+from recsys.data.prepare import Dataset
 
 REPO = Path(__file__).resolve().parents[2]
 

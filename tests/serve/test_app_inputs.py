@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 
 pytest.importorskip("fastapi", reason="the service needs the serve extra: pip install 'recsys[serve]'")
 
-from recsys.cli import main  # noqa: E402
-from recsys.config import MAX_DIVERSITY_LAMBDA  # noqa: E402
-from recsys.data.prepare import Dataset  # noqa: E402
-from recsys.serve.app import SHOWN_CHARS  # noqa: E402
+from recsys.cli import main
+from recsys.config import MAX_DIVERSITY_LAMBDA
+from recsys.data.prepare import Dataset
+from recsys.serve.app import SHOWN_CHARS
 
 
 @pytest.fixture(scope="module")

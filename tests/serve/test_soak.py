@@ -21,7 +21,7 @@ import pytest
 
 pytest.importorskip("fastapi", reason="recsys serve needs the serve extra: pip install 'recsys[serve]'")
 
-from recsys.data.prepare import Dataset  # noqa: E402
+from recsys.data.prepare import Dataset
 
 REPO = Path(__file__).resolve().parents[2]
 SECONDS = float(os.environ.get("RECSYS_SOAK_SECONDS", "600"))

@@ -3,7 +3,6 @@
 import json
 import math
 
-import numpy as np
 import pytest
 import torch
 from scipy.stats import chi2

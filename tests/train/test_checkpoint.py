@@ -8,11 +8,10 @@ import pytest
 import torch
 from torch import nn
 
-from recsys.models import resolve
 from recsys.config import load_config
 from recsys.io import atomic_write, check_plain
-from recsys.run import RunDir, new_run_dir
-from recsys.run import layout
+from recsys.models import resolve
+from recsys.run import RunDir, layout, new_run_dir
 from recsys.train.checkpoint import capture_rng, make_checkpoint, restore_rng
 
 

@@ -6,11 +6,12 @@ import math
 import pytest
 import torch
 
-from conftest import TINY_RUN_OVERRIDES
 from recsys.cli import main
 from recsys.config import TrainConfig, load_config
 from recsys.run import RunDir
 from recsys.train.divergence import LOSS_FACTOR, DivergenceGuard, TrainingDiverged
+
+from conftest import TINY_RUN_OVERRIDES
 
 TINY_DATA = [a for o in TINY_RUN_OVERRIDES if not o.startswith(("name=", "train.")) for a in ("--set", o)]
 TINY_TRAIN = ["--set", "train.batch_size=32", "--set", "train.num_negatives=64"]

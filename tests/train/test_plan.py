@@ -9,7 +9,11 @@ import pytest
 from recsys.config import ConfigError, load_config
 from recsys.models.spec import DEFAULT_EPOCH_DECAY, epoch_decay
 from recsys.train.plan import (
-    EVAL_GROWTH, MAX_FIRST, MIN_FIRST, plan_training, training_targets,
+    EVAL_GROWTH,
+    MAX_FIRST,
+    MIN_FIRST,
+    plan_training,
+    training_targets,
 )
 
 

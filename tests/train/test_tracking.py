@@ -8,6 +8,7 @@ from recsys.config import load_config
 from recsys.run import RunDir
 from recsys.train.tracking import scalars
 from recsys.train.trainer import train
+
 from conftest import TINY_RUN_OVERRIDES
 
 pytest.importorskip("tensorboard")

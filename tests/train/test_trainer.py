@@ -5,9 +5,9 @@ import json
 import pytest
 import torch
 
+from recsys.api import Run
 from recsys.cli import main
 from recsys.config import ConfigError, load_config
-from recsys.api import Run
 from recsys.run import RunDir
 from recsys.train.trainer import train
 

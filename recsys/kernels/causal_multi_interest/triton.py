@@ -166,7 +166,7 @@ def _bwd_kernel(
     dh = tl.zeros([BLOCK_T, BLOCK_D], tl.float32)
     if start < n:
         hb = tl.load(H + rows_l[:, None] * D + offs_d[None, :], mask=l_ok[:, None] & d_ok[None, :], other=0.0)
-        for k in range(0, K):
+        for k in range(K):
             s = tl.load(S + rows_l * K + k, mask=l_ok, other=0.0).to(tl.float32)  # [l]
             ds = tl.zeros([BLOCK_T], tl.float32)
             for t0 in range(start, n, BLOCK_T):
@@ -183,7 +183,7 @@ def _bwd_kernel(
                 ds += tl.sum(w * (gh - delta[:, None]), axis=0)
             tl.store(DS + rows_l * K + k, ds.to(DS.dtype.element_ty), mask=in_seq)
     else:  # past the sequence: zero gradients
-        for k in range(0, K):
+        for k in range(K):
             tl.store(DS + rows_l * K + k, tl.zeros([BLOCK_T], DS.dtype.element_ty), mask=in_seq)
     tl.store(DH + rows_l[:, None] * D + offs_d[None, :], dh.to(DH.dtype.element_ty),
              mask=in_seq[:, None] & d_ok[None, :])

@@ -105,7 +105,7 @@ class Launch:
     the grid, the compile-time arguments and the autotuner's pick fixed at that first call.
     """
 
-    __slots__ = ("kernel", "grid", "meta", "_direct")
+    __slots__ = ("_direct", "grid", "kernel", "meta")
 
     def __init__(self, kernel: Kernel, grid: Grid, meta: dict[str, Any]) -> None:
         self.kernel = kernel
