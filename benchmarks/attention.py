@@ -1,13 +1,14 @@
 """Public ``recsys.kernels.attention`` vs SDPA with a key-padding mask, FlexAttention and
 ``torch.compile`` of the PyTorch twin (CUDA, bf16).
 
-H = 2, D = 64, key lengths uniform in [L/4, L], self-attention (Lq = Lk = L) at four
-(B, L) shapes, from short click histories to long sequences. Each method's forward (inputs requiring grad, as in training) and forward+backward
-(dq, dk, dv) are timed two ways: launched call by call (``triton.testing.do_bench`` medians, CPU
-launch overhead included: what a user's Python loop gets; the methods timed in turns over five
-rounds, so that they share the host's drift) and replayed from a CUDA graph (GPU time only).
-Every method is checked against an fp32 reference. Rows are printed per shape as they are
-measured; the details table and the two ratio tables (launch, graph) come last.
+H = 2, D = 64, key lengths uniform in [L/4, L], self-attention (Lq = Lk = L) at four (B, L) shapes,
+from short click histories to long sequences. Each method's forward (inputs requiring grad, as in
+training) and forward+backward (dq, dk, dv) are timed two ways: launched call by call
+(``triton.testing.do_bench`` medians, CPU launch overhead included: what a user's Python loop gets;
+the methods timed in turns over five rounds, so that they share the host's drift) and replayed from
+a CUDA graph (GPU time only). Every method is checked against an fp32 reference. Rows are printed
+per shape as they are measured; the details table and the two ratio tables (launch, graph) come
+last.
 ``--out DIR`` also writes ``bench_attention.json`` there; ``--methods`` times only the named
 methods (``ours`` always); ``--before JSON`` (an earlier run's ``bench_attention.json``, e.g. of
 main's kernels imported through ``PYTHONPATH``) adds a before/after table of ``ours``.

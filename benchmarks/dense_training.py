@@ -45,7 +45,8 @@ def _ours(path: str, steps: int, extra: list[str]) -> tuple[float, float]:
                        capture_output=True, text=True, check=True)
         rows = [json.loads(line) for run in Path(tmp).iterdir() for line in (run / "metrics.jsonl").open()]
         rows = [r for r in rows if "targets_per_s" in r][1:]
-        return (statistics.median(r["samples_per_s"] for r in rows), statistics.median(r["targets_per_s"] for r in rows))
+        return (statistics.median(r["samples_per_s"] for r in rows),
+                statistics.median(r["targets_per_s"] for r in rows))
 
 
 def main() -> None:

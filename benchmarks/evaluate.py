@@ -166,7 +166,8 @@ def main() -> None:
                      time.perf_counter() - t0, time.process_time() - c0, got))
 
     print()
-    print("| method | wall s | users/s | speed-up (wall) | CPU s | speed-up (CPU) | recall@50 | ndcg@50 | diversity@50 |")
+    print("| method | wall s | users/s | speed-up (wall) | CPU s | speed-up (CPU) | recall@50 | ndcg@50 "
+          "| diversity@50 |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, wall, cpu, metrics in rows:
         print(f"| {name} | {wall:,.1f} | {args.users / wall:,.0f} | {loop_wall / wall:.1f}x | {cpu:,.1f} | "

@@ -290,7 +290,8 @@ def main() -> None:
     bench_shape(64, 8, 2, args.d, args.hidden, 1)
     rows = []
     for batch, seq_len, k in shapes:
-        print(f"\nB={batch} L={seq_len} K={k} d={args.d} hidden={args.hidden} ({time.time() - start:.0f} s)", flush=True)
+        print(f"\nB={batch} L={seq_len} K={k} d={args.d} hidden={args.hidden} ({time.time() - start:.0f} s)",
+              flush=True)
         res = bench_shape(batch, seq_len, k, args.d, args.hidden, args.sets)
         floor = floors_ms(batch, seq_len, k, args.d, args.hidden)
         print("  floors (ms): " + ", ".join(f"{key} {val:.4f}" for key, val in floor.items()))

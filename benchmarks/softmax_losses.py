@@ -158,7 +158,8 @@ def main() -> None:
     parser.add_argument("--negatives", type=int, default=1280, help="shared negatives of the sampled loss")
     args = parser.parse_args()
     device = torch.device("cuda" if cuda else "cpu")
-    where = f"{torch.cuda.get_device_name()}, bf16 autocast" if cuda else f"CPU ({torch.get_num_threads()} threads), fp32"
+    threads = torch.get_num_threads()
+    where = f"{torch.cuda.get_device_name()}, bf16 autocast" if cuda else f"CPU ({threads} threads), fp32"
     print(f"device: {where}, torch {torch.__version__}; R = {args.rows}, d = {args.dim}, "
           f"chunk {args.chunk_size}, S = {args.negatives}; forward+backward ms")
     if linear_cross_entropy is None or not cuda:

@@ -85,11 +85,13 @@ def main() -> None:
     k_table = {f"comirec_sa K={k}": results[f"comirec_sa K={k}"][0] for k in (1, 2, 4, 8)} if args.k_sweep else {}
 
     lines = [f"\n### ComiRec comparison on {args.data} ({time.strftime('%Y-%m-%d')}, {platform.node()}, "
-             f"{_device_label(args.overrides)})\n", f"Command: `python {' '.join(sys.argv)}`\n", format_table(table), ""]
+             f"{_device_label(args.overrides)})\n", f"Command: `python {' '.join(sys.argv)}`\n", format_table(table),
+             ""]
     if k_table:
         lines += ["K sensitivity (comirec_sa):\n", format_table(k_table), ""]
     lines += ["| run | steps (best) | wall s | samples/s | launches |", "|---|---:|---:|---:|---|"]
-    lines += [f"| {k} | {v['steps']} ({v['best_step']}) | {v['wall_s']:.0f} | {v['samples_per_s']:,.0f} | {v['launch']} |"
+    lines += [f"| {k} | {v['steps']} ({v['best_step']}) | {v['wall_s']:.0f} | {v['samples_per_s']:,.0f} "
+              f"| {v['launch']} |"
               for k, v in infos.items()]
     report(lines, args.results)
 

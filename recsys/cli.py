@@ -320,7 +320,8 @@ def _add_quiet(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="recsys", description="Multi-interest sequential retrieval: train, evaluate, index, recommend, export, serve."
+        prog="recsys",
+        description="Multi-interest sequential retrieval: train, evaluate, index, recommend, export, serve.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
 

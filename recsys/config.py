@@ -34,7 +34,8 @@ else:  # pragma: no cover
 AUTO = "auto"  # the value of a setting that the model's spec (recsys.models.spec) or the data decides
 REGISTRY_TABLE = "dataset"  # a dataset registry entry's table (recsys/data/registry/<name>.toml); not run config
 TUNE_TABLE = "tune"  # `recsys tune`'s search space (recsys.tune); not run config
-DATA_FORMATS = ("csv", "tsv", "parquet", "comirec", "movielens", "sequences")  # data.format (or auto): recsys.data.readers
+# data.format (or auto): recsys.data.readers
+DATA_FORMATS = ("csv", "tsv", "parquet", "comirec", "movielens", "sequences")
 KERNEL_BACKENDS = ("auto", "triton", "torch")  # model.backend: recsys.kernels.common.backend
 
 
@@ -105,7 +106,8 @@ class ModelConfig:
     # learned positions: recent (0 = latest click) | absolute (0 = oldest) | alibi (self-attentive heads: a
     # learned linear recency bias per interest, which the dense causal form reads from every prefix) | none
     positions: str = "recent"
-    head_values: str = "items"  # sasrec_mi: its multi-interest head pools items (embeddings) | encoded (encoder outputs)
+    # sasrec_mi: its multi-interest head pools items (embeddings) | encoded (encoder outputs)
+    head_values: str = "items"
     # self-attentive models: scores become c*tanh(s/c), so no interest collapses onto one click;
     # 0 disables; -1 (the default): the model's automatic value (recsys.models.spec)
     score_cap: float = -1.0
@@ -145,9 +147,11 @@ class TrainConfig:
     # every position of a window predicts the next click (dense) | "auto" = the model's default (its spec)
     targets: str = AUTO
     cpu_threads: int = 0  # torch intra-op threads on CPU; 0 keeps torch's default
-    tensorboard: bool = False  # also write every metrics.jsonl scalar as TensorBoard events (RUN/tensorboard/; extra track)
+    # also write every metrics.jsonl scalar as TensorBoard events (RUN/tensorboard/; extra track)
+    tensorboard: bool = False
     # against interest collapse (see docs/multi-interest.md)
-    attention_reg: float = 0.0  # weight of mean sum_l A^2 (each interest's collision probability) for self-attentive models
+    # weight of mean sum_l A^2 (each interest's collision probability) for self-attentive models
+    attention_reg: float = 0.0
     # K > 1: the readout blends from a softmax over interests to ComiRec's argmax over these steps;
     # -1 (the default): the model's automatic value (recsys.models.spec)
     soft_readout_steps: int = -1
@@ -353,7 +357,8 @@ def load_config(
     table, a registry entry's download details, and a ``[tune]`` table, ``recsys tune``'s search
     space, are skipped), then each ``section.key=value`` override, then ``values`` (plain Python
     values by dotted key, as :func:`with_values` takes them). Automatic values (-1, ``"auto"``)
-    are left for the model to resolve (:func:`recsys.models.spec.resolve`). Layering lets a dataset file and a model file combine::
+    are left for the model to resolve (:func:`recsys.models.spec.resolve`). Layering lets a
+    dataset file and a model file combine::
 
         load_config(["experiments/configs/data/taobao.toml", "experiments/configs/models/comirec_sa.toml"])
     """
@@ -413,7 +418,8 @@ _NON_NEGATIVE = (
     "data.min_item_count", "data.min_user_count", "model.hidden", "model.softcap",
     "model.dropout", "train.max_steps", "train.eval_every", "train.attention_reg",
     "train.patience", "train.num_negatives",
-    "train.z_loss", "train.max_minutes", "train.cpu_threads", "train.grad_clip", "eval.diversity_lambda", "synthetic.noise",
+    "train.z_loss", "train.max_minutes", "train.cpu_threads", "train.grad_clip", "eval.diversity_lambda",
+    "synthetic.noise",
 )
 
 
@@ -441,7 +447,8 @@ def validate(cfg: Config) -> None:
         if _get(cfg, path) < 0:
             raise ConfigError(f"{path}: must be >= 0, got {_get(cfg, path)!r}")
     if cfg.eval.diversity_lambda > MAX_DIVERSITY_LAMBDA:
-        raise ConfigError(f"eval.diversity_lambda: must be <= {MAX_DIVERSITY_LAMBDA:g}, got {cfg.eval.diversity_lambda!r}")
+        raise ConfigError(
+            f"eval.diversity_lambda: must be <= {MAX_DIVERSITY_LAMBDA:g}, got {cfg.eval.diversity_lambda!r}")
     if cfg.train.cuda_graph not in GRAPH_MODES:
         raise ConfigError(f'train.cuda_graph: must be true, false or "auto", got {cfg.train.cuda_graph!r}')
     if not 0.0 <= cfg.train.hard_negatives < 1.0:
@@ -449,7 +456,8 @@ def validate(cfg: Config) -> None:
     if not cfg.train.hard_negative_temperature > 0:
         raise ConfigError(f"train.hard_negative_temperature: must be > 0, got {cfg.train.hard_negative_temperature!r}")
     if cfg.train.hard_negatives and cfg.train.full_softmax:
-        raise ConfigError("train.hard_negatives: has no effect with train.full_softmax = true (no sampling); set it to 0")
+        raise ConfigError(
+            "train.hard_negatives: has no effect with train.full_softmax = true (no sampling); set it to 0")
     if not 0.0 <= cfg.model.dropout < 1.0:
         raise ConfigError(f"model.dropout: must be in [0, 1), got {cfg.model.dropout!r}")
     if not 0.0 < cfg.data.eval_input_frac < 1.0:

@@ -376,7 +376,8 @@ def _prepare(folder: Path, base: Config, space: Space, trials: int, log: Log) ->
     elif saved != base.to_dict():
         diff = [f"{s}.{k}" for s, v in base.to_dict().items() if isinstance(v, dict)
                 for k in v if saved.get(s, {}).get(k) != v[k]]
-        raise ConfigError(f"{folder} holds a tune of another config (differs in {', '.join(diff) or 'name/output_dir'}); "
+        differs = ", ".join(diff) or "name/output_dir"
+        raise ConfigError(f"{folder} holds a tune of another config (differs in {differs}); "
                           "resume with the same --config/--set/--data/--model, or tune into another --out")
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         log(f"trial {trial.number} was interrupted; it runs again as a new trial")

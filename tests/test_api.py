@@ -16,8 +16,9 @@ from recsys.cli import main
 from recsys.config import load_config
 from recsys.data import generate
 
-FIT = {"data.max_len": 10, "data.category_col": "category", "model.dim": 16, "model.num_interests": 4, "model.backend": "torch",
-       "train.max_steps": 20, "train.eval_every": 20, "train.batch_size": 32, "train.num_negatives": 64}
+FIT = {"data.max_len": 10, "data.category_col": "category", "model.dim": 16, "model.num_interests": 4,
+       "model.backend": "torch", "train.max_steps": 20, "train.eval_every": 20, "train.batch_size": 32,
+       "train.num_negatives": 64}
 
 
 def _clicks() -> pd.DataFrame:
@@ -227,7 +228,8 @@ def test_python_api_example_script_runs(tmp_path):
                           capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr
     assert "test metrics" in done.stdout and "HNSW recall@50" in done.stdout
-    best_by_hand, best_by_recommend = done.stdout.split("best item by hand ")[1].split(", by recommend(exclude_seen=False) ")
+    by_hand_and_recommend = done.stdout.split("best item by hand ")[1]
+    best_by_hand, best_by_recommend = by_hand_and_recommend.split(", by recommend(exclude_seen=False) ")
     assert best_by_hand == best_by_recommend.split()[0]
 
 
@@ -265,4 +267,5 @@ def test_fit_with_another_model_resolves_its_automatic_values(tmp_path):
                  "output_dir": str(tmp_path)}
     run = recsys.fit(_clicks(), overrides=overrides, log=None)
     assert (run.config.model.score_cap, run.config.train.soft_readout_steps) == (0.0, 0)
-    assert load_config(None, values={"model.name": "mind"}).to_dict() == load_config(None, ["model.name=mind"]).to_dict()
+    by_values = load_config(None, values={"model.name": "mind"})
+    assert by_values.to_dict() == load_config(None, ["model.name=mind"]).to_dict()

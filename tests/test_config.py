@@ -175,7 +175,8 @@ def test_memory_estimate_counts_the_hard_negative_proposal():
     plain = load_config(None, ["model.backend=torch", "train.batch_size=1024", "model.dim=16"])
     model = build_model(plain.model, items, plain.data.max_len)
     assert check_fits(plain, model, items, torch.device("cpu"), available=24 * gib) < 24 * gib
-    hard = load_config(None, ["model.backend=torch", "train.batch_size=1024", "model.dim=16", "train.hard_negatives=0.5"])
+    hard = load_config(None, ["model.backend=torch", "train.batch_size=1024", "model.dim=16",
+                              "train.hard_negatives=0.5"])
     with pytest.raises(ConfigError, match=r"train.hard_negatives=0.5.*needs about 3\d\.\d GiB"):
         check_fits(hard, model, items, torch.device("cpu"), available=24 * gib)
 

@@ -84,6 +84,7 @@ def test_a_short_train_runs_from_outside_the_checkout(installed, tmp_path):
                  for a in ("--set", o)] + ["--set", "train.max_steps=4", "--set", "train.eval_every=4",
                                            "--set", "train.batch_size=32", "--set", "train.num_negatives=16"]
     out = _run([installed / "recsys", "train", *overrides, "--set", "output_dir=runs"], cwd=tmp_path)
-    (run_dir,) = {line.removeprefix("run directory: ") for line in out.splitlines() if line.startswith("run directory: ")}
+    prefix = "run directory: "
+    (run_dir,) = {line.removeprefix(prefix) for line in out.splitlines() if line.startswith(prefix)}
     assert (tmp_path / "runs") in (tmp_path / run_dir).parents and (tmp_path / run_dir).is_dir(), out
     assert "test metrics" in out

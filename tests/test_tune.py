@@ -69,7 +69,8 @@ def test_tune_prunes_resumes_and_writes_a_config_that_trains(tmp_path, capsys):
 
 def test_search_space_table_is_checked_naming_the_key(tmp_path):
     cfg = load_config(None, ["model.name=sasrec_mi"])
-    space = Space.parse({**default_space(cfg), "model.dim": [32, 64], "train.lr": {"low": 1e-3, "high": 0.1, "log": True},
+    space = Space.parse({**default_space(cfg), "model.dim": [32, 64],
+                         "train.lr": {"low": 1e-3, "high": 0.1, "log": True},
                          "model.num_layers": {"low": 1, "high": 3}, "train.optimizer": "adam"}, cfg)
     keys = {p.key: p for p in space.params}
     assert keys["model.dim"].choices == (32, 64) and keys["model.num_layers"].integer

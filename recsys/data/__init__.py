@@ -101,7 +101,8 @@ def _cache_path(cfg: Config) -> Path:
         key["synthetic"] = vars(cfg.synthetic)
         name = "synthetic"
     else:
-        key["files"] = _fingerprint(Path(data.source)) + (_fingerprint(Path(data.categories)) if data.categories else [])
+        categories = _fingerprint(Path(data.categories)) if data.categories else []
+        key["files"] = _fingerprint(Path(data.source)) + categories
         name = Path(data.source).stem or "data"
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return Path(data.cache_dir) / f"{name}-{digest}"

@@ -35,8 +35,8 @@ class SelfAttentiveHead(nn.Module):
             cannot collapse onto a single click of a long history.
 
     With ``track_stats = True`` the forward pass also records ``last_max_logit``, the largest
-    score ``tanh((H + P) W1) W2`` (capped, as the softmax sees it) over valid positions (detached 0-d tensor, no host sync), read
-    by ``recsys.nn.attention.max_attention_logit``.
+    score ``tanh((H + P) W1) W2`` (capped, as the softmax sees it) over valid positions (detached
+    0-d tensor, no host sync), read by ``recsys.nn.attention.max_attention_logit``.
     """
 
     def __init__(self, dim: int, hidden: int, num_interests: int, max_len: int, backend: str = "auto",

@@ -304,7 +304,9 @@ class _Service:
         items = [
             {"item": item, "score": score, "interest": k}
             for item, score, k in zip(
-                self.rec.dataset.item_map.decode(ids[valid]).tolist(), scores[valid].tolist(), interest_of[valid].tolist()
+                self.rec.dataset.item_map.decode(ids[valid]).tolist(),
+                scores[valid].tolist(),
+                interest_of[valid].tolist(),
             )
         ]
         return json.dumps({

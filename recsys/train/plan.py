@@ -14,13 +14,14 @@ before it) at ``train.batch_size`` samples (histories or windows) a step.
   (about 60% of the steps to the best validation with patience 5) on every dataset, and the
   number of validations grows with the logarithm of the run's length.
 - ``train.weight_decay = -1`` (the default) with AdamW: the decoupled decay that shrinks the
-  weights by a fixed factor per epoch, the model spec's ``epoch_decay`` (``exp(-epoch_decay)``
-  a pass, :func:`recsys.models.spec.epoch_decay`), i.e. ``weight_decay = epoch_decay / (lr * epoch_steps)``. The data term of the loss is a mean
-  over the samples while a prior's weight should fall as ``1 / samples``; a constant per-step
-  decay regularises a large dataset as much as a small one over each step, and so far more over
-  its longer run. On taobao the best constant was 0.05, on amazon-beauty 0.2 to 0.5 (four times
-  more steps per epoch on taobao): both are about 0.15 a pass (docs/results.md, "Weight decay
-  per epoch"). With ``optimizer = "adam"`` the automatic decay is 0 (plain Adam).
+  weights by a fixed factor per epoch, the model spec's ``epoch_decay`` (``exp(-epoch_decay)`` a
+  pass, :func:`recsys.models.spec.epoch_decay`), i.e.
+  ``weight_decay = epoch_decay / (lr * epoch_steps)``. The data term of the loss is a mean over the
+  samples while a prior's weight should fall as ``1 / samples``; a constant per-step decay
+  regularises a large dataset as much as a small one over each step, and so far more over its
+  longer run. On taobao the best constant was 0.05, on amazon-beauty 0.2 to 0.5 (four times more
+  steps per epoch on taobao): both are about 0.15 a pass (docs/results.md, "Weight decay per
+  epoch"). With ``optimizer = "adam"`` the automatic decay is 0 (plain Adam).
 
 A run that fixes ``max_steps``, ``eval_every`` or ``weight_decay`` gets exactly those values.
 """

@@ -249,7 +249,8 @@ class TrainStep:
         """
         self.static_in = tuple(x.clone() for x in batch)
         params = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        saved = {p: {k: v.clone() for k, v in st.items() if torch.is_tensor(v)} for p, st in self.optimizer.state.items()}
+        saved = {p: {k: v.clone() for k, v in st.items() if torch.is_tensor(v)}
+                 for p, st in self.optimizer.state.items()}
         try:
             with side_stream(self.stream):
                 for _ in range(DDP_WARMUP_STEPS if self.world_size > 1 else WARMUP_STEPS):
@@ -293,7 +294,8 @@ class TrainStep:
         self.log(launch_line(self.cfg, False, reason))
         return False
 
-    def __call__(self, seq: Tensor, lengths: Tensor, targets: Tensor, step: int = 0) -> tuple[LossOutput, Tensor | None]:
+    def __call__(self, seq: Tensor, lengths: Tensor, targets: Tensor,
+                 step: int = 0) -> tuple[LossOutput, Tensor | None]:
         """Forward, backward, clip and update at 0-based ``step``; returns the loss and the
         pre-clip gradient norm (a device tensor, or None without clipping). Never syncs the host
         (except once, under DDP, to agree that every rank captured its graph)."""

@@ -57,8 +57,8 @@ def test_user_split_covers_everyone_and_keeps_train_sequences_whole():
     # every user is in exactly one part; eval users with 1 click are the only ones dropped
     dropped = ds.num_users - len(split.train_users) - len(split.valid) - len(split.test)
     assert 0 <= dropped <= n_short
-    assert np.all(ds.lengths[np.setdiff1d(np.arange(ds.num_users),
-                                          np.concatenate([split.train_users, split.valid.users, split.test.users]))] < 2)
+    kept = np.concatenate([split.train_users, split.valid.users, split.test.users])
+    assert np.all(ds.lengths[np.setdiff1d(np.arange(ds.num_users), kept)] < 2)
     for r in (0, 17, len(split.train_users) - 1):
         row = split.train_items[split.train_indptr[r]:split.train_indptr[r + 1]]
         np.testing.assert_array_equal(row, user_clicks(ds, split.train_users[r]))

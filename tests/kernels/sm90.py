@@ -106,7 +106,8 @@ def resources(kernel: Any) -> dict[str, int]:
 def loops(kernel: Any) -> list[collections.Counter]:
     """Per inner loop (a backward branch in the SASS), its instructions counted by opcode."""
     sass = _cuobjdump(kernel, "-sass")
-    ins = [(int(a, 16), op) for a, op in re.findall(r"/\*([0-9a-f]{4,6})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", sass)]
+    pattern = r"/\*([0-9a-f]{4,6})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)"
+    ins = [(int(a, 16), op) for a, op in re.findall(pattern, sass)]
     out = []
     for m in re.finditer(r"/\*([0-9a-f]{4,6})\*/\s+(?:@!?U?P\w+\s+)?BRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", sass):
         end, start = int(m.group(1), 16), int(m.group(2), 16)
@@ -223,7 +224,8 @@ def main() -> None:
     import json
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", action="store_true", help="bench, flag, max-score and multi-interest variants as JSON")
+    parser.add_argument("--json", action="store_true",
+                        help="bench, flag, max-score and multi-interest variants as JSON")
     args = parser.parse_args()
     if args.json:
         print(json.dumps(report(bench_variants() + flag_variants() + max_score_variants() + multi_interest_variants())))

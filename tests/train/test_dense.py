@@ -185,8 +185,9 @@ def test_the_captured_dense_step_follows_the_eager_step(name, extra):
     batches = [tuple(torch.from_numpy(x).to(cuda) for x in windows.sample(128)) for _ in range(6)]
     losses = {}
     for graph in ("false", "true"):
-        cfg = resolve(load_config(None, [f"model.name={name}", "train.targets=all", "data.max_len=50", "model.dropout=0",
-                                         "train.batch_size=128", f"train.cuda_graph={graph}", *extra]))
+        cfg = resolve(load_config(None, [f"model.name={name}", "train.targets=all", "data.max_len=50",
+                                         "model.dropout=0", "train.batch_size=128", f"train.cuda_graph={graph}",
+                                         *extra]))
         torch.manual_seed(0)
         model = build_model(cfg.model, 500, 50).to(cuda)
         step = TrainStep(model, cfg, cuda, torch.ones(500, dtype=torch.long, device=cuda),

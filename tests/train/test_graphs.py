@@ -85,7 +85,8 @@ def test_a_run_saved_with_graphs_off_resumes_with_auto(tmp_path):
     """Runs trained when train.cuda_graph was a bool defaulting to false may resume with "auto"."""
     first = train(load_config(None, TINY + ["model.backend=torch", "train.cuda_graph=false", f"output_dir={tmp_path}",
                                             "name=old"]), log=lambda line: None)
-    assert main(["train", "--resume", first.run_dir, "--set", "train.cuda_graph=auto", "--set", "train.max_steps=50"]) == 0
+    assert main(["train", "--resume", first.run_dir,
+                 "--set", "train.cuda_graph=auto", "--set", "train.max_steps=50"]) == 0
     cfg = RunDir(first.run_dir).read_config()
     assert (cfg.train.cuda_graph, cfg.train.max_steps) == ("auto", 50)
 

@@ -42,10 +42,11 @@ def test_targets_count_clicks_after_min_target():
 
 def test_budget_is_max_epochs_passes_over_the_targets():
     indptr = _indptr([14] * 1000)  # 10 targets each at min_target 4: 10,000 targets
-    s = plan_training(_train("train.batch_size=100", "train.max_epochs=3"), "comirec_sa", indptr)
+    cfg = _train("train.batch_size=100", "train.max_epochs=3")
+    s = plan_training(cfg, "comirec_sa", indptr)
     assert s.epoch_steps == 100 and s.max_steps == 300
     # several processes draw batch_size each: the same data is fewer steps
-    assert plan_training(_train("train.batch_size=100", "train.max_epochs=3"), "comirec_sa", indptr, world_size=2).max_steps == 150
+    assert plan_training(cfg, "comirec_sa", indptr, world_size=2).max_steps == 150
     # an explicit max_steps wins
     assert plan_training(_train("train.max_steps=77"), "comirec_sa", indptr).max_steps == 77
 

@@ -77,5 +77,6 @@ def test_on_validate_sees_every_validation_and_may_stop_training(tmp_path):
     assert run.load_checkpoint()["step"] == 10
 
     seen.clear()
-    result = train(_cfg(tmp_path, "name=full"), log=lambda s: None, on_validate=lambda s, m: seen.append((s, m["recall@50"])))
+    result = train(_cfg(tmp_path, "name=full"), log=lambda s: None,
+                   on_validate=lambda s, m: seen.append((s, m["recall@50"])))
     assert [s for s, _ in seen] == [10, 20] and max(v for _, v in seen) == result.best_valid

@@ -24,6 +24,7 @@ def length_softmax(scores: Tensor, lengths: Tensor) -> Tensor:
     Positions ``>= lengths[b]`` get weight 0; a row of length 0 is all zeros (with zero
     gradients), never NaN. Computed in fp32 (fp64 stays fp64).
     """
-    valid = torch.arange(scores.shape[1], device=scores.device)[None, :, None] < lengths.to(scores.device)[:, None, None]
+    positions = torch.arange(scores.shape[1], device=scores.device)
+    valid = positions[None, :, None] < lengths.to(scores.device)[:, None, None]
     s = at_least_fp32(scores).masked_fill(~valid, float("-inf")).masked_fill(~valid.any(dim=1, keepdim=True), 0.0)
     return torch.softmax(s, dim=1).masked_fill(~valid, 0.0)

@@ -734,7 +734,8 @@ def _plan(key: tuple, h: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None, sco
                 BLOCK_B=block_b, BLOCK_D=block_d, num_warps=4, num_stages=2))
     pdl = _use_pdl(h)
     chain = {"PDL": pdl, **({"launch_pdl": True} if pdl else {})}
-    plan = {name: (_KERNELS[name].launch(grid, {**meta, **chain}), ints) for name, (grid, ints, meta) in launches.items()}
+    plan = {name: (_KERNELS[name].launch(grid, {**meta, **chain}), ints)
+            for name, (grid, ints, meta) in launches.items()}
     if len(_PLANS) >= MAX_KEYS:
         _PLANS.clear()
     _PLANS[(backward, key, config)] = plan
