@@ -374,6 +374,10 @@ def load_config(
             raise ConfigError(f"config file not found: {path}") from None
         except tomllib.TOMLDecodeError as err:
             raise ConfigError(f"{path}: invalid TOML: {err}") from None
+        except UnicodeDecodeError as err:  # err.object: the file's bytes
+            line = err.object.count(b"\n", 0, err.start) + 1
+            byte = err.object[err.start]
+            raise ConfigError(f"{path}:{line}: not UTF-8 text (byte {byte:#04x}); TOML files are UTF-8") from None
         table.pop(REGISTRY_TABLE, None)
         table.pop(TUNE_TABLE, None)
         try:

@@ -59,6 +59,13 @@ def test_bad_file_names_file_and_key(tmp_path):
         load_config(tmp_path / "missing.toml")
 
 
+def test_config_file_that_is_not_utf8_names_file_and_line(tmp_path):
+    path = tmp_path / "latin1.toml"
+    path.write_bytes('[data]\nsource = "caf\xe9.csv"\n'.encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"^\S*latin1\.toml:2: not UTF-8 text \(byte 0xe9\); TOML files are UTF-8"):
+        load_config(path)
+
+
 def test_bool_is_not_an_int():
     with pytest.raises(ConfigError, match="model.dim"):
         config_from_dict({"model": {"dim": True}})

@@ -80,20 +80,31 @@ def _records(path: Path, suffix: str, fields: tuple[str, ...], *, literal: bool 
     the 2014 Amazon metadata and the Steam reviews). Errors name the file and line."""
     parse = ast.literal_eval if literal else json.loads
     columns: list[list[object]] = [[] for _ in fields]
-    with open_member(path, suffix) as raw:
-        for lineno, line in enumerate(io.TextIOWrapper(raw, encoding="utf-8"), start=1):
-            if not line.strip():
-                continue
-            try:
-                record = parse(line)
-                values = [record[f] for f in fields]
-            except (ValueError, SyntaxError) as err:
-                raise DataError(f"{path}:{lineno}: not a {'Python' if literal else 'JSON'} record ({err})") from None
-            except KeyError as err:
-                raise DataError(f"{path}:{lineno}: no field {err}") from None
-            for column, value in zip(columns, values):
-                column.append(value)
+    for lineno, line in _text_lines(path, suffix):
+        if not line.strip():
+            continue
+        try:
+            record = parse(line)
+            values = [record[f] for f in fields]
+        except (ValueError, SyntaxError) as err:
+            raise DataError(f"{path}:{lineno}: not a {'Python' if literal else 'JSON'} record ({err})") from None
+        except KeyError as err:
+            raise DataError(f"{path}:{lineno}: no field {err}") from None
+        for column, value in zip(columns, values):
+            column.append(value)
     return pd.DataFrame(dict(zip(fields, columns)))
+
+
+def _text_lines(path: Path, suffix: str = "") -> Iterator[tuple[int, str]]:
+    """``(line number, text)`` of each line of a UTF-8 member (see :func:`open_member`), a leading
+    byte-order mark dropped; a line that is not UTF-8 raises :class:`DataError` naming it."""
+    with open_member(path, suffix) as raw:
+        for lineno, data in enumerate(raw, start=1):
+            try:
+                text = data.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError:
+                raise DataError(f"{path}:{lineno}: not valid utf-8 text") from None
+            yield lineno, text
 
 
 def _csv(path: Path, suffix: str = "", **kwargs) -> pd.DataFrame:
@@ -215,18 +226,17 @@ def _book_categories(path: Path, item_raw: np.ndarray) -> tuple[list[str], list[
     before parsing (ComiRec parses every line)."""
     wanted = set(item_raw)
     asins, categories = [], []
-    with open_member(path) as raw:
-        for lineno, line in enumerate(io.TextIOWrapper(raw, encoding="utf-8"), start=1):
-            match = _META_ASIN.search(line)
-            if match is None or match.group(1) not in wanted:
-                continue
-            try:
-                paths = ast.literal_eval(line).get("categories") or [[]]
-            except (ValueError, SyntaxError) as err:
-                raise DataError(f"{path}:{lineno}: not a Python record ({err})") from None
-            if paths[0]:
-                asins.append(match.group(1))
-                categories.append(str(paths[0][-1]))
+    for lineno, line in _text_lines(path):
+        match = _META_ASIN.search(line)
+        if match is None or match.group(1) not in wanted:
+            continue
+        try:
+            paths = ast.literal_eval(line).get("categories") or [[]]
+        except (ValueError, SyntaxError) as err:
+            raise DataError(f"{path}:{lineno}: not a Python record ({err})") from None
+        if paths[0]:
+            asins.append(match.group(1))
+            categories.append(str(paths[0][-1]))
     return asins, categories
 
 

@@ -32,24 +32,39 @@ Formats (``cfg.format``; ``auto`` picks one from the file name, extension and co
 that works with every format and replaces any per-row category; an item listed twice keeps
 its first category.
 
+Text files are UTF-8 (MovieLens: latin-1); a leading byte-order mark is dropped, and lines end
+with ``\n``, ``\r\n`` or ``\r``. Delimited files follow RFC 4180 quoting (``"a,b"``, ``""``
+for a quote), as pandas and spreadsheets write them; a field may be of any length, and a quoted
+field may hold line breaks (a review text, say), except in the columns recsys reads.
+
 Malformed input raises :class:`DataError` with ``file:line: reason`` (lines counted from 1 as
 an editor shows them; Parquet names the row): too many fields, an empty user, item or (for a
-category file) category, or a timestamp that is not a number. A line with too few fields reads
-its missing trailing fields as empty, so it is an error exactly when a required field is
-missing. With ``cfg.skip_bad_rows`` those rows are dropped instead and a :class:`DataWarning`
-says how many and where. Reading is vectorised by pandas; the line-by-line scan that finds
-the offending lines runs only when something is wrong.
+category file) category, a timestamp that is not a number, text that is not valid UTF-8, or a
+quote that opens a field recsys reads and closes only on a later line (named at the line where
+it opens). A line with too few fields reads its missing trailing fields as empty, so it is an
+error exactly when a required field is missing. With ``cfg.skip_bad_rows`` those rows are
+dropped instead and one :class:`DataWarning` says how many rows, on how many lines (a quoted
+field can span several), and where; for one-user-per-line files, how many clicks they held.
+A quote that is never closed is an error even then: skipping it would drop the rest of the
+file. Reading is vectorised by pandas; the line-by-line scan that finds the offending lines
+runs only when something is wrong, and checks values with the same vectorised rules.
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
+import io
 import math
 import re
 import warnings
+from array import array
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from operator import itemgetter
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import numpy as np
 import pandas as pd
@@ -61,6 +76,10 @@ _CATEGORY_NAME = re.compile(r"item_?cate|categor", re.IGNORECASE)
 _COMIREC_PART = re.compile(r"^(?P<prefix>.+)_(?:train|valid|test)\.txt$")
 _CATEGORY_HEADER_NAMES = {"item", "item_id", "itemid", "iid", "id"}
 _SHOWN_LINES = 5  # line numbers listed in a skip warning
+_SCAN_CHUNK = 65_536  # records the line scan holds as Python strings before it stores them as pandas strings
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")  # line ends, as pandas' C parser splits lines
+_NOT_UTF8 = re.compile("[\udc80-\udcff]")  # bytes that were not UTF-8, as errors="surrogateescape" keeps them
+_CSV_FIELD_LIMIT = 2**31 - 1  # Python's csv module refuses fields over 131,072 characters; pandas has no limit
 _MOVIELENS_GENRES = 19  # genre flags in ML-100K's u.item when u.genre is absent
 
 
@@ -122,7 +141,7 @@ def read_categories(path: str | Path, *, skip_bad_rows: bool = False) -> pd.Seri
     path = Path(path)
     if not path.is_file():
         raise DataError(f"data.categories: {path} is not a file")
-    first, second = _first_lines(path, 2, "utf-8")
+    first, second = _first_lines(path, 2)
     if first is None:
         raise DataError(f"{path}: empty category file")
     sep = "\t" if "\t" in first else ","
@@ -130,9 +149,10 @@ def read_categories(path: str | Path, *, skip_bad_rows: bool = False) -> pd.Seri
     header = head.lower() in _CATEGORY_HEADER_NAMES or (
         not _is_number(head) and second is not None and _is_number(second.split(sep)[0].strip())
     )
-    ncols = len(next(csv.reader([first], delimiter=sep)))
+    lineno, fields = _first_record(path, sep)
+    ncols = len(fields)
     if ncols < 2:
-        raise DataError(f"{path}:1: expected 'item{sep}category', found {first!r}")
+        raise DataError(f"{path}:{lineno}: expected 'item{sep}category', found {first!r}")
     layout = _Layout(sep=sep, header=header, ncols=ncols, fields={"item": 0, "category": 1},
                      required=("item", "category"))
     table = _read_table(path, layout, skip_bad_rows).drop_duplicates("item", keep="first")
@@ -169,7 +189,7 @@ def detect_format(source: Path) -> tuple[str, list[Path]]:
         return "parquet", [source]
     if suffix in (".csv", ".tsv"):
         return suffix[1:], [source]
-    (first,) = _first_lines(source, 1, "utf-8")
+    (first,) = _first_lines(source, 1)
     if first is None:
         raise DataError(f"{source}: empty file")
     if "," in first:
@@ -232,20 +252,12 @@ class _Layout:
 
 def _read_named_columns(path: Path, sep: str, cfg: DataConfig) -> pd.DataFrame:
     """CSV/TSV with a header row naming the configured columns."""
-    (first,) = _first_lines(path, 1, "utf-8")
-    if first is None:
-        raise DataError(f"{path}: empty file")
-    header = [name.strip() for name in next(csv.reader([first], delimiter=sep))]
-    wanted = {"user": cfg.user_col, "item": cfg.item_col, "time": cfg.time_col, "category": cfg.category_col}
+    lineno, names = _first_record(path, sep)
+    header = [name.strip() for name in names]
     fields = {}
-    for role, name in wanted.items():
-        if not name:
-            continue
+    for role, name in _roles(cfg).items():
         if name not in header:
-            option = {"user": "user_col", "item": "item_col", "time": "time_col", "category": "category_col"}[role]
-            raise DataError(
-                f"{path}:1: no column {name!r} (data.{option}); the header has {header}"
-            )
+            raise DataError(f"{path}:{lineno}: no column {name!r} (data.{role}_col); the header has {header}")
         fields[role] = header.index(name)
     required = tuple(role for role in ("user", "item", "time") if role in fields)
     layout = _Layout(sep=sep, header=True, ncols=len(header), fields=fields, required=required)
@@ -297,14 +309,24 @@ def _roles(cfg: DataConfig) -> dict[str, str]:
 
 
 def _read_parquet(path: Path, cfg: DataConfig) -> pd.DataFrame:
-    columns = _roles(cfg)
     try:
-        raw = pd.read_parquet(path, columns=list(columns.values()))
+        import pyarrow.parquet as pq
     except ImportError as err:
         raise DataError(f"{path}: reading Parquet needs pyarrow (pip install 'recsys[parquet]')") from err
-    except (KeyError, ValueError) as err:
-        raise DataError(f"{path}: cannot read columns {list(columns.values())}: {err}") from err
+    try:
+        available = pq.read_schema(path).names
+        raw = pd.read_parquet(path, columns=[name for name in _roles(cfg).values() if name in available])
+    except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
+        raise DataError(f"{path}: not a readable Parquet file ({err})") from err
+    _check_columns(path, cfg, available)
     return _from_columns(raw, cfg, path)
+
+
+def _check_columns(where: str | Path, cfg: DataConfig, columns: list[str]) -> None:
+    """Raise naming the option of the first configured column that ``columns`` lacks."""
+    for role, name in _roles(cfg).items():
+        if name not in columns:
+            raise DataError(f"{where}: no column {name!r} (data.{role}_col); the columns are {list(columns)}")
 
 
 def read_frame(raw: pd.DataFrame, cfg: DataConfig, where: str = "clicks") -> pd.DataFrame:
@@ -317,10 +339,7 @@ def read_frame(raw: pd.DataFrame, cfg: DataConfig, where: str = "clicks") -> pd.
     """
     if not isinstance(raw, pd.DataFrame):
         raise DataError(f"{where}: expected a pandas DataFrame, got {type(raw).__name__}")
-    missing = {role: name for role, name in _roles(cfg).items() if name not in raw.columns}
-    if missing:
-        role, name = next(iter(missing.items()))
-        raise DataError(f"{where}: no column {name!r} (data.{role}_col); the columns are {list(raw.columns)}")
+    _check_columns(where, cfg, list(raw.columns))
     df = _from_columns(raw, cfg, where)
     if "time" not in df:
         df["time"] = df.groupby("user", sort=False).cumcount().to_numpy(np.float64)
@@ -341,14 +360,24 @@ def _from_columns(raw: pd.DataFrame, cfg: DataConfig, where: str | Path) -> pd.D
     elif "time" in df:
         df["time"] = pd.to_numeric(df["time"], errors="coerce")
     required = tuple(role for role in ("user", "item", "time") if role in df)
-    bad = _invalid(df, required)
+    masks = _invalid_by_role(df, required)
+    bad = _any(masks, len(df))
     if bad.any():
         rows = np.flatnonzero(bad)
         if not cfg.skip_bad_rows:
-            raise DataError(f"{path}: row {rows[0] + 1}: {_row_problem(df, rows[0], required)}")
-        _warn_skipped(path, rows + 1, "rows")
+            row = int(rows[0])
+            role = next(role for role in required if masks[role][row])
+            value = raw[columns["time"]].iloc[row] if role == "time" else None
+            reason = f"time {_plain(value)!r} is missing or not a number" if role == "time" else f"empty {role}"
+            raise DataError(f"{path}: row {row + 1}: {reason}")
+        _warn_skipped(path, [(int(r) + 1, int(r) + 1) for r in rows], unit="row")
         df = df[~bad].reset_index(drop=True)
     return _tidy(df)
+
+
+def _plain(value: object) -> object:
+    """A NumPy scalar as the Python value it holds, so a message shows ``nan``, not ``np.float64(nan)``."""
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def _as_str(col: pd.Series) -> pd.Series:
@@ -360,28 +389,32 @@ def _as_str(col: pd.Series) -> pd.Series:
 
 def _read_sequences(path: Path, skip: bool) -> pd.DataFrame:
     """One user per line: ``user item item ...`` (blank separated)."""
+    text = path.read_bytes().decode("utf-8-sig", errors="surrogateescape")
+    check_utf8 = _NOT_UTF8.search(text) is not None
     users: list[str] = []
     items: list[str] = []
     counts: list[int] = []
-    bad: list[int] = []
-    data = path.read_bytes()
-    try:
-        lines = data.decode("utf-8").split("\n")
-    except UnicodeDecodeError as err:
-        lineno = data.count(b"\n", 0, err.start) + 1
-        raise DataError(f"{path}:{lineno}: not valid utf-8 text") from None
-    for lineno, line in enumerate(lines, start=1):
+    dropped: list[tuple[int, int]] = []
+    lost = 0  # clicks on the dropped lines
+    for lineno, line in enumerate(_LINE_BREAK.split(text), start=1):
         tokens = line.split()
-        if len(tokens) == 1:
-            if not skip:
-                raise DataError(f"{path}:{lineno}: expected 'user item item ...', found only {tokens[0]!r}")
-            bad.append(lineno)
-        elif tokens:
+        if not tokens:
+            continue
+        if check_utf8 and _NOT_UTF8.search(line):
+            problem = "not valid utf-8 text"
+        elif len(tokens) == 1:
+            problem = f"expected 'user item item ...', found only {tokens[0]!r}"
+        else:
             users.append(tokens[0])
             items.extend(tokens[1:])
             counts.append(len(tokens) - 1)
-    if bad:
-        _warn_skipped(path, np.asarray(bad), "lines")
+            continue
+        if not skip:
+            raise _malformed(path, _Problem(lineno, lineno, lineno, problem))
+        dropped.append((lineno, lineno))
+        lost += len(tokens) - 1
+    if dropped:
+        _warn_skipped(path, dropped, clicks=lost)
     return pd.DataFrame({
         "user": pd.Series(np.repeat(np.asarray(users, dtype=object), counts), dtype="str"),
         "item": pd.Series(items, dtype="str"),
@@ -390,61 +423,80 @@ def _read_sequences(path: Path, skip: bool) -> pd.DataFrame:
 
 def _read_table(path: Path, layout: _Layout, skip: bool) -> pd.DataFrame:
     """Read a delimited file: pandas' C parser with a typed time column first; a lenient
-    all-text parse when that fails (date-times, short lines); a line scan only when malformed
+    all-text parse when that fails (date-times, short lines); the line scan only when malformed
     rows remain."""
     df = _parse(path, layout, typed=True)
     if df is None and "time" in layout.fields:
         df = _parse(path, layout, typed=False)
-    if df is not None and not _invalid(df, layout.required).any():
-        return _tidy(df)
-    problems = _scan(path, layout, stop_at_first=not skip)
-    if not problems:
-        raise DataError(f"{path}: cannot be parsed as {layout.ncols} {layout.sep!r}-separated fields per line")
-    if not skip:
-        lineno, reason = problems[0]
-        raise DataError(f"{path}:{lineno}: {reason} (set data.skip_bad_rows=true to drop malformed rows)")
-    lines = np.asarray([lineno for lineno, _ in problems])
-    _warn_skipped(path, lines, "lines")
-    df = _parse(path, layout, typed=False, skip_lines=lines)
-    if df is None or _invalid(df, layout.required).any():
-        raise DataError(f"{path}: malformed rows remain after skipping {len(lines)} lines")
+    limit = None
+    if df is not None:
+        bad = _any(_invalid_by_role(df, layout.required), len(df))
+        if not bad.any() and not _holds_line_break(path, df, layout):
+            return _tidy(df)
+        if not skip and bad.any():
+            limit = int(np.flatnonzero(bad)[0]) + 1  # pandas' rows are the records: the scan can stop there
+    scan = _scan(path, layout, skip=skip, limit=limit)
+    df, value_problems = _checked(scan, layout)
+    problems = sorted(scan.problems + value_problems)
+    fatal = [p for p in problems if p.fatal]
+    if (problems and not skip) or fatal:
+        raise _malformed(path, (fatal if skip else problems)[0])
+    if problems:
+        _warn_skipped(path, [(p.first, p.last) for p in problems])
     return _tidy(df)
 
 
-def _parse(path: Path, layout: _Layout, *, typed: bool, skip_lines: np.ndarray | None = None) -> pd.DataFrame | None:
+def _parse(path: Path, layout: _Layout, *, typed: bool) -> pd.DataFrame | None:
     """The role columns of a delimited file (ids as written), or ``None`` when pandas rejects it.
 
     ``typed``: parse the time column as float64 in the parser (fast; fails on any non-number);
-    otherwise read text and convert numbers or ISO date-times. ``skip_lines``: 1-based lines
-    to leave out.
+    otherwise read text and convert numbers or ISO date-times.
     """
-    options = {"sep": layout.sep, "header": 0 if layout.header else None, "keep_default_na": False,
-               "encoding": layout.encoding, "engine": "c"}
+    options: dict[str, Any] = {"sep": layout.sep, "header": 0 if layout.header else None, "keep_default_na": False,
+                               "encoding": layout.encoding, "engine": "c"}
     dtype: type | dict = str
     try:
         if typed and "time" in layout.fields:
             labels = pd.read_csv(path, nrows=0, **options).columns if layout.header else range(layout.ncols)
             dtype = {label: np.float64 if i == layout.fields["time"] else str for i, label in enumerate(labels)}
-        raw = pd.read_csv(path, dtype=dtype, skiprows=None if skip_lines is None else set(skip_lines - 1),
-                          encoding_errors="strict" if skip_lines is None else "replace", **options)
+        raw = pd.read_csv(path, dtype=dtype, encoding_errors="strict", **options)
     except pd.errors.EmptyDataError:
         raise DataError(f"{path}: no data rows") from None
     except ValueError:  # ParserError, UnicodeDecodeError, a non-number in a typed column
         return None
-    if raw.shape[1] != layout.ncols:
-        return None
+    if raw.shape[1] != layout.ncols or not isinstance(raw.index, pd.RangeIndex):
+        return None  # rows with more fields than the header: pandas made the first column the index
     df = pd.DataFrame({role: raw.iloc[:, idx] for role, idx in layout.fields.items()})
     if "time" in df and not typed:
-        df["time"] = _parse_times(df["time"])
+        df["time"], _ = _parse_times(df["time"])
     return df
 
 
-def _parse_times(text: pd.Series) -> pd.Series:
-    """Numbers, or ISO 8601 date-times as unix seconds when no value is a number."""
-    numbers = pd.to_numeric(text, errors="coerce")
-    if numbers.notna().any() or text.empty:
-        return numbers
-    return _datetime_seconds(pd.to_datetime(text, format="ISO8601", utc=True, errors="coerce"))
+def _holds_line_break(path: Path, df: pd.DataFrame, layout: _Layout) -> bool:
+    """Whether an id or category field holds a line break: a quote opened in it closes only on a
+    later line, which swallows the lines between (only a file with a quote can have one)."""
+    roles = [role for role in layout.fields if role != "time"]  # a time with a line break is not a number
+    return _has_quote(path) and any(df[role].str.contains("[\r\n]", regex=True, na=False).any() for role in roles)
+
+
+def _has_quote(path: Path) -> bool:
+    """Whether the file holds a quote character anywhere (read in blocks)."""
+    with open(path, "rb") as f:
+        return any(b'"' in block for block in iter(lambda: f.read(1 << 24), b""))
+
+
+def _parse_times(text: pd.Series, kind: str = "") -> tuple[pd.Series, str]:
+    """Time text ``[n]`` -> ``(seconds [n] float64, NaN where unreadable; the kind read)``.
+
+    ``kind`` ``"number"`` or ``"date-time"`` (ISO 8601, as unix seconds) fixes the reading; ``""``
+    reads numbers when any value is one, else date-times, and returns ``""`` when neither reads.
+    """
+    if kind != "date-time":
+        numbers = pd.to_numeric(text, errors="coerce")
+        if kind == "number" or numbers.notna().any():
+            return numbers, "number"
+    seconds = _datetime_seconds(pd.to_datetime(text, format="ISO8601", utc=True, errors="coerce"))
+    return seconds, "date-time" if kind or seconds.notna().any() else ""
 
 
 def _datetime_seconds(col: pd.Series) -> pd.Series:
@@ -453,79 +505,215 @@ def _datetime_seconds(col: pd.Series) -> pd.Series:
     return (col - pd.Timestamp(0, tz="UTC")) / pd.Timedelta(seconds=1)
 
 
-def _invalid(df: pd.DataFrame, required: tuple[str, ...]) -> np.ndarray:
-    """Bad-row mask ``[n]``: an empty or missing required id, or a missing/non-finite time."""
-    bad = np.zeros(len(df), dtype=bool)
+def _invalid_by_role(df: pd.DataFrame, required: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """Bad-row masks ``{role: [n] bool}``: an empty or missing id, or a missing/non-finite time."""
+    masks = {}
     for role in required:
         col = df[role]
         if role == "time":
-            bad |= ~np.isfinite(col.to_numpy(np.float64, na_value=np.nan))
+            masks[role] = ~np.isfinite(col.to_numpy(np.float64, na_value=np.nan))
         else:
-            bad |= (col.isna() | (col.str.strip() == "")).to_numpy(bool)
-    return bad
+            masks[role] = (col.isna() | (col.str.strip() == "")).to_numpy(bool)
+    return masks
 
 
-def _row_problem(df: pd.DataFrame, row: int, required: tuple[str, ...]) -> str:
-    """Why row ``row`` of a table that :func:`_invalid` flagged is bad."""
-    for role in required:
-        value = df[role].iloc[row]
-        if role == "time" and not (pd.notna(value) and np.isfinite(float(value))):
-            return f"time {value!r} is missing or not a number"
-        if role != "time" and (pd.isna(value) or not value.strip()):
-            return f"empty {role}"
-    return "malformed"
+def _any(masks: dict[str, np.ndarray], n: int) -> np.ndarray:
+    """``[n]`` bool: rows that any mask flags."""
+    return np.logical_or.reduce([*masks.values(), np.zeros(n, dtype=bool)])
 
 
-def _scan(path: Path, layout: _Layout, *, stop_at_first: bool) -> list[tuple[int, str]]:
-    """Line-by-line check with the same rules as the fast path; ``[(line, reason)]``."""
-    problems: list[tuple[int, str]] = []
-    header_pending = layout.header
-    time_kind = ""  # decided by the first time value that is a number or a date-time
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            try:
-                text = raw.decode(layout.encoding).rstrip("\r\n")
-            except UnicodeDecodeError:
-                text, reason = "", f"not valid {layout.encoding} text"
-            else:
-                if not text.strip():
-                    continue
-                if header_pending:
-                    header_pending = False
-                    continue
-                fields = _fields(text, layout.sep)
-                if not time_kind and "time" in layout.fields and len(fields) > layout.fields["time"]:
-                    value = fields[layout.fields["time"]].strip()
-                    time_kind = "number" if _is_number(value) else "date-time" if _is_iso(value) else ""
-                reason = _line_problem(fields, layout, time_kind or "number")
-            if reason:
-                problems.append((lineno, reason))
-                if stop_at_first:
+@dataclass(frozen=True, order=True)
+class _Problem:
+    """Why a record is malformed, and where."""
+
+    line: int  # the line named in the message
+    first: int  # the record's lines (a quoted field can span several)
+    last: int
+    reason: str
+    fatal: bool = False  # data.skip_bad_rows cannot drop it
+
+
+_Record = tuple[int, int, list[str], _Problem | None]  # first line, last line, fields, what makes it unreadable
+
+
+@dataclass
+class _Scan:
+    """What the line scan read: the well-formed records (their lines, and their role fields as
+    text) and the problems of the others."""
+
+    starts: array  # [n] int64: the first line of each well-formed record, in file order
+    ends: dict[int, int]  # record index -> last line, for the records on several lines
+    short: dict[int, int]  # record index -> its field count, for the records with too few fields
+    problems: list[_Problem]  # the malformed records, in file order
+    text: pd.DataFrame  # [n] role columns of the well-formed records, as text
+
+
+def _scan(path: Path, layout: _Layout, *, skip: bool, limit: int | None = None) -> _Scan:
+    """The slow path, run only when the fast one found something wrong: record by record with
+    Python's csv module. It stops at the first malformed record unless ``skip`` (and at a quote
+    never closed even then), and after ``limit`` well-formed records. Values are checked
+    afterwards, by :func:`_checked`, with the fast path's vectorised rules."""
+    starts, ends, short, problems = array("q"), {}, {}, []
+    parts: list[pd.DataFrame] = []
+    kept: list[list[str]] = []  # fields of the well-formed records not yet in parts, padded to ncols
+    ncols = layout.ncols
+    with _csv_fields_unlimited(), open(path, "rb") as f:
+        records = _records(f, layout.sep, layout.encoding)
+        if layout.header:
+            next(records, None)  # checked by _first_record before any reading
+        for first, last, fields, problem in records:
+            if (problem is None or not problem.fatal) and (last > first or len(fields) > ncols):
+                structural = _structure_problem(first, last, fields, layout)
+                if structural is not None and (problem is None or structural < problem):
+                    problem = structural  # a quote that opens before the bytes that are not text
+            if problem is not None:
+                problems.append(problem)
+                if problem.fatal or not skip:
                     break
-    return problems
+                continue
+            if last > first:
+                ends[len(starts)] = last
+            if len(fields) < ncols:
+                short[len(starts)] = len(fields)
+                fields = fields + [""] * (ncols - len(fields))
+            starts.append(first)
+            kept.append(fields)
+            if len(kept) == _SCAN_CHUNK:  # as pandas strings: compact, unlike Python's
+                parts.append(_text_frame(kept, layout))
+                kept = []
+            if len(starts) == limit:
+                break
+    text = pd.concat([*parts, _text_frame(kept, layout)], ignore_index=True)
+    return _Scan(starts, ends, short, problems, text)
 
 
-def _line_problem(fields: list[str], layout: _Layout, time_kind: str) -> str:
-    """Why one line's ``fields`` are malformed, or ``""``."""
+def _text_frame(rows: list[list[str]], layout: _Layout) -> pd.DataFrame:
+    """``[len(rows)]`` role columns (str) of records' fields (each padded to ``layout.ncols``)."""
+    return pd.DataFrame({role: pd.Series(list(map(itemgetter(idx), rows)), dtype="str")
+                         for role, idx in layout.fields.items()})
+
+
+def _checked(scan: _Scan, layout: _Layout) -> tuple[pd.DataFrame, list[_Problem]]:
+    """The scanned records' values checked as the fast path checks them: ``(the rows whose values
+    are good, time in seconds; a problem for each other row)``."""
+    df = scan.text.copy()
+    kind = "number"
+    if "time" in df:
+        df["time"], kind = _parse_times(scan.text["time"])
+    masks = _invalid_by_role(df, layout.required)
+    bad = _any(masks, len(df))
+    problems = []
+    for row in np.flatnonzero(bad).tolist():
+        role = next(role for role in layout.required if masks[role][row])
+        first, idx = scan.starts[row], layout.fields[role]
+        n = scan.short.get(row, layout.ncols)
+        short = f" (the line has {n} of {layout.ncols} fields)" if n < layout.ncols else ""
+        value = scan.text[role].iloc[row].strip()
+        reason = f"time {value!r} is not a {kind or 'number'}" if role == "time" else f"empty {role} (field {idx + 1})"
+        problems.append(_Problem(first, first, scan.ends.get(row, first), reason + short))
+    return df[~bad].reset_index(drop=True), problems
+
+
+def _structure_problem(first: int, last: int, fields: list[str], layout: _Layout) -> _Problem | None:
+    """A field recsys reads that spans lines (its quote closes only on a later line), or too many fields."""
+    for role, idx in sorted(layout.fields.items(), key=lambda item: item[1]):
+        if idx < len(fields) and _LINE_BREAK.search(fields[idx]):
+            opens = first + _line_breaks("".join(fields[:idx]))
+            closes = opens + _line_breaks(fields[idx])
+            return _Problem(opens, first, last, f"a quote opens the {role} field here and closes only on line {closes}")
     if len(fields) > layout.ncols:
-        return f"expected {layout.ncols} fields, found {len(fields)}"
-    short = f" (the line has {len(fields)} of {layout.ncols} fields)" if len(fields) < layout.ncols else ""
-    fields = fields + [""] * (layout.ncols - len(fields))
-    for role in layout.required:
-        idx = layout.fields[role]
-        value = fields[idx].strip()
-        if role == "time":
-            if not (_is_iso(value) if time_kind == "date-time" else _is_number(value)):
-                return f"time {value!r} is not a {time_kind}{short}"
-        elif not value:
-            return f"empty {role} (field {idx + 1}){short}"
-    return ""
+        return _Problem(first, first, last, f"expected {layout.ncols} fields, found {len(fields)}")
+    return None
 
 
-def _fields(text: str, sep: str) -> list[str]:
-    if '"' in text:
-        return next(csv.reader([text], delimiter=sep))
-    return text.split(sep)
+def _line_breaks(text: str) -> int:
+    return len(_LINE_BREAK.findall(text))
+
+
+def _malformed(path: Path, problem: _Problem) -> DataError:
+    hint = "" if problem.fatal else " (set data.skip_bad_rows=true to drop malformed rows)"
+    return DataError(f"{path}:{problem.line}: {problem.reason}{hint}")
+
+
+def _records(f: BinaryIO, sep: str, encoding: str) -> Iterator[_Record]:
+    """The non-blank records of a delimited file, cut as pandas' C parser cuts them: lines end at
+    ``\r\n``, ``\r`` or ``\n``, RFC 4180 quoting, a leading UTF-8 byte-order mark is dropped,
+    and a blank line holds only spaces and tabs that are not ``sep``. Bytes that are not text in
+    ``encoding`` make their record's problem. Run it inside :func:`_csv_fields_unlimited`."""
+    check_text = not _is_text(f, encoding)  # else no record needs the check
+    text = io.TextIOWrapper(f, encoding="utf-8-sig" if encoding == "utf-8" else encoding,
+                            errors="surrogateescape", newline="")  # newline="": line ends kept, as csv wants
+    ended: list[bool] = []  # holds True once every line has gone to the reader
+    reader = csv.reader(_marking_the_end(text, ended), delimiter=sep)
+    blank = " \t".replace(sep, "")
+    last = 0
+    try:
+        for fields in reader:
+            first, last = last + 1, reader.line_num
+            if len(fields) <= 1 and not (fields and fields[0].strip(blank)):
+                continue
+            problem = None
+            if ended or check_text:
+                problem = _record_problem(first, last, fields, encoding, ended=bool(ended))
+            yield first, last, fields, problem
+    except csv.Error as err:
+        yield last + 1, reader.line_num, [], _Problem(last + 1, last + 1, reader.line_num,
+                                                      f"cannot be split into fields ({err})", fatal=True)
+
+
+def _marking_the_end(lines: Iterator[str], ended: list[bool]) -> Iterator[str]:
+    yield from lines
+    ended.append(True)
+
+
+def _record_problem(first: int, last: int, fields: list[str], encoding: str, *, ended: bool) -> _Problem | None:
+    """A quote never closed (the record ran to the end of the file), or bytes that are not text."""
+    if ended:
+        opens = first + _line_breaks("".join(fields[:-1]))
+        return _Problem(opens, first, last, "a quote opens here and is never closed, so it would take in the rest "
+                                            "of the file", fatal=True)
+    joined = "".join(fields)
+    bad = None if joined.isascii() else _NOT_UTF8.search(joined)
+    if bad is None:
+        return None
+    return _Problem(first + _line_breaks(joined[:bad.start()]), first, last, f"not valid {encoding} text")
+
+
+def _is_text(f: BinaryIO, encoding: str) -> bool:
+    """Whether all of ``f`` decodes in ``encoding`` (read in blocks; ``f`` is rewound)."""
+    decoder = codecs.getincrementaldecoder(encoding)()
+    try:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            decoder.decode(block)
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        return False
+    finally:
+        f.seek(0)
+    return True
+
+
+@contextmanager
+def _csv_fields_unlimited() -> Iterator[None]:
+    """Lift Python's csv field-size limit (a module-wide setting) while recsys reads, so a field
+    of any length reads as pandas reads it; the previous limit comes back afterwards."""
+    previous = csv.field_size_limit(_CSV_FIELD_LIMIT)
+    try:
+        yield
+    finally:
+        csv.field_size_limit(previous)
+
+
+def _first_record(path: Path, sep: str) -> tuple[int, list[str]]:
+    """``(line, fields)`` of the first non-blank record of a UTF-8 delimited file: its header."""
+    with _csv_fields_unlimited(), open(path, "rb") as f:
+        record = next(_records(f, sep, "utf-8"), None)
+    if record is None:
+        raise DataError(f"{path}: empty file")
+    first, _, fields, problem = record
+    if problem is not None:
+        raise DataError(f"{path}:{problem.line}: {problem.reason}")
+    return first, fields
 
 
 def _tidy(df: pd.DataFrame) -> pd.DataFrame:
@@ -539,20 +727,30 @@ def _tidy(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _warn_skipped(path: Path, where: np.ndarray, unit: str) -> None:
-    shown = ", ".join(str(int(n)) for n in where[:_SHOWN_LINES])
-    more = ", ..." if len(where) > _SHOWN_LINES else ""
-    noun = unit if len(where) != 1 else unit[:-1]
-    warnings.warn(
-        f"{path}: skipped {len(where)} malformed {noun} ({unit[:-1]} {shown}{more})",
-        DataWarning, stacklevel=3,
-    )
+def _warn_skipped(path: str | Path, spans: list[tuple[int, int]], *, unit: str = "line",
+                  clicks: int | None = None) -> None:
+    """One warning for the malformed records dropped: ``spans`` ``[(first, last)]`` lines (or
+    rows) of each; how many lines they covered when a record spans several, and the clicks they
+    held (one-user-per-line files)."""
+    covered = sum(last - first + 1 for first, last in spans)
+    shown = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans[:_SHOWN_LINES])
+    shown += ", ..." if len(spans) > _SHOWN_LINES else ""
+    if covered == len(spans):
+        what = f"{_count(len(spans), f'malformed {unit}')} ({unit} {shown})"
+    else:
+        what = f"{_count(len(spans), 'malformed row')} on {_count(covered, 'line')} (lines {shown})"
+    held = "" if clicks is None else f" holding {_count(clicks, 'click')}"
+    warnings.warn(f"{path}: skipped {what}{held}", DataWarning, stacklevel=3)
 
 
-def _first_lines(path: Path, n: int, encoding: str) -> list[str | None]:
-    """The first ``n`` non-blank lines (``None`` past the end)."""
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def _first_lines(path: Path, n: int) -> list[str | None]:
+    """The first ``n`` non-blank lines of a UTF-8 text file (``None`` past the end)."""
     out: list[str | None] = []
-    with open(path, encoding=encoding, errors="replace") as f:
+    with open(path, encoding="utf-8-sig", errors="replace") as f:
         for line in f:
             if line.strip():
                 out.append(line.rstrip("\r\n"))
@@ -570,11 +768,3 @@ def _is_number(text: str) -> bool:
 
 def _is_int(text: str) -> bool:
     return text.strip().lstrip("-").isdigit()
-
-
-def _is_iso(text: str) -> bool:
-    try:
-        datetime.fromisoformat(text.strip())
-    except ValueError:
-        return False
-    return True

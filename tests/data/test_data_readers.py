@@ -15,6 +15,7 @@ from recsys.data.readers import (
     DataWarning,
     detect_format,
     read_categories,
+    read_frame,
     read_interactions,
 )
 
@@ -234,3 +235,102 @@ def test_undecodable_line_is_reported(tmp_path):
     seq.write_bytes(b"u1 a b\nu2 \xff c\n")
     with pytest.raises(DataError, match=r"seq\.txt:2: not valid utf-8"):
         read(seq)
+
+
+def clicks_csv(n: int, damaged: dict[int, str] | None = None) -> str:
+    """A header and ``n`` clean clicks ``u{i % 60},i{i % 300},{i}``; ``damaged`` replaces lines
+    by number (the header is line 1)."""
+    lines = [CSV_HEADER.rstrip("\n")] + [f"u{i % 60},i{i % 300},{i}" for i in range(n)]
+    for lineno, text in (damaged or {}).items():
+        lines[lineno - 1] = text
+    return "\n".join(lines) + "\n"
+
+
+def test_quote_never_closed_is_an_error_at_its_line_even_when_skipping(tmp_path):
+    path = write(tmp_path / "log.csv", clicks_csv(3600, {52: 'u4,"i7,3'}))
+    for skip in (False, True):
+        with pytest.raises(DataError, match=r"log\.csv:52: a quote opens here and is never closed"):
+            read(path, skip_bad_rows=skip)
+
+
+def test_quote_closed_lines_later_skips_every_line_it_swallowed(tmp_path):
+    path = write(tmp_path / "log.csv", clicks_csv(3600, {52: 'u4,"i7,3', 60: 'u9,"i9,9'}))
+    with pytest.raises(DataError, match=r"log\.csv:52: a quote opens the item field here and closes only on line 60"):
+        read(path)
+    with pytest.warns(DataWarning, match=r"skipped 1 malformed row on 9 lines \(lines 52-60\)"):
+        df = read(path, skip_bad_rows=True)
+    assert len(df) == 3600 - 9
+    assert df["item"].str.len().max() <= 4  # nothing swallowed into an id
+
+
+def test_quoted_line_break_in_a_column_not_read_is_one_row(tmp_path):
+    path = write(tmp_path / "log.csv", 'user,item,timestamp,review\nu1,a,1,"good\nvery good"\nu1,b,2,\n')
+    df = read(path)
+    assert df["item"].tolist() == ["a", "b"] and df["time"].tolist() == [1.0, 2.0]
+
+
+def test_every_row_with_one_field_too_many_is_an_error_not_a_shifted_table(tmp_path):
+    path = write(tmp_path / "log.csv", CSV_HEADER + "u1,i1,3,7\nu2,i2,4,8\n")  # pandas would take column 1 as an index
+    with pytest.raises(DataError, match=r"log\.csv:2: expected 3 fields, found 4"):
+        read(path)
+
+
+def test_byte_order_mark_is_dropped_in_every_text_format(tmp_path):
+    bom = "\ufeff"
+    csv_path = write(tmp_path / "a" / "log.csv", bom + CSV_HEADER + "u1,i1,3\n")
+    assert read(csv_path)["user"].tolist() == ["u1"]
+    seq = write(tmp_path / "b" / "seq.txt", bom + "u0 a b\nu1 c d\n")
+    assert read(seq)["user"].tolist() == ["u0", "u0", "u1", "u1"]
+    comirec = write(tmp_path / "c" / "book_train.txt", bom + "0,5,0\n0,6,1\n")
+    assert detect_format(comirec)[0] == "comirec" and read(comirec)["user"].tolist() == ["0", "0"]
+    cats = write(tmp_path / "d" / "cats.csv", bom + "item,category\na,x\n")
+    assert read_categories(cats).to_dict() == {"a": "x"}
+    bad = write(tmp_path / "e" / "log.csv", bom + CSV_HEADER + "u1,i1,3\nu1,i1,soon\n")
+    with pytest.raises(DataError, match=r"log\.csv:3: time 'soon'"):
+        read(bad)
+
+
+def test_lone_carriage_returns_end_lines(tmp_path):
+    seq = write(tmp_path / "seq.txt", "u0 a b\ru1 c d\r")
+    assert read(seq)["user"].tolist() == ["u0", "u0", "u1", "u1"]
+    path = tmp_path / "log.csv"
+    path.write_bytes(b"user,item,timestamp\r1,a,1\r1,b,x\r2,c,2\r")
+    with pytest.raises(DataError, match=r"log\.csv:3: time 'x'"):
+        read(path)
+
+
+def test_fields_longer_than_pythons_csv_limit_are_read(tmp_path):
+    long_id = "x" * 140_000
+    path = write(tmp_path / "log.csv", f"user,item,timestamp,{long_id}\nu1,\"{long_id}\",1,\nu2,i2,soon,\n")
+    with pytest.warns(DataWarning, match=r"skipped 1 malformed line \(line 3\)"):
+        df = read(path, skip_bad_rows=True)
+    assert df["item"].tolist() == [long_id]
+    cats = write(tmp_path / "cats.csv", f"item,{long_id}\n{long_id},c\n")
+    assert read_categories(cats).to_dict() == {long_id: "c"}
+
+
+def test_skipped_sequence_lines_count_their_clicks(tmp_path):
+    seq = tmp_path / "seq.txt"
+    seq.write_bytes(b"u1 a b\nu2 \xff c\nu3\nu4 d\n")
+    with pytest.raises(DataError, match=r"seq\.txt:2: not valid utf-8"):
+        read(seq)
+    with pytest.warns(DataWarning, match=r"skipped 2 malformed lines \(line 2, 3\) holding 2 clicks"):
+        assert read(seq, skip_bad_rows=True)["user"].tolist() == ["u1", "u1", "u4"]
+
+
+def test_data_frame_time_error_quotes_the_value(tmp_path):
+    frame = pd.DataFrame({"user": ["a", "b"], "item": ["x", "y"], "timestamp": [1.0, np.nan]})
+    with pytest.raises(DataError, match=r"^clicks: row 2: time nan is missing or not a number$"):
+        read_frame(frame, DataConfig())
+    frame["timestamp"] = ["1", "soon"]
+    with pytest.raises(DataError, match=r"row 2: time 'soon' is missing"):
+        read_frame(frame, DataConfig())
+
+
+def test_parquet_missing_column_names_the_option(tmp_path):
+    pytest.importorskip("pyarrow")
+    path = tmp_path / "log.parquet"
+    pd.DataFrame({"user": ["a"], "item": ["x"], "timestamp": [1]}).to_parquet(path)
+    with pytest.raises(DataError, match=r"^\S*log\.parquet: no column 'cat' \(data\.category_col\); the columns are "
+                                        r"\['user', 'item', 'timestamp'\]$"):
+        read(path, category_col="cat")
