@@ -40,8 +40,10 @@ def run_one(data: str, model: str, overrides: list[str], output_dir: str, label:
     cfg = load_config([CONFIGS / "data" / f"{data}.toml", CONFIGS / "models" / f"{model}.toml"],
                       overrides + [f"output_dir={output_dir}"])
     t0 = time.perf_counter()
-    log = lambda line: print(f"  [{label}] {line}", flush=True) if line.startswith(
-        ("valid", "stopped", "early", "training step: eager")) else None
+    def log(line: str) -> None:
+        if line.startswith(("valid", "stopped", "early", "training step: eager")):
+            print(f"  [{label}] {line}", flush=True)
+
     result = train(cfg, log=log)
     info = {"steps": result.steps, "best_step": result.best_step, "wall_s": time.perf_counter() - t0,
             "samples_per_s": result.samples_per_s, "run_dir": result.run_dir,

@@ -77,7 +77,7 @@ class MicroBatcher(Generic[T, R]):
             results: Any = await loop.run_in_executor(self._executor, self._fn, [item for item, _ in batch])
             if len(results) != len(batch):
                 raise RuntimeError(f"batch function returned {len(results)} results for {len(batch)} items")
-        except Exception as err:  # every waiter of the failed batch gets the error
+        except Exception as err:  # noqa: BLE001 - every waiter of the failed batch gets the error
             for _, future in batch:
                 if not future.done():
                     future.set_exception(err)

@@ -56,7 +56,7 @@ from recsys.train.losses import (
 )
 from recsys.train.memory import check_fits
 from recsys.train.meter import RunMeter
-from recsys.train.plan import plan_training
+from recsys.train.plan import TrainPlan, plan_training
 from recsys.train.tracking import track_metrics
 
 if TYPE_CHECKING:
@@ -214,12 +214,18 @@ class TrainStep:
         :func:`interest_proposal` of ``proposal_interests [B, K, d]``; logQ is the exact expected
         count under the mixture. ``mask [R]`` drops padding rows (dense training)."""
         t = self.cfg.train
-        assert self.sampler is not None
-        log_q: Callable[[Tensor], Tensor] = lambda ids: self.sampler.log_expected_count(ids, self.num_negatives)
+        sampler = self.sampler
+        assert sampler is not None
+        probs = None
         if self.num_hard:
             probs = interest_proposal(proposal_interests, item_emb, t.hard_negative_temperature)  # [N]
             negatives = torch.cat([negatives, draw_from(probs, hard_uniforms)])
-            log_q = lambda ids: mixture_log_expected_count(ids, self.sampler, self.num_base, probs, self.num_hard)
+
+        def log_q(ids: Tensor) -> Tensor:
+            if probs is None:
+                return sampler.log_expected_count(ids, self.num_negatives)
+            return mixture_log_expected_count(ids, sampler, self.num_base, probs, self.num_hard)
+
         return sampled_softmax_loss(
             user, targets, item_emb, negatives,
             log_q_target=log_q(targets) if t.logq else None, log_q_neg=log_q(negatives) if t.logq else None,
@@ -505,7 +511,7 @@ def _optimise(model: InterestModel, cfg: Config, dist: distributed.DistInfo, spl
             with meter.paused():
                 if dist.is_main:
                     stop = _validate(st, model, step_fn, batches, generator, rd, validate, key, cfg, log, guard,
-                                     on_validate)
+                                     plan, on_validate)
             if out_of_time:
                 log(f"stopped at step {st.step}: train.max_minutes={t.max_minutes:g} reached")
                 st.out_of_time = True
@@ -523,7 +529,8 @@ def _optimise(model: InterestModel, cfg: Config, dist: distributed.DistInfo, spl
 
 def _validate(st: _LoopState, model: InterestModel, step_fn: TrainStep, batches: TrainSampler,
               generator: torch.Generator, rd: RunDir, validate: Callable[[], dict[str, float]], key: str,
-              cfg: Config, log: Log, guard: DivergenceGuard, on_validate: OnValidate | None = None) -> bool:
+              cfg: Config, log: Log, guard: DivergenceGuard, plan: TrainPlan,
+              on_validate: OnValidate | None = None) -> bool:
     """Evaluate on the valid users, keep the best weights, checkpoint (with ``guard``'s start loss);
     True when it is time to stop."""
     metrics = validate()
@@ -545,7 +552,7 @@ def _validate(st: _LoopState, model: InterestModel, step_fn: TrainStep, batches:
     ))
     if on_validate is not None:
         on_validate(st.step, metrics)
-    return patience > 0 and st.bad_evals >= patience
+    return plan.plateau_reached(st.step, st.bad_evals, patience)
 
 
 def _check_split(ds: Dataset, split: Split) -> None:

@@ -63,8 +63,7 @@ def _problem(batch: int, seq_len: int, k: int, d: int, hidden: int, seed: int, d
     lengths = torch.randint(0, seq_len + 1, (batch,), generator=g)
     lengths[0], lengths[-1] = 0, seq_len
     grad = torch.randn(batch, k, d, **f64)
-    to = lambda t: t.to(device)
-    return [to(t) for t in (h, w1, w2, pos)], to(lengths), to(grad)
+    return [t.to(device) for t in (h, w1, w2, pos)], lengths.to(device), grad.to(device)
 
 
 def _run(fn, params, lengths, grad, dtype, with_pos=True):

@@ -282,7 +282,7 @@ class _FakeCompiled:
 class _FakeKernel:
     """Stands in for a ``@triton.jit`` function (or its autotuner): records Triton-path launches."""
 
-    arg_names = ["X", "N", "BLOCK", "FLAG"]
+    arg_names = ("X", "N", "BLOCK", "FLAG")
 
     def __init__(self, compiled, best=None):
         self.compiled, self.triton_calls = compiled, []
@@ -399,7 +399,7 @@ def _forward_backward(fn, leaves, grad):
 def test_cached_attention_launches_match_the_first_cpu(direct_launches, paths, lq):
     """The second call launches every kernel directly and gives the first call's bits; both match
     the PyTorch twin."""
-    q, k, v, lengths, causal, scale, _ = _attention_args("cpu", lq=lq, q_batch=1 if lq == 70 else 3)
+    q, k, v, lengths, _, scale, _ = _attention_args("cpu", lq=lq, q_batch=1 if lq == 70 else 3)
     grad = torch.randn(3, 2, lq, 16)
     with attention_module.backward_paths(**paths):
         def call(backend="triton"):

@@ -124,7 +124,7 @@ def test_diverse_merge_never_returns_fewer_than_n_when_n_exist(lam):
     ids, scores, interest_of = _random_candidates(rng, bsz=20, k=4, per=60, pool=10_000)
     scores *= 3e38  # float32 extremes, as a degenerate model may produce
     n = 100
-    out_ids, out_scores, _ = diverse_merge(ids, scores, interest_of, rng.integers(0, 3, 10_000), n, lam)
+    out_ids, _, _ = diverse_merge(ids, scores, interest_of, rng.integers(0, 3, 10_000), n, lam)
     distinct = [len(set(row[row > 0])) for row in ids]
     for row, have in zip(out_ids, distinct):
         assert (row > 0).sum() == min(n, have) and len(set(row[row > 0])) == (row > 0).sum()

@@ -83,7 +83,7 @@ def batch_answers(tiny_run, tmp_path_factory):
         args = ["recommend", tiny_run, "--all", "--n", "10", "--out", str(path), "--factory", "Flat"]
         assert main(args + (["--exclude-seen"] if exclude else ["--no-exclude-seen"])) == 0
         table = pd.read_csv(path, dtype={"user": str, "item": str})
-        tables[exclude] = {user: rows for user, rows in table.groupby("user")}
+        tables[exclude] = dict(list(table.groupby("user")))
     return tables
 
 
@@ -128,7 +128,7 @@ def test_concurrent_requests_equal_batch_command(server, dataset, batch_answers)
         results = list(pool.map(send, chunks))
     checked = 0
     for chunk, answers in zip(chunks, results):
-        for (body, user, exclude), (status, response) in zip(chunk, answers):
+        for (_, user, exclude), (status, response) in zip(chunk, answers):
             assert status == 200, response
             assert response["source"] == "model" and response["n"] == 10 and response["unknown_items"] == []
             _assert_same(response, batch_answers[exclude][user])

@@ -164,8 +164,8 @@ def _max_score_loss_by_loops(interests, item_emb, target, negatives, log_q):
     best interest, a float64 tensor built with loops (differentiable, the oracle)."""
     total = 0.0
     for b, t in enumerate(target.tolist()):
-        score = lambda j: (interests[b] @ item_emb[j]).max() - log_q(j)
-        logits = torch.stack([score(t)] + [score(n) for n in negatives.tolist() if n != t])
+        ids = [t] + [n for n in negatives.tolist() if n != t]  # the target first
+        logits = torch.stack([(interests[b] @ item_emb[j]).max() - log_q(j) for j in ids])
         total = total + torch.logsumexp(logits, 0) - logits[0]
     return total / len(target)
 
@@ -173,7 +173,10 @@ def _max_score_loss_by_loops(interests, item_emb, target, negatives, log_q):
 def test_max_negative_scores_match_a_loop_in_value_and_gradient():
     interests, item_emb, target, negatives = _interests_case()
     sampler = make_sampler("log_uniform", item_emb.shape[0])
-    log_q = lambda ids: sampler.log_expected_count(ids, len(negatives)).double()
+
+    def log_q(ids: torch.Tensor) -> torch.Tensor:
+        return sampler.log_expected_count(ids, len(negatives)).double()
+
     user = readout(interests, item_emb[target])
     got = sampled_softmax_loss(user, target, item_emb, negatives, log_q_target=log_q(target),
                                log_q_neg=log_q(negatives), interests=interests).loss  # fp32 logits

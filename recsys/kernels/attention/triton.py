@@ -150,8 +150,8 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, skd, svn, svd, lo, hi, kv_
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + offs_n0
-        k, v, s, _ = _key_tile(q, k_base, v_base, skn, skd, svn, svd, offs_m, offs_n, kv_len, offs_d,
-                              qk_scale, tanh_scale, cap_log2, HEAD_DIM, BLOCK_D, MASK, CAUSAL, SOFTCAP, DOT_PREC,
+        _k, v, s, _ = _key_tile(q, k_base, v_base, skn, skd, svn, svd, offs_m, offs_n, kv_len, offs_d,
+                               qk_scale, tanh_scale, cap_log2, HEAD_DIM, BLOCK_D, MASK, CAUSAL, SOFTCAP, DOT_PREC,
                               RAW)
         if RAW:
             m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
