@@ -33,7 +33,7 @@ that works with every format and replaces any per-row category; an item listed t
 its first category.
 
 Text files are UTF-8 (MovieLens: latin-1); a leading byte-order mark is dropped, and lines end
-with ``\n``, ``\r\n`` or ``\r``. Delimited files follow RFC 4180 quoting (``"a,b"``, ``""``
+with ``\\n``, ``\\r\\n`` or ``\\r``. Delimited files follow RFC 4180 quoting (``"a,b"``, ``""``
 for a quote), as pandas and spreadsheets write them; a field may be of any length, and a quoted
 field may hold line breaks (a review text, say), except in the columns recsys reads.
 
@@ -637,7 +637,7 @@ def _malformed(path: Path, problem: _Problem) -> DataError:
 
 def _records(f: BinaryIO, sep: str, encoding: str) -> Iterator[_Record]:
     """The non-blank records of a delimited file, cut as pandas' C parser cuts them: lines end at
-    ``\r\n``, ``\r`` or ``\n``, RFC 4180 quoting, a leading UTF-8 byte-order mark is dropped,
+    ``\\r\\n``, ``\\r`` or ``\\n``, RFC 4180 quoting, a leading UTF-8 byte-order mark is dropped,
     and a blank line holds only spaces and tabs that are not ``sep``. Bytes that are not text in
     ``encoding`` make their record's problem. Run it inside :func:`_csv_fields_unlimited`."""
     check_text = not _is_text(f, encoding)  # else no record needs the check
