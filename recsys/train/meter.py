@@ -112,16 +112,16 @@ class RunMeter:
 
     def plateau_stop(self, last_eval: int, bad_evals: int) -> int:
         """The step at which the plateau stop ends the run if no validation after ``last_eval``
-        improves on the best (``bad_evals`` validations have not so far), capped at the last
-        step; computed once per validation."""
+        improves on the best (``bad_evals`` validations have not so far; never before one epoch,
+        :meth:`TrainPlan.plateau_reached`), capped at the last step; computed once per validation."""
         key = (last_eval, bad_evals)
         if self._plateau is None or self._plateau[0] != key:
-            step, last = last_eval, last_eval
-            for _ in range(max(self.train.patience - bad_evals, 0)):
-                while step < self.plan.max_steps:
-                    step += 1
-                    if self.plan.validates_at(step, last):
-                        break
+            step, bad = last_eval, bad_evals
+            while step < self.plan.max_steps and not self.plan.plateau_reached(step, bad, self.train.patience):
                 last = step
+                step += 1
+                while step < self.plan.max_steps and not self.plan.validates_at(step, last):
+                    step += 1
+                bad += 1
             self._plateau = (key, step)
         return self._plateau[1]

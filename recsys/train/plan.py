@@ -50,7 +50,8 @@ class TrainPlan:
         first: steps between validations at the start.
         growth: after ``first / growth`` steps, validate every ``growth * step`` steps (0: never
             grows, a fixed cadence of ``first``).
-        epoch_steps: steps of one pass over the training targets.
+        epoch_steps: steps of one pass over the training targets; the plateau stop does not
+            end a run before it (:meth:`plateau_reached`).
         weight_decay: the optimiser's weight decay.
     """
 
@@ -69,6 +70,13 @@ class TrainPlan:
             return step % self.first == 0
         return step - last >= max(self.first, int(self.growth * last))
 
+    def plateau_reached(self, step: int, bad_evals: int, patience: int) -> bool:
+        """True when ``patience`` (> 0) validations in a row have not improved on the best and
+        the run has made at least one pass over its training targets: a curve cannot have
+        flattened before the model has seen the data once (an early noisy peak would otherwise
+        end a still-rising run)."""
+        return 0 < patience <= bad_evals and step >= min(self.epoch_steps, self.max_steps)
+
     def describe(self, train: TrainConfig) -> str:
         """One line for the run's log."""
         budget = f"up to {self.max_steps:,} steps"
@@ -76,8 +84,8 @@ class TrainPlan:
             budget += f" ({train.max_epochs:g} epochs of {self.epoch_steps:,} steps)"
         cadence = (f"validation every {self.first:,} steps, then every {self.growth:.0%} of the steps so far"
                    if self.growth else f"validation every {self.first:,} steps")
-        stop = (f"early stop after {train.patience} validations without improvement" if train.patience
-                else "no early stop")
+        stop = (f"early stop after {train.patience} validations without improvement, not before step "
+                f"{min(self.epoch_steps, self.max_steps):,} (one epoch)" if train.patience else "no early stop")
         decay = f"weight decay {self.weight_decay:.3g}" + (" (automatic)" if train.weight_decay < 0 else "")
         return f"plan: {budget}; {cadence}; {stop}; {decay}"
 

@@ -56,7 +56,7 @@ from recsys.train.losses import (
 )
 from recsys.train.memory import check_fits
 from recsys.train.meter import RunMeter
-from recsys.train.plan import plan_training
+from recsys.train.plan import TrainPlan, plan_training
 from recsys.train.tracking import track_metrics
 
 if TYPE_CHECKING:
@@ -511,7 +511,7 @@ def _optimise(model: InterestModel, cfg: Config, dist: distributed.DistInfo, spl
             with meter.paused():
                 if dist.is_main:
                     stop = _validate(st, model, step_fn, batches, generator, rd, validate, key, cfg, log, guard,
-                                     on_validate)
+                                     plan, on_validate)
             if out_of_time:
                 log(f"stopped at step {st.step}: train.max_minutes={t.max_minutes:g} reached")
                 st.out_of_time = True
@@ -529,7 +529,8 @@ def _optimise(model: InterestModel, cfg: Config, dist: distributed.DistInfo, spl
 
 def _validate(st: _LoopState, model: InterestModel, step_fn: TrainStep, batches: TrainSampler,
               generator: torch.Generator, rd: RunDir, validate: Callable[[], dict[str, float]], key: str,
-              cfg: Config, log: Log, guard: DivergenceGuard, on_validate: OnValidate | None = None) -> bool:
+              cfg: Config, log: Log, guard: DivergenceGuard, plan: TrainPlan,
+              on_validate: OnValidate | None = None) -> bool:
     """Evaluate on the valid users, keep the best weights, checkpoint (with ``guard``'s start loss);
     True when it is time to stop."""
     metrics = validate()
@@ -551,7 +552,7 @@ def _validate(st: _LoopState, model: InterestModel, step_fn: TrainStep, batches:
     ))
     if on_validate is not None:
         on_validate(st.step, metrics)
-    return patience > 0 and st.bad_evals >= patience
+    return plan.plateau_reached(st.step, st.bad_evals, patience)
 
 
 def _check_split(ds: Dataset, split: Split) -> None:

@@ -13,8 +13,9 @@ class Clock:
         return self.now
 
 
-def _meter(clock: Clock, *, max_steps=87_810, first=100, growth=0.0, patience=5, max_minutes=0.0) -> RunMeter:
-    plan = TrainPlan(max_steps=max_steps, first=first, growth=growth, epoch_steps=878, weight_decay=0.0)
+def _meter(clock: Clock, *, max_steps=87_810, first=100, growth=0.0, patience=5, max_minutes=0.0,
+           epoch_steps=50) -> RunMeter:
+    plan = TrainPlan(max_steps=max_steps, first=first, growth=growth, epoch_steps=epoch_steps, weight_decay=0.0)
     return RunMeter(plan, TrainConfig(patience=patience, max_minutes=max_minutes), start_step=0,
                     samples_per_step=128, clock=clock)
 
@@ -29,6 +30,14 @@ def test_time_left_counts_the_plateau_stop_not_the_step_cap():
     assert meter.plateau_stop(100, 0) == 600
     assert meter.time_left(100, last_eval=100, bad_evals=0, validated=True) == "~5s left without a new best"
     assert meter.time_left(100, last_eval=100, bad_evals=3, validated=True) == "~2s left without a new best"
+
+
+def test_plateau_stop_waits_for_one_epoch():
+    """Five validations without improvement end a run only once it has passed over its data once."""
+    meter = _meter(Clock(), epoch_steps=878)
+    assert meter.plateau_stop(100, 0) == 900  # not 600: the first validation after the epoch
+    assert meter.plateau_stop(1_000, 0) == 1_500  # past the epoch, five validations as before
+    assert meter.plateau_stop(800, 5) == 900
 
 
 def test_plateau_stop_follows_a_growing_cadence_and_the_step_cap():

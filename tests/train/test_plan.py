@@ -130,3 +130,14 @@ def test_a_dense_epoch_is_one_pass_over_every_target():
     dense = plan_training(_train("train.targets=all", "train.batch_size=10"), "sasrec", indptr, targets_per_sample=5.0)
     last = plan_training(_train("train.targets=last", "train.batch_size=10"), "sasrec", indptr)
     assert (dense.epoch_steps, last.epoch_steps) == (20, 70)
+
+
+def test_the_plateau_stop_waits_for_one_pass_over_the_data():
+    plan = plan_training(_train("train.batch_size=10"), "comirec_sa", _indptr([14] * 100))  # 1,000 targets
+    assert plan.epoch_steps == 100
+    assert not plan.plateau_reached(step=60, bad_evals=5, patience=5)  # an early noisy peak
+    assert plan.plateau_reached(step=100, bad_evals=5, patience=5)
+    assert not plan.plateau_reached(step=500, bad_evals=4, patience=5)
+    assert not plan.plateau_reached(step=500, bad_evals=9, patience=0)  # no early stop
+    short = plan_training(_train("train.batch_size=10", "train.max_steps=30"), "comirec_sa", _indptr([14] * 100))
+    assert short.plateau_reached(step=30, bad_evals=5, patience=5)  # a budget shorter than an epoch
