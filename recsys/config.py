@@ -369,7 +369,7 @@ def load_config(
         paths = [paths]
     for path in map(Path, paths):
         try:
-            table = tomllib.loads(path.read_text())
+            table = tomllib.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {path}") from None
         except tomllib.TOMLDecodeError as err:
