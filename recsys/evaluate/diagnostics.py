@@ -26,6 +26,7 @@ evaluation users (logged to ``metrics.jsonl`` at every validation, printed by
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = ["attention_weights", "effective_clicks", "interest_health", "majority_categories"]
 
+Add = Callable[[str, Tensor], None]  # adds a tensor into the named running sum
 _SCORE_BUDGET = 1 << 25  # most query x item scores held at once by majority_categories (128 MiB in fp32)
 
 
@@ -137,14 +139,14 @@ def interest_health(
     return _finish(sums)
 
 
-def _add_attention(add, attn: Tensor, lengths: Tensor) -> None:
+def _add_attention(add: Add, attn: Tensor, lengths: Tensor) -> None:
     """Accumulate per-interest effective clicks over rows with >= 2 clicks."""
     rows = lengths >= 2
     add("attn_rows", rows.sum().double())
     add("eff_clicks", effective_clicks(attn)[rows].sum(dim=0).double())  # [K]
 
 
-def _add_cosine(add, interests: Tensor) -> None:
+def _add_cosine(add: Add, interests: Tensor) -> None:
     """Accumulate the mean off-diagonal cosine of each user's interests (rows with non-zero interests)."""
     norms = interests.norm(dim=2)  # [B, K]
     ok = (norms > 0).all(dim=1)
@@ -156,7 +158,7 @@ def _add_cosine(add, interests: Tensor) -> None:
     add("cos", off.sum().double())
 
 
-def _add_planted(add, interests: Tensor, item_emb: Tensor, item_category: Tensor, seq: Tensor, lengths: Tensor,
+def _add_planted(add: Add, interests: Tensor, item_emb: Tensor, item_category: Tensor, seq: Tensor, lengths: Tensor,
                  planted: list[set[int]], top_m: int) -> None:
     """Accumulate planted recovery and the share of planted categories present in the input."""
     found = majority_categories(interests, item_emb, item_category, top_m).cpu().numpy()  # [B, K]

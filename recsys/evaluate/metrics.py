@@ -217,14 +217,15 @@ def compute_metrics(
     when ``num_items`` is given; and ``users``.
     """
     hits = rank_hits(topn_ids, truth_indptr, truth_items)
-    with_diversity = item_category is not None and bool(np.any(np.asarray(item_category) != 0))
+    # categories only where some item is labelled (all 0 = unknown: no diversity to measure)
+    category = item_category if item_category is not None and np.any(np.asarray(item_category) != 0) else None
     out: dict[str, float] = {}
     for n in topn:
         out[f"recall@{n}"] = float(recall(hits, n).mean())
         out[f"ndcg@{n}"] = float(ndcg(hits, n, comirec=comirec_ndcg).mean())
         out[f"hitrate@{n}"] = float(hit_rate(hits, n).mean())
-        if with_diversity:
-            div = category_diversity(np.asarray(topn_ids)[:, :n], item_category)
+        if category is not None:
+            div = category_diversity(np.asarray(topn_ids)[:, :n], category)
             out[f"diversity@{n}"] = float(np.nanmean(div)) if np.isfinite(div).any() else float("nan")
         if num_items is not None:
             out[f"coverage@{n}"] = coverage(np.asarray(topn_ids)[:, :n], num_items)

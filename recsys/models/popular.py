@@ -25,6 +25,7 @@ class MostPopular(InterestModel):
 
     num_interests = 1
     trainable = False
+    scores: Tensor  # [num_items, 1] buffer
 
     def __init__(self, item_counts: np.ndarray | Tensor) -> None:
         super().__init__()

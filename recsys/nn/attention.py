@@ -47,7 +47,18 @@ def visible_max_logit(q: Tensor, k: Tensor, lengths: Tensor, causal: bool, scale
         return s.masked_fill(~visible, float("-inf")).amax()
 
 
-class MultiHeadAttention(nn.Module):
+class RecordsMaxLogit(nn.Module):
+    """A module whose forward records its largest attention logit in ``last_max_logit``
+    (detached 0-d) while ``track_stats`` is on: see :func:`set_track_stats` and
+    :func:`max_attention_logit`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.track_stats = False
+        self.last_max_logit: Tensor | None = None
+
+
+class MultiHeadAttention(RecordsMaxLogit):
     """Self-attention over right-padded sequences: ``x [B, L, d]``, ``lengths [B]`` -> ``[B, L, d]``.
 
     Keys at positions ``>= lengths[b]`` are masked; with ``causal`` query ``i`` sees keys
@@ -77,14 +88,12 @@ class MultiHeadAttention(nn.Module):
         self.out = nn.Linear(dim, dim)
         self.q_norm = make_qk_norm(qk_norm, self.head_dim)
         self.k_norm = make_qk_norm(qk_norm, self.head_dim)
-        self.track_stats = False
-        self.last_max_logit: Tensor | None = None
 
     def forward(self, x: Tensor, lengths: Tensor, causal: bool = False) -> Tensor:
         b, seq_len, dim = x.shape
         qkv = self.qkv(x).view(b, seq_len, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, H, L, D]
-        if self.q_norm is not None:  # normalise in at least fp32, back to the kernel's (autocast) dtype
+        if self.q_norm is not None and self.k_norm is not None:  # in at least fp32, back to the kernel's dtype
             wide = torch.promote_types(v.dtype, torch.float32)
             q, k = self.q_norm(q.to(wide)).to(v.dtype), self.k_norm(k.to(wide)).to(v.dtype)
         scale = 1.0 / math.sqrt(self.head_dim)
@@ -100,7 +109,7 @@ class MultiHeadAttention(nn.Module):
 def set_track_stats(model: nn.Module, on: bool) -> None:
     """Switch ``last_max_logit`` recording on or off in every attention module of ``model``."""
     for module in model.modules():
-        if hasattr(module, "track_stats"):
+        if isinstance(module, RecordsMaxLogit):
             module.track_stats = on
             if not on:
                 module.last_max_logit = None
@@ -111,5 +120,6 @@ def max_attention_logit(model: nn.Module) -> Tensor | None:
 
     Set :func:`set_track_stats` before the forward pass whose logits should be measured.
     """
-    values = [m.last_max_logit for m in model.modules() if getattr(m, "last_max_logit", None) is not None]
+    values = [m.last_max_logit for m in model.modules()
+              if isinstance(m, RecordsMaxLogit) and m.last_max_logit is not None]
     return torch.stack(values).amax() if values else None

@@ -63,6 +63,8 @@ class CapsuleRouting(nn.Module):
             The shared map has no positions and ignores it.
     """
 
+    eval_logits: Tensor  # [K, max_len] buffer: the routing logits at evaluation (init_logits "normal")
+
     def __init__(
         self, dim: int, num_interests: int, max_len: int, *, bilinear: str, init_logits: str, iters: int = 3,
         positions: str = "recent",

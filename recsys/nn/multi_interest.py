@@ -8,11 +8,12 @@ import torch
 from torch import Tensor, nn
 
 from recsys.kernels import cap_scores, causal_multi_interest, length_softmax, multi_interest
+from recsys.nn.attention import RecordsMaxLogit
 from recsys.nn.embeddings import POSITIONS
 from recsys.nn.masking import length_mask, recency_index
 
 
-class SelfAttentiveHead(nn.Module):
+class SelfAttentiveHead(RecordsMaxLogit):
     """``A = softmax_L(tanh((H + P) W1) W2)``, interests ``= Aᵀ H``.
 
     Args:
@@ -57,8 +58,6 @@ class SelfAttentiveHead(nn.Module):
         nn.init.xavier_uniform_(self.w2)
         if self.pos is not None:
             nn.init.normal_(self.pos, std=1.0 / math.sqrt(dim))
-        self.track_stats = False
-        self.last_max_logit: Tensor | None = None
 
     def forward(self, h: Tensor, lengths: Tensor, values: Tensor | None = None,
                 return_scores: bool = False) -> Tensor | tuple[Tensor, Tensor]:

@@ -71,8 +71,8 @@ def restore_rng(
         torch.cuda.set_rng_state_all(state["cuda"])
     for name, g in torch_generators.items():
         g.set_state(state["torch_generators"][name])
-    for name, g in numpy_generators.items():
-        g.bit_generator.state = state["numpy_generators"][name]
+    for name, rng in numpy_generators.items():
+        rng.bit_generator.state = state["numpy_generators"][name]
 
 
 def make_checkpoint(

@@ -139,7 +139,7 @@ def unwrap_model(model: nn.Module) -> nn.Module:
     while True:
         if isinstance(model, nn.parallel.DistributedDataParallel):
             model = model.module
-        elif hasattr(model, "_orig_mod"):
-            model = model._orig_mod
+        elif isinstance(inner := getattr(model, "_orig_mod", None), nn.Module):
+            model = inner
         else:
             return model

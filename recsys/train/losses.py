@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -500,7 +501,7 @@ class _CatalogueLogSumExp(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, user: Tensor, item_emb: Tensor, exclude: Tensor | None, interests: Tensor | None,
+    def forward(ctx: Any, user: Tensor, item_emb: Tensor, exclude: Tensor | None, interests: Tensor | None,
                 chunk_size: int, backend: str) -> tuple[Tensor, Tensor]:
         device_type = user.device.type
         ctx.autocast = {"device_type": device_type, "dtype": torch.get_autocast_dtype(device_type),
@@ -519,7 +520,7 @@ class _CatalogueLogSumExp(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_lse: Tensor, _grad_row_max: Tensor) -> tuple[Tensor | None, ...]:
+    def backward(ctx: Any, grad_lse: Tensor, _grad_row_max: Tensor) -> tuple[Tensor | None, ...]:
         user, item_emb, exclude, interests, lse = ctx.saved_tensors
         scored = user if interests is None else interests  # what the logits differentiate into
         leaf = scored.detach().requires_grad_()

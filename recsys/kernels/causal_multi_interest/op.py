@@ -20,6 +20,8 @@ Summed from the end they are one reverse scan (``S_l = g_l + exp(lse_l - lse_{l+
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -91,7 +93,7 @@ def causal_multi_interest_op(h: Tensor, scores: Tensor, lengths: Tensor) -> tupl
 
 
 @causal_multi_interest_op.register_fake
-def _(h, scores, lengths):
+def _(h: Tensor, scores: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
     b, seq_len, d = h.shape
     k = scores.shape[2]
     return h.new_empty((b, seq_len, k, d)), h.new_empty((b, seq_len, k), dtype=torch.float32)
@@ -105,18 +107,18 @@ def causal_multi_interest_backward_op(h: Tensor, scores: Tensor, lengths: Tensor
 
 
 @causal_multi_interest_backward_op.register_fake
-def _(h, scores, lengths, lse, grad):
+def _(h: Tensor, scores: Tensor, lengths: Tensor, lse: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
     return torch.empty_like(h), torch.empty_like(scores)
 
 
-def _setup_context(ctx, inputs, output) -> None:
+def _setup_context(ctx: Any, inputs: tuple[Tensor, Tensor, Tensor], output: tuple[Tensor, Tensor]) -> None:
     h, scores, lengths = inputs
     _, lse = output
     ctx.save_for_backward(h, scores, lengths, lse)
     ctx.mark_non_differentiable(lse)
 
 
-def _op_backward(ctx, grad, _dlse):
+def _op_backward(ctx: Any, grad: Tensor, _dlse: Tensor | None) -> tuple[Tensor, Tensor, None]:
     h, scores, lengths, lse = ctx.saved_tensors
     dh, dscores = causal_multi_interest_backward_op(h, scores, lengths, lse, grad.contiguous())
     return dh, dscores, None

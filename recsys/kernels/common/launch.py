@@ -42,12 +42,19 @@ try:  # where Triton keeps its launch hooks: triton.knobs (>= 3.4), else Compile
 
     _HOOKS: Any = knobs.runtime
 except ImportError:  # pragma: no cover - older Triton
-    from triton.compiler import CompiledKernel as _HOOKS
+    from triton.compiler import CompiledKernel
+
+    _HOOKS = CompiledKernel
+
+
+def _no_cuda(*_: object) -> int:
+    raise RuntimeError("this torch is built without CUDA: no Triton kernel is compiled to launch directly")
+
 
 # the current device and its current raw stream, as Triton's CUDA driver gets them; a CPU-only
 # torch has neither, and nothing is ever compiled there
-_current_device = getattr(torch._C, "_cuda_getDevice", None)
-_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_current_device: Callable[[], int] = getattr(torch._C, "_cuda_getDevice", _no_cuda)
+_current_stream: Callable[[int], int] = getattr(torch._C, "_cuda_getCurrentRawStream", _no_cuda)
 
 
 def aligned(*tensors: Tensor | None) -> bool | tuple[bool, ...]:

@@ -3,6 +3,8 @@ PyTorch twin."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor
 
 from recsys.kernels.common.backend import use_triton
@@ -50,7 +52,7 @@ def multi_interest(
         ``(interests, scores)``.
     """
     check_multi_interest_args(h, lengths, w1, w2, pos, values, score_cap)
-    extra = {"score_cap": score_cap or None, "return_scores": return_scores}
+    extra: dict[str, Any] = {"score_cap": score_cap or None, "return_scores": return_scores}
     if values is not None:
         if backend == "triton":
             raise ValueError("the Triton multi-interest kernel pools h itself: values= needs backend 'auto' or 'torch'")

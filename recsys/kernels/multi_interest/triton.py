@@ -62,6 +62,7 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
@@ -692,20 +693,23 @@ def _plan(key: tuple, h: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None, sco
     has_pos = {"HAS_POS": pos is not None}
     chunk, rows_blocks = _rows_blocks(b, seq_len)
     valid_rows = ((triton.cdiv(b, chunk),), (b, seq_len, chunk), dict(**rows_blocks, num_warps=4, num_stages=1))
+    launches: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict[str, Any]]]  # name -> (grid, ints, meta)
     if not backward:
-        cfg = config or forward_config(seq_len, d, hidden)
-        block_l = _seq_block(seq_len, cfg.pool.block_l)
+        fwd = config or forward_config(seq_len, d, hidden)
+        assert isinstance(fwd, ForwardConfig)
+        block_l = _seq_block(seq_len, fwd.pool.block_l)
         launches = {
             "rows": valid_rows,
-            "scores": ((triton.cdiv(rows, cfg.scores.block_l),), flat_ints, dict(
-                HAS_CAP=bool(score_cap), BLOCK_M=cfg.scores.block_l, **has_pos,
-                **_blocks(d, hidden, k, cfg.scores.block_h), **flags, **_launch(cfg.scores))),
+            "scores": ((triton.cdiv(rows, fwd.scores.block_l),), flat_ints, dict(
+                HAS_CAP=bool(score_cap), BLOCK_M=fwd.scores.block_l, **has_pos,
+                **_blocks(d, hidden, k, fwd.scores.block_h), **flags, **_launch(fwd.scores))),
             "pool": ((b,), seq_ints, dict(
                 SINGLE_BLOCK=seq_len <= block_l, BLOCK_L=block_l, BLOCK_D=block_d, BLOCK_K=block_k,
-                PRECISION=flags["PRECISION"], **_launch(cfg.pool))),
+                PRECISION=flags["PRECISION"], **_launch(fwd.pool))),
         }
     else:
         cfg = config or backward_config(seq_len, d, hidden)
+        assert isinstance(cfg, BackwardConfig)
         blocks = _blocks(d, hidden, k, cfg.weights.block_h)
         n_hblocks = triton.cdiv(hidden, blocks["BLOCK_H"])
         n_tiles = triton.cdiv(rows, cfg.weights.block_l)
@@ -916,7 +920,11 @@ def _add_score_grad(ds: Tensor, scores: Tensor, dscores: Tensor, score_cap: floa
     return (ds.float() + extra).to(ds.dtype)
 
 
-def _input_grads(saved: tuple[Tensor, ...], dout: Tensor | None, dscores: Tensor | None,
+# what the forward keeps for the backward: (h, lengths, w1, w2, pos or None, out, lse, scores)
+Saved = tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None, Tensor, Tensor, Tensor]
+
+
+def _input_grads(saved: Saved, dout: Tensor | None, dscores: Tensor | None,
                  score_cap: float | None, key: tuple | None = None,
                  row_list: RowList | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
     """``(dh, dw flat, dpos)`` (as :func:`_backward_flat`) from the forward's saved ``(h, lengths,
