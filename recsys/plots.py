@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from recsys.models.base import InterestModel
 
 
-def _pyplot():
+def _pyplot() -> ModuleType:
     try:
         import matplotlib
 
@@ -78,7 +79,7 @@ def draw_interests(model: InterestModel, ds: Dataset, eval_set: EvalSet, path: s
             clicks = np.asarray(eval_set.inputs[row][:n])
             user = ds.user_raw[eval_set.users[row]]
             heat, text = axes[r]
-            if attn is not None:
+            if attn is not None and eff is not None:
                 a = attn[r, :n, :].T  # [K, n]
                 heat.imshow(a, aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
                 heat.set_yticks(range(k), [f"{i} ({e:.1f})" for i, e in enumerate(eff[r])], fontsize=7)

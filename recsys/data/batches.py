@@ -7,6 +7,8 @@ zeros after.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 
@@ -92,9 +94,9 @@ class TrainSampler:
         """Rows the sampler draws from (those with more than ``min_target`` clicks)."""
         return len(self.users)
 
-    def get_state(self) -> dict:
+    def get_state(self) -> dict[str, Any]:
         """The random stream's state (plain dict of str/int), for checkpoints."""
-        return self.rng.bit_generator.state
+        return dict(self.rng.bit_generator.state)
 
     def set_state(self, state: dict) -> None:
         """Resume the random stream from :meth:`get_state`'s result."""

@@ -20,7 +20,7 @@ import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, Any, cast
 
 import numpy as np
 import pandas as pd
@@ -58,14 +58,15 @@ def open_member(path: Path, suffix: str = "") -> Iterator[IO[bytes]]:
     if tarfile.is_tarfile(path):
         with tarfile.open(path, "r:*") as archive:
             members = {m.name: m for m in archive.getmembers() if m.isfile()}
-            stream = archive.extractfile(members[_member(path, list(members), suffix)])
-            assert stream is not None
-            yield stream
+            member = archive.extractfile(members[_member(path, list(members), suffix)])
+            assert member is not None  # a regular file's member
+            yield member
         return
     with path.open("rb") as head:
         gzipped = head.read(2) == b"\x1f\x8b"
-    with (gzip.open(path, "rb") if gzipped else path.open("rb")) as stream:
-        yield stream
+    # a GzipFile is a binary stream (typeshed types it BufferedIOBase, not IO[bytes])
+    with (cast(IO[bytes], gzip.open(path, "rb")) if gzipped else path.open("rb")) as file:
+        yield file
 
 
 def _member(path: Path, names: list[str], suffix: str) -> str:
@@ -107,7 +108,7 @@ def _text_lines(path: Path, suffix: str = "") -> Iterator[tuple[int, str]]:
             yield lineno, text
 
 
-def _csv(path: Path, suffix: str = "", **kwargs) -> pd.DataFrame:
+def _csv(path: Path, suffix: str = "", **kwargs: Any) -> pd.DataFrame:
     with open_member(path, suffix) as stream:
         try:
             return pd.read_csv(stream, **kwargs)

@@ -18,6 +18,7 @@ import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 from recsys.data.convert import convert
 from recsys.data.readers import DataError
@@ -61,7 +62,7 @@ class ResumableDownloader:
         shutil.move(str(self.part), output_file)
 
 
-def _pooch():
+def _pooch() -> ModuleType:
     try:
         import pooch
     except ImportError:

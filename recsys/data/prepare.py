@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -174,7 +175,7 @@ class Dataset:
         """Write ``dataset.npz`` (arrays, no pickles) and ``dataset.json`` (stats) atomically."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        arrays = {
+        arrays: dict[str, Any] = {
             "item_raw": self.item_raw.astype(str), "user_raw": self.user_raw.astype(str),
             "indptr": self.indptr, "items": self.items, "item_category": self.item_category,
             "category_raw": self.category_raw.astype(str), "item_counts": self.item_counts,

@@ -22,6 +22,7 @@ categorical columns of str so that millions of rows are built in milliseconds.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, overload
 
 import numpy as np
 import pandas as pd
@@ -42,6 +43,14 @@ class SyntheticTruth:
     user_interests: np.ndarray
     user_weights: np.ndarray
     item_category: np.ndarray
+
+
+@overload
+def generate(cfg: SyntheticConfig, return_truth: Literal[False] = False) -> pd.DataFrame: ...
+
+
+@overload
+def generate(cfg: SyntheticConfig, return_truth: Literal[True]) -> tuple[pd.DataFrame, SyntheticTruth]: ...
 
 
 def generate(

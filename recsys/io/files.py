@@ -58,9 +58,9 @@ def atomic_save(path: str | Path, save: Callable[[Path], None], *, replace: Repl
         raise
 
 
-def atomic_write(path: str | Path, write: Callable[[IO[bytes]], None], *, replace: Replace = os.replace) -> None:
-    """Call ``write(f)`` on a temporary binary file next to ``path``, then move it to ``path``
-    (as :func:`atomic_save`)."""
+def atomic_write(path: str | Path, write: Callable[[IO[bytes]], object], *, replace: Replace = os.replace) -> None:
+    """Call ``write(f)`` on a temporary binary file next to ``path`` (what it returns is ignored),
+    then move it to ``path`` (as :func:`atomic_save`)."""
 
     def save(tmp: Path) -> None:
         with open(tmp, "wb") as f:

@@ -32,6 +32,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from recsys.config import REGISTRY_TABLE, DataConfig
 from recsys.data.readers import DataError
@@ -142,7 +143,7 @@ def entry(name: str, directory: Path = REGISTRY_DIR) -> DatasetEntry:
 def resolve_source(data: DataConfig) -> DataConfig:
     """``data`` with ``dataset:NAME/PATH`` in ``source`` or ``categories`` replaced by
     ``data_root() / NAME / PATH``; a dataset not fetched yet is an error saying how to fetch it."""
-    changes = {}
+    changes: dict[str, Any] = {}
     for key in ("source", "categories"):
         value = getattr(data, key)
         if not value.startswith(SOURCE_PREFIX):
