@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -37,13 +37,22 @@ from recsys.progress import progress_bar
 from recsys.retrieval.aggregate import diverse_merge, max_merge
 
 __all__ = [
-    "Exclude", "Retriever", "ann_recall", "build_index", "clamp_ivf", "embedding_hash", "load_index",
-    "save_index", "set_search_params",
+    "Exclude", "Retriever", "SparseRows", "ann_recall", "build_index", "clamp_ivf", "embedding_hash",
+    "load_index", "save_index", "set_search_params",
 ]
 
+
+@runtime_checkable
+class SparseRows(Protocol):
+    """CSR rows as a scipy.sparse CSR matrix holds them: ``indptr [B+1]`` and ``indices``."""
+
+    indptr: np.ndarray
+    indices: np.ndarray
+
+
 # History to exclude per user: right-padded ``[B, L]`` ids (0 = padding), or CSR as
-# ``(indptr [B+1], items)``; a scipy.sparse CSR matrix (``.indptr`` / ``.indices``) works too.
-Exclude = np.ndarray | torch.Tensor | tuple[np.ndarray, np.ndarray] | None
+# ``(indptr [B+1], items)`` or a scipy.sparse CSR matrix.
+Exclude = np.ndarray | torch.Tensor | tuple[np.ndarray, np.ndarray] | SparseRows | None
 
 _BACKENDS = ("auto", "faiss", "torch")
 _TORCH_CHUNK_BYTES = 256 * 2**20  # bound on one [queries, N] score block of the torch backend
@@ -183,8 +192,8 @@ def load_index(path: str | Path) -> Any:
 
 def _exclude_keys(exclude: Exclude, bsz: int, stride: int) -> tuple[np.ndarray, int]:
     """Flatten ``exclude`` into sorted keys ``row * stride + item`` and the largest row count."""
-    if isinstance(exclude, tuple) or hasattr(exclude, "indptr"):
-        indptr, items = (exclude if isinstance(exclude, tuple) else (exclude.indptr, exclude.indices))
+    if isinstance(exclude, tuple | SparseRows):
+        indptr, items = exclude if isinstance(exclude, tuple) else (exclude.indptr, exclude.indices)
         indptr = np.asarray(indptr, dtype=np.int64)
         items = np.asarray(items, dtype=np.int64)
         if indptr.shape != (bsz + 1,) or indptr[0] != 0 or indptr[-1] != len(items):
@@ -289,8 +298,8 @@ class Retriever:
     def _knn(self, queries: torch.Tensor | np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """``queries [Q, d]`` -> ``(item ids [Q, k] int64, scores [Q, k] float32)``; id 0 = no hit."""
         if self.index is not None:
-            q = _as_float32_numpy(queries, "interests")
-            scores, labels = self.index.search(q, k)
+            qn = _as_float32_numpy(queries, "interests")
+            scores, labels = self.index.search(qn, k)
             return np.where(labels >= 0, labels + 1, 0), scores
         emb = self._emb
         assert emb is not None

@@ -107,7 +107,7 @@ class RunDir:
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
 
-    def file(self, name: str) -> Path:
+    def file(self, name: str | Path) -> Path:
         """Path of ``name`` inside the run directory."""
         return self.path / name
 

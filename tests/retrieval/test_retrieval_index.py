@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+from scipy.sparse import csr_matrix
 
 from recsys.config import RetrievalConfig
 from recsys.retrieval import Retriever, build_index, load_index, save_index
@@ -65,9 +66,10 @@ def test_exclude_as_csr_equals_dense():
     indptr = np.concatenate([[0], np.cumsum(lengths)])
     items = np.concatenate([dense[b, :length] for b, length in enumerate(lengths)])
     retriever = Retriever(emb)
-    np.testing.assert_array_equal(
-        retriever.search(interests, 20, dense)[0], retriever.search(interests, 20, (indptr, items))[0]
-    )
+    want = retriever.search(interests, 20, dense)[0]
+    np.testing.assert_array_equal(want, retriever.search(interests, 20, (indptr, items))[0])
+    sparse = csr_matrix((np.ones(len(items)), items, indptr), shape=(len(interests), len(emb)))
+    np.testing.assert_array_equal(want, retriever.search(interests, 20, sparse)[0])
 
 
 def test_faiss_and_torch_backends_agree_on_torch_input():
