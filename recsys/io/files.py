@@ -37,9 +37,9 @@ def default_file_mode() -> int:
     return 0o666 & ~mask
 
 
-def atomic_save(path: str | Path, save: Callable[[Path], None], *, replace: Replace = os.replace) -> None:
+def atomic_save(path: str | Path, save: Callable[[Path], object], *, replace: Replace = os.replace) -> None:
     """Call ``save(tmp)`` with a temporary path next to ``path`` (for writers that want a file
-    name, e.g. FAISS), flush it to disk, then ``replace(tmp, path)`` (a rename by default).
+    name, e.g. FAISS; what it returns is ignored), flush it to disk, then ``replace(tmp, path)`` (a rename by default).
 
     If anything raises, the temporary file is removed and ``path`` keeps its old content.
     """

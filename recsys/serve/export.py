@@ -28,7 +28,7 @@ import pandas as pd
 import torch
 from torch import Tensor, nn
 
-from recsys.io import atomic_write, atomic_write_text
+from recsys.io import atomic_save, atomic_write, atomic_write_text
 from recsys.models import InterestModel
 from recsys.run import LoadedRun, build_experiment
 
@@ -70,8 +70,8 @@ def _write_network(net: _InterestNet, path: Path, fmt: str, max_len: int) -> Non
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # tracer and exporter deprecation notes, not problems
         if fmt == "onnx":
-            atomic_write(path, lambda f: torch.onnx.export(
-                net, example, f, input_names=["seq", "lengths"], output_names=["interests"],
+            atomic_save(path, lambda tmp: torch.onnx.export(
+                net, example, tmp, input_names=["seq", "lengths"], output_names=["interests"],
                 dynamic_axes={"seq": {0: "batch", 1: "length"}, "lengths": {0: "batch"}, "interests": {0: "batch"}},
                 opset_version=OPSET, dynamo=False,
             ))

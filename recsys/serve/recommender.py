@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
 import numpy as np
 import torch
@@ -35,21 +35,22 @@ if TYPE_CHECKING:
 __all__ = ["Recommendations", "Recommender", "unique_csr"]
 
 CSR = tuple[np.ndarray, np.ndarray]  # (indptr [B + 1] int64, items [nnz] int64)
+Array = TypeVar("Array", np.ndarray, torch.Tensor)
 
 
 @dataclass
-class Recommendations:
+class Recommendations(Generic[Array]):
     """Top-N per row: ``ids [B, n_max]`` int64 internal item ids, ``scores [B, n_max]``
     float32, ``interest_of [B, n_max]`` int64 (the interest that found the item; ``-1`` for
     popularity fallbacks); row ``b`` holds ``n[b]`` items at most, the rest is ``-1 / -inf / -1``.
     numpy arrays, or device tensors from :meth:`Recommender.recommend` with ``on_device=True``."""
 
-    ids: np.ndarray | torch.Tensor
-    scores: np.ndarray | torch.Tensor
-    interest_of: np.ndarray | torch.Tensor
+    ids: Array
+    scores: Array
+    interest_of: Array
 
     @staticmethod
-    def concat(parts: list[Recommendations]) -> Recommendations:
+    def concat(parts: list[Recommendations[Any]]) -> Recommendations[np.ndarray]:
         """The rows of ``parts`` in order, as numpy arrays: device tensors are joined on the
         device and copied to the host once."""
         fields = []
@@ -85,7 +86,7 @@ def unique_csr(indptr: np.ndarray, items: np.ndarray, num_items: int) -> CSR:
 
 
 def _per_row(value: Any, bsz: int, dtype: type, name: str) -> np.ndarray:
-    out = np.broadcast_to(np.asarray(value, dtype=dtype), (bsz,))
+    out: np.ndarray = np.broadcast_to(np.asarray(value, dtype=dtype), (bsz,))
     if out.ndim != 1:
         raise ValueError(f"{name}: expected a scalar or [B={bsz}] values")
     return out
@@ -196,6 +197,15 @@ class Recommender:
         return indptr, items
 
     # -- answers --------------------------------------------------------------------------
+    @overload
+    def recommend(self, inputs: np.ndarray, lengths: np.ndarray, n: int | np.ndarray, *, exclude: CSR | None = None,
+                  diversity_lambda: float | np.ndarray = 0.0,
+                  on_device: Literal[False] = False) -> Recommendations[np.ndarray]: ...
+
+    @overload
+    def recommend(self, inputs: np.ndarray, lengths: np.ndarray, n: int | np.ndarray, *, exclude: CSR | None = None,
+                  diversity_lambda: float | np.ndarray = 0.0, on_device: bool) -> Recommendations[Any]: ...
+
     def recommend(
         self,
         inputs: np.ndarray,
@@ -205,7 +215,7 @@ class Recommender:
         exclude: CSR | None = None,
         diversity_lambda: float | np.ndarray = 0.0,
         on_device: bool = False,
-    ) -> Recommendations:
+    ) -> Recommendations[Any]:
         """Top ``n`` items for each of ``B`` sequences.
 
         Args:
@@ -270,7 +280,8 @@ class Recommender:
             out_ids[rows], out_scores[rows], out_int[rows] = merged
         return self._cut(Recommendations(out_ids, out_scores, out_int), n)
 
-    def popular(self, n: int | np.ndarray, *, exclude: CSR | None = None, rows: int = 1) -> Recommendations:
+    def popular(self, n: int | np.ndarray, *, exclude: CSR | None = None,
+                rows: int = 1) -> Recommendations[np.ndarray]:
         """The most clicked items, for ``rows`` requests (``n`` scalar or ``[rows]``), minus
         ``exclude``; scores are click counts, interests ``-1``."""
         n = _per_row(n, rows, np.int64, "n")
@@ -295,7 +306,7 @@ class Recommender:
         return self._cut(Recommendations(out_ids, scores.astype(np.float32), np.full_like(out_ids, -1)), n)
 
     @staticmethod
-    def _cut(recs: Recommendations, n: np.ndarray) -> Recommendations:
+    def _cut(recs: Recommendations[np.ndarray], n: np.ndarray) -> Recommendations[np.ndarray]:
         """Blank the columns past each row's own ``n``."""
         past = np.arange(recs.ids.shape[1])[None, :] >= n[:, None]
         recs.ids[past], recs.scores[past], recs.interest_of[past] = -1, -np.inf, -1
