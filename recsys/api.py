@@ -31,6 +31,7 @@ from recsys.data.split import EvalSet
 from recsys.data.synthetic import planted_for
 from recsys.evaluate.diagnostics import interest_health
 from recsys.evaluate.evaluator import evaluate_with_config
+from recsys.models import InterestModel
 from recsys.retrieval.aggregate import check_lambda
 from recsys.run import IndexReport, LoadedRun, build_experiment, build_run_index, load_run, retrieval_settings
 from recsys.serve.batch import recommend_table, resolve_users
@@ -78,7 +79,7 @@ class Run:
         return self._run.dataset
 
     @property
-    def model(self) -> torch.nn.Module:
+    def model(self) -> InterestModel:
         """The trained model (eval mode): ``interests(seq [B, L], lengths [B]) -> [B, K, d]``."""
         return self._run.model
 
@@ -217,8 +218,9 @@ class Run:
         if self._recommender is None:
             self.use_index()
         rec = self._recommender
-        options = {"exclude_seen": exclude_seen, "diversity_lambda": diversity_lambda, "batch_size": batch_size,
-                   "progress": progress}
+        assert rec is not None  # set by use_index
+        options: dict[str, Any] = {"exclude_seen": exclude_seen, "diversity_lambda": diversity_lambda,
+                                   "batch_size": batch_size, "progress": progress}
         if sequences is not None:
             indptr, items = self._encode_sequences(sequences)
             return recommend_table(rec, np.arange(len(indptr) - 1), n, sequences=(indptr, items), **options)
@@ -284,7 +286,7 @@ def fit(
     from recsys.train.trainer import train
 
     frame = clicks if isinstance(clicks, pd.DataFrame) else None
-    if clicks is not None and frame is None and not Path(clicks).exists():
+    if clicks is not None and not isinstance(clicks, pd.DataFrame) and not Path(clicks).exists():
         raise FileNotFoundError(f"clicks: {clicks} does not exist")
     cfg = _resolve_config(config, overrides)
     if frame is not None:

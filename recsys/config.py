@@ -20,7 +20,7 @@ import math
 import sys
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -350,7 +350,7 @@ def _set_dotted(tree: dict[str, Any], values: Mapping[str, Any]) -> dict[str, An
 
 
 def load_config(
-    paths: str | Path | list[str | Path] | None = None, overrides: list[str] | None = None,
+    paths: str | Path | Sequence[str | Path] | None = None, overrides: list[str] | None = None,
     *, values: Mapping[str, Any] | None = None,
 ) -> Config:
     """Defaults, then each TOML file in ``paths`` in order (later files win; a ``[dataset]``

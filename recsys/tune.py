@@ -306,6 +306,12 @@ def _requeue(study: optuna.Study, trial: optuna.Trial | optuna.trial.FrozenTrial
         study.enqueue_trial(trial.params)
 
 
+def _value(trial: optuna.trial.FrozenTrial) -> float:
+    """A completed trial's objective value (optuna sets it on completion)."""
+    assert trial.value is not None
+    return trial.value
+
+
 def _log_trial(log: Log, trial: optuna.trial.FrozenTrial) -> None:
     """One line for a finished trial (and its error, if it failed)."""
     value = trial.value if trial.value is not None else _last_value(trial)
@@ -317,12 +323,12 @@ def _log_trial(log: Log, trial: optuna.trial.FrozenTrial) -> None:
 def _optimize(folder: Path, base: Config, space: Space, trials: int, deadline: float, threads: int, seed: int,
               log: Log) -> None:
     """Run ``trials`` trials, or fewer when the deadline passes."""
-    optuna = _optuna()
+    states = _optuna().trial.TrialState
     study = open_study(folder, seed=seed + 1000 * len(open_study(folder).trials))  # fresh proposals on a resume
 
     def report(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         _log_trial(log, trial)
-        if trial.state == optuna.trial.TrialState.FAIL and trial.user_attrs.get("base"):
+        if trial.state == states.FAIL and trial.user_attrs.get("base"):
             study.stop()  # the base config itself does not train: no trial will
 
     study.optimize(
@@ -431,7 +437,7 @@ def tune(cfg: Config, folder: str | Path | None = None, *, trials: int = 20, max
 
 
 def _tune(cfg: Config, folder: Path, parsed: Space, trials: int, max_minutes: float, jobs: int, log: Log) -> TuneResult:
-    optuna = _optuna()
+    states = _optuna().trial.TrialState
     missing = _prepare(folder, cfg, parsed, trials, log)
     deadline = time.time() + 60 * max_minutes if max_minutes else math.inf
     claimed: list[optuna.Trial] = []
@@ -439,7 +445,7 @@ def _tune(cfg: Config, folder: Path, parsed: Space, trials: int, max_minutes: fl
         # workers start (two processes can pop the same queued trial from the SQLite study) and run in
         # this process, which then trains its share of the rest, beside jobs - 1 worker processes
         study = open_study(folder)
-        queued = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
+        queued = len(study.get_trials(deepcopy=False, states=(states.WAITING,)))
         claimed = [study.ask() for _ in range(min(queued, missing))]
         missing -= len(claimed)
     shares = [missing // jobs + (i < missing % jobs) for i in range(jobs)]  # slot 0: this process
@@ -458,18 +464,19 @@ def _tune(cfg: Config, folder: Path, parsed: Space, trials: int, max_minutes: fl
                 future.result()
 
     study = open_study(folder)
-    done = [t for t in study.get_trials() if t.state == optuna.trial.TrialState.COMPLETE]
+    done = [t for t in study.get_trials() if t.state == states.COMPLETE]
     if not done:
         raise ValueError(f"{folder}: no trial has completed yet (failed, pruned or interrupted: see the trial lines)")
-    best = max(done, key=lambda t: t.value)
+    best = max(done, key=_value)
     best_cfg = _absolute_paths(with_values(cfg, best.user_attrs["values"]))
     path = folder / BEST_CONFIG
     atomic_write_text(path, f"# recsys tune: trial {best.number} of {folder}, valid recall {best.value:.4f}\n"
                       + best_cfg.to_toml(base=load_config()))
+    assert best.datetime_complete is not None and best.datetime_start is not None  # a completed trial's
     took = (best.datetime_complete - best.datetime_start).total_seconds()
     run_dir, test = _retrain(path, folder / f"best-{best.number:04d}", deadline, took, log)
     return TuneResult(folder=folder, trials=study.get_trials(), key=f"recall@{max(cfg.eval.topn)}",
-                      best_trial=best.number, best_valid=best.value, best_config=path, run_dir=run_dir,
+                      best_trial=best.number, best_valid=_value(best), best_config=path, run_dir=run_dir,
                       test_metrics=test)
 
 

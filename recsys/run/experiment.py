@@ -23,7 +23,8 @@ from recsys.run.layout import RunDir
 if TYPE_CHECKING:
     import pandas as pd
 
-CheckMemory = Callable[[InterestModel, int], None]  # (the model on the meta device, catalogue size with padding)
+# (the model on the meta device, catalogue size with padding); what it returns is ignored
+CheckMemory = Callable[[InterestModel, int], object]
 
 __all__ = ["Experiment", "LoadedRun", "build_experiment", "load_run", "train_item_counts"]
 

@@ -18,12 +18,15 @@ from __future__ import annotations
 import gc
 import os
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from recsys.device import resolve_device
+
+T = TypeVar("T")
 
 _ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
@@ -114,7 +117,7 @@ def broadcast_flag(flag: bool, device: torch.device) -> bool:
     return bool(value.item())
 
 
-def broadcast_object(obj: object, src: int = 0) -> object:
+def broadcast_object(obj: T, src: int = 0) -> T:
     """Rank ``src``'s picklable ``obj`` on every rank (syncs the host; single-process: ``obj``)."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return obj

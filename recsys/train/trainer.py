@@ -356,7 +356,7 @@ def train(cfg: Config, *, run_dir: str | Path | None = None, resume: bool = Fals
     torch.manual_seed(cfg.train.seed + dist.rank)
     t0 = time.perf_counter()
 
-    rd = RunDir(run_dir) if resume else None
+    rd = RunDir(run_dir) if resume and run_dir is not None else None  # (resume without run_dir raised above)
     if rd is not None:
         rd.require_checkpoint()
     exp = build_experiment(cfg, dataset=rd.load_dataset() if rd else None, clicks=clicks, progress=progress,
@@ -371,7 +371,9 @@ def train(cfg: Config, *, run_dir: str | Path | None = None, resume: bool = Fals
         if dist.is_main:
             path = RunDir.create(run_dir).path if run_dir is not None else new_run_dir(
                 cfg.output_dir, cfg.name, model=cfg.model.name, dataset=_data_name(cfg))
-        rd = RunDir(distributed.broadcast_object(path))
+        path = distributed.broadcast_object(path)
+        assert path is not None  # rank 0's folder
+        rd = RunDir(path)
     log(f"run directory: {rd.path}")
     try:
         return _run(cfg, rd, ds, split, item_counts, model, dist, resume, t0, log, on_validate)
@@ -478,7 +480,8 @@ def _optimise(model: InterestModel, cfg: Config, dist: distributed.DistInfo, spl
         set_track_stats(model, log_now and not step_fn.use_graph)  # max attention logit, on logging steps
         batch = batches.sample(t.batch_size)
         window_targets += int(batch[1].sum()) if step_fn.dense else t.batch_size  # counted on the host copy
-        out, grad_norm = step_fn(*to_device(batch, device), step=st.step)
+        seq, lengths, targets = to_device(batch, device)
+        out, grad_norm = step_fn(seq, lengths, targets, step=st.step)
         guard.watch(out.loss)
         st.step += 1
         window_steps += 1
@@ -527,7 +530,7 @@ def _optimise(model: InterestModel, cfg: Config, dist: distributed.DistInfo, spl
     return st
 
 
-def _validate(st: _LoopState, model: InterestModel, step_fn: TrainStep, batches: TrainSampler,
+def _validate(st: _LoopState, model: InterestModel, step_fn: TrainStep, batches: TrainSampler | WindowSampler,
               generator: torch.Generator, rd: RunDir, validate: Callable[[], dict[str, float]], key: str,
               cfg: Config, log: Log, guard: DivergenceGuard, plan: TrainPlan,
               on_validate: OnValidate | None = None) -> bool:
