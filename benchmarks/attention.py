@@ -91,8 +91,9 @@ def methods(lengths: torch.Tensor, seq_len: int, names: set[str] | None = None) 
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-        block_mask = create_block_mask(lambda b, h, qi, ki: ki < lengths[b], batch, None, seq_len, seq_len,
-                                       device="cuda")
+        block_mask = create_block_mask(
+            lambda b, h, qi, ki: ki < lengths[b], batch, None, seq_len, seq_len, device="cuda"
+        )
         compiled = torch.compile(flex_attention, dynamic=False)
         out["flex"] = lambda q, k, v: compiled(q, k, v, block_mask=block_mask)
     except Exception as e:  # noqa: BLE001 - report and go on without FlexAttention
@@ -125,8 +126,12 @@ def problem_size(batch: int, seq_len: int, lengths: torch.Tensor) -> dict[str, f
     pairs = HEADS * seq_len * lengths.sum().item()
     fwd_bytes = 2 * tensor + 2 * tensor * valid  # q, o + valid k, v
     bwd_bytes = 3 * tensor + 2 * tensor * valid + 3 * tensor  # q, o, do, valid k, v; dq, dk, dv
-    return {"fwd_bytes": fwd_bytes, "fb_bytes": fwd_bytes + bwd_bytes,
-            "fwd_flop": 4 * pairs * HEAD_DIM, "fb_flop": 3.5 * 4 * pairs * HEAD_DIM}
+    return {
+        "fwd_bytes": fwd_bytes,
+        "fb_bytes": fwd_bytes + bwd_bytes,
+        "fwd_flop": 4 * pairs * HEAD_DIM,
+        "fb_flop": 3.5 * 4 * pairs * HEAD_DIM,
+    }
 
 
 def errors(fn: Method, inputs, do, ref) -> list[float]:
@@ -142,8 +147,9 @@ def bench_shape(batch: int, seq_len: int, seed: int, paths: bool, names: set[str
     if paths:
         fns.update(path_variants(fns, seq_len))
     ref_in = [t.detach().float().requires_grad_() for t in inputs]
-    ref_out = F.scaled_dot_product_attention(*ref_in, attn_mask=(
-        torch.arange(seq_len, device="cuda")[None, :] < lengths[:, None])[:, None, None, :])
+    ref_out = F.scaled_dot_product_attention(
+        *ref_in, attn_mask=(torch.arange(seq_len, device="cuda")[None, :] < lengths[:, None])[:, None, None, :]
+    )
     ref = [ref_out.detach(), *torch.autograd.grad(ref_out, ref_in, do.float())]
     size = problem_size(batch, seq_len, lengths)
     rows, bodies = {}, {}
@@ -152,8 +158,10 @@ def bench_shape(batch: int, seq_len: int, seed: int, paths: bool, names: set[str
         row = rows[name] = {}
         try:
             row["err"] = errors(fn, inputs, do, ref)  # also compiles / autotunes
-            for mode, body in (("fwd", lambda fn=fn: fn(*inputs)),
-                               ("fb", lambda fn=fn: torch.autograd.grad(fn(*inputs), inputs, do))):
+            for mode, body in (
+                ("fwd", lambda fn=fn: fn(*inputs)),
+                ("fb", lambda fn=fn: torch.autograd.grad(fn(*inputs), inputs, do)),
+            ):
                 bodies[name, mode] = body
                 row[f"{mode}_graph_ms"] = graph_ms_or_nan(body, f"{name} {mode}")
         except Exception as e:  # noqa: BLE001 - e.g. out of memory: record and go on
@@ -170,10 +178,14 @@ def bench_shape(batch: int, seq_len: int, seed: int, paths: bool, names: set[str
 
 
 def details(results: list[dict], copy_bw: float, mm_tflops: float) -> str:
-    header = (f"{'B x L':>10} {'method':15} {'fwd ms':>8} {'GB/s':>6} {'TF/s':>6} {'f+b ms':>8} {'GB/s':>6} "
-              f"{'TF/s':>6} {'fwd graph':>9} {'f+b graph':>9} {'max err o/dq/dk/dv':>30}")
-    lines = [f"copy bandwidth {copy_bw:.0f} GB/s, bf16 matmul {mm_tflops:.0f} TFLOP/s; launch-mode ms unless "
-             f"'graph'", header]
+    header = (
+        f"{'B x L':>10} {'method':15} {'fwd ms':>8} {'GB/s':>6} {'TF/s':>6} {'f+b ms':>8} {'GB/s':>6} "
+        f"{'TF/s':>6} {'fwd graph':>9} {'f+b graph':>9} {'max err o/dq/dk/dv':>30}"
+    )
+    lines = [
+        f"copy bandwidth {copy_bw:.0f} GB/s, bf16 matmul {mm_tflops:.0f} TFLOP/s; launch-mode ms unless 'graph'",
+        header,
+    ]
     for res in results:
         shape, size = f"{res['batch']}x{res['seq_len']}", res["size"]
         floor_fwd = max(size["fwd_bytes"] / copy_bw / 1e6, size["fwd_flop"] / mm_tflops / 1e9)
@@ -185,10 +197,12 @@ def details(results: list[dict], copy_bw: float, mm_tflops: float) -> str:
                 continue
             fwd, fb = row["fwd_ms"], row["fb_ms"]
             err = "/".join(f"{e:.1e}" for e in row["err"])
-            lines.append(f"{shape:>10} {name:15} {fwd:8.3f} {size['fwd_bytes'] / fwd / 1e6:6.0f} "
-                         f"{size['fwd_flop'] / fwd / 1e9:6.0f} {fb:8.3f} {size['fb_bytes'] / fb / 1e6:6.0f} "
-                         f"{size['fb_flop'] / fb / 1e9:6.0f} {row['fwd_graph_ms']:9.3f} {row['fb_graph_ms']:9.3f} "
-                         f"{err:>30}")
+            lines.append(
+                f"{shape:>10} {name:15} {fwd:8.3f} {size['fwd_bytes'] / fwd / 1e6:6.0f} "
+                f"{size['fwd_flop'] / fwd / 1e9:6.0f} {fb:8.3f} {size['fb_bytes'] / fb / 1e6:6.0f} "
+                f"{size['fb_flop'] / fb / 1e9:6.0f} {row['fwd_graph_ms']:9.3f} {row['fb_graph_ms']:9.3f} "
+                f"{err:>30}"
+            )
     return "\n".join(lines)
 
 
@@ -202,17 +216,22 @@ def ratios(results: list[dict], timing: str) -> str:
             ms = {n: r[mode + suffix] for n, r in ok.items()}
             ms["best sdpa/flex"] = min((ms[n] for n in ("sdpa-mask", "flex") if n in ms), default=float("nan"))
             rows.append((f"{res['batch']}x{res['seq_len']} {'fwd' if mode == 'fwd' else 'f+b'}", ms, targets))
-    what = ("each call launched from Python (CPU overhead included)" if timing == "launch"
-            else "CUDA-graph replay (GPU time only)")
+    what = (
+        "each call launched from Python (CPU overhead included)"
+        if timing == "launch"
+        else "CUDA-graph replay (GPU time only)"
+    )
     return ratio_table(f"\n{timing}: {what}", rows, [*BASELINES, "best sdpa/flex"])
 
 
 def before_after(before: dict, results: list[dict]) -> str:
     """``ours`` of an earlier run (``before``, its JSON) against this run's, per shape and mode."""
     old = {(r["batch"], r["seq_len"]): r["methods"].get("ours", {}) for r in before["results"]}
-    lines = ["\nbefore -> after (ours; ms; speedup = before / after)",
-             "| shape | launch before | launch after | speedup | graph before | graph after | speedup |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "\nbefore -> after (ours; ms; speedup = before / after)",
+        "| shape | launch before | launch after | speedup | graph before | graph after | speedup |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for res in results:
         prev, now = old.get((res["batch"], res["seq_len"])), res["methods"]["ours"]
         if prev is None or "failed" in prev or "failed" in now:
@@ -239,8 +258,16 @@ def main() -> None:
         parser.error(f"--methods: unknown {sorted(names - {'ours', *BASELINES})}; choose from {BASELINES}")
     before = json.loads(args.before.read_text()) if args.before else None
     start = time.time()
-    print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__,
-          "kernels from", Path(recsys.__file__).parent, flush=True)
+    print(
+        torch.cuda.get_device_name(),
+        "torch",
+        torch.__version__,
+        "triton",
+        triton.__version__,
+        "kernels from",
+        Path(recsys.__file__).parent,
+        flush=True,
+    )
     copy_bw, mm_tflops = copy_gbps(), matmul_tflops()
     print(f"copy {copy_bw:.0f} GB/s, matmul {mm_tflops:.0f} TFLOP/s", flush=True)
     results = []
@@ -252,8 +279,9 @@ def main() -> None:
             print(before_after(before, results[-1:]), flush=True)
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / "bench_attention.json").write_text(json.dumps(
-                {"copy_gbps": copy_bw, "matmul_tflops": mm_tflops, "results": results}, indent=1))
+            (args.out / "bench_attention.json").write_text(
+                json.dumps({"copy_gbps": copy_bw, "matmul_tflops": mm_tflops, "results": results}, indent=1)
+            )
     print("\n" + details(results, copy_bw, mm_tflops))
     print(ratios(results, "launch"))
     print(ratios(results, "graph"))

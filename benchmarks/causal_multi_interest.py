@@ -60,12 +60,16 @@ def bench_shape(batch: int, seq_len: int, k: int, d: int) -> dict[str, dict[str,
     for name, fn in methods().items():
         t0 = time.time()
         row: dict[str, float] = {"err": (fn(h, scores, lengths).double() - ref).abs().max().item()}  # also compiles
-        for mode, body in (("fwd", lambda fn=fn: fn(h.detach(), scores.detach(), lengths)),
-                           ("fb", lambda fn=fn: torch.autograd.grad(fn(h, scores, lengths), (h, scores), grad))):
+        for mode, body in (
+            ("fwd", lambda fn=fn: fn(h.detach(), scores.detach(), lengths)),
+            ("fb", lambda fn=fn: torch.autograd.grad(fn(h, scores, lengths), (h, scores), grad)),
+        ):
             for timing, ms in launch_and_graph_ms(body, f"{name} {mode}").items():
                 row[f"{mode} {timing}"] = ms
-        print(f"  {name:13s} {time.time() - t0:5.1f} s  " + "  ".join(f"{key} {val:.4g}" for key, val in row.items()),
-              flush=True)
+        print(
+            f"  {name:13s} {time.time() - t0:5.1f} s  " + "  ".join(f"{key} {val:.4g}" for key, val in row.items()),
+            flush=True,
+        )
         rows[name] = row
         torch.cuda.empty_cache()
     return rows
@@ -76,10 +80,19 @@ def sweep_shape(batch: int, seq_len: int, k: int, d: int) -> None:
     its default) at every configuration of the sweep; the defaults are marked."""
     h, scores, lengths, grad = (t.detach() for t in problem(batch, seq_len, k, d))
     _, lse = kernel.forward(h, scores, lengths)
-    runs = [("forward", cfg, kernel.forward_config(d), lambda cfg=cfg: kernel.forward(h, scores, lengths, cfg))
-            for cfg in SWEEP_FORWARD]
-    runs += [("backward", cfg, kernel.backward_config(d, h.dtype),
-              lambda cfg=cfg: kernel.backward(h, scores, lengths, lse, grad, cfg)) for cfg in SWEEP_BACKWARD]
+    runs = [
+        ("forward", cfg, kernel.forward_config(d), lambda cfg=cfg: kernel.forward(h, scores, lengths, cfg))
+        for cfg in SWEEP_FORWARD
+    ]
+    runs += [
+        (
+            "backward",
+            cfg,
+            kernel.backward_config(d, h.dtype),
+            lambda cfg=cfg: kernel.backward(h, scores, lengths, lse, grad, cfg),
+        )
+        for cfg in SWEEP_BACKWARD
+    ]
     for what, cfg, default, fn in runs:
         mark = "  (default)" if cfg == default else ""
         label = f"{what} T={cfg.block_t} w{cfg.num_warps} s{cfg.num_stages}"

@@ -30,23 +30,42 @@ REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "anchors" / 
 
 def _reference(path: str, script: Path, steps: int) -> float:
     """The reference's windows/s over ``steps`` steps (no validation in the loop)."""
-    out = subprocess.run([sys.executable, str(script), path, "--max-steps", str(steps), "--eval-every", str(10**9),
-                          "--minutes", "60"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, str(script), path, "--max-steps", str(steps), "--eval-every", str(10**9), "--minutes", "60"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return float(re.search(r"([\d,]+) seq/s", out).group(1).replace(",", ""))
 
 
 def _ours(path: str, steps: int, extra: list[str]) -> tuple[float, float]:
     """Median (samples/s, targets/s) over the logged windows after the first of a dense sasrec run."""
     with tempfile.TemporaryDirectory() as tmp:
-        sets = [f"data.source={path}", "model.name=sasrec", "train.targets=all", f"train.max_steps={steps}",
-                f"train.eval_every={10**9}", "train.patience=0", "train.log_every=250", f"output_dir={tmp}",
-                "name=bench", *extra]
-        subprocess.run([sys.executable, "-m", "recsys", "train", *[x for s in sets for x in ("--set", s)]],
-                       capture_output=True, text=True, check=True)
+        sets = [
+            f"data.source={path}",
+            "model.name=sasrec",
+            "train.targets=all",
+            f"train.max_steps={steps}",
+            f"train.eval_every={10**9}",
+            "train.patience=0",
+            "train.log_every=250",
+            f"output_dir={tmp}",
+            "name=bench",
+            *extra,
+        ]
+        subprocess.run(
+            [sys.executable, "-m", "recsys", "train", *[x for s in sets for x in ("--set", s)]],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         rows = [json.loads(line) for run in Path(tmp).iterdir() for line in (run / "metrics.jsonl").open()]
         rows = [r for r in rows if "targets_per_s" in r][1:]
-        return (statistics.median(r["samples_per_s"] for r in rows),
-                statistics.median(r["targets_per_s"] for r in rows))
+        return (
+            statistics.median(r["samples_per_s"] for r in rows),
+            statistics.median(r["targets_per_s"] for r in rows),
+        )
 
 
 def main() -> None:
@@ -56,16 +75,20 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5000)
     ap.add_argument("--set", action="append", default=[], help="extra overrides for ours")
     a = ap.parse_args()
-    lines = ["| data | reference windows/s | reference targets/s | ours windows/s | ours targets/s | targets/s ratio |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| data | reference windows/s | reference targets/s | ours windows/s | ours targets/s | targets/s ratio |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for path in a.data:
         cfg = load_config(None, [f"data.source={path}"])
         split = split_dataset(load_dataset(cfg), cfg.data)
         per_window = WindowSampler(split.train_indptr, split.train_items, cfg.data.max_len, seed=0).mean_targets()
         ref = _reference(path, a.reference, a.steps)
         ours_w, ours_t = _ours(path, a.steps, a.set)
-        lines.append(f"| {Path(path).parent.name or path} | {ref:,.0f} | {ref * per_window:,.0f} | {ours_w:,.0f} | "
-                     f"{ours_t:,.0f} | {ours_t / (ref * per_window):.2f}x |")
+        lines.append(
+            f"| {Path(path).parent.name or path} | {ref:,.0f} | {ref * per_window:,.0f} | {ours_w:,.0f} | "
+            f"{ours_t:,.0f} | {ours_t / (ref * per_window):.2f}x |"
+        )
         print(lines[-1], flush=True)
     print("\n".join(lines))
 

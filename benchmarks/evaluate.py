@@ -113,8 +113,13 @@ def loop_baseline(interests, item_emb, eval_set, item_cat, users, topn=(20, 50))
 
 def subset(eval_set: EvalSet, num: int) -> EvalSet:
     end = eval_set.truth_indptr[num]
-    return EvalSet(eval_set.users[:num], eval_set.inputs[:num], eval_set.lengths[:num],
-                   eval_set.truth_indptr[: num + 1], eval_set.truth_items[:end])
+    return EvalSet(
+        eval_set.users[:num],
+        eval_set.inputs[:num],
+        eval_set.lengths[:num],
+        eval_set.truth_indptr[: num + 1],
+        eval_set.truth_items[:end],
+    )
 
 
 def main() -> None:
@@ -125,22 +130,23 @@ def main() -> None:
     parser.add_argument("--interests", type=int, default=4)
     parser.add_argument("--categories", type=int, default=200)
     parser.add_argument("--loop-users", type=int, default=2000, help="users timed in the loop baseline")
-    parser.add_argument("--backends", default="auto",
-                        help="evaluator backends to time, comma-separated (auto | faiss | torch)")
+    parser.add_argument(
+        "--backends", default="auto", help="evaluator backends to time, comma-separated (auto | faiss | torch)"
+    )
     parser.add_argument("--batch-size", type=int, default=2048)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
-    print(f"# benchmarks/evaluate.py  {datetime.date.today()}  {platform.platform()}  "
-          f"cpus={os.cpu_count()} torch_threads={torch.get_num_threads()} torch={torch.__version__}")
-    print(f"# {args.users:,} users x {args.items:,} items, d={args.dim}, K={args.interests}, N=50 "
-          f"(metrics @20, @50)")
+    print(
+        f"# benchmarks/evaluate.py  {datetime.date.today()}  {platform.platform()}  "
+        f"cpus={os.cpu_count()} torch_threads={torch.get_num_threads()} torch={torch.__version__}"
+    )
+    print(f"# {args.users:,} users x {args.items:,} items, d={args.dim}, K={args.interests}, N=50 (metrics @20, @50)")
     t0 = time.perf_counter()
     eval_set, interests, item_emb, item_cat = make_case(
         args.users, args.items, args.dim, args.interests, args.categories, args.seed
     )
-    print(f"# synthetic case built in {time.perf_counter() - t0:.1f}s; "
-          f"{len(eval_set.truth_items):,} truth clicks")
+    print(f"# synthetic case built in {time.perf_counter() - t0:.1f}s; {len(eval_set.truth_items):,} truth clicks")
     model = TableInterests(interests, item_emb)
 
     rows = []
@@ -160,21 +166,33 @@ def main() -> None:
 
     for backend in [b for b in args.backends.split(",") if b]:
         t0, c0 = time.perf_counter(), time.process_time()
-        got = evaluate(model, eval_set, topn=(20, 50), item_category=item_cat, backend=backend,
-                       batch_size=args.batch_size)
-        rows.append((f"recsys evaluate, backend={backend} (all {args.users:,} users)",
-                     time.perf_counter() - t0, time.process_time() - c0, got))
+        got = evaluate(
+            model, eval_set, topn=(20, 50), item_category=item_cat, backend=backend, batch_size=args.batch_size
+        )
+        rows.append(
+            (
+                f"recsys evaluate, backend={backend} (all {args.users:,} users)",
+                time.perf_counter() - t0,
+                time.process_time() - c0,
+                got,
+            )
+        )
 
     print()
-    print("| method | wall s | users/s | speed-up (wall) | CPU s | speed-up (CPU) | recall@50 | ndcg@50 "
-          "| diversity@50 |")
+    print(
+        "| method | wall s | users/s | speed-up (wall) | CPU s | speed-up (CPU) | recall@50 | ndcg@50 | diversity@50 |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, wall, cpu, metrics in rows:
-        print(f"| {name} | {wall:,.1f} | {args.users / wall:,.0f} | {loop_wall / wall:.1f}x | {cpu:,.1f} | "
-              f"{loop_cpu / cpu:.1f}x | {metrics['recall@50']:.4f} | {metrics['ndcg@50']:.4f} | "
-              f"{metrics['diversity@50']:.4f} |")
-    print("\n(CPU s = process CPU time over all threads; loop metrics are over its timed users only, "
-          "evaluator metrics over all users)")
+        print(
+            f"| {name} | {wall:,.1f} | {args.users / wall:,.0f} | {loop_wall / wall:.1f}x | {cpu:,.1f} | "
+            f"{loop_cpu / cpu:.1f}x | {metrics['recall@50']:.4f} | {metrics['ndcg@50']:.4f} | "
+            f"{metrics['diversity@50']:.4f} |"
+        )
+    print(
+        "\n(CPU s = process CPU time over all threads; loop metrics are over its timed users only, "
+        "evaluator metrics over all users)"
+    )
 
 
 if __name__ == "__main__":

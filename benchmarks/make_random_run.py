@@ -30,9 +30,16 @@ from recsys.config import Config, load_config
 from recsys.run import RunDir, build_experiment
 
 DEFAULTS = [
-    "synthetic.num_items=100000", "synthetic.num_users=50000", "synthetic.noise=0.5",
-    "synthetic.num_categories=200", "data.min_item_count=1", "data.min_user_count=1",
-    "data.max_len=50", "model.num_interests=4", "model.dim=64", "model.backend=torch",
+    "synthetic.num_items=100000",
+    "synthetic.num_users=50000",
+    "synthetic.noise=0.5",
+    "synthetic.num_categories=200",
+    "data.min_item_count=1",
+    "data.min_user_count=1",
+    "data.max_len=50",
+    "model.num_interests=4",
+    "model.dim=64",
+    "model.backend=torch",
 ]
 
 
@@ -53,8 +60,7 @@ def plant_clusters(table: torch.Tensor, item_category: np.ndarray, spread: float
         table[1:] = (centres[cats] + spread * noise)[1:] / (1 + spread**2) ** 0.5
 
 
-def make_random_run(out: str | Path, overrides: list[str] | None = None, seed: int = 0,
-                    spread: float = 0.5) -> Path:
+def make_random_run(out: str | Path, overrides: list[str] | None = None, seed: int = 0, spread: float = 0.5) -> Path:
     """Write a run directory at ``out`` whose best weights are untrained (item
     embeddings clustered by category with noise ``spread``, see :func:`plant_clusters`)."""
     cfg: Config = load_config(None, DEFAULTS + list(overrides or []))
@@ -71,8 +77,9 @@ def make_random_run(out: str | Path, overrides: list[str] | None = None, seed: i
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="run directory to create")
-    parser.add_argument("--spread", type=float, default=0.5,
-                        help="noise around each category's centre (0: i.i.d. random embeddings)")
+    parser.add_argument(
+        "--spread", type=float, default=0.5, help="noise around each category's centre (0: i.i.d. random embeddings)"
+    )
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     args = parser.parse_args()
     t0 = time.perf_counter()

@@ -48,12 +48,16 @@ def bench_shape(batch: int, k: int, d: int, s: int) -> dict[str, dict[str, float
     for name, fn in methods().items():
         t0 = time.time()
         row: dict[str, float] = {"err": (fn(v, e).double() - ref).abs().max().item()}  # also compiles
-        for mode, body in (("fwd", lambda fn=fn: fn(v.detach(), e.detach())),
-                           ("fb", lambda fn=fn: torch.autograd.grad(fn(v, e), (v, e), grad))):
+        for mode, body in (
+            ("fwd", lambda fn=fn: fn(v.detach(), e.detach())),
+            ("fb", lambda fn=fn: torch.autograd.grad(fn(v, e), (v, e), grad)),
+        ):
             for timing, ms in launch_and_graph_ms(body, f"{name} {mode}").items():
                 row[f"{mode} {timing}"] = ms
-        print(f"  {name:13s} {time.time() - t0:5.1f} s  " + "  ".join(f"{key} {val:.4g}" for key, val in row.items()),
-              flush=True)
+        print(
+            f"  {name:13s} {time.time() - t0:5.1f} s  " + "  ".join(f"{key} {val:.4g}" for key, val in row.items()),
+            flush=True,
+        )
         rows[name] = row
         torch.cuda.empty_cache()
     return rows

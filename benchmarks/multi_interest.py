@@ -146,8 +146,9 @@ def flex_method(lengths_of_set: dict[int, torch.Tensor], seq_len: int, k: int):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     def block_mask(lengths: torch.Tensor):
-        return create_block_mask(lambda b, _h, _q, kv: kv < lengths[b], lengths.shape[0], None, k, seq_len,
-                                 device="cuda")
+        return create_block_mask(
+            lambda b, _h, _q, kv: kv < lengths[b], lengths.shape[0], None, k, seq_len, device="cuda"
+        )
 
     compiled = torch.compile(flex_attention, dynamic=False)
     masks = {key: block_mask(lengths) for key, lengths in lengths_of_set.items()}
@@ -184,15 +185,41 @@ def sweep(sets: list[Inputs], kernels: str = "all") -> None:
         return graph_ms(rotating(saved, bwd))
 
     candidates = {  # (rows per tile, warps, stages, hidden per slice, register cap)
-        ("fwd", "scores"): [(128, 8, 3, 64, None), (64, 4, 3, 64, None), (64, 4, 3, 64, 96), (128, 8, 3, 64, 128),
-                            (64, 4, 2, 64, None)],
+        ("fwd", "scores"): [
+            (128, 8, 3, 64, None),
+            (64, 4, 3, 64, None),
+            (64, 4, 3, 64, 96),
+            (128, 8, 3, 64, 128),
+            (64, 4, 2, 64, None),
+        ],
         ("fwd", "pool"): [(64, 4, 1, 0, None), (32, 4, 1, 0, None)],
-        ("bwd", "scores"): [(64, 4, 1, 0, None), (64, 4, 1, 0, 128), (64, 4, 1, 0, 120), (32, 4, 1, 0, None),
-                            (32, 4, 1, 0, 96)],
-        ("bwd", "dx"): [(128, 8, 3, 64, None), (128, 8, 3, 64, 128), (128, 8, 2, 64, 128), (64, 4, 3, 64, None),
-                        (64, 4, 3, 64, 128), (64, 4, 2, 64, 128), (128, 8, 3, 32, 128), (64, 4, 3, 32, 96)],
-        ("bwd", "weights"): [(64, 4, 2, 128, None), (64, 4, 2, 64, None), (64, 4, 2, 64, 168), (128, 8, 2, 64, None),
-                             (64, 8, 2, 64, 128), (32, 4, 2, 128, 168), (64, 8, 2, 128, None), (128, 8, 2, 128, None)],
+        ("bwd", "scores"): [
+            (64, 4, 1, 0, None),
+            (64, 4, 1, 0, 128),
+            (64, 4, 1, 0, 120),
+            (32, 4, 1, 0, None),
+            (32, 4, 1, 0, 96),
+        ],
+        ("bwd", "dx"): [
+            (128, 8, 3, 64, None),
+            (128, 8, 3, 64, 128),
+            (128, 8, 2, 64, 128),
+            (64, 4, 3, 64, None),
+            (64, 4, 3, 64, 128),
+            (64, 4, 2, 64, 128),
+            (128, 8, 3, 32, 128),
+            (64, 4, 3, 32, 96),
+        ],
+        ("bwd", "weights"): [
+            (64, 4, 2, 128, None),
+            (64, 4, 2, 64, None),
+            (64, 4, 2, 64, 168),
+            (128, 8, 2, 64, None),
+            (64, 8, 2, 64, 128),
+            (32, 4, 2, 128, 168),
+            (64, 8, 2, 128, None),
+            (128, 8, 2, 128, None),
+        ],
     }
     chosen = set(candidates) if kernels == "all" else {tuple(k.split(":")) for k in kernels.split(",")}
     if chosen - set(candidates):
@@ -201,7 +228,7 @@ def sweep(sets: list[Inputs], kernels: str = "all") -> None:
         if (which, field) not in chosen:
             continue
         for block_l, warps, stages, block_h, regs in shapes:
-            for pps in ((1, 2, 3, 4) if field == "weights" else (0,)):
+            for pps in (1, 2, 3, 4) if field == "weights" else (0,):
                 cfg = LaunchConfig(block_l, warps, stages, pps, block_h or 64, regs)
                 try:
                     if which == "fwd":
@@ -243,8 +270,11 @@ def bench_shape(batch: int, seq_len: int, k: int, d: int, hidden: int, n_sets: i
                 times[name, mode, "graph"] = graph_ms_or_nan(launched[name, mode], f"{name} {mode}")
         except Exception as exc:  # noqa: BLE001 - a baseline that fails here is reported, not fatal
             print(f"  {name}: failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
-        print(f"  {name:13s} {time.time() - t0:5.1f} s  err o/dh/dw1/dw2/dpos "
-              + "/".join(f"{e:.1e}" for e in errors.get(name, [])), flush=True)
+        print(
+            f"  {name:13s} {time.time() - t0:5.1f} s  err o/dh/dw1/dw2/dpos "
+            + "/".join(f"{e:.1e}" for e in errors.get(name, [])),
+            flush=True,
+        )
         torch.cuda.empty_cache()
     t0 = time.time()
     for (name, mode), ms in interleaved_launch_ms(launched).items():  # every method in turn, 5 rounds
@@ -263,8 +293,11 @@ def ratios(rows: list[tuple[tuple[int, int, int], dict]], timing: str) -> str:
         for mode in ("fwd", "fwd+bwd"):
             ms = {name: t for (name, m, tm), t in res["times"].items() if m == mode and tm == timing}
             table.append((f"{batch}x{seq_len}x{k} {mode}", ms, TARGETS[timing] if mode == "fwd+bwd" else {}))
-    what = ("each call launched from Python (CPU overhead included)" if timing == "launch"
-            else "CUDA-graph replay (GPU time only)")
+    what = (
+        "each call launched from Python (CPU overhead included)"
+        if timing == "launch"
+        else "CUDA-graph replay (GPU time only)"
+    )
     return ratio_table(f"\n{timing}: {what}", table, BASELINES)
 
 
@@ -273,10 +306,19 @@ def main() -> None:
     parser.add_argument("--d", type=int, default=64)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--sets", type=int, default=4, help="input sets to rotate over")
-    parser.add_argument("--sweep", nargs="?", const="all", default=None, metavar="KERNELS",
-                        help="time launch configs at the first shape: all kernels, or e.g. fwd:scores,bwd:scores")
-    parser.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in SHAPES),
-                        help="comma-separated BxLxK (default: the acceptance shapes)")
+    parser.add_argument(
+        "--sweep",
+        nargs="?",
+        const="all",
+        default=None,
+        metavar="KERNELS",
+        help="time launch configs at the first shape: all kernels, or e.g. fwd:scores,bwd:scores",
+    )
+    parser.add_argument(
+        "--shapes",
+        default=",".join("x".join(map(str, s)) for s in SHAPES),
+        help="comma-separated BxLxK (default: the acceptance shapes)",
+    )
     args = parser.parse_args()
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     if not torch.cuda.is_available():
@@ -290,8 +332,9 @@ def main() -> None:
     bench_shape(64, 8, 2, args.d, args.hidden, 1)
     rows = []
     for batch, seq_len, k in shapes:
-        print(f"\nB={batch} L={seq_len} K={k} d={args.d} hidden={args.hidden} ({time.time() - start:.0f} s)",
-              flush=True)
+        print(
+            f"\nB={batch} L={seq_len} K={k} d={args.d} hidden={args.hidden} ({time.time() - start:.0f} s)", flush=True
+        )
         res = bench_shape(batch, seq_len, k, args.d, args.hidden, args.sets)
         floor = floors_ms(batch, seq_len, k, args.d, args.hidden)
         print("  floors (ms): " + ", ".join(f"{key} {val:.4f}" for key, val in floor.items()))

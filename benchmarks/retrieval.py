@@ -84,8 +84,7 @@ def bench_size(n: int, args: argparse.Namespace) -> list[dict]:
 
     t_items, t_queries = torch.from_numpy(items), torch.from_numpy(queries)
     found, torch_s = timed(lambda: torch_topk(t_items, t_queries, k), args.repeat)
-    rows.append({"method": "torch matmul + topk", "build_s": 0.0, "search_s": torch_s,
-                 "recall": recall(found, exact)})
+    rows.append({"method": "torch matmul + topk", "build_s": 0.0, "search_s": torch_s, "recall": recall(found, exact)})
 
     hnsw = faiss.index_factory(args.dim, f"HNSW{args.hnsw_m},Flat", faiss.METRIC_INNER_PRODUCT)
     hnsw.hnsw.efConstruction = args.ef_construction
@@ -94,8 +93,14 @@ def bench_size(n: int, args: argparse.Namespace) -> list[dict]:
     for ef in args.ef_search:
         hnsw.hnsw.efSearch = ef
         (_, found), s = timed(lambda: hnsw.search(queries, k), args.repeat)
-        rows.append({"method": f"HNSW{args.hnsw_m},Flat efSearch={ef}", "build_s": build, "search_s": s,
-                     "recall": recall(found, exact)})
+        rows.append(
+            {
+                "method": f"HNSW{args.hnsw_m},Flat efSearch={ef}",
+                "build_s": build,
+                "search_s": s,
+                "recall": recall(found, exact),
+            }
+        )
 
     nlist = args.nlist
     ivf = faiss.index_factory(args.dim, f"IVF{nlist},Flat", faiss.METRIC_INNER_PRODUCT)
@@ -104,8 +109,14 @@ def bench_size(n: int, args: argparse.Namespace) -> list[dict]:
     for nprobe in args.nprobe:
         faiss.extract_index_ivf(ivf).nprobe = nprobe
         (_, found), s = timed(lambda: ivf.search(queries, k), args.repeat)
-        rows.append({"method": f"IVF{nlist},Flat nprobe={nprobe}", "build_s": build, "search_s": s,
-                     "recall": recall(found, exact)})
+        rows.append(
+            {
+                "method": f"IVF{nlist},Flat nprobe={nprobe}",
+                "build_s": build,
+                "search_s": s,
+                "recall": recall(found, exact),
+            }
+        )
     for r in rows:
         r["qps"] = args.queries / r["search_s"]
         r["speedup"] = flat_s / r["search_s"]
@@ -130,14 +141,18 @@ def main() -> None:
     args = parser.parse_args()
 
     threads = os.cpu_count() or 1
-    print(f"{time.strftime('%Y-%m-%d %H:%M')}, {threads} CPUs, faiss {faiss.__version__} "
-          f"({faiss.omp_get_max_threads()} threads), torch {torch.__version__} ({torch.get_num_threads()} threads), "
-          f"load average {os.getloadavg()[0]:.2f}; d={args.dim}, k={args.k}, {args.queries} queries per batch",
-          flush=True)
+    print(
+        f"{time.strftime('%Y-%m-%d %H:%M')}, {threads} CPUs, faiss {faiss.__version__} "
+        f"({faiss.omp_get_max_threads()} threads), torch {torch.__version__} ({torch.get_num_threads()} threads), "
+        f"load average {os.getloadavg()[0]:.2f}; d={args.dim}, k={args.k}, {args.queries} queries per batch",
+        flush=True,
+    )
     for n in args.sizes:
         rows = bench_size(n, args)
-        print(f"\n{n:,} items ({num_clusters(n, args):,} clusters, spread {args.spread:g}, "
-              f"efConstruction {args.ef_construction}); load average {os.getloadavg()[0]:.2f}")
+        print(
+            f"\n{n:,} items ({num_clusters(n, args):,} clusters, spread {args.spread:g}, "
+            f"efConstruction {args.ef_construction}); load average {os.getloadavg()[0]:.2f}"
+        )
         print(f"| method | build s | queries/s | × Flat | recall@{args.k} |")
         print("|---|---:|---:|---:|---:|")
         for r in rows:

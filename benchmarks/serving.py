@@ -95,8 +95,9 @@ def make_bodies(run: Path, n: int, count: int, seed: int = 0) -> list[bytes]:
     return bodies
 
 
-async def _client(port: int, requests: list[bytes], first: int, step: int, n: int, clock: dict,
-                  lat: list[float], errors: list[str]) -> None:
+async def _client(
+    port: int, requests: list[bytes], first: int, step: int, n: int, clock: dict, lat: list[float], errors: list[str]
+) -> None:
     """One closed-loop client on one keep-alive connection: send, read the whole answer, repeat."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     i = first
@@ -137,8 +138,9 @@ def client_load(port: int, bodies: list[bytes], concurrency: int, seconds: float
     async def run() -> None:
         now = time.perf_counter()
         clock = {"start": now + 0.2, "measure": now + 0.2 + warmup_s, "stop": now + 0.2 + warmup_s + seconds}
-        await asyncio.gather(*(_client(port, requests, c, concurrency, n, clock, lat, errors)
-                               for c in range(concurrency)))
+        await asyncio.gather(
+            *(_client(port, requests, c, concurrency, n, clock, lat, errors) for c in range(concurrency))
+        )
 
     asyncio.run(run())
     ms = np.asarray(lat) * 1e3
@@ -187,8 +189,12 @@ def main() -> None:
     parser.add_argument("--run", help="run directory (default: an untrained run made under --work)")
     parser.add_argument("--work", default="/tmp/recsys-bench", help="where the default run is made")
     parser.add_argument("--items", type=int, default=100_000, help="catalogue of the default run")
-    parser.add_argument("--spread", type=float, default=0.5,
-                        help="default run: item-embedding noise around category centres (0: i.i.d. random)")
+    parser.add_argument(
+        "--spread",
+        type=float,
+        default=0.5,
+        help="default run: item-embedding noise around category centres (0: i.i.d. random)",
+    )
     parser.add_argument("--factory", default="IVF1024,Flat")
     parser.add_argument("--nprobe", type=int, default=16, help="IVF lists searched per query")
     parser.add_argument("--ef-search", type=int, default=64, help="HNSW search beam width")
@@ -211,23 +217,61 @@ def main() -> None:
     Path(args.work).mkdir(parents=True, exist_ok=True)
     server_log = Path(args.work) / "server.log"
     server = subprocess.Popen(
-        [sys.executable, "-m", "recsys", "serve", str(run), "--port", str(port), "--factory", args.factory,
-         "--nprobe", str(args.nprobe), "--ef-search", str(args.ef_search), "--set", f"serve.max_batch={args.max_batch}",
-         "--set", f"serve.batch_workers={args.batch_workers}"],
-        env=env, stdout=server_log.open("w"), stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "recsys",
+            "serve",
+            str(run),
+            "--port",
+            str(port),
+            "--factory",
+            args.factory,
+            "--nprobe",
+            str(args.nprobe),
+            "--ef-search",
+            str(args.ef_search),
+            "--set",
+            f"serve.max_batch={args.max_batch}",
+            "--set",
+            f"serve.batch_workers={args.batch_workers}",
+        ],
+        env=env,
+        stdout=server_log.open("w"),
+        stderr=subprocess.STDOUT,
     )
     try:
         wait_healthy(port, server, timeout_s=300)
         info = get_info(port)
         cpu0 = cpu_seconds(server.pid)
-        print(f"server: {info['model']}, {info['items']:,} items, index {info['index']}, K={info['num_interests']}, "
-              f"d={info['dim']}, max_len={info['max_len']}; load average {os.getloadavg()[0]:.2f} "
-              f"on {os.cpu_count()} CPUs", flush=True)
+        print(
+            f"server: {info['model']}, {info['items']:,} items, index {info['index']}, K={info['num_interests']}, "
+            f"d={info['dim']}, max_len={info['max_len']}; load average {os.getloadavg()[0]:.2f} "
+            f"on {os.cpu_count()} CPUs",
+            flush=True,
+        )
         client = subprocess.run(
-            [sys.executable, __file__, "--client", "--run", str(run), "--port", str(port), "--n", str(args.n),
-             "--seconds", str(args.seconds), "--warmup", str(args.warmup),
-             "--concurrency", *map(str, args.concurrency)],
-            env=env, capture_output=True, text=True, check=True,
+            [
+                sys.executable,
+                __file__,
+                "--client",
+                "--run",
+                str(run),
+                "--port",
+                str(port),
+                "--n",
+                str(args.n),
+                "--seconds",
+                str(args.seconds),
+                "--warmup",
+                str(args.warmup),
+                "--concurrency",
+                *map(str, args.concurrency),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
         )
         cpu_s = cpu_seconds(server.pid) - cpu0
         info = get_info(port)
@@ -235,15 +279,19 @@ def main() -> None:
         server.terminate()
         server.wait(timeout=30)
     rows = [json.loads(line) for line in client.stdout.splitlines() if line.strip()]
-    print(f"\nPOST /recommend, n={args.n}, {args.seconds:g}s per row after {args.warmup:g}s warm-up; "
-          f"load average now {os.getloadavg()[0]:.2f}; mean micro-batch "
-          f"{info['requests'] / max(info['batches'], 1):.1f} requests; server CPU "
-          f"{1e3 * cpu_s / max(info['requests'], 1):.2f} ms per request (all rows, warm-ups included)")
+    print(
+        f"\nPOST /recommend, n={args.n}, {args.seconds:g}s per row after {args.warmup:g}s warm-up; "
+        f"load average now {os.getloadavg()[0]:.2f}; mean micro-batch "
+        f"{info['requests'] / max(info['batches'], 1):.1f} requests; server CPU "
+        f"{1e3 * cpu_s / max(info['requests'], 1):.2f} ms per request (all rows, warm-ups included)"
+    )
     print("| clients | requests | errors | req/s | p50 ms | p99 ms | max ms |")
     print("|--------:|---------:|-------:|------:|-------:|-------:|-------:|")
     for r in rows:
-        print(f"| {r['concurrency']} | {r['requests']:,} | {r['errors']} | {r['req_per_s']:,.0f} | "
-              f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['max_ms']:.1f} |")
+        print(
+            f"| {r['concurrency']} | {r['requests']:,} | {r['errors']} | {r['req_per_s']:,.0f} | "
+            f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['max_ms']:.1f} |"
+        )
     failed = [r for r in rows if r["errors"]]
     for r in failed:
         print(f"errors at {r['concurrency']} clients, first: {r['first_error']}")

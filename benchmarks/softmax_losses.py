@@ -62,8 +62,11 @@ def methods(inputs: Inputs, chunk_size: int, num_negatives: int) -> dict[str, Ca
     found = {
         "ours": lambda: chunked_softmax_loss(user, target, item_emb, mask=mask, chunk_size=chunk_size).loss,
         "full": lambda: full_softmax_loss(user, target, item_emb, mask=mask).loss,
-        "sampled": lambda: sampled_softmax_loss(user, target, item_emb, negatives, log_q_target=log_q_target,
-                                                log_q_neg=log_q_neg, mask=mask).loss,
+        "sampled": lambda: (
+            sampled_softmax_loss(
+                user, target, item_emb, negatives, log_q_target=log_q_target, log_q_neg=log_q_neg, mask=mask
+            ).loss
+        ),
     }
     if linear_cross_entropy is not None and user.is_cuda:  # its kernels are Triton's on CUDA
         labels = torch.where(mask, target - 1, -100)  # CCE's ignore_index; classes are ids 1 .. N - 1
@@ -82,6 +85,7 @@ def full_fits(rows: int, num_items: int, device: torch.device) -> bool:
 
 def forward_backward(loss: Callable[[], torch.Tensor], leaves: tuple[torch.Tensor, ...], amp: bool):
     """A callable that runs ``loss`` (in bf16 autocast when ``amp``) and its gradients of ``leaves``."""
+
     def run():
         with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False, enabled=amp):
             value = loss()
@@ -114,8 +118,9 @@ def cuda_peak_mb(fn: Callable[[], object]) -> float:
     return (torch.cuda.max_memory_allocated() - before) / 2**20
 
 
-def bench_size(rows: int, num_items: int, dim: int, args: argparse.Namespace,
-               device: torch.device) -> dict[str, dict[str, float]]:
+def bench_size(
+    rows: int, num_items: int, dim: int, args: argparse.Namespace, device: torch.device
+) -> dict[str, dict[str, float]]:
     """``{method: {"launch" | "graph" | "peak MB" | "err": value}}`` at one catalogue size."""
     inputs = make_inputs(rows, num_items, dim, device)
     losses = methods(inputs, args.chunk_size, args.negatives)
@@ -151,8 +156,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     cuda = torch.cuda.is_available()
     parser.add_argument("--rows", type=int, default=128 * 50 if cuda else 16 * 50, help="targets R")
-    parser.add_argument("--items", default="10000,50000,400000" if cuda else "2000,10000,50000",
-                        help="catalogue sizes N, comma-separated")
+    parser.add_argument(
+        "--items",
+        default="10000,50000,400000" if cuda else "2000,10000,50000",
+        help="catalogue sizes N, comma-separated",
+    )
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--chunk-size", type=int, default=8192)
     parser.add_argument("--negatives", type=int, default=1280, help="shared negatives of the sampled loss")
@@ -160,8 +168,10 @@ def main() -> None:
     device = torch.device("cuda" if cuda else "cpu")
     threads = torch.get_num_threads()
     where = f"{torch.cuda.get_device_name()}, bf16 autocast" if cuda else f"CPU ({threads} threads), fp32"
-    print(f"device: {where}, torch {torch.__version__}; R = {args.rows}, d = {args.dim}, "
-          f"chunk {args.chunk_size}, S = {args.negatives}; forward+backward ms")
+    print(
+        f"device: {where}, torch {torch.__version__}; R = {args.rows}, d = {args.dim}, "
+        f"chunk {args.chunk_size}, S = {args.negatives}; forward+backward ms"
+    )
     if linear_cross_entropy is None or not cuda:
         print("cce: left out (it needs CUDA and the cut-cross-entropy package)")
     results = []

@@ -19,8 +19,9 @@ def launch_ms(fn: Callable[[], object], rep: int = 200, warmup: int = 25) -> flo
     return do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
 
 
-def interleaved_launch_ms(fns: dict[Hashable, Callable[[], object]], rounds: int = 5,
-                          rep: int = 20) -> dict[Hashable, float]:
+def interleaved_launch_ms(
+    fns: dict[Hashable, Callable[[], object]], rounds: int = 5, rep: int = 20
+) -> dict[Hashable, float]:
     """:func:`launch_ms` of each function, taken in turns: ``rounds`` rounds, each timing every
     function once (for ``rep`` ms), then the median of its rounds. A host's speed can drift
     during a bench (launched times have moved by up to 3x between runs of the same code), and launched

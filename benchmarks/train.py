@@ -72,15 +72,16 @@ class EagerComiRecSA(InterestModel):
         return self.embeddings.weight
 
 
-def python_batch(indptr: np.ndarray, items: np.ndarray, users: np.ndarray, batch: int, max_len: int,
-                 rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def python_batch(
+    indptr: np.ndarray, items: np.ndarray, users: np.ndarray, batch: int, max_len: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """ComiRec's DataIterator: one Python iteration per sample."""
     seqs, lens, targets = [], [], []
     for _ in range(batch):
         u = users[rng.integers(len(users))]
-        clicks = items[indptr[u]: indptr[u + 1]].tolist()
+        clicks = items[indptr[u] : indptr[u + 1]].tolist()
         k = int(rng.integers(4, len(clicks)))
-        hist = clicks[max(0, k - max_len): k]
+        hist = clicks[max(0, k - max_len) : k]
         targets.append(clicks[k])
         lens.append(len(hist))
         seqs.append(hist + [0] * (max_len - len(hist)))
@@ -139,8 +140,9 @@ def _experiment(cfg: Config) -> Experiment:
     return build_experiment(cfg)
 
 
-def _time_ours(exp: Experiment, steps: int, device: torch.device,
-               prebuilt: list | None, cuda_graph: bool = False) -> tuple[float, InterestModel]:
+def _time_ours(
+    exp: Experiment, steps: int, device: torch.device, prebuilt: list | None, cuda_graph: bool = False
+) -> tuple[float, InterestModel]:
     cfg, split = exp.cfg, exp.split
     cfg.train.cuda_graph = cuda_graph
     model = copy.deepcopy(exp.model).to(device)
@@ -155,8 +157,9 @@ def _time_ours(exp: Experiment, steps: int, device: torch.device,
     return _samples_per_s(step, batch, steps, cfg.train.batch_size, device), model
 
 
-def _time_eager(cfg: Config, split, num_items: int, steps: int, device: torch.device,
-                prebuilt: list | None) -> tuple[float, InterestModel]:
+def _time_eager(
+    cfg: Config, split, num_items: int, steps: int, device: torch.device, prebuilt: list | None
+) -> tuple[float, InterestModel]:
     torch.manual_seed(0)
     model = EagerComiRecSA(num_items, cfg.model.dim, cfg.model.num_interests, cfg.data.max_len).to(device)
     step = EagerStep(model, num_items, 10 * cfg.train.batch_size, cfg.train.lr, device)
@@ -188,8 +191,13 @@ def grid(device: torch.device, steps: int, data: str | None) -> list[tuple]:
 
 
 def _config(data: str | None, batch: int, max_len: int) -> Config:
-    overrides = [f"train.batch_size={batch}", f"data.max_len={max_len}", "model.dim=64", "model.num_interests=4",
-                 "train.lr=0.001"]
+    overrides = [
+        f"train.batch_size={batch}",
+        f"data.max_len={max_len}",
+        "model.dim=64",
+        "model.num_interests=4",
+        "train.lr=0.001",
+    ]
     if data:
         overrides += [f"data.source={data}", "data.format=auto"]
     return load_config(None, overrides)
@@ -211,8 +219,11 @@ def compare(device: torch.device, steps: int, data: str | None) -> None:
         model.eval()
         metrics = evaluate(model, split.valid, topn=(50,), backend="torch" if device.type == "cuda" else "auto")
         results[name] = (end_to_end, step_only, metrics["recall@50"])
-        print(f"compare {name:10s} end-to-end {end_to_end:12,.0f} samples/s  step only {step_only:12,.0f}  "
-              f"valid recall@50 after {steps + 5} steps {metrics['recall@50']:.4f}", flush=True)
+        print(
+            f"compare {name:10s} end-to-end {end_to_end:12,.0f} samples/s  step only {step_only:12,.0f}  "
+            f"valid recall@50 after {steps + 5} steps {metrics['recall@50']:.4f}",
+            flush=True,
+        )
     base = results["eager port"]
     print("\n| path | samples/s end to end | samples/s step only | valid Recall@50 | ratio to port (e2e / step) |")
     print("|---|---:|---:|---:|---:|")
@@ -222,8 +233,11 @@ def compare(device: torch.device, steps: int, data: str | None) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", default="../shared/data/taobao/sequences.txt",
-                    help="dataset for both parts ('synthetic' for the built-in data)")
+    ap.add_argument(
+        "--data",
+        default="../shared/data/taobao/sequences.txt",
+        help="dataset for both parts ('synthetic' for the built-in data)",
+    )
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--part", choices=("grid", "compare", "both"), default="both")
     args = ap.parse_args()

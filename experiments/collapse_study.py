@@ -27,9 +27,14 @@ from recsys.run import RunDir
 
 from reproduce_comirec import _device_label, report, run_one  # same folder: the shared train-and-test step
 
-HEALTH = (("mi_eff_clicks", "eff. clicks"), ("mi_eff_clicks_min", "min eff."),
-          ("mi_readout_share_min", "min share"), ("mi_cosine", "cosine"), ("mi_planted_recovery", "planted"),
-          ("mi_planted_recovery_of_present", "of present"))
+HEALTH = (
+    ("mi_eff_clicks", "eff. clicks"),
+    ("mi_eff_clicks_min", "min eff."),
+    ("mi_readout_share_min", "min share"),
+    ("mi_cosine", "cosine"),
+    ("mi_planted_recovery", "planted"),
+    ("mi_planted_recovery_of_present", "of present"),
+)
 
 
 def best_health(run_dir: str, best_step: int) -> dict[str, float]:
@@ -56,16 +61,20 @@ def main() -> None:
         jobs.append((label, names[-1] if names else args.model, args.overrides + extra))
     t0 = time.perf_counter()
     with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {label: pool.submit(run_one, args.data, model, overrides, args.output_dir, label)
-                   for label, model, overrides in jobs}
+        futures = {
+            label: pool.submit(run_one, args.data, model, overrides, args.output_dir, label)
+            for label, model, overrides in jobs
+        }
         results = {label: f.result() for label, f in futures.items()}
 
-    head = ["variant", "Recall@50", "NDCG@50", "HitRate@50", *(name for _, name in HEALTH), "steps (best)",
-            "samples/s"]
-    lines = [f"\n### Interest collapse study on {args.data} ({time.strftime('%Y-%m-%d')}, "
-             f"{_device_label(args.overrides)}, {time.perf_counter() - t0:.0f} s)\n",
-             f"Command: `python {' '.join(sys.argv)}`\n",
-             "| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    head = ["variant", "Recall@50", "NDCG@50", "HitRate@50", *(name for _, name in HEALTH), "steps (best)", "samples/s"]
+    lines = [
+        f"\n### Interest collapse study on {args.data} ({time.strftime('%Y-%m-%d')}, "
+        f"{_device_label(args.overrides)}, {time.perf_counter() - t0:.0f} s)\n",
+        f"Command: `python {' '.join(sys.argv)}`\n",
+        "| " + " | ".join(head) + " |",
+        "|---|" + "---:|" * (len(head) - 1),
+    ]
     for label, (metrics, info) in results.items():
         health = best_health(info["run_dir"], info["best_step"])
         cells = [f"{metrics[k]:.4f}" for k in ("recall@50", "ndcg@50", "hitrate@50")]

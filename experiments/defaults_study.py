@@ -34,8 +34,19 @@ KEY = "recall@50"
 
 def run_one(path: str, model: str, overrides: list[str], output_dir: Path, log: Path) -> dict:
     """``recsys train --data path --model model`` with ``overrides``; its test metrics and steps."""
-    cmd = [sys.executable, "-m", "recsys", "train", "--quiet", "--data", path, "--model", model,
-           "--set", f"output_dir={output_dir}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "recsys",
+        "train",
+        "--quiet",
+        "--data",
+        path,
+        "--model",
+        model,
+        "--set",
+        f"output_dir={output_dir}",
+    ]
     for o in overrides:
         cmd += ["--set", o]
     t0 = time.perf_counter()
@@ -50,8 +61,13 @@ def run_one(path: str, model: str, overrides: list[str], output_dir: Path, log: 
     rd = RunDir(run_dir)
     valid = [r for r in rd.read_metrics() if r.get("split") == "valid"]
     best = max(valid, key=lambda r: r[KEY]) if valid else {"step": 0}
-    return {"test": rd.read_test_metrics(), "steps": valid[-1]["step"] if valid else 0, "best_step": best["step"],
-            "wall_s": wall, "capped": "max_minutes" in text}
+    return {
+        "test": rd.read_test_metrics(),
+        "steps": valid[-1]["step"] if valid else 0,
+        "best_step": best["step"],
+        "wall_s": wall,
+        "capped": "max_minutes" in text,
+    }
 
 
 def main() -> None:
@@ -71,18 +87,34 @@ def main() -> None:
     models = args.models.split(",")
     logs, out = Path(args.logs), Path(args.output_dir)
     logs.mkdir(parents=True, exist_ok=True)
-    jobs = [(data, model, label) for data in datasets for model in models for label in variants
-            if model != "popular" or label == DEFAULTS]
+    jobs = [
+        (data, model, label)
+        for data in datasets
+        for model in models
+        for label in variants
+        if model != "popular" or label == DEFAULTS
+    ]
     # the longest datasets first, so that the pool's tail is short runs
     jobs.sort(key=lambda j: list(datasets).index(j[0]))
     t0 = time.perf_counter()
     with ThreadPoolExecutor(args.jobs) as pool:
-        futures = {j: pool.submit(run_one, datasets[j[0]], j[1], args.common + variants[j[2]], out / j[0],
-                                  logs / f"{j[0]}_{j[1]}_{j[2].replace(' ', '_')}.log") for j in jobs}
+        futures = {
+            j: pool.submit(
+                run_one,
+                datasets[j[0]],
+                j[1],
+                args.common + variants[j[2]],
+                out / j[0],
+                logs / f"{j[0]}_{j[1]}_{j[2].replace(' ', '_')}.log",
+            )
+            for j in jobs
+        }
         results = {j: f.result() for j, f in futures.items()}
 
-    lines = [f"\n### Defaults study ({time.strftime('%Y-%m-%d')}, {time.perf_counter() - t0:.0f} s)\n",
-             f"Command: `python {' '.join(sys.argv)}`\n"]
+    lines = [
+        f"\n### Defaults study ({time.strftime('%Y-%m-%d')}, {time.perf_counter() - t0:.0f} s)\n",
+        f"Command: `python {' '.join(sys.argv)}`\n",
+    ]
     for data in datasets:
         head = ["model", *variants, "defaults / best", "steps (best) at defaults"]
         lines += [f"\n**{data}** (test {KEY})\n", "| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]

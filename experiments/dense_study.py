@@ -26,8 +26,14 @@ from pathlib import Path
 def _parse(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", action="append", required=True, help="NAME=PATH (repeatable)")
-    ap.add_argument("--variant", nargs="+", action="append", default=[], metavar=("LABEL", "KEY=VALUE"),
-                    help="a label and its --set overrides (repeatable)")
+    ap.add_argument(
+        "--variant",
+        nargs="+",
+        action="append",
+        default=[],
+        metavar=("LABEL", "KEY=VALUE"),
+        help="a label and its --set overrides (repeatable)",
+    )
     ap.add_argument("--reference", help="path of the reference script, run beside the variants")
     ap.add_argument("--minutes", type=float, default=3.0)
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
@@ -42,8 +48,10 @@ def _ours(label: str, overrides: list[str], path: str, a: argparse.Namespace, lo
     return [sys.executable, "-m", "recsys", "train", *[x for s in sets for x in ("--set", s)]]
 
 
-_OURS_METRICS = re.compile(r"test metrics \((?P<model>[^,]+), best step (?P<best>\d+), (?P<wall>\d+)s, "
-                           r"(?P<sps>[\d,]+) samples/s, (?P<tps>[\d,]+) targets/s\)")
+_OURS_METRICS = re.compile(
+    r"test metrics \((?P<model>[^,]+), best step (?P<best>\d+), (?P<wall>\d+)s, "
+    r"(?P<sps>[\d,]+) samples/s, (?P<tps>[\d,]+) targets/s\)"
+)
 _STEPS = re.compile(r"step (\d+)/")
 
 
@@ -59,9 +67,15 @@ def _read_ours(text: str) -> dict:
             row = [c.strip() for c in line.strip("|").split("|")]
     metrics = dict(zip(header or [], row or []))
     steps = _STEPS.findall(text)
-    return {"recall@20": float(metrics.get("Recall@20", "nan")), "recall@50": float(metrics.get("Recall@50", "nan")),
-            "best": int(m["best"]), "steps": int(steps[-1]) if steps else 0, "wall": int(m["wall"]),
-            "samples/s": float(m["sps"].replace(",", "")), "targets/s": float(m["tps"].replace(",", ""))}
+    return {
+        "recall@20": float(metrics.get("Recall@20", "nan")),
+        "recall@50": float(metrics.get("Recall@50", "nan")),
+        "best": int(m["best"]),
+        "steps": int(steps[-1]) if steps else 0,
+        "wall": int(m["wall"]),
+        "samples/s": float(m["sps"].replace(",", "")),
+        "targets/s": float(m["tps"].replace(",", "")),
+    }
 
 
 def _read_reference(text: str) -> dict:
@@ -70,9 +84,15 @@ def _read_reference(text: str) -> dict:
         if len(parts) >= 8 and parts[1] == "sasrec_ce_allpos":
             best, steps = re.match(r"best (\d+)/(\d+)", parts[5]).groups()
             sps = float(parts[7].split()[0].replace(",", ""))
-            return {"recall@20": float(parts[2]), "recall@50": float(parts[3]), "best": int(best),
-                    "steps": int(steps), "wall": int(parts[6].rstrip("s")), "samples/s": sps,
-                    "targets/s": float("nan")}
+            return {
+                "recall@20": float(parts[2]),
+                "recall@50": float(parts[3]),
+                "best": int(best),
+                "steps": int(steps),
+                "wall": int(parts[6].rstrip("s")),
+                "samples/s": sps,
+                "targets/s": float("nan"),
+            }
     return {}
 
 
@@ -84,8 +104,9 @@ def main(argv: list[str] | None = None) -> None:
     for item in a.data:
         name, path = item.split("=", 1)
         if a.reference:
-            jobs.append((name, "reference", [sys.executable, a.reference, path, "--minutes", str(a.minutes)],
-                         _read_reference))
+            jobs.append(
+                (name, "reference", [sys.executable, a.reference, path, "--minutes", str(a.minutes)], _read_reference)
+            )
         for label, *overrides in a.variant:
             jobs.append((name, label, _ours(label, overrides, path, a, logs), _read_ours))
 
@@ -96,8 +117,9 @@ def main(argv: list[str] | None = None) -> None:
         with open(log, "w") as f:
             f.write(" ".join(cmd) + "\n")
             f.flush()
-            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT,
-                                env={**os.environ, "OMP_NUM_THREADS": "1"}).returncode
+            rc = subprocess.run(
+                cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}
+            ).returncode
         row = read(log.read_text())
         print(f"done {name} / {label}: rc {rc}, {time.time() - start:.0f}s, {row.get('recall@50')}", flush=True)
         return {"data": name, "variant": label, "rc": rc, **row}
@@ -105,15 +127,19 @@ def main(argv: list[str] | None = None) -> None:
     with ThreadPoolExecutor(a.jobs) as pool:
         rows = list(pool.map(run, jobs))
     ref = {r["data"]: r.get("recall@50") for r in rows if r["variant"] == "reference"}
-    lines = ["| data | variant | test R@50 | × ref | R@20 | best/steps | wall s | samples/s | targets/s |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| data | variant | test R@50 | × ref | R@20 | best/steps | wall s | samples/s | targets/s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         if "recall@50" not in r:
             lines.append(f"| {r['data']} | {r['variant']} | failed (rc {r['rc']}) | | | | | | |")
             continue
         ratio = r["recall@50"] / ref[r["data"]] if ref.get(r["data"]) else float("nan")
-        lines.append(f"| {r['data']} | {r['variant']} | {r['recall@50']:.4f} | {ratio:.3f} | {r['recall@20']:.4f} | "
-                     f"{r['best']}/{r['steps']} | {r['wall']} | {r['samples/s']:,.0f} | {r['targets/s']:,.0f} |")
+        lines.append(
+            f"| {r['data']} | {r['variant']} | {r['recall@50']:.4f} | {ratio:.3f} | {r['recall@20']:.4f} | "
+            f"{r['best']}/{r['steps']} | {r['wall']} | {r['samples/s']:,.0f} | {r['targets/s']:,.0f} |"
+        )
     table = "\n".join(lines)
     print(table)
     if a.results:

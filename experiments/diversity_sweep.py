@@ -34,8 +34,10 @@ DATA = REPO.parent / "shared" / "data"
 LAMBDAS = [0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0]
 DATASETS = {
     "ml-100k": (["experiments/configs/data/ml-100k.toml"], []),
-    "comirec-book-sample": (["experiments/configs/data/comirec-book-sample.toml"],
-                            ["data.min_item_count=0", "data.min_user_count=0"]),
+    "comirec-book-sample": (
+        ["experiments/configs/data/comirec-book-sample.toml"],
+        ["data.min_item_count=0", "data.min_user_count=0"],
+    ),
 }
 
 
@@ -56,10 +58,17 @@ def train_quick(name: str, steps: int, work: Path) -> Path:
     run_dir = work / f"comirec_sa-{name}-{steps}"
     if trained(run_dir):
         return run_dir
-    cfg = load_config([REPO / c for c in configs], overrides + [
-        f"train.max_steps={steps}", f"train.eval_every={max(steps // 4, 1)}", "model.backend=torch",
-        f"output_dir={work}", f"name={run_dir.name}",
-    ])
+    cfg = load_config(
+        [REPO / c for c in configs],
+        overrides
+        + [
+            f"train.max_steps={steps}",
+            f"train.eval_every={max(steps // 4, 1)}",
+            "model.backend=torch",
+            f"output_dir={work}",
+            f"name={run_dir.name}",
+        ],
+    )
     cfg.data.source = str(REPO / cfg.data.source) if not Path(cfg.data.source).is_absolute() else cfg.data.source
     if cfg.data.categories:
         cfg.data.categories = str(REPO / cfg.data.categories)
@@ -76,10 +85,17 @@ def sweep(run_dir: Path, lambdas: list[float], n: int) -> list[dict[str, float]]
         raise SystemExit(f"{run_dir}: the dataset has no item categories; diversity is undefined")
     rows = []
     for lam in lambdas:
-        m = evaluate(run.model, run.split.test, topn=(n,), item_category=run.dataset.item_category,
-                     diversity_lambda=lam, backend="faiss")
-        rows.append({"lambda": lam, **{k.split("@")[0]: v for k, v in m.items() if k.endswith(f"@{n}")},
-                     "users": m["users"]})
+        m = evaluate(
+            run.model,
+            run.split.test,
+            topn=(n,),
+            item_category=run.dataset.item_category,
+            diversity_lambda=lam,
+            backend="faiss",
+        )
+        rows.append(
+            {"lambda": lam, **{k.split("@")[0]: v for k, v in m.items() if k.endswith(f"@{n}")}, "users": m["users"]}
+        )
     return rows
 
 
@@ -95,8 +111,9 @@ def plot(results: dict[str, list[dict[str, float]]], n: int, path: Path) -> None
     for ax, (name, rows) in zip(axes[0], results.items()):  # one panel per run: recall scales differ
         ax.plot([r["diversity"] for r in rows], [r["recall"] for r in rows], marker="o")
         for r in rows:
-            ax.annotate(f"{r['lambda']:g}", (r["diversity"], r["recall"]), fontsize=7,
-                        textcoords="offset points", xytext=(3, 3))
+            ax.annotate(
+                f"{r['lambda']:g}", (r["diversity"], r["recall"]), fontsize=7, textcoords="offset points", xytext=(3, 3)
+            )
         ax.set_xlabel(f"diversity@{n} (pairs in different categories)")
         ax.set_ylabel(f"recall@{n}")
         ax.set_title(name, fontsize=10)
@@ -131,8 +148,10 @@ def main() -> None:
         print(f"| λ | Recall@{args.n} | NDCG@{args.n} | HitRate@{args.n} | Diversity@{args.n} | Coverage@{args.n} |")
         print("|---:|---:|---:|---:|---:|---:|")
         for r in rows:
-            print(f"| {r['lambda']:g} | {r['recall']:.4f} | {r['ndcg']:.4f} | {r['hitrate']:.4f} | "
-                  f"{r['diversity']:.4f} | {r['coverage']:.4f} |")
+            print(
+                f"| {r['lambda']:g} | {r['recall']:.4f} | {r['ndcg']:.4f} | {r['hitrate']:.4f} | "
+                f"{r['diversity']:.4f} | {r['coverage']:.4f} |"
+            )
     plot(results, args.n, Path(args.png))
     print(f"\nplot written to {args.png}")
 

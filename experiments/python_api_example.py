@@ -23,8 +23,7 @@ def example_clicks() -> pd.DataFrame:
     """A click table: one row per click, columns user, item, time (any sortable number)."""
     cfg = recsys.load_config(None, ["synthetic.num_users=2000", "synthetic.num_items=500"])
     df = generate(cfg.synthetic)
-    return pd.DataFrame({"user": df["user"].astype(str), "item": "i" + df["item"].astype(str),
-                         "time": df["time"]})
+    return pd.DataFrame({"user": df["user"].astype(str), "item": "i" + df["item"].astype(str), "time": df["time"]})
 
 
 def main() -> None:
@@ -36,10 +35,17 @@ def main() -> None:
     clicks = example_clicks()
     print(clicks.head(3), f"\n{len(clicks):,} clicks\n")
 
-    run = recsys.fit(clicks, overrides={
-        "model.name": "comirec_sa", "model.num_interests": 4, "train.max_steps": args.steps,
-        "train.eval_every": max(args.steps // 3, 1), "output_dir": args.out,
-    }, log=None)
+    run = recsys.fit(
+        clicks,
+        overrides={
+            "model.name": "comirec_sa",
+            "model.num_interests": 4,
+            "train.max_steps": args.steps,
+            "train.eval_every": max(args.steps // 3, 1),
+            "output_dir": args.out,
+        },
+        log=None,
+    )
     print(run)
     print("test metrics:", {k: round(v, 4) for k, v in run.evaluate().items() if k.endswith("@50")})
 
@@ -51,8 +57,10 @@ def main() -> None:
     item_ids, item_emb = run.item_embeddings()  # [N] raw ids, [N, d]
     scores = (interests[0] @ item_emb.T).max(axis=0)  # each item scored by its best interest
     top = run.recommend(sequences=[["i3", "i17", "i42"]], n=1, exclude_seen=False)["item"].iloc[0]
-    print(f"interests {interests.shape}, items {item_emb.shape}; best item by hand {item_ids[scores.argmax()]}, "
-          f"by recommend(exclude_seen=False) {top}")
+    print(
+        f"interests {interests.shape}, items {item_emb.shape}; best item by hand {item_ids[scores.argmax()]}, "
+        f"by recommend(exclude_seen=False) {top}"
+    )
 
     report = run.index("HNSW32,Flat")  # saved in the run directory; recommend() now uses it
     print(f"HNSW recall@50 vs exact: {report.recall:.3f}")

@@ -37,19 +37,30 @@ CONFIGS = Path(__file__).parent / "configs"
 
 def run_one(data: str, model: str, overrides: list[str], output_dir: str, label: str) -> tuple[dict, dict]:
     """Train and test one model; returns (test metrics, run info)."""
-    cfg = load_config([CONFIGS / "data" / f"{data}.toml", CONFIGS / "models" / f"{model}.toml"],
-                      overrides + [f"output_dir={output_dir}"])
+    cfg = load_config(
+        [CONFIGS / "data" / f"{data}.toml", CONFIGS / "models" / f"{model}.toml"],
+        overrides + [f"output_dir={output_dir}"],
+    )
     t0 = time.perf_counter()
+
     def log(line: str) -> None:
         if line.startswith(("valid", "stopped", "early", "training step: eager")):
             print(f"  [{label}] {line}", flush=True)
 
     result = train(cfg, log=log)
-    info = {"steps": result.steps, "best_step": result.best_step, "wall_s": time.perf_counter() - t0,
-            "samples_per_s": result.samples_per_s, "run_dir": result.run_dir,
-            "launch": "CUDA graph" if result.cuda_graph else "eager"}
-    print(f"{label}: test recall@50 {result.test_metrics['recall@50']:.4f}  ({info['wall_s']:.0f}s, "
-          f"{info['samples_per_s']:,.0f} samples/s, best step {info['best_step']}/{info['steps']})", flush=True)
+    info = {
+        "steps": result.steps,
+        "best_step": result.best_step,
+        "wall_s": time.perf_counter() - t0,
+        "samples_per_s": result.samples_per_s,
+        "run_dir": result.run_dir,
+        "launch": "CUDA graph" if result.cuda_graph else "eager",
+    }
+    print(
+        f"{label}: test recall@50 {result.test_metrics['recall@50']:.4f}  ({info['wall_s']:.0f}s, "
+        f"{info['samples_per_s']:,.0f} samples/s, best step {info['best_step']}/{info['steps']})",
+        flush=True,
+    )
     return result.test_metrics, info
 
 
@@ -77,8 +88,10 @@ def main() -> None:
     sweep = [k for k in (1, 2, 4, 8) if not (k == 4 and reuse_k4)] if args.k_sweep else []
     jobs += [("comirec_sa", args.overrides + [f"model.num_interests={k}"], f"comirec_sa K={k}") for k in sweep]
     with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(run_one, args.data, model, overrides, args.output_dir, label)
-                   for model, overrides, label in jobs]
+        futures = [
+            pool.submit(run_one, args.data, model, overrides, args.output_dir, label)
+            for model, overrides, label in jobs
+        ]
         results = {label: f.result() for (_, _, label), f in zip(jobs, futures)}
     infos = {label: info for label, (_, info) in results.items()}
     table = {label: m for label, (m, _) in results.items() if not label.startswith("comirec_sa K=")}
@@ -86,15 +99,20 @@ def main() -> None:
         results["comirec_sa K=4"] = results["comirec_sa"]
     k_table = {f"comirec_sa K={k}": results[f"comirec_sa K={k}"][0] for k in (1, 2, 4, 8)} if args.k_sweep else {}
 
-    lines = [f"\n### ComiRec comparison on {args.data} ({time.strftime('%Y-%m-%d')}, {platform.node()}, "
-             f"{_device_label(args.overrides)})\n", f"Command: `python {' '.join(sys.argv)}`\n", format_table(table),
-             ""]
+    lines = [
+        f"\n### ComiRec comparison on {args.data} ({time.strftime('%Y-%m-%d')}, {platform.node()}, "
+        f"{_device_label(args.overrides)})\n",
+        f"Command: `python {' '.join(sys.argv)}`\n",
+        format_table(table),
+        "",
+    ]
     if k_table:
         lines += ["K sensitivity (comirec_sa):\n", format_table(k_table), ""]
     lines += ["| run | steps (best) | wall s | samples/s | launches |", "|---|---:|---:|---:|---|"]
-    lines += [f"| {k} | {v['steps']} ({v['best_step']}) | {v['wall_s']:.0f} | {v['samples_per_s']:,.0f} "
-              f"| {v['launch']} |"
-              for k, v in infos.items()]
+    lines += [
+        f"| {k} | {v['steps']} ({v['best_step']}) | {v['wall_s']:.0f} | {v['samples_per_s']:,.0f} | {v['launch']} |"
+        for k, v in infos.items()
+    ]
     report(lines, args.results)
 
 

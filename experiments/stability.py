@@ -44,9 +44,18 @@ def main() -> None:
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     args = ap.parse_args()
 
-    base = [f"data.source={args.data}", "data.max_len=50", f"train.lr={args.lr}", f"train.max_steps={args.steps}",
-            "train.batch_size=512", "train.log_every=25", f"train.eval_every={args.steps}", "train.patience=0",
-            f"output_dir={args.output_dir}", *args.overrides]
+    base = [
+        f"data.source={args.data}",
+        "data.max_len=50",
+        f"train.lr={args.lr}",
+        f"train.max_steps={args.steps}",
+        "train.batch_size=512",
+        "train.log_every=25",
+        f"train.eval_every={args.steps}",
+        "train.patience=0",
+        f"output_dir={args.output_dir}",
+        *args.overrides,
+    ]
     curves, rows = {}, []
     for model, variants in VARIANTS.items():
         for label, extra in variants.items():
@@ -58,14 +67,24 @@ def main() -> None:
             curves[name] = records
             losses = [r["loss"] for r in records]
             finite = all(math.isfinite(x) for x in losses)
-            rows.append((name, losses[-1], max(r["grad_norm"] for r in records),
-                         max(r.get("max_attention_logit", float("nan")) for r in records),
-                         records[-1]["log_z"], result.test_metrics.get("recall@50", float("nan")), finite,
-                         time.perf_counter() - t0))
+            rows.append(
+                (
+                    name,
+                    losses[-1],
+                    max(r["grad_norm"] for r in records),
+                    max(r.get("max_attention_logit", float("nan")) for r in records),
+                    records[-1]["log_z"],
+                    result.test_metrics.get("recall@50", float("nan")),
+                    finite,
+                    time.perf_counter() - t0,
+                )
+            )
             print(f"{name}: final loss {losses[-1]:.4f}  test recall@50 {rows[-1][5]:.4f}", flush=True)
 
-    print(f"\n| run (lr {args.lr}, {args.steps} steps) | final loss | max grad norm | max attn logit | "
-          "final log Z | test Recall@50 | finite | wall s |")
+    print(
+        f"\n| run (lr {args.lr}, {args.steps} steps) | final loss | max grad norm | max attn logit | "
+        "final log Z | test Recall@50 | finite | wall s |"
+    )
     print("|---|---:|---:|---:|---:|---:|---|---:|")
     for r in rows:
         print(f"| {r[0]} | {r[1]:.4f} | {r[2]:.2f} | {r[3]:.1f} | {r[4]:.2f} | {r[5]:.4f} | {r[6]} | {r[7]:.0f} |")
@@ -81,8 +100,12 @@ def _plot(curves: dict[str, list[dict]], path: str) -> None:
     except ImportError:
         print("plotting needs matplotlib: pip install 'recsys[plot]'")
         return
-    keys = [("loss", "training loss"), ("grad_norm", "gradient norm (pre-clip)"),
-            ("log_z", "output log-partition (mean log Z)"), ("max_attention_logit", "max attention logit")]
+    keys = [
+        ("loss", "training loss"),
+        ("grad_norm", "gradient norm (pre-clip)"),
+        ("log_z", "output log-partition (mean log Z)"),
+        ("max_attention_logit", "max attention logit"),
+    ]
     fig, axes = plt.subplots(1, 4, figsize=(22, 4.5))
     for ax, (key, title) in zip(axes, keys):
         for name, records in curves.items():

@@ -60,8 +60,10 @@ class Run:
 
     def __repr__(self) -> str:
         ds = self.dataset
-        return (f"Run({str(self.path)!r}, model={self.config.model.name!r}, users={ds.num_users:,}, "
-                f"items={ds.num_items - 1:,})")
+        return (
+            f"Run({str(self.path)!r}, model={self.config.model.name!r}, users={ds.num_users:,}, "
+            f"items={ds.num_items - 1:,})"
+        )
 
     @property
     def path(self) -> Path:
@@ -84,8 +86,9 @@ class Run:
         return self._run.model
 
     # -- evaluation -----------------------------------------------------------------------
-    def evaluate(self, split: str = "test", *, diversity_lambda: float | None = None,
-                 progress: bool = False) -> dict[str, float]:
+    def evaluate(
+        self, split: str = "test", *, diversity_lambda: float | None = None, progress: bool = False
+    ) -> dict[str, float]:
         """ComiRec-protocol metrics on the run's ``test`` (or ``valid``) users:
         ``{"recall@20", "ndcg@20", "hitrate@20", "coverage@20", ..., "users"}`` (and
         ``diversity@n`` with categories). ``diversity_lambda`` overrides ``eval.diversity_lambda``."""
@@ -95,8 +98,9 @@ class Run:
             cfg = copy.deepcopy(cfg)
             cfg.eval.diversity_lambda = diversity_lambda
         eval_set = self.eval_set(split)
-        return evaluate_with_config(self.model, eval_set, cfg, item_category=self.dataset.item_category,
-                                    progress=progress)
+        return evaluate_with_config(
+            self.model, eval_set, cfg, item_category=self.dataset.item_category, progress=progress
+        )
 
     def health(self, split: str = "test", *, max_users: int = 2048) -> dict[str, float]:
         """Multi-interest health on the first ``max_users`` ``test`` (or ``valid``) users:
@@ -105,8 +109,9 @@ class Run:
         eval_set = self.eval_set(split)
         ds = self.dataset
         planted = planted_for(self.config, ds.user_raw[eval_set.users[:max_users]], ds.category_raw)
-        return interest_health(self.model, eval_set, max_users=max_users, item_category=ds.item_category,
-                               planted=planted)
+        return interest_health(
+            self.model, eval_set, max_users=max_users, item_category=ds.item_category, planted=planted
+        )
 
     def draw_interests(self, path: str | Path, split: str = "test", *, users: int = 4) -> Path:
         """PNG ``path``: for ``users`` ``test`` (or ``valid``) users, each interest's attention over
@@ -115,8 +120,14 @@ class Run:
         from recsys.plots import draw_interests
 
         k = int(getattr(self.model, "num_interests", 1))
-        return draw_interests(self.model, self.dataset, self.eval_set(split), path, users=users,
-                              title=f"{self.path.name}: {self.config.model.name}, K = {k}")
+        return draw_interests(
+            self.model,
+            self.dataset,
+            self.eval_set(split),
+            path,
+            users=users,
+            title=f"{self.path.name}: {self.config.model.name}, K = {k}",
+        )
 
     def eval_set(self, split: str = "test") -> EvalSet:
         """The run's ``test`` or ``valid`` users: inputs ``[U, L]``, lengths ``[U]``, truth (ComiRec's split)."""
@@ -153,13 +164,19 @@ class Run:
         np.cumsum(np.bincount(rows[keep], minlength=len(sequences)), out=indptr[1:])
         empty = np.flatnonzero(np.diff(indptr) == 0)
         if len(empty):
-            raise ValueError(f"sequences[{empty[0]}]: no item known to the run "
-                             f"({len(empty)} such sequences)")
+            raise ValueError(f"sequences[{empty[0]}]: no item known to the run ({len(empty)} such sequences)")
         return indptr, ids[keep].astype(np.int64)
 
     # -- retrieval ------------------------------------------------------------------------
-    def use_index(self, factory: str | None = None, *, nprobe: int | None = None, ef_search: int | None = None,
-                  log: Log | None = None, progress: bool = False) -> Run:
+    def use_index(
+        self,
+        factory: str | None = None,
+        *,
+        nprobe: int | None = None,
+        ef_search: int | None = None,
+        log: Log | None = None,
+        progress: bool = False,
+    ) -> Run:
         """Make :meth:`recommend` search with ``factory`` (default the run's
         ``retrieval.factory``): the saved index when it matches the weights, else built in
         memory; searched with the saved index's ``nprobe`` / ``ef_search``, or the run's,
@@ -168,15 +185,24 @@ class Run:
         self._recommender = Recommender.of_run(self._run, settings, log=log or (lambda _: None), progress=progress)
         return self
 
-    def index(self, factory: str | None = None, *, nprobe: int | None = None, ef_search: int | None = None,
-              ef_construction: int | None = None, n: int = 50, log: Log | None = None,
-              progress: bool = False) -> IndexReport:
+    def index(
+        self,
+        factory: str | None = None,
+        *,
+        nprobe: int | None = None,
+        ef_search: int | None = None,
+        ef_construction: int | None = None,
+        n: int = 50,
+        log: Log | None = None,
+        progress: bool = False,
+    ) -> IndexReport:
         """Build the FAISS index ``factory`` (e.g. ``"HNSW32,Flat"``; default the run's
         ``retrieval.factory``), save it in the run directory, measure its recall@``n`` against
         exact search on the test users, and use it for :meth:`recommend` from now on. Settings
         not given here are the run's ``retrieval`` ones."""
-        settings = retrieval_settings(self._run, factory, nprobe=nprobe, ef_search=ef_search,
-                                      ef_construction=ef_construction, saved=False)
+        settings = retrieval_settings(
+            self._run, factory, nprobe=nprobe, ef_search=ef_search, ef_construction=ef_construction, saved=False
+        )
         log = log or (lambda _: None)
         report = build_run_index(self._run, settings, n=n, log=log, progress=progress)
         self._recommender = Recommender.of_run(self._run, settings, log=log)
@@ -219,8 +245,12 @@ class Run:
             self.use_index()
         rec = self._recommender
         assert rec is not None  # set by use_index
-        options: dict[str, Any] = {"exclude_seen": exclude_seen, "diversity_lambda": diversity_lambda,
-                                   "batch_size": batch_size, "progress": progress}
+        options: dict[str, Any] = {
+            "exclude_seen": exclude_seen,
+            "diversity_lambda": diversity_lambda,
+            "batch_size": batch_size,
+            "progress": progress,
+        }
         if sequences is not None:
             indptr, items = self._encode_sequences(sequences)
             return recommend_table(rec, np.arange(len(indptr) - 1), n, sequences=(indptr, items), **options)
@@ -239,8 +269,9 @@ class Run:
         return export_run(self._run, path if path is not None else self._run.dir.export_dir(format), format)
 
 
-def _resolve_config(config: Config | str | Path | Sequence[str | Path] | None,
-                    overrides: Mapping[str, Any] | Sequence[str] | None) -> Config:
+def _resolve_config(
+    config: Config | str | Path | Sequence[str | Path] | None, overrides: Mapping[str, Any] | Sequence[str] | None
+) -> Config:
     """``config`` (a Config, TOML file(s) or None for the defaults) with ``overrides`` applied:
     a mapping of dotted keys to Python values, or ``section.key=value`` strings as ``--set``
     takes them. Unknown keys and bad values raise :class:`ConfigError` naming the key.
@@ -305,10 +336,11 @@ def evaluate_untrained(cfg: Config, split: str = "test", log: Log = print, progr
         raise ValueError(f"split: {split!r} is not one of {list(SPLITS)}")
     exp = build_experiment(cfg, progress=progress)
     ds, sp = exp.dataset, exp.split
-    log(f"data after filtering: {ds.num_users} users, {ds.num_items - 1} items, {len(ds.items)} clicks; "
-        f"eval users: valid {len(sp.valid.users)}, test {len(sp.test.users)}")
+    log(
+        f"data after filtering: {ds.num_users} users, {ds.num_items - 1} items, {len(ds.items)} clicks; "
+        f"eval users: valid {len(sp.valid.users)}, test {len(sp.test.users)}"
+    )
     if exp.model.trainable:
         raise ValueError(f"model.name: {cfg.model.name!r} must be trained first (recsys train), then evaluate its run")
     eval_set = sp.test if split == "test" else sp.valid
     return evaluate_with_config(exp.model.eval(), eval_set, cfg, item_category=ds.item_category, progress=progress)
-

@@ -32,20 +32,39 @@ EXIT_ERROR = 2
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", action="append", default=[], metavar="FILE",
-                   help="TOML config file; repeatable, later files win (see experiments/configs/)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override one config value; repeatable (e.g. --set model.dim=32)")
+    p.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="TOML config file; repeatable, later files win (see experiments/configs/)",
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one config value; repeatable (e.g. --set model.dim=32)",
+    )
     p.add_argument("--data", help="shortcut for --set data.source=PATH")
     p.add_argument("--model", help="shortcut for --set model.name=NAME")
 
 
 def _add_common_args(p: argparse.ArgumentParser) -> None:
     # SUPPRESS: set only where given, so `recsys data --debug list` and `recsys data list --debug` both work
-    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                   help="show the full traceback of an error (also: RECSYS_DEBUG=1)")
-    p.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,
-                   help="print the resolved config before the command's own output")
+    p.add_argument(
+        "--debug",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="show the full traceback of an error (also: RECSYS_DEBUG=1)",
+    )
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="print the resolved config before the command's own output",
+    )
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -145,8 +164,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg = _config(args)
     result = train(cfg, run_dir=args.resume, resume=bool(args.resume), progress=_progress(args))
     if result.test_metrics:
-        print(f"\ntest metrics ({cfg.model.name}, best step {result.best_step}, "
-              f"{result.wall_s:.0f}s, {result.samples_per_s:,.0f} samples/s, {result.targets_per_s:,.0f} targets/s):")
+        print(
+            f"\ntest metrics ({cfg.model.name}, best step {result.best_step}, "
+            f"{result.wall_s:.0f}s, {result.samples_per_s:,.0f} samples/s, {result.targets_per_s:,.0f} targets/s):"
+        )
         print(format_table({cfg.model.name: result.test_metrics}))
         print(f"run directory: {result.run_dir}")
     return 0
@@ -166,8 +187,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             if getattr(args, option):
                 raise ConfigError(f"--{option}: a saved run is evaluated with its own config; drop --{option}")
         name = Path(args.run).name
-        metrics = Run.load(args.run).evaluate(args.split, diversity_lambda=args.diversity_lambda,
-                                              progress=_progress(args))
+        metrics = Run.load(args.run).evaluate(
+            args.split, diversity_lambda=args.diversity_lambda, progress=_progress(args)
+        )
     else:
         cfg = _config(args)
         if args.diversity_lambda is not None:
@@ -195,9 +217,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     for i in range(k):
         eff, share = health.get(f"mi_eff_clicks_k{i}"), health.get(f"mi_readout_share_k{i}")
         print(f"| {i} | {'–' if eff is None else f'{eff:.2f}'} | {'–' if share is None else f'{share:.3f}'} |")
-    for key, label in (("mi_cosine", "mean pairwise cosine of a user's interests"),
-                       ("mi_planted_recovery", "planted interests recovered"),
-                       ("mi_planted_in_input", "planted interests present in the input")):
+    for key, label in (
+        ("mi_cosine", "mean pairwise cosine of a user's interests"),
+        ("mi_planted_recovery", "planted interests recovered"),
+        ("mi_planted_in_input", "planted interests present in the input"),
+    ):
         if key in health:
             print(f"{label}: {health[key]:.3f}")
     out = run.draw_interests(args.out or f"{run.path.name}-interests.png", args.split, users=args.users)
@@ -211,11 +235,19 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from recsys.tune import read_tune_tables, trials_table, tune
 
     cfg = _config(args)
-    result = tune(cfg, args.out, trials=args.trials, max_minutes=args.max_minutes, jobs=args.jobs,
-                  space=read_tune_tables(args.config))
+    result = tune(
+        cfg,
+        args.out,
+        trials=args.trials,
+        max_minutes=args.max_minutes,
+        jobs=args.jobs,
+        space=read_tune_tables(args.config),
+    )
     print("\n" + trials_table(result))
-    print(f"\nbest: trial {result.best_trial}, valid {result.key} {result.best_valid:.4f}; "
-          f"its config: {result.best_config} (recsys train --config {result.best_config})")
+    print(
+        f"\nbest: trial {result.best_trial}, valid {result.key} {result.best_valid:.4f}; "
+        f"its config: {result.best_config} (recsys train --config {result.best_config})"
+    )
     if result.run_dir:  # else --max-minutes left no time to retrain it (a line said so)
         print(f"test metrics of the best config retrained ({result.run_dir}):")
         print(format_table({cfg.model.name: result.test_metrics}))
@@ -240,13 +272,22 @@ def cmd_index(args: argparse.Namespace) -> int:
     from recsys.api import Run
 
     report = Run.load(args.run, device="cpu").index(
-        args.factory, nprobe=args.nprobe, ef_search=args.ef_search, ef_construction=args.ef_construction,
-        n=args.n, log=print, progress=_progress(args),
+        args.factory,
+        nprobe=args.nprobe,
+        ef_search=args.ef_search,
+        ef_construction=args.ef_construction,
+        n=args.n,
+        log=print,
+        progress=_progress(args),
     )
-    print(f"built {report.factory} over {report.num_items:,} items (d={report.dim}) in {report.build_s:.2f}s "
-          f"-> {report.index_file}")
-    print(f"recall@{report.n} against exact search on {report.users:,} test users: {report.recall:.4f}  "
-          f"({report.ann_users_per_s:,.0f} users/s vs exact {report.exact_users_per_s:,.0f} users/s)")
+    print(
+        f"built {report.factory} over {report.num_items:,} items (d={report.dim}) in {report.build_s:.2f}s "
+        f"-> {report.index_file}"
+    )
+    print(
+        f"recall@{report.n} against exact search on {report.users:,} test users: {report.recall:.4f}  "
+        f"({report.ann_users_per_s:,.0f} users/s vs exact {report.exact_users_per_s:,.0f} users/s)"
+    )
     return 0
 
 
@@ -262,11 +303,18 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     output_format(args.out)  # an unknown suffix or a missing extra fails before any work
     _check_out(args.out)
     raw = None if args.all else read_user_file(args.users)
-    run = Run.load(args.run, device="cpu").use_index(args.factory, nprobe=args.nprobe, ef_search=args.ef_search,
-                                                     log=print, progress=_progress(args))
-    table = run.recommend(users=raw, n=args.n, exclude_seen=args.exclude_seen,
-                          diversity_lambda=args.diversity_lambda, strict=args.strict,
-                          batch_size=args.batch_size, progress=_progress(args))
+    run = Run.load(args.run, device="cpu").use_index(
+        args.factory, nprobe=args.nprobe, ef_search=args.ef_search, log=print, progress=_progress(args)
+    )
+    table = run.recommend(
+        users=raw,
+        n=args.n,
+        exclude_seen=args.exclude_seen,
+        diversity_lambda=args.diversity_lambda,
+        strict=args.strict,
+        batch_size=args.batch_size,
+        progress=_progress(args),
+    )
     unknown = table.attrs.get("unknown_users", [])
     if unknown:
         shown = ", ".join(repr(u) for u in unknown[:10]) + (" ..." if len(unknown) > 10 else "")
@@ -294,17 +342,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     device = resolve_device(args.device, "--device")  # before the run is read
     cfg = _run_config(args.run)
-    overrides = [f"serve.{key}={value}" for key, value in
-                 (("host", args.host), ("port", args.port)) if value is not None] + list(args.overrides)
+    overrides = [
+        f"serve.{key}={value}" for key, value in (("host", args.host), ("port", args.port)) if value is not None
+    ] + list(args.overrides)
     apply_overrides(cfg, overrides)
-    rec = Recommender.from_run(args.run, factory=args.factory, nprobe=args.nprobe, ef_search=args.ef_search,
-                               device=device)
+    rec = Recommender.from_run(
+        args.run, factory=args.factory, nprobe=args.nprobe, ef_search=args.ef_search, device=device
+    )
     run_server(rec, cfg.serve, run=args.run, threads=args.threads, access_log=args.access_log)
     return 0
 
 
-SEARCH_FACTORY = ("(a saved `recsys index` of it is reused; default: the run's most recently saved index, "
-                  "else its retrieval.factory)")
+SEARCH_FACTORY = (
+    "(a saved `recsys index` of it is reused; default: the run's most recently saved index, else its retrieval.factory)"
+)
 
 
 def _add_index_args(p: argparse.ArgumentParser, what: str) -> None:
@@ -332,12 +383,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_data)
     registry_commands = p.add_subparsers(dest="data_command", metavar="{list,fetch}")
     registry_commands.add_parser("list", help="the registered public datasets (data/*.toml)").set_defaults(
-        func=cmd_data_registry)
+        func=cmd_data_registry
+    )
     f = registry_commands.add_parser("fetch", help="download, verify and prepare a registered dataset")
     f.add_argument("name", help="a name from `recsys data list`")
     f.add_argument("--dest", help="data root to use instead of $RECSYS_DATA_DIR / the user cache")
-    f.add_argument("--from", dest="sources", action="append", default=[], metavar="FILE",
-                   help="a file downloaded by hand instead of downloading it; repeatable")
+    f.add_argument(
+        "--from",
+        dest="sources",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a file downloaded by hand instead of downloading it; repeatable",
+    )
     f.add_argument("--force", action="store_true", help="prepare again even if already prepared")
     f.add_argument("--no-progress", action="store_true", help="no download progress bar")
     f.set_defaults(func=cmd_data_registry)
@@ -368,8 +426,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tune", help="search hyperparameters (Optuna), write the best config, retrain and test it")
     _add_config_args(p)
     p.add_argument("--trials", type=int, default=20, help="finished trials the tune should hold (default 20)")
-    p.add_argument("--max-minutes", type=float, default=0.0,
-                   help="wall-clock budget of the tune, the retrain included (default none)")
+    p.add_argument(
+        "--max-minutes",
+        type=float,
+        default=0.0,
+        help="wall-clock budget of the tune, the retrain included (default none)",
+    )
     p.add_argument("--jobs", type=int, default=1, help="trials trained at once, one process each (default 1)")
     p.add_argument("--out", help="tune folder; the same folder again resumes (default OUTPUT_DIR/tune-MODEL-DATA)")
     p.set_defaults(func=cmd_tune)
@@ -393,8 +455,12 @@ def build_parser() -> argparse.ArgumentParser:
     who.add_argument("--all", action="store_true", help="every user of the run's dataset")
     p.add_argument("--n", type=int, default=50, help="items per user (default 50)")
     p.add_argument("--out", required=True, help="output file: .parquet, .csv, .csv.gz or .tsv")
-    p.add_argument("--exclude-seen", action=argparse.BooleanOptionalAction, default=True,
-                   help="never recommend an item the user clicked (default; --no-exclude-seen keeps them)")
+    p.add_argument(
+        "--exclude-seen",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="never recommend an item the user clicked (default; --no-exclude-seen keeps them)",
+    )
     p.add_argument("--diversity-lambda", type=float, default=0.0, help="ComiRec's diversity-controlled pick")
     p.add_argument("--strict", action="store_true", help="fail on unknown user ids instead of skipping them")
     p.add_argument("--batch-size", type=int, default=1024, help="users per model call")
@@ -403,8 +469,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("export", help="export a run's network (ONNX or TorchScript), item embeddings and id map")
     p.add_argument("run", help="run directory (written by recsys train)")
-    p.add_argument("--format", choices=("onnx", "torchscript"), default="onnx",
-                   help="onnx (needs pip install 'recsys[export]') or torchscript (default onnx)")
+    p.add_argument(
+        "--format",
+        choices=("onnx", "torchscript"),
+        default="onnx",
+        help="onnx (needs pip install 'recsys[export]') or torchscript (default onnx)",
+    )
     p.add_argument("--out", help="output folder (default: RUN/export/FORMAT)")
     p.set_defaults(func=cmd_export)
 
@@ -412,8 +482,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_index_args(p, SEARCH_FACTORY)
     p.add_argument("--host", help="bind address (default: serve.host, 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default: serve.port, 8000)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="serve.KEY=VALUE",
-                   help="override a serve setting, e.g. --set serve.fallback_popular=true")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="serve.KEY=VALUE",
+        help="override a serve setting, e.g. --set serve.fallback_popular=true",
+    )
     p.add_argument("--device", default="cpu", help="where the model runs (default cpu)")
     p.add_argument("--threads", type=int, default=1, help="torch/FAISS CPU threads (default 1)")
     p.add_argument("--access-log", action="store_true", help="log every request (slower)")
@@ -423,8 +499,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
-                      file: TextIO | None = None, line: str | None = None) -> None:
+def _one_line_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
     """``warnings.showwarning`` for the CLI: the message only, no Python source line."""
     print(f"recsys: warning: {message}", file=sys.stderr if file is None else file)
 

@@ -258,9 +258,7 @@ def _check_type(key: str, value: Any, hint: Any) -> Any:
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if (hint is int and isinstance(value, bool)) or not isinstance(value, hint):
-        raise ConfigError(
-            f"{key}: expected {hint.__name__}, got {type(value).__name__} {value!r}"
-        )
+        raise ConfigError(f"{key}: expected {hint.__name__}, got {type(value).__name__} {value!r}")
     if hint is float and not math.isfinite(value):
         raise ConfigError(f"{key}: must be a finite number, got {value!r}")
     return value
@@ -350,8 +348,10 @@ def _set_dotted(tree: dict[str, Any], values: Mapping[str, Any]) -> dict[str, An
 
 
 def load_config(
-    paths: str | Path | Sequence[str | Path] | None = None, overrides: list[str] | None = None,
-    *, values: Mapping[str, Any] | None = None,
+    paths: str | Path | Sequence[str | Path] | None = None,
+    overrides: list[str] | None = None,
+    *,
+    values: Mapping[str, Any] | None = None,
 ) -> Config:
     """Defaults, then each TOML file in ``paths`` in order (later files win; a ``[dataset]``
     table, a registry entry's download details, and a ``[tune]`` table, ``recsys tune``'s search
@@ -411,18 +411,47 @@ GRAPH_AUTO = AUTO  # train.cuda_graph: capture where the step can be captured
 GRAPH_MODES = (GRAPH_AUTO, True, False)
 
 _POSITIVE = (
-    "data.max_len", "model.dim", "model.num_interests", "model.num_layers", "model.num_heads",
-    "model.routing_iters", "train.lr", "train.batch_size", "train.max_epochs", "train.log_every", "train.min_target",
-    "eval.batch_size", "synthetic.num_users", "synthetic.num_items",
-    "synthetic.num_categories", "synthetic.interests_per_user", "synthetic.mean_length",
-    "serve.n", "serve.max_n", "serve.max_batch", "serve.batch_workers", "retrieval.nprobe", "retrieval.ef_search",
+    "data.max_len",
+    "model.dim",
+    "model.num_interests",
+    "model.num_layers",
+    "model.num_heads",
+    "model.routing_iters",
+    "train.lr",
+    "train.batch_size",
+    "train.max_epochs",
+    "train.log_every",
+    "train.min_target",
+    "eval.batch_size",
+    "synthetic.num_users",
+    "synthetic.num_items",
+    "synthetic.num_categories",
+    "synthetic.interests_per_user",
+    "synthetic.mean_length",
+    "serve.n",
+    "serve.max_n",
+    "serve.max_batch",
+    "serve.batch_workers",
+    "retrieval.nprobe",
+    "retrieval.ef_search",
     "retrieval.ef_construction",
 )
 _NON_NEGATIVE = (
-    "data.min_item_count", "data.min_user_count", "model.hidden", "model.softcap",
-    "model.dropout", "train.max_steps", "train.eval_every", "train.attention_reg",
-    "train.patience", "train.num_negatives",
-    "train.z_loss", "train.max_minutes", "train.cpu_threads", "train.grad_clip", "eval.diversity_lambda",
+    "data.min_item_count",
+    "data.min_user_count",
+    "model.hidden",
+    "model.softcap",
+    "model.dropout",
+    "train.max_steps",
+    "train.eval_every",
+    "train.attention_reg",
+    "train.patience",
+    "train.num_negatives",
+    "train.z_loss",
+    "train.max_minutes",
+    "train.cpu_threads",
+    "train.grad_clip",
+    "eval.diversity_lambda",
     "synthetic.noise",
 )
 
@@ -452,7 +481,8 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"{path}: must be >= 0, got {_get(cfg, path)!r}")
     if cfg.eval.diversity_lambda > MAX_DIVERSITY_LAMBDA:
         raise ConfigError(
-            f"eval.diversity_lambda: must be <= {MAX_DIVERSITY_LAMBDA:g}, got {cfg.eval.diversity_lambda!r}")
+            f"eval.diversity_lambda: must be <= {MAX_DIVERSITY_LAMBDA:g}, got {cfg.eval.diversity_lambda!r}"
+        )
     if cfg.train.cuda_graph not in GRAPH_MODES:
         raise ConfigError(f'train.cuda_graph: must be true, false or "auto", got {cfg.train.cuda_graph!r}')
     if not 0.0 <= cfg.train.hard_negatives < 1.0:
@@ -461,7 +491,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"train.hard_negative_temperature: must be > 0, got {cfg.train.hard_negative_temperature!r}")
     if cfg.train.hard_negatives and cfg.train.full_softmax:
         raise ConfigError(
-            "train.hard_negatives: has no effect with train.full_softmax = true (no sampling); set it to 0")
+            "train.hard_negatives: has no effect with train.full_softmax = true (no sampling); set it to 0"
+        )
     if not 0.0 <= cfg.model.dropout < 1.0:
         raise ConfigError(f"model.dropout: must be in [0, 1), got {cfg.model.dropout!r}")
     if not 0.0 < cfg.data.eval_input_frac < 1.0:
@@ -477,6 +508,4 @@ def validate(cfg: Config) -> None:
     if not 0 <= cfg.serve.port <= 65535:
         raise ConfigError(f"serve.port: must be in 0..65535, got {cfg.serve.port}")
     if cfg.model.dim % cfg.model.num_heads:
-        raise ConfigError(
-            f"model.num_heads: {cfg.model.num_heads} does not divide model.dim {cfg.model.dim}"
-        )
+        raise ConfigError(f"model.num_heads: {cfg.model.num_heads} does not divide model.dim {cfg.model.dim}")

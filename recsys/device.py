@@ -41,8 +41,9 @@ def resolve_device(choice: str | torch.device, key: str = "device", *, index: in
         raise ConfigError(f"{key}: {str(choice)!r} asks for a GPU, but {why}; use 'auto' or 'cpu'")
     device = device if device.index is not None or index is None else torch.device("cuda", index)
     if device.index is not None and device.index >= torch.cuda.device_count():
-        raise ConfigError(f"{key}: {str(device)!r} asks for GPU {device.index}, but "
-                          f"{torch.cuda.device_count()} are visible")
+        raise ConfigError(
+            f"{key}: {str(device)!r} asks for GPU {device.index}, but {torch.cuda.device_count()} are visible"
+        )
     return device
 
 

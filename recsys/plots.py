@@ -43,8 +43,17 @@ def _label(ds: Dataset, item: int, width: int = 12) -> str:
     return f"{name} ({str(ds.category_raw[cat])[:width]})" if cat else name
 
 
-def draw_interests(model: InterestModel, ds: Dataset, eval_set: EvalSet, path: str | Path, *,
-                   users: int = 4, top: int = 5, min_clicks: int = 4, title: str = "") -> Path:
+def draw_interests(
+    model: InterestModel,
+    ds: Dataset,
+    eval_set: EvalSet,
+    path: str | Path,
+    *,
+    users: int = 4,
+    top: int = 5,
+    min_clicks: int = 4,
+    title: str = "",
+) -> Path:
     """Draw ``users`` evaluation users (the first with at least ``min_clicks`` input clicks) into PNG ``path``.
 
     Left: the attention ``[K, n]`` of each interest over the user's ``n`` input clicks (labelled
@@ -70,8 +79,13 @@ def draw_interests(model: InterestModel, ds: Dataset, eval_set: EvalSet, path: s
             weights = attention_weights(scores, lengths)  # [U, L, K]
             attn, eff = weights.cpu().numpy(), effective_clicks(weights).cpu().numpy()  # [U, K]
     k = interests.shape[1]
-    fig, axes = plt.subplots(len(rows), 2, figsize=(15, 1.2 + 0.45 * k * len(rows) + 0.8 * len(rows)),
-                             gridspec_kw={"width_ratios": [1.3, 1]}, squeeze=False)
+    fig, axes = plt.subplots(
+        len(rows),
+        2,
+        figsize=(15, 1.2 + 0.45 * k * len(rows) + 0.8 * len(rows)),
+        gridspec_kw={"width_ratios": [1.3, 1]},
+        squeeze=False,
+    )
     try:
         has_categories = bool(np.any(np.asarray(ds.item_category) != 0))
         for r, row in enumerate(rows):
@@ -87,8 +101,9 @@ def draw_interests(model: InterestModel, ds: Dataset, eval_set: EvalSet, path: s
             else:
                 heat.text(0.5, 0.5, "no attention over clicks in this model", ha="center", va="center")
                 heat.set_yticks([])
-            labels = [str(ds.category_raw[ds.item_category[i]]) if has_categories else str(ds.item_raw[i])
-                      for i in clicks]
+            labels = [
+                str(ds.category_raw[ds.item_category[i]]) if has_categories else str(ds.item_raw[i]) for i in clicks
+            ]
             heat.set_xticks(range(n), [lbl[:10] for lbl in labels], rotation=90, fontsize=6)
             heat.set_title(f"user {user}: {n} input clicks (oldest left)", fontsize=8, loc="left")
             text.axis("off")
@@ -116,6 +131,7 @@ def draw_curves(runs: Mapping[str, Sequence[Mapping[str, Any]]], path: str | Pat
     """Draw each run's metrics records (``{label: records}``, as ``RunDir.read_metrics`` returns
     them) into PNG ``path``: one panel per curve of :data:`CURVES` that some run has, one line
     per run, against the training step. A run without any of them raises ``ValueError``."""
+
     def points(records: Sequence[Mapping[str, Any]], key: str, split: str) -> tuple[list[int], list[float]]:
         rows = [r for r in records if r.get("split", "train") == split and key in r]
         return [int(r["step"]) for r in rows], [float(r[key]) for r in rows]

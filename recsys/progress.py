@@ -23,5 +23,12 @@ def progress_bar(total: int, desc: str, *, enabled: bool = True, unit: str = "it
 
     Disabled (every call a no-op) unless ``enabled`` and stderr is a terminal.
     """
-    return tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True,
-                disable=None if enabled else True, file=sys.stderr, leave=False)
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit=unit,
+        dynamic_ncols=True,
+        disable=None if enabled else True,
+        file=sys.stderr,
+        leave=False,
+    )

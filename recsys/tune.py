@@ -62,8 +62,16 @@ else:  # pragma: no cover
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["Space", "TuneResult", "default_folder", "default_space", "open_study", "read_tune_tables",
-           "trials_table", "tune"]
+__all__ = [
+    "Space",
+    "TuneResult",
+    "default_folder",
+    "default_space",
+    "open_study",
+    "read_tune_tables",
+    "trials_table",
+    "tune",
+]
 
 Log = Callable[[str], None]
 STUDY = "study.db"
@@ -188,8 +196,9 @@ class Space:
 def _range(key: str, spec: dict[str, Any], where: str) -> Param:
     unknown = set(spec) - {"low", "high", "log", "step"}
     if unknown or not {"low", "high"} <= set(spec):
-        raise ConfigError(f"{where} {key!r}: a range is {{low = ..., high = ..., log = true|false, step = ...}}, "
-                          f"got {spec!r}")
+        raise ConfigError(
+            f"{where} {key!r}: a range is {{low = ..., high = ..., log = true|false, step = ...}}, got {spec!r}"
+        )
     low, high, log, step = spec["low"], spec["high"], spec.get("log", False), spec.get("step")
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high)) or not low < high:
         raise ConfigError(f"{where} {key!r}: need numbers low < high, got {spec!r}")
@@ -209,10 +218,14 @@ def open_study(folder: str | Path, *, seed: int = 0, pruner: optuna.pruners.Base
     optuna = _optuna()
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    storage = optuna.storages.RDBStorage(f"sqlite:///{folder / STUDY}",
-                                         engine_kwargs={"connect_args": {"timeout": 60}})  # several processes
+    storage = optuna.storages.RDBStorage(
+        f"sqlite:///{folder / STUDY}", engine_kwargs={"connect_args": {"timeout": 60}}
+    )  # several processes
     return optuna.create_study(
-        study_name=STUDY_NAME, storage=storage, direction="maximize", load_if_exists=True,
+        study_name=STUDY_NAME,
+        storage=storage,
+        direction="maximize",
+        load_if_exists=True,
         sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=5),
         pruner=pruner or optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1),
     )
@@ -281,8 +294,10 @@ class _Objective:
         result = train(cfg, run_dir=run_dir, log=lambda line: None, on_validate=report)
         if result.out_of_time and cut_by_deadline:
             _requeue(trial.study, trial)
-            raise TrialCut(f"stopped by the tune's max_minutes at step {result.steps} (valid {key} "
-                           f"{result.best_valid:.4f} so far); it runs again first when the tune resumes")
+            raise TrialCut(
+                f"stopped by the tune's max_minutes at step {result.steps} (valid {key} "
+                f"{result.best_valid:.4f} so far); it runs again first when the tune resumes"
+            )
         return result.best_valid
 
 
@@ -316,12 +331,15 @@ def _log_trial(log: Log, trial: optuna.trial.FrozenTrial) -> None:
     """One line for a finished trial (and its error, if it failed)."""
     value = trial.value if trial.value is not None else _last_value(trial)
     error = trial.user_attrs.get("error")
-    log(f"trial {trial.number}: {trial.state.name.lower()}  valid {_fmt(value)}  {_params(trial)}"
-        + (f"\n  {error}" if error else ""))
+    log(
+        f"trial {trial.number}: {trial.state.name.lower()}  valid {_fmt(value)}  {_params(trial)}"
+        + (f"\n  {error}" if error else "")
+    )
 
 
-def _optimize(folder: Path, base: Config, space: Space, trials: int, deadline: float, threads: int, seed: int,
-              log: Log) -> None:
+def _optimize(
+    folder: Path, base: Config, space: Space, trials: int, deadline: float, threads: int, seed: int, log: Log
+) -> None:
     """Run ``trials`` trials, or fewer when the deadline passes."""
     states = _optuna().trial.TrialState
     study = open_study(folder, seed=seed + 1000 * len(open_study(folder).trials))  # fresh proposals on a resume
@@ -332,14 +350,17 @@ def _optimize(folder: Path, base: Config, space: Space, trials: int, deadline: f
             study.stop()  # the base config itself does not train: no trial will
 
     study.optimize(
-        _Objective(folder, base, space, deadline, threads, log), n_trials=trials,
-        timeout=None if deadline == math.inf else max(deadline - time.time(), 0.0), callbacks=[report],
+        _Objective(folder, base, space, deadline, threads, log),
+        n_trials=trials,
+        timeout=None if deadline == math.inf else max(deadline - time.time(), 0.0),
+        callbacks=[report],
         catch=TRIAL_ERRORS,
     )
 
 
-def _run_claimed(folder: Path, base: Config, space: Space, claimed: list[optuna.Trial], deadline: float,
-                 threads: int, log: Log) -> None:
+def _run_claimed(
+    folder: Path, base: Config, space: Space, claimed: list[optuna.Trial], deadline: float, threads: int, log: Log
+) -> None:
     """Train trials already taken from the queue (``study.ask()``) and record their outcome."""
     optuna = _optuna()
     objective = _Objective(folder, base, space, deadline, threads, log)
@@ -373,18 +394,27 @@ def _prepare(folder: Path, base: Config, space: Space, trials: int, log: Log) ->
         study.set_user_attr("space", searched)
     elif saved_space != searched:
         diff = sorted(k for k in searched.keys() | saved_space.keys() if searched.get(k) != saved_space.get(k))
-        raise ConfigError(f"{folder} holds a tune over another search space (differs in {', '.join(diff)}); "
-                          "resume with the same space ([tune] table and recsys version), or tune into another --out")
+        raise ConfigError(
+            f"{folder} holds a tune over another search space (differs in {', '.join(diff)}); "
+            "resume with the same space ([tune] table and recsys version), or tune into another --out"
+        )
     saved = study.user_attrs.get("base_config")
     if saved is None:
         study.set_user_attr("base_config", base.to_dict())
         study.enqueue_trial({}, user_attrs={"base": True})
     elif saved != base.to_dict():
-        diff = [f"{s}.{k}" for s, v in base.to_dict().items() if isinstance(v, dict)
-                for k in v if saved.get(s, {}).get(k) != v[k]]
+        diff = [
+            f"{s}.{k}"
+            for s, v in base.to_dict().items()
+            if isinstance(v, dict)
+            for k in v
+            if saved.get(s, {}).get(k) != v[k]
+        ]
         differs = ", ".join(diff) or "name/output_dir"
-        raise ConfigError(f"{folder} holds a tune of another config (differs in {differs}); "
-                          "resume with the same --config/--set/--data/--model, or tune into another --out")
+        raise ConfigError(
+            f"{folder} holds a tune of another config (differs in {differs}); "
+            "resume with the same --config/--set/--data/--model, or tune into another --out"
+        )
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         log(f"trial {trial.number} was interrupted; it runs again as a new trial")
         study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
@@ -405,8 +435,16 @@ def _only_tune_of(folder: Path) -> Iterator[None]:
         yield
 
 
-def tune(cfg: Config, folder: str | Path | None = None, *, trials: int = 20, max_minutes: float = 0.0,
-         jobs: int = 1, space: Mapping[str, Any] | None = None, log: Log = print) -> TuneResult:
+def tune(
+    cfg: Config,
+    folder: str | Path | None = None,
+    *,
+    trials: int = 20,
+    max_minutes: float = 0.0,
+    jobs: int = 1,
+    space: Mapping[str, Any] | None = None,
+    log: Log = print,
+) -> TuneResult:
     """Search hyperparameters for ``cfg``, write the best config, retrain it and test it.
 
     Args:
@@ -455,8 +493,11 @@ def _tune(cfg: Config, folder: Path, parsed: Space, trials: int, max_minutes: fl
             _optimize(folder, cfg, parsed, shares[0], deadline, 0, cfg.train.seed, log)
     else:
         with concurrent.futures.ProcessPoolExecutor(jobs - 1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = [pool.submit(_work, folder, cfg, parsed, n, deadline, threads, cfg.train.seed + i)
-                       for i, n in enumerate(shares) if i and n]
+            futures = [
+                pool.submit(_work, folder, cfg, parsed, n, deadline, threads, cfg.train.seed + i)
+                for i, n in enumerate(shares)
+                if i and n
+            ]
             _run_claimed(folder, cfg, parsed, claimed, deadline, threads, log)
             if shares[0]:
                 _optimize(folder, cfg, parsed, shares[0], deadline, threads, cfg.train.seed, log)
@@ -470,22 +511,38 @@ def _tune(cfg: Config, folder: Path, parsed: Space, trials: int, max_minutes: fl
     best = max(done, key=_value)
     best_cfg = _absolute_paths(with_values(cfg, best.user_attrs["values"]))
     path = folder / BEST_CONFIG
-    atomic_write_text(path, f"# recsys tune: trial {best.number} of {folder}, valid recall {best.value:.4f}\n"
-                      + best_cfg.to_toml(base=load_config()))
+    atomic_write_text(
+        path,
+        f"# recsys tune: trial {best.number} of {folder}, valid recall {best.value:.4f}\n"
+        + best_cfg.to_toml(base=load_config()),
+    )
     assert best.datetime_complete is not None and best.datetime_start is not None  # a completed trial's
     took = (best.datetime_complete - best.datetime_start).total_seconds()
     run_dir, test = _retrain(path, folder / f"best-{best.number:04d}", deadline, took, log)
-    return TuneResult(folder=folder, trials=study.get_trials(), key=f"recall@{max(cfg.eval.topn)}",
-                      best_trial=best.number, best_valid=_value(best), best_config=path, run_dir=run_dir,
-                      test_metrics=test)
+    return TuneResult(
+        folder=folder,
+        trials=study.get_trials(),
+        key=f"recall@{max(cfg.eval.topn)}",
+        best_trial=best.number,
+        best_valid=_value(best),
+        best_config=path,
+        run_dir=run_dir,
+        test_metrics=test,
+    )
 
 
 def _absolute_paths(cfg: Config) -> Config:
     """``cfg`` with a relative ``data.source`` or ``data.categories`` file made absolute, so the
     written config trains from any folder (``synthetic`` and ``dataset:NAME/...`` stay)."""
-    paths = {f"data.{key}": os.path.abspath(value) for key in ("source", "categories")
-             if (value := getattr(cfg.data, key)) and value != "synthetic" and not value.startswith(SOURCE_PREFIX)
-             and value != IN_MEMORY and not os.path.isabs(value)}
+    paths = {
+        f"data.{key}": os.path.abspath(value)
+        for key in ("source", "categories")
+        if (value := getattr(cfg.data, key))
+        and value != "synthetic"
+        and not value.startswith(SOURCE_PREFIX)
+        and value != IN_MEMORY
+        and not os.path.isabs(value)
+    }
     return with_values(cfg, paths) if paths else cfg
 
 
@@ -500,8 +557,10 @@ def _retrain(config: Path, run_dir: Path, deadline: float, took_s: float, log: L
             shutil.rmtree(run_dir)  # an interrupted retrain
     left = deadline - time.time()
     if left < took_s:
-        log(f"the best config is not retrained: {max(left, 0):.0f}s of the tune's max_minutes are left and its "
-            f"trial took {took_s:.0f}s; `recsys train --config {config}` retrains and tests it")
+        log(
+            f"the best config is not retrained: {max(left, 0):.0f}s of the tune's max_minutes are left and its "
+            f"trial took {took_s:.0f}s; `recsys train --config {config}` retrains and tests it"
+        )
         return "", {}
     cfg = load_config(config)
     _bound_by(cfg, deadline)

@@ -15,10 +15,20 @@ if not torch.cuda.is_available():
 import pytest
 
 TINY_RUN_OVERRIDES = [
-    "synthetic.num_users=400", "synthetic.num_items=200", "synthetic.num_categories=8",
-    "synthetic.interests_per_user=2", "synthetic.mean_length=12", "data.max_len=10",
-    "model.dim=16", "model.num_interests=4", "model.backend=torch", "train.max_steps=20",
-    "train.eval_every=20", "train.batch_size=32", "train.num_negatives=64", "name=tiny",
+    "synthetic.num_users=400",
+    "synthetic.num_items=200",
+    "synthetic.num_categories=8",
+    "synthetic.interests_per_user=2",
+    "synthetic.mean_length=12",
+    "data.max_len=10",
+    "model.dim=16",
+    "model.num_interests=4",
+    "model.backend=torch",
+    "train.max_steps=20",
+    "train.eval_every=20",
+    "train.batch_size=32",
+    "train.num_negatives=64",
+    "name=tiny",
 ]
 
 
@@ -93,8 +103,12 @@ def client(service_app):
 
 
 def pytest_addoption(parser):
-    parser.addoption("--soak", action="store_true", default=False,
-                     help="run the soak tests (10 minutes of mixed traffic against `recsys serve`)")
+    parser.addoption(
+        "--soak",
+        action="store_true",
+        default=False,
+        help="run the soak tests (10 minutes of mixed traffic against `recsys serve`)",
+    )
 
 
 def pytest_collection_modifyitems(config, items):

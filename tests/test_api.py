@@ -16,18 +16,40 @@ from recsys.cli import main
 from recsys.config import load_config
 from recsys.data import generate
 
-FIT = {"data.max_len": 10, "data.category_col": "category", "model.dim": 16, "model.num_interests": 4,
-       "model.backend": "torch", "train.max_steps": 20, "train.eval_every": 20, "train.batch_size": 32,
-       "train.num_negatives": 64}
+FIT = {
+    "data.max_len": 10,
+    "data.category_col": "category",
+    "model.dim": 16,
+    "model.num_interests": 4,
+    "model.backend": "torch",
+    "train.max_steps": 20,
+    "train.eval_every": 20,
+    "train.batch_size": 32,
+    "train.num_negatives": 64,
+}
 
 
 def _clicks() -> pd.DataFrame:
     """~200 items, 400 users of planted synthetic interests, as a plain user/item/time table."""
-    cfg = load_config(None, ["synthetic.num_users=400", "synthetic.num_items=200", "synthetic.num_categories=8",
-                             "synthetic.interests_per_user=2", "synthetic.mean_length=12"])
+    cfg = load_config(
+        None,
+        [
+            "synthetic.num_users=400",
+            "synthetic.num_items=200",
+            "synthetic.num_categories=8",
+            "synthetic.interests_per_user=2",
+            "synthetic.mean_length=12",
+        ],
+    )
     df = generate(cfg.synthetic)
-    return pd.DataFrame({"user": df["user"].astype(str), "item": df["item"].astype(str), "time": df["time"],
-                         "category": df["category"].astype(str)})
+    return pd.DataFrame(
+        {
+            "user": df["user"].astype(str),
+            "item": df["item"].astype(str),
+            "time": df["time"],
+            "category": df["category"].astype(str),
+        }
+    )
 
 
 @pytest.fixture(scope="module", params=["dataframe", "path"])
@@ -100,13 +122,13 @@ def test_recommend_users_sequences_and_all(fitted):
     assert table["item"].isin(run.dataset.item_raw[1:]).all() and table["interest"].between(0, 3).all()
     for user, rows in table.groupby("user"):  # exclude_seen (default): nothing the user clicked
         u = int(np.flatnonzero(run.dataset.user_raw == user)[0])
-        seen = set(run.dataset.item_raw[run.dataset.items[run.dataset.indptr[u]:run.dataset.indptr[u + 1]]])
+        seen = set(run.dataset.item_raw[run.dataset.items[run.dataset.indptr[u] : run.dataset.indptr[u + 1]]])
         assert not seen & set(rows["item"])
         assert (np.diff(rows["score"].to_numpy()) <= 1e-6).all()
 
     # A user's own history as a sequence gives the same recommendations as the user.
     u0 = 0
-    history = list(run.dataset.item_raw[run.dataset.items[run.dataset.indptr[u0]:run.dataset.indptr[u0 + 1]]])
+    history = list(run.dataset.item_raw[run.dataset.items[run.dataset.indptr[u0] : run.dataset.indptr[u0 + 1]]])
     by_seq = run.recommend(sequences=[history], n=5)
     assert list(by_seq["user"]) == [0] * 5
     assert list(by_seq["item"]) == list(table[table["user"] == users[0]]["item"])
@@ -185,8 +207,12 @@ def test_mistyped_run_path_fails_without_creating_it(tmp_path, capsys):
     missing = tmp_path / "runs" / "tyop"
     with pytest.raises(FileNotFoundError, match="tyop"):
         recsys.Run.load(missing)
-    for command in (["evaluate", str(missing)], ["index", str(missing)], ["export", str(missing)],
-                    ["recommend", str(missing), "--all", "--out", str(tmp_path / "r.csv")]):
+    for command in (
+        ["evaluate", str(missing)],
+        ["index", str(missing)],
+        ["export", str(missing)],
+        ["recommend", str(missing), "--all", "--out", str(tmp_path / "r.csv")],
+    ):
         assert main(command) == 2
         assert "tyop" in capsys.readouterr().err
     assert not missing.exists() and not missing.parent.exists()
@@ -224,8 +250,13 @@ def test_python_api_example_script_runs(tmp_path):
 
     script = Path(__file__).parents[1] / "experiments" / "python_api_example.py"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the PyTorch twins on CPU
-    done = subprocess.run([sys.executable, str(script), "--steps", "20", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=300, env=env)
+    done = subprocess.run(
+        [sys.executable, str(script), "--steps", "20", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr
     assert "test metrics" in done.stdout and "HNSW recall@50" in done.stdout
     by_hand_and_recommend = done.stdout.split("best item by hand ")[1]
@@ -263,8 +294,7 @@ def test_api_checks_lambda_and_run_files_like_the_cli(tiny_run, tmp_path):
 def test_fit_with_another_model_resolves_its_automatic_values(tmp_path):
     # the defaults' automatic values are comirec_sa's (score cap 1, soft readout 1000 steps); a mapping that
     # names another model must get that model's (0 and 0), as `--set model.name=mind` does
-    overrides = {**FIT, "model.name": "mind", "train.max_steps": 2, "train.eval_every": 2,
-                 "output_dir": str(tmp_path)}
+    overrides = {**FIT, "model.name": "mind", "train.max_steps": 2, "train.eval_every": 2, "output_dir": str(tmp_path)}
     run = recsys.fit(_clicks(), overrides=overrides, log=None)
     assert (run.config.model.score_cap, run.config.train.soft_readout_steps) == (0.0, 0)
     by_values = load_config(None, values={"model.name": "mind"})

@@ -68,8 +68,10 @@ def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
     """``{module: modules of the package it imports}`` over every ``.py`` file under ``root``."""
     files = {module_name(p, root): p for p in sorted(root.rglob("*.py"))}
     known = set(files)
-    return {name: imported_modules(ast.parse(path.read_text(), str(path)), name, path.name == "__init__.py", known)
-            - {name} for name, path in files.items()}
+    return {
+        name: imported_modules(ast.parse(path.read_text(), str(path)), name, path.name == "__init__.py", known) - {name}
+        for name, path in files.items()
+    }
 
 
 def unit(module: str) -> str:

@@ -50,9 +50,14 @@ def test_flipped_bytes_in_best_pt_are_caught_before_evaluating(run_copy, capsys)
     assert "best.pt: corrupted" in line and "re-train" in line
 
 
-@pytest.mark.parametrize("command", [
-    ["evaluate"], ["index", "--factory", "Flat"], ["recommend", "--all", "--out", "{tmp}/r.csv"],
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["evaluate"],
+        ["index", "--factory", "Flat"],
+        ["recommend", "--all", "--out", "{tmp}/r.csv"],
+    ],
+)
 def test_truncated_best_pt_is_one_line_in_every_command(run_copy, tmp_path, capsys, command):
     """Was: a torch traceback without the file named."""
     _truncate(run_copy / "best.pt")
@@ -189,8 +194,23 @@ def test_a_run_killed_before_its_first_checkpoint_can_be_started_again(tmp_path,
     killed.append_metrics({"step": 10, "loss": 4.0})
     assert main(["train", "--resume", str(killed.path)]) == 2
     assert "with the same name, it replaces this folder" in _error_line(capsys)
-    assert main(["train", *TINY_DATA, "--set", "train.max_steps=10", "--set", "train.eval_every=10",
-                 "--set", f"output_dir={tmp_path}", "--set", "name=tiny"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                *TINY_DATA,
+                "--set",
+                "train.max_steps=10",
+                "--set",
+                "train.eval_every=10",
+                "--set",
+                f"output_dir={tmp_path}",
+                "--set",
+                "name=tiny",
+            ]
+        )
+        == 0
+    )
     assert "stopped before its first checkpoint" in capsys.readouterr().err
     assert RunDir(killed.path).has_checkpoint()
 
@@ -223,8 +243,9 @@ def test_non_finite_floats_are_refused_before_the_data_loads(tmp_path, monkeypat
 
     monkeypatch.setattr(recsys.data, "load_dataset", lambda cfg: pytest.fail("data loaded"))
     assert main(["train", "--set", f"train.lr={value}", "--set", f"output_dir={tmp_path}"]) == 2
-    assert f"train.lr: must be a finite number, got {value.lstrip('-') if value == 'nan' else value}" in \
-        _error_line(capsys).replace("'", "")
+    assert f"train.lr: must be a finite number, got {value.lstrip('-') if value == 'nan' else value}" in _error_line(
+        capsys
+    ).replace("'", "")
     assert not any(tmp_path.iterdir())
 
 
@@ -263,8 +284,22 @@ def test_memory_estimate_comes_before_the_model_is_allocated(tmp_path, monkeypat
 
 def test_too_small_dataset_leaves_no_run_folder(tmp_path, capsys):
     """Was: a partial run folder left behind."""
-    assert main(["train", "--set", "synthetic.num_users=3", "--set", "synthetic.num_items=50",
-                 "--set", "model.backend=torch", "--set", f"output_dir={tmp_path}"]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "--set",
+                "synthetic.num_users=3",
+                "--set",
+                "synthetic.num_items=50",
+                "--set",
+                "model.backend=torch",
+                "--set",
+                f"output_dir={tmp_path}",
+            ]
+        )
+        == 2
+    )
     assert "too small to split" in _error_line(capsys)
     assert not any(tmp_path.iterdir())
 
@@ -276,8 +311,21 @@ def test_failure_before_the_first_checkpoint_removes_the_folder(tmp_path, monkey
         raise ValueError("validation exploded")
 
     monkeypatch.setattr(trainer, "evaluate_with_config", broken)
-    assert main(["train", "--set", f"output_dir={tmp_path}", *TINY_DATA, "--set", "train.max_steps=4",
-                 "--set", "train.eval_every=2"]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "--set",
+                f"output_dir={tmp_path}",
+                *TINY_DATA,
+                "--set",
+                "train.max_steps=4",
+                "--set",
+                "train.eval_every=2",
+            ]
+        )
+        == 2
+    )
     assert "validation exploded" in _error_line(capsys)
     assert not any(tmp_path.iterdir())
 
@@ -301,8 +349,12 @@ def test_skip_bad_rows_warning_is_one_line_without_python_source(tmp_path):
     rows = "".join(f"u{u},i{i},{t}\n" for u in range(8) for t, i in enumerate(range(6)))
     path = tmp_path / "clicks.csv"
     path.write_text("user,item,timestamp\n" + rows + "u1,,3\n")
-    out = subprocess.run([sys.executable, "-m", "recsys", "data", "--data", str(path),
-                          "--set", "data.skip_bad_rows=true"], cwd=REPO, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "recsys", "data", "--data", str(path), "--set", "data.skip_bad_rows=true"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
     warning = [line for line in out.stderr.splitlines() if line.strip()]
     assert warning == [f"recsys: warning: {path}: skipped 1 malformed line (line 50)"]
@@ -311,10 +363,16 @@ def test_skip_bad_rows_warning_is_one_line_without_python_source(tmp_path):
 def test_run_files_share_one_mode(tiny_run):
     """Was: checkpoints 0600, metrics 0644. Every run file now gets 0666 minus the umask."""
     run = Path(tiny_run)
-    modes = {p.relative_to(run).as_posix(): stat.S_IMODE(p.stat().st_mode)
-             for p in run.rglob("*") if p.is_file()}
-    for name in ("model.pt", "best.pt", "metrics.jsonl", "config.json", "test_metrics.json",
-                 "manifest.json", "dataset/dataset.npz"):
+    modes = {p.relative_to(run).as_posix(): stat.S_IMODE(p.stat().st_mode) for p in run.rglob("*") if p.is_file()}
+    for name in (
+        "model.pt",
+        "best.pt",
+        "metrics.jsonl",
+        "config.json",
+        "test_metrics.json",
+        "manifest.json",
+        "dataset/dataset.npz",
+    ):
         assert name in modes
     mask = os.umask(0)
     os.umask(mask)

@@ -78,8 +78,16 @@ def test_default_config_is_valid():
     assert (cfg.model.score_cap, cfg.train.targets) == (-1.0, "auto")  # left for the model spec to resolve
 
 
-@pytest.mark.parametrize("name,cap,soft", [("comirec_sa", 1.0, 1000), ("sasrec_mi", 1.0, 1000), ("youtube_dnn", 0.0, 0),
-                                           ("mind", 0.0, 0), ("comirec_dr", 0.0, 0)])
+@pytest.mark.parametrize(
+    "name,cap,soft",
+    [
+        ("comirec_sa", 1.0, 1000),
+        ("sasrec_mi", 1.0, 1000),
+        ("youtube_dnn", 0.0, 0),
+        ("mind", 0.0, 0),
+        ("comirec_dr", 0.0, 0),
+    ],
+)
 def test_automatic_anti_collapse_defaults_resolve_per_model(name, cap, soft):
     cfg = resolve(load_config(None, [f"model.name={name}"]))
     assert (cfg.model.score_cap, cfg.train.soft_readout_steps) == (cap, soft)
@@ -113,8 +121,11 @@ def test_saved_run_config_keeps_what_the_run_was_trained_with():
     del saved["model"]["positions"]  # a run saved before the option existed
     assert run_config_from_dict(saved).model.positions == "absolute"
     assert config_from_dict(saved).model.positions == "recent"  # plain config files take today's default
-    for name, positions, head_values in [("sasrec_mi", "recent", "encoded"), ("comirec_dr", "absolute", "items"),
-                                         ("comirec_sa", "recent", "items")]:
+    for name, positions, head_values in [
+        ("sasrec_mi", "recent", "encoded"),
+        ("comirec_dr", "absolute", "items"),
+        ("comirec_sa", "recent", "items"),
+    ]:
         saved = json.loads(json.dumps(Config().to_dict()))
         saved["model"]["name"] = name
         del saved["model"]["head_values"]  # saved before sasrec_mi could pool item embeddings
@@ -182,8 +193,9 @@ def test_memory_estimate_counts_the_hard_negative_proposal():
     plain = load_config(None, ["model.backend=torch", "train.batch_size=1024", "model.dim=16"])
     model = build_model(plain.model, items, plain.data.max_len)
     assert check_fits(plain, model, items, torch.device("cpu"), available=24 * gib) < 24 * gib
-    hard = load_config(None, ["model.backend=torch", "train.batch_size=1024", "model.dim=16",
-                              "train.hard_negatives=0.5"])
+    hard = load_config(
+        None, ["model.backend=torch", "train.batch_size=1024", "model.dim=16", "train.hard_negatives=0.5"]
+    )
     with pytest.raises(ConfigError, match=r"train.hard_negatives=0.5.*needs about 3\d\.\d GiB"):
         check_fits(hard, model, items, torch.device("cpu"), available=24 * gib)
 
@@ -208,8 +220,11 @@ def test_changing_the_model_resolves_automatic_settings_again():
 
     mind = with_values(load_config(None, []), {"model.name": "mind"})  # from comirec_sa's automatic values
     assert (resolve(mind).model.score_cap, resolve(mind).train.soft_readout_steps) == (0.0, 0)
-    explicit = resolve(with_values(load_config(None, ["model.score_cap=2", "train.soft_readout_steps=50"]),
-                                   {"model.name": "sasrec_mi"}))
+    explicit = resolve(
+        with_values(
+            load_config(None, ["model.score_cap=2", "train.soft_readout_steps=50"]), {"model.name": "sasrec_mi"}
+        )
+    )
     assert (explicit.model.score_cap, explicit.train.soft_readout_steps) == (2.0, 50)  # set by hand: kept
     back = resolve(with_values(mind, {"model.name": "comirec_sa"}))
     assert (back.model.score_cap, back.train.soft_readout_steps) == (1.0, 1000)

@@ -45,17 +45,24 @@ for a, x in zip(arrays, tensors):
 def test_read_only_arrays_convert_without_a_warning(tmp_path):
     """Was: torch's non-writable-array warning in the CLI's output and the server log (from
     ``np.broadcast_to`` views and memory-mapped dataset arrays)."""
-    done = subprocess.run([sys.executable, "-c", CHECK], cwd=tmp_path, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    done = subprocess.run(
+        [sys.executable, "-c", CHECK],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert done.returncode == 0, done.stderr
 
 
 @pytest.fixture
 def gpus(monkeypatch):
     """``gpus(n)``: pretend this machine has ``n`` CUDA devices (0: none)."""
+
     def pretend(n: int) -> None:
         monkeypatch.setattr(torch.cuda, "is_available", lambda: n > 0)
         monkeypatch.setattr(torch.cuda, "device_count", lambda: n)
+
     return pretend
 
 

@@ -48,8 +48,21 @@ def _build_wheel(work: Path) -> Path:
         else:
             source.mkdir(exist_ok=True)
             shutil.copy2(src, source / name)
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-          "-w", work / "dist", source], cwd=work)
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-w",
+            work / "dist",
+            source,
+        ],
+        cwd=work,
+    )
     (wheel,) = (work / "dist").glob("recsys-*.whl")
     return wheel
 
@@ -80,9 +93,16 @@ def test_data_list_in_the_installed_package_lists_every_registered_dataset(insta
 
 
 def test_a_short_train_runs_from_outside_the_checkout(installed, tmp_path):
-    overrides = [a for o in TINY_RUN_OVERRIDES if not o.startswith("train.")
-                 for a in ("--set", o)] + ["--set", "train.max_steps=4", "--set", "train.eval_every=4",
-                                           "--set", "train.batch_size=32", "--set", "train.num_negatives=16"]
+    overrides = [a for o in TINY_RUN_OVERRIDES if not o.startswith("train.") for a in ("--set", o)] + [
+        "--set",
+        "train.max_steps=4",
+        "--set",
+        "train.eval_every=4",
+        "--set",
+        "train.batch_size=32",
+        "--set",
+        "train.num_negatives=16",
+    ]
     out = _run([installed / "recsys", "train", *overrides, "--set", "output_dir=runs"], cwd=tmp_path)
     prefix = "run directory: "
     (run_dir,) = {line.removeprefix(prefix) for line in out.splitlines() if line.startswith(prefix)}

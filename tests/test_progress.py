@@ -29,10 +29,14 @@ def test_bar_draws_only_on_a_terminal_and_when_enabled(monkeypatch):
     assert _draw(monkeypatch, io.StringIO(), enabled=True) == ""  # a pipe or a log file
 
 
-@pytest.mark.parametrize("command, label", [
-    (["evaluate"], "evaluate"), (["index", "--factory", "HNSW16,Flat"], "index"),
-    (["recommend", "--all", "--n", "3"], "recommend"),
-])
+@pytest.mark.parametrize(
+    "command, label",
+    [
+        (["evaluate"], "evaluate"),
+        (["index", "--factory", "HNSW16,Flat"], "index"),
+        (["recommend", "--all", "--n", "3"], "recommend"),
+    ],
+)
 def test_cli_commands_show_progress_unless_quiet(tiny_run, tmp_path, monkeypatch, command, label):
     args = [command[0], tiny_run, *command[1:]]
     if command[0] == "recommend":

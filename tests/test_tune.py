@@ -34,8 +34,9 @@ def test_tune_prunes_resumes_and_writes_a_config_that_trains(tmp_path, capsys):
     cfg = load_config(None, BASE)
     space_file = _space_file(tmp_path, cfg)
     folder = tmp_path / "tune"
-    first = tune(load_config(space_file, BASE), folder, trials=2, space=read_tune_tables([space_file]),
-                 log=lambda line: None)
+    first = tune(
+        load_config(space_file, BASE), folder, trials=2, space=read_tune_tables([space_file]), log=lambda line: None
+    )
     assert [t.state.name for t in first.trials] == ["COMPLETE", "COMPLETE"]
     assert first.trials[0].user_attrs["base"] and first.trials[0].params == {}
     before = {t.number: (t.datetime_start, t.value) for t in first.trials}
@@ -69,20 +70,29 @@ def test_tune_prunes_resumes_and_writes_a_config_that_trains(tmp_path, capsys):
 
 def test_search_space_table_is_checked_naming_the_key(tmp_path):
     cfg = load_config(None, ["model.name=sasrec_mi"])
-    space = Space.parse({**default_space(cfg), "model.dim": [32, 64],
-                         "train.lr": {"low": 1e-3, "high": 0.1, "log": True},
-                         "model.num_layers": {"low": 1, "high": 3}, "train.optimizer": "adam"}, cfg)
+    space = Space.parse(
+        {
+            **default_space(cfg),
+            "model.dim": [32, 64],
+            "train.lr": {"low": 1e-3, "high": 0.1, "log": True},
+            "model.num_layers": {"low": 1, "high": 3},
+            "train.optimizer": "adam",
+        },
+        cfg,
+    )
     keys = {p.key: p for p in space.params}
     assert keys["model.dim"].choices == (32, 64) and keys["model.num_layers"].integer
     assert "model.dropout" in keys and "model.score_cap" in keys  # a transformer with self-attentive scores
     assert space.fixed == {"train.optimizer": "adam"}
     assert "model.score_cap" not in default_space(load_config(None, ["model.name=youtube_dnn"]))
-    for table, message in [({"train.lrr": [0.1]}, "unknown config key 'train.lrr'"),
-                           ({"model.dim": [32, 0]}, "model.dim: must be > 0"),
-                           ({"train.lr": {"low": 0.1, "high": 0.01}}, "need numbers low < high"),
-                           ({"train.lr": {"low": 0.0, "high": 0.1, "log": True}}, "log = true needs low > 0"),
-                           ({"train.lr": {"min": 0.0}}, "a range is"),
-                           ({"model.num_interests": []}, "empty list")]:
+    for table, message in [
+        ({"train.lrr": [0.1]}, "unknown config key 'train.lrr'"),
+        ({"model.dim": [32, 0]}, "model.dim: must be > 0"),
+        ({"train.lr": {"low": 0.1, "high": 0.01}}, "need numbers low < high"),
+        ({"train.lr": {"low": 0.0, "high": 0.1, "log": True}}, "log = true needs low > 0"),
+        ({"train.lr": {"min": 0.0}}, "a range is"),
+        ({"model.num_interests": []}, "empty list"),
+    ]:
         with pytest.raises(ConfigError, match=message):
             Space.parse(table, cfg)
     path = tmp_path / "c.toml"
@@ -118,20 +128,26 @@ def test_a_trial_whose_values_do_not_fit_fails_alone(tmp_path):
     # a running trial prints a line per validation (was: nothing while a trial trained)
     finished = f"trial 0: complete  valid {result.trials[0].value:.4f}  (the base config)"
     assert lines.index("trial 0: training (the base config)") < lines.index(finished)
-    assert [line.split(":")[0] for line in lines if line.startswith("trial 0 @")] == ["trial 0 @ step 10",
-                                                                                       "trial 0 @ step 20"]
+    assert [line.split(":")[0] for line in lines if line.startswith("trial 0 @")] == [
+        "trial 0 @ step 10",
+        "trial 0 @ step 20",
+    ]
 
 
 def test_a_base_config_that_does_not_train_stops_the_tune(tmp_path):
     lines: list[str] = []
     (tmp_path / "clicks.csv").write_text("user,item\n1,2\n")  # too few clicks to split
     with pytest.raises(ValueError, match="no trial has completed"):
-        tune(load_config(None, [f"data.source={tmp_path / 'clicks.csv'}", "data.time_col="]), tmp_path / "tune",
-             trials=3, log=lines.append)
+        tune(
+            load_config(None, [f"data.source={tmp_path / 'clicks.csv'}", "data.time_col="]),
+            tmp_path / "tune",
+            trials=3,
+            log=lines.append,
+        )
     assert [t.state.name for t in open_study(tmp_path / "tune").get_trials()] == ["FAIL"]
-    assert lines[-1].startswith("trial 0: fail") and lines[-1].endswith("no clicks left after filtering "
-                                                                       "(data.min_item_count=5, data.min_user_count=5, "
-                                                                       "data.kcore=False)"), lines
+    assert lines[-1].startswith("trial 0: fail") and lines[-1].endswith(
+        "no clicks left after filtering (data.min_item_count=5, data.min_user_count=5, data.kcore=False)"
+    ), lines
 
 
 def test_a_trial_stopped_by_ctrl_c_is_queued_again(tmp_path, monkeypatch):

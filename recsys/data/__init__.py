@@ -24,8 +24,21 @@ from recsys.data.synthetic import generate
 from recsys.progress import progress_bar
 
 __all__ = [
-    "IN_MEMORY", "DataError", "DataWarning", "Dataset", "EvalSet", "Split", "TrainSampler", "describe",
-    "generate", "load_dataset", "pad_sequences", "prepare", "read_frame", "read_interactions", "split_dataset",
+    "IN_MEMORY",
+    "DataError",
+    "DataWarning",
+    "Dataset",
+    "EvalSet",
+    "Split",
+    "TrainSampler",
+    "describe",
+    "generate",
+    "load_dataset",
+    "pad_sequences",
+    "prepare",
+    "read_frame",
+    "read_interactions",
+    "split_dataset",
 ]
 
 IN_MEMORY = "<dataframe>"  # data.source of a run trained on a click table passed in memory
@@ -44,8 +57,10 @@ def load_dataset(cfg: Config, *, clicks: pd.DataFrame | None = None, progress: b
     ``progress``: a bar over the stages (read, prepare, cache) on a terminal.
     """
     if clicks is None and cfg.data.source == IN_MEMORY:
-        raise DataError(f"data.source: {IN_MEMORY!r} was a click table passed in memory (recsys.fit); "
-                        "pass it again or set data.source to a file")
+        raise DataError(
+            f"data.source: {IN_MEMORY!r} was a click table passed in memory (recsys.fit); "
+            "pass it again or set data.source to a file"
+        )
     if clicks is None:
         cfg = dataclasses.replace(cfg, data=resolve_source(cfg.data))  # dataset:NAME/... -> the fetched files
     cache = _cache_path(cfg) if cfg.data.cache_dir and clicks is None else None
@@ -93,9 +108,22 @@ def _cache_path(cfg: Config) -> Path:
     data = cfg.data
     key: dict[str, object] = {
         "version": _CACHE_VERSION,
-        "data": {name: getattr(data, name) for name in (
-            "source", "format", "user_col", "item_col", "time_col", "category_col", "categories",
-            "skip_bad_rows", "min_item_count", "min_user_count", "kcore")},
+        "data": {
+            name: getattr(data, name)
+            for name in (
+                "source",
+                "format",
+                "user_col",
+                "item_col",
+                "time_col",
+                "category_col",
+                "categories",
+                "skip_bad_rows",
+                "min_item_count",
+                "min_user_count",
+                "kcore",
+            )
+        },
     }
     if data.source == "synthetic":
         key["synthetic"] = vars(cfg.synthetic)

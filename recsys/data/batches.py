@@ -73,8 +73,13 @@ class TrainSampler:
     """
 
     def __init__(
-        self, indptr: np.ndarray, items: np.ndarray, max_len: int, seed: int,
-        users: np.ndarray | None = None, min_target: int = 1,
+        self,
+        indptr: np.ndarray,
+        items: np.ndarray,
+        max_len: int,
+        seed: int,
+        users: np.ndarray | None = None,
+        min_target: int = 1,
     ) -> None:
         if min_target < 1:
             raise ValueError(f"TrainSampler: min_target must be >= 1, got {min_target}")
@@ -123,8 +128,9 @@ class WindowSampler:
     click with one before it is a target somewhere).
     """
 
-    def __init__(self, indptr: np.ndarray, items: np.ndarray, max_len: int, seed: int,
-                 users: np.ndarray | None = None) -> None:
+    def __init__(
+        self, indptr: np.ndarray, items: np.ndarray, max_len: int, seed: int, users: np.ndarray | None = None
+    ) -> None:
         self.indptr = np.asarray(indptr, dtype=np.int64)
         self.items = np.asarray(items, dtype=np.int64)
         self.max_len = max_len

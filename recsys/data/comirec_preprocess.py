@@ -60,8 +60,9 @@ class ComirecData:
         return {part: (int(n * lo), int(n * hi) if hi < 1 else n) for part, lo, hi in SPLITS}
 
 
-def comirec_filter(users: np.ndarray, items: np.ndarray, times: np.ndarray,
-                   filter_size: int = FILTER_SIZE, seed: int = SEED) -> ComirecData:
+def comirec_filter(
+    users: np.ndarray, items: np.ndarray, times: np.ndarray, filter_size: int = FILTER_SIZE, seed: int = SEED
+) -> ComirecData:
     """Rules 2-5 on the clicks ``users [n]``, ``items [n]`` (raw ids), ``times [n]`` (numbers),
     given in file order."""
     item_codes, item_uniques = pd.factorize(items)  # codes follow first appearance
@@ -86,8 +87,11 @@ def comirec_filter(users: np.ndarray, items: np.ndarray, times: np.ndarray,
     u, i = u[order], i[order]
     starts = np.searchsorted(u, u, side="left")
     clicks = pd.DataFrame({"user": u, "item": i, "position": np.arange(len(u)) - starts})
-    return ComirecData(user_raw=np.asarray(user_uniques[shuffled]).astype(str),
-                       item_raw=np.asarray(item_uniques[kept_items]).astype(str), clicks=clicks)
+    return ComirecData(
+        user_raw=np.asarray(user_uniques[shuffled]).astype(str),
+        item_raw=np.asarray(item_uniques[kept_items]).astype(str),
+        clicks=clicks,
+    )
 
 
 def comirec_categories(items: np.ndarray, categories: np.ndarray, item_raw: np.ndarray) -> tuple[np.ndarray, pd.Series]:
@@ -104,8 +108,9 @@ def comirec_categories(items: np.ndarray, categories: np.ndarray, item_raw: np.n
     return np.asarray(cate_uniques).astype(str), last.astype(np.int64)
 
 
-def write_comirec(data: ComirecData, category_raw: np.ndarray, item_cate: pd.Series,
-                  folder: Path, maps: Path, name: str) -> dict[str, int]:
+def write_comirec(
+    data: ComirecData, category_raw: np.ndarray, item_cate: pd.Series, folder: Path, maps: Path, name: str
+) -> dict[str, int]:
     """Write ComiRec's files: ``folder/<name>_{train,valid,test,item_cate}.txt`` (what
     ``data.format = "comirec"`` reads) and the three id maps to ``maps/``. Returns the counts."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -117,6 +122,12 @@ def write_comirec(data: ComirecData, category_raw: np.ndarray, item_cate: pd.Ser
     item_cate.rename_axis("item").reset_index().to_csv(folder / f"{name}_item_cate.txt", header=False, index=False)
     for kind, raw, start in (("user", data.user_raw, 0), ("item", data.item_raw, 1), ("cate", category_raw, 1)):
         pd.DataFrame({"raw": raw, "id": np.arange(start, start + len(raw))}).to_csv(
-            maps / f"{name}_{kind}_map.txt", header=False, index=False)
-    return {"users": len(data.user_raw), "items": len(data.item_raw), "clicks": len(data.clicks),
-            "categories": len(category_raw), **{f"{part}_users": hi - lo for part, (lo, hi) in bounds.items()}}
+            maps / f"{name}_{kind}_map.txt", header=False, index=False
+        )
+    return {
+        "users": len(data.user_raw),
+        "items": len(data.item_raw),
+        "clicks": len(data.clicks),
+        "categories": len(category_raw),
+        **{f"{part}_users": hi - lo for part, (lo, hi) in bounds.items()},
+    }

@@ -65,7 +65,7 @@ def open_member(path: Path, suffix: str = "") -> Iterator[IO[bytes]]:
     with path.open("rb") as head:
         gzipped = head.read(2) == b"\x1f\x8b"
     # a GzipFile is a binary stream (typeshed types it BufferedIOBase, not IO[bytes])
-    with (cast(IO[bytes], gzip.open(path, "rb")) if gzipped else path.open("rb")) as file:
+    with cast(IO[bytes], gzip.open(path, "rb")) if gzipped else path.open("rb") as file:
         yield file
 
 
@@ -185,8 +185,13 @@ def yelp(files: list[Path], out: Path) -> dict[str, int]:
     ``yelp_academic_dataset_review.json`` is a click; with ``..._business.json`` in the archive,
     a business's first listed category is its category."""
     reviews = _records(files[0], "review.json", ("user_id", "business_id", "date"))
-    df = pd.DataFrame({"user": reviews["user_id"], "item": reviews["business_id"],
-                       "timestamp": _unix_seconds(reviews["date"], files[0])})
+    df = pd.DataFrame(
+        {
+            "user": reviews["user_id"],
+            "item": reviews["business_id"],
+            "timestamp": _unix_seconds(reviews["date"], files[0]),
+        }
+    )
     if any(name.endswith("business.json") for name in member_names(files[0]) or []):
         business = _records(files[0], "business.json", ("business_id", "categories"))
         first = business["categories"].fillna("").str.split(",").str[0].str.strip()
@@ -198,8 +203,12 @@ def steam(files: list[Path], out: Path) -> dict[str, int]:
     """Kang & McAuley's Steam reviews (Python dict literals per line: ``username``,
     ``product_id``, ``date`` as ``YYYY-MM-DD``)."""
     df = _records(files[0], "", ("username", "product_id", "date"), literal=True)
-    return write_clicks(pd.DataFrame({"user": df["username"], "item": df["product_id"],
-                                      "timestamp": _unix_seconds(df["date"], files[0])}), out)
+    return write_clicks(
+        pd.DataFrame(
+            {"user": df["username"], "item": df["product_id"], "timestamp": _unix_seconds(df["date"], files[0])}
+        ),
+        out,
+    )
 
 
 def gowalla(files: list[Path], out: Path) -> dict[str, int]:
@@ -214,8 +223,10 @@ def retailrocket(files: list[Path], out: Path) -> dict[str, int]:
     the ``view`` events are the clicks (add-to-cart and transaction rows are left out)."""
     df = _csv(files[0], "events.csv")
     views = df[df["event"] == "view"]
-    return write_clicks(pd.DataFrame({"user": views["visitorid"], "item": views["itemid"],
-                                      "timestamp": views["timestamp"] // 1000}), out)
+    return write_clicks(
+        pd.DataFrame({"user": views["visitorid"], "item": views["itemid"], "timestamp": views["timestamp"] // 1000}),
+        out,
+    )
 
 
 _META_ASIN = re.compile(r"""['"]asin['"]\s*:\s*['"]([^'"]+)['"]""")
@@ -245,12 +256,14 @@ def comirec_book(files: list[Path], out: Path) -> dict[str, int]:
     """ComiRec's Amazon Books: ``reviews_Books_5.json.gz`` and ``meta_Books.json.gz`` through
     ComiRec's preprocessing, written as ``comirec/book_*.txt`` and ``maps/book_*_map.txt``."""
     reviews = _records(files[0], "", ("reviewerID", "asin", "unixReviewTime"))
-    data = comirec_filter(reviews["reviewerID"].to_numpy(), reviews["asin"].to_numpy(),
-                          reviews["unixReviewTime"].to_numpy(np.float64))
+    data = comirec_filter(
+        reviews["reviewerID"].to_numpy(), reviews["asin"].to_numpy(), reviews["unixReviewTime"].to_numpy(np.float64)
+    )
     del reviews
     asins, categories = _book_categories(files[1], data.item_raw)
-    category_raw, item_cate = comirec_categories(np.array(asins, dtype=object), np.array(categories, dtype=object),
-                                                 data.item_raw)
+    category_raw, item_cate = comirec_categories(
+        np.array(asins, dtype=object), np.array(categories, dtype=object), data.item_raw
+    )
     return write_comirec(data, category_raw, item_cate, out / "comirec", out / "maps", "book")
 
 
@@ -262,8 +275,10 @@ def comirec_taobao(files: list[Path], out: Path) -> dict[str, int]:
     with open_member(files[0], ".csv") as stream:
         try:
             chunks = pd.read_csv(stream, header=None, names=names, dtype={"behavior": str}, chunksize=5_000_000)
-            pv = pd.concat([c.loc[c["behavior"] == "pv", ["user", "item", "category", "timestamp"]] for c in chunks],
-                           ignore_index=True)
+            pv = pd.concat(
+                [c.loc[c["behavior"] == "pv", ["user", "item", "category", "timestamp"]] for c in chunks],
+                ignore_index=True,
+            )
         except (ValueError, pd.errors.ParserError) as err:
             raise DataError(f"{files[0]}: {err}") from None
     data = comirec_filter(pv["user"].to_numpy(), pv["item"].to_numpy(), pv["timestamp"].to_numpy(np.float64))
@@ -272,9 +287,16 @@ def comirec_taobao(files: list[Path], out: Path) -> dict[str, int]:
 
 
 CONVERTERS: dict[str, Converter] = {
-    "movielens-100k": movielens_100k, "movielens-dat": movielens_dat, "movielens-csv": movielens_csv,
-    "amazon-reviews": amazon_reviews, "yelp": yelp, "steam": steam, "gowalla": gowalla,
-    "retailrocket": retailrocket, "comirec-book": comirec_book, "comirec-taobao": comirec_taobao,
+    "movielens-100k": movielens_100k,
+    "movielens-dat": movielens_dat,
+    "movielens-csv": movielens_csv,
+    "amazon-reviews": amazon_reviews,
+    "yelp": yelp,
+    "steam": steam,
+    "gowalla": gowalla,
+    "retailrocket": retailrocket,
+    "comirec-book": comirec_book,
+    "comirec-taobao": comirec_taobao,
 }
 
 

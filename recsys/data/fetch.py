@@ -52,10 +52,18 @@ class ResumableDownloader:
                 append = done > 0 and response.status_code == 206
                 done = done if append else 0
                 total = done + int(response.headers.get("Content-Length", 0)) or None
-                with self.part.open("ab" if append else "wb") as out, tqdm(
-                    total=total, initial=done, unit="B", unit_scale=True, unit_divisor=1024,
-                    desc=self.part.name.removesuffix(".part"), disable=not self.progress,
-                ) as bar:
+                with (
+                    self.part.open("ab" if append else "wb") as out,
+                    tqdm(
+                        total=total,
+                        initial=done,
+                        unit="B",
+                        unit_scale=True,
+                        unit_divisor=1024,
+                        desc=self.part.name.removesuffix(".part"),
+                        disable=not self.progress,
+                    ) as bar,
+                ):
                     for chunk in response.iter_content(chunk_size=CHUNK):
                         out.write(chunk)
                         bar.update(len(chunk))
@@ -98,14 +106,22 @@ def _download(spec: DatasetFile, raw: Path, name: str, progress: bool, log: Call
     for url in (spec.url, *spec.mirrors):
         log(f"downloading {url}")
         try:
-            path = Path(pooch.retrieve(url, spec.known_hash, fname=spec.name, path=raw,
-                                       downloader=ResumableDownloader(part, progress=progress)))
+            path = Path(
+                pooch.retrieve(
+                    url,
+                    spec.known_hash,
+                    fname=spec.name,
+                    path=raw,
+                    downloader=ResumableDownloader(part, progress=progress),
+                )
+            )
             break
         except requests.exceptions.RequestException as err:
             failures.append(f"cannot download {url}: {type(err).__name__}: {_first_line(err)}")
         except ValueError as err:  # pooch: hash mismatch; its temporary file is already deleted
-            raise FetchError(f"checksum mismatch for {url}: {_first_line(err)}; "
-                             f"the bad download was deleted; try again or {instead}") from None
+            raise FetchError(
+                f"checksum mismatch for {url}: {_first_line(err)}; the bad download was deleted; try again or {instead}"
+            ) from None
     else:
         kept = " (the partial download is kept and resumed next time)" if part.exists() else ""
         raise FetchError("; ".join(failures) + f"{kept}; offline? {instead}")
@@ -120,8 +136,9 @@ def _first_line(err: Exception) -> str:
     return " ".join(str(err).split())[:300]
 
 
-def _obtain(spec: DatasetFile, raw: Path, given: Path | None, e: DatasetEntry, progress: bool,
-            log: Callable[[str], None]) -> Path:
+def _obtain(
+    spec: DatasetFile, raw: Path, given: Path | None, e: DatasetEntry, progress: bool, log: Callable[[str], None]
+) -> Path:
     """The verified raw file: ``given`` (``--from``), else the one in ``raw``, else downloaded."""
     if given is not None:
         if not given.is_file():
@@ -138,8 +155,10 @@ def _obtain(spec: DatasetFile, raw: Path, given: Path | None, e: DatasetEntry, p
         path.unlink()
         log(f"{path}: has {problem}; deleted")
     if not spec.url:
-        raise FetchError(f"{e.name} needs {spec.name} downloaded by hand (its host needs a login): {spec.manual}; "
-                         f"put it at {path} or run `recsys data fetch {e.name} --from FILE`")
+        raise FetchError(
+            f"{e.name} needs {spec.name} downloaded by hand (its host needs a login): {spec.manual}; "
+            f"put it at {path} or run `recsys data fetch {e.name} --from FILE`"
+        )
     return _download(spec, raw, e.name, progress, log)
 
 
@@ -155,9 +174,16 @@ def _match_given(e: DatasetEntry, given: list[Path]) -> dict[str, Path]:
     return {p.name: p for p in given}
 
 
-def fetch(name: str, *, dest: str | Path | None = None, sources: list[str | Path] | None = None,
-          force: bool = False, progress: bool = True, registry_dir: Path | None = None,
-          log: Callable[[str], None] = print) -> Path:
+def fetch(
+    name: str,
+    *,
+    dest: str | Path | None = None,
+    sources: list[str | Path] | None = None,
+    force: bool = False,
+    progress: bool = True,
+    registry_dir: Path | None = None,
+    log: Callable[[str], None] = print,
+) -> Path:
     """Obtain, verify and convert dataset ``name``; returns its prepared folder.
 
     ``dest`` replaces the data root; ``sources`` are files downloaded by hand (``--from``);

@@ -81,7 +81,7 @@ class IdMap:
     def _table(self) -> dict[str, int]:
         """The raw id -> internal id dict, built on first use."""
         if self._index is None:
-            self._index = {name: i for i, name in enumerate(self.names[self.first:].tolist(), self.first)}
+            self._index = {name: i for i, name in enumerate(self.names[self.first :].tolist(), self.first)}
         return self._index
 
     def _strings(self, raw: Iterable[object]) -> Iterable[str]:
@@ -176,9 +176,13 @@ class Dataset:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         arrays: dict[str, Any] = {
-            "item_raw": self.item_raw.astype(str), "user_raw": self.user_raw.astype(str),
-            "indptr": self.indptr, "items": self.items, "item_category": self.item_category,
-            "category_raw": self.category_raw.astype(str), "item_counts": self.item_counts,
+            "item_raw": self.item_raw.astype(str),
+            "user_raw": self.user_raw.astype(str),
+            "indptr": self.indptr,
+            "items": self.items,
+            "item_category": self.item_category,
+            "category_raw": self.category_raw.astype(str),
+            "item_counts": self.item_counts,
         }
         if self.times is not None:
             arrays["times"] = self.times
@@ -201,9 +205,14 @@ class Dataset:
             raise DataError(f"{directory / _META}: unsupported format_version {meta.get('format_version')!r}")
         try:
             ds = cls(
-                item_raw=arrays["item_raw"], user_raw=arrays["user_raw"], indptr=arrays["indptr"],
-                items=arrays["items"], times=arrays.get("times"), item_category=arrays["item_category"],
-                category_raw=arrays["category_raw"], item_counts=arrays["item_counts"],
+                item_raw=arrays["item_raw"],
+                user_raw=arrays["user_raw"],
+                indptr=arrays["indptr"],
+                items=arrays["items"],
+                times=arrays.get("times"),
+                item_category=arrays["item_category"],
+                category_raw=arrays["category_raw"],
+                item_counts=arrays["item_counts"],
                 source=str(meta["stats"].get("source", "")),
             )
         except KeyError as err:

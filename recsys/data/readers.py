@@ -153,8 +153,9 @@ def read_categories(path: str | Path, *, skip_bad_rows: bool = False) -> pd.Seri
     ncols = len(fields)
     if ncols < 2:
         raise DataError(f"{path}:{lineno}: expected 'item{sep}category', found {first!r}")
-    layout = _Layout(sep=sep, header=header, ncols=ncols, fields={"item": 0, "category": 1},
-                     required=("item", "category"))
+    layout = _Layout(
+        sep=sep, header=header, ncols=ncols, fields={"item": 0, "category": 1}, required=("item", "category")
+    )
     table = _read_table(path, layout, skip_bad_rows).drop_duplicates("item", keep="first")
     return pd.Series(table["category"].to_numpy(), index=table["item"].to_numpy())
 
@@ -216,9 +217,13 @@ def _files_for(source: Path, fmt: str) -> list[Path]:
 
 def _data_files(folder: Path) -> list[Path]:
     return sorted(
-        p for p in folder.iterdir()
-        if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in _DATA_SUFFIXES
-        and not _CATEGORY_NAME.search(p.name) and p.name.lower() not in ("readme", "license")
+        p
+        for p in folder.iterdir()
+        if p.is_file()
+        and not p.name.startswith(".")
+        and p.suffix.lower() in _DATA_SUFFIXES
+        and not _CATEGORY_NAME.search(p.name)
+        and p.name.lower() not in ("readme", "license")
     )
 
 
@@ -265,14 +270,21 @@ def _read_named_columns(path: Path, sep: str, cfg: DataConfig) -> pd.DataFrame:
 
 
 def _read_comirec(path: Path, skip: bool) -> pd.DataFrame:
-    layout = _Layout(sep=",", header=False, ncols=3, fields={"user": 0, "item": 1, "time": 2},
-                     required=("user", "item", "time"))
+    layout = _Layout(
+        sep=",", header=False, ncols=3, fields={"user": 0, "item": 1, "time": 2}, required=("user", "item", "time")
+    )
     return _read_table(path, layout, skip)
 
 
 def _read_movielens(folder: Path, skip: bool, *, with_genres: bool) -> pd.DataFrame:
-    layout = _Layout(sep="\t", header=False, ncols=4, fields={"user": 0, "item": 1, "time": 3},
-                     required=("user", "item", "time"), encoding="latin-1")
+    layout = _Layout(
+        sep="\t",
+        header=False,
+        ncols=4,
+        fields={"user": 0, "item": 1, "time": 3},
+        required=("user", "item", "time"),
+        encoding="latin-1",
+    )
     df = _read_table(folder / "u.data", layout, skip)
     if with_genres and (folder / "u.item").is_file():
         df["category"] = df["item"].map(_movielens_genres(folder))
@@ -415,10 +427,12 @@ def _read_sequences(path: Path, skip: bool) -> pd.DataFrame:
         lost += len(tokens) - 1
     if dropped:
         _warn_skipped(path, dropped, clicks=lost)
-    return pd.DataFrame({
-        "user": pd.Series(np.repeat(np.asarray(users, dtype=object), counts), dtype="str"),
-        "item": pd.Series(items, dtype="str"),
-    })
+    return pd.DataFrame(
+        {
+            "user": pd.Series(np.repeat(np.asarray(users, dtype=object), counts), dtype="str"),
+            "item": pd.Series(items, dtype="str"),
+        }
+    )
 
 
 def _read_table(path: Path, layout: _Layout, skip: bool) -> pd.DataFrame:
@@ -452,8 +466,13 @@ def _parse(path: Path, layout: _Layout, *, typed: bool) -> pd.DataFrame | None:
     ``typed``: parse the time column as float64 in the parser (fast; fails on any non-number);
     otherwise read text and convert numbers or ISO date-times.
     """
-    options: dict[str, Any] = {"sep": layout.sep, "header": 0 if layout.header else None, "keep_default_na": False,
-                               "encoding": layout.encoding, "engine": "c"}
+    options: dict[str, Any] = {
+        "sep": layout.sep,
+        "header": 0 if layout.header else None,
+        "keep_default_na": False,
+        "encoding": layout.encoding,
+        "engine": "c",
+    }
     dtype: type | dict = str
     try:
         if typed and "time" in layout.fields:
@@ -589,8 +608,9 @@ def _scan(path: Path, layout: _Layout, *, skip: bool, limit: int | None = None) 
 
 def _text_frame(rows: list[list[str]], layout: _Layout) -> pd.DataFrame:
     """``[len(rows)]`` role columns (str) of records' fields (each padded to ``layout.ncols``)."""
-    return pd.DataFrame({role: pd.Series(list(map(itemgetter(idx), rows)), dtype="str")
-                         for role, idx in layout.fields.items()})
+    return pd.DataFrame(
+        {role: pd.Series(list(map(itemgetter(idx), rows)), dtype="str") for role, idx in layout.fields.items()}
+    )
 
 
 def _checked(scan: _Scan, layout: _Layout) -> tuple[pd.DataFrame, list[_Problem]]:
@@ -641,8 +661,9 @@ def _records(f: BinaryIO, sep: str, encoding: str) -> Iterator[_Record]:
     and a blank line holds only spaces and tabs that are not ``sep``. Bytes that are not text in
     ``encoding`` make their record's problem. Run it inside :func:`_csv_fields_unlimited`."""
     check_text = not _is_text(f, encoding)  # else no record needs the check
-    text = io.TextIOWrapper(f, encoding="utf-8-sig" if encoding == "utf-8" else encoding,
-                            errors="surrogateescape", newline="")  # newline="": line ends kept, as csv wants
+    text = io.TextIOWrapper(
+        f, encoding="utf-8-sig" if encoding == "utf-8" else encoding, errors="surrogateescape", newline=""
+    )  # newline="": line ends kept, as csv wants
     ended: list[bool] = []  # holds True once every line has gone to the reader
     reader = csv.reader(_marking_the_end(text, ended), delimiter=sep)
     blank = " \t".replace(sep, "")
@@ -657,8 +678,12 @@ def _records(f: BinaryIO, sep: str, encoding: str) -> Iterator[_Record]:
                 problem = _record_problem(first, last, fields, encoding, ended=bool(ended))
             yield first, last, fields, problem
     except csv.Error as err:
-        yield last + 1, reader.line_num, [], _Problem(last + 1, last + 1, reader.line_num,
-                                                      f"cannot be split into fields ({err})", fatal=True)
+        yield (
+            last + 1,
+            reader.line_num,
+            [],
+            _Problem(last + 1, last + 1, reader.line_num, f"cannot be split into fields ({err})", fatal=True),
+        )
 
 
 def _marking_the_end(lines: Iterator[str], ended: list[bool]) -> Iterator[str]:
@@ -670,13 +695,18 @@ def _record_problem(first: int, last: int, fields: list[str], encoding: str, *, 
     """A quote never closed (the record ran to the end of the file), or bytes that are not text."""
     if ended:
         opens = first + _line_breaks("".join(fields[:-1]))
-        return _Problem(opens, first, last, "a quote opens here and is never closed, so it would take in the rest "
-                                            "of the file", fatal=True)
+        return _Problem(
+            opens,
+            first,
+            last,
+            "a quote opens here and is never closed, so it would take in the rest of the file",
+            fatal=True,
+        )
     joined = "".join(fields)
     bad = None if joined.isascii() else _NOT_UTF8.search(joined)
     if bad is None:
         return None
-    return _Problem(first + _line_breaks(joined[:bad.start()]), first, last, f"not valid {encoding} text")
+    return _Problem(first + _line_breaks(joined[: bad.start()]), first, last, f"not valid {encoding} text")
 
 
 def _is_text(f: BinaryIO, encoding: str) -> bool:
@@ -727,8 +757,9 @@ def _tidy(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _warn_skipped(path: str | Path, spans: list[tuple[int, int]], *, unit: str = "line",
-                  clicks: int | None = None) -> None:
+def _warn_skipped(
+    path: str | Path, spans: list[tuple[int, int]], *, unit: str = "line", clicks: int | None = None
+) -> None:
     """One warning for the malformed records dropped: ``spans`` ``[(first, last)]`` lines (or
     rows) of each; how many lines they covered when a record spans several, and the clicks they
     held (one-user-per-line files)."""

@@ -97,7 +97,9 @@ def _user_split(ds: Dataset, cfg: DataConfig) -> Split:
     split_at = starts + (cfg.eval_input_frac * ds.lengths).astype(np.int64)  # int(frac * n)
     train_indptr, train_items = gather_rows(ds.indptr, ds.items, starts[train], ds.indptr[train + 1])
     return Split(
-        train_indptr=train_indptr, train_items=train_items, train_users=train,
+        train_indptr=train_indptr,
+        train_items=train_items,
+        train_users=train,
         valid=make_eval_set(ds.indptr, ds.items, valid, split_at[valid], cfg.max_len),
         test=make_eval_set(ds.indptr, ds.items, test, split_at[test], cfg.max_len),
     )
@@ -122,7 +124,9 @@ def _time_split(ds: Dataset, cfg: DataConfig) -> Split:
     n_valid = round(len(perm) * cfg.valid_frac / (cfg.valid_frac + cfg.test_frac))
     valid, test = np.sort(perm[:n_valid]), np.sort(perm[n_valid:])
     return Split(
-        train_indptr=train_indptr, train_items=train_items, train_users=train,
+        train_indptr=train_indptr,
+        train_items=train_items,
+        train_users=train,
         valid=make_eval_set(ds.indptr, ds.items, valid, split_at[valid], cfg.max_len),
         test=make_eval_set(ds.indptr, ds.items, test, split_at[test], cfg.max_len),
         cutoff=cutoff,

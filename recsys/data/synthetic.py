@@ -53,9 +53,7 @@ def generate(cfg: SyntheticConfig, return_truth: Literal[False] = False) -> pd.D
 def generate(cfg: SyntheticConfig, return_truth: Literal[True]) -> tuple[pd.DataFrame, SyntheticTruth]: ...
 
 
-def generate(
-    cfg: SyntheticConfig, return_truth: bool = False
-) -> pd.DataFrame | tuple[pd.DataFrame, SyntheticTruth]:
+def generate(cfg: SyntheticConfig, return_truth: bool = False) -> pd.DataFrame | tuple[pd.DataFrame, SyntheticTruth]:
     """Clicks ``[n]`` with columns ``user``, ``item``, ``time``, ``category`` (as
     :func:`recsys.data.readers.read_interactions` returns), users in order, clicks in time
     order; with ``return_truth`` also the :class:`SyntheticTruth`."""
@@ -103,12 +101,14 @@ def generate(
     clock = np.cumsum(gaps)
     time = _EPOCH + rng.uniform(0.0, _YEAR, size=n_users)[owner] + clock - clock[starts][owner]
 
-    df = pd.DataFrame({
-        "user": _labels(owner, n_users),
-        "item": _labels(items, n_items),
-        "time": time,
-        "category": _labels(item_category[items], n_cats),
-    })
+    df = pd.DataFrame(
+        {
+            "user": _labels(owner, n_users),
+            "item": _labels(items, n_items),
+            "time": time,
+            "category": _labels(item_category[items], n_cats),
+        }
+    )
     df.attrs["time_is_position"] = False
     df.attrs["source"] = f"synthetic(seed={cfg.seed}, users={n_users}, items={n_items})"
     if return_truth:
@@ -153,7 +153,7 @@ def _segment_interests(
     order = np.argsort(rank, kind="stable")
     bounds = np.searchsorted(rank[order], np.arange(rank.max() + 2))
     for r in range(rank.max() + 1):
-        seg = order[bounds[r]:bounds[r + 1]]
+        seg = order[bounds[r] : bounds[r + 1]]
         probs = weights[seg_user[seg]]  # [n, I] (a copy)
         if r > 0:
             probs[np.arange(len(seg)), active[seg - 1]] = 0.0

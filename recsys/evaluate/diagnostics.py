@@ -65,8 +65,15 @@ def majority_categories(interests: Tensor, item_emb: Tensor, item_category: Tens
     b, k, _ = interests.shape
     queries, items = interests.reshape(b * k, -1).float(), item_emb[1:].float()
     rows = max(1, _SCORE_BUDGET // max(1, items.shape[0]))  # queries per chunk: bounded memory on any catalogue
-    top = torch.cat([(queries[i:i + rows] @ items.T).topk(min(top_m, items.shape[0]), dim=1).indices
-                     for i in range(0, b * k, rows)]) + 1  # [B K, M] item ids
+    top = (
+        torch.cat(
+            [
+                (queries[i : i + rows] @ items.T).topk(min(top_m, items.shape[0]), dim=1).indices
+                for i in range(0, b * k, rows)
+            ]
+        )
+        + 1
+    )  # [B K, M] item ids
     cats = item_category[top]  # [B K, M]
     counts = torch.zeros(b * k, int(item_category.max()) + 1, device=cats.device)
     counts.scatter_add_(1, cats, torch.ones_like(cats, dtype=counts.dtype))
@@ -124,10 +131,11 @@ def interest_health(
                 interests = interests.float()
                 if scores is not None:
                     _add_attention(add, attention_weights(scores, lengths), lengths)
-                truth = torch.as_tensor(eval_set.truth_items[indptr[start]:indptr[stop]], device=device)
+                truth = torch.as_tensor(eval_set.truth_items[indptr[start] : indptr[stop]], device=device)
                 owner = torch.repeat_interleave(
                     torch.arange(stop - start, device=device),
-                    torch.as_tensor(np.diff(indptr[start:stop + 1]), device=device))
+                    torch.as_tensor(np.diff(indptr[start : stop + 1]), device=device),
+                )
                 best = torch.einsum("tkd,td->tk", interests[owner], item_emb[truth].float()).argmax(dim=1)
                 add("wins", torch.bincount(best, minlength=interests.shape[1]).double())
                 if interests.shape[1] >= 2:
@@ -158,8 +166,16 @@ def _add_cosine(add: Add, interests: Tensor) -> None:
     add("cos", off.sum().double())
 
 
-def _add_planted(add: Add, interests: Tensor, item_emb: Tensor, item_category: Tensor, seq: Tensor, lengths: Tensor,
-                 planted: list[set[int]], top_m: int) -> None:
+def _add_planted(
+    add: Add,
+    interests: Tensor,
+    item_emb: Tensor,
+    item_category: Tensor,
+    seq: Tensor,
+    lengths: Tensor,
+    planted: list[set[int]],
+    top_m: int,
+) -> None:
     """Accumulate planted recovery and the share of planted categories present in the input."""
     found = majority_categories(interests, item_emb, item_category, top_m).cpu().numpy()  # [B, K]
     valid = (torch.arange(seq.shape[1], device=seq.device)[None] < lengths[:, None]).cpu().numpy()
@@ -172,9 +188,13 @@ def _add_planted(add: Add, interests: Tensor, item_emb: Tensor, item_category: T
         if seen:
             of_present += len(got & seen) / len(seen)
             rows_present += 1
-    for name, value in (("planted_rows", float(len(planted))), ("planted", recovered),
-                        ("planted_in_input", present), ("planted_present_rows", rows_present),
-                        ("planted_of_present", of_present)):
+    for name, value in (
+        ("planted_rows", float(len(planted))),
+        ("planted", recovered),
+        ("planted_in_input", present),
+        ("planted_present_rows", rows_present),
+        ("planted_of_present", of_present),
+    ):
         add(name, torch.tensor(value, dtype=torch.float64))
 
 

@@ -34,7 +34,11 @@ __all__ = ["evaluate", "evaluate_with_config", "format_table"]
 
 _TABLE_METRICS = ("recall", "ndcg", "hitrate")
 _TABLE_NAMES = {
-    "recall": "Recall", "ndcg": "NDCG", "hitrate": "HitRate", "diversity": "Diversity", "coverage": "Coverage",
+    "recall": "Recall",
+    "ndcg": "NDCG",
+    "hitrate": "HitRate",
+    "diversity": "Diversity",
+    "coverage": "Coverage",
 }
 
 
@@ -109,16 +113,32 @@ def evaluate(
                 if retriever.on_device and diversity_lambda == 0:
                     ids = _top_on_device(model, retriever, eval_set, n_max, exclude_history, batch_size, device, bar)
                 else:
-                    ids = _top_on_host(model, retriever, eval_set, n_max, exclude_history, diversity_lambda,
-                                       batch_size, device, bar)
+                    ids = _top_on_host(
+                        model, retriever, eval_set, n_max, exclude_history, diversity_lambda, batch_size, device, bar
+                    )
     finally:
         model.train(was_training)
-    return compute_metrics(ids, eval_set.truth_indptr, eval_set.truth_items, topn=topn, comirec_ndcg=comirec_ndcg,
-                           item_category=item_category, num_items=num_items)
+    return compute_metrics(
+        ids,
+        eval_set.truth_indptr,
+        eval_set.truth_items,
+        topn=topn,
+        comirec_ndcg=comirec_ndcg,
+        item_category=item_category,
+        num_items=num_items,
+    )
 
 
-def _top_on_device(model: InterestModel, retriever: Retriever, eval_set: EvalSet, n: int, exclude_history: bool,
-                   batch_size: int, device: torch.device, bar: Any) -> np.ndarray:
+def _top_on_device(
+    model: InterestModel,
+    retriever: Retriever,
+    eval_set: EvalSet,
+    n: int,
+    exclude_history: bool,
+    batch_size: int,
+    device: torch.device,
+    bar: Any,
+) -> np.ndarray:
     """``[U, n]`` recommended ids, searched where the embeddings live: every batch is queued
     without waiting for the GPU (inputs through pinned memory, results kept on the device) and
     the ids come back to the host once."""
@@ -126,8 +146,13 @@ def _top_on_device(model: InterestModel, retriever: Retriever, eval_set: EvalSet
     out, finite = [], torch.ones((), dtype=torch.bool, device=device)
     for start in range(0, num_users, batch_size):
         stop = min(start + batch_size, num_users)
-        seq, lengths = to_device((np.asarray(eval_set.inputs[start:stop], dtype=np.int64),
-                                  np.asarray(eval_set.lengths[start:stop], dtype=np.int64)), device)
+        seq, lengths = to_device(
+            (
+                np.asarray(eval_set.inputs[start:stop], dtype=np.int64),
+                np.asarray(eval_set.lengths[start:stop], dtype=np.int64),
+            ),
+            device,
+        )
         interests = model.interests(seq, lengths).float()  # [b, K, d]
         finite &= torch.isfinite(interests).all()
         out.append(retriever.top_items(interests, n, seq if exclude_history else None)[0])
@@ -137,8 +162,17 @@ def _top_on_device(model: InterestModel, retriever: Retriever, eval_set: EvalSet
     return torch.cat(out).cpu().numpy()
 
 
-def _top_on_host(model: InterestModel, retriever: Retriever, eval_set: EvalSet, n: int, exclude_history: bool,
-                 diversity_lambda: float, batch_size: int, device: torch.device, bar: Any) -> np.ndarray:
+def _top_on_host(
+    model: InterestModel,
+    retriever: Retriever,
+    eval_set: EvalSet,
+    n: int,
+    exclude_history: bool,
+    diversity_lambda: float,
+    batch_size: int,
+    device: torch.device,
+    bar: Any,
+) -> np.ndarray:
     """``[U, n]`` recommended ids, searched and merged on the host batch by batch (FAISS, or
     the diversity-controlled pick)."""
     num_users = len(eval_set.lengths)
@@ -148,8 +182,9 @@ def _top_on_host(model: InterestModel, retriever: Retriever, eval_set: EvalSet, 
         inputs = np.asarray(eval_set.inputs[start:stop], dtype=np.int64)
         seq, lengths = to_device((inputs, np.asarray(eval_set.lengths[start:stop], dtype=np.int64)), device)
         interests = model.interests(seq, lengths).float()  # [b, K, d]
-        out.append(retriever.search(interests, n, inputs if exclude_history else None,
-                                    diversity_lambda=diversity_lambda)[0])
+        out.append(
+            retriever.search(interests, n, inputs if exclude_history else None, diversity_lambda=diversity_lambda)[0]
+        )
         bar.update(stop - start)
     return np.concatenate(out)
 
@@ -177,9 +212,7 @@ def evaluate_with_config(
     )
 
 
-def format_table(
-    results: dict[str, dict[str, float]], metrics: Sequence[str] = _TABLE_METRICS, digits: int = 4
-) -> str:
+def format_table(results: dict[str, dict[str, float]], metrics: Sequence[str] = _TABLE_METRICS, digits: int = 4) -> str:
     """A Markdown table: one row per run, columns ``Recall@n``, ``NDCG@n``, ``HitRate@n`` per cutoff.
 
     ``results`` maps a run/model name to :func:`evaluate`'s output. The cutoffs are those
@@ -192,9 +225,7 @@ def format_table(
     cutoffs = sorted(int(s) for s in suffixes if s.isdigit())
     columns = [f"{m}@{n}" for n in cutoffs for m in metrics]
     header = ["model"] + [f"{_TABLE_NAMES.get(c.split('@')[0], c.split('@')[0])}@{c.split('@')[1]}" for c in columns]
-    rows = [
-        [name] + [f"{row[c]:.{digits}f}" if c in row else "-" for c in columns] for name, row in results.items()
-    ]
+    rows = [[name] + [f"{row[c]:.{digits}f}" if c in row else "-" for c in columns] for name, row in results.items()]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
 
     def line(cells: list[str]) -> str:

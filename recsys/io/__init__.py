@@ -19,6 +19,11 @@ from recsys.io.files import (
 from recsys.io.manifest import IntegrityError
 
 __all__ = [
-    "IntegrityError", "atomic_save", "atomic_torch_save", "atomic_write", "atomic_write_text", "check_plain",
+    "IntegrityError",
+    "atomic_save",
+    "atomic_torch_save",
+    "atomic_write",
+    "atomic_write_text",
+    "check_plain",
     "default_file_mode",
 ]

@@ -33,8 +33,16 @@ from pathlib import Path
 from recsys.io.files import atomic_write_text
 
 __all__ = [
-    "MANIFEST", "Digest", "IntegrityError", "file_digest", "read_manifest", "record", "record_tree", "replace_recorded",
-    "verify", "verify_tree",
+    "MANIFEST",
+    "Digest",
+    "IntegrityError",
+    "file_digest",
+    "read_manifest",
+    "record",
+    "record_tree",
+    "replace_recorded",
+    "verify",
+    "verify_tree",
 ]
 
 MANIFEST = "manifest.json"
@@ -87,13 +95,17 @@ def read_manifest(root: str | Path) -> dict[str, dict]:
         raise IntegrityError(f"{path}: damaged manifest (not an object of file entries); {_DAMAGED_ADVICE}")
     own = entries.pop(MANIFEST, None)
     if own is not None and own.get("sha256") != _entries_digest(entries):
-        raise IntegrityError(f"{path}: damaged manifest (its entries do not match its own SHA-256, so it cannot "
-                             f"tell which file changed); {_DAMAGED_ADVICE}")
+        raise IntegrityError(
+            f"{path}: damaged manifest (its entries do not match its own SHA-256, so it cannot "
+            f"tell which file changed); {_DAMAGED_ADVICE}"
+        )
     return entries
 
 
-_DAMAGED_ADVICE = (f"the run's files cannot be verified: re-train the run, or delete {MANIFEST} to read them "
-                   "unverified (checkpoints still get their format's own checks)")
+_DAMAGED_ADVICE = (
+    f"the run's files cannot be verified: re-train the run, or delete {MANIFEST} to read them "
+    "unverified (checkpoints still get their format's own checks)"
+)
 
 
 def _entries_digest(entries: dict[str, dict]) -> str:

@@ -19,7 +19,16 @@ from recsys.kernels.max_interest_scores import max_interest_scores, max_interest
 from recsys.kernels.multi_interest import cap_scores, multi_interest, multi_interest_ref
 
 __all__ = [
-    "BACKENDS", "attention", "attention_ref", "cap_scores", "causal_multi_interest", "causal_multi_interest_ref",
-    "length_softmax", "max_interest_scores",
-    "max_interest_scores_ref", "multi_interest", "multi_interest_ref", "triton_available",
+    "BACKENDS",
+    "attention",
+    "attention_ref",
+    "cap_scores",
+    "causal_multi_interest",
+    "causal_multi_interest_ref",
+    "length_softmax",
+    "max_interest_scores",
+    "max_interest_scores_ref",
+    "multi_interest",
+    "multi_interest_ref",
+    "triton_available",
 ]

@@ -47,8 +47,9 @@ class InterestModel(nn.Module):
         Only models whose spec says ``dense`` implement it."""
         raise NotImplementedError(f"{type(self).__name__} cannot train densely (no prefix_interests)")
 
-    def forward(self, seq: Tensor, lengths: Tensor, with_attention: bool = False,
-                prefix: bool = False) -> Tensor | tuple[Tensor, Tensor | None]:
+    def forward(
+        self, seq: Tensor, lengths: Tensor, with_attention: bool = False, prefix: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor | None]:
         """:meth:`interests`, :meth:`interests_with_attention` or :meth:`prefix_interests`
         (through ``forward`` so that a DistributedDataParallel wrapper sees the call)."""
         if prefix:

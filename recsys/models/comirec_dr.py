@@ -19,11 +19,17 @@ class ComiRecDR(SequenceModel):
     scale of the bilinear weights).
     """
 
-    def __init__(self, num_items: int, dim: int, num_interests: int, max_len: int, iters: int,
-                 positions: str = "recent"):
+    def __init__(
+        self, num_items: int, dim: int, num_interests: int, max_len: int, iters: int, positions: str = "recent"
+    ):
         super().__init__(num_items, dim, num_interests)
         self.routing = CapsuleRouting(
-            dim, num_interests, max_len, bilinear="per_position", init_logits="zeros", iters=iters,
+            dim,
+            num_interests,
+            max_len,
+            bilinear="per_position",
+            init_logits="zeros",
+            iters=iters,
             positions=positions,
         )
 
@@ -40,8 +46,13 @@ def build(cfg: ModelConfig, num_items: int, max_len: int, item_counts: Tensor | 
 
 
 # routing is iterative over the whole sequence: no cheap prefix form, so it trains on the last position
-SPEC = register(ModelSpec(
-    name="comirec_dr", build=build, settings=("num_interests", "routing_iters", "positions"),
-    multi_interest=True, tune_space=MULTI_INTEREST_SPACE,
-    saved_defaults={"model.head_values": {"model.positions": "absolute"}},  # its maps ignored positions then
-))
+SPEC = register(
+    ModelSpec(
+        name="comirec_dr",
+        build=build,
+        settings=("num_interests", "routing_iters", "positions"),
+        multi_interest=True,
+        tune_space=MULTI_INTEREST_SPACE,
+        saved_defaults={"model.head_values": {"model.positions": "absolute"}},  # its maps ignored positions then
+    )
+)

@@ -25,11 +25,21 @@ class ComiRecSA(SequenceModel):
 
     has_attention = True
 
-    def __init__(self, num_items: int, dim: int, num_interests: int, hidden: int, max_len: int, backend: str,
-                 positions: str = "recent", score_cap: float = 0.0):
+    def __init__(
+        self,
+        num_items: int,
+        dim: int,
+        num_interests: int,
+        hidden: int,
+        max_len: int,
+        backend: str,
+        positions: str = "recent",
+        score_cap: float = 0.0,
+    ):
         super().__init__(num_items, dim, num_interests)
-        self.head = SelfAttentiveHead(dim, hidden, num_interests, max_len, backend=backend, positions=positions,
-                                      score_cap=score_cap)
+        self.head = SelfAttentiveHead(
+            dim, hidden, num_interests, max_len, backend=backend, positions=positions, score_cap=score_cap
+        )
 
     def encode(self, h: Tensor, lengths: Tensor) -> Tensor:
         return self.head(h, lengths)
@@ -42,13 +52,27 @@ class ComiRecSA(SequenceModel):
 
 
 def build(cfg: ModelConfig, num_items: int, max_len: int, item_counts: Tensor | None = None) -> ComiRecSA:
-    return ComiRecSA(num_items, cfg.dim, cfg.num_interests, cfg.hidden or 4 * cfg.dim, max_len, cfg.backend,
-                     cfg.positions, cfg.score_cap)
+    return ComiRecSA(
+        num_items,
+        cfg.dim,
+        cfg.num_interests,
+        cfg.hidden or 4 * cfg.dim,
+        max_len,
+        cfg.backend,
+        cfg.positions,
+        cfg.score_cap,
+    )
 
 
-SPEC = register(ModelSpec(
-    name="comirec_sa", build=build, settings=("num_interests", "hidden", "positions", "score_cap"),
-    multi_interest=True, self_attentive=True, dense=True,
-    defaults={"model.score_cap": 1.0, "train.soft_readout_steps": 1000},
-    tune_space={**MULTI_INTEREST_SPACE, **SELF_ATTENTIVE_SPACE},
-))
+SPEC = register(
+    ModelSpec(
+        name="comirec_sa",
+        build=build,
+        settings=("num_interests", "hidden", "positions", "score_cap"),
+        multi_interest=True,
+        self_attentive=True,
+        dense=True,
+        defaults={"model.score_cap": 1.0, "train.soft_readout_steps": 1000},
+        tune_space={**MULTI_INTEREST_SPACE, **SELF_ATTENTIVE_SPACE},
+    )
+)

@@ -24,9 +24,7 @@ class MIND(SequenceModel):
 
     def __init__(self, num_items: int, dim: int, num_interests: int, max_len: int, iters: int):
         super().__init__(num_items, dim, num_interests)
-        self.routing = CapsuleRouting(
-            dim, num_interests, max_len, bilinear="shared", init_logits="normal", iters=iters
-        )
+        self.routing = CapsuleRouting(dim, num_interests, max_len, bilinear="shared", init_logits="normal", iters=iters)
         self.proj = nn.Linear(dim, dim)
 
     def encode(self, h: Tensor, lengths: Tensor) -> Tensor:
@@ -46,5 +44,12 @@ def build(cfg: ModelConfig, num_items: int, max_len: int, item_counts: Tensor | 
 
 
 # routing is iterative over the whole sequence: no cheap prefix form, so it trains on the last position
-SPEC = register(ModelSpec(name="mind", build=build, settings=("num_interests", "routing_iters"),
-                          multi_interest=True, tune_space=MULTI_INTEREST_SPACE))
+SPEC = register(
+    ModelSpec(
+        name="mind",
+        build=build,
+        settings=("num_interests", "routing_iters"),
+        multi_interest=True,
+        tune_space=MULTI_INTEREST_SPACE,
+    )
+)

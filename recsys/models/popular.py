@@ -50,8 +50,9 @@ class MostPopular(InterestModel):
         return self.scores
 
 
-def build_popular(cfg: ModelConfig, num_items: int, max_len: int,
-                  item_counts: np.ndarray | Tensor | None) -> MostPopular:
+def build_popular(
+    cfg: ModelConfig, num_items: int, max_len: int, item_counts: np.ndarray | Tensor | None
+) -> MostPopular:
     """Spec builder: ``item_counts [num_items]`` from the training split (checked by ``build_model``)."""
     assert item_counts is not None
     return MostPopular(item_counts)

@@ -14,8 +14,16 @@ from recsys.nn.transformer import TransformerEncoder
 
 def _encoder(cfg: ModelConfig, max_len: int) -> TransformerEncoder:
     return TransformerEncoder(
-        cfg.dim, cfg.num_layers, cfg.num_heads, max_len, dropout=cfg.dropout,
-        qk_norm=cfg.qk_norm, softcap=cfg.softcap, causal=True, backend=cfg.backend, positions=cfg.positions,
+        cfg.dim,
+        cfg.num_layers,
+        cfg.num_heads,
+        max_len,
+        dropout=cfg.dropout,
+        qk_norm=cfg.qk_norm,
+        softcap=cfg.softcap,
+        causal=True,
+        backend=cfg.backend,
+        positions=cfg.positions,
     )
 
 
@@ -56,8 +64,13 @@ class SASRecMI(SequenceModel):
         super().__init__(num_items, cfg.dim, num_interests=cfg.num_interests)
         self.encoder = _encoder(cfg, max_len)
         self.head = SelfAttentiveHead(
-            cfg.dim, cfg.hidden or 4 * cfg.dim, cfg.num_interests, max_len, backend=cfg.backend,
-            positions=cfg.positions, score_cap=cfg.score_cap,
+            cfg.dim,
+            cfg.hidden or 4 * cfg.dim,
+            cfg.num_interests,
+            max_len,
+            backend=cfg.backend,
+            positions=cfg.positions,
+            score_cap=cfg.score_cap,
         )
         self.head_values = cfg.head_values
 
@@ -83,15 +96,26 @@ def build_sasrec_mi(cfg: ModelConfig, num_items: int, max_len: int, item_counts:
     return SASRecMI(num_items, cfg, max_len)
 
 
-SASREC = register(ModelSpec(
-    name="sasrec", build=build_sasrec, settings=TRANSFORMER_SETTINGS, dense=True, tune_space=DROPOUT_SPACE,
-    defaults={"train.targets": "all"},  # a causal encoder learns from every position (docs/results.md)
-))
-SASREC_MI = register(ModelSpec(
-    name="sasrec_mi", build=build_sasrec_mi,
-    settings=(*TRANSFORMER_SETTINGS, "num_interests", "hidden", "score_cap", "head_values"),
-    multi_interest=True, self_attentive=True, dense=True,
-    defaults={"model.score_cap": 1.0, "train.soft_readout_steps": 1000},
-    tune_space={**MULTI_INTEREST_SPACE, **SELF_ATTENTIVE_SPACE, **DROPOUT_SPACE},
-    saved_defaults={"model.head_values": {"model.head_values": "encoded"}},  # its head pooled the encoder outputs
-))
+SASREC = register(
+    ModelSpec(
+        name="sasrec",
+        build=build_sasrec,
+        settings=TRANSFORMER_SETTINGS,
+        dense=True,
+        tune_space=DROPOUT_SPACE,
+        defaults={"train.targets": "all"},  # a causal encoder learns from every position (docs/results.md)
+    )
+)
+SASREC_MI = register(
+    ModelSpec(
+        name="sasrec_mi",
+        build=build_sasrec_mi,
+        settings=(*TRANSFORMER_SETTINGS, "num_interests", "hidden", "score_cap", "head_values"),
+        multi_interest=True,
+        self_attentive=True,
+        dense=True,
+        defaults={"model.score_cap": 1.0, "train.soft_readout_steps": 1000},
+        tune_space={**MULTI_INTEREST_SPACE, **SELF_ATTENTIVE_SPACE, **DROPOUT_SPACE},
+        saved_defaults={"model.head_values": {"model.head_values": "encoded"}},  # its head pooled the encoder outputs
+    )
+)

@@ -132,8 +132,10 @@ def resolve_model(model: ModelConfig) -> ModelConfig:
         value, default = getattr(model, key), getattr(defaults, key)
         if key not in spec.settings and value != default:
             readers = [s.name for s in _SPECS.values() if key in s.settings]
-            raise ConfigError(f"model.{key}={value!r} has no effect on {model.name} (only "
-                              f"{', '.join(sorted(readers)) or 'no model'} read it); set it to {default!r}")
+            raise ConfigError(
+                f"model.{key}={value!r} has no effect on {model.name} (only "
+                f"{', '.join(sorted(readers)) or 'no model'} read it); set it to {default!r}"
+            )
     return model
 
 
@@ -156,12 +158,16 @@ def resolve(cfg: Config) -> Config:
         t.targets = str(spec.default("train.targets", "last"))
     if t.attention_reg and not spec.self_attentive:
         readers = sorted(s.name for s in _SPECS.values() if s.self_attentive)
-        raise ConfigError(f"train.attention_reg={t.attention_reg:g} has no effect on {cfg.model.name} (only "
-                          f"{' and '.join(readers)} read their clicks through attention scores); set it to 0")
+        raise ConfigError(
+            f"train.attention_reg={t.attention_reg:g} has no effect on {cfg.model.name} (only "
+            f"{' and '.join(readers)} read their clicks through attention scores); set it to 0"
+        )
     if t.targets == "all" and not spec.dense:
         dense = sorted(s.name for s in _SPECS.values() if s.dense)
-        raise ConfigError(f'train.targets="all": {cfg.model.name} cannot train on every position of a window '
-                          f'(models that can: {", ".join(dense)}); use "last" or "auto"')
+        raise ConfigError(
+            f'train.targets="all": {cfg.model.name} cannot train on every position of a window '
+            f'(models that can: {", ".join(dense)}); use "last" or "auto"'
+        )
     return cfg
 
 

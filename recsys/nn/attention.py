@@ -100,8 +100,14 @@ class MultiHeadAttention(RecordsMaxLogit):
         if self.track_stats:
             self.last_max_logit = visible_max_logit(q, k, lengths, causal, scale)
         o = attention(
-            q, k, v, key_lengths=lengths, causal=causal, scale=scale,
-            softcap=self.softcap or None, backend=self.backend,
+            q,
+            k,
+            v,
+            key_lengths=lengths,
+            causal=causal,
+            scale=scale,
+            softcap=self.softcap or None,
+            backend=self.backend,
         )  # [B, H, L, D]
         return self.out(o.transpose(1, 2).reshape(b, seq_len, dim))
 
@@ -120,6 +126,7 @@ def max_attention_logit(model: nn.Module) -> Tensor | None:
 
     Set :func:`set_track_stats` before the forward pass whose logits should be measured.
     """
-    values = [m.last_max_logit for m in model.modules()
-              if isinstance(m, RecordsMaxLogit) and m.last_max_logit is not None]
+    values = [
+        m.last_max_logit for m in model.modules() if isinstance(m, RecordsMaxLogit) and m.last_max_logit is not None
+    ]
     return torch.stack(values).amax() if values else None

@@ -66,7 +66,14 @@ class CapsuleRouting(nn.Module):
     eval_logits: Tensor  # [K, max_len] buffer: the routing logits at evaluation (init_logits "normal")
 
     def __init__(
-        self, dim: int, num_interests: int, max_len: int, *, bilinear: str, init_logits: str, iters: int = 3,
+        self,
+        dim: int,
+        num_interests: int,
+        max_len: int,
+        *,
+        bilinear: str,
+        init_logits: str,
+        iters: int = 3,
         positions: str = "recent",
     ):
         super().__init__()

@@ -40,8 +40,16 @@ class SelfAttentiveHead(RecordsMaxLogit):
     0-d tensor, no host sync), read by ``recsys.nn.attention.max_attention_logit``.
     """
 
-    def __init__(self, dim: int, hidden: int, num_interests: int, max_len: int, backend: str = "auto",
-                 positions: str = "recent", score_cap: float = 0.0):
+    def __init__(
+        self,
+        dim: int,
+        hidden: int,
+        num_interests: int,
+        max_len: int,
+        backend: str = "auto",
+        positions: str = "recent",
+        score_cap: float = 0.0,
+    ):
         super().__init__()
         if positions not in (*POSITIONS, "alibi", "none"):
             raise ValueError(f"model.positions: {positions!r} is not one of {[*POSITIONS, 'alibi', 'none']}")
@@ -49,8 +57,11 @@ class SelfAttentiveHead(RecordsMaxLogit):
         self.w2 = nn.Parameter(torch.empty(hidden, num_interests))
         self.pos = nn.Parameter(torch.empty(max_len, dim)) if positions in POSITIONS else None
         # ALiBi's geometric slopes 2^(-8 k / K), k = 1..K: from a sharp recency preference to almost none
-        self.slopes = (nn.Parameter(torch.exp2(-8.0 * torch.arange(1, num_interests + 1) / num_interests))
-                       if positions == "alibi" else None)
+        self.slopes = (
+            nn.Parameter(torch.exp2(-8.0 * torch.arange(1, num_interests + 1) / num_interests))
+            if positions == "alibi"
+            else None
+        )
         self.positions = positions
         self.backend = backend
         self.score_cap = score_cap
@@ -59,8 +70,9 @@ class SelfAttentiveHead(RecordsMaxLogit):
         if self.pos is not None:
             nn.init.normal_(self.pos, std=1.0 / math.sqrt(dim))
 
-    def forward(self, h: Tensor, lengths: Tensor, values: Tensor | None = None,
-                return_scores: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    def forward(
+        self, h: Tensor, lengths: Tensor, values: Tensor | None = None, return_scores: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor]:
         """``h [B, L, d]``, ``lengths [B]`` -> interests ``[B, K, d]``: ``Aᵀ h``, or ``Aᵀ values``
         for ``values [B, L, d]`` (the scores still read ``h``).
 
@@ -76,8 +88,17 @@ class SelfAttentiveHead(RecordsMaxLogit):
             h = h.gather(1, index.expand_as(h))
             values = None if values is None else values.gather(1, index.expand_as(values))
         need_scores = return_scores or self.track_stats
-        out = multi_interest(h, lengths, self.w1, self.w2, pos=self.pos, values=values, backend=self.backend,
-                             score_cap=self.score_cap, return_scores=need_scores)
+        out = multi_interest(
+            h,
+            lengths,
+            self.w1,
+            self.w2,
+            pos=self.pos,
+            values=values,
+            backend=self.backend,
+            score_cap=self.score_cap,
+            return_scores=need_scores,
+        )
         if not need_scores:
             return out
         out, scores = out
@@ -105,8 +126,9 @@ class SelfAttentiveHead(RecordsMaxLogit):
             s = s + torch.arange(h.shape[1], device=h.device, dtype=s.dtype)[None, :, None] * self.slopes.to(s.dtype)
         return s
 
-    def _alibi_forward(self, h: Tensor, lengths: Tensor, values: Tensor | None,
-                       return_scores: bool) -> Tensor | tuple[Tensor, Tensor]:
+    def _alibi_forward(
+        self, h: Tensor, lengths: Tensor, values: Tensor | None, return_scores: bool
+    ) -> Tensor | tuple[Tensor, Tensor]:
         """:meth:`forward` with ALiBi positions: ``A = softmax_L(S)`` over the valid clicks of
         :meth:`scores` (bias included), interests ``Aᵀ H`` ``[B, K, d]``."""
         scores = self.scores(h, lengths).float()  # [B, L, K]
@@ -125,5 +147,6 @@ class SelfAttentiveHead(RecordsMaxLogit):
         there). With ``recent`` positions the scores count back from the window's last click,
         so ``[:, length - 1]`` equals :meth:`forward` and earlier prefixes see the same
         position vectors as the full window."""
-        return causal_multi_interest(h if values is None else values, self.scores(h, lengths), lengths,
-                                     backend=self.backend)
+        return causal_multi_interest(
+            h if values is None else values, self.scores(h, lengths), lengths, backend=self.backend
+        )

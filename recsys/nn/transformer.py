@@ -20,8 +20,14 @@ class TransformerBlock(nn.Module):
     """
 
     def __init__(
-        self, dim: int, num_heads: int, *, dropout: float = 0.0, qk_norm: str = "",
-        softcap: float = 0.0, backend: str = "auto",
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        dropout: float = 0.0,
+        qk_norm: str = "",
+        softcap: float = 0.0,
+        backend: str = "auto",
     ):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)
@@ -49,8 +55,17 @@ class TransformerEncoder(nn.Module):
     """
 
     def __init__(
-        self, dim: int, num_layers: int, num_heads: int, max_len: int, *, dropout: float = 0.0,
-        qk_norm: str = "", softcap: float = 0.0, causal: bool = True, backend: str = "auto",
+        self,
+        dim: int,
+        num_layers: int,
+        num_heads: int,
+        max_len: int,
+        *,
+        dropout: float = 0.0,
+        qk_norm: str = "",
+        softcap: float = 0.0,
+        causal: bool = True,
+        backend: str = "auto",
         positions: str = "recent",
     ):
         super().__init__()

@@ -137,9 +137,7 @@ def diverse_merge(
         raise ValueError(f"item_category: expected [num_items], got shape {item_category.shape}")
     cand_ids, cand_scores, cand_int = dedup_sorted(ids, scores, interest_of)
     if cand_ids.size and cand_ids.max() >= len(item_category):
-        raise ValueError(
-            f"item_category: has {len(item_category)} entries but item id {cand_ids.max()} was retrieved"
-        )
+        raise ValueError(f"item_category: has {len(item_category)} entries but item id {cand_ids.max()} was retrieved")
     bsz, m = cand_ids.shape
     n_pick = min(n, m)
     cats = item_category[np.maximum(cand_ids, 0)]  # [B, M]; invalid slots are -inf anyway

@@ -37,8 +37,16 @@ from recsys.progress import progress_bar
 from recsys.retrieval.aggregate import diverse_merge, max_merge
 
 __all__ = [
-    "Exclude", "Retriever", "SparseRows", "ann_recall", "build_index", "clamp_ivf", "embedding_hash",
-    "load_index", "save_index", "set_search_params",
+    "Exclude",
+    "Retriever",
+    "SparseRows",
+    "ann_recall",
+    "build_index",
+    "clamp_ivf",
+    "embedding_hash",
+    "load_index",
+    "save_index",
+    "set_search_params",
 ]
 
 
@@ -384,8 +392,8 @@ class Retriever:
         if n <= 0:
             raise ValueError(f"n: must be > 0, got {n}")
         bsz, num_k, _ = interests.shape
-        keys, max_excluded = (np.empty(0, np.int64), 0) if exclude is None else _exclude_keys(
-            exclude, bsz, self.num_items
+        keys, max_excluded = (
+            (np.empty(0, np.int64), 0) if exclude is None else _exclude_keys(exclude, bsz, self.num_items)
         )
         k = min(n + max_excluded, self.num_items - 1)
         ids, scores = self._knn(interests.reshape(bsz * num_k, self.dim), k)

@@ -14,6 +14,17 @@ from recsys.run.index import IndexReport, build_run_index, open_run_index, retri
 from recsys.run.layout import RunDir, index_slug, new_run_dir
 
 __all__ = [
-    "Experiment", "IndexReport", "IntegrityError", "LoadedRun", "RunDir", "build_experiment", "build_run_index",
-    "index_slug", "load_run", "new_run_dir", "open_run_index", "retrieval_settings", "train_item_counts",
+    "Experiment",
+    "IndexReport",
+    "IntegrityError",
+    "LoadedRun",
+    "RunDir",
+    "build_experiment",
+    "build_run_index",
+    "index_slug",
+    "load_run",
+    "new_run_dir",
+    "open_run_index",
+    "retrieval_settings",
+    "train_item_counts",
 ]

@@ -76,8 +76,11 @@ def weights_mismatch(model: nn.Module, weights: Mapping[str, Any]) -> str | None
     expected = model.state_dict()
     missing = [name for name in expected if name not in weights]
     unknown = [name for name in weights if name not in expected]
-    shapes = [f"{name} is {_shape(weights[name])} where the config's model has {_shape(value)}"
-              for name, value in expected.items() if name in weights and _shape(weights[name]) != _shape(value)]
+    shapes = [
+        f"{name} is {_shape(weights[name])} where the config's model has {_shape(value)}"
+        for name, value in expected.items()
+        if name in weights and _shape(weights[name]) != _shape(value)
+    ]
     parts = [f"{what} {_names(names)}" for what, names in (("missing", missing), ("unexpected", unknown)) if names]
     parts += shapes[:_SHOWN] + ([f"{len(shapes) - _SHOWN} more of another shape"] if len(shapes) > _SHOWN else [])
     return "; ".join(parts) or None

@@ -62,8 +62,13 @@ class Experiment:
         self.model.eval()
         with torch.inference_mode():
             for start in range(0, len(lengths), batch_size):
-                seq, lens = to_device((np.asarray(inputs[start : start + batch_size], dtype=np.int64),
-                                       np.asarray(lengths[start : start + batch_size], dtype=np.int64)), self.device)
+                seq, lens = to_device(
+                    (
+                        np.asarray(inputs[start : start + batch_size], dtype=np.int64),
+                        np.asarray(lengths[start : start + batch_size], dtype=np.int64),
+                    ),
+                    self.device,
+                )
                 out.append(self.model.interests(seq, lens).float())
         if not out:
             k, d = int(getattr(self.model, "num_interests", 1)), self.item_table().shape[1]
@@ -71,8 +76,14 @@ class Experiment:
         return torch.cat(out).cpu().numpy()
 
 
-def build_experiment(cfg: Config, *, dataset: Dataset | None = None, clicks: pd.DataFrame | None = None,
-                     progress: bool = False, check_memory: CheckMemory | None = None) -> Experiment:
+def build_experiment(
+    cfg: Config,
+    *,
+    dataset: Dataset | None = None,
+    clicks: pd.DataFrame | None = None,
+    progress: bool = False,
+    check_memory: CheckMemory | None = None,
+) -> Experiment:
     """Load ``cfg``'s data (or use ``dataset``, or the click table ``clicks``), split it, count
     the training clicks and build ``cfg.model`` (untrained, on the CPU). ``cfg`` is resolved for
     its model first (:func:`recsys.models.resolve`); the experiment holds the resolved copy.

@@ -175,13 +175,22 @@ def build_run_index(
     ann_ids, ann_s = _timed_search(ann, batches, n)
     users = len(exact_ids)
     report = IndexReport(
-        factory=built.factory, requested_factory=settings.factory, nprobe=settings.nprobe,
-        ef_search=settings.ef_search, ef_construction=settings.ef_construction, num_items=len(emb) - 1,
-        dim=int(emb.shape[1]), build_s=build_s,
-        embedding_sha1=embedding_hash(emb), n=n, users=users,
+        factory=built.factory,
+        requested_factory=settings.factory,
+        nprobe=settings.nprobe,
+        ef_search=settings.ef_search,
+        ef_construction=settings.ef_construction,
+        num_items=len(emb) - 1,
+        dim=int(emb.shape[1]),
+        build_s=build_s,
+        embedding_sha1=embedding_hash(emb),
+        n=n,
+        users=users,
         recall=float(np.nanmean(ann_recall(ann_ids, exact_ids))) if users else float("nan"),
-        exact_users_per_s=users / max(exact_s, 1e-9), ann_users_per_s=users / max(ann_s, 1e-9),
-        index_file=str(index_file), created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        exact_users_per_s=users / max(exact_s, 1e-9),
+        ann_users_per_s=users / max(ann_s, 1e-9),
+        index_file=str(index_file),
+        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     )
     run.dir.write_json(meta_file.relative_to(run.path).as_posix(), asdict(report))
     return report
@@ -253,8 +262,9 @@ def open_run_index(
         if meta.get("embedding_sha1") == embedding_hash(emb):
             as_saved = dataclasses.replace(settings, factory=meta["factory"])
             retriever = Retriever.from_index(load(), as_saved, item_category=categories)
-            return retriever, (f"{meta['factory']} loaded from {index_file} "
-                               f"(nprobe={settings.nprobe}, ef_search={settings.ef_search})")
+            return retriever, (
+                f"{meta['factory']} loaded from {index_file} (nprobe={settings.nprobe}, ef_search={settings.ef_search})"
+            )
         log(f"warning: {index_file} was built from other weights; building {factory!r} in memory instead")
     index, built, build_s = _build(emb, settings, log, progress)
     retriever = Retriever.from_index(index, built, item_category=categories)

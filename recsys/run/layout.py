@@ -64,9 +64,9 @@ MANIFEST = manifest.MANIFEST
 # what to do when a run file fails verification (the end of the one-line error)
 ADVICE = {
     CHECKPOINT: f"the run cannot be resumed from it; its best weights ({BEST}) still evaluate and serve, "
-                "or re-train the run",
+    "or re-train the run",
     BEST: f"if {CHECKPOINT} is intact, delete {BEST} and `recsys train --resume RUN` restores it from the latest "
-          "checkpoint; otherwise re-train the run",
+    "checkpoint; otherwise re-train the run",
 }
 REWRITE_ADVICE = "re-train the run (recsys train)"
 
@@ -184,8 +184,9 @@ class RunDir:
         """Atomically write ``model.pt`` (e.g. a dict from ``make_checkpoint``)."""
         atomic_torch_save(state, self.file(CHECKPOINT), replace=self._replace)
 
-    def load_checkpoint(self, map_location: str | torch.device = "cpu", *, model: nn.Module | None = None
-                        ) -> dict[str, Any]:
+    def load_checkpoint(
+        self, map_location: str | torch.device = "cpu", *, model: nn.Module | None = None
+    ) -> dict[str, Any]:
         """``model.pt`` (raises ``FileNotFoundError`` naming the path when there is none); with
         ``model``, its weights are checked against it and loaded into it (see :meth:`load`)."""
         return self.load(CHECKPOINT, map_location, model=model)
@@ -215,9 +216,12 @@ class RunDir:
         if ck["best"] == -math.inf:  # no validation has scored yet: there is no best to restore
             return
         self.save_best(ck["model"])
-        which = (f"the best weights, of step {ck['step']}" if ck["best_step"] == ck["step"] else
-                 f"the weights of step {ck['step']}; the best, of step {ck['best_step']}, are lost until a "
-                 "validation beats them")
+        which = (
+            f"the best weights, of step {ck['step']}"
+            if ck["best_step"] == ck["step"]
+            else f"the weights of step {ck['step']}; the best, of step {ck['best_step']}, are lost until a "
+            "validation beats them"
+        )
         warnings.warn(f"{self.file(BEST)}: missing; restored from {CHECKPOINT} ({which})", stacklevel=3)
 
     def save_best(self, state_dict: Mapping[str, torch.Tensor], **info: Any) -> None:
@@ -227,14 +231,16 @@ class RunDir:
     def has_best(self) -> bool:
         return self.file(BEST).exists()
 
-    def load_best(self, map_location: str | torch.device = "cpu", *, model: nn.Module | None = None
-                  ) -> dict[str, torch.Tensor]:
+    def load_best(
+        self, map_location: str | torch.device = "cpu", *, model: nn.Module | None = None
+    ) -> dict[str, torch.Tensor]:
         """The best weights (a state_dict) from ``best.pt``; with ``model``, checked against it
         and loaded into it (see :meth:`load`)."""
         return self.load(BEST, map_location, model=model)["model"]
 
-    def load(self, name: str, map_location: str | torch.device = "cpu", *, model: nn.Module | None = None
-             ) -> dict[str, Any]:
+    def load(
+        self, name: str, map_location: str | torch.device = "cpu", *, model: nn.Module | None = None
+    ) -> dict[str, Any]:
         """Load checkpoint file ``name`` of this run with ``torch.load(weights_only=True)``,
         after verifying it against the manifest or, where the manifest does not list it (runs
         written before manifests existed), against the archive's own CRC-32s. With ``model``, the
@@ -256,8 +262,10 @@ class RunDir:
                 raise
             if model is not None:
                 checks.check_weights(path, model, whole.get("model", {}), advice)
-            raise IntegrityError(f"{path}: replaced by another checkpoint (a whole file, but not the one the run's "
-                                 f"manifest records); {advice}") from None
+            raise IntegrityError(
+                f"{path}: replaced by another checkpoint (a whole file, but not the one the run's "
+                f"manifest records); {advice}"
+            ) from None
         if not listed:
             checks.check_archive(path, advice)
         state = checks.torch_load(path, map_location, advice)
@@ -321,6 +329,7 @@ class RunDir:
         text = "".join(json.dumps(record) + "\n" for record in kept)
         atomic_write_text(self.file(METRICS), text, replace=self._replace)
         return kept
+
     # test metrics and other JSON ------------------------------------------------------------
     def save_test_metrics(self, metrics: Mapping[str, Any]) -> None:
         """Atomically write ``test_metrics.json``."""
@@ -394,8 +403,9 @@ _BEFORE_CHECKPOINT = {CONFIG, DATASET, METRICS, MANIFEST, TENSORBOARD}
 def _unfinished_start(path: Path) -> bool:
     """Whether folder ``path`` holds nothing but the start of a run that never reached its
     first checkpoint (a process killed before it; empty counts too), so a new run may take it."""
-    return path.is_dir() and all(p.name in _BEFORE_CHECKPOINT or (p.name.startswith(".") and p.name.endswith(".tmp"))
-                                 for p in path.iterdir())
+    return path.is_dir() and all(
+        p.name in _BEFORE_CHECKPOINT or (p.name.startswith(".") and p.name.endswith(".tmp")) for p in path.iterdir()
+    )
 
 
 def _slug(text: str) -> str:
@@ -426,8 +436,10 @@ def new_run_dir(
             if not _unfinished_start(path):
                 raise FileExistsError(f"run directory {path} exists; pick another name or resume it")
             if any(path.iterdir()):
-                warnings.warn(f"{path}: replaced: the run there stopped before its first checkpoint, so it had "
-                              "nothing to resume", stacklevel=2)
+                warnings.warn(
+                    f"{path}: replaced: the run there stopped before its first checkpoint, so it had nothing to resume",
+                    stacklevel=2,
+                )
             shutil.rmtree(path)
         path.mkdir(exist_ok=True)
         return path

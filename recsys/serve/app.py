@@ -128,8 +128,9 @@ def _validation_error(errors: Sequence[Any], content_type: str | None) -> Respon
             reason = error.get("ctx", {}).get("error", "not JSON")
             where = error["loc"][-1] if isinstance(error["loc"][-1], int) else "?"
             return _error({"detail": f"the body is not valid JSON: {shown(reason)} (at character {where})"}, 400)
-    return _error({"detail": [{"loc": _field_loc(e["loc"]), "msg": shown(e["msg"]), "type": e["type"]}
-                              for e in errors]}, 422)
+    return _error(
+        {"detail": [{"loc": _field_loc(e["loc"]), "msg": shown(e["msg"]), "type": e["type"]} for e in errors]}, 422
+    )
 
 
 def _field_loc(loc: Sequence[str | int]) -> list[str | int]:
@@ -175,11 +176,18 @@ def _request_model(cfg: ServeConfig) -> Any:
 
         n: JsonInt = Field(cfg.n, ge=1, le=cfg.max_n, description="how many items to return")
         exclude_seen: bool = Field(True, description="never return the user's clicks or the given items")
-        diversity_lambda: float = Field(0.0, ge=0.0, le=MAX_DIVERSITY_LAMBDA, allow_inf_nan=False,
-                                        description="ComiRec's diversity λ (0: max-score merge)")
+        diversity_lambda: float = Field(
+            0.0,
+            ge=0.0,
+            le=MAX_DIVERSITY_LAMBDA,
+            allow_inf_nan=False,
+            description="ComiRec's diversity λ (0: max-score merge)",
+        )
         fallback_popular: bool | None = Field(
-            None, description="answer the most clicked items for an unknown user or a sequence with no "
-                              "known item (default: serve.fallback_popular)")
+            None,
+            description="answer the most clicked items for an unknown user or a sequence with no "
+            "known item (default: serve.fallback_popular)",
+        )
 
     class ItemsRequest(Options):
         items: list[RawId] = Field(max_length=MAX_ITEMS, description="raw item ids, oldest first")
@@ -231,8 +239,10 @@ RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {"model": RecommendResponse, "description": "the recommendations"},
     400: {"model": BadRequest, "description": "the body is not valid JSON"},
     415: {"model": BadRequest, "description": "the body is not sent as JSON (content-type: application/json)"},
-    404: {"model": NotFound, "description": "unknown user, or an items sequence with no known item "
-                                            "(unless fallback_popular)"},
+    404: {
+        "model": NotFound,
+        "description": "unknown user, or an items sequence with no known item (unless fallback_popular)",
+    },
     422: {"model": InvalidRequest, "description": "the body breaks the schema; every error names its field"},
 }
 
@@ -268,8 +278,10 @@ class _Service:
                 return self.render_popular(req.n, unknown, None)
             what = "is empty" if not raw else "has no known item"
             return _error(
-                {"detail": f"the items sequence {what}; send at least one known item id "
-                           "(or set fallback_popular)", "unknown_items": [shown(u) for u in unknown]},
+                {
+                    "detail": f"the items sequence {what}; send at least one known item id (or set fallback_popular)",
+                    "unknown_items": [shown(u) for u in unknown],
+                },
                 404,
             )
         inputs, lengths = self.rec.sequence_inputs([ids])
@@ -285,7 +297,10 @@ class _Service:
             empty = np.empty(0, dtype=np.int64)
             exclude = Recommender.sequences_csr([empty if job.exclude is None else job.exclude for job in jobs])
         recs = self.rec.recommend(
-            inputs, lengths, np.array([job.n for job in jobs]), exclude=exclude,
+            inputs,
+            lengths,
+            np.array([job.n for job in jobs]),
+            exclude=exclude,
             diversity_lambda=np.array([job.diversity_lambda for job in jobs]),
         )
         return [(recs.ids[b], recs.scores[b], recs.interest_of[b]) for b in range(len(jobs))]
@@ -295,11 +310,29 @@ class _Service:
 
     def render_popular(self, n: int, unknown: list[str], user: str | None) -> bytes:
         recs = self.rec.popular(n)
-        return self._body(recs.ids[0], recs.scores[0], recs.interest_of[0], n=n, unknown=unknown, user=user,
-                          length=0, source="popular")
+        return self._body(
+            recs.ids[0],
+            recs.scores[0],
+            recs.interest_of[0],
+            n=n,
+            unknown=unknown,
+            user=user,
+            length=0,
+            source="popular",
+        )
 
-    def _body(self, ids: np.ndarray, scores: np.ndarray, interest_of: np.ndarray, *, n: int,
-              unknown: list[str], user: str | None, length: int, source: str) -> bytes:
+    def _body(
+        self,
+        ids: np.ndarray,
+        scores: np.ndarray,
+        interest_of: np.ndarray,
+        *,
+        n: int,
+        unknown: list[str],
+        user: str | None,
+        length: int,
+        source: str,
+    ) -> bytes:
         valid = ids > 0
         items = [
             {"item": item, "score": score, "interest": k}
@@ -309,17 +342,30 @@ class _Service:
                 interest_of[valid].tolist(),
             )
         ]
-        return json.dumps({
-            "items": items, "unknown_items": unknown, "n": n, "source": source,
-            "user": user, "input_length": length,
-        }).encode()
+        return json.dumps(
+            {
+                "items": items,
+                "unknown_items": unknown,
+                "n": n,
+                "source": source,
+                "user": user,
+                "input_length": length,
+            }
+        ).encode()
 
 
 def create_app(rec: Recommender, cfg: ServeConfig, *, run: str = "") -> FastAPI:
     """The FastAPI app serving ``rec`` with the limits and defaults of ``cfg``."""
     service = _Service(rec, cfg)
-    info = {**rec.info(), "run": run, "default_n": cfg.n, "max_n": cfg.max_n, "max_batch": cfg.max_batch,
-            "batch_workers": cfg.batch_workers, "fallback_popular": cfg.fallback_popular}
+    info = {
+        **rec.info(),
+        "run": run,
+        "default_n": cfg.n,
+        "max_n": cfg.max_n,
+        "max_batch": cfg.max_batch,
+        "batch_workers": cfg.batch_workers,
+        "fallback_popular": cfg.fallback_popular,
+    }
     RequestBody = _request_model(cfg)
 
     def new_batcher() -> MicroBatcher[_Job, Any]:
@@ -386,8 +432,11 @@ def run_server(
     app = create_app(rec, cfg, run=str(run))
     sock = bind(cfg.host, cfg.port)
     port = sock.getsockname()[1]
-    print(f"serving {run} ({rec.name}, {rec.dataset.num_items - 1:,} items, index {rec.index_name}) "
-          f"on http://{cfg.host}:{port}", flush=True)
+    print(
+        f"serving {run} ({rec.name}, {rec.dataset.num_items - 1:,} items, index {rec.index_name}) "
+        f"on http://{cfg.host}:{port}",
+        flush=True,
+    )
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=access_log))
     server.run(sockets=[sock])
 

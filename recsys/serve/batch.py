@@ -47,8 +47,9 @@ def read_user_file(path: str | Path) -> list[str]:
     return users
 
 
-def resolve_users(rec: Recommender, raw: list[str] | None, *, strict: bool = False,
-                  what: str = "--users") -> tuple[np.ndarray, list[str]]:
+def resolve_users(
+    rec: Recommender, raw: list[str] | None, *, strict: bool = False, what: str = "--users"
+) -> tuple[np.ndarray, list[str]]:
     """User indices to recommend for, and the unknown raw ids.
 
     ``raw = None`` means every user of the dataset. Duplicates are recommended for once (first
@@ -88,26 +89,30 @@ def recommend_table(
     indptr, items = sequences if sequences is not None else (ds.indptr, ds.items)
     labels = rows if sequences is not None else ds.user_raw[rows]
     if not len(rows):
-        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in
-                             zip(COLUMNS, (str, np.int64, str, np.float32, np.int64))})
+        return pd.DataFrame(
+            {c: pd.Series(dtype=t) for c, t in zip(COLUMNS, (str, np.int64, str, np.float32, np.int64))}
+        )
     with progress_bar(len(rows), "recommend", enabled=progress, unit="users") as bar:  # closed on errors too
         parts = []
         for start in range(0, len(rows), batch_size):  # on the GPU: queued, read back once below
             batch = rows[start : start + batch_size]
             inputs, lengths = pad_sequences(indptr, items, batch, rec.max_len)
             exclude = gather_rows(indptr, items, indptr[batch], indptr[batch + 1]) if exclude_seen else None
-            parts.append(rec.recommend(inputs, lengths, n, exclude=exclude, diversity_lambda=diversity_lambda,
-                                       on_device=True))
+            parts.append(
+                rec.recommend(inputs, lengths, n, exclude=exclude, diversity_lambda=diversity_lambda, on_device=True)
+            )
             bar.update(len(batch))
     recs = Recommendations.concat(parts)
     row, col = np.nonzero(recs.ids > 0)
-    return pd.DataFrame({
-        "user": labels[row],
-        "rank": (col + 1).astype(np.int64),
-        "item": ds.item_map.decode(recs.ids[row, col]),
-        "score": recs.scores[row, col],
-        "interest": recs.interest_of[row, col],
-    })
+    return pd.DataFrame(
+        {
+            "user": labels[row],
+            "rank": (col + 1).astype(np.int64),
+            "item": ds.item_map.decode(recs.ids[row, col]),
+            "score": recs.scores[row, col],
+            "interest": recs.interest_of[row, col],
+        }
+    )
 
 
 def output_format(path: str | Path) -> str:

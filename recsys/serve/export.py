@@ -70,11 +70,19 @@ def _write_network(net: _InterestNet, path: Path, fmt: str, max_len: int) -> Non
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # tracer and exporter deprecation notes, not problems
         if fmt == "onnx":
-            atomic_save(path, lambda tmp: torch.onnx.export(
-                net, example, tmp, input_names=["seq", "lengths"], output_names=["interests"],
-                dynamic_axes={"seq": {0: "batch", 1: "length"}, "lengths": {0: "batch"}, "interests": {0: "batch"}},
-                opset_version=OPSET, dynamo=False,
-            ))
+            atomic_save(
+                path,
+                lambda tmp: torch.onnx.export(
+                    net,
+                    example,
+                    tmp,
+                    input_names=["seq", "lengths"],
+                    output_names=["interests"],
+                    dynamic_axes={"seq": {0: "batch", 1: "length"}, "lengths": {0: "batch"}, "interests": {0: "batch"}},
+                    opset_version=OPSET,
+                    dynamo=False,
+                ),
+            )
         else:
             traced = torch.jit.trace(net, example, check_trace=False)
             atomic_write(path, lambda f: torch.jit.save(traced, f))
@@ -102,11 +110,17 @@ def export_run(run: LoadedRun, out: str | Path, fmt: str = "onnx") -> Path:
     ids = pd.DataFrame({"id": np.arange(1, run.dataset.num_items), "item": run.dataset.item_raw[1:]})
     atomic_write_text(out / "items.csv", ids.to_csv(index=False))
     meta = {
-        "format": fmt, "network": NETWORK_FILE[fmt], "model": run.cfg.model.name,
-        "num_interests": int(getattr(run.model, "num_interests", 1)), "dim": int(table.shape[1]),
-        "max_len": max_len, "num_items": int(run.dataset.num_items),
-        "inputs": {"seq": "[B, L] int64 internal item ids, oldest first, right-padded with 0, 1 <= L <= max_len",
-                   "lengths": "[B] int64 valid clicks per row (>= 1)"},
+        "format": fmt,
+        "network": NETWORK_FILE[fmt],
+        "model": run.cfg.model.name,
+        "num_interests": int(getattr(run.model, "num_interests", 1)),
+        "dim": int(table.shape[1]),
+        "max_len": max_len,
+        "num_items": int(run.dataset.num_items),
+        "inputs": {
+            "seq": "[B, L] int64 internal item ids, oldest first, right-padded with 0, 1 <= L <= max_len",
+            "lengths": "[B] int64 valid clicks per row (>= 1)",
+        },
         "outputs": {"interests": "[B, K, d] float32"},
         "scoring": "score(item i) = max over the K interests of <interest, item_embeddings[i]>; skip row 0",
         "source_run": str(run.path),

@@ -115,9 +115,7 @@ class Recommender:
         index_name: str = "",
     ) -> None:
         if retriever.num_items != dataset.num_items:
-            raise ValueError(
-                f"retriever: indexes {retriever.num_items} ids but the dataset has {dataset.num_items}"
-            )
+            raise ValueError(f"retriever: indexes {retriever.num_items} ids but the dataset has {dataset.num_items}")
         self.model = model.eval()
         self.dataset = dataset
         self.retriever = retriever
@@ -166,8 +164,12 @@ class Recommender:
         retriever, where = open_run_index(run, settings, log=log, progress=progress)
         log(f"index: {where}")
         return cls(
-            run.model, run.dataset, retriever, max_len=run.cfg.data.max_len,
-            name=run.cfg.model.name, index_name=retriever.factory,
+            run.model,
+            run.dataset,
+            retriever,
+            max_len=run.cfg.data.max_len,
+            name=run.cfg.model.name,
+            index_name=retriever.factory,
         )
 
     # -- inputs (raw ids become internal ids through ``dataset.item_map`` / ``user_map``) ------
@@ -179,8 +181,9 @@ class Recommender:
     def user_histories(self, users: np.ndarray) -> CSR:
         """``users [B]`` indices -> every click of each user as CSR ``(indptr [B + 1], items)``."""
         users = np.asarray(users, dtype=np.int64)
-        return gather_rows(self.dataset.indptr, self.dataset.items,
-                           self.dataset.indptr[users], self.dataset.indptr[users + 1])
+        return gather_rows(
+            self.dataset.indptr, self.dataset.items, self.dataset.indptr[users], self.dataset.indptr[users + 1]
+        )
 
     def sequence_inputs(self, sequences: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """Internal id sequences (oldest first) -> the last ``max_len`` of each, ``[B, max_len]``
@@ -198,13 +201,28 @@ class Recommender:
 
     # -- answers --------------------------------------------------------------------------
     @overload
-    def recommend(self, inputs: np.ndarray, lengths: np.ndarray, n: int | np.ndarray, *, exclude: CSR | None = None,
-                  diversity_lambda: float | np.ndarray = 0.0,
-                  on_device: Literal[False] = False) -> Recommendations[np.ndarray]: ...
+    def recommend(
+        self,
+        inputs: np.ndarray,
+        lengths: np.ndarray,
+        n: int | np.ndarray,
+        *,
+        exclude: CSR | None = None,
+        diversity_lambda: float | np.ndarray = 0.0,
+        on_device: Literal[False] = False,
+    ) -> Recommendations[np.ndarray]: ...
 
     @overload
-    def recommend(self, inputs: np.ndarray, lengths: np.ndarray, n: int | np.ndarray, *, exclude: CSR | None = None,
-                  diversity_lambda: float | np.ndarray = 0.0, on_device: bool) -> Recommendations[Any]: ...
+    def recommend(
+        self,
+        inputs: np.ndarray,
+        lengths: np.ndarray,
+        n: int | np.ndarray,
+        *,
+        exclude: CSR | None = None,
+        diversity_lambda: float | np.ndarray = 0.0,
+        on_device: bool,
+    ) -> Recommendations[Any]: ...
 
     def recommend(
         self,
@@ -257,8 +275,9 @@ class Recommender:
             if device_search:
                 top = self.retriever.top_items(interests, n_max, dense_t if exclude is not None else None)
                 past = torch.arange(n_max, device=top[0].device)[None, :] >= n_t.to(top[0].device)[:, None]
-                recs = Recommendations(top[0].masked_fill(past, -1), top[1].masked_fill(past, -torch.inf),
-                                       top[2].masked_fill(past, -1))
+                recs = Recommendations(
+                    top[0].masked_fill(past, -1), top[1].masked_fill(past, -torch.inf), top[2].masked_fill(past, -1)
+                )
                 return recs if on_device else Recommendations.concat([recs])
         ids, scores, interest_of = self.retriever.candidates(interests, n_max, exclude)
         num_k = interests.shape[1]
@@ -280,8 +299,7 @@ class Recommender:
             out_ids[rows], out_scores[rows], out_int[rows] = merged
         return self._cut(Recommendations(out_ids, out_scores, out_int), n)
 
-    def popular(self, n: int | np.ndarray, *, exclude: CSR | None = None,
-                rows: int = 1) -> Recommendations[np.ndarray]:
+    def popular(self, n: int | np.ndarray, *, exclude: CSR | None = None, rows: int = 1) -> Recommendations[np.ndarray]:
         """The most clicked items, for ``rows`` requests (``n`` scalar or ``[rows]``), minus
         ``exclude``; scores are click counts, interests ``-1``."""
         n = _per_row(n, rows, np.int64, "n")

@@ -46,9 +46,7 @@ def capture_rng(
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         "torch_generators": {name: g.get_state() for name, g in (torch_generators or {}).items()},
-        "numpy_generators": {
-            name: _plain(g.bit_generator.state) for name, g in (numpy_generators or {}).items()
-        },
+        "numpy_generators": {name: _plain(g.bit_generator.state) for name, g in (numpy_generators or {}).items()},
     }
 
 

@@ -76,10 +76,14 @@ class DivergenceGuard:
         problem = self.problem(loss, grad_norm)
         if distributed.all_true(problem is None, self.device):
             return
-        kept = (f"{self.run.path} keeps the checkpoint and best weights of its last validation"
-                if self.run.has_checkpoint() else "no checkpoint had been written yet")
+        kept = (
+            f"{self.run.path} keeps the checkpoint and best weights of its last validation"
+            if self.run.has_checkpoint()
+            else "no checkpoint had been written yet"
+        )
         advice = f"lower train.lr (now {self.train.lr:g})" + (
-            "; train.grad_clip = 0 leaves the gradients unclipped" if not self.train.grad_clip else "")
+            "; train.grad_clip = 0 leaves the gradients unclipped" if not self.train.grad_clip else ""
+        )
         raise TrainingDiverged(f"training diverged at step {step}: {problem or 'on another rank'}; {advice}; {kept}")
 
     def problem(self, loss: float, grad_norm: float) -> str | None:

@@ -26,8 +26,16 @@ import torch
 
 from recsys.config import Config
 
-__all__ = ["DDP_WARMUP_STEPS", "MIN_NCCL", "WARMUP_STEPS", "capturing", "graph_blocker", "launch_line",
-           "plan_graph", "side_stream"]
+__all__ = [
+    "DDP_WARMUP_STEPS",
+    "MIN_NCCL",
+    "WARMUP_STEPS",
+    "capturing",
+    "graph_blocker",
+    "launch_line",
+    "plan_graph",
+    "side_stream",
+]
 
 WARMUP_STEPS = 3  # eager steps before a capture: lazy state (optimizer moments, autotuning) exists
 DDP_WARMUP_STEPS = 11  # PyTorch: DDP needs 11 eager iterations (its first 10 collect timing stats)
@@ -107,8 +115,9 @@ def capturing(graph: torch.cuda.CUDAGraph, stream: torch.cuda.Stream, *, thread_
     before = torch.cuda.current_stream(device)
     pool = torch.cuda.graph_pool_handle()
     try:
-        with torch.cuda.graph(graph, pool=pool, stream=stream,
-                              capture_error_mode="thread_local" if thread_local else "global"):
+        with torch.cuda.graph(
+            graph, pool=pool, stream=stream, capture_error_mode="thread_local" if thread_local else "global"
+        ):
             yield
     except BaseException:
         torch.cuda.set_stream(before)

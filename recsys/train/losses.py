@@ -118,9 +118,7 @@ def draw_from(probs: Tensor, uniforms: Tensor) -> Tensor:
     return torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[0] - 1)
 
 
-def mixture_log_expected_count(
-    ids: Tensor, base: Sampler, num_base: int, hard_probs: Tensor, num_hard: int
-) -> Tensor:
+def mixture_log_expected_count(ids: Tensor, base: Sampler, num_base: int, hard_probs: Tensor, num_hard: int) -> Tensor:
     """``log E[count of id]`` among ``num_base`` draws from ``base`` and ``num_hard`` from ``hard_probs``.
 
     ``ids [...]`` long -> ``[...]`` fp32 ``log(num_base · p(id) + num_hard · q(id))``: the exact
@@ -175,9 +173,7 @@ class UniformSampler(Sampler):
 
     kind = "uniform"
 
-    def sample(
-        self, n: int, generator: torch.Generator | None = None, device: torch.device | str = "cpu"
-    ) -> Tensor:
+    def sample(self, n: int, generator: torch.Generator | None = None, device: torch.device | str = "cpu") -> Tensor:
         return torch.randint(1, self.num_items, (n,), generator=generator, device=device)
 
     def log_prob(self, ids: Tensor) -> Tensor:
@@ -195,9 +191,7 @@ class LogUniformSampler(Sampler):
 
     kind = "log_uniform"
 
-    def sample(
-        self, n: int, generator: torch.Generator | None = None, device: torch.device | str = "cpu"
-    ) -> Tensor:
+    def sample(self, n: int, generator: torch.Generator | None = None, device: torch.device | str = "cpu") -> Tensor:
         u = torch.rand(n, generator=generator, device=device, dtype=torch.float64)
         ids = torch.exp(u * math.log(self.num_items)).long()  # floor, in 1 .. num_items - 1
         return ids.clamp_(1, self.num_items - 1)  # guards exp() rounding up to num_items
@@ -248,9 +242,7 @@ class UnigramSampler(Sampler):
             self._on_device[device] = (self._cdf.to(device), self._log_p.to(device))
         return self._on_device[device]
 
-    def sample(
-        self, n: int, generator: torch.Generator | None = None, device: torch.device | str = "cpu"
-    ) -> Tensor:
+    def sample(self, n: int, generator: torch.Generator | None = None, device: torch.device | str = "cpu") -> Tensor:
         cdf, _ = self._tables(torch.device(device))
         u = torch.rand(n, generator=generator, device=cdf.device, dtype=torch.float64)
         # first index with cdf > u: never a zero-weight item, never past the end as u < 1 = cdf[-1]
@@ -305,13 +297,10 @@ def _check_user_items(name: str, user: Tensor, target: Tensor, item_emb: Tensor,
         raise ValueError(f"{name}: mask must be bool [{user.shape[0]}], got {mask.dtype} {tuple(mask.shape)}")
     if user.dim() != 2 or item_emb.dim() != 2 or user.shape[1] != item_emb.shape[1]:
         raise ValueError(
-            f"{name}: expected user [B, d] and item_emb [N, d], "
-            f"got {tuple(user.shape)} and {tuple(item_emb.shape)}"
+            f"{name}: expected user [B, d] and item_emb [N, d], got {tuple(user.shape)} and {tuple(item_emb.shape)}"
         )
     if target.shape != (user.shape[0],) or target.dtype != torch.long:
-        raise ValueError(
-            f"{name}: target must be long [{user.shape[0]}], got {target.dtype} {tuple(target.shape)}"
-        )
+        raise ValueError(f"{name}: target must be long [{user.shape[0]}], got {target.dtype} {tuple(target.shape)}")
 
 
 def _finish(logits: Tensor, target_col: Tensor, z_loss: float, mask: Tensor | None = None) -> LossOutput:
@@ -333,6 +322,7 @@ def _reduce(ce: Tensor, log_z: Tensor, row_max: Tensor, z_loss: float, mask: Ten
     """Per-row cross-entropy, log-partition and largest logit (``[B]`` float32 each) -> LossOutput,
     averaged over the rows where ``mask [B]`` is True (every row when None). Masked rows enter
     through ``torch.where``, so they get exactly zero gradient whatever their values."""
+
     def mean(x: Tensor) -> Tensor:
         if mask is None:
             return x.mean()
@@ -406,9 +396,16 @@ def sampled_softmax_loss(
     return _finish(logits, torch.zeros_like(target), z_loss, mask)
 
 
-def full_softmax_loss(user: Tensor, target: Tensor, item_emb: Tensor, *, z_loss: float = 0.0,
-                      interests: Tensor | None = None, backend: str = "auto",
-                      mask: Tensor | None = None) -> LossOutput:
+def full_softmax_loss(
+    user: Tensor,
+    target: Tensor,
+    item_emb: Tensor,
+    *,
+    z_loss: float = 0.0,
+    interests: Tensor | None = None,
+    backend: str = "auto",
+    mask: Tensor | None = None,
+) -> LossOutput:
     """Exact softmax cross-entropy over the whole catalogue, padding row 0 excluded.
 
     ``user [B, d]``, ``target [B]`` long in ``1 .. N - 1``, ``item_emb [N, d]``. Logits
@@ -477,8 +474,9 @@ def chunked_softmax_loss(
     return _reduce(log_z - pos, log_z, row_max, z_loss, mask)
 
 
-def _chunk_logits(user: Tensor, items: Tensor, first: int, exclude: Tensor | None, interests: Tensor | None,
-                  backend: str) -> Tensor:
+def _chunk_logits(
+    user: Tensor, items: Tensor, first: int, exclude: Tensor | None, interests: Tensor | None, backend: str
+) -> Tensor:
     """Float32 logits ``[R, C]`` (:func:`negative_logits`) of ``items [C, d]``, the rows of ids
     ``first .. first + C - 1``; with ``exclude [R]`` ids, each row's excluded id at ``-inf``."""
     logits = negative_logits(user, items, interests, backend=backend)
@@ -501,11 +499,22 @@ class _CatalogueLogSumExp(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, user: Tensor, item_emb: Tensor, exclude: Tensor | None, interests: Tensor | None,
-                chunk_size: int, backend: str) -> tuple[Tensor, Tensor]:
+    def forward(
+        ctx: Any,
+        user: Tensor,
+        item_emb: Tensor,
+        exclude: Tensor | None,
+        interests: Tensor | None,
+        chunk_size: int,
+        backend: str,
+    ) -> tuple[Tensor, Tensor]:
         device_type = user.device.type
-        ctx.autocast = {"device_type": device_type, "dtype": torch.get_autocast_dtype(device_type),
-                        "enabled": torch.is_autocast_enabled(device_type), "cache_enabled": False}
+        ctx.autocast = {
+            "device_type": device_type,
+            "dtype": torch.get_autocast_dtype(device_type),
+            "enabled": torch.is_autocast_enabled(device_type),
+            "cache_enabled": False,
+        }
         ctx.chunk_size, ctx.backend = chunk_size, backend
         lse = torch.full((user.shape[0],), -math.inf, device=user.device)  # [R]
         row_max = torch.full_like(lse, -math.inf)

@@ -69,8 +69,15 @@ def available_bytes(device: torch.device) -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def check_fits(cfg: Config, model: torch.nn.Module, num_items: int, device: torch.device,
-               available: int | None = None, *, step_kept: bool = False) -> int:
+def check_fits(
+    cfg: Config,
+    model: torch.nn.Module,
+    num_items: int,
+    device: torch.device,
+    available: int | None = None,
+    *,
+    step_kept: bool = False,
+) -> int:
     """Raise :class:`ConfigError` when :func:`estimate_bytes` for ``model`` exceeds the memory
     ``available`` on ``device`` (default: :func:`available_bytes`); returns the estimate.
 

@@ -53,10 +53,22 @@ class RunMeter:
         clock: seconds, monotonic (a fake one in tests).
     """
 
-    def __init__(self, plan: TrainPlan, train: TrainConfig, *, start_step: int, samples_per_step: int,
-                 clock: Callable[[], float] = time.perf_counter):
+    def __init__(
+        self,
+        plan: TrainPlan,
+        train: TrainConfig,
+        *,
+        start_step: int,
+        samples_per_step: int,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
         self.plan, self.train, self.start_step, self.samples_per_step, self.clock = (
-            plan, train, start_step, samples_per_step, clock)
+            plan,
+            train,
+            start_step,
+            samples_per_step,
+            clock,
+        )
         self.start = self.window_start = clock()
         self.paused_s = self.window_paused_s = 0.0  # time spent inside paused(), over the run and the window
         self.samples = self.targets = 0.0  # trained over the run

@@ -82,10 +82,17 @@ class TrainPlan:
         budget = f"up to {self.max_steps:,} steps"
         if train.max_steps == 0:
             budget += f" ({train.max_epochs:g} epochs of {self.epoch_steps:,} steps)"
-        cadence = (f"validation every {self.first:,} steps, then every {self.growth:.0%} of the steps so far"
-                   if self.growth else f"validation every {self.first:,} steps")
-        stop = (f"early stop after {train.patience} validations without improvement, not before step "
-                f"{min(self.epoch_steps, self.max_steps):,} (one epoch)" if train.patience else "no early stop")
+        cadence = (
+            f"validation every {self.first:,} steps, then every {self.growth:.0%} of the steps so far"
+            if self.growth
+            else f"validation every {self.first:,} steps"
+        )
+        stop = (
+            f"early stop after {train.patience} validations without improvement, not before step "
+            f"{min(self.epoch_steps, self.max_steps):,} (one epoch)"
+            if train.patience
+            else "no early stop"
+        )
         decay = f"weight decay {self.weight_decay:.3g}" + (" (automatic)" if train.weight_decay < 0 else "")
         return f"plan: {budget}; {cadence}; {stop}; {decay}"
 
@@ -103,8 +110,9 @@ def automatic_weight_decay(train: TrainConfig, model: str, epoch_steps: int) -> 
     return epoch_decay(model) / (train.lr * epoch_steps)
 
 
-def plan_training(train: TrainConfig, model: str, train_indptr: np.ndarray, world_size: int = 1, *,
-                  targets_per_sample: float = 1.0) -> TrainPlan:
+def plan_training(
+    train: TrainConfig, model: str, train_indptr: np.ndarray, world_size: int = 1, *, targets_per_sample: float = 1.0
+) -> TrainPlan:
     """The :class:`TrainPlan` for ``train`` and the model named ``model`` on the training
     sequences ``train_indptr [R + 1]``, with ``world_size`` processes each drawing
     ``train.batch_size`` samples a step, each sample carrying ``targets_per_sample`` targets

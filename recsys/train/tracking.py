@@ -22,8 +22,11 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
     """The TensorBoard scalars of one metrics record: ``{"<split>/<key>": value}`` for every
     int or float value except ``step`` (training rows have no ``split``: they are ``train``)."""
     split = record.get("split", "train")
-    return {f"{split}/{key}": float(value) for key, value in record.items()
-            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool)}
+    return {
+        f"{split}/{key}": float(value)
+        for key, value in record.items()
+        if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool)
+    }
 
 
 class TensorBoardLog:

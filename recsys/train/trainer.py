@@ -84,15 +84,21 @@ class TrainResult:
     out_of_time: bool = False  # train.max_minutes stopped the run (before its plateau stop or step budget)
 
 
-def make_optimizer(model: torch.nn.Module, cfg: Config, device: torch.device, weight_decay: float,
-                   capturable: bool = False) -> torch.optim.Optimizer:
+def make_optimizer(
+    model: torch.nn.Module, cfg: Config, device: torch.device, weight_decay: float, capturable: bool = False
+) -> torch.optim.Optimizer:
     """Fused Adam/AdamW (one pass over each parameter per step, on the CPU too: on taobao's
     37k-item table the unfused CPU update was a third of a step) with ``weight_decay`` (the
     config's, or the automatic value of :mod:`recsys.train.plan`); ``capturable`` keeps its
     state on the device for CUDA graphs."""
     cls = torch.optim.AdamW if cfg.train.optimizer == "adamw" else torch.optim.Adam
-    return cls(model.parameters(), lr=cfg.train.lr, weight_decay=weight_decay, fused=True,
-               capturable=capturable and device.type == "cuda")
+    return cls(
+        model.parameters(),
+        lr=cfg.train.lr,
+        weight_decay=weight_decay,
+        fused=True,
+        capturable=capturable and device.type == "cuda",
+    )
 
 
 class TrainStep:
@@ -117,9 +123,18 @@ class TrainStep:
         weight_decay: the optimiser's (``train.weight_decay``, resolved by :mod:`recsys.train.plan`).
     """
 
-    def __init__(self, model: InterestModel, cfg: Config, device: torch.device, item_counts: Tensor,
-                 generator: torch.Generator, *, world_size: int = 1, log: Log = lambda line: None,
-                 weight_decay: float = 0.0):
+    def __init__(
+        self,
+        model: InterestModel,
+        cfg: Config,
+        device: torch.device,
+        item_counts: Tensor,
+        generator: torch.Generator,
+        *,
+        world_size: int = 1,
+        log: Log = lambda line: None,
+        weight_decay: float = 0.0,
+    ):
         cfg = resolve(cfg)  # automatic values (soft readout steps, targets) as the model's spec says
         self.model, self.cfg, self.device, self.world_size, self.log = model, cfg, device, world_size, log
         t = cfg.train
@@ -127,8 +142,10 @@ class TrainStep:
         if not self.use_graph:
             log(launch_line(cfg, False, why_not))
         self.num_negatives = t.num_negatives or 10 * t.batch_size
-        self.sampler = None if t.full_softmax else make_sampler(
-            t.sampler, item_counts.shape[0], item_counts=item_counts, alpha=t.sampler_alpha
+        self.sampler = (
+            None
+            if t.full_softmax
+            else make_sampler(t.sampler, item_counts.shape[0], item_counts=item_counts, alpha=t.sampler_alpha)
         )
         self.num_hard = round(t.hard_negatives * self.num_negatives)  # drawn near the interests
         self.num_base = self.num_negatives - self.num_hard  # drawn from the sampler
@@ -139,7 +156,8 @@ class TrainStep:
         if world_size > 1:
             with side_stream(self.stream):
                 self.forward = torch.nn.parallel.DistributedDataParallel(
-                    model, device_ids=[device.index] if device.type == "cuda" else None)
+                    model, device_ids=[device.index] if device.type == "cuda" else None
+                )
         self.generator = generator
         self.soft = torch.zeros((), device=device)  # the readout's soft share, set before every step
         # the soft readout's warm-up (K > 1 only); afterwards the step is rebuilt with the plain argmax
@@ -165,8 +183,9 @@ class TrainStep:
         uniforms = torch.rand(self.num_hard, generator=self.generator, device=self.device)
         return base, uniforms
 
-    def loss(self, seq: Tensor, lengths: Tensor, targets: Tensor, negatives: Tensor, hard_uniforms: Tensor,
-             soft: Tensor) -> LossOutput:
+    def loss(
+        self, seq: Tensor, lengths: Tensor, targets: Tensor, negatives: Tensor, hard_uniforms: Tensor, soft: Tensor
+    ) -> LossOutput:
         """``seq [B, L]``, ``lengths [B]``, ``targets`` (``[B]``, or ``[B, L]`` with 0 at padding
         when dense), ``negatives [S_base]``, ``hard_uniforms [S_hard]``, ``soft`` (0-d readout
         blend) on the device -> the loss.
@@ -178,7 +197,8 @@ class TrainStep:
         t = self.cfg.train
         autocast = (  # the autocast weight cache cannot live across graph replays
             torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=not self.use_graph)
-            if self.amp else contextlib.nullcontext()
+            if self.amp
+            else contextlib.nullcontext()
         )
         mask = None
         with autocast:
@@ -197,19 +217,34 @@ class TrainStep:
             item_emb = self.model.item_embeddings()  # [N, d]
             user = readout(interests, item_emb[targets], soft=soft if self.soft_phase else 0.0)  # [R, d]
             if self.sampler is None:
-                out = chunked_softmax_loss(user, targets, item_emb, z_loss=t.z_loss,
-                                           interests=interests if self.max_scores else None,
-                                           backend=self.cfg.model.backend, mask=mask)
+                out = chunked_softmax_loss(
+                    user,
+                    targets,
+                    item_emb,
+                    z_loss=t.z_loss,
+                    interests=interests if self.max_scores else None,
+                    backend=self.cfg.model.backend,
+                    mask=mask,
+                )
             else:
-                out = self._sampled_loss(user, targets, item_emb, negatives, hard_uniforms, interests,
-                                         proposal_interests, mask)
+                out = self._sampled_loss(
+                    user, targets, item_emb, negatives, hard_uniforms, interests, proposal_interests, mask
+                )
         if scores is not None:
             out = dataclasses.replace(out, loss=out.loss + t.attention_reg * attention_collision(scores, lengths))
         return out
 
-    def _sampled_loss(self, user: Tensor, targets: Tensor, item_emb: Tensor, negatives: Tensor,
-                      hard_uniforms: Tensor, interests: Tensor, proposal_interests: Tensor,
-                      mask: Tensor | None) -> LossOutput:
+    def _sampled_loss(
+        self,
+        user: Tensor,
+        targets: Tensor,
+        item_emb: Tensor,
+        negatives: Tensor,
+        hard_uniforms: Tensor,
+        interests: Tensor,
+        proposal_interests: Tensor,
+        mask: Tensor | None,
+    ) -> LossOutput:
         """Sampled softmax over the base negatives plus, with ``train.hard_negatives``, draws from
         :func:`interest_proposal` of ``proposal_interests [B, K, d]``; logQ is the exact expected
         count under the mixture. ``mask [R]`` drops padding rows (dense training)."""
@@ -227,10 +262,17 @@ class TrainStep:
             return mixture_log_expected_count(ids, sampler, self.num_base, probs, self.num_hard)
 
         return sampled_softmax_loss(
-            user, targets, item_emb, negatives,
-            log_q_target=log_q(targets) if t.logq else None, log_q_neg=log_q(negatives) if t.logq else None,
-            remove_accidental_hits=t.remove_accidental_hits, z_loss=t.z_loss,
-            interests=interests if self.max_scores else None, backend=self.cfg.model.backend, mask=mask,
+            user,
+            targets,
+            item_emb,
+            negatives,
+            log_q_target=log_q(targets) if t.logq else None,
+            log_q_neg=log_q(negatives) if t.logq else None,
+            remove_accidental_hits=t.remove_accidental_hits,
+            z_loss=t.z_loss,
+            interests=interests if self.max_scores else None,
+            backend=self.cfg.model.backend,
+            mask=mask,
         )
 
     def _update(self, *batch: Tensor) -> tuple[LossOutput, Tensor | None]:
@@ -255,8 +297,9 @@ class TrainStep:
         """
         self.static_in = tuple(x.clone() for x in batch)
         params = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        saved = {p: {k: v.clone() for k, v in st.items() if torch.is_tensor(v)}
-                 for p, st in self.optimizer.state.items()}
+        saved = {
+            p: {k: v.clone() for k, v in st.items() if torch.is_tensor(v)} for p, st in self.optimizer.state.items()
+        }
         try:
             with side_stream(self.stream):
                 for _ in range(DDP_WARMUP_STEPS if self.world_size > 1 else WARMUP_STEPS):
@@ -292,16 +335,21 @@ class TrainStep:
             return True
         self.use_graph, self.graph, self.static_in, self.static_out = False, None, (), None
         self.optimizer.zero_grad(set_to_none=True)
-        reason = ("capturing the step failed on another rank" if error is None else
-                  f"capturing the step failed: {type(error).__name__}: {(str(error).strip() or '?').splitlines()[0]}")
+        reason = (
+            "capturing the step failed on another rank"
+            if error is None
+            else f"capturing the step failed: {type(error).__name__}: {(str(error).strip() or '?').splitlines()[0]}"
+        )
         if self.cfg.train.cuda_graph is True:
-            raise ValueError(f'train.cuda_graph = true: {reason}; set it to "auto" to fall back to eager '
-                             "launches, or false") from error
+            raise ValueError(
+                f'train.cuda_graph = true: {reason}; set it to "auto" to fall back to eager launches, or false'
+            ) from error
         self.log(launch_line(self.cfg, False, reason))
         return False
 
-    def __call__(self, seq: Tensor, lengths: Tensor, targets: Tensor,
-                 step: int = 0) -> tuple[LossOutput, Tensor | None]:
+    def __call__(
+        self, seq: Tensor, lengths: Tensor, targets: Tensor, step: int = 0
+    ) -> tuple[LossOutput, Tensor | None]:
         """Forward, backward, clip and update at 0-based ``step``; returns the loss and the
         pre-clip gradient norm (a device tensor, or None without clipping). Never syncs the host
         (except once, under DDP, to agree that every rank captured its graph)."""
@@ -327,9 +375,16 @@ def _detached(out: LossOutput) -> LossOutput:
     return dataclasses.replace(out, loss=out.loss.detach())
 
 
-def train(cfg: Config, *, run_dir: str | Path | None = None, resume: bool = False, log: Log = print,
-          clicks: pd.DataFrame | None = None, progress: bool = False,
-          on_validate: OnValidate | None = None) -> TrainResult:
+def train(
+    cfg: Config,
+    *,
+    run_dir: str | Path | None = None,
+    resume: bool = False,
+    log: Log = print,
+    clicks: pd.DataFrame | None = None,
+    progress: bool = False,
+    on_validate: OnValidate | None = None,
+) -> TrainResult:
     """Run a whole experiment (train, validate, early-stop, test). See the module docstring.
 
     Args:
@@ -359,8 +414,13 @@ def train(cfg: Config, *, run_dir: str | Path | None = None, resume: bool = Fals
     rd = RunDir(run_dir) if resume and run_dir is not None else None  # (resume without run_dir raised above)
     if rd is not None:
         rd.require_checkpoint()
-    exp = build_experiment(cfg, dataset=rd.load_dataset() if rd else None, clicks=clicks, progress=progress,
-                           check_memory=functools.partial(check_fits, cfg, device=device, step_kept=capture))
+    exp = build_experiment(
+        cfg,
+        dataset=rd.load_dataset() if rd else None,
+        clicks=clicks,
+        progress=progress,
+        check_memory=functools.partial(check_fits, cfg, device=device, step_kept=capture),
+    )
     ds, split, item_counts = exp.dataset, exp.split, exp.item_counts
     _check_split(ds, split)
     model = exp.model.to(device)
@@ -369,8 +429,11 @@ def train(cfg: Config, *, run_dir: str | Path | None = None, resume: bool = Fals
     if rd is None:  # rank 0 makes the folder; under DDP the other ranks open the same one
         path = None
         if dist.is_main:
-            path = RunDir.create(run_dir).path if run_dir is not None else new_run_dir(
-                cfg.output_dir, cfg.name, model=cfg.model.name, dataset=_data_name(cfg))
+            path = (
+                RunDir.create(run_dir).path
+                if run_dir is not None
+                else new_run_dir(cfg.output_dir, cfg.name, model=cfg.model.name, dataset=_data_name(cfg))
+            )
         path = distributed.broadcast_object(path)
         assert path is not None  # rank 0's folder
         rd = RunDir(path)
@@ -384,16 +447,28 @@ def train(cfg: Config, *, run_dir: str | Path | None = None, resume: bool = Fals
         raise
 
 
-def _run(cfg: Config, rd: RunDir, ds: Dataset, split: Split, item_counts: Tensor, model: InterestModel,
-         dist: distributed.DistInfo, resume: bool, t0: float, log: Log,
-         on_validate: OnValidate | None = None) -> TrainResult:
+def _run(
+    cfg: Config,
+    rd: RunDir,
+    ds: Dataset,
+    split: Split,
+    item_counts: Tensor,
+    model: InterestModel,
+    dist: distributed.DistInfo,
+    resume: bool,
+    t0: float,
+    log: Log,
+    on_validate: OnValidate | None = None,
+) -> TrainResult:
     """:func:`train` once the data, the model and the run directory exist."""
     device = dist.device
     if dist.is_main and not resume:
         rd.save_config(cfg)
         rd.save_dataset(ds)
-    log(f"data: {ds.num_users} users, {ds.num_items - 1} items, {len(ds.items)} clicks; "
-        f"train users {len(split.train_users)}, valid {len(split.valid.users)}, test {len(split.test.users)}")
+    log(
+        f"data: {ds.num_users} users, {ds.num_items - 1} items, {len(ds.items)} clicks; "
+        f"train users {len(split.train_users)}, valid {len(split.valid.users)}, test {len(split.test.users)}"
+    )
 
     planted = planted_for(cfg, ds.user_raw[split.valid.users], ds.category_raw)
 
@@ -420,10 +495,16 @@ def _run(cfg: Config, rd: RunDir, ds: Dataset, split: Split, item_counts: Tensor
         rd.save_test_metrics(test_metrics)
     distributed.cleanup()
     return TrainResult(
-        run_dir=str(rd.path), steps=state.step, best_step=state.best_step, best_valid=state.best,
-        test_metrics=test_metrics, samples_per_s=state.samples_per_s, wall_s=time.perf_counter() - t0,
+        run_dir=str(rd.path),
+        steps=state.step,
+        best_step=state.best_step,
+        best_valid=state.best,
+        test_metrics=test_metrics,
+        samples_per_s=state.samples_per_s,
+        wall_s=time.perf_counter() - t0,
         targets_per_s=state.targets_per_s,
-        cuda_graph=state.cuda_graph, out_of_time=state.out_of_time,
+        cuda_graph=state.cuda_graph,
+        out_of_time=state.out_of_time,
     )
 
 
@@ -440,9 +521,19 @@ class _LoopState:
     out_of_time: bool = False
 
 
-def _optimise(model: InterestModel, cfg: Config, dist: distributed.DistInfo, split: Split, item_counts: Tensor,
-              rd: RunDir, validate: Callable[[], dict[str, float]], key: str, resume: bool, log: Log,
-              on_validate: OnValidate | None = None) -> _LoopState:
+def _optimise(
+    model: InterestModel,
+    cfg: Config,
+    dist: distributed.DistInfo,
+    split: Split,
+    item_counts: Tensor,
+    rd: RunDir,
+    validate: Callable[[], dict[str, float]],
+    key: str,
+    resume: bool,
+    log: Log,
+    on_validate: OnValidate | None = None,
+) -> _LoopState:
     """The optimisation loop with periodic logging, validation, checkpoints and early stopping."""
     t, device = cfg.train, dist.device
     generator = torch.Generator(device=device)
@@ -452,14 +543,23 @@ def _optimise(model: InterestModel, cfg: Config, dist: distributed.DistInfo, spl
         batches = WindowSampler(split.train_indptr, split.train_items, cfg.data.max_len, seed=t.seed + dist.rank)
         per_sample = batches.mean_targets()
     else:
-        batches = TrainSampler(split.train_indptr, split.train_items, cfg.data.max_len,
-                               seed=t.seed + dist.rank, min_target=t.min_target)
+        batches = TrainSampler(
+            split.train_indptr, split.train_items, cfg.data.max_len, seed=t.seed + dist.rank, min_target=t.min_target
+        )
         per_sample = 1.0
     plan = plan_training(t, cfg.model.name, split.train_indptr, dist.world_size, targets_per_sample=per_sample)
     if dist.is_main:
         log(plan.describe(t))
-    step_fn = TrainStep(model, cfg, device, item_counts.to(device), generator, world_size=dist.world_size,
-                        log=log if dist.is_main else lambda line: None, weight_decay=plan.weight_decay)
+    step_fn = TrainStep(
+        model,
+        cfg,
+        device,
+        item_counts.to(device),
+        generator,
+        world_size=dist.world_size,
+        log=log if dist.is_main else lambda line: None,
+        weight_decay=plan.weight_decay,
+    )
     st = _LoopState()
     guard = DivergenceGuard(t, rd, device)
     if resume:
@@ -485,27 +585,45 @@ def _optimise(model: InterestModel, cfg: Config, dist: distributed.DistInfo, spl
         guard.watch(out.loss)
         st.step += 1
         window_steps += 1
-        sums += torch.stack([out.loss.detach(), out.log_z, out.max_logit,
-                             grad_norm.float() if grad_norm is not None else sums.new_zeros(())])
+        sums += torch.stack(
+            [
+                out.loss.detach(),
+                out.log_z,
+                out.max_logit,
+                grad_norm.float() if grad_norm is not None else sums.new_zeros(()),
+            ]
+        )
         if log_now:
             loss, log_z, max_logit, gnorm = (sums / window_steps).tolist()  # the one host sync
             rates = meter.log(window_steps, window_targets * dist.world_size)
-            row = {"step": st.step, "loss": loss, "log_z": log_z, "max_output_logit": max_logit,
-                   "grad_norm": gnorm, "samples_per_s": round(rates.samples_per_s, 1),
-                   "targets_per_s": round(rates.targets_per_s, 1)}
+            row = {
+                "step": st.step,
+                "loss": loss,
+                "log_z": log_z,
+                "max_output_logit": max_logit,
+                "grad_norm": gnorm,
+                "samples_per_s": round(rates.samples_per_s, 1),
+                "targets_per_s": round(rates.targets_per_s, 1),
+            }
             attn = max_attention_logit(model)
             if attn is not None:
                 row["max_attention_logit"] = float(attn)
             if dist.is_main:
                 rd.append_metrics(row)
                 left = meter.time_left(st.step, st.last_eval, st.bad_evals, validated=st.last_eval > 0)
-                log(f"step {st.step}/{max_steps}  loss {loss:.4f}  logZ {log_z:.2f}  |g| {gnorm:.2f}  "
-                    f"{rates.describe()}  {left}".rstrip())
+                log(
+                    f"step {st.step}/{max_steps}  loss {loss:.4f}  logZ {log_z:.2f}  |g| {gnorm:.2f}  "
+                    f"{rates.describe()}  {left}".rstrip()
+                )
             guard.check(st.step, loss, gnorm)
             sums.zero_()
             window_steps, window_targets = 0, 0
-        out_of_time = log_now and st.step < max_steps and t.max_minutes > 0 and distributed.broadcast_flag(
-            time.perf_counter() - meter.start > 60 * t.max_minutes, device)
+        out_of_time = (
+            log_now
+            and st.step < max_steps
+            and t.max_minutes > 0
+            and distributed.broadcast_flag(time.perf_counter() - meter.start > 60 * t.max_minutes, device)
+        )
         if plan.validates_at(st.step, st.last_eval) or out_of_time:
             if window_steps:  # the steps since the last log line, before their weights are checkpointed
                 guard.check(st.step, *(sums[[0, 3]] / window_steps).tolist())
@@ -513,8 +631,9 @@ def _optimise(model: InterestModel, cfg: Config, dist: distributed.DistInfo, spl
             stop = False
             with meter.paused():
                 if dist.is_main:
-                    stop = _validate(st, model, step_fn, batches, generator, rd, validate, key, cfg, log, guard,
-                                     plan, on_validate)
+                    stop = _validate(
+                        st, model, step_fn, batches, generator, rd, validate, key, cfg, log, guard, plan, on_validate
+                    )
             if out_of_time:
                 log(f"stopped at step {st.step}: train.max_minutes={t.max_minutes:g} reached")
                 st.out_of_time = True
@@ -530,10 +649,21 @@ def _optimise(model: InterestModel, cfg: Config, dist: distributed.DistInfo, spl
     return st
 
 
-def _validate(st: _LoopState, model: InterestModel, step_fn: TrainStep, batches: TrainSampler | WindowSampler,
-              generator: torch.Generator, rd: RunDir, validate: Callable[[], dict[str, float]], key: str,
-              cfg: Config, log: Log, guard: DivergenceGuard, plan: TrainPlan,
-              on_validate: OnValidate | None = None) -> bool:
+def _validate(
+    st: _LoopState,
+    model: InterestModel,
+    step_fn: TrainStep,
+    batches: TrainSampler | WindowSampler,
+    generator: torch.Generator,
+    rd: RunDir,
+    validate: Callable[[], dict[str, float]],
+    key: str,
+    cfg: Config,
+    log: Log,
+    guard: DivergenceGuard,
+    plan: TrainPlan,
+    on_validate: OnValidate | None = None,
+) -> bool:
     """Evaluate on the valid users, keep the best weights, checkpoint (with ``guard``'s start loss);
     True when it is time to stop."""
     metrics = validate()
@@ -546,13 +676,24 @@ def _validate(st: _LoopState, model: InterestModel, step_fn: TrainStep, batches:
     rd.append_metrics({"step": st.step, "split": "valid", **metrics})
     patience = cfg.train.patience
     health = "  ".join(f"{label} {metrics[k]:.2f}" for k, label in _HEALTH_LABELS.items() if k in metrics)
-    log(f"valid @ {st.step}: " + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items() if "@" in k)
+    log(
+        f"valid @ {st.step}: "
+        + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items() if "@" in k)
         + ("  (best)" if improved else f"  (no improvement {st.bad_evals}/{patience})")
-        + (f"\n  interests: {health}" if health else ""))
-    rd.save_checkpoint(make_checkpoint(
-        model, step_fn.optimizer, step=st.step, best=st.best, best_step=st.best_step, bad_evals=st.bad_evals,
-        rng=capture_rng({"batches": batches.rng}, {"neg": generator}), **guard.state(),
-    ))
+        + (f"\n  interests: {health}" if health else "")
+    )
+    rd.save_checkpoint(
+        make_checkpoint(
+            model,
+            step_fn.optimizer,
+            step=st.step,
+            best=st.best,
+            best_step=st.best_step,
+            bad_evals=st.bad_evals,
+            rng=capture_rng({"batches": batches.rng}, {"neg": generator}),
+            **guard.state(),
+        )
+    )
     if on_validate is not None:
         on_validate(st.step, metrics)
     return plan.plateau_reached(st.step, st.bad_evals, patience)
@@ -570,8 +711,12 @@ def _check_split(ds: Dataset, split: Split) -> None:
         )
 
 
-_HEALTH_LABELS = {"mi_eff_clicks": "effective clicks", "mi_readout_share_min": "smallest readout share",
-                  "mi_cosine": "cosine", "mi_planted_recovery": "planted recovered"}
+_HEALTH_LABELS = {
+    "mi_eff_clicks": "effective clicks",
+    "mi_readout_share_min": "smallest readout share",
+    "mi_cosine": "cosine",
+    "mi_planted_recovery": "planted recovered",
+}
 
 
 def _data_name(cfg: Config) -> str:

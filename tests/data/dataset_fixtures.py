@@ -46,10 +46,18 @@ def _date(t: int, fmt: str) -> str:
 def ml_100k():
     data = "".join(f"{u}\t{i}\t{3}\t{t}\n" for u, i, t in CLICKS)
     genres = "unknown|0\nAction|1\nComedy|2\n"
-    items = "".join(f"{i}|Movie {i} (1995)|01-Jan-1995||http://x|0|{int(i % 2 == 1)}|{int(i % 2 == 0)}\n"
-                    for i in range(1, 5))
-    files = [_zip({"ml-100k/u.data": data.encode(), "ml-100k/u.item": items.encode("latin-1"),
-                   "ml-100k/u.genre": genres.encode()})]
+    items = "".join(
+        f"{i}|Movie {i} (1995)|01-Jan-1995||http://x|0|{int(i % 2 == 1)}|{int(i % 2 == 0)}\n" for i in range(1, 5)
+    )
+    files = [
+        _zip(
+            {
+                "ml-100k/u.data": data.encode(),
+                "ml-100k/u.item": items.encode("latin-1"),
+                "ml-100k/u.genre": genres.encode(),
+            }
+        )
+    ]
     return files, {**BASE, "categories": 2}
 
 
@@ -63,15 +71,30 @@ def ml_1m():
 def ml_20m():
     ratings = "userId,movieId,rating,timestamp\n" + "".join(f"{u},{i},3.5,{t}\n" for u, i, t in CLICKS)
     movies = "movieId,title,genres\n" + "".join(
-        f'{i},"Title, The ({i})",{"(no genres listed)" if i == 4 else "Action|Drama"}\n' for i in range(1, 5))
+        f'{i},"Title, The ({i})",{"(no genres listed)" if i == 4 else "Action|Drama"}\n' for i in range(1, 5)
+    )
     files = [_zip({"ml-20m/ratings.csv": ratings.encode(), "ml-20m/movies.csv": movies.encode()})]
     return files, {**BASE, "categories": 1}
 
 
 def _amazon_lines() -> bytes:
-    return "".join(json.dumps({"reviewerID": f"A{u}X", "asin": f"B00{i}", "reviewerName": "N, Jr.", "helpful": [0, 0],
-                               "reviewText": "ok", "overall": 5.0, "summary": "s", "unixReviewTime": t,
-                               "reviewTime": "01 1, 2001"}) + "\n" for u, i, t in CLICKS).encode()
+    return "".join(
+        json.dumps(
+            {
+                "reviewerID": f"A{u}X",
+                "asin": f"B00{i}",
+                "reviewerName": "N, Jr.",
+                "helpful": [0, 0],
+                "reviewText": "ok",
+                "overall": 5.0,
+                "summary": "s",
+                "unixReviewTime": t,
+                "reviewTime": "01 1, 2001",
+            }
+        )
+        + "\n"
+        for u, i, t in CLICKS
+    ).encode()
 
 
 def amazon_reviews():
@@ -79,20 +102,53 @@ def amazon_reviews():
 
 
 def yelp():
-    reviews = "".join(json.dumps({"review_id": f"r{n}", "user_id": f"u{u}", "business_id": f"b{i}", "stars": 4,
-                                  "date": _date(t, "%Y-%m-%d %H:%M:%S"), "text": "x"}) + "\n"
-                      for n, (u, i, t) in enumerate(CLICKS))
-    business = "".join(json.dumps({"business_id": f"b{i}", "categories": None if i == 4 else f"Food{i % 2}, Bars"})
-                       + "\n" for i in range(1, 5))
-    files = [_tar({"yelp_academic_dataset_business.json": business.encode(),
-                   "yelp_academic_dataset_review.json": reviews.encode()})]
+    reviews = "".join(
+        json.dumps(
+            {
+                "review_id": f"r{n}",
+                "user_id": f"u{u}",
+                "business_id": f"b{i}",
+                "stars": 4,
+                "date": _date(t, "%Y-%m-%d %H:%M:%S"),
+                "text": "x",
+            }
+        )
+        + "\n"
+        for n, (u, i, t) in enumerate(CLICKS)
+    )
+    business = "".join(
+        json.dumps({"business_id": f"b{i}", "categories": None if i == 4 else f"Food{i % 2}, Bars"}) + "\n"
+        for i in range(1, 5)
+    )
+    files = [
+        _tar(
+            {
+                "yelp_academic_dataset_business.json": business.encode(),
+                "yelp_academic_dataset_review.json": reviews.encode(),
+            }
+        )
+    ]
     return files, {**BASE, "categories": 2}
 
 
 def steam():
-    lines = "".join(repr({"username": f"Player {u}", "hours": 1.5, "products": 3, "product_id": str(100 + i),
-                          "page_order": 0, "date": _date(t, "%Y-%m-%d"), "text": "it's fine", "early_access": False,
-                          "page": 1}) + "\n" for u, i, t in CLICKS)
+    lines = "".join(
+        repr(
+            {
+                "username": f"Player {u}",
+                "hours": 1.5,
+                "products": 3,
+                "product_id": str(100 + i),
+                "page_order": 0,
+                "date": _date(t, "%Y-%m-%d"),
+                "text": "it's fine",
+                "early_access": False,
+                "page": 1,
+            }
+        )
+        + "\n"
+        for u, i, t in CLICKS
+    )
     return [gzip.compress(lines.encode())], dict(BASE)
 
 
@@ -111,17 +167,35 @@ def retailrocket():
 # ComiRec fixtures: 10 users x 6 clicks over items 1-4, and two users dropped by ComiRec's
 # filters: item 9 has 3 clicks (< 5, dropped), then user 11 has 4 clicks on kept items and user 12 none
 COMIREC_CLICKS = [(u, (u + k) % 4 + 1, 1_000_000_000 + 86_400 * (10 * u + k)) for u in range(1, 11) for k in range(6)]
-COMIREC_CLICKS += [(11, 9, 1_000_000_000), (11, 9, 1_000_000_001), (12, 9, 1_000_000_002),
-                   (11, 1, 1_000_000_003), (11, 2, 1_000_000_004), (11, 3, 1_000_000_005), (11, 4, 1_000_000_006)]
-COMIREC_COUNTS = {"users": 10, "items": 4, "clicks": 60, "categories": 2, "train_users": 8, "valid_users": 1,
-                  "test_users": 1}
+COMIREC_CLICKS += [
+    (11, 9, 1_000_000_000),
+    (11, 9, 1_000_000_001),
+    (12, 9, 1_000_000_002),
+    (11, 1, 1_000_000_003),
+    (11, 2, 1_000_000_004),
+    (11, 3, 1_000_000_005),
+    (11, 4, 1_000_000_006),
+]
+COMIREC_COUNTS = {
+    "users": 10,
+    "items": 4,
+    "clicks": 60,
+    "categories": 2,
+    "train_users": 8,
+    "valid_users": 1,
+    "test_users": 1,
+}
 
 
 def comirec_book():
-    reviews = "".join(json.dumps({"reviewerID": f"A{u}", "asin": f"B{i}", "overall": 4.0, "unixReviewTime": t}) + "\n"
-                      for u, i, t in COMIREC_CLICKS)
-    meta = "".join(repr({"asin": f"B{i}", "title": "t", "categories": [["Books", f"Genre{i % 2}"], ["Other"]]}) + "\n"
-                   for i in (1, 2, 3, 4, 9))
+    reviews = "".join(
+        json.dumps({"reviewerID": f"A{u}", "asin": f"B{i}", "overall": 4.0, "unixReviewTime": t}) + "\n"
+        for u, i, t in COMIREC_CLICKS
+    )
+    meta = "".join(
+        repr({"asin": f"B{i}", "title": "t", "categories": [["Books", f"Genre{i % 2}"], ["Other"]]}) + "\n"
+        for i in (1, 2, 3, 4, 9)
+    )
     return [gzip.compress(reviews.encode()), gzip.compress(meta.encode())], dict(COMIREC_COUNTS)
 
 
@@ -131,9 +205,17 @@ def comirec_taobao():
 
 
 BUILDERS = {
-    "ml-100k": ml_100k, "ml-1m": ml_1m, "ml-20m": ml_20m, "amazon-beauty": amazon_reviews,
-    "amazon-sports": amazon_reviews, "yelp": yelp, "steam": steam, "gowalla": gowalla,
-    "retailrocket": retailrocket, "amazon-books-comirec": comirec_book, "taobao-comirec": comirec_taobao,
+    "ml-100k": ml_100k,
+    "ml-1m": ml_1m,
+    "ml-20m": ml_20m,
+    "amazon-beauty": amazon_reviews,
+    "amazon-sports": amazon_reviews,
+    "yelp": yelp,
+    "steam": steam,
+    "gowalla": gowalla,
+    "retailrocket": retailrocket,
+    "amazon-books-comirec": comirec_book,
+    "taobao-comirec": comirec_taobao,
 }
 
 
@@ -164,7 +246,7 @@ class FileServer:
                 self.end_headers()
                 if self.path in server.cut:
                     server.cut.discard(self.path)
-                    self.wfile.write(data[start:start + (len(data) - start) // 2])
+                    self.wfile.write(data[start : start + (len(data) - start) // 2])
                     self.wfile.flush()
                     self.close_connection = True
                     return

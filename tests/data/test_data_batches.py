@@ -28,7 +28,7 @@ def test_pad_sequences_matches_a_loop(max_len):
         assert got.shape == (40, max_len) and got.dtype == np.int64
         for b, u in enumerate(users):
             stop = ends[b] if use_ends else indptr[u + 1]
-            window = items[indptr[u]:stop][-max_len:]
+            window = items[indptr[u] : stop][-max_len:]
             assert lengths[b] == len(window)
             assert got[b].tolist() == window.tolist() + [0] * (max_len - len(window))
 
@@ -45,7 +45,7 @@ def test_gather_rows_matches_a_loop():
     ends = indptr[1:] - np.diff(indptr) // 4
     out_indptr, out_items = gather_rows(indptr, items, starts, ends)
     for r in range(30):
-        assert out_items[out_indptr[r]:out_indptr[r + 1]].tolist() == items[starts[r]:ends[r]].tolist()
+        assert out_items[out_indptr[r] : out_indptr[r + 1]].tolist() == items[starts[r] : ends[r]].tolist()
 
 
 def test_targets_follow_their_history_in_the_real_sequence():
@@ -61,9 +61,9 @@ def test_targets_follow_their_history_in_the_real_sequence():
     assert np.all(t >= 1)
     assert np.all(lengths == np.minimum(t, 8))
     for b in range(0, 5000, 7):
-        history = items[indptr[u[b]]:pos[b]][-8:]
+        history = items[indptr[u[b]] : pos[b]][-8:]
         assert seq[b, : lengths[b]].tolist() == history.tolist()
-        assert not seq[b, lengths[b]:].any()
+        assert not seq[b, lengths[b] :].any()
 
 
 def test_sampler_covers_users_and_positions_uniformly():

@@ -56,8 +56,9 @@ def test_matches_the_rules_one_click_at_a_time(seed):
 
     pairs = [(f"i{x}", f"c{x % 7 + rng.integers(0, 2)}") for x in rng.integers(0, 400, 2000)]
     ref_cates, ref_item_cate = reference_categories(pairs, {item: n + 1 for n, item in enumerate(ref_items)})
-    cates, item_cate = comirec_categories(np.array([p[0] for p in pairs], dtype=object),
-                                          np.array([p[1] for p in pairs], dtype=object), data.item_raw)
+    cates, item_cate = comirec_categories(
+        np.array([p[0] for p in pairs], dtype=object), np.array([p[1] for p in pairs], dtype=object), data.item_raw
+    )
     assert cates.tolist() == ref_cates
     assert list(item_cate.items()) == list(ref_item_cate.items())
 
@@ -66,11 +67,19 @@ def test_written_files_follow_comirecs_layout(tmp_path):
     clicks = [(f"u{u}", f"i{(u + k) % 6}", float(k)) for u in range(20) for k in range(7)]
     users, items, times = (np.array(col, dtype=object) for col in zip(*clicks))
     data = comirec_filter(users, items, times.astype(float))
-    cates, item_cate = comirec_categories(items, np.array([f"c{int(i[1:]) % 2}" for i in items], dtype=object),
-                                          data.item_raw)
+    cates, item_cate = comirec_categories(
+        items, np.array([f"c{int(i[1:]) % 2}" for i in items], dtype=object), data.item_raw
+    )
     counts = write_comirec(data, cates, item_cate, tmp_path / "comirec", tmp_path / "maps", "book")
-    assert counts == {"users": 20, "items": 6, "clicks": 140, "categories": 2,
-                      "train_users": 16, "valid_users": 2, "test_users": 2}
+    assert counts == {
+        "users": 20,
+        "items": 6,
+        "clicks": 140,
+        "categories": 2,
+        "train_users": 16,
+        "valid_users": 2,
+        "test_users": 2,
+    }
     train = (tmp_path / "comirec" / "book_train.txt").read_text().splitlines()
     assert len(train) == 16 * 7 and train[0].startswith("0,")
     assert [line.split(",")[2] for line in train[:7]] == [str(p) for p in range(7)]

@@ -32,8 +32,9 @@ def server():
     s.close()
 
 
-def local_registry(tmp_path: Path, server: FileServer, name: str, files: list[bytes], *, check: str = "sha256",
-                   size_offset: int = 0) -> Path:
+def local_registry(
+    tmp_path: Path, server: FileServer, name: str, files: list[bytes], *, check: str = "sha256", size_offset: int = 0
+) -> Path:
     """A registry folder holding <name>.toml with its files served by ``server``:
     ``check`` is "sha256" (the right digest), "wrong" (a wrong digest) or "size" (no digest)."""
     real = tomllib.loads((REGISTRY_DIR / f"{name}.toml").read_text())["dataset"]
@@ -41,9 +42,13 @@ def local_registry(tmp_path: Path, server: FileServer, name: str, files: list[by
     for spec, data in zip(real["files"], files):
         server.files[f"/{name}/{spec['name']}"] = data
         digest = hashlib.sha256(data).hexdigest() if check == "sha256" else "0" * 64 if check == "wrong" else ""
-        lines += ["[[dataset.files]]", f"name = {json.dumps(spec['name'])}",
-                  f'url = "{server.url}/{name}/{spec["name"]}"', f'sha256 = "{digest}"',
-                  f"size = {len(data) + size_offset}"]
+        lines += [
+            "[[dataset.files]]",
+            f"name = {json.dumps(spec['name'])}",
+            f'url = "{server.url}/{name}/{spec["name"]}"',
+            f'sha256 = "{digest}"',
+            f"size = {len(data) + size_offset}",
+        ]
     folder = tmp_path / "registry"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{name}.toml").write_text("\n".join(lines) + "\n")
@@ -64,8 +69,9 @@ def test_download_and_convert_every_registered_format(name, server, tmp_path):
     folder = fetch(name, dest=tmp_path / "root", registry_dir=registry, progress=False, log=quiet(log))
     prepared = json.loads((folder / "prepared.json").read_text())
     assert prepared["counts"] == counts
-    assert prepared["sha256"] == {spec.name: hashlib.sha256(data).hexdigest()
-                                  for spec, data in zip(entry(name, registry).files, files)}
+    assert prepared["sha256"] == {
+        spec.name: hashlib.sha256(data).hexdigest() for spec, data in zip(entry(name, registry).files, files)
+    }
     for spec, data in zip(entry(name, registry).files, files):
         assert (folder / "raw" / spec.name).read_bytes() == data
 
@@ -80,8 +86,13 @@ def test_download_and_convert_every_registered_format(name, server, tmp_path):
 
 def test_clicks_csv_keeps_times_and_categories(server, tmp_path):
     files, _ = BUILDERS["ml-1m"]()
-    folder = fetch("ml-1m", dest=tmp_path, registry_dir=local_registry(tmp_path, server, "ml-1m", files),
-                   progress=False, log=quiet([]))
+    folder = fetch(
+        "ml-1m",
+        dest=tmp_path,
+        registry_dir=local_registry(tmp_path, server, "ml-1m", files),
+        progress=False,
+        log=quiet([]),
+    )
     clicks = pd.read_csv(folder / "clicks.csv")
     assert list(clicks.columns) == ["user", "item", "timestamp", "category"]
     assert clicks.iloc[0].tolist() == [1, 2, 1_000_864_000, "Comedy"]
@@ -131,8 +142,13 @@ def test_checksum_mismatch_deletes_the_download(server, tmp_path):
 def test_unknown_checksum_prints_the_sha256_and_checks_the_size(server, tmp_path):
     files, _ = BUILDERS["gowalla"]()
     log: list[str] = []
-    fetch("gowalla", dest=tmp_path, registry_dir=local_registry(tmp_path, server, "gowalla", files, check="size"),
-          progress=False, log=log.append)
+    fetch(
+        "gowalla",
+        dest=tmp_path,
+        registry_dir=local_registry(tmp_path, server, "gowalla", files, check="size"),
+        progress=False,
+        log=log.append,
+    )
     assert any(hashlib.sha256(files[0]).hexdigest() in line and "record it" in line for line in log)
 
     bad = local_registry(tmp_path / "bad", server, "gowalla", files, check="size", size_offset=1)
@@ -151,11 +167,17 @@ def test_offline_error_names_the_url_and_the_from_alternative(tmp_path, capsys, 
         port = s.getsockname()[1]
     registry = tmp_path / "registry"
     registry.mkdir()
-    text = (REGISTRY_DIR / "ml-100k.toml").read_text().replace(
-        "https://files.grouplens.org/datasets/movielens/ml-100k.zip", f"http://127.0.0.1:{port}/ml-100k.zip")
+    text = (
+        (REGISTRY_DIR / "ml-100k.toml")
+        .read_text()
+        .replace("https://files.grouplens.org/datasets/movielens/ml-100k.zip", f"http://127.0.0.1:{port}/ml-100k.zip")
+    )
     (registry / "ml-100k.toml").write_text(text)
-    with pytest.raises(FetchError, match=rf"cannot download http://127.0.0.1:{port}/ml-100k.zip.*offline\?.*"
-                                         r"recsys data fetch ml-100k --from FILE"):
+    with pytest.raises(
+        FetchError,
+        match=rf"cannot download http://127.0.0.1:{port}/ml-100k.zip.*offline\?.*"
+        r"recsys data fetch ml-100k --from FILE",
+    ):
         fetch("ml-100k", registry_dir=registry, progress=False, log=quiet([]))
 
     monkeypatch.setattr("recsys.data.registry.REGISTRY_DIR", registry)
@@ -167,9 +189,12 @@ def test_offline_error_names_the_url_and_the_from_alternative(tmp_path, capsys, 
 
 
 def test_manual_dataset_says_where_to_download_and_where_to_put_it(tmp_path):
-    with pytest.raises(FetchError, match=r"needs UserBehavior.csv.zip downloaded by hand.*tianchi.aliyun.com/dataset/"
-                                         rf"649.*put it at {tmp_path}/taobao-comirec/raw/UserBehavior.csv.zip"
-                                         r".*--from FILE"):
+    with pytest.raises(
+        FetchError,
+        match=r"needs UserBehavior.csv.zip downloaded by hand.*tianchi.aliyun.com/dataset/"
+        rf"649.*put it at {tmp_path}/taobao-comirec/raw/UserBehavior.csv.zip"
+        r".*--from FILE",
+    ):
         fetch("taobao-comirec", dest=tmp_path, progress=False, log=quiet([]))
 
 
@@ -181,7 +206,11 @@ def test_from_file_converts_and_a_bad_one_is_kept(tmp_path):
     folder = fetch("taobao-comirec", dest=tmp_path, sources=[given], progress=False, log=log.append)
     assert json.loads((folder / "prepared.json").read_text())["counts"] == counts
     assert sorted(p.name for p in (folder / "comirec").iterdir()) == [
-        "taobao_item_cate.txt", "taobao_test.txt", "taobao_train.txt", "taobao_valid.txt"]
+        "taobao_item_cate.txt",
+        "taobao_test.txt",
+        "taobao_train.txt",
+        "taobao_valid.txt",
+    ]
     assert any(line.startswith("taobao-comirec: 10 users (published: 976,779)") for line in log)
 
     with pytest.raises(FetchError, match="--from .*: has md5 .*expected"):

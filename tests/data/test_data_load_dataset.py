@@ -11,8 +11,16 @@ from recsys.data import describe, load_dataset
 
 
 def small_synthetic(tmp_path, *extra: str):
-    return load_config(None, ["synthetic.num_users=200", "synthetic.num_items=100",
-                              "synthetic.num_categories=5", f"data.cache_dir={tmp_path / 'cache'}", *extra])
+    return load_config(
+        None,
+        [
+            "synthetic.num_users=200",
+            "synthetic.num_items=100",
+            "synthetic.num_categories=5",
+            f"data.cache_dir={tmp_path / 'cache'}",
+            *extra,
+        ],
+    )
 
 
 def test_synthetic_source_and_cache(tmp_path):
@@ -31,8 +39,15 @@ def test_synthetic_source_and_cache(tmp_path):
 def test_cache_follows_the_source_file(tmp_path):
     path = tmp_path / "log.csv"
     path.write_text("user,item,timestamp\n" + "".join(f"u{u},i{i},{i}\n" for u in range(3) for i in range(2)))
-    cfg = load_config(None, [f"data.source={path}", f"data.cache_dir={tmp_path / 'cache'}",
-                             "data.min_item_count=1", "data.min_user_count=1"])
+    cfg = load_config(
+        None,
+        [
+            f"data.source={path}",
+            f"data.cache_dir={tmp_path / 'cache'}",
+            "data.min_item_count=1",
+            "data.min_user_count=1",
+        ],
+    )
     assert load_dataset(cfg).num_users == 3
     path.write_text(path.read_text() + "u9,i0,5\n")
     os.utime(path, ns=(0, 10**9))  # a different size and mtime: the cached entry is stale

@@ -21,7 +21,9 @@ def clicks(rows: list[tuple], time_is_position: bool = False) -> pd.DataFrame:
 
 def sequences(ds: Dataset) -> dict[str, list[str]]:
     """Raw user -> raw items in stored order."""
-    return {ds.user_raw[u]: ds.item_raw[ds.items[ds.indptr[u]:ds.indptr[u + 1]]].tolist() for u in range(ds.num_users)}
+    return {
+        ds.user_raw[u]: ds.item_raw[ds.items[ds.indptr[u] : ds.indptr[u + 1]]].tolist() for u in range(ds.num_users)
+    }
 
 
 def test_filter_items_then_users_and_kcore():
@@ -45,8 +47,18 @@ def test_filter_items_then_users_and_kcore():
 
 
 def test_ids_by_falling_popularity_ties_by_numeric_raw_id():
-    df = clicks([("u1", "10", 0), ("u1", "9", 1), ("u2", "10", 0), ("u2", "9", 1), ("u2", "100", 2),
-                 ("u3", "100", 0), ("u3", "10", 1), ("u3", "2", 2)])
+    df = clicks(
+        [
+            ("u1", "10", 0),
+            ("u1", "9", 1),
+            ("u2", "10", 0),
+            ("u2", "9", 1),
+            ("u2", "100", 2),
+            ("u3", "100", 0),
+            ("u3", "10", 1),
+            ("u3", "2", 2),
+        ]
+    )
     ds = prepare(df, DataConfig(min_item_count=0, min_user_count=0))
     # 10: 3 clicks; 9 and 100: 2 (tie: 9 < 100 numerically); 2: 1
     assert ds.item_raw.tolist() == ["<pad>", "10", "9", "100", "2"]
@@ -74,15 +86,25 @@ def test_sequences_sorted_by_time_with_stable_ties():
 
 
 def test_positions_only_source_keeps_no_times():
-    ds = prepare(clicks([("u", "a", 0), ("u", "b", 1)], time_is_position=True),
-                 DataConfig(min_item_count=0, min_user_count=0))
+    ds = prepare(
+        clicks([("u", "a", 0), ("u", "b", 1)], time_is_position=True), DataConfig(min_item_count=0, min_user_count=0)
+    )
     assert ds.times is None
     assert ds.stats()["timestamps"] is False
 
 
 def test_categories_first_label_unknown_zero_and_popularity_order():
-    df = clicks([("u", "a", 0, "X"), ("u", "b", 1, None), ("v", "b", 0, "Y"), ("v", "c", 1, "Z"),
-                 ("v", "a", 2, "Q"), ("w", "b", 0, "Y"), ("w", "d", 1, None)])
+    df = clicks(
+        [
+            ("u", "a", 0, "X"),
+            ("u", "b", 1, None),
+            ("v", "b", 0, "Y"),
+            ("v", "c", 1, "Z"),
+            ("v", "a", 2, "Q"),
+            ("w", "b", 0, "Y"),
+            ("w", "d", 1, None),
+        ]
+    )
     df["category"] = df["category"].astype("str")
     ds = prepare(df, DataConfig(min_item_count=0, min_user_count=0))
     by_item = dict(zip(ds.item_raw.tolist(), ds.category_raw[ds.item_category].tolist()))

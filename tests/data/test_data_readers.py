@@ -301,7 +301,7 @@ def test_lone_carriage_returns_end_lines(tmp_path):
 
 def test_fields_longer_than_pythons_csv_limit_are_read(tmp_path):
     long_id = "x" * 140_000
-    path = write(tmp_path / "log.csv", f"user,item,timestamp,{long_id}\nu1,\"{long_id}\",1,\nu2,i2,soon,\n")
+    path = write(tmp_path / "log.csv", f'user,item,timestamp,{long_id}\nu1,"{long_id}",1,\nu2,i2,soon,\n')
     with pytest.warns(DataWarning, match=r"skipped 1 malformed line \(line 3\)"):
         df = read(path, skip_bad_rows=True)
     assert df["item"].tolist() == [long_id]
@@ -331,6 +331,9 @@ def test_parquet_missing_column_names_the_option(tmp_path):
     pytest.importorskip("pyarrow")
     path = tmp_path / "log.parquet"
     pd.DataFrame({"user": ["a"], "item": ["x"], "timestamp": [1]}).to_parquet(path)
-    with pytest.raises(DataError, match=r"^\S*log\.parquet: no column 'cat' \(data\.category_col\); the columns are "
-                                        r"\['user', 'item', 'timestamp'\]$"):
+    with pytest.raises(
+        DataError,
+        match=r"^\S*log\.parquet: no column 'cat' \(data\.category_col\); the columns are "
+        r"\['user', 'item', 'timestamp'\]$",
+    ):
         read(path, category_col="cat")

@@ -23,7 +23,8 @@ FORMATS = ["auto", "csv", "tsv", "comirec", "sequences"]
 # ids: any text a CSV field can hold (quotes, delimiters, spaces at either end), but no line
 # breaks, no NUL and not only blanks
 _id_chars = st.characters(blacklist_categories=("Cs", "Cc"), blacklist_characters="\x00") | st.sampled_from(
-    [" ", "\t", ",", '"', "'", "é", "😀"])
+    [" ", "\t", ",", '"', "'", "é", "😀"]
+)
 ids = st.text(_id_chars, min_size=1, max_size=12).filter(lambda s: s.strip() != "" and "\ufeff" not in s)
 
 
@@ -39,8 +40,12 @@ def _file(data: bytes, name: str) -> Path:
 
 
 @SETTINGS
-@given(data=st.binary(max_size=400), name=st.sampled_from(["x.csv", "x.tsv", "x.txt", "x"]),
-       fmt=st.sampled_from(FORMATS), skip=st.booleans())
+@given(
+    data=st.binary(max_size=400),
+    name=st.sampled_from(["x.csv", "x.tsv", "x.txt", "x"]),
+    fmt=st.sampled_from(FORMATS),
+    skip=st.booleans(),
+)
 def test_random_bytes_give_clicks_or_a_data_error_naming_the_file(data, name, fmt, skip):
     path = _file(data, name)
     try:
@@ -52,8 +57,11 @@ def test_random_bytes_give_clicks_or_a_data_error_naming_the_file(data, name, fm
 
 
 @SETTINGS
-@given(text=st.text(max_size=200), encoding=st.sampled_from(["utf-8", "utf-16", "latin-1", "cp1252"]),
-       fmt=st.sampled_from(FORMATS))
+@given(
+    text=st.text(max_size=200),
+    encoding=st.sampled_from(["utf-8", "utf-16", "latin-1", "cp1252"]),
+    fmt=st.sampled_from(FORMATS),
+)
 def test_text_in_any_encoding_gives_clicks_or_a_data_error(text, encoding, fmt):
     try:
         data = text.encode(encoding)
@@ -67,10 +75,12 @@ def test_text_in_any_encoding_gives_clicks_or_a_data_error(text, encoding, fmt):
 
 
 @SETTINGS
-@given(rows=st.lists(st.tuples(ids, ids, st.integers(0, 10**9)), min_size=1, max_size=25),
-       sep=st.sampled_from([",", "\t"]),
-       quoting=st.sampled_from([csv.QUOTE_MINIMAL, csv.QUOTE_ALL, csv.QUOTE_NONNUMERIC]),
-       line_end=st.sampled_from(["\n", "\r\n"]))
+@given(
+    rows=st.lists(st.tuples(ids, ids, st.integers(0, 10**9)), min_size=1, max_size=25),
+    sep=st.sampled_from([",", "\t"]),
+    quoting=st.sampled_from([csv.QUOTE_MINIMAL, csv.QUOTE_ALL, csv.QUOTE_NONNUMERIC]),
+    line_end=st.sampled_from(["\n", "\r\n"]),
+)
 def test_ids_round_trip_exactly_through_any_delimiter_and_quoting(rows, sep, quoting, line_end):
     buf = io.StringIO()
     writer = csv.writer(buf, delimiter=sep, quoting=quoting, lineterminator=line_end)
@@ -114,8 +124,12 @@ def _damaged(damage: str, sep: str, draw) -> Line:
         return Line(sep.join(fields).encode(), opens_quote=True)
     if damage == "invalid utf-8":
         return Line(sep.join(fields).encode().replace(b"di", b"d\xffi"))
-    text = {"extra field": fields + ["x"], "missing time": fields[:2], "empty user": [""] + fields[1:],
-            "bad time": fields[:2] + ["soon"]}[damage]
+    text = {
+        "extra field": fields + ["x"],
+        "missing time": fields[:2],
+        "empty user": [""] + fields[1:],
+        "bad time": fields[:2] + ["soon"],
+    }[damage]
     return Line(sep.join(text).encode())
 
 
@@ -152,8 +166,11 @@ def damaged_files(draw, fmt: str) -> tuple[list[Line], bytes, str]:
     return lines, draw(st.sampled_from([b"\n", b"\r\n", b"\r"])), name
 
 
-tokens = st.text(st.characters(blacklist_categories=("Cs", "Cc", "Zs", "Zl", "Zp"), blacklist_characters="\ufeff"),
-                 min_size=1, max_size=8).filter(lambda s: s.split() == [s])
+tokens = st.text(
+    st.characters(blacklist_categories=("Cs", "Cc", "Zs", "Zl", "Zp"), blacklist_characters="\ufeff"),
+    min_size=1,
+    max_size=8,
+).filter(lambda s: s.split() == [s])
 
 
 def _bad_sequence(damage: str) -> Line:
@@ -177,7 +194,7 @@ def _expected(lines: list[Line], fmt: str) -> tuple[int | None, int | None, list
     def swallowed(n: int) -> bool:
         return any(a <= n <= b for a, b in spans)
 
-    data = list(enumerate(lines, 1))[0 if fmt == "sequences" else 1:]
+    data = list(enumerate(lines, 1))[0 if fmt == "sequences" else 1 :]
     bad = [n for n, line in data if line.row is None and line.data.strip()]
     kept = [line.row for n, line in data if line.row is not None and not swallowed(n)]
     skipped = sum(b - a + 1 for a, b in spans) + sum(1 for n in bad if not swallowed(n) and n != unclosed)
@@ -218,8 +235,13 @@ def _flat(kept: list, fmt: str) -> list[tuple]:
 
 
 @DAMAGE_SETTINGS
-@given(data=st.data(), fmt=st.sampled_from(["csv", "tsv", "sequences"]), skip=st.booleans(), bom=st.booleans(),
-       final_end=st.booleans())
+@given(
+    data=st.data(),
+    fmt=st.sampled_from(["csv", "tsv", "sequences"]),
+    skip=st.booleans(),
+    bom=st.booleans(),
+    final_end=st.booleans(),
+)
 def test_damaged_file_is_a_line_named_error_or_every_line_accounted_for(data, fmt, skip, bom, final_end):
     lines, end, name = data.draw(damaged_files(fmt))
     path = _write(lines, end, name, bom=bom, final_end=final_end)

@@ -16,8 +16,19 @@ ENTRIES = registry()
 
 
 def test_the_issue_s_datasets_are_registered():
-    assert {"ml-100k", "ml-1m", "ml-20m", "amazon-books-comirec", "amazon-beauty", "amazon-sports",
-            "taobao-comirec", "yelp", "steam", "gowalla", "retailrocket"} <= set(ENTRIES)
+    assert {
+        "ml-100k",
+        "ml-1m",
+        "ml-20m",
+        "amazon-books-comirec",
+        "amazon-beauty",
+        "amazon-sports",
+        "taobao-comirec",
+        "yelp",
+        "steam",
+        "gowalla",
+        "retailrocket",
+    } <= set(ENTRIES)
 
 
 @pytest.mark.parametrize("name", sorted(ENTRIES))

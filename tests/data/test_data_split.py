@@ -21,18 +21,22 @@ def random_dataset(num_users: int = 1000, min_len: int = 1, with_times: bool = T
     times = np.concatenate([s + np.sort(rng.uniform(0, 300, size=n)) for s, n in zip(start, lengths)])
     return Dataset(
         item_raw=np.array(["<pad>"] + [str(i) for i in range(1, 301)]),
-        user_raw=np.array([f"u{u}" for u in range(num_users)]), indptr=indptr, items=items,
-        times=times if with_times else None, item_category=np.zeros(301, dtype=np.int64),
-        category_raw=np.array(["<unknown>"]), item_counts=np.bincount(items, minlength=301),
+        user_raw=np.array([f"u{u}" for u in range(num_users)]),
+        indptr=indptr,
+        items=items,
+        times=times if with_times else None,
+        item_category=np.zeros(301, dtype=np.int64),
+        category_raw=np.array(["<unknown>"]),
+        item_counts=np.bincount(items, minlength=301),
     )
 
 
 def user_clicks(ds: Dataset, u: int) -> np.ndarray:
-    return ds.items[ds.indptr[u]:ds.indptr[u + 1]]
+    return ds.items[ds.indptr[u] : ds.indptr[u + 1]]
 
 
 def truth_of(eval_set, i: int) -> np.ndarray:
-    return eval_set.truth_items[eval_set.truth_indptr[i]:eval_set.truth_indptr[i + 1]]
+    return eval_set.truth_items[eval_set.truth_indptr[i] : eval_set.truth_indptr[i + 1]]
 
 
 def test_user_split_sizes_disjoint_and_reproducible():
@@ -60,7 +64,7 @@ def test_user_split_covers_everyone_and_keeps_train_sequences_whole():
     kept = np.concatenate([split.train_users, split.valid.users, split.test.users])
     assert np.all(ds.lengths[np.setdiff1d(np.arange(ds.num_users), kept)] < 2)
     for r in (0, 17, len(split.train_users) - 1):
-        row = split.train_items[split.train_indptr[r]:split.train_indptr[r + 1]]
+        row = split.train_items[split.train_indptr[r] : split.train_indptr[r + 1]]
         np.testing.assert_array_equal(row, user_clicks(ds, split.train_users[r]))
 
 
@@ -76,7 +80,7 @@ def test_eval_inputs_are_first_80_percent_and_truth_the_rest(max_len):
             expect = seq[:k][-max_len:]
             assert ev.lengths[i] == len(expect)
             np.testing.assert_array_equal(ev.inputs[i, : len(expect)], expect)
-            assert not ev.inputs[i, len(expect):].any()  # right padding
+            assert not ev.inputs[i, len(expect) :].any()  # right padding
             np.testing.assert_array_equal(truth_of(ev, i), seq[k:])
 
 
@@ -98,8 +102,8 @@ def test_time_split_never_leaks_the_future():
     for r, u in enumerate(split.train_users):
         n = split.train_indptr[r + 1] - split.train_indptr[r]
         seq = user_clicks(ds, u)
-        np.testing.assert_array_equal(split.train_items[split.train_indptr[r]:split.train_indptr[r + 1]], seq[:n])
-        train_times.append(ds.times[ds.indptr[u]:ds.indptr[u] + n])
+        np.testing.assert_array_equal(split.train_items[split.train_indptr[r] : split.train_indptr[r + 1]], seq[:n])
+        train_times.append(ds.times[ds.indptr[u] : ds.indptr[u] + n])
     assert np.concatenate(train_times).max() < cutoff
     # every click before the cutoff is in training
     assert sum(len(t) for t in train_times) == int(np.sum(ds.times < cutoff))
@@ -107,7 +111,7 @@ def test_time_split_never_leaks_the_future():
     assert abs(len(split.valid) - len(split.test)) <= 1
     for ev in (split.valid, split.test):
         for i, u in enumerate(ev.users):
-            times = ds.times[ds.indptr[u]:ds.indptr[u + 1]]
+            times = ds.times[ds.indptr[u] : ds.indptr[u + 1]]
             n_before = int(np.sum(times < cutoff))
             assert 0 < n_before < len(times)
             assert ev.lengths[i] == min(n_before, cfg.max_len)

@@ -55,8 +55,9 @@ def test_no_switching_means_one_category_per_user():
 
 
 def test_switching_always_changes_the_interest():
-    cfg = SyntheticConfig(num_users=500, num_items=400, num_categories=20, interests_per_user=3,
-                          switch_prob=1.0, noise=0.0)
+    cfg = SyntheticConfig(
+        num_users=500, num_items=400, num_categories=20, interests_per_user=3, switch_prob=1.0, noise=0.0
+    )
     df = generate(cfg)
     users, category = codes(df, "user"), codes(df, "category")
     same_user = users[1:] == users[:-1]
@@ -83,8 +84,11 @@ def test_times_increase_within_users():
 
 @pytest.mark.parametrize(
     ("change", "message"),
-    [({"interests_per_user": 11}, "interests_per_user"), ({"num_items": 5}, "num_items"),
-     ({"switch_prob": 1.5}, "switch_prob")],
+    [
+        ({"interests_per_user": 11}, "interests_per_user"),
+        ({"num_items": 5}, "num_items"),
+        ({"switch_prob": 1.5}, "switch_prob"),
+    ],
 )
 def test_invalid_settings(change, message):
     with pytest.raises(ValueError, match=message):

@@ -35,17 +35,26 @@ class _Fixed(InterestModel):
 
 def _eval_set(inputs, lengths, truth):
     indptr = np.concatenate([[0], np.cumsum([len(t) for t in truth])])
-    return EvalSet(users=np.arange(len(inputs)), inputs=np.array(inputs), lengths=np.array(lengths),
-                   truth_indptr=indptr, truth_items=np.concatenate(truth).astype(np.int64))
+    return EvalSet(
+        users=np.arange(len(inputs)),
+        inputs=np.array(inputs),
+        lengths=np.array(lengths),
+        truth_indptr=indptr,
+        truth_items=np.concatenate(truth).astype(np.int64),
+    )
 
 
 def test_health_metrics_match_hand_computation():
     # items 1..4 on the axes of R^2 (two categories: 1, 2 -> cat 1; 3, 4 -> cat 2)
     items = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9]])
-    interests = torch.tensor([[[1.0, 0.0], [0.0, 1.0]],    # user 0: one interest per category
-                              [[1.0, 0.0], [1.0, 0.0]]])   # user 1: both the same
+    interests = torch.tensor(
+        [
+            [[1.0, 0.0], [0.0, 1.0]],  # user 0: one interest per category
+            [[1.0, 0.0], [1.0, 0.0]],
+        ]
+    )  # user 1: both the same
     scores = torch.zeros(2, 3, 2)
-    scores[0, :, 0] = torch.tensor([0.0, 0.0, 50.0])       # interest 0 of user 0: one click (padding ignored)
+    scores[0, :, 0] = torch.tensor([0.0, 0.0, 50.0])  # interest 0 of user 0: one click (padding ignored)
     scores[1, :, 1] = torch.tensor([0.0, math.log(3.0), 0.0])
     model = _Fixed(interests, scores, items)
     ev = _eval_set([[1, 3, 0], [2, 4, 1]], [2, 3], [[1, 3, 4], [2]])
@@ -109,9 +118,13 @@ def test_majority_categories_in_chunks_equal_one_pass(monkeypatch):
 def test_empty_eval_set_gives_no_metrics_and_bad_sizes_are_named():
     items = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
     model = _Fixed(torch.eye(2)[None], torch.zeros(1, 2, 2), items)
-    empty = EvalSet(users=np.zeros(0, dtype=np.int64), inputs=np.zeros((0, 2), dtype=np.int64),
-                    lengths=np.zeros(0, dtype=np.int64), truth_indptr=np.zeros(1, dtype=np.int64),
-                    truth_items=np.zeros(0, dtype=np.int64))
+    empty = EvalSet(
+        users=np.zeros(0, dtype=np.int64),
+        inputs=np.zeros((0, 2), dtype=np.int64),
+        lengths=np.zeros(0, dtype=np.int64),
+        truth_indptr=np.zeros(1, dtype=np.int64),
+        truth_items=np.zeros(0, dtype=np.int64),
+    )
     assert interest_health(model, empty) == {}
     ev = _eval_set([[1, 2]], [2], [[1]])
     with pytest.raises(ValueError, match="max_users and batch_size must be > 0, got 0, 512"):

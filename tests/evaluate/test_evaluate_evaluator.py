@@ -62,10 +62,15 @@ def test_evaluate_equals_brute_force_metrics(exclude, backend):
     es = _eval_set(rng)
     cats = rng.integers(1, 6, size=120)
     model = LastFirstModel(emb).train()
-    got = evaluate(model, es, topn=(5, 20), exclude_history=exclude, item_category=cats, batch_size=32,
-                   backend=backend)
-    ref = compute_metrics(_brute_topn(emb, es, 20, exclude), es.truth_indptr, es.truth_items,
-                          topn=(5, 20), item_category=cats, num_items=120)
+    got = evaluate(model, es, topn=(5, 20), exclude_history=exclude, item_category=cats, batch_size=32, backend=backend)
+    ref = compute_metrics(
+        _brute_topn(emb, es, 20, exclude),
+        es.truth_indptr,
+        es.truth_items,
+        topn=(5, 20),
+        item_category=cats,
+        num_items=120,
+    )
     assert set(got) == set(ref)
     for key, value in ref.items():
         assert got[key] == pytest.approx(value), key
@@ -124,7 +129,13 @@ def test_evaluate_with_config_and_table():
     table = format_table({"last-first": got, "other": {"recall@3": 0.5}})
     lines = table.splitlines()
     assert lines[0].split("|")[1:-1] == [
-        " model      ", " Recall@3 ", " NDCG@3 ", " HitRate@3 ", " Recall@7 ", " NDCG@7 ", " HitRate@7 "
+        " model      ",
+        " Recall@3 ",
+        " NDCG@3 ",
+        " HitRate@3 ",
+        " Recall@7 ",
+        " NDCG@7 ",
+        " HitRate@7 ",
     ]
     assert f"{got['recall@7']:.4f}" in lines[2] and lines[3].count(" - ") == 5
 
@@ -154,8 +165,9 @@ def test_evaluation_on_the_gpu_matches_and_never_syncs_per_batch(exclude, count_
     emb = rng.standard_normal((120, 8)).astype(np.float32)
     es = _eval_set(rng)
     model = LastFirstModel(emb).cuda()
-    ref = compute_metrics(_brute_topn(emb, es, 20, exclude), es.truth_indptr, es.truth_items, topn=(5, 20),
-                          num_items=120)
+    ref = compute_metrics(
+        _brute_topn(emb, es, 20, exclude), es.truth_indptr, es.truth_items, topn=(5, 20), num_items=120
+    )
     got = evaluate(model, es, topn=(5, 20), exclude_history=exclude, batch_size=32)  # auto: torch on CUDA
     for key, value in ref.items():
         assert got[key] == pytest.approx(value), key

@@ -23,11 +23,14 @@ def test_record_then_verify_accepts_the_same_bytes(tmp_path):
     manifest.verify(tmp_path, path, "re-train")  # no error
 
 
-@pytest.mark.parametrize("damage, word", [
-    (lambda b: b[:1000], "truncated"),
-    (lambda b: b[:500] + bytes(64) + b[564:], "corrupted"),  # 64 bytes flipped, same size
-    (lambda b: b + b"more", "changed"),
-])
+@pytest.mark.parametrize(
+    "damage, word",
+    [
+        (lambda b: b[:1000], "truncated"),
+        (lambda b: b[:500] + bytes(64) + b[564:], "corrupted"),  # 64 bytes flipped, same size
+        (lambda b: b + b"more", "changed"),
+    ],
+)
 def test_damage_is_one_line_naming_the_file_and_the_advice(tmp_path, damage, word):
     data = os.urandom(3000)
     path = _write(tmp_path / "best.pt", data)

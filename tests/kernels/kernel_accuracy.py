@@ -6,8 +6,13 @@ from collections.abc import Sequence
 import torch
 
 
-def assert_within_twice_twin(names: Sequence[str], ref: Sequence[torch.Tensor], twin: Sequence[torch.Tensor],
-                             ours: Sequence[torch.Tensor], atol: float) -> None:
+def assert_within_twice_twin(
+    names: Sequence[str],
+    ref: Sequence[torch.Tensor],
+    twin: Sequence[torch.Tensor],
+    ours: Sequence[torch.Tensor],
+    atol: float,
+) -> None:
     """``ref`` (fp64), ``twin`` and ``ours`` list the same outputs/gradients, named by ``names``."""
     for name, r, t, o in zip(names, ref, twin, ours, strict=True):
         assert torch.isfinite(o).all(), f"{name}: non-finite values"

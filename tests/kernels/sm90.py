@@ -39,11 +39,33 @@ def available() -> bool:
 
 # the multi-interest kernels' arguments that are not in the launch's dtype, and their 16-divisible
 # integers at the bench shape (B L, d, hidden and their strides)
-MI_TYPES = {"S": "*fp32", "LSE": "*fp32", "DW_PART": "*fp32", "PART": "*fp32", "PARTS": "*fp32",
-            "PARTS2": "*fp32", "LENGTHS": "*i64", "CU": "*i32", "IDX": "*i32", "CAP": "fp32",
-            **dict.fromkeys(("B", "R", "L", "D", "HID", "K", "P", "N", "P2", "N2", "CHUNK", "STEPS"), "i32")}
-MI_ALIGNED_INTS = {"R", "D", "HID", "stride_pl", "stride_w1", "stride_hb", "stride_hl", "stride_ob", "stride_ok", "N",
-                   "N2", "CHUNK"}
+MI_TYPES = {
+    "S": "*fp32",
+    "LSE": "*fp32",
+    "DW_PART": "*fp32",
+    "PART": "*fp32",
+    "PARTS": "*fp32",
+    "PARTS2": "*fp32",
+    "LENGTHS": "*i64",
+    "CU": "*i32",
+    "IDX": "*i32",
+    "CAP": "fp32",
+    **dict.fromkeys(("B", "R", "L", "D", "HID", "K", "P", "N", "P2", "N2", "CHUNK", "STEPS"), "i32"),
+}
+MI_ALIGNED_INTS = {
+    "R",
+    "D",
+    "HID",
+    "stride_pl",
+    "stride_w1",
+    "stride_hb",
+    "stride_hl",
+    "stride_ob",
+    "stride_ok",
+    "N",
+    "N2",
+    "CHUNK",
+}
 
 
 def _signature(fn: Any, dtype: str, consts: dict, types: dict[str, str] | None = None) -> dict[str, str]:
@@ -71,17 +93,27 @@ def _signature(fn: Any, dtype: str, consts: dict, types: dict[str, str] | None =
     return sig
 
 
-def compile_sm90(fn: Any, consts: dict, num_warps: int, num_stages: int, dtype: str = "bf16",
-                 types: dict[str, str] | None = None, aligned_ints: set[str] = ALIGNED_INTS,
-                 max_registers: int | None = None) -> Any:
+def compile_sm90(
+    fn: Any,
+    consts: dict,
+    num_warps: int,
+    num_stages: int,
+    dtype: str = "bf16",
+    types: dict[str, str] | None = None,
+    aligned_ints: set[str] = ALIGNED_INTS,
+    max_registers: int | None = None,
+) -> Any:
     # returns a triton CompiledKernel
     """``fn`` compiled for sm_90 with the compile-time arguments ``consts`` (unit head-dim strides and
     16-divisible pointers and strides, as Triton specialises a contiguous launch); ``types`` as
     :func:`_signature`, ``aligned_ints`` the integer arguments that are multiples of 16."""
     consts = dict(consts, **{n: 1 for n in UNIT_STRIDES if n in fn.arg_names})
     sig = _signature(fn, dtype, consts, types)
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-             if n not in consts and (sig[n].startswith("*") or n in aligned_ints)}
+    attrs = {
+        (i,): [["tt.divisibility", 16]]
+        for i, n in enumerate(fn.arg_names)
+        if n not in consts and (sig[n].startswith("*") or n in aligned_ints)
+    }
     src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(n),): v for n, v in consts.items()}, attrs=attrs)
     options = {"num_warps": num_warps, "num_stages": num_stages}
     if max_registers is not None:
@@ -93,8 +125,9 @@ def _cuobjdump(kernel: Any, *flags: str) -> str:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()
-        return subprocess.run([os.path.join(BIN, "cuobjdump"), *flags, f.name], capture_output=True, text=True,
-                              check=True).stdout
+        return subprocess.run(
+            [os.path.join(BIN, "cuobjdump"), *flags, f.name], capture_output=True, text=True, check=True
+        ).stdout
 
 
 def resources(kernel: Any) -> dict[str, int]:
@@ -133,8 +166,10 @@ def bench_variants() -> list[Variant]:
         ("fwd 128x128 w8 s2", fwd, {**_COMMON, "RAW": True, "BLOCK_M": 128, "BLOCK_N": 128}, 8, 2, "bf16"),
         ("fused 64x16 w4 s2", dq, {**_COMMON, "FUSED": True, "BLOCK_M": 64, "BLOCK_N": 16}, 4, 2, "bf16"),
         ("dq 128x64 w8 s3", dq, {**_COMMON, "FUSED": False, "BLOCK_M": 128, "BLOCK_N": 64}, 8, 3, "bf16"),
-        *((f"dkdv 32x128 w{w} s{st}", dkdv, {**_COMMON, "BLOCK_M": 32, "BLOCK_N": 128}, w, st, "bf16")
-          for w, st in ((4, 2), (8, 2))),
+        *(
+            (f"dkdv 32x128 w{w} s{st}", dkdv, {**_COMMON, "BLOCK_M": 32, "BLOCK_N": 128}, w, st, "bf16")
+            for w, st in ((4, 2), (8, 2))
+        ),
         ("dkdv 64x128 w8 s2", dkdv, {**_COMMON, "BLOCK_M": 64, "BLOCK_N": 128}, 8, 2, "bf16"),
         ("dq 64x32 w4 s2", dq, {**_COMMON, "FUSED": False, "BLOCK_M": 64, "BLOCK_N": 32}, 4, 2, "bf16"),
         ("dkdv 32x64 w4 s3", dkdv, {**_COMMON, "BLOCK_M": 32, "BLOCK_N": 64}, 4, 3, "bf16"),
@@ -148,8 +183,10 @@ def flag_variants() -> list[Variant]:
 
     out = []
     for dtype in ("fp16",):
-        for tag, flags in (("causal-softcap", {"CAUSAL": True, "SOFTCAP": True}),
-                           ("nolengths-d48", {"HAS_LENS": False, "HEAD_DIM": 48})):
+        for tag, flags in (
+            ("causal-softcap", {"CAUSAL": True, "SOFTCAP": True}),
+            ("nolengths-d48", {"HAS_LENS": False, "HEAD_DIM": 48}),
+        ):
             common = {**_COMMON, **flags, "DOT_PREC": "ieee" if dtype == "fp32" else "tf32"}
             for name, fn, consts in (
                 ("fwd", attn._fwd_kernel, {"RAW": False, "BLOCK_M": 64, "BLOCK_N": 32}),
@@ -167,8 +204,13 @@ def max_score_variants() -> list[Variant]:
 
     out = []
     for dtype in ("bf16", "fp32"):
-        consts = {"D": 64, "BLOCK_D": 64, "BLOCK_B": ms.BLOCK_B, "BLOCK_S": ms.BLOCK_S,
-                  "DOT_PREC": "ieee" if dtype == "fp32" else "tf32"}
+        consts = {
+            "D": 64,
+            "BLOCK_D": 64,
+            "BLOCK_B": ms.BLOCK_B,
+            "BLOCK_S": ms.BLOCK_S,
+            "DOT_PREC": "ieee" if dtype == "fp32" else "tf32",
+        }
         for fn in (ms._fwd_kernel, ms._d_interests_kernel, ms._d_items_kernel):
             out.append((f"max-scores {fn.__name__.strip('_')} {dtype}", fn, consts, 4, 2, dtype))
     return out
@@ -185,24 +227,50 @@ def multi_interest_variants() -> list[Variant]:
 
     def row_kernel(name: str, fn: Any, launch: Any, **consts: Any) -> Variant:
         label = f"mi {name} {launch.block_l}x{launch.block_h} w{launch.num_warps} s{launch.num_stages}"
-        return (label, fn, {**blocks, **consts, "BLOCK_M": launch.block_l, "BLOCK_H": launch.block_h},
-                launch.num_warps, launch.num_stages, "bf16", launch.max_registers)
+        return (
+            label,
+            fn,
+            {**blocks, **consts, "BLOCK_M": launch.block_l, "BLOCK_H": launch.block_h},
+            launch.num_warps,
+            launch.num_stages,
+            "bf16",
+            launch.max_registers,
+        )
 
     scores, pool = cfg.scores, fwd.pool
     variants = [
         row_kernel("scores", mi._mi_scores_kernel, fwd.scores, HAS_CAP=False),
-        (f"mi pool {pool.block_l} w{pool.num_warps}", mi._mi_pool_kernel,
-         {"SINGLE_BLOCK": True, "BLOCK_L": pool.block_l, "BLOCK_D": 64, "BLOCK_K": 16, "PRECISION": "tf32"},
-         pool.num_warps, pool.num_stages, "bf16", pool.max_registers),
+        (
+            f"mi pool {pool.block_l} w{pool.num_warps}",
+            mi._mi_pool_kernel,
+            {"SINGLE_BLOCK": True, "BLOCK_L": pool.block_l, "BLOCK_D": 64, "BLOCK_K": 16, "PRECISION": "tf32"},
+            pool.num_warps,
+            pool.num_stages,
+            "bf16",
+            pool.max_registers,
+        ),
         ("mi rows", mi._mi_rows_kernel, mi.gpu_rows_blocks(4096, 50)[1], 4, 1, "bf16", None),
-        (f"mi bwd_scores {scores.block_l} w{scores.num_warps}", mi._mi_bwd_scores_kernel,
-         {"HAS_CAP": False, "BLOCK_L": scores.block_l, "BLOCK_D": 64, "BLOCK_K": 16, "PRECISION": "tf32"},
-         scores.num_warps, scores.num_stages, "bf16", scores.max_registers),
+        (
+            f"mi bwd_scores {scores.block_l} w{scores.num_warps}",
+            mi._mi_bwd_scores_kernel,
+            {"HAS_CAP": False, "BLOCK_L": scores.block_l, "BLOCK_D": 64, "BLOCK_K": 16, "PRECISION": "tf32"},
+            scores.num_warps,
+            scores.num_stages,
+            "bf16",
+            scores.max_registers,
+        ),
         row_kernel("bwd_dx", mi._mi_bwd_dx_kernel, cfg.dx),
         row_kernel("bwd_weights", mi._mi_bwd_weights_kernel, cfg.weights),
         ("mi dpos 32 w4 s2", mi._mi_dpos_kernel, {"BLOCK_B": 32, "BLOCK_D": 64}, 4, 2, "bf16", None),
-        ("mi sum_parts two", mi._sum_parts_kernel, {"TWO": True, "BLOCK_P": 256,
-                                                    "BLOCK_N": mi.SUM_BLOCK_N}, 4, 2, "bf16", None),
+        (
+            "mi sum_parts two",
+            mi._sum_parts_kernel,
+            {"TWO": True, "BLOCK_P": 256, "BLOCK_N": mi.SUM_BLOCK_N},
+            4,
+            2,
+            "bf16",
+            None,
+        ),
     ]
     # as launched on Hopper: chained by programmatic dependent launch
     return [(label, fn, {**consts, "PDL": True}, *rest) for label, fn, consts, *rest in variants]
@@ -213,8 +281,16 @@ def report(variants: list[Variant]) -> dict[str, dict]:
     out = {}
     for label, fn, consts, warps, stages, dtype, *cap in variants:
         mi = label.startswith("mi ")
-        kernel = compile_sm90(fn, consts, warps, stages, dtype=dtype, types=MI_TYPES if mi else None,
-                              aligned_ints=MI_ALIGNED_INTS if mi else ALIGNED_INTS, max_registers=(cap or [None])[0])
+        kernel = compile_sm90(
+            fn,
+            consts,
+            warps,
+            stages,
+            dtype=dtype,
+            types=MI_TYPES if mi else None,
+            aligned_ints=MI_ALIGNED_INTS if mi else ALIGNED_INTS,
+            max_registers=(cap or [None])[0],
+        )
         out[label] = {**resources(kernel), "loops": [dict(c) for c in loops(kernel)]}
     return out
 
@@ -224,8 +300,9 @@ def main() -> None:
     import json
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", action="store_true",
-                        help="bench, flag, max-score and multi-interest variants as JSON")
+    parser.add_argument(
+        "--json", action="store_true", help="bench, flag, max-score and multi-interest variants as JSON"
+    )
     args = parser.parse_args()
     if args.json:
         print(json.dumps(report(bench_variants() + flag_variants() + max_score_variants() + multi_interest_variants())))

@@ -35,8 +35,10 @@ NAMES = ("out", "dq", "dk", "dv")
 CPU32 = pytest.param("cpu", torch.float32, marks=needs_interpreter, id="cpu-fp32")
 CPU16 = pytest.param("cpu", torch.float16, marks=needs_interpreter, id="cpu-fp16")
 GPU_MARKS = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")]
-GPU = [pytest.param("cuda", dt, marks=GPU_MARKS, id=f"cuda-{name}")
-       for dt, name in ((torch.bfloat16, "bf16"), (torch.float16, "fp16"), (torch.float32, "fp32"))]
+GPU = [
+    pytest.param("cuda", dt, marks=GPU_MARKS, id=f"cuda-{name}")
+    for dt, name in ((torch.bfloat16, "bf16"), (torch.float16, "fp16"), (torch.float32, "fp32"))
+]
 
 
 def _problem(batch, q_batch, heads, lq, lk, d, seed, device, lengths=True, layout="contiguous"):
@@ -68,8 +70,21 @@ def _run(fn, qkv, grad, dtype, **kw):
     return [t.detach().double() for t in (out, *(x.grad for x in leaves))]
 
 
-def _check(device, dtype, *, batch=3, q_batch=None, heads=2, lq=50, lk=None, d=64, seed=0, lengths=True,
-           layout="contiguous", **kw):
+def _check(
+    device,
+    dtype,
+    *,
+    batch=3,
+    q_batch=None,
+    heads=2,
+    lq=50,
+    lk=None,
+    d=64,
+    seed=0,
+    lengths=True,
+    layout="contiguous",
+    **kw,
+):
     lk = lq if lk is None else lk
     qkv, key_lengths, grad = _problem(batch, q_batch or batch, heads, lq, lk, d, seed, device, lengths, layout)
     kw["key_lengths"] = key_lengths
@@ -129,8 +144,9 @@ def test_odd_shapes(device, dtype, case):
 
 
 @pytest.mark.parametrize("device,dtype", [CPU32, *GPU])
-@pytest.mark.parametrize("case", [{"causal": True, "softcap": 2.0}, {"q_batch": 1, "lk": 100}],
-                         ids=["causal-softcap", "broadcast"])
+@pytest.mark.parametrize(
+    "case", [{"causal": True, "softcap": 2.0}, {"q_batch": 1, "lk": 100}], ids=["causal-softcap", "broadcast"]
+)
 def test_split_backward_modes(device, dtype, case):
     """Lq > 64: the dq kernel (which stores delta), then the dk/dv kernel."""
     _check(device, dtype, lq=70, d=32, seed=7, **case)
@@ -164,8 +180,9 @@ def test_backward_paths_switches_the_path_and_restores_it():
     assert not problem().fused
 
 
-@pytest.mark.parametrize("device", [pytest.param("cpu", marks=needs_interpreter),
-                                    pytest.param("cuda", marks=GPU_MARKS)])
+@pytest.mark.parametrize(
+    "device", [pytest.param("cpu", marks=needs_interpreter), pytest.param("cuda", marks=GPU_MARKS)]
+)
 @pytest.mark.parametrize("paths", [{}, {"fused_max_lq": 0}], ids=["fused", "split"])
 def test_fused_projection_layout(device, paths):
     """q, k, v as views of one ``[B, L, 3, H, D]`` projection, the output reshaped for the output
@@ -215,8 +232,7 @@ def test_dispatcher_routes_and_falls_back_cpu():
     other than the query's; ``triton`` raises."""
     (q, k, v), key_lengths, _ = _problem(2, 2, 1, 5, 5, 16, 6, "cpu")
     q, k, v = q.float(), k.float(), v.float()
-    assert torch.equal(attention(q, k, v, key_lengths=key_lengths),
-                       triton_attention(q, k, v, key_lengths=key_lengths))
+    assert torch.equal(attention(q, k, v, key_lengths=key_lengths), triton_attention(q, k, v, key_lengths=key_lengths))
     (q, k, v), _, _ = _problem(2, 2, 1, 5, 5, 160, 6, "cpu")
     expected = attention_ref(q, k, v)
     assert torch.equal(attention(q, k, v), expected)

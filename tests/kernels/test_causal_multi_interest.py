@@ -205,13 +205,17 @@ def test_backends_and_unsupported_inputs():
         causal_multi_interest(h, scores, lengths, backend="cuda")
 
 
-@pytest.mark.parametrize("args,match", [
-    (lambda h, s, n: (h[0], s, n), r"h must be \[B, L, d\]"),
-    (lambda h, s, n: (h, s[:, :4], n), r"scores must be \[2, 5, K\]"),
-    (lambda h, s, n: (h, s.long(), n), "must be floating point"),
-    (lambda h, s, n: (h, s, n[:1]), r"lengths must have shape \[2\]"),
-    (lambda h, s, n: (h, s, n.float()), "lengths must be an integer tensor"),
-], ids=["h-2d", "scores-length", "scores-int", "lengths-shape", "lengths-float"])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (lambda h, s, n: (h[0], s, n), r"h must be \[B, L, d\]"),
+        (lambda h, s, n: (h, s[:, :4], n), r"scores must be \[2, 5, K\]"),
+        (lambda h, s, n: (h, s.long(), n), "must be floating point"),
+        (lambda h, s, n: (h, s, n[:1]), r"lengths must have shape \[2\]"),
+        (lambda h, s, n: (h, s, n.float()), "lengths must be an integer tensor"),
+    ],
+    ids=["h-2d", "scores-length", "scores-int", "lengths-shape", "lengths-float"],
+)
 def test_bad_arguments_name_the_field(args, match):
     h, scores, lengths, _ = _problem(2, 5, 2, 8, 10, "cpu")
     with pytest.raises(ValueError, match=match):

@@ -40,8 +40,10 @@ CASES = [  # (B, K, d, S): lengths 1, 7, 50, 129 on both axes, K 1..8, d 16..128
 DEVICES = [
     pytest.param("cpu", torch.float32, marks=needs_interpreter, id="cpu-fp32"),
     pytest.param("cpu", torch.float16, marks=needs_interpreter, id="cpu-fp16"),
-    *(pytest.param("cuda", dt, marks=GPU_MARKS, id=f"cuda-{str(dt)[6:]}")
-      for dt in (torch.float32, torch.float16, torch.bfloat16)),
+    *(
+        pytest.param("cuda", dt, marks=GPU_MARKS, id=f"cuda-{str(dt)[6:]}")
+        for dt in (torch.float32, torch.float16, torch.bfloat16)
+    ),
 ]
 
 

@@ -147,8 +147,7 @@ def test_score_cap_bounds_the_attention_cpu():
     """With a cap c the attention ratio of two valid clicks is at most e^(2c), whatever W2."""
     params, lengths, _ = _problem(8, 30, 4, 16, 64, 12, "cpu")
     h, w1, w2, pos = params
-    _, scores = multi_interest(h, lengths, w1, w2 * 100.0, pos=pos, score_cap=2.0, return_scores=True,
-                               backend="torch")
+    _, scores = multi_interest(h, lengths, w1, w2 * 100.0, pos=pos, score_cap=2.0, return_scores=True, backend="torch")
     assert scores.abs().max() <= 2.0
     attn = length_softmax(scores, lengths)
     valid = torch.arange(30)[None, :, None] < lengths[:, None, None]
@@ -251,8 +250,11 @@ def test_scores_walk_the_valid_rows_cpu(case):
 
 
 @needs_interpreter
-@pytest.mark.parametrize("batch,seq_len,lengths", [(1, 9, [5]), (2, 9, [0, 9]), (5, 70, [70, 0, 33, 65, 1])],
-                         ids=["one-sequence", "empty-then-full", "longer-than-a-tile"])
+@pytest.mark.parametrize(
+    "batch,seq_len,lengths",
+    [(1, 9, [5]), (2, 9, [0, 9]), (5, 70, [70, 0, 33, 65, 1])],
+    ids=["one-sequence", "empty-then-full", "longer-than-a-tile"],
+)
 def test_scores_row_list_edges_cpu(batch, seq_len, lengths):
     """One sequence, an empty sequence before a full one (equal offsets), and sequences longer
     than the interpreter's 32-row tiles."""
@@ -284,11 +286,15 @@ def _check_row_list(lengths: torch.Tensor, seq_len: int, chunk: int, blocks: dic
 
 
 @needs_interpreter
-@pytest.mark.parametrize("chunk,blocks", [
-    (4, {"BLOCK_B": 4, "BLOCK_C": 2, "BLOCK_L": 4}),  # several programs, sub-blocks and position blocks
-    (40, {"BLOCK_B": 16, "BLOCK_C": 64, "BLOCK_L": 16}),  # one program, one block of everything
-    (6, {"BLOCK_B": 32, "BLOCK_C": 2, "BLOCK_L": 8}),  # a last program with a partial chunk
-], ids=["small-blocks", "one-program", "partial-chunk"])
+@pytest.mark.parametrize(
+    "chunk,blocks",
+    [
+        (4, {"BLOCK_B": 4, "BLOCK_C": 2, "BLOCK_L": 4}),  # several programs, sub-blocks and position blocks
+        (40, {"BLOCK_B": 16, "BLOCK_C": 64, "BLOCK_L": 16}),  # one program, one block of everything
+        (6, {"BLOCK_B": 32, "BLOCK_C": 2, "BLOCK_L": 8}),  # a last program with a partial chunk
+    ],
+    ids=["small-blocks", "one-program", "partial-chunk"],
+)
 def test_row_list_cpu(chunk, blocks):
     """The valid-row list over lengths below 0, 0, in between and above L."""
     _check_row_list(torch.randint(-3, 12, (40,), generator=torch.Generator().manual_seed(6)), 9, chunk, blocks)
@@ -413,8 +419,11 @@ def test_cuda_graph_replay_follows_new_lengths_gpu():
     with torch.cuda.graph(graph):
         captured = step()
     g = torch.Generator(device="cuda").manual_seed(9)
-    for new in (torch.zeros_like(lengths), torch.full_like(lengths, 50),
-                torch.randint(-2, 60, lengths.shape, device="cuda", generator=g)):
+    for new in (
+        torch.zeros_like(lengths),
+        torch.full_like(lengths, 50),
+        torch.randint(-2, 60, lengths.shape, device="cuda", generator=g),
+    ):
         static_lengths.copy_(new)
         graph.replay()
         expected = step()
@@ -446,12 +455,14 @@ def test_inference_calls_build_no_autograd_node_cpu():
     params, lengths, _ = _problem(5, 9, 3, 16, 32, 4, "cpu")
     h, w1, w2, pos = (p.float() for p in params)
     leaves = [t.clone().requires_grad_() for t in (h, w1, w2, pos)]
-    trained = triton_multi_interest(leaves[0], lengths, leaves[1], leaves[2], pos=leaves[3], score_cap=2.0,
-                                    return_scores=True)
+    trained = triton_multi_interest(
+        leaves[0], lengths, leaves[1], leaves[2], pos=leaves[3], score_cap=2.0, return_scores=True
+    )
     assert all(t.grad_fn is not None for t in trained)
     with torch.no_grad():
-        inferred = triton_multi_interest(leaves[0], lengths, leaves[1], leaves[2], pos=leaves[3], score_cap=2.0,
-                                         return_scores=True)
+        inferred = triton_multi_interest(
+            leaves[0], lengths, leaves[1], leaves[2], pos=leaves[3], score_cap=2.0, return_scores=True
+        )
     plain = triton_multi_interest(h, lengths, w1, w2, pos=pos, score_cap=2.0, return_scores=True)
     for outputs in (inferred, plain):
         for out, ref in zip(outputs, trained, strict=True):

@@ -53,8 +53,11 @@ def _multi_interest_args(device, *, pos=True, score_cap=0.0):
 
 
 @pytest.mark.parametrize("device", [CPU, GPU])
-@pytest.mark.parametrize("case", [{}, {"lens": False, "causal": True}, {"softcap": 2.0, "q_batch": 1}],
-                         ids=["lengths", "causal", "softcap-broadcast"])
+@pytest.mark.parametrize(
+    "case",
+    [{}, {"lens": False, "causal": True}, {"softcap": 2.0, "q_batch": 1}],
+    ids=["lengths", "causal", "softcap-broadcast"],
+)
 def test_opcheck_attention(device, case):
     """Schema, fake (meta) shapes incl. the saved log-sum-exp, autograd registration, AOT dispatch."""
     torch.library.opcheck(torch.ops.recsys.flash_attention.default, _attention_args(device, **case))
@@ -94,8 +97,7 @@ def _recording_backend(seen: dict[str, list[str]]):
 def _model_step(name: str, device: str):
     """A model (dropout 0, so eager and compiled runs agree) and ``step(seq, lengths) -> (loss, grads)``."""
     torch.manual_seed(0)
-    cfg = ModelConfig(name=name, dim=16, num_interests=3, num_layers=1, num_heads=2, dropout=0.0,
-                      backend="triton")
+    cfg = ModelConfig(name=name, dim=16, num_interests=3, num_layers=1, num_heads=2, dropout=0.0, backend="triton")
     model = build_model(cfg, 30, 6).to(device)
     params = [p for p in model.parameters() if p.requires_grad]
 
@@ -155,8 +157,24 @@ def test_fullgraph_compile_matches_eager_gpu(name):
 # --------------------------------------------------------------------------------------------
 
 # what a call may do besides launching its kernels: allocate, view, and nothing that computes
-FREE = {"empty", "empty_like", "new_empty", "empty_strided", "view", "_unsafe_view", "slice", "detach", "alias",
-        "t", "transpose", "expand", "as_strided", "zeros_like", "split", "split_with_sizes"}
+FREE = {
+    "empty",
+    "empty_like",
+    "new_empty",
+    "empty_strided",
+    "view",
+    "_unsafe_view",
+    "slice",
+    "detach",
+    "alias",
+    "t",
+    "transpose",
+    "expand",
+    "as_strided",
+    "zeros_like",
+    "split",
+    "split_with_sizes",
+}
 
 
 class _Count(TorchDispatchMode):
@@ -240,8 +258,13 @@ def test_multi_interest_launches_per_call_cpu(counted_launches):
     out = multi_interest(h, lengths, w1, w2, pos=pos, backend="triton")
     grad = torch.randn_like(out)
     bwd, other = _launches(lambda: torch.autograd.grad(out, (h, w1, w2, pos), grad), counted_launches)
-    assert bwd == ["_mi_bwd_scores_kernel", "_mi_bwd_weights_kernel", "_mi_bwd_dx_kernel", "_mi_dpos_kernel",
-                   "_sum_parts_kernel"]
+    assert bwd == [
+        "_mi_bwd_scores_kernel",
+        "_mi_bwd_weights_kernel",
+        "_mi_bwd_dx_kernel",
+        "_mi_dpos_kernel",
+        "_sum_parts_kernel",
+    ]
     assert other == []  # dP comes out with pos's 9 rows (L = 7) from the kernels
     out = multi_interest(h, lengths, w1, w2, backend="triton")
     no_pos, _ = _launches(lambda: torch.autograd.grad(out, (h, w1, w2), grad), counted_launches)
@@ -394,14 +417,16 @@ def _forward_backward(fn, leaves, grad):
 
 
 @needs_interpreter
-@pytest.mark.parametrize("paths,lq", [({}, 6), ({"fused_max_lq": 0}, 6), ({}, 70)],
-                         ids=["fused", "split", "long-broadcast"])
+@pytest.mark.parametrize(
+    "paths,lq", [({}, 6), ({"fused_max_lq": 0}, 6), ({}, 70)], ids=["fused", "split", "long-broadcast"]
+)
 def test_cached_attention_launches_match_the_first_cpu(direct_launches, paths, lq):
     """The second call launches every kernel directly and gives the first call's bits; both match
     the PyTorch twin."""
     q, k, v, lengths, _, scale, _ = _attention_args("cpu", lq=lq, q_batch=1 if lq == 70 else 3)
     grad = torch.randn(3, 2, lq, 16)
     with attention_module.backward_paths(**paths):
+
         def call(backend="triton"):
             return attention(q, k, v, key_lengths=lengths, scale=scale, backend=backend)
 
@@ -429,9 +454,16 @@ def test_cached_multi_interest_launches_match_the_first_cpu(direct_launches, cas
     second = _forward_backward(call, leaves, grad)
     twin = _forward_backward(lambda: call("torch"), leaves, grad)
     dpos = ["_mi_dpos_kernel"] if pos is not None else []
-    assert direct_launches == ["_mi_rows_kernel", "_mi_scores_kernel", "_mi_pool_kernel",
-                               "_mi_bwd_scores_kernel", "_mi_bwd_weights_kernel", "_mi_bwd_dx_kernel", *dpos,
-                               "_sum_parts_kernel"]
+    assert direct_launches == [
+        "_mi_rows_kernel",
+        "_mi_scores_kernel",
+        "_mi_pool_kernel",
+        "_mi_bwd_scores_kernel",
+        "_mi_bwd_weights_kernel",
+        "_mi_bwd_dx_kernel",
+        *dpos,
+        "_sum_parts_kernel",
+    ]
     for a, b, t in zip(first, second, twin, strict=True):
         assert torch.equal(a, b)
         torch.testing.assert_close(b, t, rtol=1e-4, atol=1e-5)

@@ -22,15 +22,20 @@ def compiled() -> dict[str, dict]:
     """``sm90.py --json`` in a subprocess without TRITON_INTERPRET (which wraps the kernels)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"  # Triton's default (3.9 warns that 3.10 changes it)
-    run = subprocess.run([sys.executable, str(Path(sm90.__file__)), "--json"], capture_output=True, text=True,
-                         env=env, timeout=600)
+    run = subprocess.run(
+        [sys.executable, str(Path(sm90.__file__)), "--json"], capture_output=True, text=True, env=env, timeout=600
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout)
 
 
 def test_every_kernel_variant_compiles(compiled):
-    assert len(compiled) == (len(sm90.bench_variants()) + len(sm90.flag_variants()) + len(sm90.max_score_variants())
-                             + len(sm90.multi_interest_variants()))
+    assert len(compiled) == (
+        len(sm90.bench_variants())
+        + len(sm90.flag_variants())
+        + len(sm90.max_score_variants())
+        + len(sm90.multi_interest_variants())
+    )
 
 
 # the weight-gradient kernel's default launch, the fastest of the H200 sweeps although it spills
@@ -55,8 +60,10 @@ def test_bench_configurations_do_not_spill(compiled):
 
 def test_forward_loop_has_one_fma_and_no_multiply_per_score(compiled):
     """128 x 64 tile on 8 warps: 32 scores per thread; the rescale of 32 accumulator elements stays."""
-    raw, scaled = (next(loop for loop in compiled[label]["loops"] if loop.get("HGMMA"))  # not a tail block's
-                   for label in ("fwd 128x64 w8 s3", "fwd 128x64 w8 s3 scaled"))
+    raw, scaled = (
+        next(loop for loop in compiled[label]["loops"] if loop.get("HGMMA"))  # not a tail block's
+        for label in ("fwd 128x64 w8 s3", "fwd 128x64 w8 s3 scaled")
+    )
     assert raw["MUFU"] == scaled["MUFU"] == 34  # an exp2 per score and one rescale factor per row (2 rows)
     assert raw["FMUL"] <= scaled["FMUL"] - 30
     assert sum(raw.values()) < sum(scaled.values())

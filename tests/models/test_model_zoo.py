@@ -95,6 +95,7 @@ def test_bf16_autocast_forward_and_backward_are_finite(name):
     assert torch.isfinite(out).all()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
 
+
 def _positions(head, lengths: torch.Tensor) -> torch.Tensor | float:
     """What the head adds to click ``l`` of each row, written out: ``[B, L, d]`` (or 0)."""
     if head.positions == "none":

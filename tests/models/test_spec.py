@@ -34,10 +34,15 @@ class LastClick(SequenceModel):
 
 @pytest.fixture
 def toy():
-    spec = register(ModelSpec(
-        name="toy_last_click", build=lambda cfg, n, max_len, counts: LastClick(n, cfg.dim), dense=True,
-        defaults={"train.targets": "all", "epoch_decay": 0.3}, tune_space={"model.dim": [8, 16]},
-    ))
+    spec = register(
+        ModelSpec(
+            name="toy_last_click",
+            build=lambda cfg, n, max_len, counts: LastClick(n, cfg.dim),
+            dense=True,
+            defaults={"train.targets": "all", "epoch_decay": 0.3},
+            tune_space={"model.dim": [8, 16]},
+        )
+    )
     yield spec
     unregister(spec.name)
 
@@ -61,8 +66,13 @@ def test_a_toy_model_trains_evaluates_and_tunes_through_the_public_functions(toy
     from recsys.tune import default_space, tune
 
     assert default_space(cfg)["model.dim"] == [8, 16]  # the spec's tuning space joins the shared one
-    result = tune(load_config(None, _overrides(tmp_path)), tmp_path / "tune", trials=2,
-                  space={"train.lr": {"low": 1e-3, "high": 1e-2, "log": True}}, log=lambda line: None)
+    result = tune(
+        load_config(None, _overrides(tmp_path)),
+        tmp_path / "tune",
+        trials=2,
+        space={"train.lr": {"low": 1e-3, "high": 1e-2, "log": True}},
+        log=lambda line: None,
+    )
     assert len(result.trials) == 2 and result.run_dir
 
 
@@ -92,15 +102,17 @@ def test_registering_a_name_twice_or_an_unknown_setting_fails(toy):
         register(ModelSpec(name="toy_bad", build=toy.build, settings=("depth",)))
 
 
-@pytest.mark.parametrize("name", ["comirec_sa", "sasrec", "sasrec_mi", "gru4rec", "youtube_dnn", "mind",
-                                  "comirec_dr", "popular"])
+@pytest.mark.parametrize(
+    "name", ["comirec_sa", "sasrec", "sasrec_mi", "gru4rec", "youtube_dnn", "mind", "comirec_dr", "popular"]
+)
 def test_every_built_in_spec_agrees_with_its_model(name):
     """A spec's capabilities are what its model does: dense models implement prefix_interests,
     multi-interest ones have K = model.num_interests, trainable ones have parameters."""
     spec = spec_for(name)
     counts = torch.ones(30, dtype=torch.long)
-    model = build_model(ModelConfig(name=name, dim=8, num_heads=2, num_interests=3, backend="torch"), 30, 6,
-                        item_counts=counts)
+    model = build_model(
+        ModelConfig(name=name, dim=8, num_heads=2, num_interests=3, backend="torch"), 30, 6, item_counts=counts
+    )
     assert model.num_interests == (3 if spec.multi_interest else 1)
     assert any(p.requires_grad for p in model.parameters()) == spec.trainable
     seq, lengths = torch.randint(1, 30, (2, 6)), torch.tensor([6, 3])

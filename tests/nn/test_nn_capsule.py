@@ -35,9 +35,11 @@ def _comirec_routing(layer: CapsuleRouting, h, lengths, init_logits, iters):
 
 def _layer(bilinear: str, init_logits: str, iters: int = 3, positions: str = "absolute") -> CapsuleRouting:
     torch.manual_seed(0)
-    return CapsuleRouting(
-        6, 3, 5, bilinear=bilinear, init_logits=init_logits, iters=iters, positions=positions
-    ).double().eval()
+    return (
+        CapsuleRouting(6, 3, 5, bilinear=bilinear, init_logits=init_logits, iters=iters, positions=positions)
+        .double()
+        .eval()
+    )
 
 
 def _masked_history(lengths, seq_len=5, dim=6):

@@ -127,8 +127,10 @@ def test_ef_construction_sets_the_hnsw_build_beam():
     import faiss
 
     _, emb, interests = _data(seed=6)
-    built = [build_index(emb, RetrievalConfig(factory="HNSW8,Flat", ef_construction=ef))  # keep them alive
-             for ef in (8, 200)]
+    built = [
+        build_index(emb, RetrievalConfig(factory="HNSW8,Flat", ef_construction=ef))  # keep them alive
+        for ef in (8, 200)
+    ]
     assert [faiss.downcast_index(index).hnsw.efConstruction for index in built] == [8, 200]
     # a flat index ignores it, and the same search comes back
     exact = Retriever(emb).search(interests, 10)[0]
@@ -179,8 +181,9 @@ def test_top_items_on_the_device_equals_faiss_search_with_and_without_history():
     assert on_device.on_device and not faiss.on_device
     for exclude in (None, history):
         want = faiss.search(interests, 50, exclude)
-        got = on_device.top_items(torch.from_numpy(interests), 50,
-                                  None if exclude is None else torch.from_numpy(exclude))
+        got = on_device.top_items(
+            torch.from_numpy(interests), 50, None if exclude is None else torch.from_numpy(exclude)
+        )
         assert all(isinstance(x, torch.Tensor) for x in got)
         np.testing.assert_array_equal(got[0].numpy(), want[0])
         np.testing.assert_allclose(got[1].numpy(), want[1], rtol=1e-5, atol=1e-5)

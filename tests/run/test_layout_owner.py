@@ -22,15 +22,23 @@ def _code_strings(tree: ast.AST) -> list[tuple[int, str]]:
             first = node.body[0]
             if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
                 docstrings.add(id(first.value))
-    return [(node.lineno, node.value) for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+    ]
 
 
 def _path_joins(tree: ast.AST) -> list[tuple[int, str]]:
     """``(line, name)`` of every ``something / "name"`` with a string on the right."""
-    return [(node.lineno, node.right.value) for node in ast.walk(tree)
-            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div)
-            and isinstance(node.right, ast.Constant) and isinstance(node.right.value, str)]
+    return [
+        (node.lineno, node.right.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.BinOp)
+        and isinstance(node.op, ast.Div)
+        and isinstance(node.right, ast.Constant)
+        and isinstance(node.right.value, str)
+    ]
 
 
 def test_no_module_outside_run_names_a_run_file():

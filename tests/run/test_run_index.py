@@ -39,8 +39,11 @@ def test_ann_recall():
 
 @pytest.mark.parametrize(
     "factory, extra, built",
-    [("Flat", [], "Flat"), ("HNSW16,Flat", ["--ef-search", "64", "--ef-construction", "120"], "HNSW16,Flat"),
-     ("IVF1024,Flat", ["--nprobe", "2"], None)],
+    [
+        ("Flat", [], "Flat"),
+        ("HNSW16,Flat", ["--ef-search", "64", "--ef-construction", "120"], "HNSW16,Flat"),
+        ("IVF1024,Flat", ["--nprobe", "2"], None),
+    ],
 )
 def test_index_command(tiny_run, capsys, factory, extra, built):
     assert main(["index", tiny_run, "--factory", factory, "--n", "20", *extra]) == 0

@@ -36,8 +36,11 @@ def test_schema_lists_every_operation(api_schema):
 
 
 # GET endpoints take no input, so there is nothing to break: only POST gets negative cases
-@pytest.mark.parametrize("method, path, mode", [(m, p, GenerationMode.POSITIVE) for m, p in OPERATIONS]
-                         + [("POST", "/recommend", GenerationMode.NEGATIVE)], ids=str)
+@pytest.mark.parametrize(
+    "method, path, mode",
+    [(m, p, GenerationMode.POSITIVE) for m, p in OPERATIONS] + [("POST", "/recommend", GenerationMode.NEGATIVE)],
+    ids=str,
+)
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_default_checks_pass(api_schema, method, path, mode, data):
@@ -77,12 +80,15 @@ def test_schema_and_behaviour_agree(api_schema, client, known_user, body, status
     operation.validate_response(response)
 
 
-@pytest.mark.parametrize("raw, content_type, status", [
-    (b'{"items": ["1"', "application/json", 400),  # was: 422, where the docs promised 400
-    (b"\xff\xfe", "application/json", 400),
-    (b'{"user": "17"}', "application/x-www-form-urlencoded", 415),  # curl -d without -H
-    (b'{"user": "17"}', None, 415),
-])
+@pytest.mark.parametrize(
+    "raw, content_type, status",
+    [
+        (b'{"items": ["1"', "application/json", 400),  # was: 422, where the docs promised 400
+        (b"\xff\xfe", "application/json", 400),
+        (b'{"user": "17"}', "application/x-www-form-urlencoded", 415),  # curl -d without -H
+        (b'{"user": "17"}', None, 415),
+    ],
+)
 def test_unreadable_bodies_are_declared_errors(api_schema, client, raw, content_type, status):
     headers = {"content-type": content_type} if content_type else {}
     response = client.post("/recommend", content=raw, headers=headers)

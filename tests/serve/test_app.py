@@ -47,9 +47,25 @@ def server(tiny_run):
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "recsys", "serve", tiny_run, "--port", str(port), "--factory", "Flat",
-         "--set", "serve.n=10", "--set", "serve.max_n=100"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "recsys",
+            "serve",
+            tiny_run,
+            "--port",
+            str(port),
+            "--factory",
+            "Flat",
+            "--set",
+            "serve.n=10",
+            "--set",
+            "serve.max_n=100",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     deadline = time.time() + 60
     while True:
@@ -159,8 +175,10 @@ def test_empty_or_unknown_sequences_and_users(server, dataset):
     assert status == 404 and "ghost" in response["detail"] and response["unknown_items"] == []
 
     popular = [str(r) for r in dataset.item_raw[1 + np.argsort(-dataset.item_counts[1:], kind="stable")[:5]]]
-    for body in ({"user": "ghost", "n": 5, "fallback_popular": True},
-                 {"items": ["nope"], "n": 5, "fallback_popular": True}):
+    for body in (
+        {"user": "ghost", "n": 5, "fallback_popular": True},
+        {"items": ["nope"], "n": 5, "fallback_popular": True},
+    ):
         status, response = client.request("POST", "/recommend", body)
         assert status == 200 and response["source"] == "popular"
         assert [r["item"] for r in response["items"]] == popular
@@ -170,7 +188,7 @@ def test_empty_or_unknown_sequences_and_users(server, dataset):
 @pytest.mark.parametrize(
     "raw, field",
     [
-        (b'[1, 2]', None),  # not an object
+        (b"[1, 2]", None),  # not an object
         (b'{"items": ["1"], "user": "0"}', None),  # both inputs
         (b'{"n": 5}', None),  # neither
         (b'{"items": ["1"], "colour": "red"}', "colour"),  # unknown field
@@ -210,4 +228,4 @@ def test_n_and_diversity(server, dataset, tiny_run):
     status, diverse = client.request("POST", "/recommend", {"user": user, "n": 10, "diversity_lambda": 5.0})
     assert status == 200
     cat = dict(zip(dataset.item_raw, dataset.item_category))
-    assert (len({cat[r["item"]] for r in diverse["items"]}) >= len({cat[r["item"]] for r in large["items"][:10]}))
+    assert len({cat[r["item"]] for r in diverse["items"]}) >= len({cat[r["item"]] for r in large["items"][:10]})

@@ -94,17 +94,26 @@ def test_serve_binds_before_announcing(tiny_run, capsys):
 # -- property-based: random JSON bodies ------------------------------------------------------
 
 _json_leaf = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
-_json = st.recursive(_json_leaf, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
-    st.text(max_size=10), inner, max_size=4), max_leaves=12)
+_json = st.recursive(
+    _json_leaf,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=12,
+)
 _raw_id = st.text(max_size=30) | st.integers() | st.sampled_from(["1", "2", "17", " 1", "1 "])
-_body = st.fixed_dictionaries({}, optional={
-    "items": st.lists(_raw_id, max_size=30) | _json,
-    "user": _raw_id | _json,
-    "n": st.integers(-5, 200) | _json,
-    "exclude_seen": st.booleans() | _json,
-    "diversity_lambda": st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from([0, 1e6, 1e308]),
-    "fallback_popular": st.booleans() | st.none(),
-}) | _json
+_body = (
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "items": st.lists(_raw_id, max_size=30) | _json,
+            "user": _raw_id | _json,
+            "n": st.integers(-5, 200) | _json,
+            "exclude_seen": st.booleans() | _json,
+            "diversity_lambda": st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from([0, 1e6, 1e308]),
+            "fallback_popular": st.booleans() | st.none(),
+        },
+    )
+    | _json
+)
 
 
 def _names_the_problem(status: int, body: dict) -> bool:

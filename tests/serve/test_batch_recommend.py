@@ -23,8 +23,23 @@ def test_recommend_csv_format_and_unknown_users(tiny_run, dataset, tmp_path, cap
     users = [dataset.user_raw[5], "ghost", dataset.user_raw[0], dataset.user_raw[5], ""]
     (tmp_path / "users.txt").write_text("\n".join(users) + "\n")
     out = tmp_path / "recs.csv"
-    assert main(["recommend", tiny_run, "--users", str(tmp_path / "users.txt"), "--n", "7",
-                 "--out", str(out), "--factory", "Flat"]) == 0
+    assert (
+        main(
+            [
+                "recommend",
+                tiny_run,
+                "--users",
+                str(tmp_path / "users.txt"),
+                "--n",
+                "7",
+                "--out",
+                str(out),
+                "--factory",
+                "Flat",
+            ]
+        )
+        == 0
+    )
     captured = capsys.readouterr()
     assert "skipped 1 unknown users: 'ghost'" in captured.err
     table = pd.read_csv(out, dtype={"user": str, "item": str})
@@ -52,13 +67,17 @@ def _seen_recommended(dataset, table) -> int:
 def test_recommend_all_parquet_excludes_seen_by_default(tiny_run, dataset, tmp_path):
     pytest.importorskip("pyarrow", reason="Parquet output needs pyarrow (the parquet extra)")
     out = tmp_path / "recs.parquet"
-    assert main(["recommend", tiny_run, "--all", "--n", "5", "--out", str(out),
-                 "--batch-size", "64", "--factory", "Flat"]) == 0
+    assert (
+        main(["recommend", tiny_run, "--all", "--n", "5", "--out", str(out), "--batch-size", "64", "--factory", "Flat"])
+        == 0
+    )
     table = pd.read_parquet(out)
     assert table["user"].nunique() == dataset.num_users and len(table) == 5 * dataset.num_users
     assert _seen_recommended(dataset, table) == 0
-    assert main(["recommend", tiny_run, "--all", "--n", "5", "--out", str(out), "--no-exclude-seen",
-                 "--factory", "Flat"]) == 0
+    assert (
+        main(["recommend", tiny_run, "--all", "--n", "5", "--out", str(out), "--no-exclude-seen", "--factory", "Flat"])
+        == 0
+    )
     assert _seen_recommended(dataset, pd.read_parquet(out)) > 0  # the model ranks clicked items high
 
 
@@ -86,13 +105,44 @@ def test_raw_ids_round_trip_exactly(tmp_path, capsys):
     users = [" 17", "17", "a b", "u,1", 'q"'] + [f"u{i}" for i in range(10)]
     rows = [(u, f" i{(k + j) % 9} ", t) for k, u in enumerate(users) for j, t in enumerate(range(6))]
     pd.DataFrame(rows, columns=["user", "item", "timestamp"]).to_csv(tmp_path / "clicks.csv", index=False)
-    assert main(["train", "--model", "popular", "--data", str(tmp_path / "clicks.csv"), "--set",
-                 f"output_dir={tmp_path}", "--set", "name=pop", "--set", "data.valid_frac=0.2",
-                 "--set", "data.test_frac=0.2"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--model",
+                "popular",
+                "--data",
+                str(tmp_path / "clicks.csv"),
+                "--set",
+                f"output_dir={tmp_path}",
+                "--set",
+                "name=pop",
+                "--set",
+                "data.valid_frac=0.2",
+                "--set",
+                "data.test_frac=0.2",
+            ]
+        )
+        == 0
+    )
     (tmp_path / "users.txt").write_text("\n".join(users[:5]) + "\n")
     out = tmp_path / "recs.csv"
-    assert main(["recommend", str(tmp_path / "pop"), "--users", str(tmp_path / "users.txt"), "--n", "2",
-                 "--no-exclude-seen", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "recommend",
+                str(tmp_path / "pop"),
+                "--users",
+                str(tmp_path / "users.txt"),
+                "--n",
+                "2",
+                "--no-exclude-seen",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert "unknown" not in capsys.readouterr().err
     table = pd.read_csv(out, dtype=str, keep_default_na=False)
     assert list(pd.unique(table["user"])) == users[:5]
@@ -157,8 +207,9 @@ def test_exact_search_on_the_device_gives_the_faiss_table(tiny_run):
     on_device = copy.copy(run)
     on_device.cfg = copy.deepcopy(run.cfg)
     on_device.cfg.retrieval.backend = "torch"
-    faiss, torch_rec = (Recommender.of_run(r, retrieval_settings(r, "Flat"), log=lambda line: None)
-                        for r in (run, on_device))
+    faiss, torch_rec = (
+        Recommender.of_run(r, retrieval_settings(r, "Flat"), log=lambda line: None) for r in (run, on_device)
+    )
     assert not faiss.retriever.on_device and torch_rec.retriever.on_device
     users = np.arange(run.dataset.num_users)
     for exclude_seen in (True, False):

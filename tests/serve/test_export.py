@@ -10,9 +10,17 @@ from recsys.models import model_names
 from recsys.run import RunDir, build_experiment, load_run
 from recsys.serve.export import export_run
 
-TINY = ["synthetic.num_users=120", "synthetic.num_items=60", "synthetic.mean_length=10", "data.max_len=8",
-        "data.min_item_count=1", "data.min_user_count=2", "model.dim=8", "model.num_interests=3",
-        "model.backend=torch"]
+TINY = [
+    "synthetic.num_users=120",
+    "synthetic.num_items=60",
+    "synthetic.mean_length=10",
+    "data.max_len=8",
+    "data.min_item_count=1",
+    "data.min_user_count=2",
+    "model.dim=8",
+    "model.num_interests=3",
+    "model.backend=torch",
+]
 
 
 def _tiny_run(path, name: str):

@@ -27,8 +27,13 @@ def test_rows_answer_as_if_alone(rec):
     batch = rec.recommend(inputs, lengths, n, exclude=histories, diversity_lambda=lam)
     assert batch.ids.shape == (6, 20)
     for b in range(6):
-        one = rec.recommend(inputs[b : b + 1], lengths[b : b + 1], int(n[b]),
-                            exclude=rec.user_histories(users[b : b + 1]), diversity_lambda=float(lam[b]))
+        one = rec.recommend(
+            inputs[b : b + 1],
+            lengths[b : b + 1],
+            int(n[b]),
+            exclude=rec.user_histories(users[b : b + 1]),
+            diversity_lambda=float(lam[b]),
+        )
         np.testing.assert_array_equal(batch.ids[b, : n[b]], one.ids[0])
         np.testing.assert_allclose(batch.scores[b, : n[b]], one.scores[0], rtol=1e-5)
         np.testing.assert_array_equal(batch.interest_of[b, : n[b]], one.interest_of[0])

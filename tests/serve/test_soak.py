@@ -51,8 +51,14 @@ def _requests(ds: Dataset, rng: random.Random):
         if kind < 0.3:
             body, ok = {"user": rng.choice(users), "n": rng.randint(1, 100)}, {200}
         elif kind < 0.5:
-            body, ok = {"items": rng.sample(items, rng.randint(1, 30)), "n": rng.randint(1, 100),
-                        "diversity_lambda": rng.choice([0, 0.1, 1e6])}, {200}
+            body, ok = (
+                {
+                    "items": rng.sample(items, rng.randint(1, 30)),
+                    "n": rng.randint(1, 100),
+                    "diversity_lambda": rng.choice([0, 0.1, 1e6]),
+                },
+                {200},
+            )
         elif kind < 0.6:
             body, ok = {"items": rng.sample(items, 3) + ["unknown-" + str(rng.random())]}, {200}
         elif kind < 0.7:
@@ -73,9 +79,23 @@ def test_soak_mixed_traffic_memory_stays_flat(tiny_run):
     ds = Dataset.load(f"{tiny_run}/dataset")
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "recsys", "serve", tiny_run, "--port", str(port), "--factory", "Flat",
-         "--set", "serve.max_n=100"],
-        env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "recsys",
+            "serve",
+            tiny_run,
+            "--port",
+            str(port),
+            "--factory",
+            "Flat",
+            "--set",
+            "serve.max_n=100",
+        ],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         deadline = time.time() + 60
@@ -131,8 +151,10 @@ def test_soak_mixed_traffic_memory_stays_flat(tiny_run):
         warm = [rss for t, rss in samples if t >= 0.2 * SECONDS]
         assert warm, samples
         growth = max(warm) - warm[0]
-        print(f"soak: {counts['requests']:,} requests in {SECONDS:.0f}s; server RSS {warm[0]:.1f} MB after "
-              f"warm-up, max {max(warm):.1f} MB (growth {growth:.1f} MB)")
+        print(
+            f"soak: {counts['requests']:,} requests in {SECONDS:.0f}s; server RSS {warm[0]:.1f} MB after "
+            f"warm-up, max {max(warm):.1f} MB (growth {growth:.1f} MB)"
+        )
         assert growth <= RSS_SLACK_MB, samples
     finally:
         proc.terminate()

@@ -22,9 +22,17 @@ from recsys.train.losses import (
 from recsys.train.trainer import train
 
 TINY = [
-    "synthetic.num_users=600", "synthetic.num_items=300", "synthetic.num_categories=10",
-    "synthetic.mean_length=20", "model.dim=16", "model.backend=torch", "train.batch_size=32",
-    "train.log_every=10", "train.eval_every=20", "train.max_steps=40", "data.max_len=10",
+    "synthetic.num_users=600",
+    "synthetic.num_items=300",
+    "synthetic.num_categories=10",
+    "synthetic.mean_length=20",
+    "model.dim=16",
+    "model.backend=torch",
+    "train.batch_size=32",
+    "train.log_every=10",
+    "train.eval_every=20",
+    "train.max_steps=40",
+    "data.max_len=10",
 ]
 
 
@@ -122,8 +130,12 @@ def test_mixture_expected_counts_are_exact_on_a_toy_catalogue():
     by_hand = torch.log(s_base * base.log_prob(ids[1:]).double().exp() + s_hard * q[1:].double())
     torch.testing.assert_close(log_e.double(), by_hand, rtol=1e-5, atol=1e-6)
     gen = torch.Generator().manual_seed(6)
-    draws = torch.cat([torch.cat([base.sample(s_base, generator=gen), draw_from(q, torch.rand(s_hard, generator=gen))])
-                       for _ in range(rounds)])
+    draws = torch.cat(
+        [
+            torch.cat([base.sample(s_base, generator=gen), draw_from(q, torch.rand(s_hard, generator=gen))])
+            for _ in range(rounds)
+        ]
+    )
     expected = torch.zeros(num_items, dtype=torch.float64)
     expected[1:] = log_e.double().exp() * rounds
     assert _chi2_ok(draws, expected)
@@ -178,8 +190,9 @@ def test_max_negative_scores_match_a_loop_in_value_and_gradient():
         return sampler.log_expected_count(ids, len(negatives)).double()
 
     user = readout(interests, item_emb[target])
-    got = sampled_softmax_loss(user, target, item_emb, negatives, log_q_target=log_q(target),
-                               log_q_neg=log_q(negatives), interests=interests).loss  # fp32 logits
+    got = sampled_softmax_loss(
+        user, target, item_emb, negatives, log_q_target=log_q(target), log_q_neg=log_q(negatives), interests=interests
+    ).loss  # fp32 logits
     expected = _max_score_loss_by_loops(interests, item_emb, target, negatives, lambda j: log_q(torch.tensor(j)))
     assert got.item() == pytest.approx(expected.item(), rel=1e-6)
     grads = torch.autograd.grad(got, (interests, item_emb))
@@ -195,8 +208,9 @@ def test_max_negative_scores_send_gradient_to_the_interest_that_ranks_a_negative
     sampled_softmax_loss(user, target, item_emb, negatives).loss.backward()
     assert interests.grad[0, 1].abs().sum() == 0  # ComiRec: the other interest never hears of it
     interests.grad = None
-    sampled_softmax_loss(readout(interests, item_emb[target]), target, item_emb, negatives,
-                         interests=interests).loss.backward()
+    sampled_softmax_loss(
+        readout(interests, item_emb[target]), target, item_emb, negatives, interests=interests
+    ).loss.backward()
     assert interests.grad[0, 1, 1] > 0  # pushed away from the negative it ranks highest
     assert interests.grad[0, 1, 0] == 0
 
@@ -218,11 +232,15 @@ def test_max_negative_scores_with_one_interest_and_the_full_softmax():
 
 def test_switches_on_models_they_cannot_affect_are_errors(tmp_path):
     with pytest.raises(ValueError, match="train.attention_reg"):
-        train(load_config(None, TINY + [f"output_dir={tmp_path}", "model.name=youtube_dnn", "train.attention_reg=1"]),
-              log=lambda s: None)
+        train(
+            load_config(None, TINY + [f"output_dir={tmp_path}", "model.name=youtube_dnn", "train.attention_reg=1"]),
+            log=lambda s: None,
+        )
     with pytest.raises(ValueError, match="model.score_cap"):
-        train(load_config(None, TINY + [f"output_dir={tmp_path}", "model.name=gru4rec", "model.score_cap=2"]),
-              log=lambda s: None)
+        train(
+            load_config(None, TINY + [f"output_dir={tmp_path}", "model.name=gru4rec", "model.score_cap=2"]),
+            log=lambda s: None,
+        )
     with pytest.raises(ConfigError, match="train.hard_negatives"):
         load_config(None, ["train.hard_negatives=0.5", "train.full_softmax=true"])
     with pytest.raises(ConfigError, match="train.hard_negatives"):
@@ -233,10 +251,20 @@ def test_switches_on_models_they_cannot_affect_are_errors(tmp_path):
 
 @pytest.mark.parametrize("model", ["comirec_sa", "sasrec_mi"])
 def test_training_with_every_switch_logs_interest_health(tmp_path, model):
-    cfg = load_config(None, TINY + [
-        f"output_dir={tmp_path}", f"model.name={model}", "model.score_cap=3", "train.attention_reg=1",
-        "train.soft_readout_steps=20", "train.hard_negatives=0.5", "train.negative_scores=max", "name=switches",
-    ])
+    cfg = load_config(
+        None,
+        TINY
+        + [
+            f"output_dir={tmp_path}",
+            f"model.name={model}",
+            "model.score_cap=3",
+            "train.attention_reg=1",
+            "train.soft_readout_steps=20",
+            "train.hard_negatives=0.5",
+            "train.negative_scores=max",
+            "name=switches",
+        ],
+    )
     result = train(cfg, log=lambda s: None)
     rows = [json.loads(line) for line in (tmp_path / "switches" / "metrics.jsonl").read_text().splitlines()]
     valid = [r for r in rows if r.get("split") == "valid"]
@@ -252,8 +280,18 @@ def test_attention_reg_spreads_the_attention(tmp_path):
     """The routing regulariser raises the effective number of clicks each interest reads."""
     eff = {}
     for reg in (0.0, 10.0):
-        cfg = load_config(None, TINY + [f"output_dir={tmp_path}", f"name=reg{reg}", f"train.attention_reg={reg}",
-                                        "train.lr=0.01", "train.max_steps=80", "train.eval_every=80"])
+        cfg = load_config(
+            None,
+            TINY
+            + [
+                f"output_dir={tmp_path}",
+                f"name=reg{reg}",
+                f"train.attention_reg={reg}",
+                "train.lr=0.01",
+                "train.max_steps=80",
+                "train.eval_every=80",
+            ],
+        )
         train(cfg, log=lambda s: None)
         rows = [json.loads(line) for line in (tmp_path / f"reg{reg}" / "metrics.jsonl").read_text().splitlines()]
         eff[reg] = [r for r in rows if r.get("split") == "valid"][-1]["mi_eff_clicks"]

@@ -24,8 +24,13 @@ def _case(rows, num_items, dim=6, k=None, seed=0, masked=0.3, device="cpu"):
     mask = torch.rand(rows, generator=g) >= masked
     target[~mask] = 0
     interests = None if k is None else torch.randn(rows, k, dim, generator=g).to(device).requires_grad_()
-    return (user.to(device).requires_grad_(), target.to(device), item_emb.to(device).requires_grad_(),
-            mask.to(device), interests)
+    return (
+        user.to(device).requires_grad_(),
+        target.to(device),
+        item_emb.to(device).requires_grad_(),
+        mask.to(device),
+        interests,
+    )
 
 
 def _loss_and_grads(fn, user, target, item_emb, interests, **kwargs):
@@ -45,21 +50,34 @@ def _assert_same(got, want, rtol=1e-5, atol=1e-6):
 
 
 @pytest.mark.parametrize("k", [None, 3], ids=["user", "max-interests"])
-@pytest.mark.parametrize(("rows", "num_items", "chunk_size"), [
-    (13, 50, 7),     # 49 items: the last chunk is short
-    (13, 50, 1),     # one item per chunk
-    (13, 50, 49),    # one chunk, exactly
-    (13, 50, 500),   # chunk larger than the catalogue
-    (1, 50, 8),      # one row
-    (13, 2, 4),      # one real item: with max interests no item but the target is left
-])
+@pytest.mark.parametrize(
+    ("rows", "num_items", "chunk_size"),
+    [
+        (13, 50, 7),  # 49 items: the last chunk is short
+        (13, 50, 1),  # one item per chunk
+        (13, 50, 49),  # one chunk, exactly
+        (13, 50, 500),  # chunk larger than the catalogue
+        (1, 50, 8),  # one row
+        (13, 2, 4),  # one real item: with max interests no item but the target is left
+    ],
+)
 @pytest.mark.parametrize("z_loss", [0.0, 0.2])
 def test_chunked_equals_full_softmax_in_value_and_gradients(k, rows, num_items, chunk_size, z_loss):
     user, target, item_emb, mask, interests = _case(rows, num_items, k=k, masked=0.0 if rows == 1 else 0.3)
-    want = _loss_and_grads(full_softmax_loss, user, target, item_emb, interests, mask=mask, z_loss=z_loss,
-                           backend="torch")
-    got = _loss_and_grads(chunked_softmax_loss, user, target, item_emb, interests, mask=mask, z_loss=z_loss,
-                          chunk_size=chunk_size, backend="torch")
+    want = _loss_and_grads(
+        full_softmax_loss, user, target, item_emb, interests, mask=mask, z_loss=z_loss, backend="torch"
+    )
+    got = _loss_and_grads(
+        chunked_softmax_loss,
+        user,
+        target,
+        item_emb,
+        interests,
+        mask=mask,
+        z_loss=z_loss,
+        chunk_size=chunk_size,
+        backend="torch",
+    )
     _assert_same(got, want)
     assert got[0].loss.isfinite() and not got[0].log_z.requires_grad and not got[0].max_logit.requires_grad
 
@@ -67,10 +85,10 @@ def test_chunked_equals_full_softmax_in_value_and_gradients(k, rows, num_items, 
 @pytest.mark.skipif(not triton_available(torch.device("cpu")), reason="needs TRITON_INTERPRET=1 (set by conftest)")
 def test_chunked_through_the_max_score_kernel_equals_the_full_softmax_on_the_twin():
     user, target, item_emb, mask, interests = _case(10, 40, dim=8, k=3)
-    want = _loss_and_grads(full_softmax_loss, user, target, item_emb, interests, mask=mask, z_loss=0.1,
-                           backend="torch")
-    got = _loss_and_grads(chunked_softmax_loss, user, target, item_emb, interests, mask=mask, z_loss=0.1,
-                          chunk_size=16, backend="triton")
+    want = _loss_and_grads(full_softmax_loss, user, target, item_emb, interests, mask=mask, z_loss=0.1, backend="torch")
+    got = _loss_and_grads(
+        chunked_softmax_loss, user, target, item_emb, interests, mask=mask, z_loss=0.1, chunk_size=16, backend="triton"
+    )
     _assert_same(got, want, rtol=1e-4, atol=1e-5)
 
 
@@ -80,8 +98,9 @@ def test_chunked_without_mask_is_the_plain_mean():
     want = _loss_and_grads(full_softmax_loss, user, target, item_emb, None)
     _assert_same(_loss_and_grads(chunked_softmax_loss, user, target, item_emb, None, chunk_size=6), want)
     all_valid = torch.ones(9, dtype=torch.bool)
-    _assert_same(_loss_and_grads(chunked_softmax_loss, user, target, item_emb, None, chunk_size=6,
-                                 mask=all_valid), want)
+    _assert_same(
+        _loss_and_grads(chunked_softmax_loss, user, target, item_emb, None, chunk_size=6, mask=all_valid), want
+    )
 
 
 def _sampled(user, target, item_emb, *, interests=None, **kwargs):
@@ -90,8 +109,16 @@ def _sampled(user, target, item_emb, *, interests=None, **kwargs):
     counts = torch.arange(item_emb.shape[0], dtype=torch.float64)  # counts[0] = 0: padding
     sampler = make_sampler("unigram", item_emb.shape[0], counts)
     negatives = torch.randint(1, item_emb.shape[0], (12,), generator=torch.Generator().manual_seed(5))
-    return sampled_softmax_loss(user, target, item_emb, negatives, log_q_target=sampler.log_expected_count(target, 12),
-                                log_q_neg=sampler.log_expected_count(negatives, 12), interests=interests, **kwargs)
+    return sampled_softmax_loss(
+        user,
+        target,
+        item_emb,
+        negatives,
+        log_q_target=sampler.log_expected_count(target, 12),
+        log_q_neg=sampler.log_expected_count(negatives, 12),
+        interests=interests,
+        **kwargs,
+    )
 
 
 def _chunked(user, target, item_emb, **kwargs):
@@ -106,15 +133,17 @@ LOSSES = {"sampled": _sampled, "full": full_softmax_loss, "chunked": _chunked}
 def test_masked_rows_take_no_part_and_get_exactly_zero_gradient(loss, k):
     user, target, item_emb, mask, interests = _case(16, 30, k=k)
     assert 0 < mask.sum() < 16
-    out, (d_user, d_items, *d_interests) = _loss_and_grads(LOSSES[loss], user, target, item_emb, interests,
-                                                           mask=mask, z_loss=0.1)
+    out, (d_user, d_items, *d_interests) = _loss_and_grads(
+        LOSSES[loss], user, target, item_emb, interests, mask=mask, z_loss=0.1
+    )
     assert out.loss.isfinite() and d_items.isfinite().all()
     assert (d_user[~mask] == 0).all() and (d_user[mask] != 0).any()
     for d in d_interests:
         assert (d[~mask] == 0).all()
     # whatever the masked rows hold, the loss is the valid rows' alone
-    valid = _loss_and_grads(LOSSES[loss], user[mask], target[mask], item_emb,
-                            None if interests is None else interests[mask], z_loss=0.1)
+    valid = _loss_and_grads(
+        LOSSES[loss], user[mask], target[mask], item_emb, None if interests is None else interests[mask], z_loss=0.1
+    )
     torch.testing.assert_close(out.loss, valid[0].loss)
     torch.testing.assert_close(out.log_z, valid[0].log_z)
     torch.testing.assert_close(out.max_logit, valid[0].max_logit)
@@ -154,8 +183,7 @@ def test_bf16_autocast_matches_full_softmax_to_bf16_precision():
     user, target, item_emb, mask, _ = _case(20, 90, dim=16)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         want = _loss_and_grads(full_softmax_loss, user, target, item_emb, None, mask=mask, z_loss=0.1)
-        got = _loss_and_grads(chunked_softmax_loss, user, target, item_emb, None, mask=mask, z_loss=0.1,
-                              chunk_size=16)
+        got = _loss_and_grads(chunked_softmax_loss, user, target, item_emb, None, mask=mask, z_loss=0.1, chunk_size=16)
     _assert_same(got, want, rtol=2e-2, atol=2e-2)
     out, (d_user, d_items) = got
     assert out.loss.dtype == torch.float32 and d_user.dtype == d_items.dtype == torch.float32
@@ -164,13 +192,16 @@ def test_bf16_autocast_matches_full_softmax_to_bf16_precision():
     assert (out.max_logit - fp32[0].max_logit).abs() > 1e-5
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"mask": torch.ones(4, dtype=torch.long)}, r"mask must be bool \[4\]"),
-    ({"mask": torch.ones(3, dtype=torch.bool)}, r"mask must be bool \[4\]"),
-    ({"chunk_size": 0}, "chunk_size must be an int >= 1"),
-    ({"chunk_size": 2.5}, "chunk_size must be an int >= 1"),
-    ({"interests": torch.randn(4, 2, 5)}, r"interests: expected \[4, K, 6\]"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"mask": torch.ones(4, dtype=torch.long)}, r"mask must be bool \[4\]"),
+        ({"mask": torch.ones(3, dtype=torch.bool)}, r"mask must be bool \[4\]"),
+        ({"chunk_size": 0}, "chunk_size must be an int >= 1"),
+        ({"chunk_size": 2.5}, "chunk_size must be an int >= 1"),
+        ({"interests": torch.randn(4, 2, 5)}, r"interests: expected \[4, K, 6\]"),
+    ],
+)
 def test_chunked_rejects_bad_arguments(kwargs, message):
     user, target, item_emb, _, _ = _case(4, 20)
     with pytest.raises(ValueError, match=message):
@@ -193,8 +224,9 @@ def test_chunked_on_cuda_in_bf16_is_captured_by_a_cuda_graph_and_matches_eager(k
 
     def step():
         with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
-            out = chunked_softmax_loss(user, target, item_emb, interests=interests, mask=mask, z_loss=0.1,
-                                       chunk_size=1024)
+            out = chunked_softmax_loss(
+                user, target, item_emb, interests=interests, mask=mask, z_loss=0.1, chunk_size=1024
+            )
         return out.loss.detach(), torch.autograd.grad(out.loss, leaves)
 
     eager_loss, eager_grads = step()

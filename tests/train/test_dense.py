@@ -16,9 +16,22 @@ NUM_ITEMS, MAX_LEN = 40, 7
 
 
 def _step(name: str, targets: str, *extra: str) -> TrainStep:
-    cfg = resolve(load_config(None, [f"model.name={name}", f"train.targets={targets}", "model.dim=16",
-                                     "model.num_heads=2", "model.dropout=0", "model.backend=torch",
-                                     "model.num_interests=3", "train.num_negatives=12", *extra]))
+    cfg = resolve(
+        load_config(
+            None,
+            [
+                f"model.name={name}",
+                f"train.targets={targets}",
+                "model.dim=16",
+                "model.num_heads=2",
+                "model.dropout=0",
+                "model.backend=torch",
+                "model.num_interests=3",
+                "train.num_negatives=12",
+                *extra,
+            ],
+        )
+    )
     torch.manual_seed(0)
     model = build_model(cfg.model, NUM_ITEMS, MAX_LEN)
     counts = torch.ones(NUM_ITEMS, dtype=torch.long)
@@ -75,8 +88,11 @@ def test_padding_positions_get_no_gradient_and_do_not_change_the_loss(name):
     torch.testing.assert_close(out.loss, out2.loss)
 
 
-@pytest.mark.parametrize("name, positions", [(n, ["model.positions=absolute"] if "positions" in spec_for(n).settings
-                                                 else []) for n in DENSE] + [("comirec_sa", ["model.positions=alibi"])])
+@pytest.mark.parametrize(
+    "name, positions",
+    [(n, ["model.positions=absolute"] if "positions" in spec_for(n).settings else []) for n in DENSE]
+    + [("comirec_sa", ["model.positions=alibi"])],
+)
 def test_prefix_interests_equal_interests_of_each_cut_sequence(name, positions):
     """``prefix_interests[:, t]`` is ``interests`` of the sequence cut after click t (positions counted from
     the start, so the reference point is the same), and the last valid prefix always equals ``interests``."""
@@ -96,8 +112,10 @@ def test_prefix_interests_equal_interests_of_each_cut_sequence(name, positions):
             assert (prefix[~valid, t] == 0).all()
 
 
-@pytest.mark.parametrize("name, positions", [("sasrec", "recent"), ("comirec_sa", "recent"), ("comirec_sa", "alibi"),
-                                             ("sasrec_mi", "recent")])
+@pytest.mark.parametrize(
+    "name, positions",
+    [("sasrec", "recent"), ("comirec_sa", "recent"), ("comirec_sa", "alibi"), ("sasrec_mi", "recent")],
+)
 def test_last_prefix_equals_interests(name, positions):
     model = _step(name, "all", f"model.positions={positions}").model.eval()
     seq = torch.from_numpy(np.random.default_rng(4).integers(1, NUM_ITEMS, (3, MAX_LEN)))
@@ -173,8 +191,15 @@ def test_the_memory_estimate_counts_a_target_at_every_position():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("name, extra", [("sasrec", []), ("comirec_sa", ["model.positions=alibi"]),
-                                         ("sasrec_mi", []), ("sasrec", ["train.full_softmax=true"])])
+@pytest.mark.parametrize(
+    "name, extra",
+    [
+        ("sasrec", []),
+        ("comirec_sa", ["model.positions=alibi"]),
+        ("sasrec_mi", []),
+        ("sasrec", ["train.full_softmax=true"]),
+    ],
+)
 def test_the_captured_dense_step_follows_the_eager_step(name, extra):
     """Dense training under a CUDA graph (bf16, Triton kernels) trains as the eager step does."""
     cuda = torch.device("cuda")
@@ -185,13 +210,29 @@ def test_the_captured_dense_step_follows_the_eager_step(name, extra):
     batches = [tuple(torch.from_numpy(x).to(cuda) for x in windows.sample(128)) for _ in range(6)]
     losses = {}
     for graph in ("false", "true"):
-        cfg = resolve(load_config(None, [f"model.name={name}", "train.targets=all", "data.max_len=50",
-                                         "model.dropout=0", "train.batch_size=128", f"train.cuda_graph={graph}",
-                                         *extra]))
+        cfg = resolve(
+            load_config(
+                None,
+                [
+                    f"model.name={name}",
+                    "train.targets=all",
+                    "data.max_len=50",
+                    "model.dropout=0",
+                    "train.batch_size=128",
+                    f"train.cuda_graph={graph}",
+                    *extra,
+                ],
+            )
+        )
         torch.manual_seed(0)
         model = build_model(cfg.model, 500, 50).to(cuda)
-        step = TrainStep(model, cfg, cuda, torch.ones(500, dtype=torch.long, device=cuda),
-                         torch.Generator(device=cuda).manual_seed(0))
+        step = TrainStep(
+            model,
+            cfg,
+            cuda,
+            torch.ones(500, dtype=torch.long, device=cuda),
+            torch.Generator(device=cuda).manual_seed(0),
+        )
         losses[graph] = [step(*b, step=i)[0].loss.item() for i, b in enumerate(batches)]
         assert (step.graph is not None) == (graph == "true")
     assert all(np.isfinite(losses["true"]))

@@ -52,8 +52,11 @@ def _global_batch() -> tuple[torch.Tensor, torch.Tensor]:
 
 def _worker(rank: int, world_size: int, port: int, expected_grads: list[torch.Tensor]) -> None:
     os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
     )
     torch.set_num_threads(1)
     info = setup_distributed("cpu")

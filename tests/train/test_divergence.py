@@ -31,11 +31,16 @@ def test_a_finite_loss_near_its_start_passes(tmp_path):
     assert guard.state() == {"start_loss": 4.0}
 
 
-@pytest.mark.parametrize("loss, grad_norm, what", [
-    (math.nan, 1.0, "the loss is nan"), (math.inf, 1.0, "the loss is inf"),
-    (3.0, math.inf, "the gradient norm is inf"), (3.0, math.nan, "the gradient norm is nan"),
-    (LOSS_FACTOR * 4.0 + 1, 1.0, "the loss rose to 41, over 10 times its start (4)"),
-])
+@pytest.mark.parametrize(
+    "loss, grad_norm, what",
+    [
+        (math.nan, 1.0, "the loss is nan"),
+        (math.inf, 1.0, "the loss is inf"),
+        (3.0, math.inf, "the gradient norm is inf"),
+        (3.0, math.nan, "the gradient norm is nan"),
+        (LOSS_FACTOR * 4.0 + 1, 1.0, "the loss rose to 41, over 10 times its start (4)"),
+    ],
+)
 def test_non_finite_or_runaway_values_stop_the_run(tmp_path, loss, grad_norm, what):
     with pytest.raises(TrainingDiverged) as caught:
         _guard(tmp_path, lr=0.5).check(300, loss, grad_norm)
@@ -47,8 +52,11 @@ def test_non_finite_or_runaway_values_stop_the_run(tmp_path, loss, grad_norm, wh
 def test_the_advice_names_unclipped_gradients_and_the_kept_checkpoint(tmp_path):
     run = RunDir(tmp_path)
     run.save_checkpoint({"step": 20})
-    with pytest.raises(TrainingDiverged, match=r"train.grad_clip = 0 leaves the gradients unclipped; "
-                                                rf"{tmp_path} keeps the checkpoint"):
+    with pytest.raises(
+        TrainingDiverged,
+        match=r"train.grad_clip = 0 leaves the gradients unclipped; "
+        rf"{tmp_path} keeps the checkpoint",
+    ):
         _guard(tmp_path, grad_clip=0.0).check(40, math.nan, 0.0)
 
 
@@ -66,8 +74,23 @@ def test_learning_rate_zero_is_refused(capsys):
 
 def test_a_huge_learning_rate_stops_with_exit_status_2(tmp_path, capsys):
     """Was: trained to loss 2.5e22 with infinite gradient norms and reported its metrics."""
-    code = main(["train", *TINY_DATA, *TINY_TRAIN, "--set", "train.lr=1e10", "--set", "train.max_steps=60",
-                 "--set", "train.eval_every=20", "--set", "train.log_every=10", "--set", f"output_dir={tmp_path}"])
+    code = main(
+        [
+            "train",
+            *TINY_DATA,
+            *TINY_TRAIN,
+            "--set",
+            "train.lr=1e10",
+            "--set",
+            "train.max_steps=60",
+            "--set",
+            "train.eval_every=20",
+            "--set",
+            "train.log_every=10",
+            "--set",
+            f"output_dir={tmp_path}",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err
     assert "error: training diverged at step 10:" in err and "lower train.lr (now 1e+10)" in err
@@ -88,8 +111,21 @@ def test_divergence_keeps_the_last_good_checkpoint(tmp_path, monkeypatch, capsys
 
     monkeypatch.setattr(trainer.TrainStep, "__call__", poisoned)
     run = tmp_path / "run"
-    code = main(["train", *TINY_DATA, *TINY_TRAIN, "--set", "train.max_steps=60", "--set", "train.eval_every=20",
-                 "--set", f"output_dir={tmp_path}", "--set", "name=run"])
+    code = main(
+        [
+            "train",
+            *TINY_DATA,
+            *TINY_TRAIN,
+            "--set",
+            "train.max_steps=60",
+            "--set",
+            "train.eval_every=20",
+            "--set",
+            f"output_dir={tmp_path}",
+            "--set",
+            "name=run",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2
     assert f"training diverged at step 40: the loss is nan; lower train.lr (now 0.001); {run} keeps" in err
@@ -105,9 +141,18 @@ def test_divergence_keeps_the_last_good_checkpoint(tmp_path, monkeypatch, capsys
 def test_divergence_is_caught_under_cuda_graphs(tmp_path):
     from recsys.train.trainer import train
 
-    cfg = load_config(None, TINY_RUN_OVERRIDES + ["train.lr=1e10", "train.max_steps=60", "train.log_every=10",
-                                                  "train.cuda_graph=true", "train.device=cuda",
-                                                  f"output_dir={tmp_path}"])
+    cfg = load_config(
+        None,
+        TINY_RUN_OVERRIDES
+        + [
+            "train.lr=1e10",
+            "train.max_steps=60",
+            "train.log_every=10",
+            "train.cuda_graph=true",
+            "train.device=cuda",
+            f"output_dir={tmp_path}",
+        ],
+    )
     with pytest.raises(TrainingDiverged, match="training diverged at step 10"):
         train(cfg, log=lambda line: None)
 
@@ -121,9 +166,18 @@ def test_the_guard_adds_no_sync_between_log_lines(tmp_path, count_syncs, graph):
     from recsys.train.trainer import train
 
     def syncs(steps: int) -> int:
-        cfg = load_config(None, TINY_RUN_OVERRIDES + [
-            f"train.max_steps={steps}", f"train.eval_every={steps}", f"train.log_every={steps}", "train.device=cuda",
-            f"train.cuda_graph={graph}", f"output_dir={tmp_path / str(steps)}"])
+        cfg = load_config(
+            None,
+            TINY_RUN_OVERRIDES
+            + [
+                f"train.max_steps={steps}",
+                f"train.eval_every={steps}",
+                f"train.log_every={steps}",
+                "train.device=cuda",
+                f"train.cuda_graph={graph}",
+                f"output_dir={tmp_path / str(steps)}",
+            ],
+        )
         return count_syncs(lambda: train(cfg, log=lambda line: None))
 
     assert syncs(40) == syncs(80)

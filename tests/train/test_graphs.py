@@ -17,9 +17,16 @@ from recsys.train.graphs import graph_blocker, launch_line, plan_graph
 from recsys.train.trainer import TrainStep, train
 
 TINY = [
-    "synthetic.num_users=600", "synthetic.num_items=300", "synthetic.num_categories=10",
-    "synthetic.mean_length=20", "model.dim=16", "train.batch_size=32", "train.log_every=10",
-    "train.eval_every=20", "train.max_steps=40", "data.max_len=10",
+    "synthetic.num_users=600",
+    "synthetic.num_items=300",
+    "synthetic.num_categories=10",
+    "synthetic.mean_length=20",
+    "model.dim=16",
+    "train.batch_size=32",
+    "train.log_every=10",
+    "train.eval_every=20",
+    "train.max_steps=40",
+    "data.max_len=10",
 ]
 CUDA = torch.device("cuda")  # a device object needs no GPU; plan_graph only reads its type
 
@@ -40,10 +47,13 @@ def test_auto_plans_a_graph_on_cuda_and_says_why_not_elsewhere():
     assert graph_blocker(cfg, CUDA) is None
 
 
-@pytest.mark.parametrize("overrides, device, reason", [
-    (["train.cuda_graph=true"], torch.device("cpu"), "CUDA device"),
-    (["train.cuda_graph=true", "train.compile=true"], CUDA, "train.compile"),
-])
+@pytest.mark.parametrize(
+    "overrides, device, reason",
+    [
+        (["train.cuda_graph=true"], torch.device("cpu"), "CUDA device"),
+        (["train.cuda_graph=true", "train.compile=true"], CUDA, "train.compile"),
+    ],
+)
 def test_true_that_cannot_capture_is_an_error_naming_the_key(overrides, device, reason):
     with pytest.raises(ValueError, match=f"train.cuda_graph = true: .*{reason}"):
         plan_graph(load_config(None, overrides), device)
@@ -52,15 +62,18 @@ def test_true_that_cannot_capture_is_an_error_naming_the_key(overrides, device, 
 def test_launch_line_names_the_setting_and_the_reason():
     auto, off = load_config(None, []), load_config(None, ["train.cuda_graph=false"])
     assert launch_line(auto, True) == "training step: one CUDA graph per step (train.cuda_graph = auto)"
-    assert launch_line(auto, False, "training runs on cpu") == \
-        "training step: eager launches (train.cuda_graph = auto: training runs on cpu)"
+    assert (
+        launch_line(auto, False, "training runs on cpu")
+        == "training step: eager launches (train.cuda_graph = auto: training runs on cpu)"
+    )
     assert launch_line(off, False) == "training step: eager launches (train.cuda_graph = false)"
 
 
 def test_auto_on_cpu_trains_eagerly_after_one_line(tmp_path):
     lines: list[str] = []
-    result = train(load_config(None, TINY + ["model.backend=torch", f"output_dir={tmp_path}", "name=auto"]),
-                   log=lines.append)
+    result = train(
+        load_config(None, TINY + ["model.backend=torch", f"output_dir={tmp_path}", "name=auto"]), log=lines.append
+    )
     assert _launch_lines(lines) == [
         "training step: eager launches (train.cuda_graph = auto: training runs on cpu; CUDA graphs need a CUDA device)"
     ]
@@ -83,19 +96,40 @@ def test_all_true_alone_is_the_flag():
 
 def test_a_run_saved_with_graphs_off_resumes_with_auto(tmp_path):
     """Runs trained when train.cuda_graph was a bool defaulting to false may resume with "auto"."""
-    first = train(load_config(None, TINY + ["model.backend=torch", "train.cuda_graph=false", f"output_dir={tmp_path}",
-                                            "name=old"]), log=lambda line: None)
-    assert main(["train", "--resume", first.run_dir,
-                 "--set", "train.cuda_graph=auto", "--set", "train.max_steps=50"]) == 0
+    first = train(
+        load_config(
+            None, TINY + ["model.backend=torch", "train.cuda_graph=false", f"output_dir={tmp_path}", "name=old"]
+        ),
+        log=lambda line: None,
+    )
+    assert (
+        main(["train", "--resume", first.run_dir, "--set", "train.cuda_graph=auto", "--set", "train.max_steps=50"]) == 0
+    )
     cfg = RunDir(first.run_dir).read_config()
     assert (cfg.train.cuda_graph, cfg.train.max_steps) == ("auto", 50)
 
 
 def _torchrun(tmp_path, name: str, *overrides: str) -> subprocess.CompletedProcess:
-    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "recsys",
-            "train", "--quiet"]
-    for override in [*TINY, "train.max_steps=60", "train.eval_every=30", "train.soft_readout_steps=20",
-                     f"output_dir={tmp_path}", f"name={name}", *overrides]:
+    args = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "recsys",
+        "train",
+        "--quiet",
+    ]
+    for override in [
+        *TINY,
+        "train.max_steps=60",
+        "train.eval_every=30",
+        "train.soft_readout_steps=20",
+        f"output_dir={tmp_path}",
+        f"name={name}",
+        *overrides,
+    ]:
         args += ["--set", override]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
@@ -105,8 +139,16 @@ def test_torchrun_on_two_cpu_processes_writes_one_run(tmp_path):
     """DDP with gloo: rank 0 makes the named run directory and the other rank opens it (each rank
     used to create it, a race that failed with "exists" when one was later); the launch line is
     printed once, by rank 0."""
-    done = _torchrun(tmp_path, "ddp", "train.device=cpu", "model.backend=torch", "train.cpu_threads=1",
-                     "train.max_steps=20", "train.eval_every=20", "train.soft_readout_steps=0")
+    done = _torchrun(
+        tmp_path,
+        "ddp",
+        "train.device=cpu",
+        "model.backend=torch",
+        "train.cpu_threads=1",
+        "train.max_steps=20",
+        "train.eval_every=20",
+        "train.soft_readout_steps=0",
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert [p.name for p in tmp_path.iterdir()] == ["ddp"]
     assert _launch_lines(done.stdout.splitlines()) == [
@@ -124,9 +166,14 @@ needs_two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs
 def _batches(n: int = 8):
     g = torch.Generator(device=CUDA)
     g.manual_seed(3)
-    return [(torch.randint(1, 500, (256, 50), device=CUDA, generator=g),
-             torch.randint(1, 51, (256,), device=CUDA, generator=g),
-             torch.randint(1, 500, (256,), device=CUDA, generator=g)) for _ in range(n)]
+    return [
+        (
+            torch.randint(1, 500, (256, 50), device=CUDA, generator=g),
+            torch.randint(1, 51, (256,), device=CUDA, generator=g),
+            torch.randint(1, 500, (256,), device=CUDA, generator=g),
+        )
+        for _ in range(n)
+    ]
 
 
 def _steps(overrides, batches, patch=None):
@@ -162,9 +209,19 @@ def _syncing(model):
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("mode", ["auto", "true"])
-@pytest.mark.parametrize("switches", [[], ["train.soft_readout_steps=4", "train.hard_negatives=0.5",
-                                          "train.attention_reg=1", "train.negative_scores=max"]],
-                         ids=["plain", "soft-then-argmax"])
+@pytest.mark.parametrize(
+    "switches",
+    [
+        [],
+        [
+            "train.soft_readout_steps=4",
+            "train.hard_negatives=0.5",
+            "train.attention_reg=1",
+            "train.negative_scores=max",
+        ],
+    ],
+    ids=["plain", "soft-then-argmax"],
+)
 def test_the_captured_step_follows_the_eager_step(mode, switches):
     batches = _batches()
     eager, eager_step, eager_lines = _steps(switches + ["train.cuda_graph=false"], batches)
@@ -218,8 +275,10 @@ def test_two_gpus_capture_per_rank_and_follow_the_eager_run(tmp_path):
         runs[name] = RunDir(tmp_path / name).read_metrics()
         launch[name] = _launch_lines(done.stdout.splitlines())
         assert "Recall@50" in done.stdout
-    assert launch == {"graph": ["training step: one CUDA graph per step (train.cuda_graph = auto)"],
-                      "eager": ["training step: eager launches (train.cuda_graph = false)"]}  # rank 0 only
+    assert launch == {
+        "graph": ["training step: one CUDA graph per step (train.cuda_graph = auto)"],
+        "eager": ["training step: eager launches (train.cuda_graph = false)"],
+    }  # rank 0 only
     losses = {name: [r["loss"] for r in rows if "loss" in r] for name, rows in runs.items()}
     assert len(losses["graph"]) == len(losses["eager"]) == 6
     assert losses["graph"] == pytest.approx(losses["eager"], rel=2e-2)
@@ -227,4 +286,3 @@ def test_two_gpus_capture_per_rank_and_follow_the_eager_run(tmp_path):
     assert [r["step"] for r in valid] == [30, 60] and all(0 < r["recall@50"] <= 1 for r in valid)
     test = json.loads((tmp_path / "graph" / "test_metrics.json").read_text())
     assert 0 < test["recall@50"] <= 1
-

@@ -59,8 +59,14 @@ def test_sampled_softmax_matches_brute_force(logq, remove_hits, z_loss):
     lq_t = sampler.log_expected_count(target, len(negatives)) if logq else None
     lq_n = sampler.log_expected_count(negatives, len(negatives)) if logq else None
     out = sampled_softmax_loss(
-        user, target, item_emb, negatives, log_q_target=lq_t, log_q_neg=lq_n,
-        remove_accidental_hits=remove_hits, z_loss=z_loss,
+        user,
+        target,
+        item_emb,
+        negatives,
+        log_q_target=lq_t,
+        log_q_neg=lq_n,
+        remove_accidental_hits=remove_hits,
+        z_loss=z_loss,
     )
     expected = _brute_force_sampled(user, target, item_emb, negatives, lq_t, lq_n, remove_hits, z_loss)
     assert out.loss.dtype == torch.float32
@@ -248,9 +254,13 @@ def test_cuda_sampling_and_loss_never_sync(kind):
         negatives = sampler.sample(640, generator=generator, device=device)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             out = sampled_softmax_loss(
-                user, target, item_emb, negatives,
+                user,
+                target,
+                item_emb,
+                negatives,
                 log_q_target=sampler.log_expected_count(target, 640),
-                log_q_neg=sampler.log_expected_count(negatives, 640), z_loss=1e-4,
+                log_q_neg=sampler.log_expected_count(negatives, 640),
+                z_loss=1e-4,
             )
         out.loss.backward()
     finally:

@@ -107,7 +107,8 @@ def test_automatic_weight_decay_is_a_fixed_shrinkage_per_epoch():
     assert youtube.weight_decay == pytest.approx(epoch_decay("youtube_dnn") / (0.002 * 100)) != small.weight_decay
     # several processes: an epoch is fewer steps, so each step decays more
     assert plan_training(t, "comirec_sa", _indptr([14] * 1000), world_size=2).weight_decay == pytest.approx(
-        2 * small.weight_decay)
+        2 * small.weight_decay
+    )
 
 
 def test_explicit_weight_decay_and_plain_adam():
@@ -117,8 +118,9 @@ def test_explicit_weight_decay_and_plain_adam():
     assert plan_training(_train("train.optimizer=adam"), "comirec_sa", indptr).weight_decay == 0.0
 
 
-@pytest.mark.parametrize("setting", ["train.max_steps=-1", "train.eval_every=-5", "train.max_epochs=0",
-                                     "train.weight_decay=-0.5"])
+@pytest.mark.parametrize(
+    "setting", ["train.max_steps=-1", "train.eval_every=-5", "train.max_epochs=0", "train.weight_decay=-0.5"]
+)
 def test_bad_budget_values_name_the_key(setting):
     with pytest.raises(ConfigError, match=setting.split("=")[0]):
         load_config(None, [setting])

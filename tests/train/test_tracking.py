@@ -15,8 +15,9 @@ pytest.importorskip("tensorboard")
 
 
 def _cfg(tmp_path, *extra):
-    return load_config(None, TINY_RUN_OVERRIDES + ["train.log_every=5", "train.eval_every=10",
-                                                   f"output_dir={tmp_path}", *extra])
+    return load_config(
+        None, TINY_RUN_OVERRIDES + ["train.log_every=5", "train.eval_every=10", f"output_dir={tmp_path}", *extra]
+    )
 
 
 def _read_events(folder) -> dict[str, list[tuple[int, float]]]:
@@ -53,7 +54,9 @@ def test_tensorboard_is_off_by_default(tmp_path):
 
 def test_scalars_skip_step_split_and_non_numbers():
     assert scalars({"step": 3, "split": "valid", "recall@50": 0.5, "ok": True, "note": "x", "n": 2}) == {
-        "valid/recall@50": 0.5, "valid/n": 2.0}
+        "valid/recall@50": 0.5,
+        "valid/n": 2.0,
+    }
     assert scalars({"step": 3, "loss": 1.25}) == {"train/loss": 1.25}
 
 
@@ -77,6 +80,7 @@ def test_on_validate_sees_every_validation_and_may_stop_training(tmp_path):
     assert run.load_checkpoint()["step"] == 10
 
     seen.clear()
-    result = train(_cfg(tmp_path, "name=full"), log=lambda s: None,
-                   on_validate=lambda s, m: seen.append((s, m["recall@50"])))
+    result = train(
+        _cfg(tmp_path, "name=full"), log=lambda s: None, on_validate=lambda s, m: seen.append((s, m["recall@50"]))
+    )
     assert [s for s, _ in seen] == [10, 20] and max(v for _, v in seen) == result.best_valid

@@ -12,9 +12,17 @@ from recsys.run import RunDir
 from recsys.train.trainer import train
 
 TINY = [
-    "synthetic.num_users=600", "synthetic.num_items=300", "synthetic.num_categories=10",
-    "synthetic.mean_length=20", "model.dim=16", "model.backend=torch", "train.batch_size=32",
-    "train.log_every=10", "train.eval_every=20", "train.max_steps=40", "data.max_len=10",
+    "synthetic.num_users=600",
+    "synthetic.num_items=300",
+    "synthetic.num_categories=10",
+    "synthetic.mean_length=20",
+    "model.dim=16",
+    "model.backend=torch",
+    "train.batch_size=32",
+    "train.log_every=10",
+    "train.eval_every=20",
+    "train.max_steps=40",
+    "data.max_len=10",
 ]
 
 
@@ -113,10 +121,19 @@ def test_unknown_config_key_is_a_config_error():
 
 
 LEARN = [
-    "synthetic.num_users=4000", "synthetic.num_items=2000", "synthetic.num_categories=100",
-    "synthetic.interests_per_user=4", "synthetic.popularity_alpha=1.0", "model.dim=32",
-    "model.backend=torch", "train.batch_size=128", "train.lr=0.01", "train.max_steps=600",
-    "train.eval_every=300", "train.log_every=300", "data.max_len=20",
+    "synthetic.num_users=4000",
+    "synthetic.num_items=2000",
+    "synthetic.num_categories=100",
+    "synthetic.interests_per_user=4",
+    "synthetic.popularity_alpha=1.0",
+    "model.dim=32",
+    "model.backend=torch",
+    "train.batch_size=128",
+    "train.lr=0.01",
+    "train.max_steps=600",
+    "train.eval_every=300",
+    "train.log_every=300",
+    "data.max_len=20",
 ]
 
 

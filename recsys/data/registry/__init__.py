@@ -116,15 +116,23 @@ def load_entry(path: str | Path) -> DatasetEntry:
     for i, spec in enumerate(table.get("files", [])):
         unknown = set(spec) - known
         if unknown or "name" not in spec or not (spec.get("url") or spec.get("manual")):
-            raise DataError(f"{path}: dataset.files[{i}]: needs name and url (or manual); "
-                            f"unknown keys {sorted(unknown)}")
+            raise DataError(
+                f"{path}: dataset.files[{i}]: needs name and url (or manual); unknown keys {sorted(unknown)}"
+            )
         files.append(DatasetFile(**{**spec, "mirrors": tuple(spec.get("mirrors", ()))}))
     missing = [key for key in ("title", "homepage", "licence", "convert") if not table.get(key)]
     if missing or not files:
         raise DataError(f"{path}: [dataset] lacks {missing or ['files']}")
-    return DatasetEntry(name=path.stem, title=table["title"], homepage=table["homepage"], licence=table["licence"],
-                        convert=table["convert"], files=tuple(files), published=dict(table.get("published", {})),
-                        config=path)
+    return DatasetEntry(
+        name=path.stem,
+        title=table["title"],
+        homepage=table["homepage"],
+        licence=table["licence"],
+        convert=table["convert"],
+        files=tuple(files),
+        published=dict(table.get("published", {})),
+        config=path,
+    )
 
 
 def registry(directory: Path = REGISTRY_DIR) -> dict[str, DatasetEntry]:
@@ -148,11 +156,13 @@ def resolve_source(data: DataConfig) -> DataConfig:
         value = getattr(data, key)
         if not value.startswith(SOURCE_PREFIX):
             continue
-        name, _, inner = value[len(SOURCE_PREFIX):].partition("/")
+        name, _, inner = value[len(SOURCE_PREFIX) :].partition("/")
         folder = data_root() / name
         if not (folder / PREPARED_MARKER).is_file():
-            raise DataError(f"data.{key}: dataset {name!r} is not fetched into {folder}; "
-                            f"run `recsys data fetch {name}` (or set {DATA_DIR_ENV} to where it was fetched)")
+            raise DataError(
+                f"data.{key}: dataset {name!r} is not fetched into {folder}; "
+                f"run `recsys data fetch {name}` (or set {DATA_DIR_ENV} to where it was fetched)"
+            )
         changes[key] = str(folder / inner)
     return dataclasses.replace(data, **changes) if changes else data
 
@@ -179,8 +189,9 @@ def format_registry(entries: dict[str, DatasetEntry]) -> str:
     checked (``none``: fetch prints its SHA-256 to record), how to get it, licence."""
     rows = [("name", "size", "checked by", "download", "licence")]
     for name, e in entries.items():
-        rows.append((name, human_size(e.size), _checked_by(e), "by hand (login)" if e.manual else "automatic",
-                     e.licence))
+        rows.append(
+            (name, human_size(e.size), _checked_by(e), "by hand (login)" if e.manual else "automatic", e.licence)
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r[:4], widths)) + "  " + r[4] for r in rows]
     return "\n".join(lines) + f"\n\ncache: {data_root()} (set {DATA_DIR_ENV} to change it)"

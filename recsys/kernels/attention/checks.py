@@ -14,9 +14,7 @@ def check_attention_args(q: Tensor, k: Tensor, v: Tensor, key_lengths: Tensor | 
     """Raise ValueError unless ``q [B or 1, H, Lq, D]``, ``k [B, H, Lk, D]``, ``v [B, H, Lk, Dv]`` (one
     dtype, one device), ``key_lengths [B]`` int (or None) and ``causal`` fit together."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(
-            f"q, k, v must be 4-d [B, H, L, D]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
-        )
+        raise ValueError(f"q, k, v must be 4-d [B, H, L, D]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     b, h, lk, d = k.shape
     if v.shape[:3] != (b, h, lk):
         raise ValueError(f"v {tuple(v.shape)} does not match k {tuple(k.shape)} in [B, H, Lk]")

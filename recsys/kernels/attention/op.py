@@ -44,7 +44,8 @@ def attention(
         if kernel.triton_supports(q, v):  # the arguments are checked: straight to the kernels
             return kernel.flash_attention(q, k, v, key_lengths, causal, scale, softcap)
         if backend == "triton":  # the kernel's own error
-            return kernel.triton_attention(q, k, v, key_lengths=key_lengths, causal=causal, scale=scale,
-                                           softcap=softcap)
+            return kernel.triton_attention(
+                q, k, v, key_lengths=key_lengths, causal=causal, scale=scale, softcap=softcap
+            )
         # "auto" sends what the kernel does not cover (fp64, D > 128) to the twin
     return attention_ref(q, k, v, key_lengths=key_lengths, causal=causal, scale=scale, softcap=softcap)

@@ -104,9 +104,29 @@ def _logits(qk, qk_scale, tanh_scale, cap_log2, SOFTCAP: tl.constexpr):
 
 
 @triton.jit
-def _key_tile(q, k_base, v_base, skn, skd, svn, svd, offs_m, offs_n, kv_len, offs_d, qk_scale, tanh_scale, cap_log2,
-              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
-              SOFTCAP: tl.constexpr, DOT_PREC: tl.constexpr, RAW: tl.constexpr):
+def _key_tile(
+    q,
+    k_base,
+    v_base,
+    skn,
+    skd,
+    svn,
+    svd,
+    offs_m,
+    offs_n,
+    kv_len,
+    offs_d,
+    qk_scale,
+    tanh_scale,
+    cap_log2,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    MASK: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    RAW: tl.constexpr,
+):
     """Load the key tile ``offs_n`` of K and V and its logits against ``q`` (log2 units).
 
     With ``MASK`` (a tile straddling the length or the diagonal), keys past ``kv_len`` and, if
@@ -137,10 +157,35 @@ def _key_tile(q, k_base, v_base, skn, skd, svn, svd, offs_m, offs_n, kv_len, off
 
 
 @triton.jit
-def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, skd, svn, svd, lo, hi, kv_len, offs_m, offs_n0, offs_d,
-               qk_scale, tanh_scale, cap_log2,
-               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr,
-               CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr, DOT_PREC: tl.constexpr, RAW: tl.constexpr):
+def _fwd_tiles(
+    acc,
+    l_i,
+    m_i,
+    q,
+    k_base,
+    v_base,
+    skn,
+    skd,
+    svn,
+    svd,
+    lo,
+    hi,
+    kv_len,
+    offs_m,
+    offs_n0,
+    offs_d,
+    qk_scale,
+    tanh_scale,
+    cap_log2,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASK: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    RAW: tl.constexpr,
+):
     """Online-softmax update over key tiles ``[lo, hi)``; ``MASK`` for tiles straddling a bound.
 
     ``RAW`` (no soft-cap, ``qk_scale > 0``): the row maximum is taken on the unscaled products and
@@ -150,9 +195,29 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, skd, svn, svd, lo, hi, kv_
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + offs_n0
-        _k, v, s, _ = _key_tile(q, k_base, v_base, skn, skd, svn, svd, offs_m, offs_n, kv_len, offs_d,
-                               qk_scale, tanh_scale, cap_log2, HEAD_DIM, BLOCK_D, MASK, CAUSAL, SOFTCAP, DOT_PREC,
-                              RAW)
+        _k, v, s, _ = _key_tile(
+            q,
+            k_base,
+            v_base,
+            skn,
+            skd,
+            svn,
+            svd,
+            offs_m,
+            offs_n,
+            kv_len,
+            offs_d,
+            qk_scale,
+            tanh_scale,
+            cap_log2,
+            HEAD_DIM,
+            BLOCK_D,
+            MASK,
+            CAUSAL,
+            SOFTCAP,
+            DOT_PREC,
+            RAW,
+        )
         if RAW:
             m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
             p = tl.exp2(s * qk_scale - m_new[:, None])
@@ -168,12 +233,46 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, skd, svn, svd, lo, hi, kv_
 
 
 @triton.jit
-def _fwd_kernel(Q, K, V, O, LSE, LENS,
-                sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som,
-                H, LQ, LK, lq_bucket, lk_bucket, qk_scale, tanh_scale, cap_log2,
-                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LENS: tl.constexpr, CAUSAL: tl.constexpr,
-                SOFTCAP: tl.constexpr, DOT_PREC: tl.constexpr, RAW: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr):
+def _fwd_kernel(
+    Q,
+    K,
+    V,
+    O,
+    LSE,
+    LENS,
+    sqb,
+    sqh,
+    sqm,
+    sqd,
+    skb,
+    skh,
+    skn,
+    skd,
+    svb,
+    svh,
+    svn,
+    svd,
+    sob,
+    soh,
+    som,
+    H,
+    LQ,
+    LK,
+    lq_bucket,
+    lk_bucket,
+    qk_scale,
+    tanh_scale,
+    cap_log2,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HAS_LENS: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    RAW: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """O[b, h, m-block] and its log2-sum-exp (``+inf`` for rows that see no key).
 
     Grid: ``cdiv(LQ, BLOCK_M) * B * H`` programs, query blocks fastest (they share K/V in L2).
@@ -187,21 +286,130 @@ def _fwd_kernel(Q, K, V, O, LSE, LENS,
     bh = pid // num_m
     start_m = pid_m * BLOCK_M
     if LQ - start_m <= TAIL_M:  # the last block, partial: a TAIL_M-row tile (BLOCK_M >= TAIL_M)
-        _fwd_rows(Q, K, V, O, LSE, LENS, sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som,
-                  H, LQ, LK, qk_scale, tanh_scale, cap_log2, bh, start_m,
-                  HEAD_DIM, BLOCK_D, HAS_LENS, CAUSAL, SOFTCAP, DOT_PREC, RAW, TAIL_M, BLOCK_N)
+        _fwd_rows(
+            Q,
+            K,
+            V,
+            O,
+            LSE,
+            LENS,
+            sqb,
+            sqh,
+            sqm,
+            sqd,
+            skb,
+            skh,
+            skn,
+            skd,
+            svb,
+            svh,
+            svn,
+            svd,
+            sob,
+            soh,
+            som,
+            H,
+            LQ,
+            LK,
+            qk_scale,
+            tanh_scale,
+            cap_log2,
+            bh,
+            start_m,
+            HEAD_DIM,
+            BLOCK_D,
+            HAS_LENS,
+            CAUSAL,
+            SOFTCAP,
+            DOT_PREC,
+            RAW,
+            TAIL_M,
+            BLOCK_N,
+        )
     else:
-        _fwd_rows(Q, K, V, O, LSE, LENS, sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som,
-                  H, LQ, LK, qk_scale, tanh_scale, cap_log2, bh, start_m,
-                  HEAD_DIM, BLOCK_D, HAS_LENS, CAUSAL, SOFTCAP, DOT_PREC, RAW, BLOCK_M, BLOCK_N)
+        _fwd_rows(
+            Q,
+            K,
+            V,
+            O,
+            LSE,
+            LENS,
+            sqb,
+            sqh,
+            sqm,
+            sqd,
+            skb,
+            skh,
+            skn,
+            skd,
+            svb,
+            svh,
+            svn,
+            svd,
+            sob,
+            soh,
+            som,
+            H,
+            LQ,
+            LK,
+            qk_scale,
+            tanh_scale,
+            cap_log2,
+            bh,
+            start_m,
+            HEAD_DIM,
+            BLOCK_D,
+            HAS_LENS,
+            CAUSAL,
+            SOFTCAP,
+            DOT_PREC,
+            RAW,
+            BLOCK_M,
+            BLOCK_N,
+        )
 
 
 @triton.jit
-def _fwd_rows(Q, K, V, O, LSE, LENS, sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som,
-              H, LQ, LK, qk_scale, tanh_scale, cap_log2, bh, start_m,
-              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LENS: tl.constexpr, CAUSAL: tl.constexpr,
-              SOFTCAP: tl.constexpr, DOT_PREC: tl.constexpr, RAW: tl.constexpr, BLOCK_M: tl.constexpr,
-              BLOCK_N: tl.constexpr):
+def _fwd_rows(
+    Q,
+    K,
+    V,
+    O,
+    LSE,
+    LENS,
+    sqb,
+    sqh,
+    sqm,
+    sqd,
+    skb,
+    skh,
+    skn,
+    skd,
+    svb,
+    svh,
+    svn,
+    svd,
+    sob,
+    soh,
+    som,
+    H,
+    LQ,
+    LK,
+    qk_scale,
+    tanh_scale,
+    cap_log2,
+    bh,
+    start_m,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HAS_LENS: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    RAW: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """The forward of query rows ``[start_m, start_m + BLOCK_M)`` of (batch, head) ``bh``."""
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
@@ -209,8 +417,9 @@ def _fwd_rows(Q, K, V, O, LSE, LENS, sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     m_ok = offs_m < LQ
-    q = _load_tile(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
-                   m_ok, offs_d, HEAD_DIM, BLOCK_D, True)
+    q = _load_tile(
+        Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd, m_ok, offs_d, HEAD_DIM, BLOCK_D, True
+    )
 
     kv_len = LK
     if HAS_LENS:
@@ -227,19 +436,77 @@ def _fwd_rows(Q, K, V, O, LSE, LENS, sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # finite: a fully masked tile gives p = 0, not NaN
-    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, skd, svn, svd, 0, full, kv_len,
-                               offs_m, offs_n0, offs_d, qk_scale, tanh_scale, cap_log2,
-                               HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL, SOFTCAP, DOT_PREC, RAW)
-    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, skd, svn, svd, full, hi, kv_len,
-                               offs_m, offs_n0, offs_d, qk_scale, tanh_scale, cap_log2,
-                               HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL, SOFTCAP, DOT_PREC, RAW)
+    acc, l_i, m_i = _fwd_tiles(
+        acc,
+        l_i,
+        m_i,
+        q,
+        k_base,
+        v_base,
+        skn,
+        skd,
+        svn,
+        svd,
+        0,
+        full,
+        kv_len,
+        offs_m,
+        offs_n0,
+        offs_d,
+        qk_scale,
+        tanh_scale,
+        cap_log2,
+        HEAD_DIM,
+        BLOCK_D,
+        BLOCK_N,
+        False,
+        CAUSAL,
+        SOFTCAP,
+        DOT_PREC,
+        RAW,
+    )
+    acc, l_i, m_i = _fwd_tiles(
+        acc,
+        l_i,
+        m_i,
+        q,
+        k_base,
+        v_base,
+        skn,
+        skd,
+        svn,
+        svd,
+        full,
+        hi,
+        kv_len,
+        offs_m,
+        offs_n0,
+        offs_d,
+        qk_scale,
+        tanh_scale,
+        cap_log2,
+        HEAD_DIM,
+        BLOCK_D,
+        BLOCK_N,
+        True,
+        CAUSAL,
+        SOFTCAP,
+        DOT_PREC,
+        RAW,
+    )
 
     seen = l_i > 0.0
     l_safe = tl.where(seen, l_i, 1.0)
     o = acc / l_safe[:, None]
     lse = tl.where(seen, m_i + tl.log2(l_safe), float("inf"))
-    _store_tile(O + b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :], o.to(O.dtype.element_ty), m_ok,
-                offs_d, HEAD_DIM, BLOCK_D)
+    _store_tile(
+        O + b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :],
+        o.to(O.dtype.element_ty),
+        m_ok,
+        offs_d,
+        HEAD_DIM,
+        BLOCK_D,
+    )
     tl.store(LSE + bh.to(tl.int64) * LQ + offs_m, lse, mask=m_ok)
 
 
@@ -249,10 +516,40 @@ def _fwd_rows(Q, K, V, O, LSE, LENS, sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb
 
 
 @triton.jit
-def _dq_tiles(dq, q, do, lse, delta, k_base, v_base, skn, skd, svn, svd, dk_base, dv_base, lo, hi, kv_len, LK,
-              offs_m, offs_n0, offs_d, qk_scale, tanh_scale, cap_log2, sm_scale,
-              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr,
-              CAUSAL: tl.constexpr, SOFTCAP: tl.constexpr, FUSED: tl.constexpr, DOT_PREC: tl.constexpr):
+def _dq_tiles(
+    dq,
+    q,
+    do,
+    lse,
+    delta,
+    k_base,
+    v_base,
+    skn,
+    skd,
+    svn,
+    svd,
+    dk_base,
+    dv_base,
+    lo,
+    hi,
+    kv_len,
+    LK,
+    offs_m,
+    offs_n0,
+    offs_d,
+    qk_scale,
+    tanh_scale,
+    cap_log2,
+    sm_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASK: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    FUSED: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
     """Accumulate ``dq`` over key tiles ``[lo, hi)``; with ``FUSED`` also store each tile's dk, dv.
 
     ``dq`` accumulates ``dS @ K`` without the logit scale (applied once by the caller).
@@ -260,9 +557,29 @@ def _dq_tiles(dq, q, do, lse, delta, k_base, v_base, skn, skd, svn, svd, dk_base
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + offs_n0
-        k, v, s, t = _key_tile(q, k_base, v_base, skn, skd, svn, svd, offs_m, offs_n, kv_len, offs_d,
-                              qk_scale, tanh_scale, cap_log2, HEAD_DIM, BLOCK_D, MASK, CAUSAL, SOFTCAP, DOT_PREC,
-                              False)
+        k, v, s, t = _key_tile(
+            q,
+            k_base,
+            v_base,
+            skn,
+            skd,
+            svn,
+            svd,
+            offs_m,
+            offs_n,
+            kv_len,
+            offs_d,
+            qk_scale,
+            tanh_scale,
+            cap_log2,
+            HEAD_DIM,
+            BLOCK_D,
+            MASK,
+            CAUSAL,
+            SOFTCAP,
+            DOT_PREC,
+            False,
+        )
         p = tl.exp2(s - lse[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
         ds = p * (dp - delta[:, None])
@@ -279,12 +596,52 @@ def _dq_tiles(dq, q, do, lse, delta, k_base, v_base, skn, skd, svn, svd, dk_base
 
 
 @triton.jit
-def _bwd_dq_kernel(Q, K, V, O, DO, LSE, DELTA, DQ, DK, DV, LENS,
-                   sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som,
-                   H, LQ, LK, lq_bucket, lk_bucket, qk_scale, tanh_scale, cap_log2, sm_scale,
-                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LENS: tl.constexpr, CAUSAL: tl.constexpr,
-                   SOFTCAP: tl.constexpr, FUSED: tl.constexpr, DOT_PREC: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _bwd_dq_kernel(
+    Q,
+    K,
+    V,
+    O,
+    DO,
+    LSE,
+    DELTA,
+    DQ,
+    DK,
+    DV,
+    LENS,
+    sqb,
+    sqh,
+    sqm,
+    sqd,
+    skb,
+    skh,
+    skn,
+    skd,
+    svb,
+    svh,
+    svn,
+    svd,
+    sob,
+    soh,
+    som,
+    H,
+    LQ,
+    LK,
+    lq_bucket,
+    lk_bucket,
+    qk_scale,
+    tanh_scale,
+    cap_log2,
+    sm_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HAS_LENS: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    FUSED: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """dq for one (batch, head, query block); ``delta = rowsum(dO * O)`` is computed here.
 
     ``FUSED`` (``BLOCK_M >= LQ``, one program per (batch, head)): the program sees every query
@@ -300,21 +657,148 @@ def _bwd_dq_kernel(Q, K, V, O, DO, LSE, DELTA, DQ, DK, DV, LENS,
     bh = pid // num_m
     start_m = pid_m * BLOCK_M
     if not FUSED and LQ - start_m <= TAIL_M:  # the last block, partial (BLOCK_M >= TAIL_M)
-        _dq_rows(Q, K, V, O, DO, LSE, DELTA, DQ, DK, DV, LENS, sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn,
-                 svd, sob, soh, som, H, LQ, LK, qk_scale, tanh_scale, cap_log2, sm_scale, bh, start_m,
-                 HEAD_DIM, BLOCK_D, HAS_LENS, CAUSAL, SOFTCAP, FUSED, DOT_PREC, TAIL_M, BLOCK_N)
+        _dq_rows(
+            Q,
+            K,
+            V,
+            O,
+            DO,
+            LSE,
+            DELTA,
+            DQ,
+            DK,
+            DV,
+            LENS,
+            sqb,
+            sqh,
+            sqm,
+            sqd,
+            skb,
+            skh,
+            skn,
+            skd,
+            svb,
+            svh,
+            svn,
+            svd,
+            sob,
+            soh,
+            som,
+            H,
+            LQ,
+            LK,
+            qk_scale,
+            tanh_scale,
+            cap_log2,
+            sm_scale,
+            bh,
+            start_m,
+            HEAD_DIM,
+            BLOCK_D,
+            HAS_LENS,
+            CAUSAL,
+            SOFTCAP,
+            FUSED,
+            DOT_PREC,
+            TAIL_M,
+            BLOCK_N,
+        )
     else:
-        _dq_rows(Q, K, V, O, DO, LSE, DELTA, DQ, DK, DV, LENS, sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn,
-                 svd, sob, soh, som, H, LQ, LK, qk_scale, tanh_scale, cap_log2, sm_scale, bh, start_m,
-                 HEAD_DIM, BLOCK_D, HAS_LENS, CAUSAL, SOFTCAP, FUSED, DOT_PREC, BLOCK_M, BLOCK_N)
+        _dq_rows(
+            Q,
+            K,
+            V,
+            O,
+            DO,
+            LSE,
+            DELTA,
+            DQ,
+            DK,
+            DV,
+            LENS,
+            sqb,
+            sqh,
+            sqm,
+            sqd,
+            skb,
+            skh,
+            skn,
+            skd,
+            svb,
+            svh,
+            svn,
+            svd,
+            sob,
+            soh,
+            som,
+            H,
+            LQ,
+            LK,
+            qk_scale,
+            tanh_scale,
+            cap_log2,
+            sm_scale,
+            bh,
+            start_m,
+            HEAD_DIM,
+            BLOCK_D,
+            HAS_LENS,
+            CAUSAL,
+            SOFTCAP,
+            FUSED,
+            DOT_PREC,
+            BLOCK_M,
+            BLOCK_N,
+        )
 
 
 @triton.jit
-def _dq_rows(Q, K, V, O, DO, LSE, DELTA, DQ, DK, DV, LENS, sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
-             sob, soh, som, H, LQ, LK, qk_scale, tanh_scale, cap_log2, sm_scale, bh, start_m,
-             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LENS: tl.constexpr, CAUSAL: tl.constexpr,
-             SOFTCAP: tl.constexpr, FUSED: tl.constexpr, DOT_PREC: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _dq_rows(
+    Q,
+    K,
+    V,
+    O,
+    DO,
+    LSE,
+    DELTA,
+    DQ,
+    DK,
+    DV,
+    LENS,
+    sqb,
+    sqh,
+    sqm,
+    sqd,
+    skb,
+    skh,
+    skn,
+    skd,
+    svb,
+    svh,
+    svn,
+    svd,
+    sob,
+    soh,
+    som,
+    H,
+    LQ,
+    LK,
+    qk_scale,
+    tanh_scale,
+    cap_log2,
+    sm_scale,
+    bh,
+    start_m,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HAS_LENS: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    FUSED: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """The dq kernel's work on query rows ``[start_m, start_m + BLOCK_M)`` of (batch, head) ``bh``."""
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
@@ -324,8 +808,9 @@ def _dq_rows(Q, K, V, O, DO, LSE, DELTA, DQ, DK, DV, LENS, sqb, sqh, sqm, sqd, s
     offs_d = tl.arange(0, BLOCK_D)
     m_ok = offs_m < LQ
     row_off = offs_m[:, None] * HEAD_DIM + offs_d[None, :]
-    q = _load_tile(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
-                   m_ok, offs_d, HEAD_DIM, BLOCK_D, True)
+    q = _load_tile(
+        Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd, m_ok, offs_d, HEAD_DIM, BLOCK_D, True
+    )
     o_off = b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :]  # O and DO share O's strides
     do = _load_tile(DO + o_off, m_ok, offs_d, HEAD_DIM, BLOCK_D, True)
     o = _load_tile(O + o_off, m_ok, offs_d, HEAD_DIM, BLOCK_D, True)
@@ -349,12 +834,74 @@ def _dq_rows(Q, K, V, O, DO, LSE, DELTA, DQ, DK, DV, LENS, sqb, sqh, sqm, sqd, s
     dk_base = DK + bh64 * LK * HEAD_DIM
     dv_base = DV + bh64 * LK * HEAD_DIM
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    dq = _dq_tiles(dq, q, do, lse, delta, k_base, v_base, skn, skd, svn, svd, dk_base, dv_base, 0, full, kv_len,
-                   LK, offs_m, offs_n0, offs_d, qk_scale, tanh_scale, cap_log2, sm_scale,
-                   HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL, SOFTCAP, FUSED, DOT_PREC)
-    dq = _dq_tiles(dq, q, do, lse, delta, k_base, v_base, skn, skd, svn, svd, dk_base, dv_base, full, hi, kv_len,
-                   LK, offs_m, offs_n0, offs_d, qk_scale, tanh_scale, cap_log2, sm_scale,
-                   HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL, SOFTCAP, FUSED, DOT_PREC)
+    dq = _dq_tiles(
+        dq,
+        q,
+        do,
+        lse,
+        delta,
+        k_base,
+        v_base,
+        skn,
+        skd,
+        svn,
+        svd,
+        dk_base,
+        dv_base,
+        0,
+        full,
+        kv_len,
+        LK,
+        offs_m,
+        offs_n0,
+        offs_d,
+        qk_scale,
+        tanh_scale,
+        cap_log2,
+        sm_scale,
+        HEAD_DIM,
+        BLOCK_D,
+        BLOCK_N,
+        False,
+        CAUSAL,
+        SOFTCAP,
+        FUSED,
+        DOT_PREC,
+    )
+    dq = _dq_tiles(
+        dq,
+        q,
+        do,
+        lse,
+        delta,
+        k_base,
+        v_base,
+        skn,
+        skd,
+        svn,
+        svd,
+        dk_base,
+        dv_base,
+        full,
+        hi,
+        kv_len,
+        LK,
+        offs_m,
+        offs_n0,
+        offs_d,
+        qk_scale,
+        tanh_scale,
+        cap_log2,
+        sm_scale,
+        HEAD_DIM,
+        BLOCK_D,
+        BLOCK_N,
+        True,
+        CAUSAL,
+        SOFTCAP,
+        FUSED,
+        DOT_PREC,
+    )
     if FUSED:  # key tiles that were skipped get zero gradients
         zero = tl.zeros([BLOCK_N, BLOCK_D], dtype=DK.dtype.element_ty)
         for start_n in range(tl.cdiv(hi, BLOCK_N) * BLOCK_N, LK, BLOCK_N):
@@ -362,15 +909,40 @@ def _dq_rows(Q, K, V, O, DO, LSE, DELTA, DQ, DK, DV, LENS, sqb, sqh, sqm, sqd, s
             off = offs_n[:, None] * HEAD_DIM + offs_d[None, :]
             _store_tile(dk_base + off, zero, offs_n < LK, offs_d, HEAD_DIM, BLOCK_D)
             _store_tile(dv_base + off, zero, offs_n < LK, offs_d, HEAD_DIM, BLOCK_D)
-    _store_tile(DQ + bh64 * LQ * HEAD_DIM + row_off, (dq * sm_scale).to(DQ.dtype.element_ty), m_ok, offs_d,
-                HEAD_DIM, BLOCK_D)
+    _store_tile(
+        DQ + bh64 * LQ * HEAD_DIM + row_off, (dq * sm_scale).to(DQ.dtype.element_ty), m_ok, offs_d, HEAD_DIM, BLOCK_D
+    )
 
 
 @triton.jit
-def _dkdv_tiles(dk, dv, k, v, q_base, sqm, sqd, do_base, som, lse_base, delta_base, lo, hi, LQ, offs_n, offs_m0,
-                offs_d, qk_scale, tanh_scale, cap_log2,
-                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, MASK: tl.constexpr,
-                SOFTCAP: tl.constexpr, DOT_PREC: tl.constexpr):
+def _dkdv_tiles(
+    dk,
+    dv,
+    k,
+    v,
+    q_base,
+    sqm,
+    sqd,
+    do_base,
+    som,
+    lse_base,
+    delta_base,
+    lo,
+    hi,
+    LQ,
+    offs_n,
+    offs_m0,
+    offs_d,
+    qk_scale,
+    tanh_scale,
+    cap_log2,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    MASK: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
     """Accumulate one key tile's ``dk`` (unscaled) and ``dv`` over query blocks ``[lo, hi)``.
 
     Works on transposed scores ``[BLOCK_N, BLOCK_M]``; ``MASK`` applies the causal mask.
@@ -398,11 +970,49 @@ def _dkdv_tiles(dk, dv, k, v, q_base, sqm, sqd, do_base, som, lse_base, delta_ba
 
 
 @triton.jit
-def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, LENS,
-                     sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som,
-                     H, LQ, LK, lq_bucket, lk_bucket, qk_scale, tanh_scale, cap_log2, sm_scale,
-                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_LENS: tl.constexpr, CAUSAL: tl.constexpr,
-                     SOFTCAP: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _bwd_dkdv_kernel(
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    DELTA,
+    DK,
+    DV,
+    LENS,
+    sqb,
+    sqh,
+    sqm,
+    sqd,
+    skb,
+    skh,
+    skn,
+    skd,
+    svb,
+    svh,
+    svn,
+    svd,
+    sob,
+    soh,
+    som,
+    H,
+    LQ,
+    LK,
+    lq_bucket,
+    lk_bucket,
+    qk_scale,
+    tanh_scale,
+    cap_log2,
+    sm_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HAS_LENS: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """dk, dv for one (batch, head, key block); key blocks past the key length write zeros only.
 
     Grid: ``cdiv(LK, BLOCK_N) * B * H``. Causal: query blocks before the key block are skipped and
@@ -424,10 +1034,12 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, LENS,
     if HAS_LENS:
         kv_len = tl.minimum(tl.maximum(tl.load(LENS + b).to(tl.int32), 0), LK)
     n_ok = offs_n < kv_len
-    k = _load_tile(K + b * skb + h * skh + offs_n[:, None] * skn + offs_d[None, :] * skd,
-                   n_ok, offs_d, HEAD_DIM, BLOCK_D, True)
-    v = _load_tile(V + b * svb + h * svh + offs_n[:, None] * svn + offs_d[None, :] * svd,
-                   n_ok, offs_d, HEAD_DIM, BLOCK_D, True)
+    k = _load_tile(
+        K + b * skb + h * skh + offs_n[:, None] * skn + offs_d[None, :] * skd, n_ok, offs_d, HEAD_DIM, BLOCK_D, True
+    )
+    v = _load_tile(
+        V + b * svb + h * svh + offs_n[:, None] * svn + offs_d[None, :] * svd, n_ok, offs_d, HEAD_DIM, BLOCK_D, True
+    )
 
     lo = 0
     if CAUSAL:
@@ -443,12 +1055,62 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, LENS,
     delta_base = DELTA + bh64 * LQ
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, sqm, sqd, do_base, som, lse_base, delta_base, lo, mid, LQ, offs_n,
-                         offs_m0, offs_d, qk_scale, tanh_scale, cap_log2,
-                         HEAD_DIM, BLOCK_D, BLOCK_M, True, SOFTCAP, DOT_PREC)
-    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, sqm, sqd, do_base, som, lse_base, delta_base, mid, hi, LQ, offs_n,
-                         offs_m0, offs_d, qk_scale, tanh_scale, cap_log2,
-                         HEAD_DIM, BLOCK_D, BLOCK_M, False, SOFTCAP, DOT_PREC)
+    dk, dv = _dkdv_tiles(
+        dk,
+        dv,
+        k,
+        v,
+        q_base,
+        sqm,
+        sqd,
+        do_base,
+        som,
+        lse_base,
+        delta_base,
+        lo,
+        mid,
+        LQ,
+        offs_n,
+        offs_m0,
+        offs_d,
+        qk_scale,
+        tanh_scale,
+        cap_log2,
+        HEAD_DIM,
+        BLOCK_D,
+        BLOCK_M,
+        True,
+        SOFTCAP,
+        DOT_PREC,
+    )
+    dk, dv = _dkdv_tiles(
+        dk,
+        dv,
+        k,
+        v,
+        q_base,
+        sqm,
+        sqd,
+        do_base,
+        som,
+        lse_base,
+        delta_base,
+        mid,
+        hi,
+        LQ,
+        offs_n,
+        offs_m0,
+        offs_d,
+        qk_scale,
+        tanh_scale,
+        cap_log2,
+        HEAD_DIM,
+        BLOCK_D,
+        BLOCK_M,
+        False,
+        SOFTCAP,
+        DOT_PREC,
+    )
     # keys past the length were read as 0 and summed nonzero probabilities: their gradients are 0
     dk = tl.where(n_ok[:, None], dk * sm_scale, 0.0)
     dv = tl.where(n_ok[:, None], dv, 0.0)
@@ -477,37 +1139,77 @@ def _cfg(block_n: int, warps: int, stages: int, block_m: int | None = None, regs
 # candidates: (BLOCK_M, BLOCK_N, num_warps, num_stages); pruned per shape by `_prune`. Register
 # counts for D = 64, bf16, sm_90 (Triton 3.9's ptxas) are noted where they decide the choice: 65536
 # registers per SM, so 128 threads x 255 fit twice and 256 threads x 128 twice.
-_FWD_CONFIGS = [_cfg(n, w, s, m) for m, n, w, s in [
-    (16, 16, 4, 2), (32, 16, 4, 2), (64, 16, 4, 2), (64, 32, 4, 2), (64, 64, 4, 3),
-    (128, 32, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3),
-    (128, 64, 8, 2), (128, 64, 8, 4),  # 128 registers: two programs per SM
-    (128, 128, 8, 2),  # 199 registers, half the per-tile loop overhead and rescaling per score
-    (64, 32, 4, 3), (128, 32, 8, 2)]]
-_DQ_CONFIGS = [_cfg(n, w, s, m) for m, n, w, s in [
-    (64, 32, 4, 2), (64, 64, 4, 3), (128, 32, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3),
-    (128, 64, 8, 2), (128, 64, 8, 4),
-    (64, 32, 4, 3), (64, 16, 4, 2), (128, 32, 8, 2)]] + [
+_FWD_CONFIGS = [
+    _cfg(n, w, s, m)
+    for m, n, w, s in [
+        (16, 16, 4, 2),
+        (32, 16, 4, 2),
+        (64, 16, 4, 2),
+        (64, 32, 4, 2),
+        (64, 64, 4, 3),
+        (128, 32, 4, 3),
+        (128, 64, 4, 3),
+        (128, 64, 8, 3),
+        (128, 128, 8, 3),
+        (128, 64, 8, 2),
+        (128, 64, 8, 4),  # 128 registers: two programs per SM
+        (128, 128, 8, 2),  # 199 registers, half the per-tile loop overhead and rescaling per score
+        (64, 32, 4, 3),
+        (128, 32, 8, 2),
+    ]
+]
+_DQ_CONFIGS = [
+    _cfg(n, w, s, m)
+    for m, n, w, s in [
+        (64, 32, 4, 2),
+        (64, 64, 4, 3),
+        (128, 32, 4, 3),
+        (128, 64, 4, 3),
+        (128, 64, 8, 3),
+        (128, 128, 8, 3),
+        (128, 64, 8, 2),
+        (128, 64, 8, 4),
+        (64, 32, 4, 3),
+        (64, 16, 4, 2),
+        (128, 32, 8, 2),
+    ]
+] + [
     # 132 registers on 8 warps fit one program per SM (sm_90, 256 x 1024); capped, two, no spill
-    _cfg(64, 8, 3, 128, regs=128), _cfg(64, 8, 2, 128, regs=128)]
+    _cfg(64, 8, 3, 128, regs=128),
+    _cfg(64, 8, 2, 128, regs=128),
+]
 _FUSED_CONFIGS = [_cfg(n, w, s) for n, w, s in [(16, 4, 2), (32, 4, 2), (64, 4, 2), (16, 2, 2), (32, 8, 2)]]
-_DKDV_CONFIGS = [_cfg(n, w, s, m) for m, n, w, s in [
-    (32, 32, 4, 2), (32, 64, 4, 3), (64, 64, 4, 3), (32, 128, 4, 3), (64, 128, 4, 3), (64, 128, 8, 3),
-    # (32, 128, 4, 3), the tuner's pick on sm_90 at L >= 1024, spills (255 registers + 56 bytes of stack);
-    # these do not: 254 registers at 2 stages, 160 / 138 with 8 warps
-    (32, 128, 4, 2), (32, 128, 8, 3), (32, 128, 8, 2), (64, 128, 8, 2),
-    (32, 32, 4, 3), (64, 32, 4, 2), (64, 64, 4, 2)]] + [
+_DKDV_CONFIGS = [
+    _cfg(n, w, s, m)
+    for m, n, w, s in [
+        (32, 32, 4, 2),
+        (32, 64, 4, 3),
+        (64, 64, 4, 3),
+        (32, 128, 4, 3),
+        (64, 128, 4, 3),
+        (64, 128, 8, 3),
+        # (32, 128, 4, 3), the tuner's pick on sm_90 at L >= 1024, spills (255 registers + 56 bytes of stack);
+        # these do not: 254 registers at 2 stages, 160 / 138 with 8 warps
+        (32, 128, 4, 2),
+        (32, 128, 8, 3),
+        (32, 128, 8, 2),
+        (64, 128, 8, 2),
+        (32, 32, 4, 3),
+        (64, 32, 4, 2),
+        (64, 64, 4, 2),
+    ]
+] + [
     # capped at 128 registers: two 8-warp programs per SM instead of one (160 registers), four 4-warp
     # ones instead of three (159); ptxas spills 24-80 bytes for it, the tuner weighs that
-    _cfg(n, w, s, m, regs=128) for m, n, w, s in [(32, 128, 8, 2), (32, 128, 8, 3), (32, 64, 4, 2), (32, 64, 4, 3)]]
+    _cfg(n, w, s, m, regs=128)
+    for m, n, w, s in [(32, 128, 8, 2), (32, 128, 8, 3), (32, 64, 4, 2), (32, 64, 4, 3)]
+]
 
 
 def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
     """Drop candidates whose blocks exceed the (bucketed) sequence lengths."""
     qb, kb = named_args["lq_bucket"], named_args["lk_bucket"]
-    keep = [
-        c for c in configs
-        if c.kwargs.get("BLOCK_M", 16) <= qb and c.kwargs["BLOCK_N"] <= kb
-    ]
+    keep = [c for c in configs if c.kwargs.get("BLOCK_M", 16) <= qb and c.kwargs["BLOCK_N"] <= kb]
     return keep or configs[:1]
 
 
@@ -531,8 +1233,12 @@ def _autotuned(kernel, configs: list[triton.Config]):
     )(kernel)
 
 
-_CANDIDATES = {"fwd": (_fwd_kernel, _FWD_CONFIGS), "dq": (_bwd_dq_kernel, _DQ_CONFIGS),
-               "fused": (_bwd_dq_kernel, _FUSED_CONFIGS), "dkdv": (_bwd_dkdv_kernel, _DKDV_CONFIGS)}
+_CANDIDATES = {
+    "fwd": (_fwd_kernel, _FWD_CONFIGS),
+    "dq": (_bwd_dq_kernel, _DQ_CONFIGS),
+    "fused": (_bwd_dq_kernel, _FUSED_CONFIGS),
+    "dkdv": (_bwd_dkdv_kernel, _DKDV_CONFIGS),
+}
 _KERNELS = {
     kind: Kernel(kernel, _autotuned(kernel, configs) if _AUTOTUNE else None)
     for kind, (kernel, configs) in _CANDIDATES.items()
@@ -571,8 +1277,17 @@ class _Problem:
     (fixed here, by the thresholds of :func:`backward_paths` in force).
     """
 
-    def __init__(self, key: tuple, q: Tensor, k: Tensor, v: Tensor, lens: Tensor | None, causal: bool,
-                 scale: float | None, softcap: float | None) -> None:
+    def __init__(
+        self,
+        key: tuple,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        lens: Tensor | None,
+        causal: bool,
+        scale: float | None,
+        softcap: float | None,
+    ) -> None:
         self.key = key
         self.batch, self.heads, self.lk, self.head_dim = k.shape
         self.lq = q.shape[2]
@@ -657,12 +1372,25 @@ def _new_out(q: Tensor, shape: tuple[int, int, int, int]) -> Tensor:
 _PROBLEMS: dict[tuple, _Problem] = {}
 
 
-def _problem(q: Tensor, k: Tensor, v: Tensor, lens: Tensor | None, causal: bool, scale: float | None,
-             softcap: float | None) -> _Problem:
+def _problem(
+    q: Tensor, k: Tensor, v: Tensor, lens: Tensor | None, causal: bool, scale: float | None, softcap: float | None
+) -> _Problem:
     """The (cached) :class:`_Problem` of these inputs; the backward path thresholds are part of the key."""
-    key = (q.device, q.dtype, q.shape, q.stride(), k.shape, k.stride(), v.stride(),
-           None if lens is None else lens.dtype, causal, scale, softcap,
-           _PATHS["fused_max_lq"], aligned(q, k, v, lens))
+    key = (
+        q.device,
+        q.dtype,
+        q.shape,
+        q.stride(),
+        k.shape,
+        k.stride(),
+        v.stride(),
+        None if lens is None else lens.dtype,
+        causal,
+        scale,
+        softcap,
+        _PATHS["fused_max_lq"],
+        aligned(q, k, v, lens),
+    )
     pb = _PROBLEMS.get(key)
     if pb is None:
         if len(_PROBLEMS) >= MAX_KEYS:
@@ -679,8 +1407,9 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, lens: Tensor | None, pb: _Problem)
     return o, lse
 
 
-def _backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, lens: Tensor | None,
-              pb: _Problem) -> tuple[Tensor, Tensor, Tensor]:
+def _backward(
+    do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, lens: Tensor | None, pb: _Problem
+) -> tuple[Tensor, Tensor, Tensor]:
     """dq (shape of ``q``), dk, dv; broadcast queries get their per-batch dq summed in fp32.
 
     The kernels read ``do`` with ``o``'s strides, 16-byte aligned, as the launches of
@@ -732,8 +1461,9 @@ class _FlashAttention(torch.autograd.Function):
 
 
 @torch.library.custom_op("recsys::flash_attention", mutates_args=())
-def flash_attention_op(q: Tensor, k: Tensor, v: Tensor, lens: Tensor | None, causal: bool, scale: float,
-                       softcap: float) -> tuple[Tensor, Tensor]:
+def flash_attention_op(
+    q: Tensor, k: Tensor, v: Tensor, lens: Tensor | None, causal: bool, scale: float, softcap: float
+) -> tuple[Tensor, Tensor]:
     """``(o [B, H, Lq, D], lse [B, H, Lq] fp32)``; arguments as :func:`triton_attention` with
     ``scale`` resolved and ``softcap = 0`` for none. ``lse`` is saved for the backward."""
     return _forward(q, k, v, lens, _problem(q, k, v, lens, causal, scale, softcap))
@@ -747,9 +1477,18 @@ def _(q, k, v, lens, causal, scale, softcap):
 
 
 @torch.library.custom_op("recsys::flash_attention_backward", mutates_args=())
-def flash_attention_backward_op(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
-                                lens: Tensor | None, causal: bool, scale: float,
-                                softcap: float) -> tuple[Tensor, Tensor, Tensor]:
+def flash_attention_backward_op(
+    do: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    lse: Tensor,
+    lens: Tensor | None,
+    causal: bool,
+    scale: float,
+    softcap: float,
+) -> tuple[Tensor, Tensor, Tensor]:
     """``(dq, dk, dv)`` shaped like ``q``, ``k``, ``v`` (contiguous) from the forward's ``o`` and ``lse``."""
     return _backward(do, q, k, v, o, lse, lens, _problem(q, k, v, lens, causal, scale, softcap))
 
@@ -821,8 +1560,15 @@ def triton_attention(
     return flash_attention(q, k, v, key_lengths, causal, scale, softcap)
 
 
-def flash_attention(q: Tensor, k: Tensor, v: Tensor, key_lengths: Tensor | None, causal: bool,
-                    scale: float | None, softcap: float | None) -> Tensor:
+def flash_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    key_lengths: Tensor | None,
+    causal: bool,
+    scale: float | None,
+    softcap: float | None,
+) -> Tensor:
     """:func:`triton_attention` on arguments the caller has checked (as :func:`recsys.kernels.attention`
     does): the launched path, with the fewest host steps."""
     if q.numel() == 0 or k.numel() == 0:

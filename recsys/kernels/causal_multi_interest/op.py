@@ -100,8 +100,9 @@ def _(h: Tensor, scores: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
 
 
 @torch.library.custom_op("recsys::causal_multi_interest_backward", mutates_args=())
-def causal_multi_interest_backward_op(h: Tensor, scores: Tensor, lengths: Tensor, lse: Tensor,
-                                      grad: Tensor) -> tuple[Tensor, Tensor]:
+def causal_multi_interest_backward_op(
+    h: Tensor, scores: Tensor, lengths: Tensor, lse: Tensor, grad: Tensor
+) -> tuple[Tensor, Tensor]:
     """``(dh [B, L, d] in h's dtype, dscores [B, L, K] in scores' dtype)`` of the Triton backward."""
     return kernel.backward(h, scores, lengths, lse, grad)
 

@@ -93,8 +93,19 @@ def _valid_length(LENGTHS, b, L):
 
 @triton.jit
 def _scan_kernel(
-    H, S, LENGTHS, G, OUT, ROW, L, D, K,
-    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, WITH_GRAD: tl.constexpr,
+    H,
+    S,
+    LENGTHS,
+    G,
+    OUT,
+    ROW,
+    L,
+    D,
+    K,
+    BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PRECISION: tl.constexpr,
+    WITH_GRAD: tl.constexpr,
 ):
     """The forward scan of program ``(b, k)``'s sequence. Without ``WITH_GRAD``: ``OUT[b, t, k]`` and
     ``ROW[b, t, k] = lse_t``; with it: only ``ROW[b, t, k] = <G[b, t, k], out_t>`` (the backward's
@@ -138,15 +149,30 @@ def _scan_kernel(
         rows = first + start + offs_t
         in_seq = start + offs_t < L
         if not WITH_GRAD:
-            tl.store(OUT + (rows * K + k)[:, None] * D + offs_d[None, :],
-                     tl.zeros([BLOCK_T, BLOCK_D], OUT.dtype.element_ty), mask=in_seq[:, None] & d_ok[None, :])
+            tl.store(
+                OUT + (rows * K + k)[:, None] * D + offs_d[None, :],
+                tl.zeros([BLOCK_T, BLOCK_D], OUT.dtype.element_ty),
+                mask=in_seq[:, None] & d_ok[None, :],
+            )
         tl.store(ROW + rows * K + k, tl.zeros([BLOCK_T], tl.float32), mask=in_seq)
 
 
 @triton.jit
 def _bwd_kernel(
-    H, S, LENGTHS, LSE, DELTA, G, DH, DS, L, D, K,
-    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+    H,
+    S,
+    LENGTHS,
+    LSE,
+    DELTA,
+    G,
+    DH,
+    DS,
+    L,
+    D,
+    K,
+    BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     """``DH`` and ``DS`` at one block of positions ``l`` of one sequence, summed over the interests
     and over the output rows ``t >= l`` of the sequence. Program ``b * blocks + j`` takes block ``j``
@@ -174,8 +200,9 @@ def _bwd_kernel(
                 t_ok = t0 + offs_t < n
                 lse = tl.load(LSE + rows_t * K + k, mask=t_ok, other=0.0)  # [t]
                 delta = tl.load(DELTA + rows_t * K + k, mask=t_ok, other=0.0)  # [t]
-                g = tl.load(G + (rows_t * K + k)[:, None] * D + offs_d[None, :],
-                            mask=t_ok[:, None] & d_ok[None, :], other=0.0)  # [t, BLOCK_D]
+                g = tl.load(
+                    G + (rows_t * K + k)[:, None] * D + offs_d[None, :], mask=t_ok[:, None] & d_ok[None, :], other=0.0
+                )  # [t, BLOCK_D]
                 visible = ((t0 + offs_t)[:, None] >= (start + offs_t)[None, :]) & t_ok[:, None]  # [t, l]
                 w = tl.exp2(tl.where(visible, s[None, :] - lse[:, None], float("-inf")) * LOG2E)  # <= 1
                 dh = tl.dot(tl.trans(w.to(g.dtype)), g, dh, input_precision=PRECISION)  # [l, BLOCK_D]
@@ -185,8 +212,9 @@ def _bwd_kernel(
     else:  # past the sequence: zero gradients
         for k in range(K):
             tl.store(DS + rows_l * K + k, tl.zeros([BLOCK_T], DS.dtype.element_ty), mask=in_seq)
-    tl.store(DH + rows_l[:, None] * D + offs_d[None, :], dh.to(DH.dtype.element_ty),
-             mask=in_seq[:, None] & d_ok[None, :])
+    tl.store(
+        DH + rows_l[:, None] * D + offs_d[None, :], dh.to(DH.dtype.element_ty), mask=in_seq[:, None] & d_ok[None, :]
+    )
 
 
 _SCAN, _BACKWARD = Kernel(_scan_kernel), Kernel(_bwd_kernel)
@@ -204,20 +232,41 @@ def _launch(kernel: Kernel, key: tuple, grid: tuple[int, ...], meta: dict) -> La
 
 
 def _meta(h: Tensor, cfg: LaunchConfig) -> dict:
-    return {"BLOCK_T": cfg.block_t, "BLOCK_D": max(16, triton.next_power_of_2(h.shape[2])),
-            "PRECISION": "ieee" if h.dtype == torch.float32 else "tf32",
-            "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    return {
+        "BLOCK_T": cfg.block_t,
+        "BLOCK_D": max(16, triton.next_power_of_2(h.shape[2])),
+        "PRECISION": "ieee" if h.dtype == torch.float32 else "tf32",
+        "num_warps": cfg.num_warps,
+        "num_stages": cfg.num_stages,
+    }
 
 
-def _scan(h: Tensor, scores: Tensor, lengths: Tensor, grad: Tensor | None, out: Tensor | None, row: Tensor,
-          config: LaunchConfig | None) -> None:
+def _scan(
+    h: Tensor,
+    scores: Tensor,
+    lengths: Tensor,
+    grad: Tensor | None,
+    out: Tensor | None,
+    row: Tensor,
+    config: LaunchConfig | None,
+) -> None:
     """Launch the scan kernel: the forward (``grad`` None) or the backward's delta pass (``out`` None)."""
     b, seq_len, d = h.shape
     k = scores.shape[2]
     cfg = config or forward_config(d)
     with_grad = grad is not None
-    key = ("scan", with_grad, h.device, h.dtype, scores.dtype, lengths.dtype, h.shape, k,
-           aligned(h, scores, lengths, grad), cfg)
+    key = (
+        "scan",
+        with_grad,
+        h.device,
+        h.dtype,
+        scores.dtype,
+        lengths.dtype,
+        h.shape,
+        k,
+        aligned(h, scores, lengths, grad),
+        cfg,
+    )
     launch = _launch(_SCAN, key, (b, k), {**_meta(h, cfg), "WITH_GRAD": with_grad})
     launch(h, scores, lengths, grad if with_grad else h, out if out is not None else h, row, seq_len, d, k)
 
@@ -240,8 +289,15 @@ def forward(h: Tensor, scores: Tensor, lengths: Tensor, config: LaunchConfig | N
     return out, lse
 
 
-def backward(h: Tensor, scores: Tensor, lengths: Tensor, lse: Tensor, grad: Tensor,
-             config: LaunchConfig | None = None, scan_config: LaunchConfig | None = None) -> tuple[Tensor, Tensor]:
+def backward(
+    h: Tensor,
+    scores: Tensor,
+    lengths: Tensor,
+    lse: Tensor,
+    grad: Tensor,
+    config: LaunchConfig | None = None,
+    scan_config: LaunchConfig | None = None,
+) -> tuple[Tensor, Tensor]:
     """The backward kernels: :func:`forward`'s inputs, its ``lse`` and the (contiguous) gradient
     ``grad [B, L, K, d]`` of its output. ``config`` is the gradient kernel's launch (default
     :func:`backward_config`), ``scan_config`` the delta pass's (default :func:`forward_config`).
@@ -261,5 +317,6 @@ def backward(h: Tensor, scores: Tensor, lengths: Tensor, lse: Tensor, grad: Tens
     cfg = config or backward_config(d, h.dtype)
     key = ("grad", h.device, h.dtype, scores.dtype, lengths.dtype, h.shape, k, aligned(h, scores, lengths, grad), cfg)
     _launch(_BACKWARD, key, (b * triton.cdiv(seq_len, cfg.block_t),), _meta(h, cfg))(
-        h, scores, lengths, lse, delta, grad, dh, dscores, seq_len, d, k)
+        h, scores, lengths, lse, delta, grad, dh, dscores, seq_len, d, k
+    )
     return dh, dscores

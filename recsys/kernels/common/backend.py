@@ -36,9 +36,7 @@ def use_triton(backend: str, device: torch.device) -> bool:
         return False
     if backend == "triton":
         if not triton_available(device):
-            raise RuntimeError(
-                f"backend='triton' needs CUDA tensors or TRITON_INTERPRET=1, got a {device.type} tensor"
-            )
+            raise RuntimeError(f"backend='triton' needs CUDA tensors or TRITON_INTERPRET=1, got a {device.type} tensor")
         return True
     return triton_available(device)
 

@@ -141,6 +141,14 @@ class Launch:
         if kernel.tuned is not None:
             full.update(kernel.tuned.best_config.kwargs)
         grid = tuple(self.grid(full) if callable(self.grid) else self.grid) + (1, 1)
-        names = kernel.fn.arg_names[len(args):] if PASS_CONSTEXPRS else []
-        self._direct = (compiled.run, compiled.function, compiled.packed_metadata, grid[0], grid[1], grid[2],
-                        tuple(full[n] for n in names), _current_device())
+        names = kernel.fn.arg_names[len(args) :] if PASS_CONSTEXPRS else []
+        self._direct = (
+            compiled.run,
+            compiled.function,
+            compiled.packed_metadata,
+            grid[0],
+            grid[1],
+            grid[2],
+            tuple(full[n] for n in names),
+            _current_device(),
+        )

@@ -45,7 +45,9 @@ def max_interest_scores(interests: Tensor, items: Tensor, *, backend: str = "aut
         if kernel.triton_supports(interests) and (backend == "triton" or not ieee_on_gpu):
             return kernel.max_interest_scores_op(interests, items)[0]
         if backend == "triton":
-            raise ValueError(f"the Triton kernel needs fp16/bf16/fp32, d <= 256 and K <= 127; got "
-                             f"{dtype}, d = {interests.shape[2]}, K = {interests.shape[1]}")
+            raise ValueError(
+                f"the Triton kernel needs fp16/bf16/fp32, d <= 256 and K <= 127; got "
+                f"{dtype}, d = {interests.shape[2]}, K = {interests.shape[1]}"
+            )
     with torch.autocast(device_type, enabled=False):
         return max_interest_scores_ref(interests, items)

@@ -34,9 +34,25 @@ TARGET_PROGRAMS = 1024  # backward grids are split along the summed axis up to a
 
 
 @triton.jit
-def _fwd_kernel(V, E, OUT, WIN, B, S, NK, svb, svk, svd, ses, sed,
-                D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_S: tl.constexpr,
-                DOT_PREC: tl.constexpr):
+def _fwd_kernel(
+    V,
+    E,
+    OUT,
+    WIN,
+    B,
+    S,
+    NK,
+    svb,
+    svk,
+    svd,
+    ses,
+    sed,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
     """``OUT[b, s]`` (fp32, contiguous ``[B, S]``) ``= max_k <V[b, k], E[s]>`` and ``WIN[b, s]``
     (int8) the first ``k`` reaching it; grid ``(cdiv(B, BLOCK_B), cdiv(S, BLOCK_S))``."""
     offs_b = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
@@ -69,9 +85,23 @@ def _grad_and_winners(G, WIN, offs_b, offs_s, b_ok, s_ok, sgb, S):
 
 
 @triton.jit
-def _d_interests_kernel(G, WIN, E, DI, B, S, sgb, ses, sed, s_per_program,
-                        D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_S: tl.constexpr,
-                        DOT_PREC: tl.constexpr):
+def _d_interests_kernel(
+    G,
+    WIN,
+    E,
+    DI,
+    B,
+    S,
+    sgb,
+    ses,
+    sed,
+    s_per_program,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
     """Adds ``sum_s G[b, s] [WIN[b, s] = k] E[s]`` over this program's items into the fp32
     ``DI [B, K, D]`` (contiguous, zeroed); grid ``(cdiv(B, BLOCK_B), K, item slices)``."""
     k = tl.program_id(1)
@@ -85,8 +115,7 @@ def _d_interests_kernel(G, WIN, E, DI, B, S, sgb, ses, sed, s_per_program,
         offs_s = s0 + tl.arange(0, BLOCK_S)
         s_ok = offs_s < S
         g, win = _grad_and_winners(G, WIN, offs_b, offs_s, b_ok, s_ok, sgb, S)
-        e = tl.load(E + offs_s[:, None] * ses + offs_d[None, :] * sed, mask=s_ok[:, None] & d_ok[None, :],
-                    other=0.0)
+        e = tl.load(E + offs_s[:, None] * ses + offs_d[None, :] * sed, mask=s_ok[:, None] & d_ok[None, :], other=0.0)
         mine = tl.where(win == k, g, 0.0).to(e.dtype)
         acc += tl.dot(mine, e, input_precision=DOT_PREC)
     di = DI + (offs_b[:, None].to(tl.int64) * num_k + k) * D + offs_d[None, :]
@@ -94,9 +123,25 @@ def _d_interests_kernel(G, WIN, E, DI, B, S, sgb, ses, sed, s_per_program,
 
 
 @triton.jit
-def _d_items_kernel(G, WIN, V, DE, B, S, NK, sgb, svb, svk, svd, b_per_program,
-                    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_S: tl.constexpr,
-                    DOT_PREC: tl.constexpr):
+def _d_items_kernel(
+    G,
+    WIN,
+    V,
+    DE,
+    B,
+    S,
+    NK,
+    sgb,
+    svb,
+    svk,
+    svd,
+    b_per_program,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
     """Adds ``sum_b G[b, s] V[b, WIN[b, s]]`` over this program's users into the fp32 ``DE [S, D]``
     (contiguous, zeroed); grid ``(cdiv(S, BLOCK_S), user slices)``."""
     offs_s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
@@ -119,8 +164,13 @@ def _d_items_kernel(G, WIN, V, DE, B, S, NK, sgb, svb, svk, svd, b_per_program,
 
 def _flags(v: Tensor) -> dict[str, object]:
     d = v.shape[2]
-    return {"D": d, "BLOCK_D": max(16, triton.next_power_of_2(d)), "BLOCK_B": BLOCK_B, "BLOCK_S": BLOCK_S,
-            "DOT_PREC": "ieee" if v.dtype == torch.float32 else "tf32"}
+    return {
+        "D": d,
+        "BLOCK_D": max(16, triton.next_power_of_2(d)),
+        "BLOCK_B": BLOCK_B,
+        "BLOCK_S": BLOCK_S,
+        "DOT_PREC": "ieee" if v.dtype == torch.float32 else "tf32",
+    }
 
 
 def _slices(blocks_other: int, blocks_summed: int) -> int:
@@ -157,11 +207,13 @@ def backward(g: Tensor, v: Tensor, e: Tensor, win: Tensor) -> tuple[Tensor, Tens
         s_slices = _slices(b_blocks * k, s_blocks)
         s_per = triton.cdiv(s_blocks, s_slices) * BLOCK_S
         _d_interests_kernel[(b_blocks, k, triton.cdiv(s, s_per))](
-            g, win, e, dv, batch, s, g.stride(0), *e.stride(), s_per, **flags)
+            g, win, e, dv, batch, s, g.stride(0), *e.stride(), s_per, **flags
+        )
         b_slices = _slices(s_blocks, b_blocks)
         b_per = triton.cdiv(b_blocks, b_slices) * BLOCK_B
         _d_items_kernel[(s_blocks, triton.cdiv(batch, b_per))](
-            g, win, v, de, batch, s, k, g.stride(0), *v.stride(), b_per, **flags)
+            g, win, v, de, batch, s, k, g.stride(0), *v.stride(), b_per, **flags
+        )
     return dv.to(v.dtype), de.to(e.dtype)
 
 

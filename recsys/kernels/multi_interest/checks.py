@@ -9,8 +9,15 @@ from recsys.kernels.common.backend import check_lengths
 __all__ = ["check_multi_interest_args"]
 
 
-def check_multi_interest_args(h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None,
-                              values: Tensor | None, score_cap: float | None) -> None:
+def check_multi_interest_args(
+    h: Tensor,
+    lengths: Tensor,
+    w1: Tensor,
+    w2: Tensor,
+    pos: Tensor | None,
+    values: Tensor | None,
+    score_cap: float | None,
+) -> None:
     """Raise ValueError unless ``h [B, L, d]``, ``lengths [B]`` int, ``w1 [d, hidden]``,
     ``w2 [hidden, K]``, ``pos [L_max >= L, d]`` (or None), ``values [B, L, d_v]`` (or None) and
     ``score_cap >= 0`` (or None) fit together."""

@@ -20,8 +20,15 @@ def cap_scores(scores: Tensor, score_cap: float | None) -> Tensor:
 
 
 def multi_interest_ref(
-    h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, *, pos: Tensor | None = None,
-    values: Tensor | None = None, score_cap: float | None = None, return_scores: bool = False,
+    h: Tensor,
+    lengths: Tensor,
+    w1: Tensor,
+    w2: Tensor,
+    *,
+    pos: Tensor | None = None,
+    values: Tensor | None = None,
+    score_cap: float | None = None,
+    return_scores: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """ComiRec-SA self-attentive extraction: ``A = softmax_L(tanh((H + P) W1) W2)``, ``V = Aᵀ H``.
 

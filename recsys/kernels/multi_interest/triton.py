@@ -86,6 +86,7 @@ except ImportError:  # older Triton: the launches are never chained, so these ar
     def gdc_launch_dependents():
         pass
 
+
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
 SUM_BLOCK_N = 32  # weights (columns) per program of the partial-gradient sum
@@ -219,8 +220,9 @@ def _tanh(z, dt: tl.constexpr, MODE: tl.constexpr):
     ``tanh.approx.bf16x2`` is two MUFU ops, so packing gains nothing).
     """
     if MODE == 1:
-        return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [z],
-                                         dtype=tl.float32, is_pure=True, pack=1).to(dt)
+        return tl.inline_asm_elementwise(
+            "tanh.approx.f32 $0, $1;", "=r,r", [z], dtype=tl.float32, is_pure=True, pack=1
+        ).to(dt)
     else:
         e = tl.exp2(tl.abs(z) * (-2.0 * LOG2E))  # exp(-2|z|) in (0, 1]
         t = (1.0 - e) / (1.0 + e)
@@ -267,11 +269,31 @@ def _valid_rows(IDX, start, total, BLOCK_M: tl.constexpr):
 
 @triton.jit
 def _mi_scores_kernel(
-    H, POS, W1, W2, S, CU, IDX,
-    R, L, D, HID, K, stride_pl, stride_w1, stride_w2, CAP,
-    HAS_POS: tl.constexpr, HAS_CAP: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
-    TANH_MODE: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
+    H,
+    POS,
+    W1,
+    W2,
+    S,
+    CU,
+    IDX,
+    R,
+    L,
+    D,
+    HID,
+    K,
+    stride_pl,
+    stride_w1,
+    stride_w2,
+    CAP,
+    HAS_POS: tl.constexpr,
+    HAS_CAP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    TANH_MODE: tl.constexpr,
+    PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """``S[rows] = tanh((H + P)[rows] W1) W2`` (fp32) for one tile of the valid-row list (rows
     ``IDX[pid BLOCK_M ...]``; the grid covers all ``R`` rows, tiles past ``CU[B]`` do nothing); with
@@ -301,10 +323,24 @@ def _mi_scores_kernel(
 
 @triton.jit
 def _mi_pool_kernel(
-    H, S, LENGTHS, OUT, LSE,
-    L, D, K, stride_hb, stride_hl, stride_ob, stride_ok,
-    SINGLE_BLOCK: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
-    PRECISION: tl.constexpr, PDL: tl.constexpr,
+    H,
+    S,
+    LENGTHS,
+    OUT,
+    LSE,
+    L,
+    D,
+    K,
+    stride_hb,
+    stride_hl,
+    stride_ob,
+    stride_ok,
+    SINGLE_BLOCK: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Masked softmax over the sequence and ``Aᵀ H`` for one sequence; also its log-sum-exp, and
     zeros into the scores of its padded rows."""
@@ -323,17 +359,22 @@ def _mi_pool_kernel(
     l_i = tl.zeros([BLOCK_K], tl.float32)
     acc = tl.zeros([BLOCK_K, BLOCK_D], tl.float32)
     if SINGLE_BLOCK:
-        m_i, l_i, acc = _pool_block(h_seq, s_seq, m_i, l_i, acc, 0, n, K, stride_hl, offs_l,
-                                    offs_d, offs_k, d_ok, k_ok, PRECISION)
+        m_i, l_i, acc = _pool_block(
+            h_seq, s_seq, m_i, l_i, acc, 0, n, K, stride_hl, offs_l, offs_d, offs_k, d_ok, k_ok, PRECISION
+        )
     else:
         for start in range(0, n, BLOCK_L):
-            m_i, l_i, acc = _pool_block(h_seq, s_seq, m_i, l_i, acc, start, n, K, stride_hl, offs_l,
-                                        offs_d, offs_k, d_ok, k_ok, PRECISION)
+            m_i, l_i, acc = _pool_block(
+                h_seq, s_seq, m_i, l_i, acc, start, n, K, stride_hl, offs_l, offs_d, offs_k, d_ok, k_ok, PRECISION
+            )
     for start in range(n // BLOCK_L * BLOCK_L, L, BLOCK_L):  # padded scores are 0 (never computed)
         rows = start + offs_l
         pad = (rows >= n) & (rows < L)
-        tl.store(s_seq + rows[:, None] * K + offs_k[None, :], tl.zeros([BLOCK_L, BLOCK_K], tl.float32),
-                 mask=pad[:, None] & k_ok[None, :])
+        tl.store(
+            s_seq + rows[:, None] * K + offs_k[None, :],
+            tl.zeros([BLOCK_L, BLOCK_K], tl.float32),
+            mask=pad[:, None] & k_ok[None, :],
+        )
     has = l_i > 0.0  # false exactly when n == 0
     l_safe = tl.where(has, l_i, 1.0)
     out = acc / l_safe[:, None]  # [BLOCK_K, BLOCK_D]; 0 when n == 0
@@ -343,8 +384,9 @@ def _mi_pool_kernel(
 
 
 @triton.jit
-def _pool_block(h_seq, s_seq, m_i, l_i, acc, start, n, K, stride_hl, offs_l, offs_d, offs_k,
-                d_ok, k_ok, PRECISION: tl.constexpr):
+def _pool_block(
+    h_seq, s_seq, m_i, l_i, acc, start, n, K, stride_hl, offs_l, offs_d, offs_k, d_ok, k_ok, PRECISION: tl.constexpr
+):
     """One block of positions: online-softmax update of ``(max, sum, Aᵀ H)``."""
     rows = start + offs_l
     r_ok = rows < n
@@ -362,10 +404,27 @@ def _pool_block(h_seq, s_seq, m_i, l_i, acc, start, n, K, stride_hl, offs_l, off
 
 @triton.jit
 def _mi_bwd_scores_kernel(
-    H, S, LENGTHS, OUT, DOUT, LSE, DH, DS,
-    L, D, K, stride_hb, stride_hl, stride_ob, stride_ok, CAP,
+    H,
+    S,
+    LENGTHS,
+    OUT,
+    DOUT,
+    LSE,
+    DH,
+    DS,
+    L,
+    D,
+    K,
+    stride_hb,
+    stride_hl,
+    stride_ob,
+    stride_ok,
+    CAP,
     HAS_CAP: tl.constexpr,
-    BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """One sequence: ``A``, ``dH = A dO`` (value path) and ``dS = A (H dOᵀ - <dO, O>)``; 0 on padding.
@@ -410,11 +469,31 @@ def _mi_bwd_scores_kernel(
 
 @triton.jit
 def _mi_bwd_dx_kernel(
-    H, POS, DS, W1, W2, DH, DX, CU, IDX,
-    R, L, D, HID, K, stride_pl, stride_w1, stride_w2,
+    H,
+    POS,
+    DS,
+    W1,
+    W2,
+    DH,
+    DX,
+    CU,
+    IDX,
+    R,
+    L,
+    D,
+    HID,
+    K,
+    stride_pl,
+    stride_w1,
+    stride_w2,
     HAS_POS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
-    TANH_MODE: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    TANH_MODE: tl.constexpr,
+    PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Score path of dH for one tile of the valid-row list: ``dX = ((dS W2ᵀ) (1 - T²)) W1ᵀ``.
 
@@ -427,14 +506,61 @@ def _mi_bwd_dx_kernel(
     start = tl.program_id(0) * BLOCK_M
     total = tl.load(CU + R // L)
     if start < total:
-        _dx_tile(H, POS, DS, W1, W2, DH, DX, IDX, start, total, L, D, HID, K, stride_pl,
-                 stride_w1, stride_w2, HAS_POS, BLOCK_M, BLOCK_D, BLOCK_H, BLOCK_K, TANH_MODE, PRECISION)
+        _dx_tile(
+            H,
+            POS,
+            DS,
+            W1,
+            W2,
+            DH,
+            DX,
+            IDX,
+            start,
+            total,
+            L,
+            D,
+            HID,
+            K,
+            stride_pl,
+            stride_w1,
+            stride_w2,
+            HAS_POS,
+            BLOCK_M,
+            BLOCK_D,
+            BLOCK_H,
+            BLOCK_K,
+            TANH_MODE,
+            PRECISION,
+        )
 
 
 @triton.jit
-def _dx_tile(H, POS, DS, W1, W2, DH, DX, IDX, start, total, L, D, HID, K, stride_pl, stride_w1, stride_w2,
-             HAS_POS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
-             BLOCK_K: tl.constexpr, TANH_MODE: tl.constexpr, PRECISION: tl.constexpr):
+def _dx_tile(
+    H,
+    POS,
+    DS,
+    W1,
+    W2,
+    DH,
+    DX,
+    IDX,
+    start,
+    total,
+    L,
+    D,
+    HID,
+    K,
+    stride_pl,
+    stride_w1,
+    stride_w2,
+    HAS_POS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    TANH_MODE: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     """:func:`_mi_bwd_dx_kernel`'s work for the valid rows ``IDX[start : start + BLOCK_M]`` (``< total``)."""
     dt = H.dtype.element_ty
     offs_d = tl.arange(0, BLOCK_D)
@@ -460,11 +586,30 @@ def _dx_tile(H, POS, DS, W1, W2, DH, DX, IDX, start, total, L, D, HID, K, stride
 
 @triton.jit
 def _mi_bwd_weights_kernel(
-    H, POS, DS, W1, W2, DW_PART, CU, IDX,
-    R, L, D, HID, K, stride_pl, stride_w1, stride_w2,
+    H,
+    POS,
+    DS,
+    W1,
+    W2,
+    DW_PART,
+    CU,
+    IDX,
+    R,
+    L,
+    D,
+    HID,
+    K,
+    stride_pl,
+    stride_w1,
+    stride_w2,
     HAS_POS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
-    TANH_MODE: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    TANH_MODE: tl.constexpr,
+    PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Per-program sums of dW1 and dW2 for one slice of hidden units over strided tiles of the
     valid-row list (``IDX[:CU[B]]``, as :func:`_mi_bwd_dx_kernel`): padded rows (``dS = 0``) are
@@ -493,8 +638,7 @@ def _mi_bwd_weights_kernel(
     rows, r_ok = _valid_rows(IDX, (pid_r + nprog_r) * BLOCK_M, total, BLOCK_M)
     for tile in range(pid_r, tl.cdiv(total, BLOCK_M), nprog_r):
         x, ds = x_next, ds_next  # [BLOCK_M, BLOCK_D], [BLOCK_M, BLOCK_K]
-        x_next, ds_next = _x_and_ds(H, POS, DS, rows, r_ok, offs_d, offs_k, d_ok, k_ok, L, D, K, stride_pl,
-                                    HAS_POS)
+        x_next, ds_next = _x_and_ds(H, POS, DS, rows, r_ok, offs_d, offs_k, d_ok, k_ok, L, D, K, stride_pl, HAS_POS)
         rows, r_ok = _valid_rows(IDX, (tile + 2 * nprog_r) * BLOCK_M, total, BLOCK_M)  # masked past the end
         tc = _tanh(tl.dot(x, w1, input_precision=PRECISION), dt, TANH_MODE)  # [BLOCK_M, BLOCK_H]
         t = tc.to(tl.float32)
@@ -507,8 +651,18 @@ def _mi_bwd_weights_kernel(
 
 
 @triton.jit
-def _mi_rows_kernel(LENGTHS, CU, IDX, B, L, CHUNK,
-                    BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_L: tl.constexpr, PDL: tl.constexpr):
+def _mi_rows_kernel(
+    LENGTHS,
+    CU,
+    IDX,
+    B,
+    L,
+    CHUNK,
+    BLOCK_B: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    PDL: tl.constexpr,
+):
     """The valid-row list for the sequences ``pid CHUNK ...`` (``CHUNK`` a multiple of ``BLOCK_C``):
     ``CU[b]`` = sum of the lengths (clamped to ``[0, L]``) before sequence ``b`` (its first slot),
     ``IDX[CU[b] + l] = b L + l`` for ``l < lengths[b]``, and from the last program ``CU[B]`` = the
@@ -532,16 +686,16 @@ def _mi_rows_kernel(LENGTHS, CU, IDX, B, L, CHUNK,
         tl.store(CU + seqs, first, mask=ok)
         for l0 in range(0, tl.max(n, axis=0), BLOCK_L):
             pos = l0 + offs_l
-            tl.store(IDX + first[:, None] + pos[None, :], seqs[:, None] * L + pos[None, :],
-                     mask=pos[None, :] < n[:, None])
+            tl.store(
+                IDX + first[:, None] + pos[None, :], seqs[:, None] * L + pos[None, :], mask=pos[None, :] < n[:, None]
+            )
         prefix += tl.sum(n, axis=0)
     if seq0 + CHUNK >= B:
         tl.store(CU + B, prefix)
 
 
 @triton.jit
-def _mi_dpos_kernel(DX, LENGTHS, PART, B, L, D, CHUNK, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr,
-                    PDL: tl.constexpr):
+def _mi_dpos_kernel(DX, LENGTHS, PART, B, L, D, CHUNK, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
     """dP partial sums: program ``(l, s)`` sums ``DX[b, l]`` over the sequences ``b`` of chunk ``s``
     (``CHUNK`` of them) with ``l < lengths[b]``, in fp32 and a fixed order, into ``PART[s, l]``
     (``[programs(1), programs(0), D]``; rows ``l >= L`` get zeros). Padded rows of ``DX`` are never read."""
@@ -558,16 +712,31 @@ def _mi_dpos_kernel(DX, LENGTHS, PART, B, L, D, CHUNK, BLOCK_B: tl.constexpr, BL
             seqs = start + offs_b
             n = tl.load(LENGTHS + seqs, mask=seqs < end, other=0)  # unclamped: l < L already
             ok = (seqs < end) & (l < n)
-            x = tl.load(DX + (seqs.to(tl.int64)[:, None] * L + l) * D + offs_d[None, :],
-                        mask=ok[:, None] & d_ok[None, :], other=0.0)
+            x = tl.load(
+                DX + (seqs.to(tl.int64)[:, None] * L + l) * D + offs_d[None, :],
+                mask=ok[:, None] & d_ok[None, :],
+                other=0.0,
+            )
             acc += x.to(tl.float32)
     part = PART + (s.to(tl.int64) * tl.num_programs(0) + l) * D
     tl.store(part + offs_d, tl.sum(acc, axis=0), mask=d_ok)
 
 
 @triton.jit
-def _sum_parts_kernel(PARTS, OUT, PARTS2, OUT2, P, N, P2, N2, TWO: tl.constexpr, BLOCK_P: tl.constexpr,
-                      BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+def _sum_parts_kernel(
+    PARTS,
+    OUT,
+    PARTS2,
+    OUT2,
+    P,
+    N,
+    P2,
+    N2,
+    TWO: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr,
+):
     """``OUT[n] = sum over p of PARTS[p, n]`` (contiguous fp32 ``[P, N]``), summed in fp32 in a fixed
     order and stored in ``OUT``'s dtype (the cast is part of the same launch). With ``TWO`` the
     programs after the first ``cdiv(N, BLOCK_N)`` do the same for ``PARTS2 [P2, N2]`` into ``OUT2``."""
@@ -589,8 +758,9 @@ def _sum_columns(PARTS, OUT, P, N, block, BLOCK_P: tl.constexpr, BLOCK_N: tl.con
     acc = tl.zeros([BLOCK_N], tl.float32)
     for start in range(0, P, BLOCK_P):
         rows = start + offs_p
-        x = tl.load(PARTS + rows.to(tl.int64)[:, None] * N + cols[None, :], mask=(rows < P)[:, None] & ok[None, :],
-                    other=0.0)
+        x = tl.load(
+            PARTS + rows.to(tl.int64)[:, None] * N + cols[None, :], mask=(rows < P)[:, None] & ok[None, :], other=0.0
+        )
         acc += tl.sum(x, axis=0)
     tl.store(OUT + cols, acc.to(OUT.dtype.element_ty), mask=ok)
 
@@ -648,8 +818,14 @@ def _use_pdl(h: Tensor) -> bool:
     """Whether the launches chain by programmatic dependent launch: on NVIDIA Hopper and newer GPUs
     with Triton >= 3.3 (``RECSYS_PDL=0`` turns it off; read when a problem's launches are first
     planned), never in the interpreter or on ROCm (whose capabilities also start at 9)."""
-    return (HAS_PDL and h.is_cuda and torch.version.hip is None and not _interpreting()
-            and torch.cuda.get_device_capability(h.device)[0] >= 9 and os.environ.get("RECSYS_PDL", "1") != "0")
+    return (
+        HAS_PDL
+        and h.is_cuda
+        and torch.version.hip is None
+        and not _interpreting()
+        and torch.cuda.get_device_capability(h.device)[0] >= 9
+        and os.environ.get("RECSYS_PDL", "1") != "0"
+    )
 
 
 def _launch(cfg: LaunchConfig) -> dict[str, int]:
@@ -659,26 +835,51 @@ def _launch(cfg: LaunchConfig) -> dict[str, int]:
     return options
 
 
-_KERNELS = {"scores": Kernel(_mi_scores_kernel), "pool": Kernel(_mi_pool_kernel),
-            "rows": Kernel(_mi_rows_kernel), "bwd_scores": Kernel(_mi_bwd_scores_kernel),
-            "bwd_dx": Kernel(_mi_bwd_dx_kernel), "dpos": Kernel(_mi_dpos_kernel),
-            "bwd_weights": Kernel(_mi_bwd_weights_kernel), "sum_parts": Kernel(_sum_parts_kernel)}
+_KERNELS = {
+    "scores": Kernel(_mi_scores_kernel),
+    "pool": Kernel(_mi_pool_kernel),
+    "rows": Kernel(_mi_rows_kernel),
+    "bwd_scores": Kernel(_mi_bwd_scores_kernel),
+    "bwd_dx": Kernel(_mi_bwd_dx_kernel),
+    "dpos": Kernel(_mi_dpos_kernel),
+    "bwd_weights": Kernel(_mi_bwd_weights_kernel),
+    "sum_parts": Kernel(_sum_parts_kernel),
+}
 Plan = dict[str, tuple[Launch, tuple]]  # kernel name -> (its launch, its run-time integer arguments)
 
 
 def _key(h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None, score_cap: float | None) -> tuple:
     """Problem key (see :mod:`recsys.kernels.common.launch`): everything the integer arguments, pointer
     specialisations and compile-time arguments of the launches depend on, but the launch config."""
-    return (h.device, h.dtype, h.shape, h.stride(), w1.dtype, w1.shape, w1.stride(), w2.stride(), lengths.dtype,
-            None if pos is None else (pos.dtype, pos.shape, pos.stride()), bool(score_cap),
-            aligned(h, lengths, w1, w2, pos))
+    return (
+        h.device,
+        h.dtype,
+        h.shape,
+        h.stride(),
+        w1.dtype,
+        w1.shape,
+        w1.stride(),
+        w2.stride(),
+        lengths.dtype,
+        None if pos is None else (pos.dtype, pos.shape, pos.stride()),
+        bool(score_cap),
+        aligned(h, lengths, w1, w2, pos),
+    )
 
 
 _PLANS: dict[tuple, Plan] = {}
 
 
-def _plan(key: tuple, h: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None, score_cap: float | None,
-          config: ForwardConfig | BackwardConfig | None, backward: bool) -> Plan:
+def _plan(
+    key: tuple,
+    h: Tensor,
+    w1: Tensor,
+    w2: Tensor,
+    pos: Tensor | None,
+    score_cap: float | None,
+    config: ForwardConfig | BackwardConfig | None,
+    backward: bool,
+) -> Plan:
     """The launches of the forward (or backward) of problem ``key`` under ``config``, built once."""
     plan = _PLANS.get((backward, key, config))
     if plan is not None:
@@ -700,12 +901,30 @@ def _plan(key: tuple, h: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None, sco
         block_l = _seq_block(seq_len, fwd.pool.block_l)
         launches = {
             "rows": valid_rows,
-            "scores": ((triton.cdiv(rows, fwd.scores.block_l),), flat_ints, dict(
-                HAS_CAP=bool(score_cap), BLOCK_M=fwd.scores.block_l, **has_pos,
-                **_blocks(d, hidden, k, fwd.scores.block_h), **flags, **_launch(fwd.scores))),
-            "pool": ((b,), seq_ints, dict(
-                SINGLE_BLOCK=seq_len <= block_l, BLOCK_L=block_l, BLOCK_D=block_d, BLOCK_K=block_k,
-                PRECISION=flags["PRECISION"], **_launch(fwd.pool))),
+            "scores": (
+                (triton.cdiv(rows, fwd.scores.block_l),),
+                flat_ints,
+                dict(
+                    HAS_CAP=bool(score_cap),
+                    BLOCK_M=fwd.scores.block_l,
+                    **has_pos,
+                    **_blocks(d, hidden, k, fwd.scores.block_h),
+                    **flags,
+                    **_launch(fwd.scores),
+                ),
+            ),
+            "pool": (
+                (b,),
+                seq_ints,
+                dict(
+                    SINGLE_BLOCK=seq_len <= block_l,
+                    BLOCK_L=block_l,
+                    BLOCK_D=block_d,
+                    BLOCK_K=block_k,
+                    PRECISION=flags["PRECISION"],
+                    **_launch(fwd.pool),
+                ),
+            ),
         }
     else:
         cfg = config or backward_config(seq_len, d, hidden)
@@ -720,26 +939,57 @@ def _plan(key: tuple, h: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None, sco
         n_chunks = triton.cdiv(b, chunk)
         launches = {
             "rows": valid_rows,  # used when the forward's list is not at hand (the registered op)
-            "bwd_scores": ((b,), seq_ints, dict(
-                HAS_CAP=bool(score_cap), BLOCK_L=_seq_block(seq_len, cfg.scores.block_l), BLOCK_D=block_d,
-                BLOCK_K=block_k, PRECISION=flags["PRECISION"], **_launch(cfg.scores))),
-            "bwd_dx": ((triton.cdiv(rows, cfg.dx.block_l),), flat_ints, dict(
-                BLOCK_M=cfg.dx.block_l, **has_pos, **_blocks(d, hidden, k, cfg.dx.block_h), **flags,
-                **_launch(cfg.dx))),
-            "bwd_weights": ((nprog_r, n_hblocks), flat_ints, dict(
-                BLOCK_M=cfg.weights.block_l, **has_pos, **blocks, **flags, **_launch(cfg.weights))),
-            "sum_parts": ((triton.cdiv(n_weights, SUM_BLOCK_N) + triton.cdiv(n_pos, SUM_BLOCK_N),),
-                          (nprog_r, n_weights, n_chunks, n_pos), dict(
-                TWO=pos is not None, BLOCK_P=_sum_block_p(max(nprog_r, n_chunks)), BLOCK_N=SUM_BLOCK_N,
-                num_warps=4, num_stages=2)),
+            "bwd_scores": (
+                (b,),
+                seq_ints,
+                dict(
+                    HAS_CAP=bool(score_cap),
+                    BLOCK_L=_seq_block(seq_len, cfg.scores.block_l),
+                    BLOCK_D=block_d,
+                    BLOCK_K=block_k,
+                    PRECISION=flags["PRECISION"],
+                    **_launch(cfg.scores),
+                ),
+            ),
+            "bwd_dx": (
+                (triton.cdiv(rows, cfg.dx.block_l),),
+                flat_ints,
+                dict(
+                    BLOCK_M=cfg.dx.block_l,
+                    **has_pos,
+                    **_blocks(d, hidden, k, cfg.dx.block_h),
+                    **flags,
+                    **_launch(cfg.dx),
+                ),
+            ),
+            "bwd_weights": (
+                (nprog_r, n_hblocks),
+                flat_ints,
+                dict(BLOCK_M=cfg.weights.block_l, **has_pos, **blocks, **flags, **_launch(cfg.weights)),
+            ),
+            "sum_parts": (
+                (triton.cdiv(n_weights, SUM_BLOCK_N) + triton.cdiv(n_pos, SUM_BLOCK_N),),
+                (nprog_r, n_weights, n_chunks, n_pos),
+                dict(
+                    TWO=pos is not None,
+                    BLOCK_P=_sum_block_p(max(nprog_r, n_chunks)),
+                    BLOCK_N=SUM_BLOCK_N,
+                    num_warps=4,
+                    num_stages=2,
+                ),
+            ),
         }
         if pos is not None:
-            launches["dpos"] = ((pos.shape[0], n_chunks), (b, seq_len, d, chunk), dict(
-                BLOCK_B=block_b, BLOCK_D=block_d, num_warps=4, num_stages=2))
+            launches["dpos"] = (
+                (pos.shape[0], n_chunks),
+                (b, seq_len, d, chunk),
+                dict(BLOCK_B=block_b, BLOCK_D=block_d, num_warps=4, num_stages=2),
+            )
     pdl = _use_pdl(h)
     chain = {"PDL": pdl, **({"launch_pdl": True} if pdl else {})}
-    plan = {name: (_KERNELS[name].launch(grid, {**meta, **chain}), ints)
-            for name, (grid, ints, meta) in launches.items()}
+    plan = {
+        name: (_KERNELS[name].launch(grid, {**meta, **chain}), ints) for name, (grid, ints, meta) in launches.items()
+    }
     if len(_PLANS) >= MAX_KEYS:
         _PLANS.clear()
     _PLANS[(backward, key, config)] = plan
@@ -765,8 +1015,14 @@ def _row_list(plan: Plan, lengths: Tensor, rows: int) -> RowList:
 
 
 def multi_interest_forward(
-    h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None,
-    config: ForwardConfig | None = None, score_cap: float | None = None, key: tuple | None = None,
+    h: Tensor,
+    lengths: Tensor,
+    w1: Tensor,
+    w2: Tensor,
+    pos: Tensor | None,
+    config: ForwardConfig | None = None,
+    score_cap: float | None = None,
+    key: tuple | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Launch the forward kernels on contiguous tensors; ``h``'s dtype is the compute dtype, the
     weights (one dtype) and ``pos`` may be stored wider (fp32), rounded on load.
@@ -787,8 +1043,14 @@ def multi_interest_forward(
 
 
 def _forward(
-    h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None,
-    config: ForwardConfig | None, score_cap: float | None, key: tuple | None,
+    h: Tensor,
+    lengths: Tensor,
+    w1: Tensor,
+    w2: Tensor,
+    pos: Tensor | None,
+    config: ForwardConfig | None,
+    score_cap: float | None,
+    key: tuple | None,
 ) -> tuple[Tensor, Tensor, Tensor, RowList | None]:
     """:func:`multi_interest_forward`'s outputs and the valid-row list (None when ``B L = 0``; the
     backward's too: :func:`_backward_flat` takes it instead of building it again)."""
@@ -808,9 +1070,19 @@ def _forward(
 
 
 def _backward_flat(
-    h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None,
-    out: Tensor, lse: Tensor, scores: Tensor, dout: Tensor, config: BackwardConfig | None = None,
-    dscores: Tensor | None = None, score_cap: float | None = None, key: tuple | None = None,
+    h: Tensor,
+    lengths: Tensor,
+    w1: Tensor,
+    w2: Tensor,
+    pos: Tensor | None,
+    out: Tensor,
+    lse: Tensor,
+    scores: Tensor,
+    dout: Tensor,
+    config: BackwardConfig | None = None,
+    dscores: Tensor | None = None,
+    score_cap: float | None = None,
+    key: tuple | None = None,
     row_list: RowList | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Launch the backward kernels (the module docstring's scores, weights, dX, and dP with
@@ -901,9 +1173,18 @@ def _split_weights(dw: Tensor, w1: Tensor, w2: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def multi_interest_backward(
-    h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None,
-    out: Tensor, lse: Tensor, scores: Tensor, dout: Tensor, config: BackwardConfig | None = None,
-    dscores: Tensor | None = None, score_cap: float | None = None,
+    h: Tensor,
+    lengths: Tensor,
+    w1: Tensor,
+    w2: Tensor,
+    pos: Tensor | None,
+    out: Tensor,
+    lse: Tensor,
+    scores: Tensor,
+    dout: Tensor,
+    config: BackwardConfig | None = None,
+    dscores: Tensor | None = None,
+    score_cap: float | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """:func:`_backward_flat` with the weight gradients split: ``(dh, dw1 [d, hidden], dw2 [hidden, K],
     dpos or None)`` (``dw1`` and ``dw2`` are views of one buffer)."""
@@ -924,16 +1205,34 @@ def _add_score_grad(ds: Tensor, scores: Tensor, dscores: Tensor, score_cap: floa
 Saved = tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None, Tensor, Tensor, Tensor]
 
 
-def _input_grads(saved: Saved, dout: Tensor | None, dscores: Tensor | None,
-                 score_cap: float | None, key: tuple | None = None,
-                 row_list: RowList | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+def _input_grads(
+    saved: Saved,
+    dout: Tensor | None,
+    dscores: Tensor | None,
+    score_cap: float | None,
+    key: tuple | None = None,
+    row_list: RowList | None = None,
+) -> tuple[Tensor, Tensor, Tensor | None]:
     """``(dh, dw flat, dpos)`` (as :func:`_backward_flat`) from the forward's saved ``(h, lengths,
     w1, w2, pos, out, lse, scores)`` (and its valid-row list, if kept) and the output
     gradients (either may be None: unused by the loss)."""
     h, lengths, w1, w2, pos, out, lse, scores = saved
     dout = torch.zeros_like(out) if dout is None else dout
-    return _backward_flat(h, lengths, w1, w2, pos, out, lse, scores, dout, dscores=dscores, score_cap=score_cap,
-                          key=key, row_list=row_list)
+    return _backward_flat(
+        h,
+        lengths,
+        w1,
+        w2,
+        pos,
+        out,
+        lse,
+        scores,
+        dout,
+        dscores=dscores,
+        score_cap=score_cap,
+        key=key,
+        row_list=row_list,
+    )
 
 
 class _MultiInterest(torch.autograd.Function):
@@ -946,8 +1245,9 @@ class _MultiInterest(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None,
-                score_cap: float | None) -> tuple[Tensor, Tensor]:
+    def forward(
+        ctx, h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None, score_cap: float | None
+    ) -> tuple[Tensor, Tensor]:
         key = _key(h, lengths, w1, w2, pos, score_cap)
         out, lse, scores, row_list = _forward(h, lengths, w1, w2, pos, None, score_cap, key)
         ctx.save_for_backward(h, lengths, w1, w2, pos, out, lse, scores, *(row_list or (None, None)))
@@ -978,8 +1278,9 @@ class _MultiInterest(torch.autograd.Function):
 
 
 @torch.library.custom_op("recsys::multi_interest", mutates_args=())
-def multi_interest_op(h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None,
-                      score_cap: float) -> tuple[Tensor, Tensor, Tensor]:
+def multi_interest_op(
+    h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None, score_cap: float
+) -> tuple[Tensor, Tensor, Tensor]:
     """``(out [B, K, d], lse [B, K] fp32, scores [B, L, K] fp32)`` of :func:`multi_interest_forward`
     (contiguous inputs, dtypes as there; ``score_cap = 0`` for none). ``lse`` is saved for the backward."""
     return multi_interest_forward(h, lengths, w1, w2, pos, score_cap=score_cap or None)
@@ -994,9 +1295,19 @@ def _(h, lengths, w1, w2, pos, score_cap):
 
 
 @torch.library.custom_op("recsys::multi_interest_backward", mutates_args=())
-def multi_interest_backward_op(h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, pos: Tensor | None,
-                               out: Tensor, lse: Tensor, scores: Tensor, dout: Tensor | None,
-                               dscores: Tensor | None, score_cap: float) -> list[Tensor]:
+def multi_interest_backward_op(
+    h: Tensor,
+    lengths: Tensor,
+    w1: Tensor,
+    w2: Tensor,
+    pos: Tensor | None,
+    out: Tensor,
+    lse: Tensor,
+    scores: Tensor,
+    dout: Tensor | None,
+    dscores: Tensor | None,
+    score_cap: float,
+) -> list[Tensor]:
     """``[dh, dw (dW1 then dW2, flat)]`` plus ``dpos`` when ``pos`` is given (an op returns no None)."""
     grads = _input_grads((h, lengths, w1, w2, pos, out, lse, scores), dout, dscores, score_cap or None)
     return [g for g in grads if g is not None]
@@ -1037,8 +1348,14 @@ def triton_supports(h: Tensor, w1: Tensor) -> bool:
 
 
 def triton_multi_interest(
-    h: Tensor, lengths: Tensor, w1: Tensor, w2: Tensor, *, pos: Tensor | None = None,
-    score_cap: float | None = None, return_scores: bool = False,
+    h: Tensor,
+    lengths: Tensor,
+    w1: Tensor,
+    w2: Tensor,
+    *,
+    pos: Tensor | None = None,
+    score_cap: float | None = None,
+    return_scores: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Fused ComiRec-SA extraction, differentiable in ``h``, ``w1``, ``w2`` and ``pos``.
 
