@@ -104,7 +104,7 @@ def register(spec: ModelSpec) -> ModelSpec:
 
 
 def unregister(name: str) -> None:
-    """Remove a registered model (for tests that register a toy model)."""
+    """Remove a registered model, so that a notebook or a test can register its own again."""
     _SPECS.pop(name, None)
 
 
@@ -117,7 +117,7 @@ def model_names() -> list[str]:
 def spec_for(name: str) -> ModelSpec:
     """The spec of ``model.name = name``; unknown names are a :class:`ConfigError` listing the known ones."""
     if name not in _SPECS:
-        raise ConfigError(f"model.name: unknown model {name!r}; known: {', '.join(sorted(_SPECS))}")
+        raise ConfigError(f"model.name: unknown model {name!r}; known: {', '.join(model_names())}")
     return _SPECS[name]
 
 
