@@ -162,6 +162,11 @@ def resolve(cfg: Config) -> Config:
             f"train.attention_reg={t.attention_reg:g} has no effect on {cfg.model.name} (only "
             f"{' and '.join(readers)} read their clicks through attention scores); set it to 0"
         )
+    if t.attention_reg and t.targets == "all":
+        raise ConfigError(
+            f"train.attention_reg={t.attention_reg:g}: the attention regulariser reads one history's scores, "
+            'which dense training (train.targets="all") does not compute; set it to 0 or train.targets="last"'
+        )
     if t.targets == "all" and not spec.dense:
         dense = sorted(s.name for s in _SPECS.values() if s.dense)
         raise ConfigError(

@@ -133,6 +133,12 @@ def test_models_that_cannot_train_densely_are_refused_by_name(name):
     assert resolve(load_config(None, [f"model.name={name}"])).train.targets == "last"
 
 
+def test_the_attention_regulariser_is_refused_with_dense_training():
+    with pytest.raises(ConfigError, match=r'train.attention_reg=1: .*dense training \(train.targets="all"\)'):
+        resolve(load_config(None, ["model.name=comirec_sa", "train.targets=all", "train.attention_reg=1"]))
+    assert resolve(load_config(None, ["model.name=comirec_sa", "train.attention_reg=1"])).train.attention_reg == 1
+
+
 def test_window_sampler_windows_are_contiguous_and_shifted_by_one():
     lengths = np.array([2, 5, 30, 9])
     indptr = np.concatenate([[0], np.cumsum(lengths)])
