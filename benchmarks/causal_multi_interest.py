@@ -23,7 +23,7 @@ import torch
 from recsys.kernels.causal_multi_interest import causal_multi_interest, causal_multi_interest_ref
 from recsys.kernels.causal_multi_interest import triton as kernel
 
-from timing import graph_ms_or_nan, launch_and_graph_ms, ratio_table  # benchmarks/ is on sys.path as a script
+from timing import graph_ms_or_nan, launch_and_graph_ms, shape_ratios  # benchmarks/ is on sys.path as a script
 
 SHAPES = [(1024, 50, 4, 64), (256, 200, 8, 64), (1024, 200, 4, 64)]  # B, L, K, d
 BASELINES = ["twin", "compile-twin"]
@@ -99,16 +99,6 @@ def sweep_shape(batch: int, seq_len: int, k: int, d: int) -> None:
         print(f"  {label:28s} {graph_ms_or_nan(fn, label):.4f} ms{mark}", flush=True)
 
 
-def ratios(results: list[tuple[tuple[int, ...], dict]], timing: str) -> str:
-    table = []
-    for shape, rows in results:
-        for mode in ("fwd", "fb"):
-            label = "x".join(map(str, shape)) + (" fwd" if mode == "fwd" else " f+b")
-            table.append((label, {name: row[f"{mode} {timing}"] for name, row in rows.items()}, {}))
-    what = "each call launched from Python" if timing == "launch" else "CUDA-graph replay (GPU time only)"
-    return ratio_table(f"\n{timing}: {what}", table, BASELINES)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in SHAPES), help="BxLxKxd,...")
@@ -133,7 +123,7 @@ def main() -> None:
         print("x".join(map(str, shape)), flush=True)
         results.append((shape, bench_shape(*shape)))
     for timing in ("launch", "graph"):
-        print(ratios(results, timing))
+        print(shape_ratios(results, timing, BASELINES))
 
 
 if __name__ == "__main__":

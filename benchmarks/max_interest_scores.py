@@ -20,7 +20,7 @@ import torch
 
 from recsys.kernels import max_interest_scores
 
-from timing import launch_and_graph_ms, ratio_table  # benchmarks/ is on sys.path when run as a script
+from timing import launch_and_graph_ms, shape_ratios  # benchmarks/ is on sys.path when run as a script
 
 SHAPES = [(128, 4, 64, 1280), (1024, 4, 64, 10240), (1024, 8, 64, 10240), (256, 4, 64, 100000)]  # B, K, d, S
 BASELINES = ["twin", "compile-twin"]
@@ -63,16 +63,6 @@ def bench_shape(batch: int, k: int, d: int, s: int) -> dict[str, dict[str, float
     return rows
 
 
-def ratios(results: list[tuple[tuple[int, ...], dict]], timing: str) -> str:
-    table = []
-    for shape, rows in results:
-        for mode in ("fwd", "fb"):
-            label = "x".join(map(str, shape)) + (" fwd" if mode == "fwd" else " f+b")
-            table.append((label, {name: row[f"{mode} {timing}"] for name, row in rows.items()}, {}))
-    what = "each call launched from Python" if timing == "launch" else "CUDA-graph replay (GPU time only)"
-    return ratio_table(f"\n{timing}: {what}", table, BASELINES)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in SHAPES), help="BxKxdxS,...")
@@ -88,7 +78,7 @@ def main() -> None:
         print("x".join(map(str, shape)), flush=True)
         results.append((shape, bench_shape(*shape)))
     for timing in ("launch", "graph"):
-        print(ratios(results, timing))
+        print(shape_ratios(results, timing, BASELINES))
 
 
 if __name__ == "__main__":

@@ -99,3 +99,15 @@ def ratio_table(title: str, rows: list[tuple[str, dict[str, float], dict[str, fl
             cells.append(f"{ratio:.2f}x{mark}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def shape_ratios(results: list[tuple[tuple[int, ...], dict]], timing: str, baselines: list[str]) -> str:
+    """:func:`ratio_table` of per-shape results ``[(shape, {method: {"fwd launch": ms, "fb graph": ms, ...}})]``
+    for ``timing`` (``"launch"`` or ``"graph"``): a forward and a forward+backward row per shape."""
+    table: list[tuple[str, dict[str, float], dict[str, float]]] = []
+    for shape, rows in results:
+        for mode in ("fwd", "fb"):
+            label = "x".join(map(str, shape)) + (" fwd" if mode == "fwd" else " f+b")
+            table.append((label, {name: row[f"{mode} {timing}"] for name, row in rows.items()}, {}))
+    what = "each call launched from Python" if timing == "launch" else "CUDA-graph replay (GPU time only)"
+    return ratio_table(f"\n{timing}: {what}", table, baselines)
