@@ -32,6 +32,22 @@ TINY_RUN_OVERRIDES = [
 ]
 
 
+# a few-second training run on small synthetic data, for the trainer's own tests
+TINY_TRAIN_OVERRIDES = [
+    "synthetic.num_users=600",
+    "synthetic.num_items=300",
+    "synthetic.num_categories=10",
+    "synthetic.mean_length=20",
+    "model.dim=16",
+    "model.backend=torch",
+    "train.batch_size=32",
+    "train.log_every=10",
+    "train.eval_every=20",
+    "train.max_steps=40",
+    "data.max_len=10",
+]
+
+
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
     """A trained run directory (ComiRec-SA, K=4, d=16, ~200 synthetic items, 20 steps; ~3 s),

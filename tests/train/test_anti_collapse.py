@@ -20,20 +20,9 @@ from recsys.train.losses import (
     sampled_softmax_loss,
 )
 from recsys.train.trainer import train
+from tests.conftest import TINY_TRAIN_OVERRIDES
 
-TINY = [
-    "synthetic.num_users=600",
-    "synthetic.num_items=300",
-    "synthetic.num_categories=10",
-    "synthetic.mean_length=20",
-    "model.dim=16",
-    "model.backend=torch",
-    "train.batch_size=32",
-    "train.log_every=10",
-    "train.eval_every=20",
-    "train.max_steps=40",
-    "data.max_len=10",
-]
+TINY = TINY_TRAIN_OVERRIDES
 
 
 def _scores(seed=0, batch=5, seq_len=6, k=3):

@@ -10,20 +10,9 @@ from recsys.cli import main
 from recsys.config import ConfigError, load_config
 from recsys.run import RunDir
 from recsys.train.trainer import train
+from tests.conftest import TINY_TRAIN_OVERRIDES
 
-TINY = [
-    "synthetic.num_users=600",
-    "synthetic.num_items=300",
-    "synthetic.num_categories=10",
-    "synthetic.mean_length=20",
-    "model.dim=16",
-    "model.backend=torch",
-    "train.batch_size=32",
-    "train.log_every=10",
-    "train.eval_every=20",
-    "train.max_steps=40",
-    "data.max_len=10",
-]
+TINY = TINY_TRAIN_OVERRIDES
 
 
 def _cfg(tmp_path, *extra):
