@@ -42,8 +42,9 @@ def visible_max_logit(q: Tensor, k: Tensor, lengths: Tensor, causal: bool, scale
         s = torch.matmul(q, k.transpose(-1, -2)).float() * scale  # [B, H, Lq, Lk]
         lq, lk = s.shape[-2:]
         visible = length_mask(lengths, lk)[:, None, None, :]  # [B, 1, 1, Lk]
-        if causal:
+        if causal:  # and the query rows past the length are padding, as in the kernel
             visible = visible & torch.ones(lq, lk, dtype=torch.bool, device=s.device).tril()
+            visible = visible & length_mask(lengths, lq)[:, None, :, None]
         return s.masked_fill(~visible, float("-inf")).amax()
 
 
@@ -62,7 +63,8 @@ class MultiHeadAttention(RecordsMaxLogit):
     """Self-attention over right-padded sequences: ``x [B, L, d]``, ``lengths [B]`` -> ``[B, L, d]``.
 
     Keys at positions ``>= lengths[b]`` are masked; with ``causal`` query ``i`` sees keys
-    ``j <= i``. Rows with no visible key get a zero attention output (the kernel's contract).
+    ``j <= i`` and the query rows ``i >= lengths[b]`` are padding. Rows with no visible key (causal:
+    the padded rows) get a zero attention output (the kernel's contract).
     No dropout on attention probabilities (the kernels do not implement it); the transformer
     block applies dropout to this module's output.
 

@@ -4,6 +4,10 @@ Acceptance rule (flash-attention's): at a given precision the kernel's largest e
 the fp64 twin is at most twice the PyTorch twin's own error at that precision, plus a tiny
 absolute epsilon; nothing is ever NaN. CPU runs use the Triton interpreter (fp32, fp16); the
 ``gpu`` tests repeat the cases on CUDA in bf16, fp16 and fp32.
+
+Causal with key lengths, query rows past a sequence's length are padding: every causal case
+checks that they output exactly 0, get zero dq, and that their (non-zero) upstream gradient
+changes no gradient.
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ GPU = [
 
 
 def _problem(batch, q_batch, heads, lq, lk, d, seed, device, lengths=True, layout="contiguous"):
-    """fp64 q, k, v, upstream gradient and key lengths (0, random, Lk when ``lengths``)."""
+    """fp64 q, k, v, upstream gradient and key lengths (0, random, Lk when ``lengths``; with
+    four sequences or more the second has length 1)."""
     g = torch.Generator().manual_seed(seed)
     f64 = {"dtype": torch.float64, "generator": g}
     if layout == "packed":  # [B, L, H, D] memory viewed as [B, H, L, D], as a fused qkv projection gives
@@ -58,6 +63,8 @@ def _problem(batch, q_batch, heads, lq, lk, d, seed, device, lengths=True, layou
     if lengths:
         key_lengths = torch.randint(0, lk + 1, (batch,), generator=g)
         key_lengths[0], key_lengths[-1] = 0, lk
+        if batch >= 4:
+            key_lengths[1] = min(1, lk)
         key_lengths = key_lengths.to(device)
     return [t.to(device) for t in (q, k, v)], key_lengths, grad.to(device)
 
@@ -100,6 +107,22 @@ def _check(
             assert (grad_kv.transpose(1, 2)[padded] == 0).all(), f"{name}: padded keys must get zero gradient"
         if (q_batch or batch) == batch:
             assert (ours[1][empty] == 0).all(), "dq must be 0 for rows that see no key"
+        if kw.get("causal"):
+            _check_padded_query_rows(qkv, grad, twin, ours, dtype, q_batch or batch, **kw)
+        else:  # every query row of a sequence with keys sees them all, past the length too
+            assert (ours[0][~empty].abs().amax(-1) > 0).all(), "non-causal: rows past the length attend"
+
+
+def _check_padded_query_rows(qkv, grad, twin, ours, dtype, q_batch, **kw):
+    """Causal with lengths, rows ``i >= key_lengths[b]`` are padding: output 0, dq 0, and the upstream
+    gradient on them (non-zero here) changes nothing: the reference run with it zeroed agrees."""
+    batch, _, lq, _ = grad.shape
+    rows = torch.arange(lq, device=grad.device)[None, :] >= kw["key_lengths"][:, None]  # [B, Lq]
+    assert (ours[0].transpose(1, 2)[rows] == 0).all(), "causal: padded query rows must output 0"
+    if q_batch == batch:
+        assert (ours[1].transpose(1, 2)[rows] == 0).all(), "causal: padded query rows must get zero dq"
+    quiet = _run(attention_ref, qkv, grad.masked_fill(rows[:, None, :, None], 0.0), torch.float64, **kw)
+    assert_within_twice_twin(NAMES[1:], quiet[1:], twin[1:], ours[1:], ATOL[dtype])
 
 
 @pytest.mark.parametrize("device,dtype", [CPU32, *GPU])
@@ -110,6 +133,53 @@ def test_lengths_and_head_dims(device, dtype, length, d, causal):
     """Every length x head dim, with and without the causal mask; key lengths include 0 (a fully
     padded sequence: zeros, zero gradients) and Lk; 50 runs the fused backward, 129 the split one."""
     _check(device, dtype, lq=length, d=d, heads=1, causal=causal)
+
+
+PATHS = {"fused": {}, "split": {"fused_max_lq": 0}}
+
+
+@pytest.mark.parametrize("device,dtype", [CPU32, CPU16, *GPU])
+@pytest.mark.parametrize("d", [16, 64, 128])
+@pytest.mark.parametrize(
+    "length,path",
+    [
+        (1, "fused"),
+        (1, "split"),
+        (7, "fused"),
+        (7, "split"),
+        (50, "fused"),
+        (50, "split"),
+        (129, "split"),
+        (200, "split"),
+    ],
+)
+def test_causal_skips_padded_query_rows(device, dtype, length, d, path):
+    """Causal with key lengths 0, 1, random and L on both backward paths (fused for L <= 64, the
+    split dq and dk/dv kernels): outputs and gradients as the fp64 twin's, padded query rows 0 and
+    their upstream gradient ignored (see :func:`_check_padded_query_rows`)."""
+    with kernel_module.backward_paths(**PATHS[path]):
+        _check(device, dtype, batch=5, lq=length, d=d, causal=True, seed=12)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("path,length", [("fused", 40), ("split", 40), ("split", 90)])
+def test_causal_never_reads_padded_query_rows_cpu(path, length):
+    """NaN in q and in the upstream gradient on the padded query rows: no kernel reads them (a read
+    would spread NaN through the scores, dk and dv), so the results are the twin's with those rows 0."""
+    (q, k, v), key_lengths, grad = _problem(4, 4, 2, length, length, 16, 13, "cpu")
+    rows = (torch.arange(length)[None, :] >= key_lengths[:, None])[:, None, :, None]  # [B, 1, Lq, 1]
+    kw = {"key_lengths": key_lengths, "causal": True}
+    with kernel_module.backward_paths(**PATHS[path]):
+        ours = _run(
+            triton_attention,
+            [q.masked_fill(rows, torch.nan), k, v],
+            grad.masked_fill(rows, torch.nan),
+            torch.float32,
+            **kw,
+        )
+    ref = _run(attention_ref, [q.masked_fill(rows, 0.0), k, v], grad.masked_fill(rows, 0.0), torch.float64, **kw)
+    for name, a, b in zip(NAMES, ours, ref):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
 
 
 @pytest.mark.parametrize("device,dtype", [CPU32, CPU16, *GPU])

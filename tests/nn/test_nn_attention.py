@@ -35,7 +35,8 @@ def _direct(mha: MultiHeadAttention, x, lengths, causal, qk_norm, softcap):
     visible_max = torch.tensor(float("-inf"), dtype=x.dtype)
     for bi in range(b):
         for i in range(seq_len):
-            keys = [j for j in range(int(lengths[bi])) if not causal or j <= i]
+            n = int(lengths[bi])
+            keys = [j for j in range(n) if not causal or j <= i < n]  # causal: a row past the length is padding
             if not keys:
                 continue
             p = torch.softmax(s[bi, :, i, keys], dim=-1)  # [H, n]

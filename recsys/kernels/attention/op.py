@@ -30,13 +30,16 @@ def attention(
         k: ``[B, H, Lk, D]``.
         v: ``[B, H, Lk, D]``.
         key_lengths: ``[B]`` int; keys at positions ``>= key_lengths[b]`` are masked.
-        causal: query ``i`` sees keys ``j <= i``.
+        causal: query ``i`` sees keys ``j <= i``. With ``key_lengths``, query rows
+            ``i >= key_lengths[b]`` are padding (right-padded self-attention): their output is 0
+            and they contribute nothing to any gradient; the kernels skip their work.
         scale: logit scale, default ``1 / sqrt(D)``.
         softcap: if > 0, logits become ``softcap * tanh(logits / softcap)``.
         backend: ``"auto" | "triton" | "torch"``.
 
     Returns:
-        ``[B, H, Lq, D]``; rows with no visible key are 0 (and get zero gradients).
+        ``[B, H, Lq, D]``; rows with no visible key (causal: every padded row) are 0 and get zero
+        gradients.
     """
     check_attention_args(q, k, v, key_lengths, causal)
     softcap = softcap or None

@@ -6,6 +6,11 @@ past a sequence's key length, or wholly above the causal diagonal, are never loa
 tiles that straddle a boundary pay for masking. Without soft-capping, the row maximum is taken on
 the unscaled products, so each score costs one FMA before its ``exp2``.
 
+Causal with key lengths (right-padded self-attention), query rows at or past a sequence's length
+are padding: their output is 0 and they add nothing to any gradient. Query blocks wholly past the
+length load no tile and write zeros (forward, dq), the dk/dv kernel's walk over query blocks stops
+at the length, and a block straddling it masks its padded rows.
+
 Backward recomputes the probabilities tile by tile from the saved log-sum-exp:
 
 - ``Lq <= 64`` (click sequences of up to 64 items, learned interest queries): one program per
@@ -151,6 +156,38 @@ def _key_tile(
     return k, v, s, t
 
 
+@triton.jit
+def _key_bounds(
+    kv_len,
+    LQ,
+    start_m,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_LENS: tl.constexpr,
+    CAUSAL: tl.constexpr,
+):
+    """The key tiles of query rows ``[start_m, start_m + BLOCK_M)``, and the rows that are not padding.
+
+    Returns ``full, hi, q_len``: keys below ``full`` (a multiple of ``BLOCK_N``) are visible to
+    every row of the block, tiles in ``[full, hi)`` straddle the length or the diagonal, and rows
+    at or past ``q_len`` are padding (``LQ``, or causal with lengths ``min(LQ, kv_len)``). A block
+    wholly past ``q_len`` gets ``full = hi = 0``: it loads no key tile.
+    """
+    hi = kv_len
+    full = kv_len
+    q_len = LQ
+    if CAUSAL:
+        if HAS_LENS:
+            q_len = tl.minimum(kv_len, LQ)
+            hi = tl.where(start_m < q_len, tl.minimum(hi, start_m + BLOCK_M), 0)
+            full = tl.minimum(tl.minimum(full, start_m), hi)
+        else:
+            hi = tl.minimum(hi, start_m + BLOCK_M)
+            full = tl.minimum(full, start_m)
+    full = (full // BLOCK_N) * BLOCK_N
+    return full, hi, q_len
+
+
 # --------------------------------------------------------------------------------------------
 # Forward
 # --------------------------------------------------------------------------------------------
@@ -273,7 +310,8 @@ def _fwd_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """O[b, h, m-block] and its log2-sum-exp (``+inf`` for rows that see no key).
+    """O[b, h, m-block] and its log2-sum-exp (``+inf`` for rows that see no key, as causal rows
+    past the length: their ``O`` is 0 and the backward's probabilities are 0).
 
     Grid: ``cdiv(LQ, BLOCK_M) * B * H`` programs, query blocks fastest (they share K/V in L2).
     ``O`` is ``[B, H, LQ, HEAD_DIM]`` with strides ``sob, soh, som, 1``; ``LSE`` contiguous
@@ -410,26 +448,22 @@ def _fwd_rows(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """The forward of query rows ``[start_m, start_m + BLOCK_M)`` of (batch, head) ``bh``."""
+    """The forward of query rows ``[start_m, start_m + BLOCK_M)`` of (batch, head) ``bh``; rows
+    that are padding (see :func:`_key_bounds`) are not read and write 0."""
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     m_ok = offs_m < LQ
-    q = _load_tile(
-        Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd, m_ok, offs_d, HEAD_DIM, BLOCK_D, True
-    )
-
     kv_len = LK
     if HAS_LENS:
         kv_len = tl.minimum(tl.maximum(tl.load(LENS + b).to(tl.int32), 0), LK)
-    hi = kv_len
-    full = kv_len  # keys below `full` are visible to every row of this block
-    if CAUSAL:
-        hi = tl.minimum(hi, start_m + BLOCK_M)
-        full = tl.minimum(full, start_m)
-    full = (full // BLOCK_N) * BLOCK_N
+    full, hi, q_len = _key_bounds(kv_len, LQ, start_m, BLOCK_M, BLOCK_N, HAS_LENS, CAUSAL)
+    rows_ok = offs_m < q_len
+    q = _load_tile(
+        Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd, rows_ok, offs_d, HEAD_DIM, BLOCK_D, True
+    )
 
     k_base = K + b * skb + h * skh
     v_base = V + b * svb + h * svh
@@ -496,6 +530,9 @@ def _fwd_rows(
     )
 
     seen = l_i > 0.0
+    if CAUSAL and HAS_LENS:  # a block straddling the length: its padded rows saw keys, they give 0
+        seen = seen & rows_ok
+        acc = tl.where(rows_ok[:, None], acc, 0.0)
     l_safe = tl.where(seen, l_i, 1.0)
     o = acc / l_safe[:, None]
     lse = tl.where(seen, m_i + tl.log2(l_safe), float("inf"))
@@ -650,6 +687,8 @@ def _bwd_dq_kernel(
     ``O`` and ``DO`` are ``[B, H, LQ, HEAD_DIM]`` with ``O``'s strides; ``DQ`` contiguous (per kv-batch
     row, fp32, when queries are broadcast); ``DK``, ``DV`` contiguous ``[B, H, LK, HEAD_DIM]``.
     Without ``FUSED``, a last query block of at most ``TAIL_M`` rows is a ``TAIL_M``-row tile.
+    Causal with lengths, a block wholly past the length reads nothing and writes zero ``dq``
+    (and ``delta``); the padded rows of a straddling block are not read either (``lse = +inf``).
     """
     num_m = tl.cdiv(LQ, BLOCK_M)
     pid = tl.program_id(0)
@@ -799,7 +838,8 @@ def _dq_rows(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """The dq kernel's work on query rows ``[start_m, start_m + BLOCK_M)`` of (batch, head) ``bh``."""
+    """The dq kernel's work on query rows ``[start_m, start_m + BLOCK_M)`` of (batch, head) ``bh``;
+    rows that are padding (see :func:`_key_bounds`) are not read and get zero ``dq``."""
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     bh64 = bh.to(tl.int64)
@@ -807,27 +847,22 @@ def _dq_rows(
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     m_ok = offs_m < LQ
-    row_off = offs_m[:, None] * HEAD_DIM + offs_d[None, :]
-    q = _load_tile(
-        Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd, m_ok, offs_d, HEAD_DIM, BLOCK_D, True
-    )
-    o_off = b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :]  # O and DO share O's strides
-    do = _load_tile(DO + o_off, m_ok, offs_d, HEAD_DIM, BLOCK_D, True)
-    o = _load_tile(O + o_off, m_ok, offs_d, HEAD_DIM, BLOCK_D, True)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    if not FUSED:
-        tl.store(DELTA + bh64 * LQ + offs_m, delta, mask=m_ok)
-    lse = tl.load(LSE + bh64 * LQ + offs_m, mask=m_ok, other=float("inf"))
-
     kv_len = LK
     if HAS_LENS:
         kv_len = tl.minimum(tl.maximum(tl.load(LENS + b).to(tl.int32), 0), LK)
-    hi = kv_len
-    full = kv_len
-    if CAUSAL:
-        hi = tl.minimum(hi, start_m + BLOCK_M)
-        full = tl.minimum(full, start_m)
-    full = (full // BLOCK_N) * BLOCK_N
+    full, hi, q_len = _key_bounds(kv_len, LQ, start_m, BLOCK_M, BLOCK_N, HAS_LENS, CAUSAL)
+    rows_ok = offs_m < q_len
+    row_off = offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+    q = _load_tile(
+        Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd, rows_ok, offs_d, HEAD_DIM, BLOCK_D, True
+    )
+    o_off = b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :]  # O and DO share O's strides
+    do = _load_tile(DO + o_off, rows_ok, offs_d, HEAD_DIM, BLOCK_D, True)
+    o = _load_tile(O + o_off, rows_ok, offs_d, HEAD_DIM, BLOCK_D, True)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    if not FUSED:
+        tl.store(DELTA + bh64 * LQ + offs_m, delta, mask=m_ok)
+    lse = tl.load(LSE + bh64 * LQ + offs_m, mask=rows_ok, other=float("inf"))
 
     k_base = K + b * skb + h * skh
     v_base = V + b * svb + h * svh
@@ -929,7 +964,7 @@ def _dkdv_tiles(
     delta_base,
     lo,
     hi,
-    LQ,
+    q_len,
     offs_n,
     offs_m0,
     offs_d,
@@ -946,12 +981,13 @@ def _dkdv_tiles(
     """Accumulate one key tile's ``dk`` (unscaled) and ``dv`` over query blocks ``[lo, hi)``.
 
     Works on transposed scores ``[BLOCK_N, BLOCK_M]``; ``MASK`` applies the causal mask.
-    Query rows past ``LQ`` read ``lse = +inf``, so their probabilities are 0.
+    Query rows past ``q_len`` (``LQ``, or the padded rows: see :func:`_key_bounds`) are not read:
+    they get ``lse = +inf``, so their probabilities are 0.
     """
     for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         offs_m = start_m + offs_m0
-        m_ok = offs_m < LQ
+        m_ok = offs_m < q_len
         q = _load_tile(q_base + offs_m[:, None] * sqm + offs_d[None, :] * sqd, m_ok, offs_d, HEAD_DIM, BLOCK_D, True)
         do = _load_tile(do_base + offs_m[:, None] * som + offs_d[None, :], m_ok, offs_d, HEAD_DIM, BLOCK_D, True)
         lse = tl.load(lse_base + offs_m, mask=m_ok, other=float("inf"))
@@ -1016,7 +1052,8 @@ def _bwd_dkdv_kernel(
     """dk, dv for one (batch, head, key block); key blocks past the key length write zeros only.
 
     Grid: ``cdiv(LK, BLOCK_N) * B * H``. Causal: query blocks before the key block are skipped and
-    only the blocks crossing the diagonal are masked. ``DELTA`` is the dq kernel's ``rowsum(dO * O)``.
+    only the blocks crossing the diagonal are masked; with lengths the walk stops at the length (the
+    padded query rows add nothing). ``DELTA`` is the dq kernel's ``rowsum(dO * O)``.
     """
     num_n = tl.cdiv(LK, BLOCK_N)
     pid = tl.program_id(0)
@@ -1041,10 +1078,13 @@ def _bwd_dkdv_kernel(
         V + b * svb + h * svh + offs_n[:, None] * svn + offs_d[None, :] * svd, n_ok, offs_d, HEAD_DIM, BLOCK_D, True
     )
 
+    q_len = LQ
+    if CAUSAL and HAS_LENS:  # query rows past the length are padding
+        q_len = tl.minimum(kv_len, LQ)
     lo = 0
     if CAUSAL:
         lo = (start_n // BLOCK_M) * BLOCK_M
-    hi = tl.where(start_n < kv_len, LQ, lo)  # a key block wholly past the length does no work
+    hi = tl.where(start_n < kv_len, q_len, lo)  # a key block wholly past the length does no work
     mid = lo
     if CAUSAL:
         mid = tl.minimum(hi, tl.cdiv(start_n + BLOCK_N, BLOCK_M) * BLOCK_M)
@@ -1069,7 +1109,7 @@ def _bwd_dkdv_kernel(
         delta_base,
         lo,
         mid,
-        LQ,
+        q_len,
         offs_n,
         offs_m0,
         offs_d,
@@ -1097,7 +1137,7 @@ def _bwd_dkdv_kernel(
         delta_base,
         mid,
         hi,
-        LQ,
+        q_len,
         offs_n,
         offs_m0,
         offs_d,
@@ -1539,12 +1579,15 @@ def triton_attention(
         v: ``[B, H, Lk, D]``.
         key_lengths: ``[B]`` int; keys at positions ``>= key_lengths[b]`` are masked and their
             tiles skipped. Values are clamped to ``[0, Lk]``.
-        causal: query ``i`` sees keys ``j <= i`` (needs ``Lq == Lk``).
+        causal: query ``i`` sees keys ``j <= i`` (needs ``Lq == Lk``). With ``key_lengths``, query
+            rows ``i >= key_lengths[b]`` are padding: their output is 0, they contribute nothing
+            to any gradient, and their work is skipped.
         scale: logit scale, default ``1 / sqrt(D)``.
         softcap: if set (non-zero), logits become ``softcap * tanh(logits / softcap)``.
 
     Returns:
-        ``[B, H, Lq, D]`` in the input dtype; rows with no visible key are 0 with zero gradients.
+        ``[B, H, Lq, D]`` in the input dtype; rows with no visible key (causal: every padded row) are
+        0 with zero gradients.
 
     Raises:
         ValueError: on a dtype other than fp16/bf16/fp32, ``D > 128``, mismatched shapes or
