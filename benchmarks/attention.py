@@ -9,11 +9,16 @@ the methods timed in turns over five rounds, so that they share the host's drift
 a CUDA graph (GPU time only). Every method is checked against an fp32 reference. Rows are printed
 per shape as they are measured; the details table and the two ratio tables (launch, graph) come
 last.
+``--causal`` times causal self-attention instead (SASRec's dense training): ours with key lengths
+against SDPA's ``is_causal`` flash path (which cannot also take the key lengths, so it computes the
+padded query rows too), FlexAttention with a causal and key-length mask, and the compiled twin. The
+output gradient is zero on padded query rows, as in training, where they are masked out of the
+loss: every method then gives the same outputs on the valid rows and the same gradients.
 ``--out DIR`` also writes ``bench_attention.json`` there; ``--methods`` times only the named
 methods (``ours`` always); ``--before JSON`` (an earlier run's ``bench_attention.json``, e.g. of
 main's kernels imported through ``PYTHONPATH``) adds a before/after table of ``ours``.
 
-    python benchmarks/attention.py [--shapes 4096x50,32x8192] [--paths] [--out DIR]
+    python benchmarks/attention.py [--shapes 4096x50,32x8192] [--causal] [--paths] [--out DIR]
         [--methods ours,sdpa-mask,flex] [--before OLD/bench_attention.json]
 
 The kernels autotune by default, as users get them (the first call of each shape bucket compiles
@@ -46,6 +51,8 @@ from timing import (  # benchmarks/ is on sys.path when run as a script
 SHAPES = [(4096, 50), (1024, 200), (256, 1024), (32, 8192)]
 HEADS, HEAD_DIM = 2, 64
 BASELINES = ["sdpa-mask", "flex", "compile-twin"]
+CAUSAL_BASELINES = ["sdpa-causal", "flex", "compile-twin"]
+CAUSAL_FB_TARGETS = {(1024, 200): 1.3, (256, 1024): 1.3, (32, 8192): 1.0}  # f+b over sdpa-causal
 Method = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -61,29 +68,44 @@ def matmul_tflops() -> float:
     return 2 * 8192**3 / launch_ms(lambda: a @ b, rep=100) / 1e9
 
 
-def make_inputs(batch: int, seq_len: int, seed: int):
+def make_inputs(batch: int, seq_len: int, seed: int, causal: bool = False):
+    """``([q, k, v], lengths, do)``; causal: ``do`` is zero on the padded query rows."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     shape = (batch, HEADS, seq_len, HEAD_DIM)
     q, k, v, do = (torch.randn(shape, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(4))
     lengths = torch.randint(max(1, seq_len // 4), seq_len + 1, (batch,), device="cuda", generator=g)
+    if causal:
+        do = do * valid_rows(lengths, seq_len)
     return [t.requires_grad_() for t in (q, k, v)], lengths, do
 
 
-def methods(lengths: torch.Tensor, seq_len: int, names: set[str] | None = None) -> dict[str, Method]:
-    """Each method maps (q, k, v) -> o with keys >= lengths[b] masked; ``names``: only those (and ours)."""
+def valid_rows(lengths: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """``[B, 1, L, 1]`` bool: the rows before each sequence's length."""
+    return (torch.arange(seq_len, device="cuda")[None, :] < lengths[:, None])[:, None, :, None]
+
+
+def methods(
+    lengths: torch.Tensor, seq_len: int, names: set[str] | None = None, causal: bool = False
+) -> dict[str, Method]:
+    """Each method maps (q, k, v) -> o with keys >= lengths[b] masked (and, causal, keys after the
+    query); ``names``: only those (and ours)."""
     batch = lengths.shape[0]
     mask = (torch.arange(seq_len, device="cuda")[None, :] < lengths[:, None])[:, None, None, :]  # [B, 1, 1, L]
 
     def ours(q, k, v):
-        return attention(q, k, v, key_lengths=lengths)
+        return attention(q, k, v, key_lengths=lengths, causal=causal)
 
     def sdpa(q, k, v):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
-    def twin(q, k, v):
-        return attention(q, k, v, key_lengths=lengths, backend="torch")
+    def sdpa_causal(q, k, v):  # right padding: the valid rows never see a padded key
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-    out = {"ours": ours, "sdpa-mask": sdpa, "compile-twin": torch.compile(twin, dynamic=False)}
+    def twin(q, k, v):
+        return attention(q, k, v, key_lengths=lengths, causal=causal, backend="torch")
+
+    out = {"ours": ours, "compile-twin": torch.compile(twin, dynamic=False)}
+    out.update({"sdpa-causal": sdpa_causal} if causal else {"sdpa-mask": sdpa})
     if names is not None:
         out = {name: fn for name, fn in out.items() if name == "ours" or name in names}
         if "flex" not in names:
@@ -91,9 +113,10 @@ def methods(lengths: torch.Tensor, seq_len: int, names: set[str] | None = None) 
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-        block_mask = create_block_mask(
-            lambda b, h, qi, ki: ki < lengths[b], batch, None, seq_len, seq_len, device="cuda"
-        )
+        def visible(b, h, qi, ki):
+            return (ki < lengths[b]) & (ki <= qi) if causal else ki < lengths[b]
+
+        block_mask = create_block_mask(visible, batch, None, seq_len, seq_len, device="cuda")
         compiled = torch.compile(flex_attention, dynamic=False)
         out["flex"] = lambda q, k, v: compiled(q, k, v, block_mask=block_mask)
     except Exception as e:  # noqa: BLE001 - report and go on without FlexAttention
@@ -119,11 +142,13 @@ def path_variants(fns: dict[str, Method], seq_len: int) -> dict[str, Method]:
     return {}
 
 
-def problem_size(batch: int, seq_len: int, lengths: torch.Tensor) -> dict[str, float]:
-    """Fewest bytes (padded keys never read) and FLOPs (visible pairs only) per pass."""
+def problem_size(batch: int, seq_len: int, lengths: torch.Tensor, causal: bool = False) -> dict[str, float]:
+    """Fewest bytes (padded keys never read) and FLOPs (visible pairs only; causal: of the valid
+    query rows) per pass."""
     tensor = batch * HEADS * seq_len * HEAD_DIM * 2
     valid = lengths.sum().item() / (batch * seq_len)
-    pairs = HEADS * seq_len * lengths.sum().item()
+    lens = lengths.double()
+    pairs = HEADS * ((lens * (lens + 1) / 2).sum().item() if causal else seq_len * lens.sum().item())
     fwd_bytes = 2 * tensor + 2 * tensor * valid  # q, o + valid k, v
     bwd_bytes = 3 * tensor + 2 * tensor * valid + 3 * tensor  # q, o, do, valid k, v; dq, dk, dv
     return {
@@ -134,30 +159,41 @@ def problem_size(batch: int, seq_len: int, lengths: torch.Tensor) -> dict[str, f
     }
 
 
-def errors(fn: Method, inputs, do, ref) -> list[float]:
-    """Max |error| of o, dq, dk, dv against the fp32 reference."""
+def errors(fn: Method, inputs, do, ref, rows: torch.Tensor | None) -> list[float]:
+    """Max |error| of o (on ``rows`` only, when given), dq, dk, dv against the fp32 reference."""
     out = fn(*inputs)
     grads = torch.autograd.grad(out, inputs, do)
+    if rows is not None:
+        out, ref = out * rows, [ref[0] * rows, *ref[1:]]
     return [(a.float() - r).abs().max().item() for a, r in zip((out, *grads), ref)]
 
 
-def bench_shape(batch: int, seq_len: int, seed: int, paths: bool, names: set[str] | None = None) -> dict:
-    inputs, lengths, do = make_inputs(batch, seq_len, seed)
-    fns = methods(lengths, seq_len, names)
+def bench_shape(
+    batch: int, seq_len: int, seed: int, paths: bool, names: set[str] | None = None, causal: bool = False
+) -> dict:
+    inputs, lengths, do = make_inputs(batch, seq_len, seed, causal)
+    fns = methods(lengths, seq_len, names, causal)
     if paths:
         fns.update(path_variants(fns, seq_len))
     ref_in = [t.detach().float().requires_grad_() for t in inputs]
-    ref_out = F.scaled_dot_product_attention(
-        *ref_in, attn_mask=(torch.arange(seq_len, device="cuda")[None, :] < lengths[:, None])[:, None, None, :]
+    ref_out = (
+        F.scaled_dot_product_attention(
+            *ref_in,
+            attn_mask=(torch.arange(seq_len, device="cuda")[None, :] < lengths[:, None])[:, None, None, :],
+            is_causal=False,
+        )
+        if not causal
+        else F.scaled_dot_product_attention(*ref_in, is_causal=True)
     )
     ref = [ref_out.detach(), *torch.autograd.grad(ref_out, ref_in, do.float())]
-    size = problem_size(batch, seq_len, lengths)
+    valid = valid_rows(lengths, seq_len) if causal else None
+    size = problem_size(batch, seq_len, lengths, causal)
     rows, bodies = {}, {}
     for name, fn in fns.items():
         t0 = time.time()
         row = rows[name] = {}
         try:
-            row["err"] = errors(fn, inputs, do, ref)  # also compiles / autotunes
+            row["err"] = errors(fn, inputs, do, ref, valid)  # also compiles / autotunes
             for mode, body in (
                 ("fwd", lambda fn=fn: fn(*inputs)),
                 ("fb", lambda fn=fn: torch.autograd.grad(fn(*inputs), inputs, do)),
@@ -174,7 +210,7 @@ def bench_shape(batch: int, seq_len: int, seed: int, paths: bool, names: set[str
         rows[name][f"{mode}_ms"] = ms
     for name, row in rows.items():
         print(f"  {name:15s} {json.dumps(row)}", flush=True)
-    return {"batch": batch, "seq_len": seq_len, "size": size, "methods": rows}
+    return {"batch": batch, "seq_len": seq_len, "causal": causal, "size": size, "methods": rows}
 
 
 def details(results: list[dict], copy_bw: float, mm_tflops: float) -> str:
@@ -207,21 +243,29 @@ def details(results: list[dict], copy_bw: float, mm_tflops: float) -> str:
 
 
 def ratios(results: list[dict], timing: str) -> str:
-    """Ours against each baseline; targets: forward 1.3x the faster of SDPA and Flex, f+b 2x SDPA."""
+    """Ours against each baseline. Targets: key padding, forward 1.3x the faster of SDPA and Flex and
+    f+b 2x SDPA; causal, f+b over SDPA's causal path as ``CAUSAL_FB_TARGETS``."""
     suffix = "_ms" if timing == "launch" else "_graph_ms"
+    causal = any(res.get("causal") for res in results)
+    sdpa = "sdpa-causal" if causal else "sdpa-mask"
     rows = []
     for res in results:
         ok = {n: r for n, r in res["methods"].items() if "failed" not in r}
-        for mode, targets in (("fwd", {"best sdpa/flex": 1.3}), ("fb", {"sdpa-mask": 2.0})):
+        if causal:
+            fb_target = CAUSAL_FB_TARGETS.get((res["batch"], res["seq_len"]))
+            modes = (("fwd", {}), ("fb", {} if fb_target is None else {sdpa: fb_target}))
+        else:
+            modes = (("fwd", {"best sdpa/flex": 1.3}), ("fb", {sdpa: 2.0}))
+        for mode, targets in modes:
             ms = {n: r[mode + suffix] for n, r in ok.items()}
-            ms["best sdpa/flex"] = min((ms[n] for n in ("sdpa-mask", "flex") if n in ms), default=float("nan"))
+            ms["best sdpa/flex"] = min((ms[n] for n in (sdpa, "flex") if n in ms), default=float("nan"))
             rows.append((f"{res['batch']}x{res['seq_len']} {'fwd' if mode == 'fwd' else 'f+b'}", ms, targets))
     what = (
         "each call launched from Python (CPU overhead included)"
         if timing == "launch"
         else "CUDA-graph replay (GPU time only)"
     )
-    return ratio_table(f"\n{timing}: {what}", rows, [*BASELINES, "best sdpa/flex"])
+    return ratio_table(f"\n{timing}: {what}", rows, [*(CAUSAL_BASELINES if causal else BASELINES), "best sdpa/flex"])
 
 
 def before_after(before: dict, results: list[dict]) -> str:
@@ -247,6 +291,7 @@ def before_after(before: dict, results: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default=",".join(f"{b}x{n}" for b, n in SHAPES), help="BxL,BxL,...")
+    parser.add_argument("--causal", action="store_true", help="causal self-attention (see the docstring)")
     parser.add_argument("--paths", action="store_true", help="also time the backward path ours does not take")
     parser.add_argument("--out", type=Path, default=None, help="folder for bench_attention.json")
     parser.add_argument("--methods", default=None, help=f"comma-separated subset of {BASELINES} (ours always)")
@@ -254,8 +299,9 @@ def main() -> None:
     args = parser.parse_args()
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     names = None if args.methods is None else set(args.methods.split(","))
-    if names is not None and not names <= {"ours", *BASELINES}:
-        parser.error(f"--methods: unknown {sorted(names - {'ours', *BASELINES})}; choose from {BASELINES}")
+    known = CAUSAL_BASELINES if args.causal else BASELINES
+    if names is not None and not names <= {"ours", *known}:
+        parser.error(f"--methods: unknown {sorted(names - {'ours', *known})}; choose from {known}")
     before = json.loads(args.before.read_text()) if args.before else None
     start = time.time()
     print(
@@ -273,7 +319,7 @@ def main() -> None:
     results = []
     for i, (batch, seq_len) in enumerate(shapes):
         print(f"B={batch} L={seq_len} ({time.time() - start:.0f} s)", flush=True)
-        results.append(bench_shape(batch, seq_len, seed=i, paths=args.paths, names=names))
+        results.append(bench_shape(batch, seq_len, seed=i, paths=args.paths, names=names, causal=args.causal))
         print(ratios(results[-1:], "launch"), flush=True)
         if before is not None:  # per shape too: a run cut short keeps its comparisons
             print(before_after(before, results[-1:]), flush=True)

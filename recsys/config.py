@@ -98,7 +98,7 @@ class ModelConfig:
     hidden: int = 0  # self-attentive hidden size; 0 means 4 * dim
     num_layers: int = 2  # transformer encoders
     num_heads: int = 2
-    dropout: float = 0.1
+    dropout: float = -1.0  # transformer encoders; -1 (the default): the model's automatic value (recsys.models.spec)
     routing_iters: int = 3  # capsule models
     qk_norm: str = ""  # "" | rms | layer
     softcap: float = 0.0  # attention logit soft-cap; 0 disables
@@ -150,14 +150,16 @@ class TrainConfig:
     # also write every metrics.jsonl scalar as TensorBoard events (RUN/tensorboard/; extra track)
     tensorboard: bool = False
     # against interest collapse (see docs/multi-interest.md)
-    # weight of mean sum_l A^2 (each interest's collision probability) for self-attentive models
-    attention_reg: float = 0.0
+    # weight of mean sum_l A^2 (each interest's collision probability) for self-attentive models, K > 1;
+    # -1 (the default): the model's automatic value (recsys.models.spec)
+    attention_reg: float = -1.0
     # K > 1: the readout blends from a softmax over interests to ComiRec's argmax over these steps;
     # -1 (the default): the model's automatic value (recsys.models.spec)
     soft_readout_steps: int = -1
     # who scores a row's negatives (K > 1): "readout" = the interest the readout chose for its target
-    # (ComiRec) | "max" = each negative's best-matching interest, the score retrieval ranks by
-    negative_scores: str = "readout"
+    # (ComiRec) | "max" = each negative's best-matching interest, the score retrieval ranks by | "auto" = the
+    # model's default (its spec)
+    negative_scores: str = AUTO
     hard_negatives: float = 0.0  # share of the sampled negatives drawn near the batch's interests (exact logQ)
     hard_negative_temperature: float = 1.0  # the hard proposal is softmax(<interest, item> / temperature)
 
@@ -401,7 +403,7 @@ _CHOICES = {
     "model.backend": KERNEL_BACKENDS,
     "train.optimizer": ("adam", "adamw"),
     "train.sampler": ("uniform", "log_uniform", "unigram"),
-    "train.negative_scores": ("readout", "max"),
+    "train.negative_scores": (AUTO, "readout", "max"),
     "train.targets": (AUTO, "last", "all"),
     "train.device": ("auto", "cpu", "cuda"),
     "retrieval.backend": ("auto", "faiss", "torch"),
@@ -441,10 +443,8 @@ _NON_NEGATIVE = (
     "data.min_user_count",
     "model.hidden",
     "model.softcap",
-    "model.dropout",
     "train.max_steps",
     "train.eval_every",
-    "train.attention_reg",
     "train.patience",
     "train.num_negatives",
     "train.z_loss",
@@ -467,7 +467,13 @@ def validate(cfg: Config) -> None:
     """Check values (not only types) so a bad config fails before any work starts. What depends
     on the model (settings it does not read, its automatic values) is checked when the model
     resolves the config (:func:`recsys.models.spec.resolve`)."""
-    for path in ("model.score_cap", "train.soft_readout_steps", "train.weight_decay"):
+    for path in (
+        "model.score_cap",
+        "model.dropout",
+        "train.soft_readout_steps",
+        "train.weight_decay",
+        "train.attention_reg",
+    ):
         if _get(cfg, path) < 0 and _get(cfg, path) != -1:
             raise ConfigError(f"{path}: must be >= 0 (or -1: automatic), got {_get(cfg, path)!r}")
     for path, choices in _CHOICES.items():
@@ -493,8 +499,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             "train.hard_negatives: has no effect with train.full_softmax = true (no sampling); set it to 0"
         )
-    if not 0.0 <= cfg.model.dropout < 1.0:
-        raise ConfigError(f"model.dropout: must be in [0, 1), got {cfg.model.dropout!r}")
+    if not (0.0 <= cfg.model.dropout < 1.0 or cfg.model.dropout == -1):
+        raise ConfigError(f"model.dropout: must be in [0, 1) (or -1: automatic), got {cfg.model.dropout!r}")
     if not 0.0 < cfg.data.eval_input_frac < 1.0:
         raise ConfigError(f"data.eval_input_frac: must be in (0, 1), got {cfg.data.eval_input_frac!r}")
     if not 0.0 < cfg.data.time_cutoff_quantile < 1.0:

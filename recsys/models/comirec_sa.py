@@ -72,7 +72,13 @@ SPEC = register(
         multi_interest=True,
         self_attentive=True,
         dense=True,
-        defaults={"model.score_cap": 1.0, "train.soft_readout_steps": 1000},
+        # max-scored negatives and the attention regulariser: docs/results.md, "Dense training"
+        defaults={
+            "model.score_cap": 1.0,
+            "train.soft_readout_steps": 1000,
+            "train.negative_scores": "max",
+            "train.attention_reg": 1.0,
+        },
         tune_space={**MULTI_INTEREST_SPACE, **SELF_ATTENTIVE_SPACE},
     )
 )

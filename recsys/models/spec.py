@@ -29,6 +29,7 @@ from recsys.config import AUTO, Config, ConfigError, ModelConfig
 # may be carried by a config that several models share, and are ignored where they do not apply.
 STRICT_SETTINGS = ("qk_norm", "softcap", "head_values", "score_cap")
 DEFAULT_EPOCH_DECAY = 0.15  # AdamW shrinkage per pass over the data (recsys.train.plan), unless a spec says otherwise
+DEFAULT_DROPOUT = 0.1  # model.dropout of the transformer encoders, unless a spec says otherwise
 
 # shared blocks of tuning space (the [tune] table's format), composed by the specs
 MULTI_INTEREST_SPACE: dict[str, Any] = {
@@ -64,7 +65,9 @@ class ModelSpec:
         needs_item_counts: ``build`` needs the training click counts.
         trainable: has parameters to learn (MostPopular has none).
         defaults: what the automatic (-1 / ``"auto"``) values of the config resolve to, by dotted
-            key (``"model.score_cap"``, ``"train.soft_readout_steps"``, ``"train.targets"``), and
+            key (``"model.score_cap"``, ``"model.dropout"``, ``"train.soft_readout_steps"``,
+            ``"train.targets"``, ``"train.negative_scores"``, ``"train.attention_reg"``: the last
+            applies to ``K > 1`` and last-position training only, else it resolves to 0), and
             ``"epoch_decay"``: the automatic AdamW shrinkage per pass (:mod:`recsys.train.plan`).
         tune_space: search space added to the shared one by ``recsys tune`` (``[tune]`` format).
         saved_defaults: for runs saved before a key existed: ``{missing key: {key: value}}``, the
@@ -127,6 +130,8 @@ def resolve_model(model: ModelConfig) -> ModelConfig:
     model = dataclasses.replace(model)
     if model.score_cap == -1.0:
         model.score_cap = float(spec.default("model.score_cap", 0.0))
+    if model.dropout == -1.0:
+        model.dropout = float(spec.default("model.dropout", DEFAULT_DROPOUT))
     defaults = dataclasses.replace(ModelConfig(), score_cap=0.0)
     for key in STRICT_SETTINGS:
         value, default = getattr(model, key), getattr(defaults, key)
@@ -156,6 +161,11 @@ def resolve(cfg: Config) -> Config:
         t.soft_readout_steps = int(spec.default("train.soft_readout_steps", 0))
     if t.targets == AUTO:
         t.targets = str(spec.default("train.targets", "last"))
+    if t.negative_scores == AUTO:
+        t.negative_scores = str(spec.default("train.negative_scores", "readout"))
+    if t.attention_reg == -1.0:  # a diversity term between interests, read from one history's scores
+        several = spec.multi_interest and cfg.model.num_interests > 1
+        t.attention_reg = float(spec.default("train.attention_reg", 0.0)) if several and t.targets == "last" else 0.0
     if t.attention_reg and not spec.self_attentive:
         readers = sorted(s.name for s in _SPECS.values() if s.self_attentive)
         raise ConfigError(

@@ -3,6 +3,7 @@ through the public functions, and the library asks its spec instead of its name.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch import Tensor, nn
@@ -77,13 +78,37 @@ def test_a_toy_model_trains_evaluates_and_tunes_through_the_public_functions(toy
 
 
 def test_the_plan_reads_the_spec_s_weight_decay(toy):
-    import numpy as np
-
     train = load_config(None, ["train.lr=0.002"]).train
     indptr = np.arange(0, 14 * 1000 + 1, 14)
     toy_plan = plan_training(train, "toy_last_click", indptr)
     default_plan = plan_training(train, "comirec_sa", indptr)
     assert toy_plan.weight_decay == pytest.approx(default_plan.weight_decay * 0.3 / 0.15)
+
+
+def test_automatic_values_resolve_per_model_and_explicit_ones_are_kept():
+    """The measured defaults (docs/results.md, "Dense training"): comirec_sa scores negatives
+    by their best interest and regularises its attention, only where there are several interests
+    read from one history; sasrec trains densely with dropout 0.2 and no automatic decay."""
+
+    def train_of(*sets: str):
+        return resolve(load_config(None, list(sets))).train
+
+    k4 = train_of("model.name=comirec_sa")
+    assert (k4.negative_scores, k4.attention_reg, k4.targets) == ("max", 1.0, "last")
+    assert train_of("model.name=comirec_sa", "model.num_interests=1").attention_reg == 0.0
+    assert train_of("model.name=comirec_sa", "train.targets=all").attention_reg == 0.0
+    assert train_of("model.name=comirec_sa", "train.attention_reg=0.3").attention_reg == 0.3
+    assert train_of("model.name=comirec_sa", "train.negative_scores=readout").negative_scores == "readout"
+    mind = train_of("model.name=mind")
+    assert (mind.negative_scores, mind.attention_reg) == ("readout", 0.0)
+    sasrec = resolve(load_config(None, ["model.name=sasrec"]))
+    assert (sasrec.model.dropout, sasrec.train.targets) == (0.2, "all")
+    assert resolve(load_config(None, ["model.name=sasrec_mi"])).model.dropout == 0.1
+    assert resolve(load_config(None, ["model.name=sasrec", "model.dropout=0"])).model.dropout == 0.0
+    indptr = np.arange(0, 14 * 100 + 1, 14)
+    assert plan_training(sasrec.train, "sasrec", indptr).weight_decay == 0.0
+    with pytest.raises(ConfigError, match=r"model.dropout: must be >= 0 \(or -1: automatic\)"):
+        load_config(None, ["model.dropout=-0.5"])
 
 
 def test_settings_a_model_does_not_read_are_refused_naming_the_key(toy):
