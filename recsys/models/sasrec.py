@@ -105,7 +105,7 @@ SASREC = register(
         tune_space=DROPOUT_SPACE,
         # a causal encoder learns from every position; dropout, not weight decay, regularises it
         # (docs/results.md, "Dense training")
-        defaults={"train.targets": "all", "model.dropout": 0.2, "epoch_decay": 0.0},
+        defaults={"train.targets": "all", "model.dropout": 0.3, "epoch_decay": 0.0},
     )
 )
 SASREC_MI = register(

@@ -88,7 +88,7 @@ def test_the_plan_reads_the_spec_s_weight_decay(toy):
 def test_automatic_values_resolve_per_model_and_explicit_ones_are_kept():
     """The measured defaults (docs/results.md, "Dense training"): comirec_sa scores negatives
     by their best interest and regularises its attention, only where there are several interests
-    read from one history; sasrec trains densely with dropout 0.2 and no automatic decay."""
+    read from one history; sasrec trains densely with dropout 0.3 and no automatic decay."""
 
     def train_of(*sets: str):
         return resolve(load_config(None, list(sets))).train
@@ -102,7 +102,7 @@ def test_automatic_values_resolve_per_model_and_explicit_ones_are_kept():
     mind = train_of("model.name=mind")
     assert (mind.negative_scores, mind.attention_reg) == ("readout", 0.0)
     sasrec = resolve(load_config(None, ["model.name=sasrec"]))
-    assert (sasrec.model.dropout, sasrec.train.targets) == (0.2, "all")
+    assert (sasrec.model.dropout, sasrec.train.targets) == (0.3, "all")
     assert resolve(load_config(None, ["model.name=sasrec_mi"])).model.dropout == 0.1
     assert resolve(load_config(None, ["model.name=sasrec", "model.dropout=0"])).model.dropout == 0.0
     indptr = np.arange(0, 14 * 100 + 1, 14)

@@ -233,6 +233,7 @@ def test_chunked_on_cuda_in_bf16_is_captured_by_a_cuda_graph_and_matches_eager(k
     with torch.autocast("cuda", dtype=torch.bfloat16):
         want = _loss_and_grads(full_softmax_loss, user, target, item_emb, interests, mask=mask, z_loss=0.1)
     torch.testing.assert_close(eager_loss, want[0].loss, rtol=2e-2, atol=2e-2)
+    del want  # its loss holds an autograd graph (and the leaves' accumulators) made on the default stream
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -243,6 +244,7 @@ def test_chunked_on_cuda_in_bf16_is_captured_by_a_cuda_graph_and_matches_eager(k
         graph_loss, graph_grads = step()
     graph.replay()
     torch.cuda.synchronize()
-    torch.testing.assert_close(graph_loss, eager_loss)
+    # bf16 products: cuBLAS may pick other kernels inside a capture than outside it
+    torch.testing.assert_close(graph_loss, eager_loss, rtol=1e-3, atol=1e-3)
     for g, e in zip(graph_grads, eager_grads):
-        torch.testing.assert_close(g, e)
+        torch.testing.assert_close(g, e, rtol=1e-2, atol=1e-3)
