@@ -13,6 +13,8 @@ from collections.abc import Callable, Hashable
 import torch
 from triton.testing import do_bench
 
+from recsys.train.graphs import capturing
+
 
 def launch_ms(fn: Callable[[], object], rep: int = 200, warmup: int = 25) -> float:
     """Median time per call launched from Python (CPU launch overhead included)."""
@@ -52,8 +54,9 @@ def graph_ms(fn: Callable[[], object], calls: int = 20, replays: int = 15) -> fl
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     # captured on the warm-up stream: its cuBLAS workspace exists before the capture (a first
-    # backward captured on a fresh stream can fail)
-    with torch.cuda.graph(graph, stream=stream):
+    # backward captured on a fresh stream can fail); a failed capture leaves the device's random
+    # generator and allocator as they were, so the methods timed after it still run
+    with capturing(graph, stream):
         for _ in range(calls):
             fn()
     graph.replay()
