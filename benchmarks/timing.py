@@ -82,9 +82,9 @@ def graph_ms_or_nan(fn: Callable[[], object], label: str) -> float:
 
 
 def launch_and_graph_ms(fn: Callable[[], object], label: str) -> dict[str, float]:
-    """``{"launch": ms, "graph": ms}`` of :func:`launch_ms` and :func:`graph_ms_or_nan`. The graph is
-    captured first, as in ``attention.py``: a capture after the launched timing of a backward
-    failed on the H200 (torch 2.11) for the causal multi-interest bench, for a reason not yet found."""
+    """``{"launch": ms, "graph": ms}`` of :func:`launch_ms` and :func:`graph_ms_or_nan`, the graph
+    captured first, as ``attention.py`` does (captures of a backward after its launched timing have
+    failed)."""
     graph = graph_ms_or_nan(fn, label)
     return {"launch": launch_ms(fn, rep=100), "graph": graph}
 
