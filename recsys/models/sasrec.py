@@ -116,7 +116,15 @@ SASREC_MI = register(
         multi_interest=True,
         self_attentive=True,
         dense=True,
-        defaults={"model.score_cap": 1.0, "train.soft_readout_steps": 1000},
+        # comirec_sa's negatives and regulariser on sasrec's encoder regularisation (docs/results.md,
+        # "Dense training")
+        defaults={
+            "model.score_cap": 1.0,
+            "model.dropout": 0.3,
+            "train.soft_readout_steps": 1000,
+            "train.negative_scores": "max",
+            "train.attention_reg": 1.0,
+        },
         tune_space={**MULTI_INTEREST_SPACE, **SELF_ATTENTIVE_SPACE, **DROPOUT_SPACE},
         saved_defaults={"model.head_values": {"model.head_values": "encoded"}},  # its head pooled the encoder outputs
     )

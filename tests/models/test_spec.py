@@ -86,9 +86,10 @@ def test_the_plan_reads_the_spec_s_weight_decay(toy):
 
 
 def test_automatic_values_resolve_per_model_and_explicit_ones_are_kept():
-    """The measured defaults (docs/results.md, "Dense training"): comirec_sa scores negatives
-    by their best interest and regularises its attention, only where there are several interests
-    read from one history; sasrec trains densely with dropout 0.3 and no automatic decay."""
+    """The measured defaults (docs/results.md, "Dense training"): the self-attentive models score
+    negatives by their best interest and regularise their attention, only where there are several
+    interests read from one history; sasrec trains densely with dropout 0.3 and no automatic
+    decay; the models without a transformer keep the shared dropout default."""
 
     def train_of(*sets: str):
         return resolve(load_config(None, list(sets))).train
@@ -99,11 +100,13 @@ def test_automatic_values_resolve_per_model_and_explicit_ones_are_kept():
     assert train_of("model.name=comirec_sa", "train.targets=all").attention_reg == 0.0
     assert train_of("model.name=comirec_sa", "train.attention_reg=0.3").attention_reg == 0.3
     assert train_of("model.name=comirec_sa", "train.negative_scores=readout").negative_scores == "readout"
+    assert train_of("model.name=sasrec_mi").negative_scores == "max"
     mind = train_of("model.name=mind")
     assert (mind.negative_scores, mind.attention_reg) == ("readout", 0.0)
     sasrec = resolve(load_config(None, ["model.name=sasrec"]))
     assert (sasrec.model.dropout, sasrec.train.targets) == (0.3, "all")
-    assert resolve(load_config(None, ["model.name=sasrec_mi"])).model.dropout == 0.1
+    assert resolve(load_config(None, ["model.name=sasrec_mi"])).model.dropout == 0.3
+    assert resolve(load_config(None, ["model.name=sasrec", "model.num_layers=1"])).model.dropout == 0.3
     assert resolve(load_config(None, ["model.name=sasrec", "model.dropout=0"])).model.dropout == 0.0
     indptr = np.arange(0, 14 * 100 + 1, 14)
     assert plan_training(sasrec.train, "sasrec", indptr).weight_decay == 0.0
