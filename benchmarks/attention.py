@@ -79,9 +79,19 @@ def make_inputs(batch: int, seq_len: int, seed: int, causal: bool = False):
     return [t.requires_grad_() for t in (q, k, v)], lengths, do
 
 
+def valid_positions(lengths: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """``[B, L]`` bool: the positions before each sequence's length."""
+    return torch.arange(seq_len, device="cuda")[None, :] < lengths[:, None]
+
+
 def valid_rows(lengths: torch.Tensor, seq_len: int) -> torch.Tensor:
-    """``[B, 1, L, 1]`` bool: the rows before each sequence's length."""
-    return (torch.arange(seq_len, device="cuda")[None, :] < lengths[:, None])[:, None, :, None]
+    """``[B, 1, L, 1]``: the query rows that are not padding."""
+    return valid_positions(lengths, seq_len)[:, None, :, None]
+
+
+def key_mask(lengths: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """``[B, 1, 1, L]``: the keys SDPA's ``attn_mask`` lets every query see."""
+    return valid_positions(lengths, seq_len)[:, None, None, :]
 
 
 def methods(
@@ -90,7 +100,7 @@ def methods(
     """Each method maps (q, k, v) -> o with keys >= lengths[b] masked (and, causal, keys after the
     query); ``names``: only those (and ours)."""
     batch = lengths.shape[0]
-    mask = (torch.arange(seq_len, device="cuda")[None, :] < lengths[:, None])[:, None, None, :]  # [B, 1, 1, L]
+    mask = key_mask(lengths, seq_len)
 
     def ours(q, k, v):
         return attention(q, k, v, key_lengths=lengths, causal=causal)
@@ -176,15 +186,10 @@ def bench_shape(
     if paths:
         fns.update(path_variants(fns, seq_len))
     ref_in = [t.detach().float().requires_grad_() for t in inputs]
-    ref_out = (
-        F.scaled_dot_product_attention(
-            *ref_in,
-            attn_mask=(torch.arange(seq_len, device="cuda")[None, :] < lengths[:, None])[:, None, None, :],
-            is_causal=False,
-        )
-        if not causal
-        else F.scaled_dot_product_attention(*ref_in, is_causal=True)
-    )
+    if causal:  # right padding: the valid rows never see a padded key
+        ref_out = F.scaled_dot_product_attention(*ref_in, is_causal=True)
+    else:
+        ref_out = F.scaled_dot_product_attention(*ref_in, attn_mask=key_mask(lengths, seq_len))
     ref = [ref_out.detach(), *torch.autograd.grad(ref_out, ref_in, do.float())]
     valid = valid_rows(lengths, seq_len) if causal else None
     size = problem_size(batch, seq_len, lengths, causal)

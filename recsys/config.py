@@ -499,8 +499,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             "train.hard_negatives: has no effect with train.full_softmax = true (no sampling); set it to 0"
         )
-    if not (0.0 <= cfg.model.dropout < 1.0 or cfg.model.dropout == -1):
-        raise ConfigError(f"model.dropout: must be in [0, 1) (or -1: automatic), got {cfg.model.dropout!r}")
+    if cfg.model.dropout >= 1.0:  # negatives other than -1 are refused above
+        raise ConfigError(f"model.dropout: must be < 1, got {cfg.model.dropout!r}")
     if not 0.0 < cfg.data.eval_input_frac < 1.0:
         raise ConfigError(f"data.eval_input_frac: must be in (0, 1), got {cfg.data.eval_input_frac!r}")
     if not 0.0 < cfg.data.time_cutoff_quantile < 1.0:
