@@ -55,7 +55,9 @@ def problem(batch: int, seq_len: int, k: int, d: int) -> tuple[torch.Tensor, ...
 def bench_shape(batch: int, seq_len: int, k: int, d: int) -> dict[str, dict[str, float]]:
     """``{method: {"fwd" | "fb" + " launch" | " graph": ms, "err": max |error|}}`` at one shape."""
     h, scores, lengths, grad = problem(batch, seq_len, k, d)
-    ref = causal_multi_interest_ref(h.double(), scores.double(), lengths)
+    # no autograd graph from the leaves: one kept alive across the captures pins their gradient
+    # accumulators to the default stream, which invalidates a backward's capture on another stream
+    ref = causal_multi_interest_ref(h.detach().double(), scores.detach().double(), lengths)
     rows = {}
     for name, fn in methods().items():
         t0 = time.time()

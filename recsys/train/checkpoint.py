@@ -64,11 +64,13 @@ def restore_rng(
     numpy_generators, torch_generators = numpy_generators or {}, torch_generators or {}
     _check_names("numpy generators", state["numpy_generators"], numpy_generators)
     _check_names("torch generators", state["torch_generators"], torch_generators)
-    torch.set_rng_state(state["torch"])
+    # a checkpoint loaded onto the training device carries its states there too; generators take
+    # their state as a CPU byte tensor whatever their own device
+    torch.set_rng_state(state["torch"].cpu())
     if state["cuda"] and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
     for name, g in torch_generators.items():
-        g.set_state(state["torch_generators"][name])
+        g.set_state(state["torch_generators"][name].cpu())
     for name, rng in numpy_generators.items():
         rng.bit_generator.state = state["numpy_generators"][name]
 

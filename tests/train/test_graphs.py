@@ -72,7 +72,8 @@ def test_launch_line_names_the_setting_and_the_reason():
 def test_auto_on_cpu_trains_eagerly_after_one_line(tmp_path):
     lines: list[str] = []
     result = train(
-        load_config(None, TINY + ["model.backend=torch", f"output_dir={tmp_path}", "name=auto"]), log=lines.append
+        load_config(None, TINY + ["model.backend=torch", "train.device=cpu", f"output_dir={tmp_path}", "name=auto"]),
+        log=lines.append,
     )
     assert _launch_lines(lines) == [
         "training step: eager launches (train.cuda_graph = auto: training runs on cpu; CUDA graphs need a CUDA device)"
