@@ -54,6 +54,9 @@ def problem(batch: int, seq_len: int, k: int, d: int) -> tuple[torch.Tensor, ...
 
 def bench_shape(batch: int, seq_len: int, k: int, d: int) -> dict[str, dict[str, float]]:
     """``{method: {"fwd" | "fb" + " launch" | " graph": ms, "err": max |error|}}`` at one shape."""
+    # every shape and mode recompiles the one twin function: past dynamo's limit of 8 the
+    # compiled twin would silently run eagerly
+    torch._dynamo.reset()
     h, scores, lengths, grad = problem(batch, seq_len, k, d)
     # no autograd graph from the leaves: one kept alive across the captures pins their gradient
     # accumulators to the default stream, which invalidates a backward's capture on another stream

@@ -121,7 +121,7 @@ class TrainConfig:
     lr: float = 1e-3
     weight_decay: float = -1.0  # -1: a fixed shrinkage per pass over the data, from the data's size (recsys.train.plan)
     batch_size: int = 128
-    max_steps: int = 0  # 0: max_epochs passes over the training targets (recsys.train.plan)
+    max_steps: int = 0  # 0: max_epochs epochs, each as many samples as training targets (recsys.train.plan)
     max_epochs: float = 100.0  # the budget when max_steps = 0; the plateau stop usually ends the run first
     eval_every: int = 0  # 0: a cadence that grows with the run (recsys.train.plan)
     patience: int = 5  # validations without improvement before stopping; 0 disables

@@ -146,7 +146,7 @@ class WindowSampler:
         return len(self.users)
 
     def mean_targets(self) -> float:
-        """Expected valid positions of one window, ``E[min(e - 1, max_len)]`` over the draw (for the plan)."""
+        """Expected valid positions (targets) of one window, ``E[min(e - 1, max_len)]`` over the draw."""
         n = np.diff(self.indptr)[self.users]  # [U]
         full = np.maximum(n - self.max_len - 1, 0)  # ends e in [max_len + 2, n] give max_len targets
         short = np.minimum(n, self.max_len + 1) - 1  # ends e in [2, min(n, max_len + 1)] give e - 1

@@ -1,9 +1,15 @@
 """What the config leaves open, derived from the data: the step budget, the validation cadence
 and the weight decay.
 
-An *epoch* here is one pass over the training targets (every click of a training user with at
-least ``train.min_target`` clicks before it; with ``train.targets = "all"``, every click with one
-before it) at ``train.batch_size`` samples (histories or windows) a step.
+An *epoch* here is as many samples as there are training targets (every click of a training user
+with at least ``train.min_target`` clicks before it; with ``train.targets = "all"``, every click
+with one before it), at ``train.batch_size`` samples a step. For last-position training a sample is
+one history and an epoch one pass over the targets. For dense training a sample is a window that
+carries up to ``data.max_len`` targets, so an epoch covers each target many times over; counting
+the epoch in targets instead (a dense epoch some 15× fewer steps on MovieLens 100K) made the
+budget end dense runs still improving and the automatic decay 15× stronger a step (dense comirec_sa
+there lost a sixth of its recall to it: docs/results.md, "Dense training"). Counted in samples,
+the step budget and the decay a step do not depend on the objective.
 
 - ``train.max_steps = 0`` (the default): ``train.max_epochs`` epochs; the plateau stop ends
   almost every run long before.
@@ -50,8 +56,8 @@ class TrainPlan:
         first: steps between validations at the start.
         growth: after ``first / growth`` steps, validate every ``growth * step`` steps (0: never
             grows, a fixed cadence of ``first``).
-        epoch_steps: steps of one pass over the training targets; the plateau stop does not
-            end a run before it (:meth:`plateau_reached`).
+        epoch_steps: steps of one epoch (as many samples as training targets); the plateau stop
+            does not end a run before it (:meth:`plateau_reached`).
         weight_decay: the optimiser's weight decay.
     """
 
@@ -72,7 +78,7 @@ class TrainPlan:
 
     def plateau_reached(self, step: int, bad_evals: int, patience: int) -> bool:
         """True when ``patience`` (> 0) validations in a row have not improved on the best and
-        the run has made at least one pass over its training targets: a curve cannot have
+        the run has taken one epoch (at least one pass over its training targets): a curve cannot have
         flattened before the model has seen the data once (an early noisy peak would otherwise
         end a still-rising run)."""
         return 0 < patience <= bad_evals and step >= min(self.epoch_steps, self.max_steps)
@@ -110,21 +116,15 @@ def automatic_weight_decay(train: TrainConfig, model: str, epoch_steps: int) -> 
     return epoch_decay(model) / (train.lr * epoch_steps)
 
 
-def plan_training(
-    train: TrainConfig, model: str, train_indptr: np.ndarray, world_size: int = 1, *, targets_per_sample: float = 1.0
-) -> TrainPlan:
+def plan_training(train: TrainConfig, model: str, train_indptr: np.ndarray, world_size: int = 1) -> TrainPlan:
     """The :class:`TrainPlan` for ``train`` and the model named ``model`` on the training
     sequences ``train_indptr [R + 1]``, with ``world_size`` processes each drawing
-    ``train.batch_size`` samples a step, each sample carrying ``targets_per_sample`` targets
-    on average (1 for ``train.targets = "last"``; a window's expected valid positions for
-    ``"all"``, whose targets are every click with at least one before it). An epoch is one
-    pass over the targets either way, so a dense epoch takes fewer steps, and the automatic
-    decay per step is larger by as much."""
+    ``train.batch_size`` samples a step (an epoch: as many samples as targets, module docstring)."""
     samples_per_step = train.batch_size * world_size
     min_target = 1 if train.targets == "all" else train.min_target
     targets = training_targets(train_indptr, min_target)
     users = int((np.diff(train_indptr) > min_target).sum())
-    epoch_steps = max(1, math.ceil(targets / (samples_per_step * targets_per_sample)))
+    epoch_steps = max(1, math.ceil(targets / samples_per_step))
     max_steps = train.max_steps or max(1, math.ceil(train.max_epochs * epoch_steps))
     decay = train.weight_decay if train.weight_decay >= 0 else automatic_weight_decay(train, model, epoch_steps)
     if train.eval_every:

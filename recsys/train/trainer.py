@@ -541,13 +541,11 @@ def _optimise(
     batches: TrainSampler | WindowSampler
     if t.targets == "all":
         batches = WindowSampler(split.train_indptr, split.train_items, cfg.data.max_len, seed=t.seed + dist.rank)
-        per_sample = batches.mean_targets()
     else:
         batches = TrainSampler(
             split.train_indptr, split.train_items, cfg.data.max_len, seed=t.seed + dist.rank, min_target=t.min_target
         )
-        per_sample = 1.0
-    plan = plan_training(t, cfg.model.name, split.train_indptr, dist.world_size, targets_per_sample=per_sample)
+    plan = plan_training(t, cfg.model.name, split.train_indptr, dist.world_size)
     if dist.is_main:
         log(plan.describe(t))
     step_fn = TrainStep(

@@ -126,12 +126,15 @@ def test_bad_budget_values_name_the_key(setting):
         load_config(None, [setting])
 
 
-def test_a_dense_epoch_is_one_pass_over_every_target():
-    """train.targets = "all": targets are all clicks with one before them, a sample carries several."""
-    indptr = _indptr([11] * 100)  # 1,000 dense targets (10 a user), 600 with min_target = 4
-    dense = plan_training(_train("train.targets=all", "train.batch_size=10"), "sasrec", indptr, targets_per_sample=5.0)
-    last = plan_training(_train("train.targets=last", "train.batch_size=10"), "sasrec", indptr)
-    assert (dense.epoch_steps, last.epoch_steps) == (20, 70)
+def test_a_dense_epoch_is_as_many_windows_as_targets():
+    """train.targets = "all": the targets are all clicks with one before them, and an epoch draws a
+    window per target, so the budget and the decay a step match last-position training's."""
+    indptr = _indptr([11] * 100)  # 1,000 dense targets (10 a user), 700 with min_target = 4
+    dense = plan_training(_train("train.targets=all", "train.batch_size=10"), "comirec_sa", indptr)
+    last = plan_training(_train("train.targets=last", "train.batch_size=10"), "comirec_sa", indptr)
+    assert (dense.epoch_steps, last.epoch_steps) == (100, 70)
+    assert dense.max_steps == 100 * 100
+    assert dense.weight_decay == pytest.approx(last.weight_decay * 70 / 100)
 
 
 def test_the_plateau_stop_waits_for_one_pass_over_the_data():
