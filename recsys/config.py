@@ -119,7 +119,7 @@ class TrainConfig:
 
     optimizer: str = "adamw"  # adamw | adam
     lr: float = 1e-3
-    weight_decay: float = -1.0  # -1: a fixed shrinkage per pass over the data, from the data's size (recsys.train.plan)
+    weight_decay: float = -1.0  # -1: a fixed shrinkage per epoch, from the data's size (recsys.train.plan)
     batch_size: int = 128
     max_steps: int = 0  # 0: max_epochs epochs, each as many samples as training targets (recsys.train.plan)
     max_epochs: float = 100.0  # the budget when max_steps = 0; the plateau stop usually ends the run first
