@@ -3,7 +3,9 @@ every position, ../shared/anchors/sasrec_ce_reference.py) on the same data, spli
 
 Every (dataset, variant) is its own process; all run at once (``--jobs``) so that they share the
 machine alike, each capped at ``--minutes`` of training. Prints one markdown table of test
-Recall@50 (and the ratio to the reference on the same dataset), best step / steps and throughput.
+Recall@50 (and the ratio to the reference on the same dataset), best step / steps, what ended the
+run (its plateau stop, the time cap or the step budget: a capped run says little about where the
+model converges) and throughput.
 
     python experiments/dense_study.py --data taobao=PATH --data beauty=PATH --minutes 3 \\
         --variant "sasrec all" model.name=sasrec train.targets=all \\
@@ -13,6 +15,7 @@ Recall@50 (and the ratio to the reference on the same dataset), best step / step
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -53,6 +56,7 @@ _OURS_METRICS = re.compile(
     r"(?P<sps>[\d,]+) samples/s, (?P<tps>[\d,]+) targets/s\)"
 )
 _STEPS = re.compile(r"step (\d+)/")
+_CAPPED = re.compile(r"stopped at step \d+: train.max_minutes")
 
 
 def _read_ours(text: str) -> dict:
@@ -67,6 +71,7 @@ def _read_ours(text: str) -> dict:
             row = [c.strip() for c in line.strip("|").split("|")]
     metrics = dict(zip(header or [], row or []))
     steps = _STEPS.findall(text)
+    ended = "plateau" if "early stop at step" in text else "time cap" if _CAPPED.search(text) else "budget"
     return {
         "recall@20": float(metrics.get("Recall@20", "nan")),
         "recall@50": float(metrics.get("Recall@50", "nan")),
@@ -75,10 +80,11 @@ def _read_ours(text: str) -> dict:
         "wall": int(m["wall"]),
         "samples/s": float(m["sps"].replace(",", "")),
         "targets/s": float(m["tps"].replace(",", "")),
+        "ended": ended,
     }
 
 
-def _read_reference(text: str) -> dict:
+def _read_reference(text: str, minutes: float) -> dict:
     for line in text.splitlines():
         parts = line.split("\t")
         if len(parts) >= 8 and parts[1] == "sasrec_ce_allpos":
@@ -92,6 +98,8 @@ def _read_reference(text: str) -> dict:
                 "wall": int(parts[6].rstrip("s")),
                 "samples/s": sps,
                 "targets/s": float("nan"),
+                # the script prints no reason: a run that ended well inside its minutes hit its patience
+                "ended": "plateau" if int(parts[6].rstrip("s")) < 60 * minutes - 10 else "time cap",
             }
     return {}
 
@@ -105,7 +113,12 @@ def main(argv: list[str] | None = None) -> None:
         name, path = item.split("=", 1)
         if a.reference:
             jobs.append(
-                (name, "reference", [sys.executable, a.reference, path, "--minutes", str(a.minutes)], _read_reference)
+                (
+                    name,
+                    "reference",
+                    [sys.executable, a.reference, path, "--minutes", str(a.minutes)],
+                    functools.partial(_read_reference, minutes=a.minutes),
+                )
             )
         for label, *overrides in a.variant:
             jobs.append((name, label, _ours(label, overrides, path, a, logs), _read_ours))
@@ -128,17 +141,17 @@ def main(argv: list[str] | None = None) -> None:
         rows = list(pool.map(run, jobs))
     ref = {r["data"]: r.get("recall@50") for r in rows if r["variant"] == "reference"}
     lines = [
-        "| data | variant | test R@50 | × ref | R@20 | best/steps | wall s | samples/s | targets/s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| data | variant | test R@50 | × ref | R@20 | best/steps | ended by | wall s | samples/s | targets/s |",
+        "|---|---|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
     for r in rows:
         if "recall@50" not in r:
-            lines.append(f"| {r['data']} | {r['variant']} | failed (rc {r['rc']}) | | | | | | |")
+            lines.append(f"| {r['data']} | {r['variant']} | failed (rc {r['rc']}) | | | | | | | |")
             continue
         ratio = r["recall@50"] / ref[r["data"]] if ref.get(r["data"]) else float("nan")
         lines.append(
             f"| {r['data']} | {r['variant']} | {r['recall@50']:.4f} | {ratio:.3f} | {r['recall@20']:.4f} | "
-            f"{r['best']}/{r['steps']} | {r['wall']} | {r['samples/s']:,.0f} | {r['targets/s']:,.0f} |"
+            f"{r['best']}/{r['steps']} | {r['ended']} | {r['wall']} | {r['samples/s']:,.0f} | {r['targets/s']:,.0f} |"
         )
     table = "\n".join(lines)
     print(table)
