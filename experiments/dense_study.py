@@ -90,16 +90,17 @@ def _read_reference(text: str, minutes: float) -> dict:
         if len(parts) >= 8 and parts[1] == "sasrec_ce_allpos":
             best, steps = re.match(r"best (\d+)/(\d+)", parts[5]).groups()
             sps = float(parts[7].split()[0].replace(",", ""))
+            wall = int(parts[6].rstrip("s"))
             return {
                 "recall@20": float(parts[2]),
                 "recall@50": float(parts[3]),
                 "best": int(best),
                 "steps": int(steps),
-                "wall": int(parts[6].rstrip("s")),
+                "wall": wall,
                 "samples/s": sps,
                 "targets/s": float("nan"),
                 # the script prints no reason: a run that ended well inside its minutes hit its patience
-                "ended": "plateau" if int(parts[6].rstrip("s")) < 60 * minutes - 10 else "time cap",
+                "ended": "plateau" if wall < 60 * minutes - 10 else "time cap",
             }
     return {}
 
