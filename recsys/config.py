@@ -93,7 +93,8 @@ class ModelConfig:
     """Which encoder turns a click sequence into K interests, and its sizes."""
 
     name: str = "comirec_sa"
-    dim: int = 64
+    # embedding and interest width; -1 (the default): the model's automatic value (recsys.models.spec)
+    dim: int = -1
     num_interests: int = 4
     hidden: int = 0  # self-attentive hidden size; 0 means 4 * dim
     num_layers: int = 2  # transformer encoders
@@ -414,7 +415,6 @@ GRAPH_MODES = (GRAPH_AUTO, True, False)
 
 _POSITIVE = (
     "data.max_len",
-    "model.dim",
     "model.num_interests",
     "model.num_layers",
     "model.num_heads",
@@ -467,6 +467,8 @@ def validate(cfg: Config) -> None:
     """Check values (not only types) so a bad config fails before any work starts. What depends
     on the model (settings it does not read, its automatic values) is checked when the model
     resolves the config (:func:`recsys.models.spec.resolve`)."""
+    if cfg.model.dim <= 0 and cfg.model.dim != -1:
+        raise ConfigError(f"model.dim: must be > 0 (or -1: automatic), got {cfg.model.dim!r}")
     for path in (
         "model.score_cap",
         "model.dropout",
@@ -513,5 +515,10 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"serve.n: {cfg.serve.n} exceeds serve.max_n {cfg.serve.max_n}")
     if not 0 <= cfg.serve.port <= 65535:
         raise ConfigError(f"serve.port: must be in 0..65535, got {cfg.serve.port}")
-    if cfg.model.dim % cfg.model.num_heads:
-        raise ConfigError(f"model.num_heads: {cfg.model.num_heads} does not divide model.dim {cfg.model.dim}")
+    check_heads(cfg.model)
+
+
+def check_heads(model: ModelConfig) -> None:
+    """``model.num_heads`` must split ``model.dim`` evenly (checked again once an automatic dim resolves)."""
+    if model.dim != -1 and model.dim % model.num_heads:
+        raise ConfigError(f"model.num_heads: {model.num_heads} does not divide model.dim {model.dim}")

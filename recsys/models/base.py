@@ -73,4 +73,4 @@ def build_model(
             raise ValueError(f"model {cfg.name!r} needs item_counts (training click counts per item id)")
         if len(item_counts) != num_items:
             raise ValueError(f"item_counts: expected {num_items} entries (one per item id), got {len(item_counts)}")
-    return spec.build(resolve_model(cfg), num_items, max_len, item_counts)
+    return spec.build(resolve_model(cfg, num_items), num_items, max_len, item_counts)

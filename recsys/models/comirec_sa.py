@@ -72,8 +72,10 @@ SPEC = register(
         multi_interest=True,
         self_attentive=True,
         dense=True,
-        # max-scored negatives and the attention regulariser: docs/results.md, "Dense training"
+        # max-scored negatives and the attention regulariser; 128 wide from spec.WIDE_CATALOGUE items on
+        # (the K interests share one space, which 64 crowds on a large catalogue): docs/results.md, "Dense training"
         defaults={
+            "model.dim": 128,
             "model.score_cap": 1.0,
             "train.soft_readout_steps": 1000,
             "train.negative_scores": "max",

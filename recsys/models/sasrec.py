@@ -117,11 +117,12 @@ SASREC_MI = register(
         multi_interest=True,
         self_attentive=True,
         dense=True,
-        # comirec_sa's negatives and regulariser; dropout 0.3 (0.4, sasrec's, gained nothing on
-        # amazon-beauty: docs/results.md, "Dense training")
+        # comirec_sa's width, negatives and regulariser; at width 128 dropout 0.2 did best on
+        # amazon-beauty (0.1 and 0.3 below it; sasrec's 0.4 lost at width 64): docs/results.md, "Dense training"
         defaults={
+            "model.dim": 128,
             "model.score_cap": 1.0,
-            "model.dropout": 0.3,
+            "model.dropout": 0.2,
             "train.soft_readout_steps": 1000,
             "train.negative_scores": "max",
             "train.attention_reg": 1.0,

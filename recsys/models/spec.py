@@ -22,7 +22,7 @@ from typing import Any
 
 from torch import Tensor
 
-from recsys.config import AUTO, Config, ConfigError, ModelConfig
+from recsys.config import AUTO, Config, ConfigError, ModelConfig, check_heads
 
 # switches a model must read to accept a changed value: each changes what a model computes, so one
 # set on a model that ignores it is a mistake. Sizes (num_interests, num_layers, hidden, dropout, ...)
@@ -30,6 +30,11 @@ from recsys.config import AUTO, Config, ConfigError, ModelConfig
 STRICT_SETTINGS = ("qk_norm", "softcap", "head_values", "score_cap")
 DEFAULT_EPOCH_DECAY = 0.15  # AdamW shrinkage per pass over the data (recsys.train.plan), unless a spec says otherwise
 DEFAULT_DROPOUT = 0.1  # model.dropout of the transformer encoders, unless a spec says otherwise
+DEFAULT_DIM = 64  # model.dim, unless a spec gives a wider one for a large catalogue
+# from this many items (padding not counted) the automatic model.dim is the spec's: at 128 the
+# self-attentive multi-interest models gained 3-10% on Amazon Beauty (12k items) and taobao (38k)
+# but about 1% on MovieLens 100K (1.3k) and the synthetic data (4k), at 1.7x the CPU time a step
+WIDE_CATALOGUE = 10_000
 
 # shared blocks of tuning space (the [tune] table's format), composed by the specs
 MULTI_INTEREST_SPACE: dict[str, Any] = {
@@ -65,7 +70,8 @@ class ModelSpec:
         needs_item_counts: ``build`` needs the training click counts.
         trainable: has parameters to learn (MostPopular has none).
         defaults: what the automatic (-1 / ``"auto"``) values of the config resolve to, by dotted
-            key (``"model.score_cap"``, ``"model.dropout"``, ``"train.soft_readout_steps"``,
+            key (``"model.dim"``: the width from :data:`WIDE_CATALOGUE` items on,
+            ``"model.score_cap"``, ``"model.dropout"``, ``"train.soft_readout_steps"``,
             ``"train.targets"``, ``"train.negative_scores"``, ``"train.attention_reg"``: the last
             applies to ``K > 1`` and last-position training only, else it resolves to 0), and
             ``"epoch_decay"``: the automatic AdamW shrinkage per pass (:mod:`recsys.train.plan`).
@@ -124,10 +130,23 @@ def spec_for(name: str) -> ModelSpec:
     return _SPECS[name]
 
 
-def resolve_model(model: ModelConfig) -> ModelConfig:
-    """A copy of ``model`` with its automatic values resolved and its settings checked."""
+def automatic_dim(name: str, num_items: int) -> int:
+    """``model.dim = -1`` of model ``name`` on a catalogue of ``num_items`` ids (0 = padding)."""
+    wide = int(spec_for(name).default("model.dim", DEFAULT_DIM))
+    return wide if num_items - 1 >= WIDE_CATALOGUE else DEFAULT_DIM
+
+
+def resolve_model(model: ModelConfig, num_items: int | None = None) -> ModelConfig:
+    """A copy of ``model`` with its automatic values resolved and its settings checked.
+
+    The automatic width depends on the catalogue: without ``num_items`` (ids, with padding)
+    ``model.dim = -1`` stays -1, for :func:`~recsys.models.build_model` to resolve.
+    """
     spec = spec_for(model.name)
     model = dataclasses.replace(model)
+    if model.dim == -1 and num_items is not None:
+        model.dim = automatic_dim(model.name, num_items)
+        check_heads(model)
     if model.score_cap == -1.0:
         model.score_cap = float(spec.default("model.score_cap", 0.0))
     if model.dropout == -1.0:
@@ -144,9 +163,10 @@ def resolve_model(model: ModelConfig) -> ModelConfig:
     return model
 
 
-def resolve(cfg: Config) -> Config:
+def resolve(cfg: Config, num_items: int | None = None) -> Config:
     """A copy of ``cfg`` with every automatic value resolved for ``cfg.model.name`` and the
-    model-dependent checks done, so that a saved config records what the run used.
+    model-dependent checks done, so that a saved config records what the run used (the width
+    once the catalogue's ``num_items``, ids with padding, is known: :func:`resolve_model`).
 
     Raises :class:`ConfigError` naming the key for a setting that has no effect on the model
     (``model.qk_norm`` on a model without query-key attention, ``train.attention_reg`` on a
@@ -155,7 +175,7 @@ def resolve(cfg: Config) -> Config:
     """
     spec = spec_for(cfg.model.name)
     cfg = copy.deepcopy(cfg)
-    cfg.model = resolve_model(cfg.model)
+    cfg.model = resolve_model(cfg.model, num_items)
     t = cfg.train
     if t.soft_readout_steps == -1:
         t.soft_readout_steps = int(spec.default("train.soft_readout_steps", 0))

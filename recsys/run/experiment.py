@@ -86,7 +86,8 @@ def build_experiment(
 ) -> Experiment:
     """Load ``cfg``'s data (or use ``dataset``, or the click table ``clicks``), split it, count
     the training clicks and build ``cfg.model`` (untrained, on the CPU). ``cfg`` is resolved for
-    its model first (:func:`recsys.models.resolve`); the experiment holds the resolved copy.
+    its model first (:func:`recsys.models.resolve`), and its width once the catalogue is known;
+    the experiment holds the resolved copy.
 
     ``check_memory(shapes, num_items)``, when given, runs before the model takes any memory, on
     the same model built on the ``meta`` device (parameters with shapes and no storage), so a
@@ -95,6 +96,7 @@ def build_experiment(
     """
     cfg = resolve(cfg)
     ds = dataset if dataset is not None else load_dataset(cfg, clicks=clicks, progress=progress)
+    cfg = resolve(cfg, num_items=ds.num_items)
     split = split_dataset(ds, cfg.data)
     counts = train_item_counts(split, ds.num_items)
     if check_memory is not None:

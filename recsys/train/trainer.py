@@ -421,7 +421,7 @@ def train(
         progress=progress,
         check_memory=functools.partial(check_fits, cfg, device=device, step_kept=capture),
     )
-    ds, split, item_counts = exp.dataset, exp.split, exp.item_counts
+    cfg, ds, split, item_counts = exp.cfg, exp.dataset, exp.split, exp.item_counts  # cfg: with its width
     _check_split(ds, split)
     model = exp.model.to(device)
 
