@@ -131,7 +131,9 @@ def test_the_automatic_width_follows_the_catalogue_and_is_what_the_run_saves(tmp
     with pytest.raises(ConfigError, match="model.num_heads: 3 does not divide model.dim 128"):
         resolve(load_config(None, ["model.name=sasrec_mi", "model.num_heads=3"]), num_items=12_102)
     overrides = [o for o in TINY_RUN_OVERRIDES if not o.startswith("model.dim")]
-    run = recsys.fit(None, config=load_config(None, [*overrides, f"output_dir={tmp_path}"]), log=None)
+    lines: list[str] = []
+    run = recsys.fit(None, config=load_config(None, [*overrides, f"output_dir={tmp_path}"]), log=lines.append)
+    assert any(line.startswith("model: comirec_sa, K = 4, 64 wide, ") for line in lines)
     assert run.config.model.dim == 64 and run.model.item_embeddings().shape[1] == 64  # 200 items
     assert recsys.Run.load(run.path).config.model.dim == 64
 
