@@ -72,15 +72,15 @@ SPEC = register(
         multi_interest=True,
         self_attentive=True,
         dense=True,
-        # max-scored negatives and the attention regulariser; 128 wide from spec.WIDE_CATALOGUE items on
-        # (the K interests share one space, which 64 crowds on a large catalogue): docs/results.md, "Dense training"
+        # max-scored negatives and the attention regulariser: docs/results.md, "Dense training"
         defaults={
-            "model.dim": 128,
             "model.score_cap": 1.0,
             "train.soft_readout_steps": 1000,
             "train.negative_scores": "max",
             "train.attention_reg": 1.0,
         },
+        # the K interests share one space, which 64 wide crowds on a large catalogue (docs/models.md)
+        large_catalogue={"model.dim": 128},
         tune_space={**MULTI_INTEREST_SPACE, **SELF_ATTENTIVE_SPACE},
     )
 )

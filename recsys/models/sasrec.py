@@ -117,16 +117,16 @@ SASREC_MI = register(
         multi_interest=True,
         self_attentive=True,
         dense=True,
-        # comirec_sa's width, negatives and regulariser; at width 128 dropout 0.2 did best on
-        # amazon-beauty (0.1 and 0.3 below it; sasrec's 0.4 lost at width 64): docs/results.md, "Dense training"
+        # comirec_sa's negatives and regulariser; dropout 0.3 (sasrec's 0.4 lost on amazon-beauty), and
+        # on a large catalogue comirec_sa's width with dropout 0.2, its best there: docs/results.md, "Dense training"
         defaults={
-            "model.dim": 128,
             "model.score_cap": 1.0,
-            "model.dropout": 0.2,
+            "model.dropout": 0.3,
             "train.soft_readout_steps": 1000,
             "train.negative_scores": "max",
             "train.attention_reg": 1.0,
         },
+        large_catalogue={"model.dim": 128, "model.dropout": 0.2},
         tune_space={**MULTI_INTEREST_SPACE, **SELF_ATTENTIVE_SPACE, **DROPOUT_SPACE},
         saved_defaults={"model.head_values": {"model.head_values": "encoded"}},  # its head pooled the encoder outputs
     )

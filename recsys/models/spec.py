@@ -30,11 +30,11 @@ from recsys.config import AUTO, Config, ConfigError, ModelConfig, check_heads
 STRICT_SETTINGS = ("qk_norm", "softcap", "head_values", "score_cap")
 DEFAULT_EPOCH_DECAY = 0.15  # AdamW shrinkage per pass over the data (recsys.train.plan), unless a spec says otherwise
 DEFAULT_DROPOUT = 0.1  # model.dropout of the transformer encoders, unless a spec says otherwise
-DEFAULT_DIM = 64  # model.dim, unless a spec gives a wider one for a large catalogue
-# from this many items (padding not counted) the automatic model.dim is the spec's: at 128 the
-# self-attentive multi-interest models gained 3-10% on Amazon Beauty (12k items) and taobao (38k)
-# but about 1% on MovieLens 100K (1.3k) and the synthetic data (4k), at 1.7x the CPU time a step
-WIDE_CATALOGUE = 10_000
+DEFAULT_DIM = 64  # model.dim, unless a spec says otherwise
+# from this many items (padding not counted) a spec's large_catalogue values replace its defaults: at
+# 128 wide the self-attentive multi-interest models gained 3-10% on Amazon Beauty (12k items) and
+# taobao (38k) but about 1% on MovieLens 100K (1.3k) and the synthetic data (4k), at 1.7x the CPU time
+LARGE_CATALOGUE = 10_000
 
 # shared blocks of tuning space (the [tune] table's format), composed by the specs
 MULTI_INTEREST_SPACE: dict[str, Any] = {
@@ -70,11 +70,13 @@ class ModelSpec:
         needs_item_counts: ``build`` needs the training click counts.
         trainable: has parameters to learn (MostPopular has none).
         defaults: what the automatic (-1 / ``"auto"``) values of the config resolve to, by dotted
-            key (``"model.dim"``: the width from :data:`WIDE_CATALOGUE` items on,
-            ``"model.score_cap"``, ``"model.dropout"``, ``"train.soft_readout_steps"``,
+            key (``"model.dim"``, ``"model.score_cap"``, ``"model.dropout"``, ``"train.soft_readout_steps"``,
             ``"train.targets"``, ``"train.negative_scores"``, ``"train.attention_reg"``: the last
             applies to ``K > 1`` and last-position training only, else it resolves to 0), and
             ``"epoch_decay"``: the automatic AdamW shrinkage per pass (:mod:`recsys.train.plan`).
+        large_catalogue: the automatic ``"model.dim"`` and ``"model.dropout"`` from
+            :data:`LARGE_CATALOGUE` items on, in place of ``defaults``; such a key stays
+            automatic (-1) until the catalogue is known.
         tune_space: search space added to the shared one by ``recsys tune`` (``[tune]`` format).
         saved_defaults: for runs saved before a key existed: ``{missing key: {key: value}}``, the
             values that were in force for this model then (:mod:`recsys.run.saved_config`).
@@ -89,6 +91,7 @@ class ModelSpec:
     needs_item_counts: bool = False
     trainable: bool = True
     defaults: Mapping[str, Any] = field(default_factory=dict)
+    large_catalogue: Mapping[str, Any] = field(default_factory=dict)
     tune_space: Mapping[str, Any] = field(default_factory=dict)
     saved_defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
@@ -130,27 +133,32 @@ def spec_for(name: str) -> ModelSpec:
     return _SPECS[name]
 
 
-def automatic_dim(name: str, num_items: int) -> int:
-    """``model.dim = -1`` of model ``name`` on a catalogue of ``num_items`` ids (0 = padding)."""
-    wide = int(spec_for(name).default("model.dim", DEFAULT_DIM))
-    return wide if num_items - 1 >= WIDE_CATALOGUE else DEFAULT_DIM
+def _catalogue_value(spec: ModelSpec, key: str, fallback: Any, num_items: int | None) -> Any:
+    """The automatic ``key`` of ``spec`` on a catalogue of ``num_items`` ids (0 = padding);
+    ``None`` while a catalogue-dependent key waits for the catalogue."""
+    if key in spec.large_catalogue:
+        if num_items is None:
+            return None
+        if num_items - 1 >= LARGE_CATALOGUE:
+            return spec.large_catalogue[key]
+    return spec.default(key, fallback)
 
 
 def resolve_model(model: ModelConfig, num_items: int | None = None) -> ModelConfig:
     """A copy of ``model`` with its automatic values resolved and its settings checked.
 
-    The automatic width depends on the catalogue: without ``num_items`` (ids, with padding)
-    ``model.dim = -1`` stays -1, for :func:`~recsys.models.build_model` to resolve.
+    A value that depends on the catalogue (``ModelSpec.large_catalogue``) stays -1 without
+    ``num_items`` (ids, with padding), for :func:`~recsys.models.build_model` to resolve.
     """
     spec = spec_for(model.name)
     model = dataclasses.replace(model)
-    if model.dim == -1 and num_items is not None:
-        model.dim = automatic_dim(model.name, num_items)
+    if model.dim == -1 and (dim := _catalogue_value(spec, "model.dim", DEFAULT_DIM, num_items)) is not None:
+        model.dim = int(dim)
         check_heads(model)
     if model.score_cap == -1.0:
         model.score_cap = float(spec.default("model.score_cap", 0.0))
-    if model.dropout == -1.0:
-        model.dropout = float(spec.default("model.dropout", DEFAULT_DROPOUT))
+    if model.dropout == -1.0 and (p := _catalogue_value(spec, "model.dropout", DEFAULT_DROPOUT, num_items)) is not None:
+        model.dropout = float(p)
     defaults = dataclasses.replace(ModelConfig(), score_cap=0.0)
     for key in STRICT_SETTINGS:
         value, default = getattr(model, key), getattr(defaults, key)
@@ -165,8 +173,9 @@ def resolve_model(model: ModelConfig, num_items: int | None = None) -> ModelConf
 
 def resolve(cfg: Config, num_items: int | None = None) -> Config:
     """A copy of ``cfg`` with every automatic value resolved for ``cfg.model.name`` and the
-    model-dependent checks done, so that a saved config records what the run used (the width
-    once the catalogue's ``num_items``, ids with padding, is known: :func:`resolve_model`).
+    model-dependent checks done, so that a saved config records what the run used (the values
+    that follow the catalogue, such as the width, once its ``num_items``, ids with padding, is
+    known: :func:`resolve_model`).
 
     Raises :class:`ConfigError` naming the key for a setting that has no effect on the model
     (``model.qk_norm`` on a model without query-key attention, ``train.attention_reg`` on a

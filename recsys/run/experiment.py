@@ -86,8 +86,8 @@ def build_experiment(
 ) -> Experiment:
     """Load ``cfg``'s data (or use ``dataset``, or the click table ``clicks``), split it, count
     the training clicks and build ``cfg.model`` (untrained, on the CPU). ``cfg`` is resolved for
-    its model first (:func:`recsys.models.resolve`), and its width once the catalogue is known;
-    the experiment holds the resolved copy.
+    its model first (:func:`recsys.models.resolve`), and again once the catalogue is known (the
+    width and the other values that follow it); the experiment holds the resolved copy.
 
     ``check_memory(shapes, num_items)``, when given, runs before the model takes any memory, on
     the same model built on the ``meta`` device (parameters with shapes and no storage), so a

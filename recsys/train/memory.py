@@ -35,7 +35,7 @@ def estimate_bytes(cfg: Config, num_params: int, num_items: int, num_interests: 
         num_items: catalogue size (with padding).
         num_interests: K of the built model (1 for single-interest models).
     """
-    cfg = resolve(cfg, num_items)  # the automatic width is the catalogue's
+    cfg = resolve(cfg, num_items)  # the automatic width follows the catalogue
     m, t, e = cfg.model, cfg.train, cfg.eval
     b, seq_len, k, d = t.batch_size, cfg.data.max_len, num_interests, m.dim
     hidden = m.hidden or 4 * d
@@ -86,7 +86,7 @@ def check_fits(
     ``step_kept``: the training step's memory stays allocated during evaluation (a captured
     CUDA graph keeps its memory pool), so the two add up instead of taking turns.
     """
-    cfg = resolve(cfg, num_items)  # the automatic width is the catalogue's
+    cfg = resolve(cfg, num_items)  # the automatic width follows the catalogue
     num_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     parts = estimate_bytes(cfg, num_params, num_items, int(getattr(model, "num_interests", 1)))
     step, evaluation = parts["training step activations"], parts["evaluation batch"]

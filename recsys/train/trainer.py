@@ -469,7 +469,7 @@ def _run(
         f"data: {ds.num_users} users, {ds.num_items - 1} items, {len(ds.items)} clicks; "
         f"train users {len(split.train_users)}, valid {len(split.valid.users)}, test {len(split.test.users)}"
     )
-    m = cfg.model  # resolved: the width is the one the catalogue gave (recsys.models.spec.automatic_dim)
+    m = cfg.model  # resolved: the width is the one the catalogue gave (ModelSpec.large_catalogue)
     log(
         f"model: {m.name}, K = {getattr(model, 'num_interests', 1)}, {m.dim} wide, "
         f"{sum(p.numel() for p in model.parameters()):,} parameters"

@@ -88,7 +88,7 @@ def test_the_plan_reads_the_spec_s_weight_decay(toy):
 def test_automatic_values_resolve_per_model_and_explicit_ones_are_kept():
     """The measured defaults (docs/results.md, "Dense training"): the self-attentive models score
     negatives by their best interest and regularise their attention, only where there are several
-    interests read from one history; sasrec trains densely with dropout 0.4 (sasrec_mi: 0.2) and no
+    interests read from one history; sasrec trains densely with dropout 0.4 (sasrec_mi: 0.3) and no
     automatic decay; the models without a transformer keep the shared dropout default."""
 
     def train_of(*sets: str):
@@ -105,7 +105,7 @@ def test_automatic_values_resolve_per_model_and_explicit_ones_are_kept():
     assert (mind.negative_scores, mind.attention_reg) == ("readout", 0.0)
     sasrec = resolve(load_config(None, ["model.name=sasrec"]))
     assert (sasrec.model.dropout, sasrec.train.targets) == (0.4, "all")
-    assert resolve(load_config(None, ["model.name=sasrec_mi"])).model.dropout == 0.2
+    assert resolve(load_config(None, ["model.name=sasrec_mi"]), num_items=1_000).model.dropout == 0.3
     assert resolve(load_config(None, ["model.name=sasrec", "model.num_layers=1"])).model.dropout == 0.4
     assert resolve(load_config(None, ["model.name=sasrec", "model.dropout=0"])).model.dropout == 0.0
     indptr = np.arange(0, 14 * 100 + 1, 14)
@@ -118,7 +118,8 @@ def test_automatic_values_resolve_per_model_and_explicit_ones_are_kept():
 
 def test_the_automatic_width_follows_the_catalogue_and_is_what_the_run_saves(tmp_path):
     """128 for the self-attentive multi-interest models from 10,000 items on (docs/models.md), 64
-    below and for the others; unknown until the catalogue is, and recorded once it is."""
+    below and for the others, and sasrec_mi's dropout with it; unknown until the catalogue is,
+    and recorded once it is."""
 
     def dim(name: str, num_items: int, *sets: str) -> int:
         cfg = load_config(None, [f"model.name={name}", "model.backend=torch", *sets])
@@ -127,7 +128,13 @@ def test_the_automatic_width_follows_the_catalogue_and_is_what_the_run_saves(tmp
     assert resolve(load_config(None, ["model.name=comirec_sa"])).model.dim == -1  # no catalogue yet
     assert (dim("comirec_sa", 10_001), dim("sasrec_mi", 10_001), dim("comirec_sa", 10_000)) == (128, 128, 64)
     assert (dim("sasrec", 20_001), dim("mind", 20_001), dim("comirec_sa", 20_001, "model.dim=32")) == (64, 64, 32)
-    assert resolve(load_config(None, ["model.name=sasrec_mi"]), num_items=12_102).model.dim == 128
+    large = resolve(load_config(None, ["model.name=sasrec_mi"]), num_items=12_102).model
+    small = resolve(load_config(None, ["model.name=sasrec_mi"]), num_items=1_350).model
+    assert (large.dim, large.dropout, small.dim, small.dropout) == (128, 0.2, 64, 0.3)
+    assert resolve(load_config(None, ["model.name=sasrec_mi"])).model.dropout == -1  # no catalogue yet
+    assert (
+        resolve(load_config(None, ["model.name=sasrec_mi", "model.dropout=0.1"]), num_items=12_102).model.dropout == 0.1
+    )
     with pytest.raises(ConfigError, match="model.num_heads: 3 does not divide model.dim 128"):
         resolve(load_config(None, ["model.name=sasrec_mi", "model.num_heads=3"]), num_items=12_102)
     overrides = [o for o in TINY_RUN_OVERRIDES if not o.startswith("model.dim")]
