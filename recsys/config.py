@@ -1,7 +1,8 @@
 """Run configuration: plain dataclasses of primitives, loaded from TOML, overridable with ``--set``.
 
 A :class:`Config` has one section per pipeline stage. Every field is a primitive (``int``,
-``float``, ``str``, ``bool``; ``train.cuda_graph`` is a ``bool`` or the string ``"auto"``) or a
+``float``, ``str``, ``bool``; ``train.cuda_graph`` and ``train.full_softmax`` are a ``bool`` or the string
+``"auto"``) or a
 list of ``int``, so a config round-trips through JSON and a
 checkpoint that embeds it loads with ``torch.load(weights_only=True)``.
 
@@ -132,7 +133,9 @@ class TrainConfig:
     sampler_alpha: float = 0.75  # unigram exponent
     logq: bool = True  # subtract log Q(item) from sampled logits
     remove_accidental_hits: bool = True
-    full_softmax: bool = False  # exact softmax over the whole catalogue
+    # the exact softmax over the whole catalogue (true) or the sampled one (false); "auto" (the default): the
+    # model's choice for the catalogue's size (recsys.models.spec: sasrec is exact below 10,000 items)
+    full_softmax: bool | str = AUTO
     z_loss: float = 0.0
     grad_clip: float = 5.0  # 0 disables
     amp: bool = True  # bf16 autocast on CUDA
@@ -410,8 +413,7 @@ _CHOICES = {
     "retrieval.backend": ("auto", "faiss", "torch"),
 }
 
-GRAPH_AUTO = AUTO  # train.cuda_graph: capture where the step can be captured
-GRAPH_MODES = (GRAPH_AUTO, True, False)
+SWITCH_VALUES = (AUTO, True, False)  # train.cuda_graph and train.full_softmax: "auto" lets the code decide
 
 _POSITIVE = (
     "data.max_len",
@@ -491,13 +493,15 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"eval.diversity_lambda: must be <= {MAX_DIVERSITY_LAMBDA:g}, got {cfg.eval.diversity_lambda!r}"
         )
-    if cfg.train.cuda_graph not in GRAPH_MODES:
+    if cfg.train.cuda_graph not in SWITCH_VALUES:
         raise ConfigError(f'train.cuda_graph: must be true, false or "auto", got {cfg.train.cuda_graph!r}')
     if not 0.0 <= cfg.train.hard_negatives < 1.0:
         raise ConfigError(f"train.hard_negatives: must be in [0, 1), got {cfg.train.hard_negatives!r}")
     if not cfg.train.hard_negative_temperature > 0:
         raise ConfigError(f"train.hard_negative_temperature: must be > 0, got {cfg.train.hard_negative_temperature!r}")
-    if cfg.train.hard_negatives and cfg.train.full_softmax:
+    if cfg.train.full_softmax not in SWITCH_VALUES:
+        raise ConfigError(f'train.full_softmax: must be true, false or "auto", got {cfg.train.full_softmax!r}')
+    if cfg.train.hard_negatives and cfg.train.full_softmax is True:
         raise ConfigError(
             "train.hard_negatives: has no effect with train.full_softmax = true (no sampling); set it to 0"
         )

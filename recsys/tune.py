@@ -102,7 +102,7 @@ def default_space(cfg: Config) -> dict[str, Any]:
         "model.dim": [64, 128],
         "data.max_len": [10, 20, 50, 100],
     }
-    if not cfg.train.full_softmax:
+    if cfg.train.full_softmax is not True:  # "auto" may sample (and does, once hard negatives are asked for)
         space["train.num_negatives"] = [256, 1024, 4096]
         space["train.hard_negatives"] = [0.0, 0.25, 0.5]
     space.update(spec.tune_space)

@@ -33,7 +33,9 @@ DEFAULT_DROPOUT = 0.1  # model.dropout of the transformer encoders, unless a spe
 DEFAULT_DIM = 64  # model.dim, unless a spec says otherwise
 # from this many items (padding not counted) a spec's large_catalogue values replace its defaults: at
 # 128 wide the self-attentive multi-interest models gained 3-10% on Amazon Beauty (12k items) and
-# taobao (38k) but about 1% on MovieLens 100K (1.3k) and the synthetic data (4k), at 1.7x the CPU time
+# taobao (38k) but about 1% on MovieLens 100K (1.3k) and the synthetic data (4k), at 1.7x the CPU time;
+# sasrec's exact softmax gained 3% on MovieLens 100K and on Amazon Beauty but cost a third of the
+# training throughput on Beauty and half on taobao (docs/results.md, "Dense training")
 LARGE_CATALOGUE = 10_000
 
 # shared blocks of tuning space (the [tune] table's format), composed by the specs
@@ -71,12 +73,13 @@ class ModelSpec:
         trainable: has parameters to learn (MostPopular has none).
         defaults: what the automatic (-1 / ``"auto"``) values of the config resolve to, by dotted
             key (``"model.dim"``, ``"model.score_cap"``, ``"model.dropout"``, ``"train.soft_readout_steps"``,
-            ``"train.targets"``, ``"train.negative_scores"``, ``"train.attention_reg"``: the last
+            ``"train.targets"``, ``"train.negative_scores"``, ``"train.full_softmax"``,
+            ``"train.attention_reg"``: the last
             applies to ``K > 1`` and last-position training only, else it resolves to 0), and
             ``"epoch_decay"``: the automatic AdamW shrinkage per pass (:mod:`recsys.train.plan`).
-        large_catalogue: the automatic ``"model.dim"`` and ``"model.dropout"`` from
-            :data:`LARGE_CATALOGUE` items on, in place of ``defaults``; such a key stays
-            automatic (-1) until the catalogue is known.
+        large_catalogue: the automatic ``"model.dim"``, ``"model.dropout"`` and
+            ``"train.full_softmax"`` from :data:`LARGE_CATALOGUE` items on, in place of
+            ``defaults``; such a key stays automatic (-1 or ``"auto"``) until the catalogue is known.
         tune_space: search space added to the shared one by ``recsys tune`` (``[tune]`` format).
         saved_defaults: for runs saved before a key existed: ``{missing key: {key: value}}``, the
             values that were in force for this model then (:mod:`recsys.run.saved_config`).
@@ -190,6 +193,9 @@ def resolve(cfg: Config, num_items: int | None = None) -> Config:
         t.soft_readout_steps = int(spec.default("train.soft_readout_steps", 0))
     if t.targets == AUTO:
         t.targets = str(spec.default("train.targets", "last"))
+    if t.full_softmax == AUTO and (exact := _catalogue_value(spec, "train.full_softmax", False, num_items)) is not None:
+        # hard negatives are a sampling proposal: asking for them asks for the sampled softmax
+        t.full_softmax = bool(exact) and not t.hard_negatives
     if t.negative_scores == AUTO:
         t.negative_scores = str(spec.default("train.negative_scores", "readout"))
     if t.attention_reg == -1.0:  # a diversity term between interests, read from one history's scores

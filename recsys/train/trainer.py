@@ -135,7 +135,8 @@ class TrainStep:
         log: Log = lambda line: None,
         weight_decay: float = 0.0,
     ):
-        cfg = resolve(cfg)  # automatic values (soft readout steps, targets) as the model's spec says
+        # automatic values (soft readout steps, targets, the softmax) as the model's spec says for this catalogue
+        cfg = resolve(cfg, item_counts.shape[0])
         self.model, self.cfg, self.device, self.world_size, self.log = model, cfg, device, world_size, log
         t = cfg.train
         self.use_graph, why_not = plan_graph(cfg, device, world_size)
@@ -469,10 +470,12 @@ def _run(
         f"data: {ds.num_users} users, {ds.num_items - 1} items, {len(ds.items)} clicks; "
         f"train users {len(split.train_users)}, valid {len(split.valid.users)}, test {len(split.test.users)}"
     )
-    m = cfg.model  # resolved: the width is the one the catalogue gave (ModelSpec.large_catalogue)
+    m, t = cfg.model, cfg.train  # resolved: the width and the softmax are the catalogue's (ModelSpec.large_catalogue)
+    negatives = t.num_negatives or 10 * t.batch_size
+    loss = "exact softmax" if t.full_softmax else f"sampled softmax, {negatives:,} negatives"
     log(
         f"model: {m.name}, K = {getattr(model, 'num_interests', 1)}, {m.dim} wide, "
-        f"{sum(p.numel() for p in model.parameters()):,} parameters"
+        f"{sum(p.numel() for p in model.parameters()):,} parameters" + (f"; {loss}" if model.trainable else "")
     )
 
     planted = planted_for(cfg, ds.user_raw[split.valid.users], ds.category_raw)

@@ -145,6 +145,27 @@ def test_the_automatic_width_follows_the_catalogue_and_is_what_the_run_saves(tmp
     assert recsys.Run.load(run.path).config.model.dim == 64
 
 
+def test_sasrec_trains_with_the_exact_softmax_below_10000_items_and_samples_above(tmp_path):
+    """The automatic train.full_softmax: exact for sasrec on small catalogues (docs/results.md), the
+    sampled softmax above and for every other model; a set value and hard negatives win."""
+
+    def exact(num_items: int | None, *sets: str) -> bool | str:
+        return resolve(load_config(None, ["model.name=sasrec", *sets]), num_items=num_items).train.full_softmax
+
+    assert (exact(10_000), exact(10_001), exact(None)) == (True, False, "auto")
+    assert (exact(1_000, "train.full_softmax=false"), exact(20_000, "train.full_softmax=true")) == (False, True)
+    assert exact(1_000, "train.hard_negatives=0.25") is False  # a sampling proposal asks for sampling
+    assert resolve(load_config(None, ["model.name=sasrec_mi"]), num_items=1_000).train.full_softmax is False
+    with pytest.raises(ConfigError, match="train.full_softmax: must be true, false or \"auto\", got 'yes'"):
+        load_config(None, ["train.full_softmax=yes"])
+    overrides = [o for o in TINY_RUN_OVERRIDES if not o.startswith("model.")]
+    lines: list[str] = []
+    sets = [*overrides, "model.name=sasrec", "model.backend=torch", f"output_dir={tmp_path}"]
+    run = recsys.fit(None, config=load_config(None, sets), log=lines.append)
+    assert any(line.startswith("model: sasrec, K = 1, ") and line.endswith("; exact softmax") for line in lines), lines
+    assert recsys.Run.load(run.path).config.train.full_softmax is True  # 200 items: recorded as run
+
+
 def test_settings_a_model_does_not_read_are_refused_naming_the_key(toy):
     with pytest.raises(ConfigError, match=r"model.qk_norm='rms' has no effect on toy_last_click"):
         build_model(ModelConfig(name="toy_last_click", qk_norm="rms"), 10, 5)
