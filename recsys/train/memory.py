@@ -18,6 +18,7 @@ import torch
 from recsys.config import Config, ConfigError
 from recsys.models.spec import resolve
 from recsys.train.losses import CATALOGUE_CHUNK
+from recsys.train.plan import shared_negatives
 
 __all__ = ["available_bytes", "check_fits", "estimate_bytes"]
 
@@ -40,7 +41,7 @@ def estimate_bytes(cfg: Config, num_params: int, num_items: int, num_interests: 
     b, seq_len, k, d = t.batch_size, cfg.data.max_len, num_interests, m.dim
     hidden = m.hidden or 4 * d
     # the exact softmax holds one chunk of the catalogue's logits at a time
-    negatives = min(num_items, CATALOGUE_CHUNK) if t.full_softmax else (t.num_negatives or 10 * b)
+    negatives = min(num_items, CATALOGUE_CHUNK) if t.full_softmax else shared_negatives(t)
     rows = b * seq_len if t.targets == "all" else b  # dense training: a target at every position
     # forward activations kept for backward, and their gradients: x 3
     step = 3 * b * (seq_len * (hidden + k) + k * d + m.num_layers * seq_len * d * 12) + 2 * rows * (negatives + 1)

@@ -103,6 +103,11 @@ class TrainPlan:
         return f"plan: {budget}; {cadence}; {stop}; {decay}"
 
 
+def shared_negatives(train: TrainConfig) -> int:
+    """Sampled negatives shared by a batch: ``train.num_negatives``, where 0 means 10 per row."""
+    return train.num_negatives or 10 * train.batch_size
+
+
 def training_targets(indptr: np.ndarray, min_target: int) -> int:
     """Samples in one pass over the training sequences ``indptr [R + 1]``: each click with at
     least ``min_target`` clicks before it is a target."""

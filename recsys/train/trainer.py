@@ -56,7 +56,7 @@ from recsys.train.losses import (
 )
 from recsys.train.memory import check_fits
 from recsys.train.meter import RunMeter
-from recsys.train.plan import TrainPlan, plan_training
+from recsys.train.plan import TrainPlan, plan_training, shared_negatives
 from recsys.train.tracking import track_metrics
 
 if TYPE_CHECKING:
@@ -142,7 +142,7 @@ class TrainStep:
         self.use_graph, why_not = plan_graph(cfg, device, world_size)
         if not self.use_graph:
             log(launch_line(cfg, False, why_not))
-        self.num_negatives = t.num_negatives or 10 * t.batch_size
+        self.num_negatives = shared_negatives(t)
         self.sampler = (
             None
             if t.full_softmax
@@ -471,8 +471,7 @@ def _run(
         f"train users {len(split.train_users)}, valid {len(split.valid.users)}, test {len(split.test.users)}"
     )
     m, t = cfg.model, cfg.train  # resolved: the width and the softmax are the catalogue's (ModelSpec.large_catalogue)
-    negatives = t.num_negatives or 10 * t.batch_size
-    loss = "exact softmax" if t.full_softmax else f"sampled softmax, {negatives:,} negatives"
+    loss = "exact softmax" if t.full_softmax else f"sampled softmax, {shared_negatives(t):,} negatives"
     log(
         f"model: {m.name}, K = {getattr(model, 'num_interests', 1)}, {m.dim} wide, "
         f"{sum(p.numel() for p in model.parameters()):,} parameters" + (f"; {loss}" if model.trainable else "")
