@@ -1,6 +1,8 @@
 """Softmax losses at dense training's target counts: ``chunked_softmax_loss`` (ours: the exact
-softmax over the catalogue, a chunk of items at a time) against ``full_softmax_loss`` (the same
-loss through the ``[R, N]`` logits), ``sampled_softmax_loss`` (S shared log-uniform negatives,
+softmax over the catalogue; on CUDA its log-partition is ``recsys.kernels.catalogue_logsumexp``,
+which never holds the logits) against ``full_softmax_loss`` (the same loss through the ``[R, N]``
+logits), the same loss on its torch path (``backend="torch"``: a chunk of items at a time,
+recomputed in the backward), ``sampled_softmax_loss`` (S shared log-uniform negatives,
 logQ, accidental hits removed: the trainer's sampled loss) and, where the package is installed,
 Cut Cross-Entropy's ``linear_cross_entropy`` (Wijmans et al. 2024; its default ``filter_eps``
 skips gradient blocks whose softmax is negligible, so it is not exact).
@@ -33,7 +35,7 @@ try:
 except ImportError:
     linear_cross_entropy = None
 
-BASELINES = ["full", "sampled", "cce"]
+BASELINES = ["full", "chunked", "sampled", "cce"]
 # bytes per logit the full softmax holds at its peak: the bf16 product, its fp32 copy, the masked
 # copy, the softmax gradient in fp32 and bf16 (measured peak on CUDA is printed beside it)
 FULL_BYTES_PER_LOGIT = 20
@@ -62,6 +64,9 @@ def methods(inputs: Inputs, chunk_size: int, num_negatives: int) -> dict[str, Ca
     found = {
         "ours": lambda: chunked_softmax_loss(user, target, item_emb, mask=mask, chunk_size=chunk_size).loss,
         "full": lambda: full_softmax_loss(user, target, item_emb, mask=mask).loss,
+        "chunked": lambda: (
+            chunked_softmax_loss(user, target, item_emb, mask=mask, chunk_size=chunk_size, backend="torch").loss
+        ),
         "sampled": lambda: (
             sampled_softmax_loss(
                 user, target, item_emb, negatives, log_q_target=log_q_target, log_q_neg=log_q_neg, mask=mask
@@ -129,7 +134,7 @@ def bench_size(
         del losses["full"]
     amp = device.type == "cuda"
     fns = {name: forward_backward(loss, (inputs[0], inputs[2]), amp) for name, loss in losses.items()}
-    exact = {name: fn for name, fn in fns.items() if name in ("ours", "full")}
+    exact = {name: fn for name, fn in fns.items() if name in ("ours", "full", "chunked")}
     errors = check(exact, "full") if "full" in exact else {}
     results = {}
     for name, fn in fns.items():

@@ -4,7 +4,8 @@
 launch path of the Triton kernels, the twins' helpers).
 
 Ops: :func:`attention`, :func:`multi_interest` and its causal prefix form
-:func:`causal_multi_interest` (dense training), :func:`max_interest_scores`. Each takes
+:func:`causal_multi_interest` (dense training), :func:`max_interest_scores`,
+:func:`catalogue_logsumexp` (the exact softmax's log-partition). Each takes
 ``backend="auto" | "triton" | "torch"`` (:func:`triton_available` says where Triton runs).
 
 The op folders share their functions' names, so ``recsys.kernels.attention`` is the function;
@@ -12,6 +13,7 @@ reach an op's modules by ``from recsys.kernels.attention import triton``.
 """
 
 from recsys.kernels.attention import attention, attention_ref
+from recsys.kernels.catalogue_logsumexp import catalogue_logsumexp, catalogue_logsumexp_ref
 from recsys.kernels.causal_multi_interest import causal_multi_interest, causal_multi_interest_ref
 from recsys.kernels.common.backend import BACKENDS, triton_available
 from recsys.kernels.common.reference import length_softmax
@@ -23,6 +25,8 @@ __all__ = [
     "attention",
     "attention_ref",
     "cap_scores",
+    "catalogue_logsumexp",
+    "catalogue_logsumexp_ref",
     "causal_multi_interest",
     "causal_multi_interest_ref",
     "length_softmax",

@@ -35,7 +35,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from recsys.kernels import length_softmax, max_interest_scores
+from recsys.kernels import catalogue_logsumexp, length_softmax, max_interest_scores
+from recsys.kernels.catalogue_logsumexp import uses_kernel
 
 SAMPLER_KINDS = ("uniform", "log_uniform", "unigram")
 CATALOGUE_CHUNK = 8192  # items per chunk of the exact softmax (chunked_softmax_loss): [rows, chunk] fp32 at a time
@@ -455,17 +456,22 @@ def chunked_softmax_loss(
             best-matching interest, as in :func:`full_softmax_loss`.
         backend: kernel backend of that max score.
 
-    The target's logit is ``<user, e_target>``; the other items' logsumexp comes from an
-    autograd Function that keeps one running fp32 logsumexp per row and recomputes each chunk's
-    logits in the backward (:class:`_CatalogueLogSumExp`); the cross-entropy, the mask and the
-    z-loss are composed on the ``[R]`` results by ordinary autograd. Nothing syncs the host,
+    The target's logit is ``<user, e_target>``; the catalogue's logsumexp comes from the Triton
+    kernels of :func:`recsys.kernels.catalogue_logsumexp` where they run (CUDA in fp16/bf16, the
+    interpreter; ``chunk_size`` does not apply there: the logits only exist tile by tile in
+    registers), else from an autograd Function that keeps one running fp32 logsumexp per row and
+    recomputes each chunk's logits in the backward (:class:`_CatalogueLogSumExp`; always with
+    ``interests``); the cross-entropy, the mask and the z-loss are composed on the ``[R]``
+    results by ordinary autograd. Nothing syncs the host,
     so the loss can be captured in a CUDA graph; ids are not range-checked (that would sync).
     """
     _check_user_items("chunked_softmax_loss", user, target, item_emb, mask)
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunked_softmax_loss: chunk_size must be an int >= 1, got {chunk_size!r}")
     pos = (user * item_emb[target]).sum(dim=1).float()  # [R]
-    if interests is None:  # the target's column of user @ item_emb.T is pos already
+    if interests is None and uses_kernel(user, item_emb[1:], backend=backend):  # no logits in memory at all
+        log_z, row_max = catalogue_logsumexp(user, item_emb[1:], backend=backend)
+    elif interests is None:  # the target's column of user @ item_emb.T is pos already
         log_z, row_max = _CatalogueLogSumExp.apply(user, item_emb, None, None, chunk_size, backend)
     else:  # the target is left out of the max-scored items and enters with its readout logit
         lse_others, row_max = _CatalogueLogSumExp.apply(user, item_emb, target, interests, chunk_size, backend)

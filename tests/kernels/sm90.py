@@ -25,8 +25,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-TENSORS = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV", "E"}  # in the launch's dtype
-FP32_TENSORS = {"OUT", "G", "DI", "DE"}  # the max-score kernels' scores, their gradient and sums
+TENSORS = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV", "E", "U"}  # in the launch's dtype
+FP32_TENSORS = {"OUT", "G", "DI", "DE", "DU", "M_OUT", "S_OUT"}  # scores, gradients and sums in fp32
 FLOATS = {"qk_scale", "tanh_scale", "cap_log2", "sm_scale"}
 ALIGNED_INTS = {"sqb", "sqh", "sqm", "skb", "skh", "skn", "svb", "svh", "svn", "sob", "soh", "som"}
 UNIT_STRIDES = ("sqd", "skd", "svd")
@@ -216,6 +216,19 @@ def max_score_variants() -> list[Variant]:
     return out
 
 
+def catalogue_variants() -> list[Variant]:
+    """The catalogue logsumexp kernels at the exact softmax's launch (bf16 and fp16, d = 64)."""
+    from recsys.kernels.catalogue_logsumexp import triton as cl
+
+    out = []
+    for dtype in ("bf16", "fp16"):
+        consts = {"D": 64, "BLOCK_D": 64, "BLOCK_R": cl.BLOCK_R, "BLOCK_N": cl.BLOCK_N, "DOT_PREC": "tf32"}
+        for fn in (cl._fwd_kernel, cl._d_user_kernel, cl._d_items_kernel):
+            label = f"catalogue {fn.__name__.strip('_')} {dtype}"
+            out.append((label, fn, consts, cl.NUM_WARPS, 2, dtype))
+    return out
+
+
 def multi_interest_variants() -> list[Variant]:
     """The multi-interest kernels at the default launches of the H200 bench (bf16, d = 64, hidden =
     256, K = 4, positions on, programmatic dependent launch): ``gpu_forward_config`` and
@@ -301,11 +314,12 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--json", action="store_true", help="bench, flag, max-score and multi-interest variants as JSON"
+        "--json", action="store_true", help="bench, flag, max-score, catalogue and multi-interest variants as JSON"
     )
     args = parser.parse_args()
     if args.json:
-        print(json.dumps(report(bench_variants() + flag_variants() + max_score_variants() + multi_interest_variants())))
+        variants = bench_variants() + flag_variants() + max_score_variants() + catalogue_variants()
+        print(json.dumps(report(variants + multi_interest_variants())))
         return
     print(f"{'kernel':30} {'regs':>4} {'stack':>5} {'smem':>6}  inner loops: instructions (MUFU, HGMMA)")
     for label, res in report(bench_variants() + multi_interest_variants()).items():

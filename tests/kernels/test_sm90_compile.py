@@ -34,8 +34,16 @@ def test_every_kernel_variant_compiles(compiled):
         len(sm90.bench_variants())
         + len(sm90.flag_variants())
         + len(sm90.max_score_variants())
+        + len(sm90.catalogue_variants())
         + len(sm90.multi_interest_variants())
     )
+
+
+def test_catalogue_kernels_do_not_spill_and_multiply_on_wgmma(compiled):
+    """The exact softmax's log-partition kernels at their launch: no spill, the products on wgmma."""
+    for label, *_ in sm90.catalogue_variants():
+        assert compiled[label]["stack"] == 0, (label, compiled[label])
+        assert any(loop.get("HGMMA") for loop in compiled[label]["loops"]), label
 
 
 # the weight-gradient kernel's default launch, the fastest of the H200 sweeps although it spills
