@@ -32,7 +32,7 @@ class SASRec(SequenceModel):
 
     Differences from Kang & McAuley's SASRec: pre-LN blocks with a GELU feed-forward of width
     ``4d``, no ``sqrt(d)`` embedding scale, no attention-probability dropout, and the loss is the
-    trainer's softmax (by default exact below 10,000 items and sampled above: ``train.full_softmax``)
+    trainer's softmax (by default exact below 50,000 items and sampled above: ``train.full_softmax``)
     at every position of the window (``train.targets = "all"``, its default) rather than BCE with one negative.
     """
 
@@ -107,7 +107,6 @@ SASREC = register(
         # a causal encoder learns from every position; dropout, not weight decay, regularises it; the
         # exact softmax where it is cheap (docs/results.md, "Dense training")
         defaults={"train.targets": "all", "model.dropout": 0.4, "epoch_decay": 0.0, "train.full_softmax": True},
-        large_catalogue={"train.full_softmax": False},
     )
 )
 SASREC_MI = register(

@@ -33,10 +33,14 @@ DEFAULT_DROPOUT = 0.1  # model.dropout of the transformer encoders, unless a spe
 DEFAULT_DIM = 64  # model.dim, unless a spec says otherwise
 # from this many items (padding not counted) a spec's large_catalogue values replace its defaults: at
 # 128 wide the self-attentive multi-interest models gained 3-10% on Amazon Beauty (12k items) and
-# taobao (38k) but about 1% on MovieLens 100K (1.3k) and the synthetic data (4k), at 1.7x the CPU time;
-# sasrec's exact softmax gained 3% on MovieLens 100K and on Amazon Beauty but cost a third of the
-# training throughput on Beauty and half on taobao (docs/results.md, "Dense training")
+# taobao (38k) but about 1% on MovieLens 100K (1.3k) and the synthetic data (4k), at 1.7x the CPU time
 LARGE_CATALOGUE = 10_000
+# a spec whose automatic softmax is exact ("train.full_softmax": True) samples from this many items
+# on: the exact softmax's work grows with the catalogue, the sampled one's does not. On the fused
+# kernel (recsys.kernels.catalogue_logsumexp) sasrec's exact softmax trained as fast as the sampled
+# one on taobao (38k items) and Amazon Beauty (12k), and gained about 3% over it on MovieLens 100K,
+# Amazon Beauty and taobao (docs/results.md, "Dense training")
+EXACT_SOFTMAX_ITEMS = 50_000
 
 # shared blocks of tuning space (the [tune] table's format), composed by the specs
 MULTI_INTEREST_SPACE: dict[str, Any] = {
@@ -77,9 +81,10 @@ class ModelSpec:
             ``"train.attention_reg"``: the last
             applies to ``K > 1`` and last-position training only, else it resolves to 0), and
             ``"epoch_decay"``: the automatic AdamW shrinkage per pass (:mod:`recsys.train.plan`).
-        large_catalogue: the automatic ``"model.dim"``, ``"model.dropout"`` and
-            ``"train.full_softmax"`` from :data:`LARGE_CATALOGUE` items on, in place of
-            ``defaults``; such a key stays automatic (-1 or ``"auto"``) until the catalogue is known.
+        large_catalogue: the automatic ``"model.dim"`` and ``"model.dropout"`` from
+            :data:`LARGE_CATALOGUE` items on, in place of ``defaults``; such a key stays automatic
+            (-1) until the catalogue is known. (An exact ``"train.full_softmax"`` default holds
+            below :data:`EXACT_SOFTMAX_ITEMS` items, and is automatic until the catalogue is known.)
         tune_space: search space added to the shared one by ``recsys tune`` (``[tune]`` format).
         saved_defaults: for runs saved before a key existed: ``{missing key: {key: value}}``, the
             values that were in force for this model then (:mod:`recsys.run.saved_config`).
@@ -193,9 +198,11 @@ def resolve(cfg: Config, num_items: int | None = None) -> Config:
         t.soft_readout_steps = int(spec.default("train.soft_readout_steps", 0))
     if t.targets == AUTO:
         t.targets = str(spec.default("train.targets", "last"))
-    if t.full_softmax == AUTO and (exact := _catalogue_value(spec, "train.full_softmax", False, num_items)) is not None:
+    if t.full_softmax == AUTO:
         # hard negatives are a sampling proposal: asking for them asks for the sampled softmax
-        t.full_softmax = bool(exact) and not t.hard_negatives
+        exact = bool(spec.default("train.full_softmax", False)) and not t.hard_negatives
+        if not exact or num_items is not None:
+            t.full_softmax = exact and num_items is not None and num_items - 1 < EXACT_SOFTMAX_ITEMS
     if t.negative_scores == AUTO:
         t.negative_scores = str(spec.default("train.negative_scores", "readout"))
     if t.attention_reg == -1.0:  # a diversity term between interests, read from one history's scores

@@ -12,7 +12,7 @@ import recsys
 from recsys.config import ConfigError, ModelConfig, load_config
 from recsys.models import ModelSpec, build_model, register, resolve, spec_for
 from recsys.models.sequence import SequenceModel
-from recsys.models.spec import unregister
+from recsys.models.spec import EXACT_SOFTMAX_ITEMS, unregister
 from recsys.train.plan import plan_training
 from tests.conftest import TINY_RUN_OVERRIDES
 
@@ -145,17 +145,19 @@ def test_the_automatic_width_follows_the_catalogue_and_is_what_the_run_saves(tmp
     assert recsys.Run.load(run.path).config.model.dim == 64
 
 
-def test_sasrec_trains_with_the_exact_softmax_below_10000_items_and_samples_above(tmp_path):
-    """The automatic train.full_softmax: exact for sasrec on small catalogues (docs/results.md), the
-    sampled softmax above and for every other model; a set value and hard negatives win."""
+def test_sasrec_trains_with_the_exact_softmax_below_50000_items_and_samples_above(tmp_path):
+    """The automatic train.full_softmax: exact for sasrec below EXACT_SOFTMAX_ITEMS (docs/results.md),
+    the sampled softmax above and for every other model; a set value and hard negatives win."""
 
-    def exact(num_items: int | None, *sets: str) -> bool | str:
-        return resolve(load_config(None, ["model.name=sasrec", *sets]), num_items=num_items).train.full_softmax
+    def exact(num_items: int | None, *sets: str, model: str = "sasrec") -> bool | str:
+        return resolve(load_config(None, [f"model.name={model}", *sets]), num_items=num_items).train.full_softmax
 
-    assert (exact(10_000), exact(10_001), exact(None)) == (True, False, "auto")
-    assert (exact(1_000, "train.full_softmax=false"), exact(20_000, "train.full_softmax=true")) == (False, True)
+    assert EXACT_SOFTMAX_ITEMS == 50_000  # ids include padding: 50,000 ids are 49,999 items
+    assert (exact(50_000), exact(50_001), exact(None)) == (True, False, "auto")
+    assert (exact(1_000, "train.full_softmax=false"), exact(90_000, "train.full_softmax=true")) == (False, True)
     assert exact(1_000, "train.hard_negatives=0.25") is False  # a sampling proposal asks for sampling
-    assert resolve(load_config(None, ["model.name=sasrec_mi"]), num_items=1_000).train.full_softmax is False
+    # the other models sample at any size, known or not
+    assert exact(1_000, model="sasrec_mi") is False and exact(None, model="comirec_sa") is False
     with pytest.raises(ConfigError, match="train.full_softmax: must be true, false or \"auto\", got 'yes'"):
         load_config(None, ["train.full_softmax=yes"])
     overrides = [o for o in TINY_RUN_OVERRIDES if not o.startswith("model.")]
