@@ -145,16 +145,16 @@ def test_the_automatic_width_follows_the_catalogue_and_is_what_the_run_saves(tmp
     assert recsys.Run.load(run.path).config.model.dim == 64
 
 
-def test_sasrec_trains_with_the_exact_softmax_below_50000_items_and_samples_above(tmp_path):
+def test_sasrec_trains_with_the_exact_softmax_below_100000_items_and_samples_above(tmp_path):
     """The automatic train.full_softmax: exact for sasrec below EXACT_SOFTMAX_ITEMS (docs/results.md),
     the sampled softmax above and for every other model; a set value and hard negatives win."""
 
     def exact(num_items: int | None, *sets: str, model: str = "sasrec") -> bool | str:
         return resolve(load_config(None, [f"model.name={model}", *sets]), num_items=num_items).train.full_softmax
 
-    assert EXACT_SOFTMAX_ITEMS == 50_000  # ids include padding: 50,000 ids are 49,999 items
-    assert (exact(50_000), exact(50_001), exact(None)) == (True, False, "auto")
-    assert (exact(1_000, "train.full_softmax=false"), exact(90_000, "train.full_softmax=true")) == (False, True)
+    assert EXACT_SOFTMAX_ITEMS == 100_000  # ids include padding: 100,000 ids are 99,999 items
+    assert (exact(100_000), exact(100_001), exact(None)) == (True, False, "auto")
+    assert (exact(1_000, "train.full_softmax=false"), exact(200_000, "train.full_softmax=true")) == (False, True)
     assert exact(1_000, "train.hard_negatives=0.25") is False  # a sampling proposal asks for sampling
     # the other models sample at any size, known or not
     assert exact(1_000, model="sasrec_mi") is False and exact(None, model="comirec_sa") is False
