@@ -32,7 +32,8 @@ class SASRec(SequenceModel):
 
     Differences from Kang & McAuley's SASRec: pre-LN blocks with a GELU feed-forward of width
     ``4d``, no ``sqrt(d)`` embedding scale, no attention-probability dropout, and the loss is the
-    trainer's softmax (by default exact below 100,000 items and sampled above: ``train.full_softmax``)
+    trainer's softmax (by default exact below 100,000 items on CUDA and 10,000 on the CPU, sampled
+    above: ``train.full_softmax``)
     at every position of the window (``train.targets = "all"``, its default) rather than BCE with one negative.
     """
 

@@ -36,12 +36,14 @@ DEFAULT_DIM = 64  # model.dim, unless a spec says otherwise
 # taobao (38k) but about 1% on MovieLens 100K (1.3k) and the synthetic data (4k), at 1.7x the CPU time
 LARGE_CATALOGUE = 10_000
 # a spec whose automatic softmax is exact ("train.full_softmax": True) samples from this many items
-# on: the exact softmax's work grows with the catalogue, the sampled one's does not. On the fused
-# kernel (recsys.kernels.catalogue_logsumexp) sasrec's exact softmax trained as fast as the sampled
-# one on taobao (38k items) and Amazon Beauty (12k), the kernel's time is flat up to 100k items and
-# triples by 400k, and the exact softmax gained 1.5-3% over sampling on MovieLens 100K, Amazon Beauty
-# and taobao (docs/results.md, "Dense training")
-EXACT_SOFTMAX_ITEMS = 100_000
+# on: the exact softmax's work grows with the catalogue, the sampled one's does not. It gained
+# 1.5-3% over sampling for sasrec on MovieLens 100K, Amazon Beauty and taobao. On the fused kernel
+# (recsys.kernels.catalogue_logsumexp; CUDA under autocast) it trained as fast as sampling on taobao
+# (38k items) and Amazon Beauty (12k), and the kernel's time is flat up to 100k items and triples
+# by 400k; on the chunked torch loop (the CPU) it halved the steps per second at 4k items and cost
+# 4.8x at 12k (docs/results.md, "Dense training")
+FUSED_EXACT_SOFTMAX_ITEMS = 100_000
+EXACT_SOFTMAX_ITEMS = 10_000
 
 # shared blocks of tuning space (the [tune] table's format), composed by the specs
 MULTI_INTEREST_SPACE: dict[str, Any] = {
@@ -85,7 +87,9 @@ class ModelSpec:
         large_catalogue: the automatic ``"model.dim"`` and ``"model.dropout"`` from
             :data:`LARGE_CATALOGUE` items on, in place of ``defaults``; such a key stays automatic
             (-1) until the catalogue is known. (An exact ``"train.full_softmax"`` default holds
-            below :data:`EXACT_SOFTMAX_ITEMS` items, and is automatic until the catalogue is known.)
+            below :data:`FUSED_EXACT_SOFTMAX_ITEMS` items where the exact softmax runs on its
+            fused kernel, else below :data:`EXACT_SOFTMAX_ITEMS`, and is automatic until the
+            catalogue is known.)
         tune_space: search space added to the shared one by ``recsys tune`` (``[tune]`` format).
         saved_defaults: for runs saved before a key existed: ``{missing key: {key: value}}``, the
             values that were in force for this model then (:mod:`recsys.run.saved_config`).
@@ -180,11 +184,15 @@ def resolve_model(model: ModelConfig, num_items: int | None = None) -> ModelConf
     return model
 
 
-def resolve(cfg: Config, num_items: int | None = None) -> Config:
+def resolve(cfg: Config, num_items: int | None = None, *, fused_softmax: bool = False) -> Config:
     """A copy of ``cfg`` with every automatic value resolved for ``cfg.model.name`` and the
     model-dependent checks done, so that a saved config records what the run used (the values
     that follow the catalogue, such as the width, once its ``num_items``, ids with padding, is
     known: :func:`resolve_model`).
+
+    ``fused_softmax``: the run's exact softmax would run on its fused kernel (the trainer's
+    :func:`recsys.train.plan.fused_exact_softmax`), which moves an exact default's catalogue limit
+    from :data:`EXACT_SOFTMAX_ITEMS` to :data:`FUSED_EXACT_SOFTMAX_ITEMS`.
 
     Raises :class:`ConfigError` naming the key for a setting that has no effect on the model
     (``model.qk_norm`` on a model without query-key attention, ``train.attention_reg`` on a
@@ -202,8 +210,9 @@ def resolve(cfg: Config, num_items: int | None = None) -> Config:
     if t.full_softmax == AUTO:
         # hard negatives are a sampling proposal: asking for them asks for the sampled softmax
         exact = bool(spec.default("train.full_softmax", False)) and not t.hard_negatives
+        limit = FUSED_EXACT_SOFTMAX_ITEMS if fused_softmax else EXACT_SOFTMAX_ITEMS
         if not exact or num_items is not None:
-            t.full_softmax = exact and num_items is not None and num_items - 1 < EXACT_SOFTMAX_ITEMS
+            t.full_softmax = exact and num_items is not None and num_items - 1 < limit
     if t.negative_scores == AUTO:
         t.negative_scores = str(spec.default("train.negative_scores", "readout"))
     if t.attention_reg == -1.0:  # a diversity term between interests, read from one history's scores

@@ -83,11 +83,13 @@ def build_experiment(
     clicks: pd.DataFrame | None = None,
     progress: bool = False,
     check_memory: CheckMemory | None = None,
+    fused_softmax: bool = False,
 ) -> Experiment:
     """Load ``cfg``'s data (or use ``dataset``, or the click table ``clicks``), split it, count
     the training clicks and build ``cfg.model`` (untrained, on the CPU). ``cfg`` is resolved for
     its model first (:func:`recsys.models.resolve`), and again once the catalogue is known (the
-    width and the other values that follow it); the experiment holds the resolved copy.
+    width and the other values that follow it; ``fused_softmax`` as in :func:`recsys.models.resolve`);
+    the experiment holds the resolved copy.
 
     ``check_memory(shapes, num_items)``, when given, runs before the model takes any memory, on
     the same model built on the ``meta`` device (parameters with shapes and no storage), so a
@@ -96,7 +98,7 @@ def build_experiment(
     """
     cfg = resolve(cfg)
     ds = dataset if dataset is not None else load_dataset(cfg, clicks=clicks, progress=progress)
-    cfg = resolve(cfg, num_items=ds.num_items)
+    cfg = resolve(cfg, num_items=ds.num_items, fused_softmax=fused_softmax)
     split = split_dataset(ds, cfg.data)
     counts = train_item_counts(split, ds.num_items)
     if check_memory is not None:

@@ -18,7 +18,7 @@ import torch
 from recsys.config import Config, ConfigError
 from recsys.models.spec import resolve
 from recsys.train.losses import CATALOGUE_CHUNK
-from recsys.train.plan import shared_negatives
+from recsys.train.plan import fused_exact_softmax, shared_negatives
 
 __all__ = ["available_bytes", "check_fits", "estimate_bytes"]
 
@@ -87,7 +87,7 @@ def check_fits(
     ``step_kept``: the training step's memory stays allocated during evaluation (a captured
     CUDA graph keeps its memory pool), so the two add up instead of taking turns.
     """
-    cfg = resolve(cfg, num_items)  # the automatic width follows the catalogue
+    cfg = resolve(cfg, num_items, fused_softmax=fused_exact_softmax(cfg, device))  # the width follows the catalogue
     num_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     parts = estimate_bytes(cfg, num_params, num_items, int(getattr(model, "num_interests", 1)))
     step, evaluation = parts["training step activations"], parts["evaluation batch"]

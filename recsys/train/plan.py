@@ -38,8 +38,9 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
-from recsys.config import TrainConfig
+from recsys.config import Config, TrainConfig
 from recsys.models.spec import epoch_decay
 
 EVAL_GROWTH = 0.1  # automatic cadence: validate after another 10% of the steps taken so far
@@ -106,6 +107,14 @@ class TrainPlan:
 def shared_negatives(train: TrainConfig) -> int:
     """Sampled negatives shared by a batch: ``train.num_negatives``, where 0 means 10 per row."""
     return train.num_negatives or 10 * train.batch_size
+
+
+def fused_exact_softmax(cfg: Config, device: torch.device) -> bool:
+    """Whether a run's exact softmax would run on its fused kernel
+    (:func:`recsys.kernels.catalogue_logsumexp`: CUDA under the bf16 autocast of ``train.amp``,
+    kernels not forced to their twins), where it costs about what sampling does; what the
+    automatic ``train.full_softmax`` resolves with (:func:`recsys.models.resolve`)."""
+    return device.type == "cuda" and cfg.train.amp and cfg.model.backend != "torch"
 
 
 def training_targets(indptr: np.ndarray, min_target: int) -> int:

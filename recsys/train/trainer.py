@@ -56,7 +56,7 @@ from recsys.train.losses import (
 )
 from recsys.train.memory import check_fits
 from recsys.train.meter import RunMeter
-from recsys.train.plan import TrainPlan, plan_training, shared_negatives
+from recsys.train.plan import TrainPlan, fused_exact_softmax, plan_training, shared_negatives
 from recsys.train.tracking import track_metrics
 
 if TYPE_CHECKING:
@@ -136,7 +136,7 @@ class TrainStep:
         weight_decay: float = 0.0,
     ):
         # automatic values (soft readout steps, targets, the softmax) as the model's spec says for this catalogue
-        cfg = resolve(cfg, item_counts.shape[0])
+        cfg = resolve(cfg, item_counts.shape[0], fused_softmax=fused_exact_softmax(cfg, device))
         self.model, self.cfg, self.device, self.world_size, self.log = model, cfg, device, world_size, log
         t = cfg.train
         self.use_graph, why_not = plan_graph(cfg, device, world_size)
@@ -421,6 +421,7 @@ def train(
         clicks=clicks,
         progress=progress,
         check_memory=functools.partial(check_fits, cfg, device=device, step_kept=capture),
+        fused_softmax=fused_exact_softmax(cfg, device),
     )
     cfg, ds, split, item_counts = exp.cfg, exp.dataset, exp.split, exp.item_counts  # cfg: with its width
     _check_split(ds, split)

@@ -12,8 +12,8 @@ import recsys
 from recsys.config import ConfigError, ModelConfig, load_config
 from recsys.models import ModelSpec, build_model, register, resolve, spec_for
 from recsys.models.sequence import SequenceModel
-from recsys.models.spec import EXACT_SOFTMAX_ITEMS, unregister
-from recsys.train.plan import plan_training
+from recsys.models.spec import EXACT_SOFTMAX_ITEMS, FUSED_EXACT_SOFTMAX_ITEMS, unregister
+from recsys.train.plan import fused_exact_softmax, plan_training
 from tests.conftest import TINY_RUN_OVERRIDES
 
 
@@ -145,19 +145,28 @@ def test_the_automatic_width_follows_the_catalogue_and_is_what_the_run_saves(tmp
     assert recsys.Run.load(run.path).config.model.dim == 64
 
 
-def test_sasrec_trains_with_the_exact_softmax_below_100000_items_and_samples_above(tmp_path):
-    """The automatic train.full_softmax: exact for sasrec below EXACT_SOFTMAX_ITEMS (docs/results.md),
-    the sampled softmax above and for every other model; a set value and hard negatives win."""
+def test_sasrec_trains_with_the_exact_softmax_where_it_is_cheap_and_samples_elsewhere(tmp_path):
+    """The automatic train.full_softmax (docs/results.md): exact for sasrec below 100,000 items
+    where it runs on the fused kernel (CUDA under autocast), below 10,000 elsewhere, sampled above
+    and for every other model; a set value and hard negatives win."""
 
-    def exact(num_items: int | None, *sets: str, model: str = "sasrec") -> bool | str:
-        return resolve(load_config(None, [f"model.name={model}", *sets]), num_items=num_items).train.full_softmax
+    def exact(num_items: int | None, *sets: str, model: str = "sasrec", fused: bool = False) -> bool | str:
+        cfg = load_config(None, [f"model.name={model}", *sets])
+        return resolve(cfg, num_items=num_items, fused_softmax=fused).train.full_softmax
 
-    assert EXACT_SOFTMAX_ITEMS == 100_000  # ids include padding: 100,000 ids are 99,999 items
-    assert (exact(100_000), exact(100_001), exact(None)) == (True, False, "auto")
+    assert (FUSED_EXACT_SOFTMAX_ITEMS, EXACT_SOFTMAX_ITEMS) == (100_000, 10_000)
+    # ids include padding: 100,000 ids are 99,999 items
+    assert (exact(100_000, fused=True), exact(100_001, fused=True), exact(None, fused=True)) == (True, False, "auto")
+    assert (exact(10_000), exact(10_001), exact(None)) == (True, False, "auto")
     assert (exact(1_000, "train.full_softmax=false"), exact(200_000, "train.full_softmax=true")) == (False, True)
-    assert exact(1_000, "train.hard_negatives=0.25") is False  # a sampling proposal asks for sampling
+    assert exact(1_000, "train.hard_negatives=0.25", fused=True) is False  # a sampling proposal asks for sampling
     # the other models sample at any size, known or not
-    assert exact(1_000, model="sasrec_mi") is False and exact(None, model="comirec_sa") is False
+    assert exact(1_000, model="sasrec_mi", fused=True) is False and exact(None, model="comirec_sa") is False
+    # which runs count as fused: CUDA under autocast, kernels not forced to their twins
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert fused_exact_softmax(load_config(None, []), cuda) and not fused_exact_softmax(load_config(None, []), cpu)
+    assert not fused_exact_softmax(load_config(None, ["train.amp=false"]), cuda)
+    assert not fused_exact_softmax(load_config(None, ["model.backend=torch"]), cuda)
     with pytest.raises(ConfigError, match="train.full_softmax: must be true, false or \"auto\", got 'yes'"):
         load_config(None, ["train.full_softmax=yes"])
     overrides = [o for o in TINY_RUN_OVERRIDES if not o.startswith("model.")]
