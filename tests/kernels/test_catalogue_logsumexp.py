@@ -23,29 +23,20 @@ from recsys.kernels.catalogue_logsumexp import uses_kernel
 from recsys.kernels.catalogue_logsumexp.triton import BLOCK_N, BLOCK_R, catalogue_logsumexp_op
 from recsys.train.losses import chunked_softmax_loss, full_softmax_loss
 
-from kernel_accuracy import assert_within_twice_twin  # tests/kernels is on sys.path
-
-CUDA = torch.cuda.is_available()
-needs_interpreter = pytest.mark.skipif(
-    CUDA, reason="CPU interpreter tests run only where there is no GPU (the gpu tests cover CUDA)"
+from kernel_accuracy import (  # tests/kernels is on sys.path
+    ATOL,
+    BOTH,
+    CUDA,
+    DEVICES,
+    assert_within_twice_twin,
 )
-GPU_MARKS = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")]
-BOTH = [pytest.param("cpu", marks=needs_interpreter), pytest.param("cuda", marks=GPU_MARKS)]
-ATOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+
 CASES = [  # (R, N, d): lengths 1, 7, 50, 129 on both axes, d 16..128, blocks crossed and sliced
     (1, 1, 16),
     (7, 129, 16),
     (50, 7, 40),
     (129, 50, 64),
     (BLOCK_R + 1, BLOCK_N * 3 + 5, 128),
-]
-DEVICES = [
-    pytest.param("cpu", torch.float32, marks=needs_interpreter, id="cpu-fp32"),
-    pytest.param("cpu", torch.float16, marks=needs_interpreter, id="cpu-fp16"),
-    *(
-        pytest.param("cuda", dt, marks=GPU_MARKS, id=f"cuda-{str(dt)[6:]}")
-        for dt in (torch.float32, torch.float16, torch.bfloat16)
-    ),
 ]
 
 

@@ -21,29 +21,20 @@ from recsys.kernels import max_interest_scores
 from recsys.kernels.max_interest_scores.triton import BLOCK_B, BLOCK_S, max_interest_scores_op
 from recsys.train.losses import negative_logits, sampled_softmax_loss
 
-from kernel_accuracy import assert_within_twice_twin  # tests/kernels is on sys.path
-
-CUDA = torch.cuda.is_available()
-needs_interpreter = pytest.mark.skipif(
-    CUDA, reason="CPU interpreter tests run only where there is no GPU (the gpu tests cover CUDA)"
+from kernel_accuracy import (  # tests/kernels is on sys.path
+    ATOL,
+    BOTH,
+    DEVICES,
+    GPU_MARKS,
+    assert_within_twice_twin,
 )
-GPU_MARKS = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")]
-BOTH = [pytest.param("cpu", marks=needs_interpreter), pytest.param("cuda", marks=GPU_MARKS)]
-ATOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+
 CASES = [  # (B, K, d, S): lengths 1, 7, 50, 129 on both axes, K 1..8, d 16..128, blocks crossed
     (1, 1, 16, 1),
     (7, 3, 16, 129),
     (50, 4, 40, 7),
     (129, 2, 64, 50),
     (BLOCK_B + 1, 8, 128, BLOCK_S * 2 + 3),
-]
-DEVICES = [
-    pytest.param("cpu", torch.float32, marks=needs_interpreter, id="cpu-fp32"),
-    pytest.param("cpu", torch.float16, marks=needs_interpreter, id="cpu-fp16"),
-    *(
-        pytest.param("cuda", dt, marks=GPU_MARKS, id=f"cuda-{str(dt)[6:]}")
-        for dt in (torch.float32, torch.float16, torch.bfloat16)
-    ),
 ]
 
 
