@@ -437,8 +437,8 @@ def chunked_softmax_loss(
     interests: Tensor | None = None,
     backend: str = "auto",
 ) -> LossOutput:
-    """:func:`full_softmax_loss`, computed ``chunk_size`` items at a time: the ``[R, N]`` logits
-    are never held (the idea of Cut Cross-Entropy, Wijmans et al., 2024).
+    """:func:`full_softmax_loss` without holding the ``[R, N]`` logits (the idea of Cut
+    Cross-Entropy, Wijmans et al., 2024): on the fused kernel, or ``chunk_size`` items at a time.
 
     Dense training has ``R = B * L`` targets (every position of a window), where ``[R, N]`` fp32
     logits outgrow the GPU at catalogue sizes that the model itself handles easily.
@@ -450,8 +450,9 @@ def chunked_softmax_loss(
         mask: ``[R]`` bool (optional); False rows are padding: left out of every mean, exactly
             zero gradient.
         z_loss: weight of ``mean(log_z ** 2)``.
-        chunk_size: items per chunk; the largest transient is ``[R, chunk_size]`` fp32 (and
-            ``[R, K, chunk_size]`` for ``interests`` on the torch twin).
+        chunk_size: items per chunk of the torch loop; its largest transient is
+            ``[R, chunk_size]`` fp32 (and ``[R, K, chunk_size]`` for ``interests`` on the torch
+            twin).
         interests: ``[R, K, d]`` (optional): every item but the target scored by its
             best-matching interest, as in :func:`full_softmax_loss`.
         backend: kernel backend of that max score.
@@ -462,8 +463,8 @@ def chunked_softmax_loss(
     registers), else from an autograd Function that keeps one running fp32 logsumexp per row and
     recomputes each chunk's logits in the backward (:class:`_CatalogueLogSumExp`; always with
     ``interests``); the cross-entropy, the mask and the z-loss are composed on the ``[R]``
-    results by ordinary autograd. Nothing syncs the host,
-    so the loss can be captured in a CUDA graph; ids are not range-checked (that would sync).
+    results by ordinary autograd. Nothing syncs the host, so the loss can be captured in a CUDA
+    graph; ids are not range-checked (that would sync).
     """
     _check_user_items("chunked_softmax_loss", user, target, item_emb, mask)
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
