@@ -53,7 +53,7 @@ def _overrides(tmp_path, *extra: str) -> list[str]:
     return [*keep, "model.name=toy_last_click", f"output_dir={tmp_path}", *extra]
 
 
-def test_a_toy_model_trains_evaluates_and_tunes_through_the_public_functions(toy, tmp_path):
+def test_a_toy_model_trains_and_evaluates_through_the_public_functions(toy, tmp_path):
     assert spec_for("toy_last_click") is toy and "toy_last_click" in recsys.models.model_names()
     cfg = resolve(load_config(None, _overrides(tmp_path)))
     assert cfg.train.targets == "all"  # its spec's automatic value
@@ -64,7 +64,12 @@ def test_a_toy_model_trains_evaluates_and_tunes_through_the_public_functions(toy
     assert len(run.recommend(users=run.dataset.user_raw[:2].tolist(), n=5)) == 10
     assert recsys.Run.load(run.path).config.train.targets == "all"  # the resolved value is what was saved
 
+
+def test_a_toy_model_tunes_through_the_public_functions(toy, tmp_path):
+    pytest.importorskip("optuna")  # the tune extra
     from recsys.tune import default_space, tune
+
+    cfg = resolve(load_config(None, _overrides(tmp_path)))
 
     assert default_space(cfg)["model.dim"] == [8, 16]  # the spec's tuning space joins the shared one
     result = tune(
