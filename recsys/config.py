@@ -133,7 +133,7 @@ class TrainConfig:
     logq: bool = True  # subtract log Q(item) from sampled logits
     remove_accidental_hits: bool = True
     # the exact softmax over the whole catalogue (true) or the sampled one (false); "auto" (the default): the
-    # model's choice for the catalogue's size (recsys.models.spec: sasrec is exact on small catalogues)
+    # model's choice for the catalogue's size and the device (recsys.models.spec: sasrec is exact on small catalogues)
     full_softmax: bool | str = AUTO
     z_loss: float = 0.0
     grad_clip: float = 5.0  # 0 disables
