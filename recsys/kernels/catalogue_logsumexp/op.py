@@ -9,17 +9,9 @@ from torch import Tensor
 from recsys.kernels.catalogue_logsumexp import triton as kernel
 from recsys.kernels.catalogue_logsumexp.checks import check_catalogue_logsumexp_args
 from recsys.kernels.catalogue_logsumexp.reference import catalogue_logsumexp_ref
-from recsys.kernels.common.backend import use_triton
+from recsys.kernels.common.backend import product_dtype, use_triton
 
 __all__ = ["catalogue_logsumexp", "uses_kernel"]
-
-
-def _dtype(user: Tensor, items: Tensor) -> torch.dtype:
-    """The dtype the logits are computed in: autocast's where it is on, else the inputs' common one."""
-    device_type = user.device.type
-    if torch.is_autocast_enabled(device_type):
-        return torch.get_autocast_dtype(device_type)
-    return torch.promote_types(user.dtype, items.dtype)
 
 
 def uses_kernel(user: Tensor, items: Tensor, *, backend: str = "auto") -> bool:
@@ -29,7 +21,7 @@ def uses_kernel(user: Tensor, items: Tensor, *, backend: str = "auto") -> bool:
     on the CPU (the Triton interpreter's bf16 products are wrong)."""
     if not use_triton(backend, user.device):
         return False
-    dtype = _dtype(user, items)
+    dtype = product_dtype(user, items)
     supported = kernel.triton_supports(dtype, user.shape[1], items.shape[0])
     if backend == "triton":
         return supported
@@ -57,13 +49,13 @@ def catalogue_logsumexp(user: Tensor, items: Tensor, *, backend: str = "auto") -
     """
     check_catalogue_logsumexp_args(user, items)
     if uses_kernel(user, items, backend=backend):
-        dtype = _dtype(user, items)
+        dtype = product_dtype(user, items)
         return kernel.catalogue_logsumexp_op(user.to(dtype), items.to(dtype))
     if backend == "triton":
         raise ValueError(
             f"the Triton kernel needs fp16/bf16/fp32, d <= 256 and at least one item; got "
-            f"{_dtype(user, items)}, d = {user.shape[1]}, N = {items.shape[0]}"
+            f"{product_dtype(user, items)}, d = {user.shape[1]}, N = {items.shape[0]}"
         )
-    dtype = _dtype(user, items)
+    dtype = product_dtype(user, items)
     with torch.autocast(user.device.type, enabled=False):
         return catalogue_logsumexp_ref(user.to(dtype), items.to(dtype))

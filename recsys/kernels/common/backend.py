@@ -15,7 +15,7 @@ from torch import Tensor
 
 from recsys.config import KERNEL_BACKENDS as BACKENDS
 
-__all__ = ["BACKENDS", "check_lengths", "triton_available", "use_triton"]
+__all__ = ["BACKENDS", "check_lengths", "product_dtype", "triton_available", "use_triton"]
 
 
 def triton_available(device: torch.device) -> bool:
@@ -39,6 +39,15 @@ def use_triton(backend: str, device: torch.device) -> bool:
             raise RuntimeError(f"backend='triton' needs CUDA tensors or TRITON_INTERPRET=1, got a {device.type} tensor")
         return True
     return triton_available(device)
+
+
+def product_dtype(a: Tensor, b: Tensor) -> torch.dtype:
+    """The dtype an op multiplies ``a`` and ``b`` in, as a matmul would: autocast's where it is on
+    for their device, else their common dtype."""
+    device_type = a.device.type
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return torch.promote_types(a.dtype, b.dtype)
 
 
 def check_lengths(lengths: Tensor | None, batch: int, name: str) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from recsys.kernels.common.backend import use_triton
+from recsys.kernels.common.backend import product_dtype, use_triton
 from recsys.kernels.max_interest_scores import triton as kernel
 from recsys.kernels.max_interest_scores.checks import check_max_interest_scores_args
 from recsys.kernels.max_interest_scores.reference import max_interest_scores_ref
@@ -33,10 +33,7 @@ def max_interest_scores(interests: Tensor, items: Tensor, *, backend: str = "aut
     """
     check_max_interest_scores_args(interests, items)
     device_type = interests.device.type
-    if torch.is_autocast_enabled(device_type):
-        dtype = torch.get_autocast_dtype(device_type)
-    else:
-        dtype = torch.promote_types(interests.dtype, items.dtype)
+    dtype = product_dtype(interests, items)
     interests, items = interests.to(dtype), items.to(dtype)
     if use_triton(backend, interests.device):
         # "auto" leaves fp32 on CUDA to the twin: the kernel's IEEE fp32 products spill registers
