@@ -25,11 +25,11 @@ class LastClick(SequenceModel):
         self.proj = nn.Linear(dim, dim)
 
     def encode(self, h: Tensor, lengths: Tensor) -> Tensor:
-        last = h[torch.arange(len(h)), (lengths - 1).clamp(min=0)]
+        last = h[torch.arange(len(h), device=h.device), (lengths - 1).clamp(min=0)]
         return self.proj(last)[:, None] * (lengths > 0)[:, None, None]
 
     def encode_prefix(self, h: Tensor, lengths: Tensor) -> Tensor:
-        valid = torch.arange(h.shape[1])[None, :] < lengths[:, None]
+        valid = torch.arange(h.shape[1], device=h.device)[None, :] < lengths[:, None]
         return (self.proj(h) * valid[..., None])[:, :, None]
 
 
