@@ -103,7 +103,14 @@ def _progress(args: argparse.Namespace) -> bool:
 
 # the budget, and how the step is launched (a run saved when train.cuda_graph defaulted to false
 # can resume as a CUDA graph)
-RESUME_KEYS = ("train.max_steps", "train.max_epochs", "train.max_minutes", "train.patience", "train.cuda_graph")
+RESUME_KEYS = (
+    "train.max_steps",
+    "train.max_epochs",
+    "train.max_minutes",
+    "train.patience",
+    "train.lr_drops",
+    "train.cuda_graph",
+)
 
 
 def _resumed_config(args: argparse.Namespace) -> Config:

@@ -126,6 +126,10 @@ class TrainConfig:
     max_epochs: float = 100.0  # the budget when max_steps = 0; the plateau stop usually ends the run first
     eval_every: int = 0  # 0: a cadence that grows with the run (recsys.train.plan)
     patience: int = 5  # validations without improvement before stopping; 0 disables
+    # at a plateau, go back to the best weights and train on at lr * lr_drop_factor, this many times
+    # before the plateau stops the run (0: the first plateau stops it)
+    lr_drops: int = 0
+    lr_drop_factor: float = 0.1
     max_minutes: float = 0.0  # wall-clock budget of the training loop; at the limit: validate, stop, test; 0 disables
     num_negatives: int = 0  # shared sampled negatives; 0 means 10 * batch_size
     sampler: str = "log_uniform"  # uniform | log_uniform | unigram
@@ -447,6 +451,7 @@ _NON_NEGATIVE = (
     "train.max_steps",
     "train.eval_every",
     "train.patience",
+    "train.lr_drops",
     "train.num_negatives",
     "train.z_loss",
     "train.max_minutes",
@@ -498,6 +503,10 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"train.hard_negatives: must be in [0, 1), got {cfg.train.hard_negatives!r}")
     if not cfg.train.hard_negative_temperature > 0:
         raise ConfigError(f"train.hard_negative_temperature: must be > 0, got {cfg.train.hard_negative_temperature!r}")
+    if not 0 < cfg.train.lr_drop_factor < 1:
+        raise ConfigError(f"train.lr_drop_factor: must be in (0, 1), got {cfg.train.lr_drop_factor!r}")
+    if cfg.train.lr_drops and not cfg.train.patience:
+        raise ConfigError("train.lr_drops: needs train.patience > 0 (the plateau it waits for)")
     if cfg.train.full_softmax not in SWITCH_VALUES:
         raise ConfigError(f'train.full_softmax: must be true, false or "auto", got {cfg.train.full_softmax!r}')
     if cfg.train.hard_negatives and cfg.train.full_softmax is True:

@@ -126,6 +126,14 @@ def broadcast_object(obj: T, src: int = 0) -> T:
     return box[0]
 
 
+def broadcast_weights(model: nn.Module) -> None:
+    """Rank 0's parameters and buffers into every rank's ``model``, in place (single-process: no-op)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    for tensor in model.state_dict().values():
+        dist.broadcast(tensor, src=0)
+
+
 def all_true(flag: bool, device: torch.device) -> bool:
     """True when ``flag`` is true on every rank (syncs the host; single-process: ``flag``).
 

@@ -371,6 +371,13 @@ class TrainStep:
         self.graph.replay()
         return self.static_out
 
+    def scale_lr(self, factor: float) -> None:
+        """Multiply every parameter group's learning rate by ``factor``. A captured step is
+        captured again at its next call: the graph holds the rate as a constant."""
+        for group in self.optimizer.param_groups:
+            group["lr"] *= factor
+        self.graph = None
+
 
 def _detached(out: LossOutput) -> LossOutput:
     return dataclasses.replace(out, loss=out.loss.detach())
@@ -522,6 +529,7 @@ class _LoopState:
     best: float = -math.inf
     best_step: int = 0
     bad_evals: int = 0
+    lr_drops: int = 0  # plateaus that went back to the best weights at a lower rate (train.lr_drops)
     samples_per_s: float = 0.0
     targets_per_s: float = 0.0
     last_eval: int = 0  # the step of the latest validation
@@ -571,7 +579,9 @@ def _optimise(
     if resume:
         ck = rd.load_checkpoint(map_location=device, model=model)
         step_fn.optimizer.load_state_dict(ck["optimizer"])
-        st = _LoopState(ck["step"], ck["best"], ck["best_step"], ck["bad_evals"], last_eval=ck["step"])
+        st = _LoopState(
+            ck["step"], ck["best"], ck["best_step"], ck["bad_evals"], ck.get("lr_drops", 0), last_eval=ck["step"]
+        )
         restore_rng(ck["rng"], {"batches": batches.rng}, {"neg": generator})
         guard.start_loss = ck.get("start_loss")
         rd.rewind_metrics(st.step)
@@ -634,17 +644,35 @@ def _optimise(
             if window_steps:  # the steps since the last log line, before their weights are checkpointed
                 guard.check(st.step, *(sums[[0, 3]] / window_steps).tolist())
             st.last_eval = st.step
-            stop = False
+            verdict = ""
             with meter.paused():
                 if dist.is_main:
-                    stop = _validate(
-                        st, model, step_fn, batches, generator, rd, validate, key, cfg, log, guard, plan, on_validate
+                    can_drop = st.step < max_steps and not out_of_time  # with budget left to use a lower rate
+                    verdict = _validate(
+                        st,
+                        model,
+                        step_fn,
+                        batches,
+                        generator,
+                        rd,
+                        validate,
+                        key,
+                        cfg,
+                        log,
+                        guard,
+                        plan,
+                        on_validate,
+                        can_drop=can_drop,
                     )
             if out_of_time:
                 log(f"stopped at step {st.step}: train.max_minutes={t.max_minutes:g} reached")
                 st.out_of_time = True
                 break
-            if distributed.broadcast_flag(stop, device):
+            if distributed.broadcast_flag(verdict == "drop", device):
+                if not dist.is_main:  # the main process went back to the best weights in _validate
+                    _drop_lr(st, step_fn)
+                distributed.broadcast_weights(model)
+            elif distributed.broadcast_flag(verdict == "stop", device):
                 log(f"early stop at step {st.step}: no {key} improvement in {t.patience} evaluations")
                 break
     set_track_stats(model, False)
@@ -653,6 +681,15 @@ def _optimise(
     st.samples_per_s, st.targets_per_s = dataclasses.astuple(meter.average())  # the run's, not its last window's
     st.cuda_graph = step_fn.use_graph
     return st
+
+
+def _drop_lr(st: _LoopState, step_fn: TrainStep) -> None:
+    """A plateau's step down (``train.lr_drops``): the rate times ``train.lr_drop_factor`` and the
+    patience counted afresh; the caller brings back the best weights. The optimizer's moments stay
+    those of the latest weights, a short way from the best ones."""
+    step_fn.scale_lr(step_fn.cfg.train.lr_drop_factor)
+    st.lr_drops += 1
+    st.bad_evals = 0
 
 
 def _validate(
@@ -669,9 +706,14 @@ def _validate(
     guard: DivergenceGuard,
     plan: TrainPlan,
     on_validate: OnValidate | None = None,
-) -> bool:
-    """Evaluate on the valid users, keep the best weights, checkpoint (with ``guard``'s start loss);
-    True when it is time to stop."""
+    *,
+    can_drop: bool = False,
+) -> str:
+    """Evaluate on the valid users, keep the best weights, checkpoint (with ``guard``'s start loss).
+
+    Returns ``"stop"`` at a plateau, ``"drop"`` at a plateau with ``train.lr_drops`` left and
+    ``can_drop``, after going back to the best weights at the lower rate (so the checkpoint
+    records the run as it goes on), else ``""``."""
     metrics = validate()
     improved = metrics[key] > st.best
     if improved:
@@ -688,6 +730,15 @@ def _validate(
         + ("  (best)" if improved else f"  (no improvement {st.bad_evals}/{patience})")
         + (f"\n  interests: {health}" if health else "")
     )
+    verdict = "stop" if plan.plateau_reached(st.step, st.bad_evals, patience) else ""
+    if verdict and can_drop and st.lr_drops < cfg.train.lr_drops:
+        verdict = "drop"
+        rd.load_best(map_location=step_fn.device, model=model)
+        _drop_lr(st, step_fn)
+        log(
+            f"plateau at step {st.step}: back to the best weights (step {st.best_step}), lr "
+            f"{step_fn.optimizer.param_groups[0]['lr']:.3g} (drop {st.lr_drops} of {cfg.train.lr_drops})"
+        )
     rd.save_checkpoint(
         make_checkpoint(
             model,
@@ -696,13 +747,14 @@ def _validate(
             best=st.best,
             best_step=st.best_step,
             bad_evals=st.bad_evals,
+            lr_drops=st.lr_drops,
             rng=capture_rng({"batches": batches.rng}, {"neg": generator}),
             **guard.state(),
         )
     )
     if on_validate is not None:
         on_validate(st.step, metrics)
-    return plan.plateau_reached(st.step, st.bad_evals, patience)
+    return verdict
 
 
 def _check_split(ds: Dataset, split: Split) -> None:

@@ -65,6 +65,12 @@ def _worker(rank: int, world_size: int, port: int, expected_grads: list[torch.Te
         assert distributed.is_main() == (rank == 0)
         assert torch.distributed.get_backend() == "gloo"
         assert broadcast_flag(rank == 0, info.device) is True  # rank 0's value everywhere
+        mine = _model()
+        with torch.no_grad():
+            for p in mine.parameters():
+                p.fill_(rank + 1.0)
+        distributed.broadcast_weights(mine)  # an lr drop's best weights, loaded on rank 0 only
+        assert all((p == 1.0).all() for p in mine.parameters())
 
         _check_ddp_gradients(rank, expected_grads)
     finally:

@@ -135,3 +135,50 @@ def test_comirec_sa_recovers_planted_interests(tmp_path):
         recall[name] = train(cfg, log=lambda s: None).test_metrics["recall@50"]
     assert recall["comirec_sa"] >= 3 * recall["popular"], recall
     assert recall["comirec_sa"] > recall["youtube_dnn"], recall
+
+
+def test_a_plateau_with_lr_drops_left_goes_back_to_the_best_weights_at_a_lower_rate(tmp_path):
+    """With a rate so low that nothing moves, every validation after a drop scores the best
+    weights exactly, and the run stops at the plateau after the last drop."""
+    lines: list[str] = []
+    drops = ["train.lr_drops=2", "train.lr_drop_factor=1e-12", "train.patience=1", "model.dropout=0"]
+    cfg = _cfg(tmp_path, "name=drops", "train.max_steps=320", "train.eval_every=10", *drops)
+    result = train(cfg, log=lines.append)
+    plateaus = [line for line in lines if line.startswith("plateau at step")]
+    assert len(plateaus) == 2 and f"back to the best weights (step {result.best_step})" in plateaus[0], plateaus
+    assert any(line.startswith("early stop at step") for line in lines) and result.steps < 320
+    run = RunDir(result.run_dir)
+    valid = [r for r in run.read_metrics() if r.get("split") == "valid"]
+    first_drop = int(plateaus[0].split()[3].rstrip(":"))
+    after = [r["recall@50"] for r in valid if r["step"] > first_drop]
+    assert len(after) == 2 and after == [result.best_valid] * 2
+    last = run.load_checkpoint()
+    assert last["lr_drops"] == 2 and last["optimizer"]["param_groups"][0]["lr"] == pytest.approx(1e-3 * 1e-24)
+    for name, tensor in run.load_best().items():
+        torch.testing.assert_close(last["model"][name], tensor, rtol=0, atol=1e-6, msg=name)
+
+
+def test_a_run_resumed_after_an_lr_drop_trains_as_the_uninterrupted_one(tmp_path):
+    drops = ["train.lr_drops=1", "train.patience=1", "model.dropout=0.1", "train.max_steps=320", "train.eval_every=10"]
+    full = train(_cfg(tmp_path, "name=full", *drops), log=lambda s: None)
+    seen: list[str] = []
+
+    def crash_after_the_drop(line: str) -> None:
+        seen.append(line)
+        if line.startswith("step ") and any(s.startswith("plateau at step") for s in seen):
+            raise _Crash
+
+    cfg = _cfg(tmp_path, "name=resumed", *drops)
+    with pytest.raises(_Crash):
+        train(cfg, log=crash_after_the_drop)
+    assert RunDir(tmp_path / "resumed").load_checkpoint()["lr_drops"] == 1  # saved after the drop
+    resumed = train(cfg, run_dir=str(tmp_path / "resumed"), resume=True, log=lambda s: None)
+    assert (resumed.steps, resumed.best_step) == (full.steps, full.best_step)
+    assert resumed.test_metrics == full.test_metrics
+
+
+def test_lr_drops_need_a_plateau_to_wait_for_and_a_factor_below_one(tmp_path):
+    with pytest.raises(ConfigError, match=r"train.lr_drop_factor: must be in \(0, 1\)"):
+        _cfg(tmp_path, "train.lr_drop_factor=1")
+    with pytest.raises(ConfigError, match="train.lr_drops: needs train.patience > 0"):
+        _cfg(tmp_path, "train.lr_drops=1", "train.patience=0")
