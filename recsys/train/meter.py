@@ -102,10 +102,11 @@ class RunMeter:
         seconds = max(self.window_start - self.start - (self.paused_s - self.window_paused_s), 1e-9)
         return Rates(self.samples / seconds, self.targets / seconds)
 
-    def time_left(self, step: int, last_eval: int, bad_evals: int, validated: bool) -> str:
+    def time_left(self, step: int, last_eval: int, bad_evals: int, validated: bool, drops_left: int = 0) -> str:
         """``"~45s left"``-style text for the progress line at ``step`` (``""`` when nothing can
         be said yet); ``last_eval`` and ``bad_evals`` are the latest validation's step and the
-        validations since the best; ``validated``: there has been one (see the module docstring)."""
+        validations since the best; ``validated``: there has been one (see the module docstring);
+        ``drops_left``: plateaus that will lower the rate rather than stop (``train.lr_drops``)."""
         now = self.clock()
         elapsed = now - self.start
         steps_per_s = (step - self.start_step) / max(elapsed, 1e-9)
@@ -120,6 +121,8 @@ class RunMeter:
             return f"at most {max(budget, 0):,.0f}s left (train.max_minutes)"
         if not known:
             return ""
+        if plateau and drops_left:
+            return f"~{seconds:,.0f}s to a plateau without a new best (then a lower rate)"
         return f"~{seconds:,.0f}s left" + (" without a new best" if plateau else "")
 
     def plateau_stop(self, last_eval: int, bad_evals: int) -> int:

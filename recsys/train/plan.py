@@ -100,6 +100,9 @@ class TrainPlan:
             if train.patience
             else "no early stop"
         )
+        if train.patience and train.lr_drops:
+            back = f"going back to the best weights at lr × {train.lr_drop_factor:g}"
+            stop += f", the first {train.lr_drops} plateau(s) {back}"
         decay = f"weight decay {self.weight_decay:.3g}" + (" (automatic)" if train.weight_decay < 0 else "")
         return f"plan: {budget}; {cadence}; {stop}; {decay}"
 

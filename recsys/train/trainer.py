@@ -626,7 +626,9 @@ def _optimise(
                 row["max_attention_logit"] = float(attn)
             if dist.is_main:
                 rd.append_metrics(row)
-                left = meter.time_left(st.step, st.last_eval, st.bad_evals, validated=st.last_eval > 0)
+                left = meter.time_left(
+                    st.step, st.last_eval, st.bad_evals, st.last_eval > 0, drops_left=t.lr_drops - st.lr_drops
+                )
                 log(
                     f"step {st.step}/{max_steps}  loss {loss:.4f}  logZ {log_z:.2f}  |g| {gnorm:.2f}  "
                     f"{rates.describe()}  {left}".rstrip()

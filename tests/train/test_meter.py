@@ -32,6 +32,8 @@ def test_time_left_counts_the_plateau_stop_not_the_step_cap():
     assert meter.plateau_stop(100, 0) == 600
     assert meter.time_left(100, last_eval=100, bad_evals=0, validated=True) == "~5s left without a new best"
     assert meter.time_left(100, last_eval=100, bad_evals=3, validated=True) == "~2s left without a new best"
+    drop = meter.time_left(100, last_eval=100, bad_evals=3, validated=True, drops_left=1)
+    assert drop == "~2s to a plateau without a new best (then a lower rate)"  # train.lr_drops: no stop there
 
 
 def test_plateau_stop_waits_for_one_epoch():

@@ -93,6 +93,10 @@ def test_describe_names_budget_cadence_and_stop():
     line = plan_training(t, "comirec_sa", _indptr([10] * 5000)).describe(t)
     assert "100 epochs of" in line and "10% of the steps" in line
     assert "after 5 validations without improvement" in line and "(automatic)" in line
+    assert "plateau" not in line.split("early stop")[1].split(";")[0]
+    drops = _train("train.lr_drops=2")
+    line = plan_training(drops, "comirec_sa", _indptr([10] * 5000)).describe(drops)
+    assert "the first 2 plateau(s) going back to the best weights at lr × 0.1" in line
 
 
 def test_automatic_weight_decay_is_a_fixed_shrinkage_per_epoch():
