@@ -130,6 +130,9 @@ class TrainConfig:
     # before the plateau stops the run (0: the first plateau stops it)
     lr_drops: int = 0
     lr_drop_factor: float = 0.1
+    # validate, keep and ship an exponential moving average of the weights with this decay (about
+    # 1 / (1 - ema_decay) steps averaged; recsys.train.averaging); 0 scores the last weights
+    ema_decay: float = 0.999
     max_minutes: float = 0.0  # wall-clock budget of the training loop; at the limit: validate, stop, test; 0 disables
     num_negatives: int = 0  # shared sampled negatives; 0 means 10 * batch_size
     sampler: str = "log_uniform"  # uniform | log_uniform | unigram
@@ -505,6 +508,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"train.hard_negative_temperature: must be > 0, got {cfg.train.hard_negative_temperature!r}")
     if not 0 < cfg.train.lr_drop_factor < 1:
         raise ConfigError(f"train.lr_drop_factor: must be in (0, 1), got {cfg.train.lr_drop_factor!r}")
+    if not 0.0 <= cfg.train.ema_decay < 1.0:
+        raise ConfigError(f"train.ema_decay: must be in [0, 1) (0: no averaging), got {cfg.train.ema_decay!r}")
     if cfg.train.lr_drops and not cfg.train.patience:
         raise ConfigError("train.lr_drops: needs train.patience > 0 (the plateau it waits for)")
     if cfg.train.full_softmax not in SWITCH_VALUES:

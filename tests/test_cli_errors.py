@@ -174,6 +174,24 @@ def test_resume_restores_a_missing_best_pt(run_copy, capsys):
     assert main(["evaluate", str(run_copy)]) == 0
 
 
+def test_a_missing_best_pt_is_restored_as_the_weights_validation_scored(run_copy):
+    """With train.ema_decay (the default) validation scores the weight average: that is what comes back."""
+    import torch
+
+    from recsys.run import RunDir
+
+    run = RunDir(run_copy)
+    assert run.read_config().train.ema_decay > 0 and "average" in run.load_checkpoint()
+    saved = run.load_best()
+    (run_copy / "best.pt").unlink()
+    with pytest.warns(UserWarning, match=r"restored from model.pt \(the best weights"):
+        run.require_checkpoint()
+    restored = RunDir(run_copy).load_best()
+    assert restored.keys() == saved.keys()
+    for name, tensor in saved.items():
+        assert torch.equal(restored[name], tensor), name
+
+
 def test_a_truncated_metrics_log_does_not_block_the_resume(run_copy, capsys):
     """Was: "metrics.jsonl: truncated" refused a resume whose checkpoints were fine."""
     _truncate(run_copy / "metrics.jsonl")

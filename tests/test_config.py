@@ -107,6 +107,17 @@ def test_saved_runs_without_the_anti_collapse_keys_load_as_trained():
     assert cfg.model.score_cap == 0.0 and cfg.train.soft_readout_steps == 0
 
 
+def test_saved_runs_without_a_weight_average_load_as_trained():
+    """A config.json written before train.ema_decay existed validated and kept its last weights."""
+    saved = Config().to_dict()
+    assert run_config_from_dict(saved).train.ema_decay == Config().train.ema_decay > 0
+    del saved["train"]["ema_decay"]
+    assert run_config_from_dict(saved).train.ema_decay == 0.0
+    for bad in ("1", "1.5", "-0.1"):
+        with pytest.raises(ConfigError, match=r"train.ema_decay: must be in \[0, 1\)"):
+            load_config(None, [f"train.ema_decay={bad}"])
+
+
 def test_layered_files_later_wins(tmp_path):
     a, b = tmp_path / "a.toml", tmp_path / "b.toml"
     a.write_text('[data]\nsource = "x.csv"\nmax_len = 50\n[model]\ndim = 16\n')

@@ -200,8 +200,8 @@ class RunDir:
 
         A run to resume must also evaluate whenever it stops, so a missing ``best.pt`` is
         restored from the checkpoint, with a warning: exactly when the checkpoint's validation was
-        the best one, else with the checkpoint's weights (``best.pt`` is rewritten as soon as a
-        validation beats the recorded best).
+        the best one, else with the weights it scored (its weight average where it has one;
+        ``best.pt`` is rewritten as soon as a validation beats the recorded best).
         """
         if not self.has_checkpoint():
             raise FileNotFoundError(
@@ -215,7 +215,8 @@ class RunDir:
         ck = self.load_checkpoint()
         if ck["best"] == -math.inf:  # no validation has scored yet: there is no best to restore
             return
-        self.save_best(ck["model"])
+        # with train.ema_decay validation scored the weight average, which the checkpoint holds beside the weights
+        self.save_best({**ck["model"], **ck.get("average", {}).get("weights", {})})
         which = (
             f"the best weights, of step {ck['step']}"
             if ck["best_step"] == ck["step"]

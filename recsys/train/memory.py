@@ -32,7 +32,7 @@ def estimate_bytes(cfg: Config, num_params: int, num_items: int, num_interests: 
     Args:
         cfg: the run config (batch sizes, ``max_len``, dim, hidden, negatives, top-N).
         num_params: trainable parameters of the built model (weights, gradients and two Adam
-            moments are kept for each).
+            moments are kept for each, and their average with ``train.ema_decay``).
         num_items: catalogue size (with padding).
         num_interests: K of the built model (1 for single-interest models).
     """
@@ -54,7 +54,7 @@ def estimate_bytes(cfg: Config, num_params: int, num_items: int, num_interests: 
         step += 2 * b * k * num_items  # the hard-negative proposal's scores and softmax over the catalogue
     eval_batch = e.batch_size * k * (d + 3 * max(e.topn))  # interests and per-interest search results
     return {
-        "parameters and optimizer state": 4 * num_params * _FLOAT,
+        "parameters and optimizer state": (5 if t.ema_decay else 4) * num_params * _FLOAT,
         "training step activations": (step + negatives * d) * _FLOAT,
         "evaluation batch": eval_batch * _FLOAT,
     }

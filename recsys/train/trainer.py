@@ -40,6 +40,7 @@ from recsys.nn.attention import max_attention_logit, set_track_stats
 from recsys.nn.masking import gather_last
 from recsys.run import RunDir, build_experiment, new_run_dir
 from recsys.train import distributed
+from recsys.train.averaging import WeightAverage
 from recsys.train.checkpoint import capture_rng, make_checkpoint, restore_rng
 from recsys.train.divergence import DivergenceGuard
 from recsys.train.graphs import DDP_WARMUP_STEPS, WARMUP_STEPS, capturing, launch_line, plan_graph, side_stream
@@ -173,6 +174,8 @@ class TrainStep:
         self.static_in: tuple[Tensor, ...] = ()
         self.static_out: tuple[LossOutput, Tensor | None] | None = None
         self._announced = False
+        # the weights validation scores (train.ema_decay); None scores the last weights
+        self.average = WeightAverage(model, t.ema_decay) if t.ema_decay else None
 
     def negatives(self) -> tuple[Tensor, Tensor]:
         """``([S_base] ids from the sampler, [S_hard] uniforms for the hard draws)``; both empty
@@ -284,6 +287,8 @@ class TrainStep:
         if self.cfg.train.grad_clip > 0:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip)
         self.optimizer.step()
+        if self.average is not None:
+            self.average.update()
         return out, grad_norm
 
     def _capture(self, batch: tuple[Tensor, ...]) -> None:
@@ -292,12 +297,13 @@ class TrainStep:
         The optimizer state must exist before capture (its lazy initialisation would otherwise
         be recorded and replayed), so the warm-up creates it and the states are then put back
         in place: copied from before the warm-up where they existed (a resumed run), zeroed
-        (Adam's fresh state) where they did not. Under DDP the warm-up is the
+        (Adam's fresh state) where they did not; the weight average is put back too. Under DDP the warm-up is the
         :data:`~recsys.train.graphs.DDP_WARMUP_STEPS` eager iterations DDP needs; every rank
         undoes the same synchronised updates, so the replicas stay equal.
         """
         self.static_in = tuple(x.clone() for x in batch)
         params = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        average = self.average.state_dict() if self.average is not None else None
         saved = {
             p: {k: v.clone() for k, v in st.items() if torch.is_tensor(v)} for p, st in self.optimizer.state.items()
         }
@@ -309,6 +315,8 @@ class TrainStep:
         finally:  # also when a warm-up step fails: eager launches go on from the same weights
             with torch.no_grad():
                 self.model.load_state_dict(params)
+                if self.average is not None and average is not None:
+                    self.average.load_state_dict(average)
                 for p, st in self.optimizer.state.items():
                     for k, v in st.items():
                         if torch.is_tensor(v):
@@ -359,6 +367,8 @@ class TrainStep:
         if self.soft_phase and step >= warm:  # the blend has reached the argmax: drop its cost
             self.soft_phase, self.graph = False, None
         self.soft.fill_(max(0.0, 1.0 - step / warm) if warm else 0.0)
+        if self.average is not None:
+            self.average.prepare(step)
         batch = (seq, lengths, targets, *self.negatives(), self.soft)
         if self.use_graph and self.graph is None:
             self._try_capture(batch)
@@ -584,6 +594,8 @@ def _optimise(
         )
         restore_rng(ck["rng"], {"batches": batches.rng}, {"neg": generator})
         guard.start_loss = ck.get("start_loss")
+        if step_fn.average is not None:
+            step_fn.average.load_state_dict(ck["average"])
         rd.rewind_metrics(st.step)
         log(f"resumed at step {st.step} (best {key} {st.best:.4f} at step {st.best_step})")
 
@@ -686,10 +698,12 @@ def _optimise(
 
 
 def _drop_lr(st: _LoopState, step_fn: TrainStep) -> None:
-    """A plateau's step down (``train.lr_drops``): the rate times ``train.lr_drop_factor`` and the
-    patience counted afresh; the caller brings back the best weights. The optimizer's moments stay
-    those of the latest weights, a short way from the best ones."""
+    """A plateau's step down (``train.lr_drops``): the rate times ``train.lr_drop_factor``, the
+    patience counted afresh and the weight average started again; the caller brings back the best
+    weights. The optimizer's moments stay those of the latest weights, a short way from the best ones."""
     step_fn.scale_lr(step_fn.cfg.train.lr_drop_factor)
+    if step_fn.average is not None:
+        step_fn.average.reset(st.step)
     st.lr_drops += 1
     st.bad_evals = 0
 
@@ -712,15 +726,19 @@ def _validate(
     can_drop: bool = False,
 ) -> str:
     """Evaluate on the valid users, keep the best weights, checkpoint (with ``guard``'s start loss).
+    With ``train.ema_decay`` the weight average is what is evaluated and kept as the best weights.
 
     Returns ``"stop"`` at a plateau, ``"drop"`` at a plateau with ``train.lr_drops`` left and
     ``can_drop``, after going back to the best weights at the lower rate (so the checkpoint
     records the run as it goes on), else ``""``."""
-    metrics = validate()
-    improved = metrics[key] > st.best
+    scored = step_fn.average.swapped_in() if step_fn.average is not None else contextlib.nullcontext()
+    with scored:
+        metrics = validate()
+        improved = metrics[key] > st.best
+        if improved:
+            rd.save_best(model.state_dict())
     if improved:
         st.best, st.best_step, st.bad_evals = metrics[key], st.step, 0
-        rd.save_best(model.state_dict())
     else:
         st.bad_evals += 1
     rd.append_metrics({"step": st.step, "split": "valid", **metrics})
@@ -750,6 +768,7 @@ def _validate(
             best_step=st.best_step,
             bad_evals=st.bad_evals,
             lr_drops=st.lr_drops,
+            **({"average": step_fn.average.state_dict()} if step_fn.average is not None else {}),
             rng=capture_rng({"batches": batches.rng}, {"neg": generator}),
             **guard.state(),
         )

@@ -234,6 +234,10 @@ def test_the_captured_step_follows_the_eager_step(mode, switches):
     assert graphed == pytest.approx(eager, rel=1e-2)  # bf16 autocast
     for a, b in zip(eager_step.model.parameters(), step.model.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-3)
+    # the weight average is updated inside the graph, and the warm-up's updates were undone
+    assert step.average is not None and eager_step.average is not None
+    for a, b in zip(eager_step.average.weights, step.average.weights):
+        torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-3)
 
 
 @pytest.mark.gpu

@@ -177,6 +177,25 @@ def test_a_run_resumed_after_an_lr_drop_trains_as_the_uninterrupted_one(tmp_path
     assert resumed.test_metrics == full.test_metrics
 
 
+def test_the_weight_average_is_what_is_validated_kept_and_tested(tmp_path):
+    """train.ema_decay: best.pt holds the bias-corrected average (not the last weights), and the
+    checkpoint carries the running sums a resume continues from."""
+    steps = ["train.max_steps=20", "train.eval_every=20", "model.dropout=0.1"]
+    result = train(_cfg(tmp_path, "name=avg", "train.ema_decay=0.9", *steps), log=lambda s: None)
+    run = RunDir(result.run_dir)
+    ck, best = run.load_checkpoint(), run.load_best()
+    assert ck["average"]["start"] == 0 and ck["average"]["decay"] == 0.9 and result.best_step == 20
+    params = [n for n, p in Run.load(result.run_dir).model.named_parameters() if p.requires_grad]
+    assert sorted(ck["average"]["weights"]) == sorted(params)
+    for name, average in ck["average"]["weights"].items():
+        assert torch.equal(best[name], average), name
+    assert any(not torch.equal(best[n], ck["model"][n]) for n in params)  # the last weights differ
+    last = RunDir(train(_cfg(tmp_path, "name=last", "train.ema_decay=0", *steps), log=lambda s: None).run_dir)
+    assert "average" not in last.load_checkpoint()
+    for name, tensor in last.load_best().items():
+        torch.testing.assert_close(last.load_checkpoint()["model"][name], tensor, rtol=0, atol=0, msg=name)
+
+
 def test_lr_drops_need_a_plateau_to_wait_for_and_a_factor_below_one(tmp_path):
     with pytest.raises(ConfigError, match=r"train.lr_drop_factor: must be in \(0, 1\)"):
         _cfg(tmp_path, "train.lr_drop_factor=1")
