@@ -104,7 +104,13 @@ class TrainPlan:
             back = f"going back to the best weights at lr × {train.lr_drop_factor:g}"
             stop += f", the first {train.lr_drops} plateau(s) {back}"
         decay = f"weight decay {self.weight_decay:.3g}" + (" (automatic)" if train.weight_decay < 0 else "")
-        return f"plan: {budget}; {cadence}; {stop}; {decay}"
+        scored = (
+            f"validating the weights averaged over about {1 / (1 - train.ema_decay):,.0f} steps "
+            f"(train.ema_decay {train.ema_decay:g})"
+            if train.ema_decay
+            else "validating the last weights"
+        )
+        return f"plan: {budget}; {cadence}; {stop}; {decay}; {scored}"
 
 
 def shared_negatives(train: TrainConfig) -> int:

@@ -97,6 +97,11 @@ def test_describe_names_budget_cadence_and_stop():
     drops = _train("train.lr_drops=2")
     line = plan_training(drops, "comirec_sa", _indptr([10] * 5000)).describe(drops)
     assert "the first 2 plateau(s) going back to the best weights at lr × 0.1" in line
+    assert line.endswith("validating the weights averaged over about 1,000 steps (train.ema_decay 0.999)")
+    last = _train("train.ema_decay=0")
+    assert (
+        plan_training(last, "comirec_sa", _indptr([10] * 5000)).describe(last).endswith("validating the last weights")
+    )
 
 
 def test_automatic_weight_decay_is_a_fixed_shrinkage_per_epoch():
