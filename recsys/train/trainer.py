@@ -297,13 +297,13 @@ class TrainStep:
         The optimizer state must exist before capture (its lazy initialisation would otherwise
         be recorded and replayed), so the warm-up creates it and the states are then put back
         in place: copied from before the warm-up where they existed (a resumed run), zeroed
-        (Adam's fresh state) where they did not; the weight average is put back too. Under DDP the warm-up is the
-        :data:`~recsys.train.graphs.DDP_WARMUP_STEPS` eager iterations DDP needs; every rank
-        undoes the same synchronised updates, so the replicas stay equal.
+        (Adam's fresh state) where they did not; the weight average is put back too. Under DDP
+        the warm-up is the :data:`~recsys.train.graphs.DDP_WARMUP_STEPS` eager iterations DDP
+        needs; every rank undoes the same synchronised updates, so the replicas stay equal.
         """
         self.static_in = tuple(x.clone() for x in batch)
         params = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        average = self.average.state_dict() if self.average is not None else None
+        average = self.average.state_dict() if self.average is not None else None  # undone like the weights
         saved = {
             p: {k: v.clone() for k, v in st.items() if torch.is_tensor(v)} for p, st in self.optimizer.state.items()
         }
