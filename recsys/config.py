@@ -156,6 +156,10 @@ class TrainConfig:
     # what a training window teaches: "last" = one target per sampled history (ComiRec's sampler) | "all" =
     # every position of a window predicts the next click (dense) | "auto" = the model's default (its spec)
     targets: str = AUTO
+    # clicks each target position predicts: 1 = the next one | m > 1 = each of the next m clicks, read out against
+    # the same interests (PinnerFormer's all-action objective) | -1 (the default): the model's value where the
+    # data's timestamps leave the order of consecutive clicks open, else 1 (recsys.models.spec.automatic_horizon)
+    horizon: int = -1
     cpu_threads: int = 0  # torch intra-op threads on CPU; 0 keeps torch's default
     # also write every metrics.jsonl scalar as TensorBoard events (RUN/tensorboard/; extra track)
     tensorboard: bool = False
@@ -510,6 +514,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"train.lr_drop_factor: must be in (0, 1), got {cfg.train.lr_drop_factor!r}")
     if not 0.0 <= cfg.train.ema_decay < 1.0:
         raise ConfigError(f"train.ema_decay: must be in [0, 1) (0: no averaging), got {cfg.train.ema_decay!r}")
+    if cfg.train.horizon < 1 and cfg.train.horizon != -1:
+        raise ConfigError(f"train.horizon: must be >= 1 (or -1: automatic), got {cfg.train.horizon!r}")
     if cfg.train.lr_drops and not cfg.train.patience:
         raise ConfigError("train.lr_drops: needs train.patience > 0 (the plateau it waits for)")
     if cfg.train.full_softmax not in SWITCH_VALUES:

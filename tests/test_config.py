@@ -187,7 +187,7 @@ def test_memory_estimate_names_the_number_and_passes_sane_configs():
     cfg = load_config(None, ["model.backend=torch"])
     model = build_model(cfg.model, 4001, cfg.data.max_len)
     assert check_fits(cfg, model, 4001, torch.device("cpu"), available=1 * gib) < 1 * gib
-    cfg = load_config(None, ["model.backend=torch", "model.num_interests=100000"])
+    cfg = load_config(None, ["model.backend=torch", "model.num_interests=100000", "train.horizon=1"])
     model = build_model(cfg.model, 4001, cfg.data.max_len)
     with pytest.raises(ConfigError, match=r"model.num_interests=100000.*needs about 1\d\d\.\d GiB.*24.0 GiB free"):
         check_fits(cfg, model, 4001, torch.device("cpu"), available=24 * gib)
@@ -285,3 +285,12 @@ def test_memory_estimate_adds_evaluation_to_a_captured_step():
     eager = check_fits(cfg, model, 4001, torch.device("cpu"), available=1 << 40)
     kept = check_fits(cfg, model, 4001, torch.device("cpu"), available=1 << 40, step_kept=True)
     assert kept - eager == min(parts["training step activations"], parts["evaluation batch"]) > 0
+
+
+@pytest.mark.parametrize("name", ["comirec_sa", "sasrec", "mind"])
+def test_saved_runs_without_a_horizon_load_as_trained(name):
+    """A config.json written before train.horizon existed predicted the next click only."""
+    saved = Config().to_dict()
+    saved["model"]["name"] = name
+    del saved["train"]["horizon"]
+    assert run_config_from_dict(saved).train.horizon == 1

@@ -43,6 +43,26 @@ def pad_sequences(
     return inputs, lengths
 
 
+def following_clicks(items: np.ndarray, first: np.ndarray, row_end: np.ndarray, horizon: int) -> np.ndarray:
+    """The ``horizon`` clicks from absolute position ``first`` on, 0 past the row's end.
+
+    Args:
+        items ``[nnz]`` int64: the CSR clicks.
+        first ``[...]`` int64: absolute positions into ``items`` (``first < row_end`` where a target is
+            wanted; elsewhere the output is all 0).
+        row_end ``[...]`` int64 (broadcast against ``first``): each position's row end, exclusive.
+        horizon: clicks to take.
+
+    Returns:
+        ``[..., horizon]`` int64: ``items[first + j]`` where ``first + j < row_end``, else 0.
+    """
+    index = np.asarray(first, dtype=np.int64)[..., None] + np.arange(horizon)  # [..., horizon]
+    valid = index < np.asarray(row_end, dtype=np.int64)[..., None]
+    out = np.zeros(index.shape, dtype=np.int64)
+    out[valid] = items[index[valid]]
+    return out
+
+
 def gather_rows(
     indptr: np.ndarray, items: np.ndarray, starts: np.ndarray, ends: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -61,7 +81,10 @@ def gather_rows(
 class TrainSampler:
     """ComiRec's training samples: a uniformly random user with more than ``min_target``
     clicks, a uniformly random target position ``t`` in ``[min_target, n - 1]`` of that user's
-    sequence, and the up-to-``max_len`` clicks before ``t`` as the history.
+    sequence, and the up-to-``max_len`` clicks before ``t`` as the history. With ``horizon`` m > 1
+    the targets are the clicks at ``t .. t + m - 1`` (fewer at the sequence's end), each read
+    out against the same interests: PinnerFormer's "all-action" objective, closer to what the
+    ComiRec protocol scores (the whole rest of a sequence) than the next click alone.
 
     Args:
         indptr ``[R + 1]`` int64, items ``[nnz]`` int64: training sequences (CSR).
@@ -70,6 +93,7 @@ class TrainSampler:
         users ``[U']`` int64 (optional): draw only from these rows.
         min_target: the earliest target position (default 1: any click with a history;
             ComiRec's reference code uses 4).
+        horizon: following clicks each history predicts (default 1: the next one).
     """
 
     def __init__(
@@ -80,9 +104,13 @@ class TrainSampler:
         seed: int,
         users: np.ndarray | None = None,
         min_target: int = 1,
+        horizon: int = 1,
     ) -> None:
         if min_target < 1:
             raise ValueError(f"TrainSampler: min_target must be >= 1, got {min_target}")
+        if horizon < 1:
+            raise ValueError(f"TrainSampler: horizon must be >= 1, got {horizon}")
+        self.horizon = horizon
         self.indptr = np.asarray(indptr, dtype=np.int64)
         self.items = np.asarray(items, dtype=np.int64)
         self.max_len = max_len
@@ -109,12 +137,15 @@ class TrainSampler:
 
     def sample(self, batch_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Returns ``seq [B, max_len]`` int64 (right-padded), ``lengths [B]`` int64 (>= 1)
-        and ``targets [B]`` int64: the click that followed each history."""
+        and ``targets``: ``[B]`` int64, the click that followed each history, or with
+        ``horizon`` m > 1 ``[B, m]`` int64, the m clicks that followed it (0 past the sequence's end)."""
         rows = self.users[self.rng.integers(0, len(self.users), size=batch_size)]
         starts = self.indptr[rows]
         positions = self.rng.integers(self.min_target, self.indptr[rows + 1] - starts)  # [min_target, n - 1]
         seq, lengths = pad_sequences(self.indptr, self.items, rows, self.max_len, ends=starts + positions)
-        return seq, lengths, self.items[starts + positions]
+        if self.horizon == 1:
+            return seq, lengths, self.items[starts + positions]
+        return seq, lengths, following_clicks(self.items, starts + positions, self.indptr[rows + 1], self.horizon)
 
 
 class WindowSampler:
@@ -124,13 +155,25 @@ class WindowSampler:
     predicts click ``t + 1``, so one window carries up to ``max_len`` targets, each seeing only
     the clicks before it (causal models).
 
+    With ``horizon`` m > 1, position ``t`` predicts each of clicks ``t + 1 .. t + m`` of the
+    user's sequence (reaching past the window's end, fewer at the sequence's end).
+
     Same constructor and state as :class:`TrainSampler` (``min_target`` does not apply: every
     click with one before it is a target somewhere).
     """
 
     def __init__(
-        self, indptr: np.ndarray, items: np.ndarray, max_len: int, seed: int, users: np.ndarray | None = None
+        self,
+        indptr: np.ndarray,
+        items: np.ndarray,
+        max_len: int,
+        seed: int,
+        users: np.ndarray | None = None,
+        horizon: int = 1,
     ) -> None:
+        if horizon < 1:
+            raise ValueError(f"WindowSampler: horizon must be >= 1, got {horizon}")
+        self.horizon = horizon
         self.indptr = np.asarray(indptr, dtype=np.int64)
         self.items = np.asarray(items, dtype=np.int64)
         self.max_len = max_len
@@ -146,7 +189,8 @@ class WindowSampler:
         return len(self.users)
 
     def mean_targets(self) -> float:
-        """Expected valid positions (targets) of one window, ``E[min(e - 1, max_len)]`` over the draw."""
+        """Expected valid positions of one window, ``E[min(e - 1, max_len)]`` over the draw (its
+        targets at ``horizon`` 1)."""
         n = np.diff(self.indptr)[self.users]  # [U]
         full = np.maximum(n - self.max_len - 1, 0)  # ends e in [max_len + 2, n] give max_len targets
         short = np.minimum(n, self.max_len + 1) - 1  # ends e in [2, min(n, max_len + 1)] give e - 1
@@ -159,13 +203,15 @@ class WindowSampler:
     def sample(self, batch_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Returns ``seq [B, max_len]`` int64 (right-padded), ``lengths [B]`` int64 (>= 1) and
         ``targets [B, max_len]`` int64: ``targets[b, t]`` is the click after ``seq[b, t]``, 0 at
-        padded positions."""
+        padded positions; with ``horizon`` m > 1 ``[B, max_len, m]``, the m clicks after it (0 at
+        padded positions and past the sequence's end)."""
         rows = self.users[self.rng.integers(0, len(self.users), size=batch_size)]
         starts = self.indptr[rows]
         ends = starts + self.rng.integers(2, self.indptr[rows + 1] - starts + 1)  # absolute, exclusive
         seq, lengths = pad_sequences(self.indptr, self.items, rows, self.max_len, ends=ends - 1)
-        targets = np.zeros_like(seq)
         cols = np.arange(self.max_len)
-        valid = cols[None, :] < lengths[:, None]
-        targets[valid] = self.items[((ends - lengths)[:, None] + cols[None, :])[valid]]
-        return seq, lengths, targets
+        first = (ends - lengths)[:, None] + cols[None, :]  # [B, max_len] absolute position of each next click
+        # padded positions get a row end at their own first target, so no click
+        row_end = np.where(cols[None, :] < lengths[:, None], self.indptr[rows + 1][:, None], first)
+        targets = following_clicks(self.items, first, row_end, self.horizon)  # [B, max_len, m]
+        return seq, lengths, targets[..., 0] if self.horizon == 1 else targets

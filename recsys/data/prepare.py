@@ -143,6 +143,23 @@ class Dataset:
         """``[num_users]`` int64 clicks per user."""
         return np.diff(self.indptr)
 
+    def tied_share(self) -> float:
+        """Share of a user's consecutive clicks (pairs) with equal timestamps, 0 without times.
+
+        The data does not order such a pair: the file's row order does, so "the next click" is
+        partly arbitrary there (51% of MovieLens 100K's pairs, rated in bursts; 44% of Amazon
+        Beauty's, stamped by the day). The automatic ``train.horizon`` reads it
+        (:func:`recsys.models.spec.automatic_horizon`).
+        """
+        if self.times is None or len(self.items) < 2:
+            return 0.0
+        same_user = np.ones(len(self.items) - 1, dtype=bool)  # [nnz - 1]: clicks i and i + 1 in one row
+        starts = self.indptr[1:-1]
+        same_user[starts[(starts > 0) & (starts < len(self.items))] - 1] = False
+        pairs = int(same_user.sum())
+        tied = int((same_user & (self.times[1:] == self.times[:-1])).sum())
+        return tied / pairs if pairs else 0.0
+
     def stats(self) -> dict[str, float | int | bool | str]:
         """Counts for printing: users, items, interactions, lengths, categories, density."""
         lengths = self.lengths

@@ -78,6 +78,7 @@ SPEC = register(
             "train.soft_readout_steps": 1000,
             "train.negative_scores": "max",
             "train.attention_reg": 1.0,
+            "train.horizon": 5,  # where the data leaves the order of its clicks open (automatic_horizon)
         },
         # the K interests share one space, which 64 wide crowds on a large catalogue (docs/models.md)
         large_catalogue={"model.dim": 128},

@@ -126,6 +126,7 @@ SASREC_MI = register(
             "train.soft_readout_steps": 1000,
             "train.negative_scores": "max",
             "train.attention_reg": 1.0,
+            "train.horizon": 5,  # where the data leaves the order of its clicks open (automatic_horizon)
         },
         large_catalogue={"model.dim": 128, "model.dropout": 0.2},
         tune_space={**MULTI_INTEREST_SPACE, **SELF_ATTENTIVE_SPACE, **DROPOUT_SPACE},

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 # (the model on the meta device, catalogue size with padding); what it returns is ignored
-CheckMemory = Callable[[InterestModel, int], object]
+CheckMemory = Callable[[Config, InterestModel, int], object]
 
 __all__ = ["Experiment", "LoadedRun", "build_experiment", "load_run", "train_item_counts"]
 
@@ -87,23 +87,23 @@ def build_experiment(
 ) -> Experiment:
     """Load ``cfg``'s data (or use ``dataset``, or the click table ``clicks``), split it, count
     the training clicks and build ``cfg.model`` (untrained, on the CPU). ``cfg`` is resolved for
-    its model first (:func:`recsys.models.resolve`), and again once the catalogue is known (the
-    width and the other values that follow it; ``fused_softmax`` as in :func:`recsys.models.resolve`);
-    the experiment holds the resolved copy.
+    its model first (:func:`recsys.models.resolve`), and again once the data is known (the width
+    and the other values that follow the catalogue, the horizon that follows the timestamps;
+    ``fused_softmax`` as in :func:`recsys.models.resolve`); the experiment holds the resolved copy.
 
-    ``check_memory(shapes, num_items)``, when given, runs before the model takes any memory, on
-    the same model built on the ``meta`` device (parameters with shapes and no storage), so a
-    size that cannot fit (e.g. :func:`recsys.train.memory.check_fits`) is refused before it is
-    allocated rather than by the allocator or the out-of-memory killer.
+    ``check_memory(cfg, shapes, num_items)``, when given, runs before the model takes any memory,
+    with the resolved config, on the same model built on the ``meta`` device (parameters with
+    shapes and no storage), so a size that cannot fit (e.g. :func:`recsys.train.memory.check_fits`)
+    is refused before it is allocated rather than by the allocator or the out-of-memory killer.
     """
     cfg = resolve(cfg)
     ds = dataset if dataset is not None else load_dataset(cfg, clicks=clicks, progress=progress)
-    cfg = resolve(cfg, num_items=ds.num_items, fused_softmax=fused_softmax)
+    cfg = resolve(cfg, num_items=ds.num_items, fused_softmax=fused_softmax, tied_share=ds.tied_share())
     split = split_dataset(ds, cfg.data)
     counts = train_item_counts(split, ds.num_items)
     if check_memory is not None:
         with torch.device("meta"):
-            check_memory(build_model(cfg.model, ds.num_items, cfg.data.max_len, item_counts=counts), ds.num_items)
+            check_memory(cfg, build_model(cfg.model, ds.num_items, cfg.data.max_len, item_counts=counts), ds.num_items)
     model = build_model(cfg.model, ds.num_items, cfg.data.max_len, item_counts=counts)
     return Experiment(cfg, ds, split, counts, model)
 

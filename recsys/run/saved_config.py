@@ -10,6 +10,7 @@ A key missing from the file dates the run; the values that were in force then fi
 - no ``train.negative_scores``: the readout's interest scored the negatives (``"readout"``);
 - no ``train.targets``: one target per sampled history (``"last"``);
 - no ``train.ema_decay``: the last weights were validated and kept (0);
+- no ``train.horizon``: each target predicted its next click only (1);
 - and what the model's own spec says (:attr:`recsys.models.spec.ModelSpec.saved_defaults`).
 """
 
@@ -20,7 +21,13 @@ from typing import Any
 from recsys.config import Config, ModelConfig, config_from_dict
 from recsys.models.spec import resolve, spec_for
 
-_TRAIN_DEFAULTS = {"soft_readout_steps": 0, "negative_scores": "readout", "targets": "last", "ema_decay": 0.0}
+_TRAIN_DEFAULTS = {
+    "soft_readout_steps": 0,
+    "negative_scores": "readout",
+    "targets": "last",
+    "ema_decay": 0.0,
+    "horizon": 1,
+}
 
 
 def run_config_from_dict(values: dict[str, Any]) -> Config:

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from recsys.config import Config, ConfigError
-from recsys.models.spec import resolve
+from recsys.models.spec import resolve, spec_for
 from recsys.train.losses import CATALOGUE_CHUNK
 from recsys.train.plan import fused_exact_softmax, shared_negatives
 
@@ -42,11 +42,16 @@ def estimate_bytes(cfg: Config, num_params: int, num_items: int, num_interests: 
     hidden = m.hidden or 4 * d
     # the exact softmax holds one chunk of the catalogue's logits at a time
     negatives = min(num_items, CATALOGUE_CHUNK) if t.full_softmax else shared_negatives(t)
-    rows = b * seq_len if t.targets == "all" else b  # dense training: a target at every position
+    positions = b * seq_len if t.targets == "all" else b  # dense training: a target at every position
+    # automatic before the data is known: the most it can resolve to
+    horizon = t.horizon if t.horizon != -1 else int(spec_for(m.name).default("train.horizon", 1))
+    rows = positions * horizon  # loss rows: one for each of a position's following clicks
     # forward activations kept for backward, and their gradients: x 3
     step = 3 * b * (seq_len * (hidden + k) + k * d + m.num_layers * seq_len * d * 12) + 2 * rows * (negatives + 1)
     if t.targets == "all":  # interests at every prefix, and the causal twin's [B, K, L, L] weights
-        step += 3 * rows * k * d + 2 * b * k * seq_len * seq_len
+        step += 3 * positions * k * d + 2 * b * k * seq_len * seq_len
+    if horizon > 1:  # the interests repeated for each following click
+        step += 3 * rows * k * d
     if t.negative_scores == "max" and k > 1:
         # every interest's score of every negative (the PyTorch twin; the bf16/fp16 CUDA kernel keeps none)
         step += 2 * rows * k * negatives

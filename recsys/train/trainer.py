@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -80,7 +81,7 @@ class TrainResult:
     test_metrics: dict[str, float]
     samples_per_s: float
     wall_s: float
-    targets_per_s: float = 0.0  # training targets a second: samples_per_s for "last", every valid position for "all"
+    targets_per_s: float = 0.0  # training targets a second: (position, following click) pairs, masked ones not counted
     cuda_graph: bool = False  # the training steps ran as one CUDA graph each (train.cuda_graph)
     out_of_time: bool = False  # train.max_minutes stopped the run (before its plateau stop or step budget)
 
@@ -140,6 +141,11 @@ class TrainStep:
         cfg = resolve(cfg, item_counts.shape[0], fused_softmax=fused_exact_softmax(cfg, device))
         self.model, self.cfg, self.device, self.world_size, self.log = model, cfg, device, world_size, log
         t = cfg.train
+        if t.horizon == -1:
+            raise ValueError(
+                "TrainStep: train.horizon is automatic (-1) and follows the data's timestamps: resolve the "
+                "config with the dataset first (recsys.models.resolve(..., tied_share=dataset.tied_share()))"
+            )
         self.use_graph, why_not = plan_graph(cfg, device, world_size)
         if not self.use_graph:
             log(launch_line(cfg, False, why_not))
@@ -191,12 +197,14 @@ class TrainStep:
         self, seq: Tensor, lengths: Tensor, targets: Tensor, negatives: Tensor, hard_uniforms: Tensor, soft: Tensor
     ) -> LossOutput:
         """``seq [B, L]``, ``lengths [B]``, ``targets`` (``[B]``, or ``[B, L]`` with 0 at padding
-        when dense), ``negatives [S_base]``, ``hard_uniforms [S_hard]``, ``soft`` (0-d readout
-        blend) on the device -> the loss.
+        when dense; a trailing ``[m]`` with ``train.horizon`` m > 1), ``negatives [S_base]``,
+        ``hard_uniforms [S_hard]``, ``soft`` (0-d readout blend) on the device -> the loss.
 
         Dense (``train.targets = "all"``): the interests at every prefix ``[B, L, K, d]`` become
         ``B·L`` rows, each read out against its own next click; padding positions are masked out
         of the loss (no gradient), and the hard-negative proposal reads each window's last prefix.
+        With a horizon m > 1 every row repeats m times, once for each of its following clicks (a
+        missing one, past the sequence's end, is masked out like padding).
         """
         t = self.cfg.train
         autocast = (  # the autocast weight cache cannot live across graph replays
@@ -204,20 +212,21 @@ class TrainStep:
             if self.amp
             else contextlib.nullcontext()
         )
-        mask = None
         with autocast:
             if self.dense:
                 prefix = self.forward(seq, lengths, prefix=True)  # [B, L, K, d]
                 proposal_interests = gather_last(prefix.flatten(2), lengths).view(-1, *prefix.shape[2:])  # [B, K, d]
                 interests, scores = prefix.flatten(0, 1), None  # [B L, K, d]
-                targets = targets.flatten()  # [B L], 0 at padding
-                mask = targets > 0
             elif t.attention_reg:  # the attention logits [B, L, K] feed the routing regulariser
                 interests, scores = self.forward(seq, lengths, with_attention=True)  # [B, K, d]
                 proposal_interests = interests
             else:
                 interests, scores = self.forward(seq, lengths), None
                 proposal_interests = interests
+            if t.horizon > 1:  # each row's next m clicks, read out against the same interests
+                interests = interests.repeat_interleave(t.horizon, dim=0)  # [R m, K, d]
+            targets = targets.flatten()  # [R] (R = B, or B L dense; times the horizon), 0: no click there
+            mask = targets > 0 if self.dense or t.horizon > 1 else None
             item_emb = self.model.item_embeddings()  # [N, d]
             user = readout(interests, item_emb[targets], soft=soft if self.soft_phase else 0.0)  # [R, d]
             if self.sampler is None:
@@ -251,7 +260,8 @@ class TrainStep:
     ) -> LossOutput:
         """Sampled softmax over the base negatives plus, with ``train.hard_negatives``, draws from
         :func:`interest_proposal` of ``proposal_interests [B, K, d]``; logQ is the exact expected
-        count under the mixture. ``mask [R]`` drops padding rows (dense training)."""
+        count under the mixture. ``mask [R]`` drops padding rows (dense training) and missing
+        following clicks (``train.horizon``)."""
         t = self.cfg.train
         sampler = self.sampler
         assert sampler is not None
@@ -437,7 +447,7 @@ def train(
         dataset=rd.load_dataset() if rd else None,
         clicks=clicks,
         progress=progress,
-        check_memory=functools.partial(check_fits, cfg, device=device, step_kept=capture),
+        check_memory=functools.partial(check_fits, device=device, step_kept=capture),
         fused_softmax=fused_exact_softmax(cfg, device),
     )
     cfg, ds, split, item_counts = exp.cfg, exp.dataset, exp.split, exp.item_counts  # cfg: with its width
@@ -489,10 +499,13 @@ def _run(
         f"train users {len(split.train_users)}, valid {len(split.valid.users)}, test {len(split.test.users)}"
     )
     m, t = cfg.model, cfg.train  # resolved: the width and the softmax are the catalogue's (ModelSpec.large_catalogue)
+    positions = "every position" if t.targets == "all" else "the last position"
+    clicks = f"its next {t.horizon} clicks" if t.horizon > 1 else "its next click"
     loss = "exact softmax" if t.full_softmax else f"sampled softmax, {shared_negatives(t):,} negatives"
     log(
         f"model: {m.name}, K = {getattr(model, 'num_interests', 1)}, {m.dim} wide, "
-        f"{sum(p.numel() for p in model.parameters()):,} parameters" + (f"; {loss}" if model.trainable else "")
+        f"{sum(p.numel() for p in model.parameters()):,} parameters"
+        + (f"; {positions} predicts {clicks}; {loss}" if model.trainable else "")
     )
 
     planted = planted_for(cfg, ds.user_raw[split.valid.users], ds.category_raw)
@@ -566,10 +579,17 @@ def _optimise(
     generator.manual_seed(t.seed + 1000 + dist.rank)
     batches: TrainSampler | WindowSampler
     if t.targets == "all":
-        batches = WindowSampler(split.train_indptr, split.train_items, cfg.data.max_len, seed=t.seed + dist.rank)
+        batches = WindowSampler(
+            split.train_indptr, split.train_items, cfg.data.max_len, seed=t.seed + dist.rank, horizon=t.horizon
+        )
     else:
         batches = TrainSampler(
-            split.train_indptr, split.train_items, cfg.data.max_len, seed=t.seed + dist.rank, min_target=t.min_target
+            split.train_indptr,
+            split.train_items,
+            cfg.data.max_len,
+            seed=t.seed + dist.rank,
+            min_target=t.min_target,
+            horizon=t.horizon,
         )
     plan = plan_training(t, cfg.model.name, split.train_indptr, dist.world_size)
     if dist.is_main:
@@ -607,7 +627,7 @@ def _optimise(
         log_now = (st.step + 1) % t.log_every == 0 or st.step + 1 == max_steps
         set_track_stats(model, log_now and not step_fn.use_graph)  # max attention logit, on logging steps
         batch = batches.sample(t.batch_size)
-        window_targets += int(batch[1].sum()) if step_fn.dense else t.batch_size  # counted on the host copy
+        window_targets += int(np.count_nonzero(batch[2]))  # (position, click) pairs, counted on the host copy
         seq, lengths, targets = to_device(batch, device)
         out, grad_norm = step_fn(seq, lengths, targets, step=st.step)
         guard.watch(out.loss)

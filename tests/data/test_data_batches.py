@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from recsys.data.batches import TrainSampler, gather_rows, pad_sequences
+from recsys.data.batches import TrainSampler, following_clicks, gather_rows, pad_sequences
 
 
 def random_csr(num_rows: int, max_len: int, seed: int = 0, unique: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -107,3 +107,26 @@ def test_min_target_moves_the_earliest_target():
 def test_sampler_needs_a_sequence_with_two_clicks():
     with pytest.raises(ValueError, match="more than 1 clicks"):
         TrainSampler(np.array([0, 1, 2]), np.array([1, 2]), max_len=4, seed=0)
+
+
+def test_a_horizon_adds_the_following_clicks_to_the_same_draw():
+    indptr, items = random_csr(60, 12, unique=True)
+    one = TrainSampler(indptr, items, 6, seed=3).sample(400)
+    seq, lengths, targets = TrainSampler(indptr, items, 6, seed=3, horizon=4).sample(400)
+    np.testing.assert_array_equal(seq, one[0])
+    np.testing.assert_array_equal(lengths, one[1])
+    assert targets.shape == (400, 4)
+    np.testing.assert_array_equal(targets[:, 0], one[2])
+    owner = np.repeat(np.arange(60), np.diff(indptr))
+    for b in range(400):
+        pos = one[2][b] - 1  # the first target's position in `items` (ids are position + 1)
+        following = items[pos : min(pos + 4, indptr[owner[pos] + 1])]  # within its own row only
+        assert targets[b].tolist() == [*following.tolist(), *[0] * (4 - len(following))]
+    with pytest.raises(ValueError, match="horizon must be >= 1"):
+        TrainSampler(indptr, items, 6, seed=0, horizon=0)
+
+
+def test_following_clicks_stop_at_the_row_end():
+    items = np.arange(1, 11)
+    out = following_clicks(items, np.array([[0, 3], [8, 9]]), np.array([[4, 4], [10, 10]]), 3)
+    assert out.tolist() == [[[1, 2, 3], [4, 0, 0]], [[9, 10, 0], [10, 0, 0]]]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from recsys.config import ConfigError, load_config
-from recsys.data.batches import WindowSampler
+from recsys.data.batches import TrainSampler, WindowSampler
 from recsys.models import build_model, resolve, spec_for
 from recsys.train.trainer import TrainStep
 
@@ -29,6 +29,7 @@ def _step(name: str, targets: str, *extra: str) -> TrainStep:
                 "model.num_interests=3",
                 "train.num_negatives=12",
                 "train.attention_reg=0",  # last-position only: dense training does not compute it
+                "train.horizon=1",  # automatic: follows the data's timestamps
                 *extra,
             ],
         )
@@ -156,6 +157,103 @@ def test_window_sampler_windows_are_contiguous_and_shifted_by_one():
     assert sampler.mean_targets() == pytest.approx(exact)
 
 
+def test_a_window_horizon_reaches_past_the_window_to_the_row_end():
+    lengths = np.array([2, 5, 30, 9])
+    indptr = np.concatenate([[0], np.cumsum(lengths)])
+    items = np.arange(1, indptr[-1] + 1)  # item ids = position + 1
+    row_end = np.repeat(indptr[1:], lengths)  # [nnz] each click's row end (exclusive), as an id bound
+    one = WindowSampler(indptr, items, max_len=6, seed=1).sample(300)
+    seq, lens, targets = WindowSampler(indptr, items, max_len=6, seed=1, horizon=3).sample(300)
+    np.testing.assert_array_equal(seq, one[0])
+    assert targets.shape == (300, 6, 3)
+    np.testing.assert_array_equal(targets[..., 0], one[2])
+    for s, n, t in zip(seq, lens, targets):
+        for pos in range(6):
+            want = [] if pos >= n else [c for c in range(s[pos] + 1, s[pos] + 4) if c <= row_end[s[pos] - 1]]
+            assert t[pos].tolist() == want + [0] * (3 - len(want))
+
+
+@pytest.mark.parametrize("name, targets", [("comirec_sa", "last"), ("sasrec_mi", "last"), ("sasrec", "all")])
+@pytest.mark.parametrize("loss", ["sampled", "full"])
+def test_a_horizon_is_the_mean_over_its_clicks_and_skips_missing_ones(name, targets, loss):
+    """Horizon m: the loss is the mean over every (position, following click) pair, as if each pair were
+    its own row; a missing click (0, past the sequence's end) changes neither loss nor gradients."""
+    extra = [f"train.full_softmax={str(loss == 'full').lower()}", "train.soft_readout_steps=0"]
+    rng = np.random.default_rng(6)
+    seq = torch.from_numpy(rng.integers(1, NUM_ITEMS, (4, MAX_LEN)))
+    lengths = torch.tensor([7, 3, 1, 5])
+    dense = targets == "all"
+    shape = (4, MAX_LEN, 3) if dense else (4, 3)
+    follow = torch.from_numpy(rng.integers(1, NUM_ITEMS, shape))
+    follow[1, ..., 2] = 0  # row 1's sequence ends one click early
+    if dense:
+        follow[torch.arange(MAX_LEN)[None, :] >= lengths[:, None]] = 0
+    results = []
+    for horizon, tgt in (("3", follow), ("4", torch.cat([follow, torch.zeros_like(follow[..., :1])], -1))):
+        step = _step(name, targets, *extra, f"train.horizon={horizon}")
+        out = step.loss(seq, lengths, tgt, *_negatives(step), torch.zeros(()))
+        out.loss.backward()
+        grads = torch.cat([p.grad.flatten() for p in step.model.parameters() if p.grad is not None])
+        results.append((out.loss.detach(), grads))
+    torch.testing.assert_close(results[0][0], results[1][0])
+    torch.testing.assert_close(results[0][1], results[1][1])
+    # one pair per row at horizon 1: the same mean over the valid pairs, each pair's loss on its own
+    step = _step(name, targets, *extra, "train.horizon=1")
+    negatives = _negatives(step)
+    per_pair, count = 0.0, 0
+    for j in range(3):
+        column = follow[..., j]
+        rows = (column > 0).sum() if dense else (column > 0).nonzero().flatten()
+        if dense:
+            out = step.loss(seq, lengths, column, *negatives, torch.zeros(()))
+            per_pair, count = per_pair + out.loss.detach() * rows, count + rows
+        else:
+            out = step.loss(seq[rows], lengths[rows], column[rows], *negatives, torch.zeros(()))
+            per_pair, count = per_pair + out.loss.detach() * len(rows), count + len(rows)
+    torch.testing.assert_close(results[0][0], per_pair / count)
+
+
+def test_the_automatic_horizon_follows_the_share_of_tied_timestamps():
+    with pytest.raises(ConfigError, match=r"train.horizon: must be >= 1 \(or -1: automatic\), got 0"):
+        load_config(None, ["train.horizon=0"])
+    assert resolve(load_config(None, ["model.name=mind", "train.horizon=5"]), tied_share=0.0).train.horizon == 5
+    for name in ("comirec_sa", "sasrec_mi"):
+        cfg = load_config(None, [f"model.name={name}"])
+        assert resolve(cfg).train.horizon == -1  # waits for the data
+        assert resolve(cfg, tied_share=0.0).train.horizon == 1
+        assert resolve(cfg, tied_share=0.25).train.horizon == 5
+        assert resolve(cfg, tied_share=0.2).train.horizon == 1
+        assert resolve(cfg, tied_share=0.51).train.horizon == 5
+    for name in ("sasrec", "gru4rec", "mind", "comirec_dr"):  # no measured gain: the next click
+        assert resolve(load_config(None, [f"model.name={name}"])).train.horizon == 1
+    with pytest.raises(ValueError, match=r"train.horizon is automatic \(-1\)"):
+        _step("comirec_sa", "last", "train.horizon=-1")
+
+
+def test_tied_share_counts_equal_times_within_a_user_only():
+    from recsys.data.prepare import Dataset
+
+    def dataset(lengths, times):
+        indptr = np.concatenate([[0], np.cumsum(lengths)])
+        n = int(indptr[-1])
+        return Dataset(
+            item_raw=np.array(["<pad>", "a"]),
+            user_raw=np.array([str(u) for u in range(len(lengths))]),
+            indptr=indptr,
+            items=np.ones(n, dtype=np.int64),
+            times=None if times is None else np.array(times, dtype=np.float64),
+            item_category=np.zeros(2, dtype=np.int64),
+            category_raw=np.array(["<unknown>"]),
+            item_counts=np.array([0, n]),
+        )
+
+    # users [5, 5, 6] | [] | [6, 7] | []: pairs (5, 5) (5, 6) (6, 7); the 6 -> 6 across users is no pair
+    assert dataset([3, 0, 2, 0], [5, 5, 6, 6, 7]).tied_share() == pytest.approx(1 / 3)
+    assert dataset([0, 3], [1, 1, 1]).tied_share() == 1.0
+    assert dataset([1, 1], [4, 4]).tied_share() == 0.0
+    assert dataset([3], None).tied_share() == 0.0
+
+
 def test_runs_saved_before_dense_training_load_as_trained(tiny_run, tmp_path):
     """A config.json without train.targets was trained on the last position: it loads and evaluates so,
     even for a model whose automatic value is now "all"."""
@@ -196,25 +294,43 @@ def test_the_memory_estimate_counts_a_target_at_every_position():
     assert parts[1] - parts[0] >= 2 * 128 * 49 * 1281 * 4
 
 
+def test_the_memory_estimate_counts_every_following_click():
+    from recsys.train.memory import estimate_bytes
+
+    one, five = (
+        estimate_bytes(resolve(load_config(None, ["model.name=comirec_sa", f"train.horizon={h}"])), 10_000, 50_001, 4)
+        for h in (1, 5)
+    )
+    # four more rows a history of logits over the 1,280 shared negatives (and their gradients), 4 bytes each
+    assert five["training step activations"] - one["training step activations"] >= 2 * 128 * 4 * 1281 * 4
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize(
-    "name, extra",
+    "name, targets, horizon, extra",
     [
-        ("sasrec", ["train.full_softmax=false"]),
-        ("comirec_sa", ["model.positions=alibi"]),
-        ("sasrec_mi", []),
-        ("sasrec", ["train.full_softmax=true"]),
+        ("sasrec", "all", 1, ["train.full_softmax=false"]),
+        ("comirec_sa", "all", 1, ["model.positions=alibi"]),
+        ("sasrec_mi", "all", 1, []),
+        ("sasrec", "all", 1, ["train.full_softmax=true"]),
+        ("sasrec", "all", 3, ["train.full_softmax=true"]),
+        ("comirec_sa", "last", 5, []),
     ],
 )
-def test_the_captured_dense_step_follows_the_eager_step(name, extra):
-    """Dense training under a CUDA graph (bf16, Triton kernels) trains as the eager step does."""
+def test_the_captured_step_follows_the_eager_step(name, targets, horizon, extra):
+    """Dense and multi-click training under a CUDA graph (bf16, Triton kernels) train as the eager step does."""
     cuda = torch.device("cuda")
     sampler_data = np.random.default_rng(5)
     lengths = sampler_data.integers(2, 60, 400)
     indptr = np.concatenate([[0], np.cumsum(lengths)])
-    windows = WindowSampler(indptr, sampler_data.integers(1, 500, indptr[-1]), 50, seed=0)
-    batches = [tuple(torch.from_numpy(x).to(cuda) for x in windows.sample(128)) for _ in range(6)]
+    items = sampler_data.integers(1, 500, indptr[-1])
+    draws = (
+        WindowSampler(indptr, items, 50, seed=0, horizon=horizon)
+        if targets == "all"
+        else TrainSampler(indptr, items, 50, seed=0, horizon=horizon)
+    )
+    batches = [tuple(torch.from_numpy(x).to(cuda) for x in draws.sample(128)) for _ in range(6)]
     losses = {}
     for graph in ("false", "true"):
         cfg = resolve(
@@ -222,7 +338,8 @@ def test_the_captured_dense_step_follows_the_eager_step(name, extra):
                 None,
                 [
                     f"model.name={name}",
-                    "train.targets=all",
+                    f"train.targets={targets}",
+                    f"train.horizon={horizon}",
                     "data.max_len=50",
                     "model.dropout=0",
                     "train.batch_size=128",

@@ -181,7 +181,7 @@ def _steps(overrides, batches, patch=None):
     """Losses of ``batches`` through a fresh seeded model and TrainStep, the step, its log lines."""
     from recsys.models import build_model
 
-    cfg = load_config(None, ["model.dim=64", "train.batch_size=256", "data.max_len=50", *overrides])
+    cfg = load_config(None, ["model.dim=64", "train.batch_size=256", "data.max_len=50", "train.horizon=1", *overrides])
     torch.manual_seed(0)
     gen = torch.Generator(device=CUDA)
     gen.manual_seed(0)

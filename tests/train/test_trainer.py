@@ -201,3 +201,38 @@ def test_lr_drops_need_a_plateau_to_wait_for_and_a_factor_below_one(tmp_path):
         _cfg(tmp_path, "train.lr_drop_factor=1")
     with pytest.raises(ConfigError, match="train.lr_drops: needs train.patience > 0"):
         _cfg(tmp_path, "train.lr_drops=1", "train.patience=0")
+
+
+@pytest.mark.parametrize("extra", [[], ["model.name=sasrec"]])
+def test_a_horizon_trains_counts_its_targets_and_is_saved(tmp_path, extra):
+    """train.horizon: every history (or position) learns from its next 3 clicks; throughput counts each
+    (history, click) pair that feeds the loss, and the saved run reloads with the horizon."""
+    one = train(_cfg(tmp_path, "name=one", *extra), log=lambda s: None)
+    lines: list[str] = []
+    three = train(_cfg(tmp_path, "name=three", "train.horizon=3", *extra), log=lines.append)
+    where = "every position" if extra else "the last position"
+    assert any(line.startswith("model: ") and f"; {where} predicts its next 3 clicks; " in line for line in lines)
+    assert three.test_metrics["recall@50"] > 0
+    # nearly every synthetic history has three clicks after it: close to 3x the pairs a sample
+    ratio = (three.targets_per_s / three.samples_per_s) / (one.targets_per_s / one.samples_per_s)
+    assert 2.5 < ratio <= 3.0
+    assert Run.load(three.run_dir).config.train.horizon == 3
+
+
+def test_the_automatic_horizon_reads_the_data_s_timestamps(tmp_path):
+    """comirec_sa at its defaults: the next click on data in time order, the next 5 clicks where most
+    consecutive clicks share their (weekly) timestamp; the run records which."""
+    from recsys.data.synthetic import generate
+
+    cfg = _cfg(tmp_path, "name=exact", "model.name=comirec_sa")
+    clicks = generate(cfg.synthetic).rename(columns={"time": "timestamp"})[["user", "item", "timestamp"]]
+    weekly = clicks.assign(timestamp=(clicks["timestamp"] // (7 * 86400)) * (7 * 86400))
+    horizons = {}
+    for name, df in (("exact", clicks), ("weekly", weekly)):
+        lines: list[str] = []
+        sets = [f"name={name}", "model.name=comirec_sa", "data.source=<dataframe>"]
+        result = train(_cfg(tmp_path, *sets), clicks=df, log=lines.append)
+        horizons[name] = Run.load(result.run_dir).config.train.horizon
+        clicks_said = "its next 5 clicks" if horizons[name] == 5 else "its next click"
+        assert any(line.startswith("model: ") and f"the last position predicts {clicks_said}" in line for line in lines)
+    assert horizons == {"exact": 1, "weekly": 5}
