@@ -23,7 +23,7 @@ from recsys.run.layout import RunDir
 if TYPE_CHECKING:
     import pandas as pd
 
-# (the model on the meta device, catalogue size with padding); what it returns is ignored
+# (the resolved config, the model on the meta device, catalogue size with padding); what it returns is ignored
 CheckMemory = Callable[[Config, InterestModel, int], object]
 
 __all__ = ["Experiment", "LoadedRun", "build_experiment", "load_run", "train_item_counts"]
