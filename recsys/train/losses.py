@@ -364,9 +364,9 @@ def sampled_softmax_loss(
         remove_accidental_hits: a negative equal to the row's target gets logit ``-inf``, so a
             row's own positive never counts as its negative.
         z_loss: weight of ``mean(log_z ** 2)`` added to the loss (0 disables).
-        interests: ``[B, K, d]`` (optional, ``train.negative_scores = "max"``): score each
-            negative by its best-matching interest, ``max_k <v_bk, e_neg>``, instead of by
-            ``user``; see :func:`negative_logits`.
+        interests: ``[B, K, d]`` or ``[B / m, K, d]`` (optional, ``train.negative_scores =
+            "max"``): score each negative by its best-matching interest, ``max_k <v_bk, e_neg>``,
+            instead of by ``user``; see :func:`negative_logits`.
         backend: kernel backend of that max score (``"auto" | "triton" | "torch"``).
         mask: ``[B]`` bool (optional): False rows are padding (dense training's empty positions,
             target id 0 allowed): left out of every mean, exactly zero gradient.
@@ -453,7 +453,7 @@ def chunked_softmax_loss(
         chunk_size: items per chunk of the torch loop; its largest transient is
             ``[R, chunk_size]`` fp32 (and ``[R, K, chunk_size]`` for ``interests`` on the torch
             twin).
-        interests: ``[R, K, d]`` (optional): every item but the target scored by its
+        interests: ``[R, K, d]`` or ``[R / m, K, d]`` (optional): every item but the target scored by its
             best-matching interest, as in :func:`full_softmax_loss`.
         backend: kernel backend of that max score.
 
@@ -569,9 +569,18 @@ def negative_logits(user: Tensor, items: Tensor, interests: Tensor | None = None
     gradient of each negative goes to its best-matching interest
     (:func:`recsys.kernels.max_interest_scores` on kernel ``backend``: on CUDA without the
     ``[B, K, S]`` product).
+
+    ``interests`` may also be ``[B / m, K, d]``: each of its rows then serves ``m`` consecutive
+    rows of ``user`` (``train.horizon``: a history's m following clicks share its interests),
+    and its scores are computed once and repeated instead of m times.
     """
     if interests is None:
         return (user @ items.T).float()
-    if interests.dim() != 3 or interests.shape[0] != user.shape[0] or interests.shape[2] != user.shape[1]:
-        raise ValueError(f"interests: expected [{user.shape[0]}, K, {user.shape[1]}], got {tuple(interests.shape)}")
-    return max_interest_scores(interests, items, backend=backend).float()
+    rows = interests.shape[0]
+    if interests.dim() != 3 or rows == 0 or user.shape[0] % rows or interests.shape[2] != user.shape[1]:
+        raise ValueError(
+            f"interests: expected [{user.shape[0]} / m, K, {user.shape[1]}] (m >= 1 rows of user each), "
+            f"got {tuple(interests.shape)}"
+        )
+    scores = max_interest_scores(interests, items, backend=backend).float()  # [B / m, S]
+    return scores if rows == user.shape[0] else scores.repeat_interleave(user.shape[0] // rows, dim=0)

@@ -53,8 +53,9 @@ def estimate_bytes(cfg: Config, num_params: int, num_items: int, num_interests: 
     if horizon > 1:  # the interests repeated for each following click
         step += 3 * rows * k * d
     if t.negative_scores == "max" and k > 1:
-        # every interest's score of every negative (the PyTorch twin; the bf16/fp16 CUDA kernel keeps none)
-        step += 2 * rows * k * negatives
+        # every interest's score of every negative, once per position whatever the horizon (the PyTorch
+        # twin; the bf16/fp16 CUDA kernel keeps none)
+        step += 2 * positions * k * negatives
     if t.hard_negatives and not t.full_softmax:
         step += 2 * b * k * num_items  # the hard-negative proposal's scores and softmax over the catalogue
     eval_batch = e.batch_size * k * (d + 3 * max(e.topn))  # interests and per-interest search results

@@ -223,12 +223,13 @@ class TrainStep:
             else:
                 interests, scores = self.forward(seq, lengths), None
                 proposal_interests = interests
-            if t.horizon > 1:  # each row's next m clicks, read out against the same interests
-                interests = interests.repeat_interleave(t.horizon, dim=0)  # [R m, K, d]
+            # each row's next m clicks, read out against the same interests; max-scored negatives
+            # take the unrepeated interests and score each row once (recsys.train.losses.negative_logits)
+            per_target = interests.repeat_interleave(t.horizon, dim=0) if t.horizon > 1 else interests
             targets = targets.flatten()  # [R] (R = B, or B L dense; times the horizon), 0: no click there
             mask = targets > 0 if self.dense or t.horizon > 1 else None
             item_emb = self.model.item_embeddings()  # [N, d]
-            user = readout(interests, item_emb[targets], soft=soft if self.soft_phase else 0.0)  # [R, d]
+            user = readout(per_target, item_emb[targets], soft=soft if self.soft_phase else 0.0)  # [R, d]
             if self.sampler is None:
                 out = chunked_softmax_loss(
                     user,

@@ -199,7 +199,8 @@ def test_bf16_autocast_matches_full_softmax_to_bf16_precision():
         ({"mask": torch.ones(3, dtype=torch.bool)}, r"mask must be bool \[4\]"),
         ({"chunk_size": 0}, "chunk_size must be an int >= 1"),
         ({"chunk_size": 2.5}, "chunk_size must be an int >= 1"),
-        ({"interests": torch.randn(4, 2, 5)}, r"interests: expected \[4, K, 6\]"),
+        ({"interests": torch.randn(4, 2, 5)}, r"interests: expected \[4 / m, K, 6\]"),
+        ({"interests": torch.randn(3, 2, 6)}, r"interests: expected \[4 / m, K, 6\]"),
     ],
 )
 def test_chunked_rejects_bad_arguments(kwargs, message):

@@ -12,6 +12,7 @@ from recsys.train.losses import (
     LogUniformSampler,
     full_softmax_loss,
     make_sampler,
+    negative_logits,
     readout,
     sampled_softmax_loss,
 )
@@ -267,3 +268,29 @@ def test_cuda_sampling_and_loss_never_sync(kind):
         torch.cuda.set_sync_debug_mode("default")
     assert negatives.device.type == "cuda" and out.loss.dtype == torch.float32
     assert torch.isfinite(out.loss).item()
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_grouped_interests_score_negatives_as_their_repeats_do(backend):
+    """interests [B / m, K, d] serve m consecutive rows each: the same logits and gradients as the
+    interests repeated m times (train.horizon), for the max score's kernel (the interpreter on the
+    CPU, conftest) and its twin."""
+    torch.manual_seed(7)
+    b, m, k, d, s = 5, 3, 4, 16, 9
+    interests = torch.randn(b, k, d, dtype=torch.float64 if backend == "torch" else torch.float32)
+    items = torch.randn(s, d, dtype=interests.dtype)
+    user = torch.randn(b * m, d, dtype=interests.dtype)
+    grads = []
+    outs = []
+    for grouped in (True, False):
+        leaf = interests.clone().requires_grad_()
+        given = leaf if grouped else leaf.repeat_interleave(m, dim=0)
+        logits = negative_logits(user, items, given, backend=backend)
+        assert logits.shape == (b * m, s)
+        (logits * torch.arange(b * m * s, dtype=logits.dtype).view(b * m, s)).sum().backward()
+        outs.append(logits.detach())
+        grads.append(leaf.grad)
+    torch.testing.assert_close(outs[0], outs[1])
+    torch.testing.assert_close(grads[0], grads[1])
+    with pytest.raises(ValueError, match=r"interests: expected \[15 / m, K, 16\]"):
+        negative_logits(user, items, interests[:4], backend=backend)
