@@ -78,7 +78,59 @@ def gather_rows(
     return out_indptr, items[offsets + np.arange(out_indptr[-1])].astype(np.int64)
 
 
-class TrainSampler:
+class _Draws:
+    """What both samplers share: the CSR sequences, the rows long enough to draw from, the
+    horizon and the random stream (whose state checkpoints carry).
+
+    Args:
+        indptr ``[R + 1]`` int64, items ``[nnz]`` int64: training sequences (CSR).
+        max_len: history width.
+        seed: the sampler's own random stream; equal seeds give equal batches.
+        users ``[U']`` int64 (optional): draw only from these rows.
+        horizon: following clicks each target position predicts (default 1: the next one).
+        min_clicks: the shortest row that can give a sample; ``why`` ends the error when none can.
+    """
+
+    def __init__(
+        self,
+        indptr: np.ndarray,
+        items: np.ndarray,
+        max_len: int,
+        seed: int,
+        users: np.ndarray | None,
+        horizon: int,
+        min_clicks: int,
+        why: str,
+    ) -> None:
+        name = type(self).__name__
+        if horizon < 1:
+            raise ValueError(f"{name}: horizon must be >= 1, got {horizon}")
+        self.indptr = np.asarray(indptr, dtype=np.int64)
+        self.items = np.asarray(items, dtype=np.int64)
+        self.max_len = max_len
+        self.horizon = horizon
+        lengths = np.diff(self.indptr)
+        pool = np.arange(len(lengths)) if users is None else np.asarray(users, dtype=np.int64)
+        self.users = pool[lengths[pool] >= min_clicks]  # [U] rows that can give a sample
+        if len(self.users) == 0:
+            raise ValueError(f"{name}: no training sequence has {why}")
+        self.rng = np.random.default_rng(seed)
+
+    @property
+    def num_users(self) -> int:
+        """Rows the sampler draws from (those long enough to give a sample)."""
+        return len(self.users)
+
+    def get_state(self) -> dict[str, Any]:
+        """The random stream's state (plain dict of str/int), for checkpoints."""
+        return dict(self.rng.bit_generator.state)
+
+    def set_state(self, state: dict) -> None:
+        """Resume the random stream from :meth:`get_state`'s result."""
+        self.rng.bit_generator.state = state
+
+
+class TrainSampler(_Draws):
     """ComiRec's training samples: a uniformly random user with more than ``min_target``
     clicks, a uniformly random target position ``t`` in ``[min_target, n - 1]`` of that user's
     sequence, and the up-to-``max_len`` clicks before ``t`` as the history. With ``horizon`` m > 1
@@ -86,14 +138,8 @@ class TrainSampler:
     out against the same interests: PinnerFormer's "all-action" objective, closer to what the
     ComiRec protocol scores (the whole rest of a sequence) than the next click alone.
 
-    Args:
-        indptr ``[R + 1]`` int64, items ``[nnz]`` int64: training sequences (CSR).
-        max_len: history width.
-        seed: the sampler's own random stream; equal seeds give equal batches.
-        users ``[U']`` int64 (optional): draw only from these rows.
-        min_target: the earliest target position (default 1: any click with a history;
-            ComiRec's reference code uses 4).
-        horizon: following clicks each history predicts (default 1: the next one).
+    Args: those of :class:`_Draws`, and ``min_target``: the earliest target position (default 1:
+    any click with a history; ComiRec's reference code uses 4).
     """
 
     def __init__(
@@ -108,32 +154,8 @@ class TrainSampler:
     ) -> None:
         if min_target < 1:
             raise ValueError(f"TrainSampler: min_target must be >= 1, got {min_target}")
-        if horizon < 1:
-            raise ValueError(f"TrainSampler: horizon must be >= 1, got {horizon}")
-        self.horizon = horizon
-        self.indptr = np.asarray(indptr, dtype=np.int64)
-        self.items = np.asarray(items, dtype=np.int64)
-        self.max_len = max_len
         self.min_target = min_target
-        lengths = np.diff(self.indptr)
-        pool = np.arange(len(lengths)) if users is None else np.asarray(users, dtype=np.int64)
-        self.users = pool[lengths[pool] > min_target]  # [U] rows that can give a (history, target)
-        if len(self.users) == 0:
-            raise ValueError(f"TrainSampler: no training sequence has more than {min_target} clicks")
-        self.rng = np.random.default_rng(seed)
-
-    @property
-    def num_users(self) -> int:
-        """Rows the sampler draws from (those with more than ``min_target`` clicks)."""
-        return len(self.users)
-
-    def get_state(self) -> dict[str, Any]:
-        """The random stream's state (plain dict of str/int), for checkpoints."""
-        return dict(self.rng.bit_generator.state)
-
-    def set_state(self, state: dict) -> None:
-        """Resume the random stream from :meth:`get_state`'s result."""
-        self.rng.bit_generator.state = state
+        super().__init__(indptr, items, max_len, seed, users, horizon, min_target + 1, f"more than {min_target} clicks")
 
     def sample(self, batch_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Returns ``seq [B, max_len]`` int64 (right-padded), ``lengths [B]`` int64 (>= 1)
@@ -148,7 +170,7 @@ class TrainSampler:
         return seq, lengths, following_clicks(self.items, starts + positions, self.indptr[rows + 1], self.horizon)
 
 
-class WindowSampler:
+class WindowSampler(_Draws):
     """Dense training windows: a uniformly random user with at least two clicks, a uniformly
     random end ``e`` in ``[2, n]`` of that user's sequence, and the up-to-``max_len + 1`` clicks
     before ``e`` as one window. Position ``t`` of the window's inputs (clicks ``0..n_w - 2``)
@@ -158,8 +180,8 @@ class WindowSampler:
     With ``horizon`` m > 1, position ``t`` predicts each of clicks ``t + 1 .. t + m`` of the
     user's sequence (reaching past the window's end, fewer at the sequence's end).
 
-    Same constructor and state as :class:`TrainSampler` (``min_target`` does not apply: every
-    click with one before it is a target somewhere).
+    Args: those of :class:`_Draws` (``min_target`` does not apply: every click with one before it
+    is a target somewhere).
     """
 
     def __init__(
@@ -171,22 +193,7 @@ class WindowSampler:
         users: np.ndarray | None = None,
         horizon: int = 1,
     ) -> None:
-        if horizon < 1:
-            raise ValueError(f"WindowSampler: horizon must be >= 1, got {horizon}")
-        self.horizon = horizon
-        self.indptr = np.asarray(indptr, dtype=np.int64)
-        self.items = np.asarray(items, dtype=np.int64)
-        self.max_len = max_len
-        lengths = np.diff(self.indptr)
-        pool = np.arange(len(lengths)) if users is None else np.asarray(users, dtype=np.int64)
-        self.users = pool[lengths[pool] >= 2]  # [U] rows with at least one (input, target) pair
-        if len(self.users) == 0:
-            raise ValueError("WindowSampler: no training sequence has two clicks")
-        self.rng = np.random.default_rng(seed)
-
-    @property
-    def num_users(self) -> int:
-        return len(self.users)
+        super().__init__(indptr, items, max_len, seed, users, horizon, 2, "two clicks")
 
     def mean_targets(self) -> float:
         """Expected valid positions of one window, ``E[min(e - 1, max_len)]`` over the draw (its
@@ -196,9 +203,6 @@ class WindowSampler:
         short = np.minimum(n, self.max_len + 1) - 1  # ends e in [2, min(n, max_len + 1)] give e - 1
         per_user = (full * self.max_len + short * (short + 1) / 2) / (n - 1)
         return float(per_user.mean())
-
-    get_state = TrainSampler.get_state
-    set_state = TrainSampler.set_state
 
     def sample(self, batch_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Returns ``seq [B, max_len]`` int64 (right-padded), ``lengths [B]`` int64 (>= 1) and
