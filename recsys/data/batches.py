@@ -165,9 +165,8 @@ class TrainSampler(_Draws):
         starts = self.indptr[rows]
         positions = self.rng.integers(self.min_target, self.indptr[rows + 1] - starts)  # [min_target, n - 1]
         seq, lengths = pad_sequences(self.indptr, self.items, rows, self.max_len, ends=starts + positions)
-        if self.horizon == 1:
-            return seq, lengths, self.items[starts + positions]
-        return seq, lengths, following_clicks(self.items, starts + positions, self.indptr[rows + 1], self.horizon)
+        targets = following_clicks(self.items, starts + positions, self.indptr[rows + 1], self.horizon)  # [B, m]
+        return seq, lengths, targets[:, 0] if self.horizon == 1 else targets
 
 
 class WindowSampler(_Draws):

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from recsys.config import Config, ConfigError
-from recsys.models.spec import resolve, spec_for
+from recsys.models.spec import automatic_horizon, resolve
 from recsys.train.losses import CATALOGUE_CHUNK
 from recsys.train.plan import fused_exact_softmax, shared_negatives
 
@@ -43,8 +43,9 @@ def estimate_bytes(cfg: Config, num_params: int, num_items: int, num_interests: 
     # the exact softmax holds one chunk of the catalogue's logits at a time
     negatives = min(num_items, CATALOGUE_CHUNK) if t.full_softmax else shared_negatives(t)
     positions = b * seq_len if t.targets == "all" else b  # dense training: a target at every position
-    # automatic before the data is known: the most it can resolve to
-    horizon = t.horizon if t.horizon != -1 else int(spec_for(m.name).default("train.horizon", 1))
+    # automatic before the data is known: the most it can resolve to (every consecutive pair tied)
+    horizon = t.horizon if t.horizon != -1 else automatic_horizon(m.name, tied_share=1.0)
+    assert horizon is not None  # resolved: a tied share was given
     rows = positions * horizon  # loss rows: one for each of a position's following clicks
     # forward activations kept for backward, and their gradients: x 3
     step = 3 * b * (seq_len * (hidden + k) + k * d + m.num_layers * seq_len * d * 12) + 2 * rows * (negatives + 1)
