@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from recsys.config import Config, ConfigError, config_from_dict, load_config, validate
+from recsys.config import Config, ConfigError, config_from_dict, load_config, validate, with_values
 from recsys.models import resolve
 from recsys.run.saved_config import run_config_from_dict
 
@@ -285,6 +285,23 @@ def test_memory_estimate_adds_evaluation_to_a_captured_step():
     eager = check_fits(cfg, model, 4001, torch.device("cpu"), available=1 << 40)
     kept = check_fits(cfg, model, 4001, torch.device("cpu"), available=1 << 40, step_kept=True)
     assert kept - eager == min(parts["training step activations"], parts["evaluation batch"]) > 0
+
+
+def test_a_row_sparse_item_table_keeps_no_gradient_in_the_memory_estimate():
+    from recsys.train.memory import estimate_bytes
+
+    cfg = load_config(None, ["model.dim=64"])
+    dense, sparse = (
+        estimate_bytes(with_values(cfg, {"train.item_updates": u}), 10**7, 10**6, 4) for u in ("dense", "sparse")
+    )
+    saved = dense["parameters and optimizer state"] - sparse["parameters and optimizer state"]
+    assert saved == 10**6 * (64 * 4 - 8)
+
+
+def test_saved_runs_without_item_updates_load_with_the_dense_table():
+    saved = Config().to_dict()
+    del saved["train"]["item_updates"]
+    assert run_config_from_dict(saved).train.item_updates == "dense"
 
 
 @pytest.mark.parametrize("name", ["comirec_sa", "sasrec", "mind"])

@@ -50,6 +50,10 @@ EXACT_SOFTMAX_ITEMS = 10_000
 # 100K (51% tied) and Amazon Beauty (44%); on taobao (row order, no ties) it lost 21-25%. The cut lies
 # between those measurements; it was not tuned (docs/results.md, "Predicting the next m clicks")
 TIED_ORDER = 0.25
+# train.item_updates "auto" updates only the item rows a step touches from this many items on, where
+# the step samples its negatives (the exact softmax reads every row): below it the whole-table update
+# is cheap and exact (docs/results.md, "Training at a million items")
+SPARSE_ITEMS = 100_000
 
 # shared blocks of tuning space (the [tune] table's format), composed by the specs
 MULTI_INTEREST_SPACE: dict[str, Any] = {
@@ -240,6 +244,12 @@ def resolve(
             t.full_softmax = exact and num_items is not None and num_items - 1 < limit
     if t.negative_scores == AUTO:
         t.negative_scores = str(spec.default("train.negative_scores", "readout"))
+    reads_every_row = t.full_softmax is True or bool(t.hard_negatives)  # the exact softmax, the hard proposal
+    if t.item_updates == AUTO and num_items is not None and t.full_softmax != AUTO:
+        t.item_updates = "sparse" if not reads_every_row and num_items - 1 >= SPARSE_ITEMS else "dense"
+    if t.item_updates == "sparse" and reads_every_row:
+        why = "train.full_softmax = true scores" if t.full_softmax is True else "train.hard_negatives draws from"
+        raise ConfigError(f'train.item_updates="sparse": {why} every item row each step; set it to "dense" or "auto"')
     if t.attention_reg == -1.0:  # a diversity term between interests, read from one history's scores
         several = spec.multi_interest and cfg.model.num_interests > 1
         t.attention_reg = float(spec.default("train.attention_reg", 0.0)) if several and t.targets == "last" else 0.0

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from recsys.nn.masking import length_mask, recency_index
@@ -17,6 +20,10 @@ class ItemEmbedding(nn.Module):
     by length, so whatever id sits at a padded position contributes an exact zero vector.
     Rows start as ``N(0, 1/d)``, so embeddings have norm about 1 and inner products start at
     the scale of a unit-variance logit.
+
+    A row-sparse training step (:mod:`recsys.train.sparse_rows`) reads a few thousand gathered rows
+    instead of the whole table: inside :meth:`reading` the ids of the step are positions in those
+    rows, and :attr:`weight` is them.
     """
 
     def __init__(self, num_items: int, dim: int):
@@ -27,15 +34,26 @@ class ItemEmbedding(nn.Module):
         nn.init.normal_(self.table.weight, std=1.0 / math.sqrt(dim))
         with torch.no_grad():
             self.table.weight[0].zero_()
+        self._rows: Tensor | None = None  # the gathered rows of a row-sparse step, while it reads them
 
     @property
     def weight(self) -> Tensor:
-        """``[num_items, d]``."""
-        return self.table.weight
+        """``[num_items, d]``, or ``[T, d]`` gathered rows inside :meth:`reading`."""
+        return self.table.weight if self._rows is None else self._rows
+
+    @contextlib.contextmanager
+    def reading(self, rows: Tensor) -> Iterator[None]:
+        """Look ids up in ``rows [T, d]`` (row 0 must be the padding row) instead of the table
+        inside the block: the ids given to the model are then row positions in ``rows``."""
+        self._rows = rows
+        try:
+            yield
+        finally:
+            self._rows = None
 
     def forward(self, seq: Tensor, lengths: Tensor) -> Tensor:
         """``seq [B, L]`` ids, ``lengths [B]`` -> ``[B, L, d]``, zero at padded positions."""
-        h = self.table(seq)  # [B, L, d]
+        h = self.table(seq) if self._rows is None else F.embedding(seq, self._rows)  # [B, L, d]
         return h * length_mask(lengths, seq.shape[1]).to(h.dtype)[..., None]
 
 

@@ -216,7 +216,9 @@ class RunDir:
         if ck["best"] == -math.inf:  # no validation has scored yet: there is no best to restore
             return
         # with train.ema_decay validation scored the weight average, which the checkpoint holds beside the weights
-        self.save_best({**ck["model"], **ck.get("average", {}).get("weights", {})})
+        # (a row-sparse item table keeps its own, by the same parameter name)
+        averages = [ck.get(key, {}).get("weights", {}) for key in ("average", "item_rows")]
+        self.save_best({**ck["model"], **averages[0], **averages[1]})
         which = (
             f"the best weights, of step {ck['step']}"
             if ck["best_step"] == ck["step"]

@@ -11,6 +11,7 @@ A key missing from the file dates the run; the values that were in force then fi
 - no ``train.targets``: one target per sampled history (``"last"``);
 - no ``train.ema_decay``: the last weights were validated and kept (0);
 - no ``train.horizon``: each target predicted its next click only (1);
+- no ``train.item_updates``: every step updated the whole item table (``"dense"``);
 - and what the model's own spec says (:attr:`recsys.models.spec.ModelSpec.saved_defaults`).
 """
 
@@ -27,6 +28,7 @@ _TRAIN_DEFAULTS = {
     "targets": "last",
     "ema_decay": 0.0,
     "horizon": 1,
+    "item_updates": "dense",
 }
 
 

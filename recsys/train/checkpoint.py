@@ -77,7 +77,6 @@ def restore_rng(
 
 def make_checkpoint(
     model: nn.Module,
-    optimizer: torch.optim.Optimizer,
     *,
     step: int,
     best: float,
@@ -88,15 +87,14 @@ def make_checkpoint(
 ) -> dict[str, Any]:
     """The resume checkpoint as a plain dict.
 
-    Keys: ``model`` (state_dict of the unwrapped model, no DDP/compile prefixes), ``optimizer``
-    (state_dict), ``step`` (optimizer steps done), ``best`` (best validation metric so far,
-    ``-inf`` before the first evaluation), ``best_step``, ``bad_evals`` (evaluations since the
-    last improvement: the early-stopping counter), ``rng`` (:func:`capture_rng`), and any plain
-    ``extra`` entries.
+    Keys: ``model`` (state_dict of the unwrapped model, no DDP/compile prefixes), ``step``
+    (optimizer steps done), ``best`` (best validation metric so far, ``-inf`` before the first
+    evaluation), ``best_step``, ``bad_evals`` (evaluations since the last improvement: the
+    early-stopping counter), ``rng`` (:func:`capture_rng`), and any plain ``extra`` entries (the
+    training step's: ``optimizer``, ``average``, ``item_rows``).
     """
     state = {
         "model": unwrap_model(model).state_dict(),
-        "optimizer": optimizer.state_dict(),
         "step": int(step),
         "best": float(best),
         "best_step": int(best_step),

@@ -32,7 +32,8 @@ def estimate_bytes(cfg: Config, num_params: int, num_items: int, num_interests: 
     Args:
         cfg: the run config (batch sizes, ``max_len``, dim, hidden, negatives, top-N).
         num_params: trainable parameters of the built model (weights, gradients and two Adam
-            moments are kept for each, and their average with ``train.ema_decay``).
+            moments are kept for each, and their average with ``train.ema_decay``; a row-sparse
+            item table keeps no gradient).
         num_items: catalogue size (with padding).
         num_interests: K of the built model (1 for single-interest models).
     """
@@ -60,8 +61,11 @@ def estimate_bytes(cfg: Config, num_params: int, num_items: int, num_interests: 
     if t.hard_negatives and not t.full_softmax:
         step += 2 * b * k * num_items  # the hard-negative proposal's scores and softmax over the catalogue
     eval_batch = e.batch_size * k * (d + 3 * max(e.topn))  # interests and per-interest search results
+    state = (5 if t.ema_decay else 4) * num_params * _FLOAT
+    if t.item_updates == "sparse":  # the item table keeps no gradient, but a step counter per row
+        state += num_items * (8 - d * _FLOAT)
     return {
-        "parameters and optimizer state": (5 if t.ema_decay else 4) * num_params * _FLOAT,
+        "parameters and optimizer state": state,
         "training step activations": (step + negatives * d) * _FLOAT,
         "evaluation batch": eval_batch * _FLOAT,
     }

@@ -20,10 +20,10 @@ import functools
 import math
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -37,6 +37,7 @@ from recsys.device import to_device
 from recsys.evaluate.diagnostics import interest_health
 from recsys.evaluate.evaluator import evaluate_with_config
 from recsys.models import InterestModel, resolve
+from recsys.models.sequence import SequenceModel
 from recsys.nn.attention import max_attention_logit, set_track_stats
 from recsys.nn.masking import gather_last
 from recsys.run import RunDir, build_experiment, new_run_dir
@@ -59,6 +60,7 @@ from recsys.train.losses import (
 from recsys.train.memory import check_fits
 from recsys.train.meter import RunMeter
 from recsys.train.plan import TrainPlan, fused_exact_softmax, plan_training, shared_negatives
+from recsys.train.sparse_rows import RowSparseTable
 from recsys.train.tracking import track_metrics
 
 if TYPE_CHECKING:
@@ -91,11 +93,11 @@ def make_optimizer(
 ) -> torch.optim.Optimizer:
     """Fused Adam/AdamW (one pass over each parameter per step, on the CPU too: on taobao's
     37k-item table the unfused CPU update was a third of a step) with ``weight_decay`` (the
-    config's, or the automatic value of :mod:`recsys.train.plan`); ``capturable`` keeps its
-    state on the device for CUDA graphs."""
+    config's, or the automatic value of :mod:`recsys.train.plan`) over the parameters that need a
+    gradient; ``capturable`` keeps its state on the device for CUDA graphs."""
     cls = torch.optim.AdamW if cfg.train.optimizer == "adamw" else torch.optim.Adam
     return cls(
-        model.parameters(),
+        [p for p in model.parameters() if p.requires_grad],  # a row-sparse item table updates itself
         lr=cfg.train.lr,
         weight_decay=weight_decay,
         fused=True,
@@ -157,6 +159,21 @@ class TrainStep:
         )
         self.num_hard = round(t.hard_negatives * self.num_negatives)  # drawn near the interests
         self.num_base = self.num_negatives - self.num_hard  # drawn from the sampler
+        # train.item_updates = "sparse": the item table's rows update themselves (before DDP and the
+        # optimiser are built, which then leave the table alone)
+        self.rows = (
+            RowSparseTable(
+                model.embedding,
+                _parameter_name(model, model.embedding.table.weight),
+                lr=t.lr,
+                weight_decay=weight_decay,
+                decoupled=t.optimizer == "adamw",
+                ema_decay=t.ema_decay,
+                world_size=world_size,
+            )
+            if t.item_updates == "sparse" and isinstance(model, SequenceModel)
+            else None
+        )
         # warm-up and capture run on this stream; DDP is built on it too (its gradient hooks
         # remember the stream they were made on)
         self.stream = torch.cuda.Stream(device) if self.use_graph else None
@@ -212,7 +229,14 @@ class TrainStep:
             if self.amp
             else contextlib.nullcontext()
         )
-        with autocast:
+        targets = targets.flatten()  # [R] (R = B, or B L dense; times the horizon), 0: no click there
+        catalogue_ids: tuple[Tensor, Tensor] | None = None
+        reading: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+        if self.rows is not None:  # row-sparse: the model reads the gathered rows, ids renumbered to them
+            catalogue_ids = (targets, negatives)  # what the sampler's logQ is a function of
+            seq, targets, negatives = self.rows.gather(seq, targets, negatives)
+            reading = self.rows.reading()
+        with autocast, reading:
             if self.dense:
                 prefix = self.forward(seq, lengths, prefix=True)  # [B, L, K, d]
                 proposal_interests = gather_last(prefix.flatten(2), lengths).view(-1, *prefix.shape[2:])  # [B, K, d]
@@ -226,7 +250,6 @@ class TrainStep:
             # each row's next m clicks, read out against the same interests; max-scored negatives
             # take the unrepeated interests and score each row once (recsys.train.losses.negative_logits)
             per_target = interests.repeat_interleave(t.horizon, dim=0) if t.horizon > 1 else interests
-            targets = targets.flatten()  # [R] (R = B, or B L dense; times the horizon), 0: no click there
             mask = targets > 0 if self.dense or t.horizon > 1 else None
             item_emb = self.model.item_embeddings()  # [N, d]
             user = readout(per_target, item_emb[targets], soft=soft if self.soft_phase else 0.0)  # [R, d]
@@ -242,7 +265,15 @@ class TrainStep:
                 )
             else:
                 out = self._sampled_loss(
-                    user, targets, item_emb, negatives, hard_uniforms, interests, proposal_interests, mask
+                    user,
+                    targets,
+                    item_emb,
+                    negatives,
+                    hard_uniforms,
+                    interests,
+                    proposal_interests,
+                    mask,
+                    catalogue_ids,
                 )
         if scores is not None:
             out = dataclasses.replace(out, loss=out.loss + t.attention_reg * attention_collision(scores, lengths))
@@ -258,11 +289,13 @@ class TrainStep:
         interests: Tensor,
         proposal_interests: Tensor,
         mask: Tensor | None,
+        catalogue_ids: tuple[Tensor, Tensor] | None = None,
     ) -> LossOutput:
         """Sampled softmax over the base negatives plus, with ``train.hard_negatives``, draws from
         :func:`interest_proposal` of ``proposal_interests [B, K, d]``; logQ is the exact expected
         count under the mixture. ``mask [R]`` drops padding rows (dense training) and missing
-        following clicks (``train.horizon``)."""
+        following clicks (``train.horizon``). ``catalogue_ids``: the catalogue's ids of
+        ``(targets, negatives)`` where those are renumbered rows of a row-sparse step."""
         t = self.cfg.train
         sampler = self.sampler
         assert sampler is not None
@@ -276,13 +309,14 @@ class TrainStep:
                 return sampler.log_expected_count(ids, self.num_negatives)
             return mixture_log_expected_count(ids, sampler, self.num_base, probs, self.num_hard)
 
+        q_targets, q_negatives = catalogue_ids if catalogue_ids is not None else (targets, negatives)
         return sampled_softmax_loss(
             user,
             targets,
             item_emb,
             negatives,
-            log_q_target=log_q(targets) if t.logq else None,
-            log_q_neg=log_q(negatives) if t.logq else None,
+            log_q_target=log_q(q_targets) if t.logq else None,
+            log_q_neg=log_q(q_negatives) if t.logq else None,
             remove_accidental_hits=t.remove_accidental_hits,
             z_loss=t.z_loss,
             interests=interests if self.max_scores else None,
@@ -294,10 +328,13 @@ class TrainStep:
         """Loss, backward, clip, optimizer step (gradients must be None or zero on entry)."""
         out = self.loss_fn(*batch)
         out.loss.backward()
-        grad_norm = None
-        if self.cfg.train.grad_clip > 0:
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip)
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if self.rows is not None:
+            grads.append(self.rows.collect())  # the touched rows' gradients (every rank's under DDP)
+        grad_norm = clip_gradients(grads, self.cfg.train.grad_clip) if self.cfg.train.grad_clip > 0 else None
         self.optimizer.step()
+        if self.rows is not None:
+            self.rows.step()
         if self.average is not None:
             self.average.update()
         return out, grad_norm
@@ -315,6 +352,7 @@ class TrainStep:
         self.static_in = tuple(x.clone() for x in batch)
         params = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         average = self.average.state_dict() if self.average is not None else None  # undone like the weights
+        rows = self.rows.state_dict() if self.rows is not None else None  # and the item rows' state
         saved = {
             p: {k: v.clone() for k, v in st.items() if torch.is_tensor(v)} for p, st in self.optimizer.state.items()
         }
@@ -328,6 +366,8 @@ class TrainStep:
                 self.model.load_state_dict(params)
                 if self.average is not None and average is not None:
                     self.average.load_state_dict(average)
+                if self.rows is not None and rows is not None:
+                    self.rows.load_state_dict(rows)
                 for p, st in self.optimizer.state.items():
                     for k, v in st.items():
                         if torch.is_tensor(v):
@@ -397,7 +437,58 @@ class TrainStep:
         captured again at its next call: the graph holds the rate as a constant."""
         for group in self.optimizer.param_groups:
             group["lr"] *= factor
+        if self.rows is not None:
+            self.rows.scale_lr(factor)
         self.graph = None
+
+    @contextlib.contextmanager
+    def scored_weights(self) -> Iterator[None]:
+        """The model holds the weights validation scores inside the block: every item row brought
+        up to the current step (row-sparse), and the weight average where there is one."""
+        with contextlib.ExitStack() as stack:
+            if self.rows is not None:
+                stack.enter_context(self.rows.swapped_in())
+            if self.average is not None:
+                stack.enter_context(self.average.swapped_in())
+            yield
+
+    def reset_average(self, step: int) -> None:
+        """Average afresh from the current weights after ``step`` (a plateau's lr drop)."""
+        if self.rows is not None:
+            self.rows.reset_average()
+        if self.average is not None:
+            self.average.reset(step)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The step's resume state beside the model's weights: the optimiser's, and the weight
+        average's and the row-sparse item table's where they exist (after :meth:`scored_weights`
+        has brought the rows up to date)."""
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            **({"average": self.average.state_dict()} if self.average is not None else {}),
+            **({"item_rows": self.rows.state_dict()} if self.rows is not None else {}),
+        }
+
+    def load_state_dict(self, checkpoint: dict[str, Any]) -> None:
+        """Put back :meth:`state_dict`'s entries of a resume checkpoint."""
+        self.optimizer.load_state_dict(checkpoint["optimizer"])
+        if self.average is not None:
+            self.average.load_state_dict(checkpoint["average"])
+        if self.rows is not None:
+            self.rows.load_state_dict(checkpoint["item_rows"])
+
+
+def _parameter_name(model: torch.nn.Module, param: Tensor) -> str:
+    return next(name for name, p in model.named_parameters() if p is param)
+
+
+def clip_gradients(grads: list[Tensor], max_norm: float) -> Tensor:
+    """Scale ``grads`` in place so that their joint L2 norm is at most ``max_norm``, as
+    ``torch.nn.utils.clip_grad_norm_`` does for parameters (a row-sparse step's row gradients
+    belong to no parameter); returns the norm before clipping (a device tensor, no host sync)."""
+    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    torch._foreach_mul_(grads, torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+    return norm
 
 
 def _detached(out: LossOutput) -> LossOutput:
@@ -609,14 +700,12 @@ def _optimise(
     guard = DivergenceGuard(t, rd, device)
     if resume:
         ck = rd.load_checkpoint(map_location=device, model=model)
-        step_fn.optimizer.load_state_dict(ck["optimizer"])
+        step_fn.load_state_dict(ck)
         st = _LoopState(
             ck["step"], ck["best"], ck["best_step"], ck["bad_evals"], ck.get("lr_drops", 0), last_eval=ck["step"]
         )
         restore_rng(ck["rng"], {"batches": batches.rng}, {"neg": generator})
         guard.start_loss = ck.get("start_loss")
-        if step_fn.average is not None:
-            step_fn.average.load_state_dict(ck["average"])
         rd.rewind_metrics(st.step)
         log(f"resumed at step {st.step} (best {key} {st.best:.4f} at step {st.best_step})")
 
@@ -723,8 +812,7 @@ def _drop_lr(st: _LoopState, step_fn: TrainStep) -> None:
     patience counted afresh and the weight average started again; the caller brings back the best
     weights. The optimizer's moments stay those of the latest weights, a short way from the best ones."""
     step_fn.scale_lr(step_fn.cfg.train.lr_drop_factor)
-    if step_fn.average is not None:
-        step_fn.average.reset(st.step)
+    step_fn.reset_average(st.step)
     st.lr_drops += 1
     st.bad_evals = 0
 
@@ -752,8 +840,7 @@ def _validate(
     Returns ``"stop"`` at a plateau, ``"drop"`` at a plateau with ``train.lr_drops`` left and
     ``can_drop``, after going back to the best weights at the lower rate (so the checkpoint
     records the run as it goes on), else ``""``."""
-    scored = step_fn.average.swapped_in() if step_fn.average is not None else contextlib.nullcontext()
-    with scored:
+    with step_fn.scored_weights():
         metrics = validate()
         improved = metrics[key] > st.best
         if improved:
@@ -783,13 +870,12 @@ def _validate(
     rd.save_checkpoint(
         make_checkpoint(
             model,
-            step_fn.optimizer,
             step=st.step,
             best=st.best,
             best_step=st.best_step,
             bad_evals=st.bad_evals,
             lr_drops=st.lr_drops,
-            **({"average": step_fn.average.state_dict()} if step_fn.average is not None else {}),
+            **step_fn.state_dict(),
             rng=capture_rng({"batches": batches.rng}, {"neg": generator}),
             **guard.state(),
         )

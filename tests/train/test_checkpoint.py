@@ -35,7 +35,9 @@ def test_checkpoint_round_trip_loads_weights_only(tmp_path):
     batches = np.random.default_rng(5)
     negatives = torch.Generator().manual_seed(6)
     rng = capture_rng({"batches": batches}, {"negatives": negatives})
-    state = make_checkpoint(model, optimizer, step=7, best=0.25, best_step=5, bad_evals=1, rng=rng)
+    state = make_checkpoint(
+        model, step=7, best=0.25, best_step=5, bad_evals=1, rng=rng, optimizer=optimizer.state_dict()
+    )
     run = RunDir.create(tmp_path / "run")
     run.save_checkpoint(state)
     after_save = (batches.integers(0, 10**9, 4), torch.randint(0, 10**9, (4,), generator=negatives), torch.rand(3))

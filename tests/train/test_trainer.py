@@ -23,14 +23,16 @@ class _Crash(Exception):
     pass
 
 
-def test_resume_reproduces_uninterrupted_run(tmp_path):
-    full = train(_cfg(tmp_path, "name=full", "model.dropout=0.1"), log=lambda s: None)
+@pytest.mark.parametrize("updates", ["dense", "sparse"])
+def test_resume_reproduces_uninterrupted_run(tmp_path, updates):
+    extra = ["model.dropout=0.1", f"train.item_updates={updates}"]
+    full = train(_cfg(tmp_path, "name=full", *extra), log=lambda s: None)
 
     def crash_after_first_checkpoint(line: str) -> None:
         if line.startswith("step 30/"):
             raise _Crash
 
-    cfg = _cfg(tmp_path, "name=resumed", "model.dropout=0.1")
+    cfg = _cfg(tmp_path, "name=resumed", *extra)
     with pytest.raises(_Crash):
         train(cfg, log=crash_after_first_checkpoint)
     assert RunDir(tmp_path / "resumed").load_checkpoint()["step"] == 20
@@ -158,8 +160,10 @@ def test_a_plateau_with_lr_drops_left_goes_back_to_the_best_weights_at_a_lower_r
         torch.testing.assert_close(last["model"][name], tensor, rtol=0, atol=1e-6, msg=name)
 
 
-def test_a_run_resumed_after_an_lr_drop_trains_as_the_uninterrupted_one(tmp_path):
+@pytest.mark.parametrize("updates", ["dense", "sparse"])
+def test_a_run_resumed_after_an_lr_drop_trains_as_the_uninterrupted_one(tmp_path, updates):
     drops = ["train.lr_drops=1", "train.patience=1", "model.dropout=0.1", "train.max_steps=320", "train.eval_every=10"]
+    drops.append(f"train.item_updates={updates}")
     full = train(_cfg(tmp_path, "name=full", *drops), log=lambda s: None)
     seen: list[str] = []
 
@@ -236,3 +240,51 @@ def test_the_automatic_horizon_reads_the_data_s_timestamps(tmp_path):
         clicks_said = "its next 5 clicks" if horizons[name] == 5 else "its next click"
         assert any(line.startswith("model: ") and f"the last position predicts {clicks_said}" in line for line in lines)
     assert horizons == {"exact": 1, "weekly": 5}
+
+
+def test_a_row_sparse_run_keeps_the_item_table_s_average_as_its_best_weights(tmp_path):
+    """train.item_updates = "sparse": the item rows and their average live in the checkpoint's
+    item_rows; best.pt holds that average, brought up to the validated step, and a lost best.pt
+    is restored from it."""
+    steps = ["train.max_steps=20", "train.eval_every=20", "train.ema_decay=0.9", "train.item_updates=sparse"]
+    result = train(_cfg(tmp_path, "name=rows", *steps), log=lambda s: None)
+    run = RunDir(result.run_dir)
+    ck, best = run.load_checkpoint(), run.load_best()
+    table = "embedding.table.weight"
+    assert table not in ck["average"]["weights"] and ck["item_rows"]["steps"] == 20
+    assert torch.equal(best[table], ck["item_rows"]["weights"][table])
+    assert not torch.equal(best[table], ck["model"][table])
+    assert (ck["item_rows"]["current"] == 20).all()  # every row caught up before it was saved
+    run.file("best.pt").unlink()
+    with pytest.warns(UserWarning, match="restored from"):
+        run.require_checkpoint()
+    assert torch.equal(run.load_best()[table], best[table])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["synthetic.num_items=300"], "dense"),  # a small catalogue: the whole-table update is cheap
+        (["train.full_softmax=true"], "dense"),  # the exact softmax reads every row
+    ],
+)
+def test_automatic_item_updates_follow_the_catalogue_and_the_softmax(tmp_path, overrides, expected):
+    from recsys.run import build_experiment
+
+    exp = build_experiment(_cfg(tmp_path, *overrides))
+    assert exp.cfg.train.item_updates == expected
+
+
+def test_automatic_item_updates_are_sparse_from_the_measured_catalogue_size(tmp_path):
+    from recsys.models.spec import SPARSE_ITEMS, resolve
+
+    cfg = _cfg(tmp_path)
+    assert resolve(cfg, SPARSE_ITEMS + 1).train.item_updates == "sparse"
+    assert resolve(cfg, SPARSE_ITEMS).train.item_updates == "dense"
+    assert resolve(cfg).train.item_updates == "auto"  # until the catalogue is known
+
+
+def test_sparse_item_updates_refuse_a_loss_that_reads_every_row(tmp_path):
+    for override, why in [("train.full_softmax=true", "full_softmax"), ("train.hard_negatives=0.5", "hard_negatives")]:
+        with pytest.raises(ConfigError, match=f'train.item_updates="sparse": train.{why}'):
+            train(_cfg(tmp_path, "train.item_updates=sparse", override), log=lambda s: None)

@@ -1,0 +1,306 @@
+"""Row-sparse training of the item table (``train.item_updates = "sparse"``): a step reads and
+updates only the rows its batch touches.
+
+At a million items a dense step reads and writes the whole ``[N, d]`` table several times over
+(its gradient, clipping, AdamW's two moments and decay, the weight average) while the batch
+touches a few thousand rows, so the step slows with the catalogue instead of the batch
+(docs/results.md, "Training at a million items"). :class:`RowSparseTable` owns the table's
+rows, their Adam moments and their weight average, and a step:
+
+1. :meth:`RowSparseTable.gather` de-duplicates the batch's ids (history, targets, negatives,
+   with the padding id 0 first) into a fixed number of slots ``T`` by sort and cumulative sum,
+   so the step's shapes never change and a CUDA graph replays it; slots past the distinct ids
+   hold id 0. Their rows, brought up to the current step (below), become a leaf ``[T, d]``
+   that the model reads (:meth:`recsys.nn.embeddings.ItemEmbedding.reading`), and the batch's
+   ids are renumbered to slots (slot 0 is id 0, so padding and masks keep their meaning).
+2. The backward pass sums each slot's gradient over its occurrences into ``rows.grad``.
+3. :meth:`RowSparseTable.collect` (under DDP: every rank's slots and gradients, gathered and
+   summed, so every replica applies the same update) and :meth:`RowSparseTable.step`: Adam on
+   the touched rows, with the global step's bias correction, as ``torch.optim.AdamW`` computes it.
+
+**Rows the batch does not touch.** A dense AdamW step would still (a) shrink such a row by the
+decoupled decay, (b) fold it into the weight average, and (c) move it by its decaying momentum.
+(a) and (b) are caught up exactly whenever the row is next read or the whole table is
+(:meth:`RowSparseTable.sync`, before every validation and checkpoint), from a per-row count of
+the steps it is up to date with: ``k`` steps of decay multiply it by ``(1 - lr·wd)^k``, and the
+average's ``k`` updates over a geometrically shrinking row have a closed form
+(:func:`average_catch_up`). (c) is dropped, as in lazy Adam (TensorFlow Addons' ``LazyAdam``,
+FBGEMM's row-wise optimisers): a row's moments and its Adam move change only on steps that touch
+it. That is the one approximation; its test recall against the dense path is on the results page.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from recsys.nn.embeddings import ItemEmbedding
+
+__all__ = ["RowSparseTable", "average_catch_up", "unique_slots"]
+
+SYNC_CHUNK = 1 << 16  # rows caught up at a time by RowSparseTable.sync: [chunk, d] temporaries
+
+
+def unique_slots(ids: Tensor) -> tuple[Tensor, Tensor]:
+    """De-duplicate ``ids [T]`` (long, >= 0) into ``T`` fixed slots, with no host sync.
+
+    Returns ``(distinct [T], slot [T])``: the distinct ids in ascending order followed by zeros,
+    and each id's slot, ``distinct[slot] == ids``. With ``ids[0] == 0`` (or any 0 among them)
+    slot 0 holds id 0.
+    """
+    sorted_ids, order = torch.sort(ids)
+    first = torch.ones_like(sorted_ids, dtype=torch.bool)
+    first[1:] = sorted_ids[1:] != sorted_ids[:-1]
+    sorted_slot = torch.cumsum(first, 0) - 1  # [T]
+    distinct = torch.zeros_like(ids).scatter_(0, sorted_slot, sorted_ids)  # duplicates write equal values
+    slot = torch.empty_like(ids).scatter_(0, order, sorted_slot)
+    return distinct, slot
+
+
+def average_catch_up(done: Tensor, k: Tensor, beta: float, shrink: float) -> tuple[Tensor, Tensor]:
+    """The coefficients ``(a, b)`` that bring a row's weight average ``k`` updates forward while
+    the row itself only shrinks: ``avg' = a·avg + b·w``.
+
+    The bias-corrected average after ``j`` updates is ``S_j / Z_j`` with ``S_j = beta·S_{j-1} + w_j``
+    and ``Z_j = (1 - beta^j) / (1 - beta)`` (:class:`recsys.train.averaging.WeightAverage`). With
+    ``w_{j+i} = w·shrink^i`` for ``i = 1 .. k`` (the decay alone moves an untouched row),
+    ``S_{j+k} = beta^k·S_j + w·shrink·(beta^k - shrink^k) / (beta - shrink)``.
+
+    Args:
+        done: ``[R]`` long, updates the average has folded in so far (``j``).
+        k: ``[R]`` long, updates to catch up.
+        beta: the average's decay (``train.ema_decay``).
+        shrink: ``1 - lr·weight_decay``, the decay's factor a step (1: none).
+
+    Returns ``a, b`` ``[R]`` float64 (``1, 0`` where ``k == 0``).
+    """
+    j, kf = done.double(), k.double()
+    beta_k, shrink_k = torch.pow(beta, kf), torch.pow(shrink, kf)
+    if abs(beta - shrink) > 1e-9:
+        series = (beta_k - shrink_k) / (beta - shrink)  # sum_{i=1..k} beta^(k-i) shrink^(i-1)
+    else:
+        series = kf * torch.pow(beta, kf - 1)
+    z_then = (1 - torch.pow(beta, j)) / (1 - beta)
+    z_now = ((1 - torch.pow(beta, j + kf)) / (1 - beta)).clamp_min(1e-300)  # 0 only where j = k = 0
+    moved = k > 0
+    a = torch.where(moved, beta_k * z_then / z_now, torch.ones_like(kf))
+    b = torch.where(moved, shrink * series / z_now, torch.zeros_like(kf))
+    return a, b
+
+
+class RowSparseTable:
+    """The item table's rows, their Adam moments and weight average, updated row by row.
+
+    Takes the table over from the dense optimiser: its parameter stops requiring a gradient (so
+    ``torch.optim`` and DistributedDataParallel leave it alone) and this object updates it in
+    place, so the model's ``state_dict``, evaluation and export see the same tensor as ever.
+
+    Args:
+        embedding: the model's item table.
+        name: its weight's name in the model's ``state_dict`` (the checkpoint's average is keyed by it).
+        lr, betas, eps: Adam's, as the dense optimiser's.
+        weight_decay: AdamW's decoupled decay (``decoupled``) or Adam's L2 term added to the
+            touched rows' gradients (not decoupled; untouched rows then keep their values).
+        ema_decay: the weight average's decay (``train.ema_decay``); 0 keeps none.
+        world_size: processes training together; above 1 :meth:`collect` gathers every rank's rows.
+    """
+
+    def __init__(
+        self,
+        embedding: ItemEmbedding,
+        name: str,
+        *,
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        decoupled: bool = True,
+        ema_decay: float = 0.0,
+        world_size: int = 1,
+    ):
+        if not 0.0 <= ema_decay < 1.0:
+            raise ValueError(f"train.ema_decay: must be in [0, 1), got {ema_decay!r}")
+        self.embedding, self.name = embedding, name
+        self.weight = embedding.table.weight  # [N, d], updated in place
+        self.weight.requires_grad_(False)
+        self.lr, (self.beta1, self.beta2), self.eps = lr, betas, eps
+        self.weight_decay, self.decoupled = weight_decay, decoupled
+        self.ema_decay, self.world_size = ema_decay, world_size
+        num_items, device = self.weight.shape[0], self.weight.device
+        self.exp_avg = torch.zeros_like(self.weight)  # [N, d] Adam's first moment, per row
+        self.exp_avg_sq = torch.zeros_like(self.weight)  # [N, d] its second moment
+        self.steps = torch.zeros((), dtype=torch.long, device=device)  # optimiser steps taken
+        self.current = torch.zeros(num_items, dtype=torch.long, device=device)  # [N] steps each row is up to date with
+        self.average = self.weight.detach().clone() if ema_decay else None  # [N, d] bias-corrected average
+        self.average_start = torch.zeros((), dtype=torch.long, device=device)  # the step the average (re)started at
+        self.rows: Tensor | None = None  # [T, d] this step's gathered rows (a leaf; its .grad after backward)
+        self.ids: Tensor | None = None  # [T] their ids
+        self.update_ids: Tensor | None = None  # [T] (or [world T]) the ids the update writes ...
+        self.update_grad: Tensor | None = None  # ... and their gradients, after collect()
+
+    @property
+    def shrink(self) -> float:
+        """The decoupled decay's factor a step, ``1 - lr·weight_decay`` (1 without it)."""
+        return 1.0 - self.lr * self.weight_decay if self.decoupled else 1.0
+
+    @torch.no_grad()
+    def _caught_up(self, ids: Tensor) -> tuple[Tensor, Tensor | None]:
+        """``ids [R]`` -> their rows ``[R, d]`` and averages ``[R, d]`` (or None) as of the
+        current step: the decay and the average's updates of the steps since they were written."""
+        k = self.steps - self.current[ids]  # [R]
+        rows = self.weight[ids]
+        factor = torch.pow(self.shrink, k.double()).to(rows.dtype)[:, None]
+        if self.average is None:
+            return rows * factor, None
+        a, b = average_catch_up(self.current[ids] - self.average_start, k, self.ema_decay, self.shrink)
+        average = self.average[ids] * a.to(rows.dtype)[:, None] + rows * b.to(rows.dtype)[:, None]
+        return rows * factor, average
+
+    def gather(self, *ids: Tensor) -> tuple[Tensor, ...]:
+        """Gather the rows of the step's ``ids`` (tensors of any shape, long) into :attr:`rows`
+        ``[T, d]`` (``T`` = 1 + their sizes) and return the ids renumbered to row positions, in
+        the same shapes."""
+        flat = torch.cat([ids[0].new_zeros(1), *(x.reshape(-1) for x in ids)])  # [T], id 0 first
+        self.ids, slot = unique_slots(flat)
+        rows, _ = self._caught_up(self.ids)
+        self.rows = rows.requires_grad_()
+        out, start = [], 1
+        for x in ids:
+            out.append(slot[start : start + x.numel()].view(x.shape))
+            start += x.numel()
+        return tuple(out)
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        """The model reads :attr:`rows` (ids renumbered by :meth:`gather`) inside the block."""
+        assert self.rows is not None, "gather() first"
+        with self.embedding.reading(self.rows):
+            yield
+
+    @torch.no_grad()
+    def collect(self) -> Tensor:
+        """After the backward pass: the ids and gradients the update applies (under DDP every
+        rank's, summed over ranks and divided by their number, as DDP averages dense
+        gradients); returns the gradient ``[T', d]`` for clipping, which scales it in place."""
+        assert self.ids is not None and self.rows is not None
+        grad = self.rows.grad if self.rows.grad is not None else torch.zeros_like(self.rows)
+        ids = self.ids
+        if self.world_size > 1:
+            every_ids = [torch.empty_like(ids) for _ in range(self.world_size)]
+            every_grad = [torch.empty_like(grad) for _ in range(self.world_size)]
+            dist.all_gather(every_ids, ids)
+            dist.all_gather(every_grad, grad)
+            ids, slot = unique_slots(torch.cat(every_ids))
+            grad = torch.zeros((ids.shape[0], grad.shape[1]), dtype=grad.dtype, device=grad.device).index_add_(
+                0, slot, torch.cat(every_grad)
+            ) / float(self.world_size)
+        self.update_ids = ids
+        self.update_grad = grad * (ids > 0)[:, None].to(grad.dtype)  # padding never moves
+        return self.update_grad
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """Adam (with the decoupled decay, or L2) on the collected rows, then the weight average;
+        the same arithmetic as ``torch.optim.AdamW`` for a row with a gradient. Capturable: the
+        step count lives on the device."""
+        assert self.update_ids is not None and self.update_grad is not None, "collect() first"
+        ids, grad = self.update_ids, self.update_grad
+        rows, average = self._caught_up(ids)
+        if self.weight_decay and not self.decoupled:
+            grad = grad + self.weight_decay * rows
+        exp_avg = self.exp_avg[ids].lerp_(grad, 1 - self.beta1)
+        exp_avg_sq = self.exp_avg_sq[ids].mul_(self.beta2).addcmul_(grad, grad, value=1 - self.beta2)
+        step = (self.steps + 1).double()
+        if self.weight_decay and self.decoupled:
+            rows.mul_(self.shrink)
+        bias1 = 1 - torch.pow(self.beta1, step)
+        bias2_sqrt = torch.sqrt(1 - torch.pow(self.beta2, step))
+        denom = (exp_avg_sq.sqrt() / bias2_sqrt.to(rows.dtype)).add_(self.eps)
+        rows.addcdiv_(exp_avg, denom * (bias1 / self.lr).to(rows.dtype), value=-1.0)
+        self.weight.index_copy_(0, ids, rows)
+        self.exp_avg.index_copy_(0, ids, exp_avg)
+        self.exp_avg_sq.index_copy_(0, ids, exp_avg_sq)
+        if self.average is not None and average is not None:
+            folded = (step - self.average_start.double()).clamp_min(1)  # updates of the average, this one included
+            share = ((1 - self.ema_decay) / (1 - torch.pow(self.ema_decay, folded))).to(rows.dtype)
+            self.average.index_copy_(0, ids, average.add_((rows - average) * share))
+        self.steps += 1
+        self.current.index_put_((ids,), self.steps)
+
+    @torch.no_grad()
+    def sync(self) -> None:
+        """Bring every row (and its average) up to the current step, in chunks of
+        :data:`SYNC_CHUNK` rows: before the table is read whole (validation, checkpoints, a new rate)."""
+        for start in range(0, self.weight.shape[0], SYNC_CHUNK):
+            ids = torch.arange(start, min(start + SYNC_CHUNK, self.weight.shape[0]), device=self.weight.device)
+            rows, average = self._caught_up(ids)
+            self.weight[start : start + len(ids)] = rows
+            if self.average is not None and average is not None:
+                self.average[start : start + len(ids)] = average
+        self.current.copy_(self.steps.expand_as(self.current))
+
+    @contextlib.contextmanager
+    def swapped_in(self) -> Iterator[None]:
+        """The table holds the weight average inside the block (after :meth:`sync`) and its own
+        rows again after it (also when the block raises); the rows alone without an average."""
+        self.sync()
+        if self.average is None:
+            yield
+            return
+        own = self.weight.detach().clone()
+        self.weight.copy_(self.average)
+        try:
+            yield
+        finally:
+            self.weight.copy_(own)
+
+    def scale_lr(self, factor: float) -> None:
+        """Multiply the rate by ``factor`` from the next step (the rows are caught up at the old one first)."""
+        self.sync()
+        self.lr *= factor
+
+    @torch.no_grad()
+    def reset_average(self) -> None:
+        """Average afresh from the current rows (as :meth:`WeightAverage.reset`)."""
+        self.sync()
+        if self.average is not None:
+            self.average.copy_(self.weight)
+        self.average_start.copy_(self.steps)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain data for the resume checkpoint (after :meth:`sync`, so every row is current):
+        ``weights`` holds the average by the table's parameter name, as
+        :meth:`WeightAverage.state_dict` does."""
+        return {
+            "exp_avg": self.exp_avg.clone(),
+            "exp_avg_sq": self.exp_avg_sq.clone(),
+            "steps": int(self.steps),
+            "current": self.current.clone(),
+            "weights": {} if self.average is None else {self.name: self.average.clone()},
+            "average_start": int(self.average_start),
+            "lr": self.lr,
+        }
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Put back :meth:`state_dict` (the table's own rows come with the model's weights)."""
+        averaged = self.name in state["weights"]
+        if averaged != (self.average is not None) or state["exp_avg"].shape != self.exp_avg.shape:
+            raise ValueError(
+                f"checkpoint: its row-sparse item table is {tuple(state['exp_avg'].shape)} "
+                f"{'with' if averaged else 'without'} a weight average; the run's is "
+                f"{tuple(self.exp_avg.shape)} at train.ema_decay {self.ema_decay}"
+            )
+        self.exp_avg.copy_(state["exp_avg"])
+        self.exp_avg_sq.copy_(state["exp_avg_sq"])
+        self.steps.fill_(state["steps"])
+        self.current.copy_(state["current"])
+        if self.average is not None:
+            self.average.copy_(state["weights"][self.name])
+        self.average_start.fill_(state["average_start"])
+        self.lr = float(state["lr"])

@@ -1,0 +1,173 @@
+"""The row-sparse item table against torch's dense AdamW and the dense weight average."""
+
+import pytest
+import torch
+
+from recsys.nn.embeddings import ItemEmbedding
+from recsys.train.averaging import WeightAverage
+from recsys.train.sparse_rows import RowSparseTable, average_catch_up, unique_slots
+
+LR, DECAY, EMA = 0.05, 0.3, 0.9
+
+
+@pytest.mark.parametrize("size", [1, 7, 50, 129])
+def test_unique_slots_numbers_each_distinct_id_once(size):
+    g = torch.Generator().manual_seed(size)
+    ids = torch.cat([torch.zeros(1, dtype=torch.long), torch.randint(0, 20, (size,), generator=g)])
+    distinct, slot = unique_slots(ids)
+    expected = torch.unique(ids)
+    assert distinct.shape == ids.shape and slot.shape == ids.shape
+    assert torch.equal(distinct[: len(expected)], expected)  # ascending, id 0 in slot 0
+    assert (distinct[len(expected) :] == 0).all()
+    assert torch.equal(distinct[slot], ids)
+
+
+def test_average_catch_up_equals_folding_the_shrinking_row_in_one_update_at_a_time():
+    beta, shrink = 0.9, 0.97
+    for done, k in [(0, 1), (0, 5), (3, 0), (3, 7), (40, 2)]:
+        w, avg = torch.tensor(2.0, dtype=torch.float64), torch.tensor(-1.0, dtype=torch.float64)
+        looped = avg.clone()
+        for j in range(done + 1, done + k + 1):
+            w = w * shrink
+            looped = looped + (w - looped) * (1 - beta) / (1 - beta**j)
+        a, b = average_catch_up(torch.tensor([done]), torch.tensor([k]), beta, shrink)
+        torch.testing.assert_close(a * avg + b * 2.0, looped[None], rtol=1e-12, atol=1e-12)
+
+
+def _tables(num_items: int = 9, dim: int = 4, ema: float = EMA):
+    torch.manual_seed(0)
+    dense = ItemEmbedding(num_items, dim)
+    sparse = ItemEmbedding(num_items, dim)
+    sparse.load_state_dict(dense.state_dict())
+    optimizer = torch.optim.AdamW(dense.parameters(), lr=LR, weight_decay=DECAY)
+    average = WeightAverage(dense, ema) if ema else None
+    rows = RowSparseTable(sparse, "table.weight", lr=LR, weight_decay=DECAY, ema_decay=ema)
+    return dense, optimizer, average, sparse, rows
+
+
+def _loss(table: torch.Tensor, ids: torch.Tensor, step: int) -> torch.Tensor:
+    """A loss whose gradient differs per occurrence (ids repeat); padding (id 0) is masked, as
+    the models mask it."""
+    scale = torch.arange(1, ids.numel() + 1, dtype=table.dtype)[:, None] / (step + 1) * (ids > 0)[:, None]
+    return ((table[ids] - 0.3) * scale).square().sum()
+
+
+def _dense_step(dense, optimizer, average, ids, step):
+    average is not None and average.prepare(step)
+    optimizer.zero_grad()
+    _loss(dense.weight, ids, step).backward()
+    optimizer.step()
+    average is not None and average.update()
+
+
+def _sparse_step(rows, ids, step):
+    (local,) = rows.gather(ids)
+    _loss(rows.rows, local, step).backward()
+    rows.collect()
+    rows.step()
+
+
+def test_rows_touched_every_step_and_rows_never_touched_follow_dense_adamw_and_the_average():
+    """Rows 1-4 get a gradient every step; rows 5-8 never do, so dense AdamW only decays them
+    (their moments stay 0) and folds them into the average: the lazy catch-up is exact there."""
+    dense, optimizer, average, sparse, rows = _tables()
+    ids = torch.tensor([3, 1, 4, 1, 2, 0, 3])  # repeats, and the padding id
+    for step in range(12):
+        _dense_step(dense, optimizer, average, ids, step)
+        _sparse_step(rows, ids, step)
+    rows.sync()
+    torch.testing.assert_close(sparse.weight, dense.weight, rtol=1e-5, atol=1e-6)
+    assert average is not None and rows.average is not None
+    torch.testing.assert_close(rows.average, average.weights[0], rtol=1e-5, atol=1e-6)
+    assert (sparse.weight[0] == 0).all() and (rows.average[0] == 0).all()  # padding never moves
+
+
+def test_a_row_read_after_steps_away_sees_the_decay_it_missed():
+    dense, optimizer, average, _, rows = _tables()
+    for step in range(5):
+        _dense_step(dense, optimizer, average, torch.tensor([1, 2]), step)
+        _sparse_step(rows, torch.tensor([1, 2]), step)
+    (local,) = rows.gather(torch.tensor([6]))  # untouched for 5 steps: read as dense holds it now
+    torch.testing.assert_close(rows.rows[local], dense.weight[6:7].detach(), rtol=1e-6, atol=1e-7)
+
+
+def test_the_average_swaps_in_and_out_and_a_new_rate_keeps_the_catch_up_exact():
+    dense, optimizer, average, sparse, rows = _tables()
+    ids = torch.tensor([1, 2, 2])
+    for step in range(10):
+        if step == 6:  # a plateau's drop: every row caught up at the old rate first
+            rows.scale_lr(0.1)
+            for group in optimizer.param_groups:
+                group["lr"] *= 0.1
+        _dense_step(dense, optimizer, average, ids, step)
+        _sparse_step(rows, ids, step)
+    rows.sync()
+    own = sparse.weight.clone()
+    assert average is not None
+    with rows.swapped_in():
+        torch.testing.assert_close(sparse.weight, average.weights[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(sparse.weight, own, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(sparse.weight, dense.weight, rtol=1e-5, atol=1e-6)
+
+
+def test_state_round_trip_continues_bit_for_bit():
+    _, _, _, sparse, rows = _tables()
+    g = torch.Generator().manual_seed(4)
+    batches = [torch.randint(0, 9, (6,), generator=g) for _ in range(10)]
+    for step, ids in enumerate(batches[:5]):
+        _sparse_step(rows, ids, step)
+    rows.sync()
+    state, weights = rows.state_dict(), {k: v.clone() for k, v in sparse.state_dict().items()}
+    for step, ids in enumerate(batches[5:], start=5):
+        _sparse_step(rows, ids, step)
+
+    torch.manual_seed(1)  # different initial rows, all overwritten by the state
+    again = ItemEmbedding(9, 4)
+    again.load_state_dict(weights)
+    resumed = RowSparseTable(again, "table.weight", lr=LR, weight_decay=DECAY, ema_decay=EMA)
+    resumed.load_state_dict(state)
+    for step, ids in enumerate(batches[5:], start=5):
+        _sparse_step(resumed, ids, step)
+    assert torch.equal(again.weight, sparse.weight)
+    assert resumed.average is not None and rows.average is not None
+    assert torch.equal(resumed.average, rows.average) and torch.equal(resumed.exp_avg_sq, rows.exp_avg_sq)
+
+
+def test_a_state_of_another_shape_or_without_an_average_is_refused():
+    _, _, _, _, rows = _tables()
+    _, _, _, _, plain = _tables(ema=0.0)
+    with pytest.raises(ValueError, match="without a weight average"):
+        rows.load_state_dict(plain.state_dict())
+    _, _, _, _, wider = _tables(dim=8)
+    with pytest.raises(ValueError, match="row-sparse item table"):
+        rows.load_state_dict(wider.state_dict())
+
+
+def test_the_model_reads_the_gathered_rows_and_padding_stays_zero():
+    emb = ItemEmbedding(9, 4)
+    rows = RowSparseTable(emb, "table.weight", lr=LR)
+    seq = torch.tensor([[5, 2, 0], [7, 0, 0]])
+    lengths = torch.tensor([2, 1])
+    full = emb(seq, lengths)
+    (local,) = rows.gather(seq)
+    with rows.reading():
+        assert emb.weight is rows.rows
+        torch.testing.assert_close(emb(local, lengths), full)
+    assert emb.weight is emb.table.weight
+    assert not emb.table.weight.requires_grad  # the dense optimiser leaves the table alone
+
+
+def test_the_adam_variant_adds_l2_to_touched_rows_only():
+    torch.manual_seed(0)
+    dense, sparse = ItemEmbedding(9, 4), ItemEmbedding(9, 4)
+    sparse.load_state_dict(dense.state_dict())
+    optimizer = torch.optim.Adam(dense.parameters(), lr=LR, weight_decay=DECAY)
+    rows = RowSparseTable(sparse, "table.weight", lr=LR, weight_decay=DECAY, decoupled=False)
+    ids = torch.tensor([1, 2, 3])
+    untouched = sparse.weight[4:].clone()
+    for step in range(4):
+        _dense_step(dense, optimizer, None, ids, step)
+        _sparse_step(rows, ids, step)
+    torch.testing.assert_close(sparse.weight[:4], dense.weight[:4], rtol=1e-5, atol=1e-6)
+    rows.sync()
+    assert torch.equal(sparse.weight[4:], untouched)  # coupled L2 reaches a row through its gradient only
