@@ -191,6 +191,9 @@ class EvalConfig:
     batch_size: int = 2048
     exclude_history: bool = False
     diversity_lambda: float = 0.0  # > 0: ComiRec's greedy diversity-controlled aggregation
+    # validation during training scores a fixed random sample of this many validation users (0: all of
+    # them), so its cost does not grow with the log; the final test always scores every test user
+    valid_users: int = 10_000
 
 
 @dataclass

@@ -298,10 +298,11 @@ def test_a_row_sparse_item_table_keeps_no_gradient_in_the_memory_estimate():
     assert saved == 10**6 * (64 * 4 - 8)
 
 
-def test_saved_runs_without_item_updates_load_with_the_dense_table():
+def test_saved_runs_without_item_updates_or_a_validation_sample_load_as_trained():
     saved = Config().to_dict()
-    del saved["train"]["item_updates"]
-    assert run_config_from_dict(saved).train.item_updates == "dense"
+    del saved["train"]["item_updates"], saved["eval"]["valid_users"]
+    loaded = run_config_from_dict(saved)
+    assert loaded.train.item_updates == "dense" and loaded.eval.valid_users == 0
 
 
 @pytest.mark.parametrize("name", ["comirec_sa", "sasrec", "mind"])

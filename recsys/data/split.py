@@ -47,6 +47,17 @@ class EvalSet:
     def __len__(self) -> int:
         return len(self.users)
 
+    def sample(self, n: int, seed: int) -> EvalSet:
+        """A fixed random sample of ``n`` of the users (in their order; all of them when ``n``
+        is 0 or at least their number): validation's users on a large log."""
+        if n <= 0 or n >= len(self):
+            return self
+        rows = np.sort(np.random.default_rng(seed).choice(len(self), size=n, replace=False))
+        truth_indptr, truth_items = gather_rows(
+            self.truth_indptr, self.truth_items, self.truth_indptr[rows], self.truth_indptr[rows + 1]
+        )
+        return EvalSet(self.users[rows], self.inputs[rows], self.lengths[rows], truth_indptr, truth_items)
+
 
 @dataclass(eq=False)
 class Split:

@@ -12,6 +12,7 @@ A key missing from the file dates the run; the values that were in force then fi
 - no ``train.ema_decay``: the last weights were validated and kept (0);
 - no ``train.horizon``: each target predicted its next click only (1);
 - no ``train.item_updates``: every step updated the whole item table (``"dense"``);
+- no ``eval.valid_users``: validation scored every validation user (0);
 - and what the model's own spec says (:attr:`recsys.models.spec.ModelSpec.saved_defaults`).
 """
 
@@ -42,7 +43,9 @@ def run_config_from_dict(values: dict[str, Any]) -> Config:
         train.setdefault(key, value)
     if "positions" not in model and "positions" in spec.settings:
         model["positions"] = "absolute"
-    sections = {"model": model, "train": train}
+    evaluation = dict(values.get("eval", {}))
+    evaluation.setdefault("valid_users", 0)
+    sections = {"model": model, "train": train, "eval": evaluation}
     for missing, then in spec.saved_defaults.items():
         section, key = missing.split(".")
         if key not in values.get(section, {}):

@@ -600,12 +600,19 @@ def _run(
         + (f"; {positions} predicts {clicks}; {loss}" if model.trainable else "")
     )
 
-    planted = planted_for(cfg, ds.user_raw[split.valid.users], ds.category_raw)
+    valid = split.valid.sample(cfg.eval.valid_users, cfg.data.seed)  # a fixed sample: its cost stays bounded
+    if model.trainable:
+        log(
+            f"validation: {len(valid):,} of the {len(split.valid):,} validation users (eval.valid_users)"
+            + ("" if t.eval_every else f", at most {VALID_SHARE:.0%} of the wall time")
+            + f"; the test scores all {len(split.test):,} test users"
+        )
+    planted = planted_for(cfg, ds.user_raw[valid.users], ds.category_raw)
 
     def validate() -> dict[str, float]:
-        metrics = evaluate_with_config(model, split.valid, cfg, item_category=ds.item_category)
+        metrics = evaluate_with_config(model, valid, cfg, item_category=ds.item_category)
         if model.trainable:  # multi-interest health, logged beside the recall (docs/multi-interest.md)
-            metrics.update(interest_health(model, split.valid, item_category=ds.item_category, planted=planted))
+            metrics.update(interest_health(model, valid, item_category=ds.item_category, planted=planted))
         return metrics
 
     key = f"recall@{max(cfg.eval.topn)}"
@@ -709,6 +716,7 @@ def _optimise(
         rd.rewind_metrics(st.step)
         log(f"resumed at step {st.step} (best {key} {st.best:.4f} at step {st.best_step})")
 
+    share = ValidationShare(VALID_SHARE if not t.eval_every else 1.0)
     sums = torch.zeros(4, device=device)  # loss, log Z, max logit, grad norm over the log window
     meter = RunMeter(plan, t, start_step=st.step, samples_per_step=t.batch_size * dist.world_size)
     window_steps, window_targets = 0, 0
@@ -764,12 +772,15 @@ def _optimise(
             and t.max_minutes > 0
             and distributed.broadcast_flag(time.perf_counter() - meter.start > 60 * t.max_minutes, device)
         )
-        if plan.validates_at(st.step, st.last_eval) or out_of_time:
+        due = plan.validates_at(st.step, st.last_eval) and (
+            st.step >= max_steps or distributed.broadcast_flag(share.allows(), device)  # rank 0's clock
+        )
+        if due or out_of_time:
             if window_steps:  # the steps since the last log line, before their weights are checkpointed
                 guard.check(st.step, *(sums[[0, 3]] / window_steps).tolist())
             st.last_eval = st.step
             verdict = ""
-            with meter.paused():
+            with meter.paused(), share.validating():
                 if dist.is_main:
                     can_drop = st.step < max_steps and not out_of_time  # with budget left to use a lower rate
                     verdict = _validate(
@@ -805,6 +816,35 @@ def _optimise(
     st.samples_per_s, st.targets_per_s = dataclasses.astuple(meter.average())  # the run's, not its last window's
     st.cuda_graph = step_fn.use_graph
     return st
+
+
+VALID_SHARE = 0.1  # the automatic cadence defers a due validation while validations would pass this share of the time
+
+
+class ValidationShare:
+    """Keeps validation's share of the wall time under ``share``: a validation the plan has due
+    waits until the training since the previous one took ``(1 - share) / share`` times as long
+    as that validation did (on a million-item log a validation can cost as much as thousands of
+    steps; on a small log it never waits). ``share = 1`` never defers."""
+
+    def __init__(self, share: float):
+        self.ratio = (1 - share) / share
+        self.last_cost = 0.0
+        self.since = time.perf_counter()
+
+    def allows(self) -> bool:
+        """Whether a validation may run now."""
+        return time.perf_counter() - self.since >= self.ratio * self.last_cost
+
+    @contextlib.contextmanager
+    def validating(self) -> Iterator[None]:
+        """Times the validation (and checkpoint) inside the block."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.since = time.perf_counter()
+            self.last_cost = self.since - start
 
 
 def _drop_lr(st: _LoopState, step_fn: TrainStep) -> None:

@@ -220,8 +220,9 @@ def _syncing(model):
             "train.attention_reg=1",
             "train.negative_scores=max",
         ],
+        ["train.item_updates=sparse", "train.negative_scores=max"],
     ],
-    ids=["plain", "soft-then-argmax"],
+    ids=["plain", "soft-then-argmax", "row-sparse"],
 )
 def test_the_captured_step_follows_the_eager_step(mode, switches):
     batches = _batches()
@@ -238,6 +239,10 @@ def test_the_captured_step_follows_the_eager_step(mode, switches):
     assert step.average is not None and eager_step.average is not None
     for a, b in zip(eager_step.average.weights, step.average.weights):
         torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-3)
+    if step.rows is not None and eager_step.rows is not None:  # the item rows' state, stepped in the graph
+        assert int(step.rows.steps) == int(eager_step.rows.steps) == len(batches)
+        for a, b in [(eager_step.rows.exp_avg_sq, step.rows.exp_avg_sq), (eager_step.rows.average, step.rows.average)]:
+            torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-3)
 
 
 @pytest.mark.gpu

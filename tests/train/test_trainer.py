@@ -288,3 +288,29 @@ def test_sparse_item_updates_refuse_a_loss_that_reads_every_row(tmp_path):
     for override, why in [("train.full_softmax=true", "full_softmax"), ("train.hard_negatives=0.5", "hard_negatives")]:
         with pytest.raises(ConfigError, match=f'train.item_updates="sparse": train.{why}'):
             train(_cfg(tmp_path, "train.item_updates=sparse", override), log=lambda s: None)
+
+
+def test_validation_scores_a_fixed_sample_of_the_validation_users_and_the_test_all(tmp_path):
+    lines: list[str] = []
+    result = train(_cfg(tmp_path, "name=sample", "eval.valid_users=25"), log=lines.append)
+    said = next(line for line in lines if line.startswith("validation: "))
+    assert said.startswith("validation: 25 of the ") and "the test scores all" in said
+    valid = [r for r in RunDir(result.run_dir).read_metrics() if r.get("split") == "valid"]
+    assert valid and all(r["users"] == 25 for r in valid)
+    assert result.test_metrics["users"] > 25
+
+
+def test_validation_waits_while_it_would_pass_its_share_of_the_time(monkeypatch):
+    import recsys.train.trainer as trainer
+
+    clock = [100.0]
+    monkeypatch.setattr(trainer.time, "perf_counter", lambda: clock[0])
+    share = trainer.ValidationShare(0.1)
+    assert share.allows()  # nothing measured yet
+    with share.validating():
+        clock[0] += 2.0  # a validation of 2 s
+    clock[0] += 17.0
+    assert not share.allows()  # 17 s of training: the validation would be over 10% of the time
+    clock[0] += 1.0
+    assert share.allows()
+    assert trainer.ValidationShare(1.0).allows()  # a fixed cadence never waits
