@@ -98,6 +98,65 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _sparse_rows_worker(rank: int, world_size: int, port: int, batches: list[torch.Tensor], expected) -> None:
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+    torch.set_num_threads(1)
+    setup_distributed("cpu")
+    try:
+        table, rows = _sparse_table(world_size)
+        for ids in batches:  # each rank its half of the global batch
+            _sparse_rows_step(rows, ids.view(world_size, -1)[rank])
+        rows.sync()
+        torch.testing.assert_close(table.weight, expected[0])
+        assert rows.average is not None
+        torch.testing.assert_close(rows.average, expected[1])
+    finally:
+        distributed.cleanup()
+
+
+def _sparse_table(world_size: int):
+    from recsys.nn.embeddings import ItemEmbedding
+    from recsys.train.sparse_rows import RowSparseTable
+
+    torch.manual_seed(0)
+    table = ItemEmbedding(30, 4)
+    return table, RowSparseTable(table, "table.weight", lr=0.05, weight_decay=0.1, ema_decay=0.9, world_size=world_size)
+
+
+def _sparse_rows_step(rows, ids: torch.Tensor) -> None:
+    """The mean over this process's ids of a per-occurrence loss (DDP's average of the ranks'
+    means is then the global batch's mean)."""
+    (local,) = rows.gather(ids)
+    weight = (1 + ids / 30)[:, None]
+    ((rows.rows[local] - 0.2) * weight).square().sum(dim=1).mean().backward()
+    rows.collect()
+    rows.step()
+
+
+def test_two_gloo_processes_update_the_rows_either_touched_as_one_process_does():
+    g = torch.Generator().manual_seed(2)
+    batches = [torch.randint(1, 30, (12,), generator=g) for _ in range(4)]  # rows touched by one rank or both
+    table, rows = _sparse_table(1)
+    for ids in batches:
+        _sparse_rows_step(rows, ids)
+    rows.sync()
+    assert rows.average is not None
+    expected = (table.weight.detach().clone(), rows.average.clone())
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed"])
+    workers = mp.start_processes(
+        _sparse_rows_worker, args=(2, _free_port(), batches, expected), nprocs=2, join=False, start_method="forkserver"
+    )
+    deadline = time.monotonic() + 120
+    while not workers.join(timeout=1):  # raises if a worker failed
+        if time.monotonic() > deadline:
+            for process in workers.processes:
+                process.kill()
+            pytest.fail("distributed workers did not finish within 120 s")
+
+
 def test_two_gloo_processes_match_single_process_gradients():
     model = _model()
     x, y = _global_batch()
