@@ -18,20 +18,24 @@ rows, their Adam moments and their weight average, and a step:
    summed, so every replica applies the same update) and :meth:`RowSparseTable.step`: Adam on
    the touched rows, with the global step's bias correction, as ``torch.optim.AdamW`` computes it.
 
-**Rows the batch does not touch.** A dense AdamW step would still (a) shrink such a row by the
-decoupled decay, (b) fold it into the weight average, and (c) move it by its decaying momentum.
-(a) and (b) are caught up exactly whenever the row is next read or the whole table is
-(:meth:`RowSparseTable.sync`, before every validation and checkpoint), from a per-row count of
-the steps it is up to date with: ``k`` steps of decay multiply it by ``(1 - lr·wd)^k``, and the
-average's ``k`` updates over a geometrically shrinking row have a closed form
-(:func:`average_catch_up`). (c) is dropped, as in lazy Adam (TensorFlow Addons' ``LazyAdam``,
-FBGEMM's row-wise optimisers): a row's moments and its Adam move change only on steps that touch
-it. That is the one approximation; its test recall against the dense path is on the results page.
+**Rows the batch does not touch.** A dense AdamW step still (a) shrinks such a row by the
+decoupled decay, (b) moves it by its decaying momentum and decays its moments, and (c) folds it
+into the weight average. All three are geometric in the number of steps, so they are caught up in
+closed form whenever the row is next read or the whole table is (:meth:`RowSparseTable.sync`,
+before every validation and checkpoint), from a per-row count of the steps it is up to date with
+(:meth:`RowSparseTable._caught_up`, :func:`average_catch_up`). Lazy Adam (TensorFlow Addons'
+``LazyAdam``, FBGEMM's row-wise optimisers) drops (b): a row rarely touched then moves about a
+tenth as far as under dense Adam, whose momentum carries each gradient ``1 / (1 - beta1)`` steps,
+and on taobao that cost 30% of test recall. The catch-up is exact for the decay, the moments and
+the average; the momentum's move holds Adam's bias corrections at the row's last write and
+neglects ``eps`` beside ``sqrt(v̂)`` (docs/results.md, "Training at a million items", measures
+its recall against the dense path).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -62,35 +66,42 @@ def unique_slots(ids: Tensor) -> tuple[Tensor, Tensor]:
     return distinct, slot
 
 
-def average_catch_up(done: Tensor, k: Tensor, beta: float, shrink: float) -> tuple[Tensor, Tensor]:
-    """The coefficients ``(a, b)`` that bring a row's weight average ``k`` updates forward while
-    the row itself only shrinks: ``avg' = a·avg + b·w``.
+def _geometric(x: float, kf: Tensor, beta: float, beta_k: Tensor) -> Tensor:
+    """``sum_{i=1..k} beta^(k-i) x^i`` for ``kf [R]`` float64 (``beta_k = beta^k``)."""
+    if abs(beta - x) > 1e-9:
+        return x * (beta_k - torch.pow(x, kf)) / (beta - x)
+    return kf * torch.pow(beta, kf - 1) * x
+
+
+def average_catch_up(done: Tensor, k: Tensor, beta: float, shrink: float, ratio: float) -> tuple[Tensor, ...]:
+    """The coefficients ``(a, b, c)`` that bring a row's weight average ``k`` updates forward
+    while the row moves as an untouched row does: ``avg' = a·avg + b·w + c·D``.
 
     The bias-corrected average after ``j`` updates is ``S_j / Z_j`` with ``S_j = beta·S_{j-1} + w_j``
-    and ``Z_j = (1 - beta^j) / (1 - beta)`` (:class:`recsys.train.averaging.WeightAverage`). With
-    ``w_{j+i} = w·shrink^i`` for ``i = 1 .. k`` (the decay alone moves an untouched row),
-    ``S_{j+k} = beta^k·S_j + w·shrink·(beta^k - shrink^k) / (beta - shrink)``.
+    and ``Z_j = (1 - beta^j) / (1 - beta)`` (:class:`recsys.train.averaging.WeightAverage`). An
+    untouched row moves as ``w_i = shrink^i·(w - D) + ratio^i·D`` (:meth:`RowSparseTable._caught_up`),
+    so ``S_{j+k} = beta^k·S_j + (w - D)·G(shrink) + D·G(ratio)`` with the geometric sums
+    ``G(x) = sum_{i=1..k} beta^(k-i) x^i``.
 
     Args:
         done: ``[R]`` long, updates the average has folded in so far (``j``).
         k: ``[R]`` long, updates to catch up.
         beta: the average's decay (``train.ema_decay``).
         shrink: ``1 - lr·weight_decay``, the decay's factor a step (1: none).
+        ratio: the momentum's factor a step, ``beta1 / sqrt(beta2)``.
 
-    Returns ``a, b`` ``[R]`` float64 (``1, 0`` where ``k == 0``).
+    Returns ``a, b, c`` ``[R]`` float64 (``1, 0, 0`` where ``k == 0``).
     """
     j, kf = done.double(), k.double()
-    beta_k, shrink_k = torch.pow(beta, kf), torch.pow(shrink, kf)
-    if abs(beta - shrink) > 1e-9:
-        series = (beta_k - shrink_k) / (beta - shrink)  # sum_{i=1..k} beta^(k-i) shrink^(i-1)
-    else:
-        series = kf * torch.pow(beta, kf - 1)
+    beta_k = torch.pow(beta, kf)
+    g_shrink, g_ratio = _geometric(shrink, kf, beta, beta_k), _geometric(ratio, kf, beta, beta_k)
     z_then = (1 - torch.pow(beta, j)) / (1 - beta)
     z_now = ((1 - torch.pow(beta, j + kf)) / (1 - beta)).clamp_min(1e-300)  # 0 only where j = k = 0
     moved = k > 0
     a = torch.where(moved, beta_k * z_then / z_now, torch.ones_like(kf))
-    b = torch.where(moved, shrink * series / z_now, torch.zeros_like(kf))
-    return a, b
+    b = torch.where(moved, g_shrink / z_now, torch.zeros_like(kf))
+    c = torch.where(moved, (g_ratio - g_shrink) / z_now, torch.zeros_like(kf))
+    return a, b, c
 
 
 class RowSparseTable:
@@ -148,18 +159,44 @@ class RowSparseTable:
         """The decoupled decay's factor a step, ``1 - lr·weight_decay`` (1 without it)."""
         return 1.0 - self.lr * self.weight_decay if self.decoupled else 1.0
 
+    @property
+    def ratio(self) -> float:
+        """How much an untouched row's Adam move shrinks a step: ``beta1 / sqrt(beta2)``."""
+        return self.beta1 / math.sqrt(self.beta2)
+
     @torch.no_grad()
-    def _caught_up(self, ids: Tensor) -> tuple[Tensor, Tensor | None]:
-        """``ids [R]`` -> their rows ``[R, d]`` and averages ``[R, d]`` (or None) as of the
-        current step: the decay and the average's updates of the steps since they were written."""
-        k = self.steps - self.current[ids]  # [R]
-        rows = self.weight[ids]
-        factor = torch.pow(self.shrink, k.double()).to(rows.dtype)[:, None]
+    def _caught_up(self, ids: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        """``ids [R]`` -> their rows, Adam moments and averages (``[R, d]`` each; the average
+        None without one) as of the current step: what the steps since they were last written
+        did to them as rows without a gradient (module docstring).
+
+        Such a step multiplies the moments by ``beta1`` and ``beta2``, shrinks the row by the
+        decay and moves it by ``lr·q·ratio^i`` on its ``i``-th step, where ``q = m̂ / (sqrt(v̂) + eps)``
+        at the row's last write and ``ratio = beta1 / sqrt(beta2)``: over ``k`` steps
+        ``w_k = shrink^k·w - lr·q·ratio·(shrink^k - ratio^k) / (shrink - ratio)``. The bias
+        corrections are held at the last write's (they change little over the momentum's few
+        dozen steps once a run is past its first thousand), and ``eps`` at ``sqrt(v̂)``'s side.
+        """
+        written = self.current[ids]  # [R] the step each row was last brought to
+        k = self.steps - written
+        kf, t = k.double(), written.double()
+        rows, exp_avg, exp_avg_sq = self.weight[ids], self.exp_avg[ids], self.exp_avg_sq[ids]
+        dtype = rows.dtype
+        bias1 = (1 - torch.pow(self.beta1, t)).clamp_min(1e-30)[:, None].to(dtype)
+        bias2 = (1 - torch.pow(self.beta2, t)).clamp_min(1e-30)[:, None].to(dtype)
+        q = (exp_avg / bias1) / ((exp_avg_sq / bias2).sqrt() + self.eps)  # [R, d]
+        shrink, ratio = self.shrink, self.ratio
+        shrink_k, ratio_k = torch.pow(shrink, kf), torch.pow(ratio, kf)
+        tail = (ratio * (shrink_k - ratio_k) / (shrink - ratio))[:, None].to(dtype)
+        moved = rows * shrink_k[:, None].to(dtype) - self.lr * q * tail
+        exp_avg = exp_avg * torch.pow(self.beta1, kf)[:, None].to(dtype)
+        exp_avg_sq = exp_avg_sq * torch.pow(self.beta2, kf)[:, None].to(dtype)
         if self.average is None:
-            return rows * factor, None
-        a, b = average_catch_up(self.current[ids] - self.average_start, k, self.ema_decay, self.shrink)
-        average = self.average[ids] * a.to(rows.dtype)[:, None] + rows * b.to(rows.dtype)[:, None]
-        return rows * factor, average
+            return moved, exp_avg, exp_avg_sq, None
+        a, b, c = average_catch_up(written - self.average_start, k, self.ema_decay, shrink, ratio)
+        offset = self.lr * q * (ratio / (shrink - ratio))  # D of average_catch_up
+        average = self.average[ids] * a[:, None].to(dtype) + rows * b[:, None].to(dtype) + offset * c[:, None].to(dtype)
+        return moved, exp_avg, exp_avg_sq, average
 
     def gather(self, *ids: Tensor) -> tuple[Tensor, ...]:
         """Gather the rows of the step's ``ids`` (tensors of any shape, long) into :attr:`rows`
@@ -167,7 +204,7 @@ class RowSparseTable:
         the same shapes."""
         flat = torch.cat([ids[0].new_zeros(1), *(x.reshape(-1) for x in ids)])  # [T], id 0 first
         self.ids, slot = unique_slots(flat)
-        rows, _ = self._caught_up(self.ids)
+        rows = self._caught_up(self.ids)[0]
         self.rows = rows.requires_grad_()
         out, start = [], 1
         for x in ids:
@@ -210,11 +247,11 @@ class RowSparseTable:
         step count lives on the device."""
         assert self.update_ids is not None and self.update_grad is not None, "collect() first"
         ids, grad = self.update_ids, self.update_grad
-        rows, average = self._caught_up(ids)
+        rows, exp_avg, exp_avg_sq, average = self._caught_up(ids)
         if self.weight_decay and not self.decoupled:
             grad = grad + self.weight_decay * rows
-        exp_avg = self.exp_avg[ids].lerp_(grad, 1 - self.beta1)
-        exp_avg_sq = self.exp_avg_sq[ids].mul_(self.beta2).addcmul_(grad, grad, value=1 - self.beta2)
+        exp_avg.lerp_(grad, 1 - self.beta1)
+        exp_avg_sq.mul_(self.beta2).addcmul_(grad, grad, value=1 - self.beta2)
         step = (self.steps + 1).double()
         if self.weight_decay and self.decoupled:
             rows.mul_(self.shrink)
@@ -238,8 +275,10 @@ class RowSparseTable:
         :data:`SYNC_CHUNK` rows: before the table is read whole (validation, checkpoints, a new rate)."""
         for start in range(0, self.weight.shape[0], SYNC_CHUNK):
             ids = torch.arange(start, min(start + SYNC_CHUNK, self.weight.shape[0]), device=self.weight.device)
-            rows, average = self._caught_up(ids)
+            rows, exp_avg, exp_avg_sq, average = self._caught_up(ids)
             self.weight[start : start + len(ids)] = rows
+            self.exp_avg[start : start + len(ids)] = exp_avg
+            self.exp_avg_sq[start : start + len(ids)] = exp_avg_sq
             if self.average is not None and average is not None:
                 self.average[start : start + len(ids)] = average
         self.current.copy_(self.steps.expand_as(self.current))
