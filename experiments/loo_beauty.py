@@ -8,7 +8,8 @@ Prints one markdown table: test R@10 (= HR@10), N@10, MRR@10, R@50, the ratio of
 to the best published rows, the best step / steps and the wall seconds of each process.
 
     python experiments/loo_beauty.py --data ../shared/data/amazon-beauty/interactions.csv \\
-        --reference ../shared/anchors/sasrec_ce_reference.py --jobs 9
+        --reference ../shared/anchors/sasrec_ce_reference.py --jobs 9 \\
+        --variant comirec_sa_dense model.name=comirec_sa train.targets=all
 
 The reference reads its data settings from ``recsys.config.load_config`` and calls
 ``recsys.evaluate.evaluator.evaluate`` with its own cutoffs and no exclusion; its process here
@@ -45,6 +46,14 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--reference", help="path of the reference script, run beside the models")
     ap.add_argument("--reference-minutes", type=float, default=10.0, help="the reference's time budget")
     ap.add_argument("--set", dest="overrides", action="append", default=[], help="an extra --set for every model")
+    ap.add_argument(
+        "--variant",
+        nargs="+",
+        action="append",
+        default=[],
+        metavar=("LABEL", "KEY=VALUE"),
+        help="one more run: a label and its --set overrides, model.name=M among them (repeatable)",
+    )
     ap.add_argument("--jobs", type=int, default=1, help="processes at once")
     ap.add_argument("--output-dir", default="/tmp/loo_beauty_runs", help="where the runs and logs are written")
     ap.add_argument("--results", help="also write the table (markdown) and the raw rows (.json) here")
@@ -110,10 +119,11 @@ def main(argv: list[str] | None = None) -> None:
     if a.reference:
         child = [sys.executable, __file__, "--data", a.data, "--reference-child", a.reference, a.data]
         jobs.append(("reference", [*child, "--minutes", str(a.reference_minutes)]))
-    for model in a.models.split(","):
-        sets = [SPLIT, f"model.name={model}", f"output_dir={out}", f"name={model}", *a.overrides]
+    runs = [(model, [f"model.name={model}", *a.overrides]) for model in a.models.split(",") if model]
+    for label, sets in [*runs, *((re.sub(r"[^A-Za-z0-9_.-]+", "_", v[0]), v[1:]) for v in a.variant)]:
+        sets = [SPLIT, f"output_dir={out}", f"name={label}", *sets]
         train = [sys.executable, "-m", "recsys", "train", "--data", a.data, "--quiet"]
-        jobs.append((model, [*train, *[x for s in sets for x in ("--set", s)]]))
+        jobs.append((label, [*train, *[x for s in sets for x in ("--set", s)]]))
     with ThreadPoolExecutor(a.jobs) as pool:
         rows = list(pool.map(lambda job: _run(job[0], job[1], out / f"{job[0]}.log", out), jobs))
     table = _table(rows)
