@@ -1,9 +1,10 @@
 """Run configuration: plain dataclasses of primitives, loaded from TOML, overridable with ``--set``.
 
 A :class:`Config` has one section per pipeline stage. Every field is a primitive (``int``,
-``float``, ``str``, ``bool``; ``train.cuda_graph`` and ``train.full_softmax`` are a ``bool`` or
-the string ``"auto"``) or a list of ``int``, so a config round-trips through JSON and a
-checkpoint that embeds it loads with ``torch.load(weights_only=True)``.
+``float``, ``str``, ``bool``; ``train.cuda_graph``, ``train.full_softmax`` and
+``eval.exclude_history`` are a ``bool`` or the string ``"auto"``) or a list of ``int``, so a
+config round-trips through JSON and a checkpoint that embeds it loads with
+``torch.load(weights_only=True)``.
 
 Unknown sections, unknown keys and values of the wrong type are errors that name the key::
 

@@ -38,9 +38,9 @@ if TYPE_CHECKING:
     from recsys.data.split import EvalSet
     from recsys.models.base import InterestModel
 
-__all__ = ["evaluate", "evaluate_with_config", "format_table"]
+__all__ = ["TABLE_METRICS", "evaluate", "evaluate_with_config", "format_table"]
 
-_TABLE_METRICS = ("recall", "ndcg", "hitrate", "mrr")
+TABLE_METRICS = ("recall", "ndcg", "hitrate", "mrr")  # format_table's columns per cutoff
 _TABLE_NAMES = {
     "recall": "Recall",
     "ndcg": "NDCG",
@@ -230,7 +230,7 @@ def evaluate_with_config(
     )
 
 
-def format_table(results: dict[str, dict[str, float]], metrics: Sequence[str] = _TABLE_METRICS, digits: int = 4) -> str:
+def format_table(results: dict[str, dict[str, float]], metrics: Sequence[str] = TABLE_METRICS, digits: int = 4) -> str:
     """A Markdown table: one row per run, columns ``Recall@n``, ``NDCG@n``, ``HitRate@n``, ``MRR@n`` per cutoff.
 
     ``results`` maps a run/model name to :func:`evaluate`'s output. The cutoffs are those

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from recsys.api import Run
+from recsys.cli import main
 from recsys.config import ConfigError, DataConfig, load_config
 from recsys.data.prepare import Dataset
 from recsys.data.split import split_dataset
@@ -106,7 +107,7 @@ def test_objective_names_a_metric_at_a_cutoff():
         load_config(None, ["eval.exclude_history=sometimes"])
 
 
-def test_a_run_under_leave_one_out_keeps_the_best_objective(tmp_path):
+def test_a_run_under_leave_one_out_keeps_the_best_objective(tmp_path, capsys):
     overrides = [*TINY_RUN_OVERRIDES, "data.split=leave_one_out", "eval.objective=mrr@10", "train.max_steps=40"]
     cfg = load_config(None, [*overrides, "train.eval_every=10", f"output_dir={tmp_path}"])
     result = train(cfg, log=lambda line: None)
@@ -120,6 +121,10 @@ def test_a_run_under_leave_one_out_keeps_the_best_objective(tmp_path):
     assert run.evaluate() == pytest.approx(test)
     test_set = run.eval_set("test")
     assert (np.diff(test_set.truth_indptr) == 1).all() and test["users"] == len(test_set) > 0
+    capsys.readouterr()
+    assert main(["evaluate", result.run_dir, "--quiet"]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert [c.strip() for c in header.strip("|").split("|")][1:5] == ["Recall@10", "NDCG@10", "HitRate@10", "MRR@10"]
 
 
 def test_runs_saved_before_the_protocol_evaluate_as_they_did(tiny_run, tmp_path):
