@@ -431,11 +431,8 @@ _CHOICES = {
     "retrieval.backend": ("auto", "faiss", "torch"),
 }
 
-SWITCH_VALUES = (
-    AUTO,
-    True,
-    False,
-)  # train.cuda_graph, train.full_softmax, eval.exclude_history: "auto" lets the code decide
+# train.cuda_graph, train.full_softmax and eval.exclude_history: "auto" lets the code decide
+SWITCH_VALUES = (AUTO, True, False)
 
 _POSITIVE = (
     "data.max_len",

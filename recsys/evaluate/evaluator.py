@@ -167,7 +167,8 @@ def _top_on_device(
         exclude = None
         if exclude_history:  # [b, E] every input click, right-padded with 0 (E: the batch's longest input)
             indptr, items = eval_set.history(start, stop)
-            (exclude,) = to_device(pad_sequences(indptr, items, np.arange(stop - start), _widest(indptr))[:1], device)
+            padded, _ = pad_sequences(indptr, items, np.arange(stop - start), _widest(indptr))
+            (exclude,) = to_device((padded,), device)
         out.append(retriever.top_items(interests, n, exclude)[0])
         bar.update(stop - start)
     if not bool(finite):
