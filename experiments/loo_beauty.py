@@ -45,7 +45,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated model names (default: all)")
     ap.add_argument("--reference", help="path of the reference script, run beside the models")
     ap.add_argument("--reference-minutes", type=float, default=10.0, help="the reference's time budget")
-    ap.add_argument("--set", dest="overrides", action="append", default=[], help="an extra --set for every model")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], help="an extra --set for every run")
     ap.add_argument(
         "--variant",
         nargs="+",
@@ -119,9 +119,9 @@ def main(argv: list[str] | None = None) -> None:
     if a.reference:
         child = [sys.executable, __file__, "--data", a.data, "--reference-child", a.reference, a.data]
         jobs.append(("reference", [*child, "--minutes", str(a.reference_minutes)]))
-    runs = [(model, [f"model.name={model}", *a.overrides]) for model in a.models.split(",") if model]
+    runs = [(model, [f"model.name={model}"]) for model in a.models.split(",") if model]
     for label, sets in [*runs, *((re.sub(r"[^A-Za-z0-9_.-]+", "_", v[0]), v[1:]) for v in a.variant)]:
-        sets = [SPLIT, f"output_dir={out}", f"name={label}", *sets]
+        sets = [SPLIT, f"output_dir={out}", f"name={label}", *a.overrides, *sets]
         train = [sys.executable, "-m", "recsys", "train", "--data", a.data, "--quiet"]
         jobs.append((label, [*train, *[x for s in sets for x in ("--set", s)]]))
     with ThreadPoolExecutor(a.jobs) as pool:
