@@ -5,7 +5,9 @@ rows (docs/results.md, "Leave-one-out on Amazon Beauty").
 
 Every run is its own process; ``--jobs`` of them run at once (on one GPU they share it alike).
 Prints one markdown table: test R@10 (= HR@10), N@10, MRR@10, R@50, the ratio of R@10 and N@10
-to the best published rows, the best step / steps and the wall seconds of each process.
+to the best published rows, the best step / steps, what ended the run (its plateau stop, a time
+cap: ``--set train.max_minutes=M`` and ``--reference-minutes``, or the step budget) and the wall
+seconds of each process (data, training and evaluation).
 
     python experiments/loo_beauty.py --data ../shared/data/amazon-beauty/interactions.csv \\
         --reference ../shared/anchors/sasrec_ce_reference.py --jobs 9 \\
@@ -83,7 +85,9 @@ def _reference_child(argv: list[str]) -> None:
     print(RESULT + json.dumps(last), flush=True)  # its last evaluation is the test one
 
 
-def _run(name: str, cmd: list[str], log: Path, out: Path) -> dict[str, Any]:
+def _run(name: str, cmd: list[str], log: Path, out: Path, minutes: float) -> dict[str, Any]:
+    """Run ``cmd`` with its output in ``log``; its test metrics, best step / steps and what ended it
+    (``minutes``: the reference's budget)."""
     start = time.time()
     with open(log, "w") as f:
         f.write(" ".join(cmd) + "\n")
@@ -98,12 +102,18 @@ def _run(name: str, cmd: list[str], log: Path, out: Path) -> dict[str, Any]:
             row["metrics"] = json.loads(lines[-1][len(RESULT) :])
             tsv = [line.split("\t") for line in text.splitlines() if "\tsasrec_ce_allpos\t" in line]
             row["steps"] = tsv[-1][5].removeprefix("best ") if tsv else ""
+            # it prints no reason: a run that ended well inside its minutes met its patience
+            seconds = float(tsv[-1][6].rstrip("s")) if tsv else 0.0
+            row["ended"] = "plateau" if seconds < 60 * minutes - 10 else "time cap"
     elif rc == 0 and (out / name).is_dir():
         from recsys.run import RunDir
 
         row["metrics"] = RunDir(out / name).read_test_metrics()
         best, steps = re.search(r"best step (\d+)", text), re.findall(r"step (\d+)/", text)
         row["steps"] = f"{best[1] if best else '?'}/{steps[-1] if steps else 0}"
+        capped = re.search(r"stopped at step \d+: train.max_minutes", text)
+        ended = "plateau" if "early stop at step" in text else "time cap" if capped else "step budget"
+        row["ended"] = ended if steps else "nothing to train"
     print(f"done {name}: rc {rc}, {row['wall']:.0f}s", flush=True)
     return row
 
@@ -125,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
         train = [sys.executable, "-m", "recsys", "train", "--data", a.data, "--quiet"]
         jobs.append((label, [*train, *[x for s in sets for x in ("--set", s)]]))
     with ThreadPoolExecutor(a.jobs) as pool:
-        rows = list(pool.map(lambda job: _run(job[0], job[1], out / f"{job[0]}.log", out), jobs))
+        rows = list(pool.map(lambda job: _run(*job, out / f"{job[0]}.log", out, a.reference_minutes), jobs))
     table = _table(rows)
     print(table)
     if a.results:
@@ -135,18 +145,18 @@ def main(argv: list[str] | None = None) -> None:
 
 def _table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| model | R@10 | N@10 | MRR@10 | R@50 | R@10, N@10 × best published | best/steps | wall s |",
-        "|---|---:|---:|---:|---:|---|---:|---:|",
+        "| model | R@10 | N@10 | MRR@10 | R@50 | R@10, N@10 × best published | best/steps | ended by | wall s |",
+        "|---|---:|---:|---:|---:|---|---:|---|---:|",
     ]
     for r in rows:
         m = r.get("metrics")
         if not m:
-            lines.append(f"| {r['model']} | failed (rc {r['rc']}) | | | | | | {r['wall']:.0f} |")
+            lines.append(f"| {r['model']} | failed (rc {r['rc']}) | | | | | | | {r['wall']:.0f} |")
             continue
         ratio = ", ".join(f"{m[k] / v:.3f}" for k, v in BEST_PUBLISHED.items())
         lines.append(
             f"| {r['model']} | {m['recall@10']:.4f} | {m['ndcg@10']:.4f} | {m['mrr@10']:.4f} | {m['recall@50']:.4f} | "
-            f"{ratio} | {r.get('steps', '')} | {r['wall']:.0f} |"
+            f"{ratio} | {r.get('steps', '')} | {r.get('ended', '')} | {r['wall']:.0f} |"
         )
     return "\n".join(lines)
 
