@@ -33,7 +33,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-MODELS = ("popular", "youtube_dnn", "gru4rec", "mind", "comirec_dr", "comirec_sa", "sasrec", "sasrec_mi")
 SPLIT = "data.split=leave_one_out"
 TOPN = (10, 20, 50)
 # the best published rows (docs/results.md): eSASRec's R@10, SASRec + sampled softmax's N@10 (Tikhonovich et al., 2025)
@@ -44,7 +43,7 @@ RESULT = "reference test metrics: "
 def _parse(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", required=True, help="the Amazon Beauty interactions.csv")
-    ap.add_argument("--models", default=",".join(MODELS), help="comma-separated model names (default: all)")
+    ap.add_argument("--models", help="comma-separated model names (default: every registered model)")
     ap.add_argument("--reference", help="path of the reference script, run beside the models")
     ap.add_argument("--reference-minutes", type=float, default=10.0, help="the reference's time budget")
     ap.add_argument("--set", dest="overrides", action="append", default=[], help="an extra --set for every run")
@@ -129,7 +128,10 @@ def main(argv: list[str] | None = None) -> None:
     if a.reference:
         child = [sys.executable, __file__, "--data", a.data, "--reference-child", a.reference, a.data]
         jobs.append(("reference", [*child, "--minutes", str(a.reference_minutes)]))
-    runs = [(model, [f"model.name={model}"]) for model in a.models.split(",") if model]
+    from recsys.models import model_names
+
+    models = model_names() if a.models is None else [m for m in a.models.split(",") if m]
+    runs = [(model, [f"model.name={model}"]) for model in models]
     for label, sets in [*runs, *((re.sub(r"[^A-Za-z0-9_.-]+", "_", v[0]), v[1:]) for v in a.variant)]:
         sets = [SPLIT, f"output_dir={out}", f"name={label}", *a.overrides, *sets]
         train = [sys.executable, "-m", "recsys", "train", "--data", a.data, "--quiet"]
