@@ -5,7 +5,7 @@
     import recsys
 
     run = recsys.fit(clicks_df, overrides={"model.name": "comirec_sa", "train.max_steps": 2000})
-    run.evaluate()                                    # {"recall@20": ..., "recall@50": ..., ...}
+    run.evaluate()                                    # {"recall@10": ..., "ndcg@10": ..., "mrr@10": ..., ...}
     recs = run.recommend(users=["17", "42"], n=10)    # DataFrame: user, rank, item, score, interest
     run = recsys.Run.load("runs/comirec_sa-...")      # any run directory, e.g. from `recsys train`
 
@@ -89,9 +89,10 @@ class Run:
     def evaluate(
         self, split: str = "test", *, diversity_lambda: float | None = None, progress: bool = False
     ) -> dict[str, float]:
-        """ComiRec-protocol metrics on the run's ``test`` (or ``valid``) users:
-        ``{"recall@20", "ndcg@20", "hitrate@20", "coverage@20", ..., "users"}`` (and
-        ``diversity@n`` with categories). ``diversity_lambda`` overrides ``eval.diversity_lambda``."""
+        """Metrics on the run's ``test`` (or ``valid``) users under its own protocol (``data.split``:
+        ComiRec's, or leave-one-out with full ranking): ``{"recall@10", "ndcg@10", "hitrate@10",
+        "mrr@10", "coverage@10", ..., "users"}`` at each ``eval.topn`` cutoff (and ``diversity@n``
+        with categories). ``diversity_lambda`` overrides ``eval.diversity_lambda``."""
         cfg = self.config
         if diversity_lambda is not None:
             check_lambda(diversity_lambda, "diversity_lambda")
@@ -130,7 +131,7 @@ class Run:
         )
 
     def eval_set(self, split: str = "test") -> EvalSet:
-        """The run's ``test`` or ``valid`` users: inputs ``[U, L]``, lengths ``[U]``, truth (ComiRec's split)."""
+        """The run's ``test`` or ``valid`` users: inputs ``[U, L]``, lengths ``[U]``, truth (its ``data.split``)."""
         if split not in SPLITS:
             raise ValueError(f"split: {split!r} is not one of {list(SPLITS)}")
         return self._run.split.test if split == "test" else self._run.split.valid
@@ -229,8 +230,8 @@ class Run:
             sequences: click sequences of raw item ids instead (oldest first); the ``user``
                 column is then the sequence's position 0..S-1.
             exclude_seen: never recommend an item the user (or sequence) clicked (the default,
-                as for ``recsys recommend`` and the service; offline evaluation keeps
-                ComiRec's protocol instead).
+                as for ``recsys recommend`` and the service; offline evaluation follows
+                ``eval.exclude_history`` instead).
             diversity_lambda: ComiRec's diversity-controlled pick (0 = by score; finite, at
                 most :data:`recsys.config.MAX_DIVERSITY_LAMBDA`).
             strict: unknown user ids raise ``ValueError``; otherwise they are skipped and

@@ -183,7 +183,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """Evaluate a saved run (``recsys evaluate RUN``) or an untrained model (``--model popular``)."""
     from recsys.api import Run, evaluate_untrained
-    from recsys.evaluate.evaluator import format_table
+    from recsys.evaluate.evaluator import TABLE_METRICS, format_table
     from recsys.retrieval.aggregate import check_lambda
 
     _check_out(args.out)
@@ -202,7 +202,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         if args.diversity_lambda is not None:
             cfg.eval.diversity_lambda = args.diversity_lambda
         name, metrics = cfg.model.name, evaluate_untrained(cfg, split=args.split, log=print, progress=_progress(args))
-    shown = ("recall", "ndcg", "hitrate") + (("diversity",) if any(k.startswith("diversity@") for k in metrics) else ())
+    shown = TABLE_METRICS + (("diversity",) if any(k.startswith("diversity@") for k in metrics) else ())
     print(format_table({name: metrics}, metrics=shown))
     if args.out:
         Path(args.out).write_text(json.dumps(metrics, indent=2))

@@ -1,9 +1,10 @@
 """Run configuration: plain dataclasses of primitives, loaded from TOML, overridable with ``--set``.
 
 A :class:`Config` has one section per pipeline stage. Every field is a primitive (``int``,
-``float``, ``str``, ``bool``; ``train.cuda_graph`` and ``train.full_softmax`` are a ``bool`` or
-the string ``"auto"``) or a list of ``int``, so a config round-trips through JSON and a
-checkpoint that embeds it loads with ``torch.load(weights_only=True)``.
+``float``, ``str``, ``bool``; ``train.cuda_graph``, ``train.full_softmax`` and
+``eval.exclude_history`` are a ``bool`` or the string ``"auto"``) or a list of ``int``, so a
+config round-trips through JSON and a checkpoint that embeds it loads with
+``torch.load(weights_only=True)``.
 
 Unknown sections, unknown keys and values of the wrong type are errors that name the key::
 
@@ -78,7 +79,9 @@ class DataConfig:
     min_item_count: int = 5
     min_user_count: int = 5
     kcore: bool = False  # iterate both filters until stable
-    split: str = "user"  # user (ComiRec 8:1:1) | time (global cutoff)
+    # user (ComiRec 8:1:1) | time (global cutoff) | leave_one_out (each user's last click tests, the one
+    # before validates; full ranking: recsys.data.split)
+    split: str = "user"
     valid_frac: float = 0.1
     test_frac: float = 0.1
     time_cutoff_quantile: float = 0.9  # time split: clicks before this quantile train
@@ -184,16 +187,21 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
-    """Offline evaluation (ComiRec protocol)."""
+    """Offline evaluation (the protocol is ``data.split``'s)."""
 
-    topn: list[int] = field(default_factory=lambda: [20, 50])
+    topn: list[int] = field(default_factory=lambda: [10, 20, 50])
     comirec_ndcg: bool = False  # ComiRec's NDCG variant instead of the standard one
     batch_size: int = 2048
-    exclude_history: bool = False
+    # never recommend an item of the user's input (every click before the truth): true | false | "auto" (the
+    # default): true under data.split = "leave_one_out", as the papers evaluate, false under ComiRec's protocols
+    exclude_history: bool | str = AUTO
     diversity_lambda: float = 0.0  # > 0: ComiRec's greedy diversity-controlled aggregation
     # validation during training scores a fixed random sample of this many validation users (0: all of
     # them), so its cost does not grow with the log; the final test always scores every test user
     valid_users: int = 10_000
+    # the validation metric that keeps the best weights, stops at a plateau and ranks `recsys tune`'s trials:
+    # recall@N | ndcg@N | hitrate@N | mrr@N with N in topn; "auto" (the default): recall@max(topn)
+    objective: str = AUTO
 
 
 @dataclass
@@ -417,7 +425,7 @@ def load_config(
 
 _CHOICES = {
     "data.format": ("auto", *DATA_FORMATS),
-    "data.split": ("user", "time"),
+    "data.split": ("user", "time", "leave_one_out"),
     "model.qk_norm": ("", "rms", "layer"),
     "model.positions": ("recent", "absolute", "alibi", "none"),
     "model.head_values": ("items", "encoded"),
@@ -431,7 +439,8 @@ _CHOICES = {
     "retrieval.backend": ("auto", "faiss", "torch"),
 }
 
-SWITCH_VALUES = (AUTO, True, False)  # train.cuda_graph and train.full_softmax: "auto" lets the code decide
+# train.cuda_graph, train.full_softmax and eval.exclude_history: "auto" lets the code decide
+SWITCH_VALUES = (AUTO, True, False)
 
 _POSITIVE = (
     "data.max_len",
@@ -542,11 +551,41 @@ def validate(cfg: Config) -> None:
         raise ConfigError("data.valid_frac/test_frac: need valid >= 0, test > 0, valid + test < 1")
     if not cfg.eval.topn or any(n <= 0 for n in cfg.eval.topn):
         raise ConfigError(f"eval.topn: need a non-empty list of positive ints, got {cfg.eval.topn!r}")
+    if cfg.eval.exclude_history not in SWITCH_VALUES:
+        raise ConfigError(f'eval.exclude_history: must be true, false or "auto", got {cfg.eval.exclude_history!r}')
+    _check_objective(cfg.eval)
     if cfg.serve.n > cfg.serve.max_n:
         raise ConfigError(f"serve.n: {cfg.serve.n} exceeds serve.max_n {cfg.serve.max_n}")
     if not 0 <= cfg.serve.port <= 65535:
         raise ConfigError(f"serve.port: must be in 0..65535, got {cfg.serve.port}")
     check_heads(cfg.model)
+
+
+OBJECTIVE_METRICS = ("recall", "ndcg", "hitrate", "mrr")  # eval.objective's metric names (recsys.evaluate.metrics)
+
+
+def _check_objective(ev: EvalConfig) -> None:
+    if ev.objective == AUTO:
+        return
+    name, _, cutoff = ev.objective.partition("@")
+    if name not in OBJECTIVE_METRICS or not cutoff.isdigit() or int(cutoff) not in ev.topn:
+        raise ConfigError(
+            f'eval.objective: {ev.objective!r} is not "auto" or METRIC@N with METRIC one of '
+            f"{', '.join(OBJECTIVE_METRICS)} and N in eval.topn {ev.topn}"
+        )
+
+
+def objective(ev: EvalConfig) -> str:
+    """The validation metric's key in the evaluator's output, e.g. ``"recall@50"`` (``eval.objective``)."""
+    return f"recall@{max(ev.topn)}" if ev.objective == AUTO else ev.objective
+
+
+def excludes_history(cfg: Config) -> bool:
+    """Whether the evaluation removes each user's input clicks (``eval.exclude_history``; "auto":
+    under ``data.split = "leave_one_out"`` only)."""
+    if cfg.eval.exclude_history == AUTO:
+        return cfg.data.split == "leave_one_out"
+    return bool(cfg.eval.exclude_history)
 
 
 def check_heads(model: ModelConfig) -> None:

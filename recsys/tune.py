@@ -1,8 +1,9 @@
 """Hyperparameter search with Optuna (the ``tune`` extra): ``recsys tune``.
 
 :func:`tune` trains trial after trial from a base config, each with values a TPE sampler
-proposes from a search space, and prunes a trial whose validation recall (reported at every
-validation through :func:`recsys.train.trainer.train`'s ``on_validate``) falls below the median
+proposes from a search space, and prunes a trial whose validation metric (``eval.objective``,
+recall@max(topn) by default; reported at every validation through
+:func:`recsys.train.trainer.train`'s ``on_validate``) falls below the median
 of the earlier trials at the same validation. Trial 0 trains the base config as given, so the
 tuned result is never worse than it on the validation users. Everything lives in one folder::
 
@@ -46,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from recsys.config import TUNE_TABLE, Config, ConfigError, load_config, with_values
+from recsys.config import TUNE_TABLE, Config, ConfigError, load_config, objective, with_values
 from recsys.data import IN_MEMORY
 from recsys.data.registry import SOURCE_PREFIX
 from recsys.io import atomic_write_text
@@ -213,7 +214,7 @@ def default_folder(cfg: Config) -> Path:
 
 
 def open_study(folder: str | Path, *, seed: int = 0, pruner: optuna.pruners.BasePruner | None = None) -> optuna.Study:
-    """The study stored in ``folder`` (created if missing): maximises validation recall with a
+    """The study stored in ``folder`` (created if missing): maximises the validation metric with a
     seeded TPE sampler; the default pruner is the median rule from the second validation on."""
     optuna = _optuna()
     folder = Path(folder)
@@ -274,12 +275,12 @@ class _Objective:
             raise
 
     def _train(self, trial: optuna.Trial, cfg: Config) -> float:
-        """Train ``cfg`` into the trial's run directory; its best validation recall."""
+        """Train ``cfg`` into the trial's run directory; its best validation ``eval.objective``."""
         optuna = _optuna()
         if self.threads and not cfg.train.cpu_threads:
             cfg.train.cpu_threads = self.threads
         cut_by_deadline = _bound_by(cfg, self.deadline)
-        key = f"recall@{max(cfg.eval.topn)}"
+        key = objective(cfg.eval)
         validations = itertools.count()
         self.log(f"trial {trial.number}: training {_params(trial)}")
 
@@ -513,7 +514,7 @@ def _tune(cfg: Config, folder: Path, parsed: Space, trials: int, max_minutes: fl
     path = folder / BEST_CONFIG
     atomic_write_text(
         path,
-        f"# recsys tune: trial {best.number} of {folder}, valid recall {best.value:.4f}\n"
+        f"# recsys tune: trial {best.number} of {folder}, valid {objective(cfg.eval)} {best.value:.4f}\n"
         + best_cfg.to_toml(base=load_config()),
     )
     assert best.datetime_complete is not None and best.datetime_start is not None  # a completed trial's
@@ -522,7 +523,7 @@ def _tune(cfg: Config, folder: Path, parsed: Space, trials: int, max_minutes: fl
     return TuneResult(
         folder=folder,
         trials=study.get_trials(),
-        key=f"recall@{max(cfg.eval.topn)}",
+        key=objective(cfg.eval),
         best_trial=best.number,
         best_valid=_value(best),
         best_config=path,
@@ -585,7 +586,7 @@ def _params(trial: Any) -> str:
 
 
 def trials_table(result: TuneResult) -> str:
-    """A Markdown table of every trial: number, state, validation recall (a pruned trial's last
+    """A Markdown table of every trial: number, state, validation metric (a pruned trial's last
     reported value), and its values."""
     lines = [f"| trial | state | valid {result.key} | params |", "|---:|---|---:|---|"]
     for t in result.trials:

@@ -12,7 +12,7 @@ from conftest import TINY_RUN_OVERRIDES
 
 optuna = pytest.importorskip("optuna")
 
-from recsys.tune import Space, default_space, open_study, read_tune_tables, tune  # noqa: E402
+from recsys.tune import Space, default_space, open_study, read_tune_tables, trials_table, tune  # noqa: E402
 
 BASE = TINY_RUN_OVERRIDES + ["train.eval_every=10", "train.lr=0.02"]
 
@@ -228,3 +228,13 @@ def test_best_toml_names_the_data_file_absolutely(tmp_path, monkeypatch):
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
     assert load_config(result.best_config).data.source == str(tmp_path / "clicks.csv")
+
+
+def test_the_objective_is_eval_objective(tmp_path):
+    """Under leave-one-out with eval.objective = ndcg@10, trials are ranked by their best valid NDCG@10."""
+    cfg = load_config(None, BASE + ["data.split=leave_one_out", "eval.objective=ndcg@10"])
+    result = tune(cfg, tmp_path / "tune", trials=1, log=lambda line: None)
+    records = RunDir(result.trials[0].user_attrs["run_dir"]).read_metrics()
+    valid = [r["ndcg@10"] for r in records if r.get("split") == "valid"]
+    assert result.key == "ndcg@10" and result.best_valid == max(valid) and len(valid) >= 2
+    assert "valid ndcg@10" in trials_table(result).splitlines()[0]

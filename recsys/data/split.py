@@ -13,6 +13,22 @@ cutoff, truth = their clicks at or after it; they are shuffled with ``seed`` and
 between valid and test in the ratio ``valid_frac : test_frac``. No click at or after the
 cutoff ever reaches training. Needs real timestamps.
 
+``split = "leave_one_out"`` (the protocol of SASRec and the papers after it, with RecTools'
+rules): every user with at least 3 clicks trains on all but their last two clicks; validation
+scores their second-to-last click and test their last one, each given every click before it
+as the input (its last ``max_len`` fed to the model), so every such user is in both sets.
+Users with fewer than 3 clicks cannot hold out two clicks: all their clicks train and they are
+never evaluated. A target is dropped (its user leaves that set only) when
+
+- the user already clicked its item earlier (a repeat: excluding the user's clicks, as this
+  protocol does by default, would make it unreachable), or
+- its item is cold: for validation, no training click is that item; for test, no click but the
+  users' last clicks is (the training clicks and the validation targets: RecTools' "train"
+  part for its test split, all but the last click).
+
+Ties in time keep the source's row order (:mod:`recsys.data.prepare` sorts stably), so on a
+file whose rows are in the published order the split is the published one. No seed applies.
+
 Evaluation users whose input or truth would be empty (in the user split: users with fewer
 than 2 clicks at the default fraction) are dropped from the evaluation sets.
 """
@@ -36,6 +52,13 @@ class EvalSet:
     users ``[U]`` int64 user indices; inputs ``[U, max_len]`` int64 right-padded with 0 (the
     last ``max_len`` input clicks); lengths ``[U]`` int64; truth ``items`` of user ``i`` are
     ``truth_items[truth_indptr[i]:truth_indptr[i + 1]]`` (in click order, duplicates kept).
+
+    The whole input (every click before the truth, not only the last ``max_len``), which is what
+    ``eval.exclude_history`` removes from the recommendations, is
+    ``clicks[clicks_indptr[users[i]]:input_end[i]]``: ``clicks_indptr [R + 1]`` / ``clicks [nnz]``
+    are the dataset's own CSR sequences (shared, not copied: they may be memory-mapped) and
+    ``input_end [U]`` int64 absolute positions into ``clicks``. An eval set built by hand may
+    leave them out; its input is then ``inputs`` (:meth:`history`).
     """
 
     users: np.ndarray
@@ -43,6 +66,9 @@ class EvalSet:
     lengths: np.ndarray
     truth_indptr: np.ndarray
     truth_items: np.ndarray
+    clicks_indptr: np.ndarray | None = None
+    clicks: np.ndarray | None = None
+    input_end: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.users)
@@ -56,7 +82,26 @@ class EvalSet:
         truth_indptr, truth_items = gather_rows(
             self.truth_indptr, self.truth_items, self.truth_indptr[rows], self.truth_indptr[rows + 1]
         )
-        return EvalSet(self.users[rows], self.inputs[rows], self.lengths[rows], truth_indptr, truth_items)
+        return EvalSet(
+            self.users[rows],
+            self.inputs[rows],
+            self.lengths[rows],
+            truth_indptr,
+            truth_items,
+            self.clicks_indptr,
+            self.clicks,
+            None if self.input_end is None else self.input_end[rows],
+        )
+
+    def history(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """Users ``start..stop-1``'s whole inputs as CSR ``(indptr [stop - start + 1], items)`` int64."""
+        if self.clicks_indptr is None or self.clicks is None or self.input_end is None:
+            lengths = np.asarray(self.lengths[start:stop], dtype=np.int64)
+            inputs = np.asarray(self.inputs[start:stop], dtype=np.int64)
+            indptr = np.concatenate([[0], np.cumsum(lengths)])
+            return indptr, inputs[np.arange(inputs.shape[1])[None, :] < lengths[:, None]]
+        starts = self.clicks_indptr[self.users[start:stop]]
+        return gather_rows(self.clicks_indptr, self.clicks, starts, self.input_end[start:stop])
 
 
 @dataclass(eq=False)
@@ -78,22 +123,39 @@ def split_dataset(ds: Dataset, cfg: DataConfig) -> Split:
         return _user_split(ds, cfg)
     if cfg.split == "time":
         return _time_split(ds, cfg)
-    raise DataError(f"data.split: unknown split {cfg.split!r} (user | time)")
+    if cfg.split == "leave_one_out":
+        return _leave_one_out_split(ds, cfg)
+    raise DataError(f"data.split: unknown split {cfg.split!r} (user | time | leave_one_out)")
 
 
 def make_eval_set(
-    indptr: np.ndarray, items: np.ndarray, users: np.ndarray, split_at: np.ndarray, max_len: int
+    indptr: np.ndarray,
+    items: np.ndarray,
+    users: np.ndarray,
+    split_at: np.ndarray,
+    max_len: int,
+    truth_end: np.ndarray | None = None,
 ) -> EvalSet:
-    """Input = ``items[indptr[u]:split_at]``, truth = ``items[split_at:indptr[u + 1]]`` for each
-    user ``u`` in ``users [U]`` (``split_at [U]`` absolute positions). Users whose input or
-    truth is empty are dropped."""
+    """Input = ``items[indptr[u]:split_at]``, truth = ``items[split_at:truth_end]`` for each user
+    ``u`` in ``users [U]`` (``split_at``, ``truth_end [U]`` absolute positions; ``truth_end``
+    defaults to the row's end). Users whose input or truth is empty are dropped."""
     users = np.asarray(users, dtype=np.int64)
     split_at = np.asarray(split_at, dtype=np.int64)
-    ok = (split_at > indptr[users]) & (split_at < indptr[users + 1])
-    users, split_at = users[ok], split_at[ok]
+    truth_end = indptr[users + 1] if truth_end is None else np.asarray(truth_end, dtype=np.int64)
+    ok = (split_at > indptr[users]) & (split_at < truth_end)
+    users, split_at, truth_end = users[ok], split_at[ok], truth_end[ok]
     inputs, lengths = pad_sequences(indptr, items, users, max_len, ends=split_at)
-    truth_indptr, truth_items = gather_rows(indptr, items, split_at, indptr[users + 1])
-    return EvalSet(users=users, inputs=inputs, lengths=lengths, truth_indptr=truth_indptr, truth_items=truth_items)
+    truth_indptr, truth_items = gather_rows(indptr, items, split_at, truth_end)
+    return EvalSet(
+        users=users,
+        inputs=inputs,
+        lengths=lengths,
+        truth_indptr=truth_indptr,
+        truth_items=truth_items,
+        clicks_indptr=indptr,
+        clicks=items,
+        input_end=split_at,
+    )
 
 
 def _user_split(ds: Dataset, cfg: DataConfig) -> Split:
@@ -142,3 +204,42 @@ def _time_split(ds: Dataset, cfg: DataConfig) -> Split:
         test=make_eval_set(ds.indptr, ds.items, test, split_at[test], cfg.max_len),
         cutoff=cutoff,
     )
+
+
+def _leave_one_out_split(ds: Dataset, cfg: DataConfig) -> Split:
+    starts, ends = ds.indptr[:-1], ds.indptr[1:]
+    held = ds.lengths >= 3  # [U] users who can give a validation and a test click
+    train_indptr, train_items = gather_rows(ds.indptr, ds.items, starts, np.where(held, ends - 2, ends))
+    users = np.flatnonzero(held)
+    valid_at, test_at = ends[users] - 2, ends[users] - 1  # [U'] absolute positions of the targets
+    known = np.bincount(train_items, minlength=ds.num_items) > 0  # [num_items] items with a training click
+    valid = _next_click_set(ds, users, valid_at, known, cfg.max_len)
+    known[ds.items[valid_at]] = True  # the test's "train" part: every click but the users' last ones
+    test = _next_click_set(ds, users, test_at, known, cfg.max_len)
+    return Split(
+        train_indptr=train_indptr,
+        train_items=train_items,
+        train_users=np.arange(ds.num_users, dtype=np.int64),
+        valid=valid,
+        test=test,
+    )
+
+
+def _next_click_set(ds: Dataset, users: np.ndarray, at: np.ndarray, known: np.ndarray, max_len: int) -> EvalSet:
+    """Each user in ``users [U']`` scores its click at absolute position ``at [U']`` given every
+    click before it; dropped where that item is not ``known [num_items]`` or the user clicked it
+    before (the module docstring's rules)."""
+    target = ds.items[at]  # [U']
+    keep = known[target] & ~_clicked_before(ds, users, at)
+    users, at = users[keep], at[keep]
+    return make_eval_set(ds.indptr, ds.items, users, at, max_len, truth_end=at + 1)
+
+
+def _clicked_before(ds: Dataset, users: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """``[U']`` bool: user ``users[i]`` clicked ``items[at[i]]`` somewhere before position ``at[i]``."""
+    target_of = np.zeros(ds.num_users, dtype=np.int64)  # [U] 0 (padding, never a click) = no target
+    end_of = ds.indptr[:-1].copy()  # [U] positions before this one are compared: none by default
+    target_of[users], end_of[users] = ds.items[at], at
+    owner = np.repeat(np.arange(ds.num_users), ds.lengths)  # [nnz] user of each click
+    repeat = (np.arange(len(ds.items)) < end_of[owner]) & (ds.items == target_of[owner])  # [nnz]
+    return np.bincount(owner[repeat], minlength=ds.num_users)[users] > 0

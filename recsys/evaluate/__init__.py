@@ -1,4 +1,4 @@
-"""Offline evaluation: ComiRec-protocol metrics and the batched evaluator."""
+"""Offline evaluation: the top-N metrics of every protocol and the batched evaluator."""
 
 from recsys.evaluate.evaluator import evaluate, evaluate_with_config, format_table
 from recsys.evaluate.metrics import (
@@ -6,6 +6,7 @@ from recsys.evaluate.metrics import (
     compute_metrics,
     coverage,
     hit_rate,
+    mrr,
     ndcg,
     rank_hits,
     recall,
@@ -19,6 +20,7 @@ __all__ = [
     "evaluate_with_config",
     "format_table",
     "hit_rate",
+    "mrr",
     "ndcg",
     "rank_hits",
     "recall",

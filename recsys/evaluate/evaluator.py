@@ -1,4 +1,5 @@
-"""The ComiRec evaluation protocol over an :class:`~recsys.data.split.EvalSet`, batched end to end.
+"""Evaluation over an :class:`~recsys.data.split.EvalSet` (any protocol: ComiRec's user or time
+split, or leave-one-out, :mod:`recsys.data.split`), batched end to end.
 
 For each batch of evaluation users: the model turns their input clicks into ``K`` interests,
 one index search returns every interest's hits, they are merged to the top ``max(topn)``
@@ -9,6 +10,12 @@ once. The index is built once, from ``model.item_embeddings()``. With exact sear
 waits for the GPU until the recommended ids are read back, once. Smaller cutoffs use the prefix of the
 ``max(topn)`` list (both merges are prefix-consistent; the diversity pick draws its
 candidates from each interest's top ``max(topn)``, as ComiRec does with ``topN = 50``).
+
+Every item is ranked (full ranking, no sampled candidates) and no ``[users, items]`` score matrix
+is ever held: the search takes one batch of users at a time, and the torch search splits a batch
+further into blocks of bounded size (:meth:`~recsys.retrieval.index.Retriever.top_items`).
+``exclude_history`` removes each user's whole input (every click before the truth,
+:meth:`EvalSet.history <recsys.data.split.EvalSet.history>`) from the candidates.
 """
 
 from __future__ import annotations
@@ -20,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from recsys.config import Config, RetrievalConfig
+from recsys.config import Config, RetrievalConfig, excludes_history
+from recsys.data.batches import pad_sequences
 from recsys.device import model_device, to_device
 from recsys.evaluate.metrics import compute_metrics
 from recsys.progress import progress_bar
@@ -30,13 +38,14 @@ if TYPE_CHECKING:
     from recsys.data.split import EvalSet
     from recsys.models.base import InterestModel
 
-__all__ = ["evaluate", "evaluate_with_config", "format_table"]
+__all__ = ["TABLE_METRICS", "evaluate", "evaluate_with_config", "format_table"]
 
-_TABLE_METRICS = ("recall", "ndcg", "hitrate")
+TABLE_METRICS = ("recall", "ndcg", "hitrate", "mrr")  # format_table's columns per cutoff
 _TABLE_NAMES = {
     "recall": "Recall",
     "ndcg": "NDCG",
     "hitrate": "HitRate",
+    "mrr": "MRR",
     "diversity": "Diversity",
     "coverage": "Coverage",
 }
@@ -56,7 +65,7 @@ def evaluate(
     batch_size: int = 2048,
     progress: bool = False,
 ) -> dict[str, float]:
-    """Recall / NDCG / HitRate (and diversity, coverage) at each ``n`` in ``topn``.
+    """Recall / NDCG / HitRate / MRR (and diversity, coverage) at each ``n`` in ``topn``.
 
     Args:
         model: an :class:`InterestModel`; put in eval mode for the call (its mode is restored).
@@ -67,8 +76,8 @@ def evaluate(
             default ``RetrievalConfig()``, exact search.
         backend: ``"auto" | "faiss" | "torch"``, overriding ``retrieval.backend`` (e.g.
             ``"torch"``: exact search where the model lives).
-        exclude_history: drop each user's input clicks from the recommendations
-            (ComiRec does not; off by default).
+        exclude_history: drop each user's input clicks (all of them, not only the last
+            ``max_len``) from the recommendations (ComiRec does not; leave-one-out does).
         comirec_ndcg: ComiRec's NDCG variant (see :mod:`recsys.evaluate.metrics`).
         item_category: ``[num_items]`` categories: enables ``diversity@n`` (unless every
             item is 0 = unknown) and the diversity-controlled pick.
@@ -77,7 +86,7 @@ def evaluate(
         progress: a bar over the users (on a terminal).
 
     Returns:
-        ``{"recall@20": ..., "ndcg@20": ..., "hitrate@20": ..., "diversity@20": ...,
+        ``{"recall@20": ..., "ndcg@20": ..., "hitrate@20": ..., "mrr@20": ..., "diversity@20": ...,
         "coverage@20": ..., ..., "users": U}`` as floats, each averaged over the ``U`` users.
     """
     topn = tuple(int(n) for n in topn)
@@ -155,7 +164,12 @@ def _top_on_device(
         )
         interests = model.interests(seq, lengths).float()  # [b, K, d]
         finite &= torch.isfinite(interests).all()
-        out.append(retriever.top_items(interests, n, seq if exclude_history else None)[0])
+        exclude = None
+        if exclude_history:  # [b, E] every input click, right-padded with 0 (E: the batch's longest input)
+            indptr, items = eval_set.history(start, stop)
+            padded, _ = pad_sequences(indptr, items, np.arange(stop - start), _widest(indptr))
+            (exclude,) = to_device((padded,), device)
+        out.append(retriever.top_items(interests, n, exclude)[0])
         bar.update(stop - start)
     if not bool(finite):
         raise ValueError("interests: contains NaN or infinite values")
@@ -182,11 +196,15 @@ def _top_on_host(
         inputs = np.asarray(eval_set.inputs[start:stop], dtype=np.int64)
         seq, lengths = to_device((inputs, np.asarray(eval_set.lengths[start:stop], dtype=np.int64)), device)
         interests = model.interests(seq, lengths).float()  # [b, K, d]
-        out.append(
-            retriever.search(interests, n, inputs if exclude_history else None, diversity_lambda=diversity_lambda)[0]
-        )
+        exclude = eval_set.history(start, stop) if exclude_history else None  # CSR: every input click
+        out.append(retriever.search(interests, n, exclude, diversity_lambda=diversity_lambda)[0])
         bar.update(stop - start)
     return np.concatenate(out)
+
+
+def _widest(indptr: np.ndarray) -> int:
+    """The longest row of CSR ``indptr [b + 1]`` (at least 1, so a padded block has a column)."""
+    return max(1, int(np.diff(indptr).max(initial=0)))
 
 
 def evaluate_with_config(
@@ -197,13 +215,14 @@ def evaluate_with_config(
     *,
     progress: bool = False,
 ) -> dict[str, float]:
-    """:func:`evaluate` with ``cfg.eval`` and ``cfg.retrieval``."""
+    """:func:`evaluate` with ``cfg.eval`` and ``cfg.retrieval`` (``eval.exclude_history``'s
+    "auto": on under ``data.split = "leave_one_out"``)."""
     return evaluate(
         model,
         eval_set,
         topn=tuple(cfg.eval.topn),
         retrieval=cfg.retrieval,
-        exclude_history=cfg.eval.exclude_history,
+        exclude_history=excludes_history(cfg),
         comirec_ndcg=cfg.eval.comirec_ndcg,
         item_category=item_category,
         diversity_lambda=cfg.eval.diversity_lambda,
@@ -212,8 +231,8 @@ def evaluate_with_config(
     )
 
 
-def format_table(results: dict[str, dict[str, float]], metrics: Sequence[str] = _TABLE_METRICS, digits: int = 4) -> str:
-    """A Markdown table: one row per run, columns ``Recall@n``, ``NDCG@n``, ``HitRate@n`` per cutoff.
+def format_table(results: dict[str, dict[str, float]], metrics: Sequence[str] = TABLE_METRICS, digits: int = 4) -> str:
+    """A Markdown table: one row per run, columns ``Recall@n``, ``NDCG@n``, ``HitRate@n``, ``MRR@n`` per cutoff.
 
     ``results`` maps a run/model name to :func:`evaluate`'s output. The cutoffs are those
     found in the results' keys; ``metrics`` may add ``"diversity"`` / ``"coverage"``.

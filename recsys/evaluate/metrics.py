@@ -1,4 +1,4 @@
-"""Top-N metrics of the ComiRec protocol, vectorised over users.
+"""Top-N metrics of every protocol (ComiRec's, leave-one-out), vectorised over users.
 
 Inputs: ``topn_ids [U, N]`` int, each user's recommendations best first (ids ``<= 0`` are
 empty slots, e.g. the ``-1`` fill of a small catalogue; a repeated id counts once, at its
@@ -10,7 +10,9 @@ truth list, ``hits = #{j : t_j ∈ R}`` counting repeated truth clicks each time
 ComiRec's ``evaluate_full`` (THUDM/ComiRec ``src/train.py``):
 
 * ``recall@n  = hits / m`` (``m`` includes duplicates),
-* ``hitrate@n = [hits > 0]``,
+* ``hitrate@n = [hits > 0]`` (with one truth click, as under leave-one-out, HR@n = recall@n),
+* ``mrr@n = 1 / (r + 1)`` where ``r`` is the 0-based rank of the first recommendation in the truth,
+  0 when none of the first ``n`` is (with one truth click, the reciprocal rank of that click),
 * ``ndcg@n`` (standard, binary relevance by rank): ``DCG = Σ_{r<n, rec_r ∈ truth} 1/log2(r+2)``,
   ``IDCG = Σ_{r < min(|distinct truth|, n)} 1/log2(r+2)``; equals ``sklearn.metrics.ndcg_score``
   with 0/1 relevance.
@@ -38,6 +40,7 @@ __all__ = [
     "compute_metrics",
     "coverage",
     "hit_rate",
+    "mrr",
     "ndcg",
     "rank_hits",
     "recall",
@@ -146,6 +149,14 @@ def hit_rate(hits: RankedHits, n: int) -> np.ndarray:
     return (_hit_counts(hits, n) > 0).astype(np.float64)
 
 
+def mrr(hits: RankedHits, n: int) -> np.ndarray:
+    """``[U]`` reciprocal rank of the best-ranked truth item among the first ``n``, 0 without one."""
+    hit = _cutoff(hits, n)
+    # best rank per user: hits.truth_rank is grouped by user (CSR order), each user with >= 1 truth click
+    first = np.minimum.reduceat(np.where(hit, hits.truth_rank, n), np.cumsum(hits.truth_len) - hits.truth_len)
+    return np.where(first < n, 1.0 / (first + 1.0), 0.0)
+
+
 def ndcg(hits: RankedHits, n: int, *, comirec: bool = False) -> np.ndarray:
     """``[U]`` NDCG@n: standard (by recommendation rank) or ComiRec's variant (module docstring)."""
     hit = _cutoff(hits, n)
@@ -212,7 +223,7 @@ def compute_metrics(
     """All metrics at every cutoff in ``topn`` (each ``<= N``), averaged over users, all users
     at once.
 
-    Keys ``recall@n``, ``ndcg@n``, ``hitrate@n``; ``diversity@n`` when ``item_category`` is
+    Keys ``recall@n``, ``ndcg@n``, ``hitrate@n``, ``mrr@n``; ``diversity@n`` when ``item_category`` is
     given and labels some item (all 0 = unknown: no diversity to measure); ``coverage@n``
     when ``num_items`` is given; and ``users``.
     """
@@ -224,6 +235,7 @@ def compute_metrics(
         out[f"recall@{n}"] = float(recall(hits, n).mean())
         out[f"ndcg@{n}"] = float(ndcg(hits, n, comirec=comirec_ndcg).mean())
         out[f"hitrate@{n}"] = float(hit_rate(hits, n).mean())
+        out[f"mrr@{n}"] = float(mrr(hits, n).mean())
         if category is not None:
             div = category_diversity(np.asarray(topn_ids)[:, :n], category)
             out[f"diversity@{n}"] = float(np.nanmean(div)) if np.isfinite(div).any() else float("nan")

@@ -1,11 +1,11 @@
 """The training loop: sampled softmax with ComiRec's hard readout, validation, early stopping.
 
 One call, :func:`train`, runs a whole experiment from a :class:`~recsys.config.Config`: load and
-split the data, build the model, optimise, validate on the valid users (Recall@max(topn) with
-the evaluator) on the cadence of :mod:`recsys.train.plan`, keep the best weights, stop early
-after ``train.patience`` validations without improvement (or at the step budget, or at the
-``train.max_minutes`` wall-clock budget after one last validation), and finally evaluate the
-best weights on the test users.
+split the data, build the model, optimise, validate on the valid users (``eval.objective``,
+Recall@max(topn) by default, with the evaluator) on the cadence of :mod:`recsys.train.plan`,
+keep the best weights, stop early after ``train.patience`` validations without improvement (or
+at the step budget, or at the ``train.max_minutes`` wall-clock budget after one last
+validation), and finally evaluate the best weights on the test users.
 Everything lands in a self-contained run directory (see :mod:`recsys.train.checkpoint`).
 
 The hot path never syncs the host: losses accumulate on the device and are read every
@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from recsys.config import Config
+from recsys.config import Config, objective
 from recsys.data.batches import TrainSampler, WindowSampler
 from recsys.data.split import Split
 from recsys.data.synthetic import planted_for
@@ -615,7 +615,7 @@ def _run(
             metrics.update(interest_health(model, valid, item_category=ds.item_category, planted=planted))
         return metrics
 
-    key = f"recall@{max(cfg.eval.topn)}"
+    key = objective(cfg.eval)
     state = _LoopState()
     if model.trainable:
         with track_metrics(rd, cfg.train.tensorboard and dist.is_main):

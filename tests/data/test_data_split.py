@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -9,6 +11,8 @@ from recsys.config import DataConfig
 from recsys.data.prepare import Dataset
 from recsys.data.readers import DataError
 from recsys.data.split import make_eval_set, split_dataset
+
+AMAZON_BEAUTY = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "amazon-beauty" / "interactions.csv"
 
 
 def random_dataset(num_users: int = 1000, min_len: int = 1, with_times: bool = True) -> Dataset:
@@ -130,3 +134,123 @@ def test_too_few_users_for_a_user_split():
     assert (len(tiny.train_users), len(tiny.valid), len(tiny.test)) == (1, 0, 1)
     with pytest.raises(DataError, match="too few"):
         split_dataset(random_dataset(num_users=1), DataConfig())
+
+
+def _sequences(rows: list[list[int]], num_items: int = 12) -> Dataset:
+    """A dataset of the hand-written click sequences ``rows`` (item ids 1..num_items-1, times = order)."""
+    indptr = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64)
+    items = np.concatenate([np.asarray(r, dtype=np.int64) for r in rows])
+    return Dataset(
+        item_raw=np.array(["<pad>"] + [str(i) for i in range(1, num_items)]),
+        user_raw=np.array([f"u{u}" for u in range(len(rows))]),
+        indptr=indptr,
+        items=items,
+        times=np.arange(len(items), dtype=np.float64),
+        item_category=np.zeros(num_items, dtype=np.int64),
+        category_raw=np.array(["<unknown>"]),
+        item_counts=np.bincount(items, minlength=num_items),
+    )
+
+
+def _eval_rows(ev) -> dict[int, tuple[list[int], list[int]]]:
+    """user -> (its whole input, its truth), read through the eval set's own accessors."""
+    indptr, items = ev.history(0, len(ev))
+    return {
+        int(u): (items[indptr[i] : indptr[i + 1]].tolist(), truth_of(ev, i).tolist()) for i, u in enumerate(ev.users)
+    }
+
+
+def test_leave_one_out_on_hand_made_sequences():
+    rows = [
+        [1, 2, 3, 4, 5],  # 0: plain
+        [2, 3, 1],  # 1: exactly 3 clicks: one training click
+        [4, 5],  # 2: too short to hold out two clicks: trains whole, never evaluated
+        [6],  # 3: one click: the same
+        [1, 2, 3, 2],  # 4: test target already clicked: leaves the test set only
+        [2, 5, 2, 3],  # 5: validation target already clicked: leaves the validation set only
+        [1, 2, 3, 7],  # 6: 7 is nobody's click but this last one: a cold test target
+        [1, 8, 2],  # 7: 8 is nobody's training click: a cold validation target...
+        [3, 4, 5, 8],  # 8: ...which the test knows (user 7's validation click): 8 stays a test target
+        [9, 1, 9, 10],  # 9: validation target 9 repeats; the test's input may repeat an item
+        [10, 11, 3, 4],  # 10: plain
+    ]
+    split = split_dataset(_sequences(rows), DataConfig(split="leave_one_out", max_len=2))
+    train = {
+        int(u): split.train_items[split.train_indptr[r] : split.train_indptr[r + 1]].tolist()
+        for r, u in enumerate(split.train_users)
+    }
+    assert train == {u: (row[:-2] if len(row) >= 3 else row) for u, row in enumerate(rows)}
+    assert _eval_rows(split.valid) == {
+        0: ([1, 2, 3], [4]),
+        1: ([2], [3]),
+        4: ([1, 2], [3]),
+        6: ([1, 2], [3]),
+        8: ([3, 4], [5]),
+        10: ([10, 11], [3]),
+    }
+    assert _eval_rows(split.test) == {
+        0: ([1, 2, 3, 4], [5]),
+        1: ([2, 3], [1]),
+        5: ([2, 5, 2], [3]),
+        7: ([1, 8], [2]),
+        8: ([3, 4, 5], [8]),
+        9: ([9, 1, 9], [10]),
+        10: ([10, 11, 3], [4]),
+    }
+    # the model reads the last max_len = 2 clicks of the whole input
+    i = int(np.flatnonzero(split.test.users == 0)[0])
+    assert split.test.inputs[i].tolist() == [3, 4] and split.test.lengths[i] == 2
+
+
+def test_leave_one_out_keeps_the_files_order_of_tied_clicks(tmp_path):
+    from recsys.config import load_config
+    from recsys.data import load_dataset
+
+    # user a's last three clicks share one timestamp: the file's order decides which is last
+    path = tmp_path / "clicks.csv"
+    path.write_text(
+        "user,item,timestamp\na,1,10\na,2,20\na,5,30\na,3,30\na,4,30\n"
+        "b,3,5\nb,1,5\nb,2,5\nb,4,5\nc,4,1\nc,5,2\nc,1,3\nc,2,4\n"
+    )
+    cfg = load_config(None, [f"data.source={path}", "data.min_item_count=1", "data.min_user_count=1"])
+    ds = load_dataset(cfg)
+    split = split_dataset(ds, DataConfig(split="leave_one_out"))
+    raw = ds.item_raw
+    users = ds.user_raw[split.test.users].tolist()
+    test = {users[i]: raw[truth_of(split.test, i)].tolist() for i in range(len(users))}
+    valid = {ds.user_raw[u]: raw[truth_of(split.valid, i)].tolist() for i, u in enumerate(split.valid.users)}
+    assert test == {"a": ["4"], "b": ["4"], "c": ["2"]} and valid == {"a": ["3"], "b": ["2"], "c": ["1"]}
+
+
+def test_leave_one_out_trains_the_samplers_on_every_click_but_the_last_two():
+    from recsys.data.batches import TrainSampler, WindowSampler
+
+    ds = random_dataset(min_len=1)
+    split = split_dataset(ds, DataConfig(split="leave_one_out", max_len=8))
+    held = ds.lengths >= 3
+    np.testing.assert_array_equal(np.diff(split.train_indptr), np.where(held, ds.lengths - 2, ds.lengths))
+    assert len(split.test) > 0.8 * held.sum() and len(split.valid) > 0.8 * held.sum()  # 300 items: few repeats
+    window = WindowSampler(split.train_indptr, split.train_items, 8, seed=0)
+    assert window.num_users == int((np.diff(split.train_indptr) >= 2).sum())
+    seq, lengths, targets = window.sample(256)
+    last = TrainSampler(split.train_indptr, split.train_items, 8, seed=0, min_target=4)
+    assert last.num_users == int((np.diff(split.train_indptr) > 4).sum())
+    # every sampled window is a stretch of some user's training clicks (none reaches a held-out click)
+    rows = [split.train_items[a:b].tolist() for a, b in zip(split.train_indptr[:-1], split.train_indptr[1:])]
+    for b in range(0, 256, 17):
+        n = int(lengths[b])
+        window_clicks = [*seq[b, :n].tolist(), int(targets[b, n - 1])]
+        assert any(row[i : i + n + 1] == window_clicks for row in rows for i in range(len(row) - n)), window_clicks
+
+
+@pytest.mark.skipif(not AMAZON_BEAUTY.is_file(), reason="needs ../shared/data/amazon-beauty")
+def test_leave_one_out_on_amazon_beauty_matches_rectools_counts():
+    """22,363 users, 198,502 clicks: every user trains on all but two; RecTools' rules keep 22,312
+    validation and 22,311 test users (no repeated targets; 51 and 52 cold ones)."""
+    from recsys.config import load_config
+    from recsys.data import load_dataset
+
+    cfg = load_config(None, [f"data.source={AMAZON_BEAUTY}", "data.split=leave_one_out"])
+    split = split_dataset(load_dataset(cfg), cfg.data)
+    assert (len(split.train_users), len(split.train_items)) == (22_363, 198_502 - 2 * 22_363)
+    assert (len(split.valid), len(split.test)) == (22_312, 22_311)

@@ -26,6 +26,9 @@ def test_a_sample_keeps_each_chosen_user_s_input_and_truth_together():
     for i, row in enumerate(rows):
         mine = part.truth_items[part.truth_indptr[i] : part.truth_indptr[i + 1]]
         np.testing.assert_array_equal(mine, full.truth_items[full.truth_indptr[row] : full.truth_indptr[row + 1]])
+    np.testing.assert_array_equal(
+        part.history(0, 10)[1], full.history(0, 40)[1][np.isin(np.repeat(np.arange(40), full.lengths), rows)]
+    )
     np.testing.assert_array_equal(full.sample(10, seed=5).users, part.users)  # fixed by the seed
     assert not np.array_equal(full.sample(10, seed=6).users, part.users)
 

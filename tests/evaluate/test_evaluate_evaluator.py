@@ -125,7 +125,7 @@ def test_evaluate_with_config_and_table():
     model = LastFirstModel(rng.standard_normal((120, 8)).astype(np.float32))
     cfg = load_config(None, ["eval.topn=[3, 7]", "eval.comirec_ndcg=true", "retrieval.factory=HNSW16,Flat"])
     got = evaluate_with_config(model, es, cfg)
-    assert {"recall@3", "ndcg@7", "hitrate@7", "coverage@3", "users"} <= set(got)
+    assert {"recall@3", "ndcg@7", "hitrate@7", "mrr@7", "coverage@3", "users"} <= set(got)
     table = format_table({"last-first": got, "other": {"recall@3": 0.5}})
     lines = table.splitlines()
     assert lines[0].split("|")[1:-1] == [
@@ -133,11 +133,13 @@ def test_evaluate_with_config_and_table():
         " Recall@3 ",
         " NDCG@3 ",
         " HitRate@3 ",
+        "  MRR@3 ",
         " Recall@7 ",
         " NDCG@7 ",
         " HitRate@7 ",
+        "  MRR@7 ",
     ]
-    assert f"{got['recall@7']:.4f}" in lines[2] and lines[3].count(" - ") == 5
+    assert f"{got['recall@7']:.4f}" in lines[2] and lines[3].count(" - ") == 7
 
 
 def test_popular_ranks_by_training_count():

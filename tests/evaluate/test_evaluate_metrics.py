@@ -86,8 +86,8 @@ def test_diversity_and_coverage_hand_cases():
 
 
 def _python_reference(topn, truth_lists, n, cats):
-    """ComiRec's evaluate_full loop per user, with sets (standard NDCG by rank added)."""
-    rec, nd_std, nd_comi, hr, div = [], [], [], [], []
+    """ComiRec's evaluate_full loop per user, with sets (standard NDCG by rank and MRR added)."""
+    rec, nd_std, nd_comi, hr, div, rr = [], [], [], [], [], []
     for row, truth in zip(topn, truth_lists):
         ranked, slots = [], []  # distinct valid items, and the slot (rank) of each
         for r, i in enumerate(row[:n]):
@@ -107,11 +107,12 @@ def _python_reference(topn, truth_lists, n, cats):
         truth_set = set(truth)
         std = sum(1 / math.log2(r + 2) for r, i in zip(slots, ranked) if i in truth_set)
         nd_std.append(std / sum(1 / math.log2(r + 2) for r in range(min(len(truth_set), n))))
+        rr.append(next((1 / (r + 1) for r, i in zip(slots, ranked) if i in truth_set), 0.0))
         m = len(ranked)
         if m >= 2:
             diff = sum(cats[ranked[a]] != cats[ranked[b]] for a in range(m) for b in range(a + 1, m))
             div.append(diff / (m * (m - 1) / 2))
-    return np.mean(rec), np.mean(nd_std), np.mean(nd_comi), np.mean(hr), np.mean(div)
+    return np.mean(rec), np.mean(nd_std), np.mean(nd_comi), np.mean(hr), np.mean(div), np.mean(rr)
 
 
 def test_compute_metrics_equals_python_loop_on_random_data():
@@ -129,15 +130,46 @@ def test_compute_metrics_equals_python_loop_on_random_data():
         )
         assert got["users"] == num_users
         for n in (5, 12):
-            rec, nd_std, nd_comi, hr, div = _python_reference(topn, truth_lists, n, cats)
+            rec, nd_std, nd_comi, hr, div, rr = _python_reference(topn, truth_lists, n, cats)
             assert got[f"recall@{n}"] == pytest.approx(rec)
             assert got[f"ndcg@{n}"] == pytest.approx(nd_comi if comirec else nd_std)
             assert got[f"hitrate@{n}"] == pytest.approx(hr)
+            assert got[f"mrr@{n}"] == pytest.approx(rr)
             assert got[f"diversity@{n}"] == pytest.approx(div)
             top = topn[:, :n]
             assert got[f"coverage@{n}"] == pytest.approx(len(set(top[top > 0].tolist())) / (num_items - 1))
     unlabelled = compute_metrics(topn, indptr, items, topn=(5,), item_category=np.zeros(num_items, dtype=np.int64))
     assert "diversity@5" not in unlabelled  # no item has a category: nothing to measure
+
+
+def test_one_target_metrics_equal_a_loop_over_random_scores():
+    """Leave-one-out: one truth click per user ranked among the whole catalogue by random scores
+    (the evaluator's top-N by score, already-clicked items removed): HR@K = Recall@K, NDCG@K =
+    1 / log2(rank + 2), MRR@K = 1 / (rank + 1), 0 outside the top K."""
+    rng = np.random.default_rng(7)
+    num_users, num_items, n_max = 300, 80, 50
+    scores = rng.standard_normal((num_users, num_items))
+    scores[:, 0] = -np.inf  # padding
+    seen = [rng.choice(np.arange(1, num_items), rng.integers(0, 10), replace=False) for _ in range(num_users)]
+    target = np.array([rng.choice(np.setdiff1d(np.arange(1, num_items), s)) for s in seen])
+    for u, s in enumerate(seen):
+        scores[u, s] = -np.inf
+    topn = np.argsort(-scores, axis=1, kind="stable")[:, :n_max]
+    got = compute_metrics(topn, np.arange(num_users + 1), target, topn=(10, 20, 50))
+    for k in (10, 20, 50):
+        hr, nd, rr = [], [], []
+        for u in range(num_users):  # the target's rank: items scored above it (ties: smaller id first)
+            better = sum(
+                scores[u, i] > scores[u, target[u]] or (scores[u, i] == scores[u, target[u]] and i < target[u])
+                for i in range(num_items)
+            )
+            hr.append(float(better < k))
+            nd.append(1 / math.log2(better + 2) if better < k else 0.0)
+            rr.append(1 / (better + 1) if better < k else 0.0)
+        assert got[f"hitrate@{k}"] == pytest.approx(np.mean(hr)) == pytest.approx(got[f"recall@{k}"])
+        assert got[f"ndcg@{k}"] == pytest.approx(np.mean(nd))
+        assert got[f"mrr@{k}"] == pytest.approx(np.mean(rr))
+    assert 0 < got["hitrate@10"] < got["hitrate@50"] < 1  # neither trivially all-hit nor all-miss
 
 
 def test_bad_truth_is_reported():
