@@ -287,14 +287,20 @@ def cmd_index(args: argparse.Namespace) -> int:
         log=print,
         progress=_progress(args),
     )
+    searched = f" ({report.search_params})" if report.search_params else ""
     print(
-        f"built {report.factory} over {report.num_items:,} items (d={report.dim}) in {report.build_s:.2f}s "
+        f"built {report.factory}{searched} over {report.num_items:,} items (d={report.dim}) in {report.build_s:.2f}s "
         f"-> {report.index_file}"
     )
     print(
         f"recall@{report.n} against exact search on {report.users:,} test users: {report.recall:.4f}  "
         f"({report.ann_users_per_s:,.0f} users/s vs exact {report.exact_users_per_s:,.0f} users/s)"
     )
+    if report.short_lists:
+        print(
+            f"the index alone left {report.short_lists:.1%} of those lists short of {report.n} items; "
+            "recommend and serve fill them by exact search"
+        )
     return 0
 
 
@@ -326,9 +332,12 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     if unknown:
         shown = ", ".join(repr(u) for u in unknown[:10]) + (" ..." if len(unknown) > 10 else "")
         print(f"skipped {len(unknown):,} unknown users: {shown}", file=sys.stderr)
+    if args.n > run.dataset.num_items - 1:
+        print(f"--n {args.n:,} is more than the {run.dataset.num_items - 1:,} items of the catalogue; capped at that")
     path = write_recommendations(table, args.out)
-    users = table["user"].nunique()
-    print(f"{len(table):,} recommendations for {users:,} users written to {path}")
+    held = table.groupby("user", sort=False).size()
+    each = f"{held.min():,}" if held.min() == held.max() else f"{held.min():,} to {held.max():,}"
+    print(f"{len(table):,} recommendations for {len(held):,} users ({each} items each) written to {path}")
     return 0
 
 

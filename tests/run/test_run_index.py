@@ -57,6 +57,9 @@ def test_index_command(tiny_run, capsys, factory, extra, built):
     assert meta["n"] == 20 and meta["users"] == len(run.split.test.users) > 0
     assert meta["build_s"] >= 0 and 0.0 <= meta["recall"] <= 1.0
     assert "recall@20" in out and meta["factory"] in out
+    # Was: "loaded from ..." beside "built ...", and nprobe=16 shown for an HNSW index.
+    assert "loaded from" not in out and out.count("built") == 1
+    assert ("nprobe=" in out) == ("IVF" in factory) and ("ef_search=" in out) == ("HNSW" in factory)
     if factory == "Flat":
         assert meta["recall"] == 1.0
     if factory.startswith("HNSW"):
