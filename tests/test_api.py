@@ -150,8 +150,8 @@ def test_index_is_saved_and_used(fitted):
     run, _ = fitted
     report = run.index("HNSW16,Flat", ef_search=64)
     assert Path(report.index_file).is_file() and report.factory == "HNSW16,Flat" and report.recall > 0.9
-    assert run._recommender.index_name == "HNSW16,Flat"
     assert len(run.recommend(users=list(run.dataset.user_raw[:2]), n=4)) == 8
+    assert run._recommender.index_name == "HNSW16,Flat"  # the index just saved
 
 
 def _torch_interests(run, seq, lengths):
