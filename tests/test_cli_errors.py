@@ -395,3 +395,29 @@ def test_run_files_share_one_mode(tiny_run):
     mask = os.umask(0)
     os.umask(mask)
     assert set(modes.values()) == {0o666 & ~mask}, modes
+
+
+def test_a_run_without_a_manifest_loads_with_one_line_saying_what_is_not_verified(run_copy, capsys):
+    """Was: with manifest.json deleted, the run loaded unverified and nothing said so."""
+    assert main(["evaluate", str(run_copy)]) == 0
+    assert "warning" not in capsys.readouterr().err
+    (run_copy / "manifest.json").unlink()
+    assert main(["evaluate", str(run_copy)]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warned == [
+        f"recsys: warning: {run_copy} has no manifest.json: its config, weights, dataset and indexes are read "
+        "without SHA-256 verification (a changed or damaged file is not detected)"
+    ]
+
+
+@pytest.mark.parametrize("edit", ["shorter", "same size"])
+def test_an_edited_config_is_reported_as_edited_not_truncated(run_copy, capsys, edit):
+    """Was: "config.json: truncated (... bytes, the manifest says ...)" after a hand edit."""
+    path = run_copy / "config.json"
+    text = path.read_text()
+    key = '"max_steps": 20'
+    path.write_text(text.replace(key, '"max_steps": 9' if edit == "shorter" else '"max_steps": 30'))
+    assert main(["evaluate", str(run_copy)]) == 2
+    line = _error_line(capsys)
+    assert f"{path}: edited after the run wrote it (" in line and "truncated" not in line
+    assert "undo the edit" in line

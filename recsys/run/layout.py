@@ -79,6 +79,8 @@ ADVICE = {
     "or re-train the run",
     BEST: f"if {CHECKPOINT} is intact, delete {BEST} and `recsys train --resume RUN` restores it from the latest "
     "checkpoint; otherwise re-train the run",
+    CONFIG: "a run's config cannot change after it trained: undo the edit (its budget changes with "
+    "`recsys train --resume RUN --set train.max_steps=...`), or re-train the run",
 }
 REWRITE_ADVICE = "re-train the run (recsys train)"
 
@@ -198,6 +200,7 @@ class RunDir:
             raise FileNotFoundError(f"{self.path} is not a run directory (no {CONFIG})")
         if not self.has_best():
             raise FileNotFoundError(f"{self.path} has no trained weights ({BEST}) yet")
+        self.warn_if_unverified()
 
     # integrity ------------------------------------------------------------------------------
     def _replace(self, tmp: Path, path: Path) -> None:
@@ -209,12 +212,27 @@ class RunDir:
         want a file name, e.g. a FAISS index), recorded in the manifest."""
         atomic_save(self.file(name), save, replace=self._replace)
 
-    def verify(self, name: str | Path, advice: str | None = None) -> bool:
+    def verify(self, name: str | Path, advice: str | None = None, *, text: bool = False) -> bool:
         """Check file ``name`` against the run's manifest; raises
         :class:`~recsys.io.manifest.IntegrityError` ending with ``advice`` (what to do; by
-        default the advice for that file) when it does not match. Returns whether the manifest
-        lists the file (False: nothing was checked)."""
-        return manifest.verify(self.path, self.file(name), advice or ADVICE.get(str(name), REWRITE_ADVICE))
+        default the advice for that file) when it does not match (a ``text`` file is reported
+        as edited). Returns whether the manifest lists the file (False: nothing was checked)."""
+        advice = advice or ADVICE.get(str(name), REWRITE_ADVICE)
+        return manifest.verify(self.path, self.file(name), advice, text=text)
+
+    def warn_if_unverified(self) -> None:
+        """Warn (one line) when the run has no manifest: it loads, but nothing is verified.
+
+        A run without ``manifest.json`` (written before manifests existed, copied without it, or
+        the file deleted) is read rather than refused: refusing would strand every such run, and
+        its checkpoints still get their format's own checks. The warning says what is not
+        checked, so an answer from it is never taken as verified."""
+        if not self.file(MANIFEST).is_file():
+            warnings.warn(
+                f"{self.path} has no {MANIFEST}: its config, weights, dataset and indexes are read without "
+                "SHA-256 verification (a changed or damaged file is not detected)",
+                stacklevel=2,
+            )
 
     def verify_tree(self, name: str) -> None:
         """:meth:`verify` every file the manifest lists under folder ``name`` (e.g. the dataset)."""
@@ -289,6 +307,7 @@ class RunDir:
                 f"--resume: {self.path} has no checkpoint ({CHECKPOINT}): it failed or was stopped before its "
                 "first validation; start a new run instead (with the same name, it replaces this folder)"
             )
+        self.warn_if_unverified()
         if not self.has_best():
             self._restore_best()
 
@@ -433,7 +452,7 @@ class RunDir:
         :meth:`verify`)."""
         path = self.file(name)
         if path.exists():
-            self.verify(name, advice)
+            self.verify(name, advice, text=True)
         try:
             return json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:

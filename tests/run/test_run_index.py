@@ -128,7 +128,7 @@ def test_saved_index_and_dataset_are_verified_against_the_manifest(tiny_run, tmp
     run_dir = shutil.copytree(tiny_run, tmp_path / "run", ignore=shutil.ignore_patterns("export"))  # not recorded
     assert main(["index", str(run_dir), "--factory", "Flat"]) == 0
     on_disk = {p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*") if p.is_file()}
-    assert set(read_manifest(run_dir)) == on_disk - {MANIFEST}
+    assert set(read_manifest(run_dir)) == on_disk - {MANIFEST, layout.LOCK}  # the lock holds no content
     assert {"index/Flat.faiss", "index/Flat.json", "dataset/dataset.npz"} <= on_disk
 
     run = load_run(run_dir)
