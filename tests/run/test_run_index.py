@@ -123,7 +123,7 @@ def test_saved_index_and_dataset_are_verified_against_the_manifest(tiny_run, tmp
     import shutil
 
     from recsys.io.manifest import MANIFEST, read_manifest
-    from recsys.run import IntegrityError
+    from recsys.run import IntegrityError, layout
 
     run_dir = shutil.copytree(tiny_run, tmp_path / "run", ignore=shutil.ignore_patterns("export"))  # not recorded
     assert main(["index", str(run_dir), "--factory", "Flat"]) == 0
