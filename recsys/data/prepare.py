@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from recsys.config import DataConfig
+from recsys.data.ids import canonical_id, factorize_ids
 from recsys.data.readers import DataError
 from recsys.io import atomic_write, atomic_write_text
 
@@ -85,10 +86,11 @@ class IdMap:
         return self._index
 
     def _strings(self, raw: Iterable[object]) -> Iterable[str]:
-        """``str()`` of each raw id, lazily; a lone string is refused rather than split into characters."""
+        """Each raw id as :func:`~recsys.data.ids.canonical_id` reads it, lazily; a lone string is
+        refused rather than split into characters."""
         if isinstance(raw, (str, bytes)):
             raise TypeError(f"expected a list of raw {self.kind} ids, got a single string")
-        return (str(r) for r in raw)
+        return (canonical_id(r) for r in raw)
 
     def decode(self, ids: np.ndarray) -> np.ndarray:
         """Internal ids ``[...]`` (each in ``first..len - 1``) -> raw ids (str), same shape."""
@@ -267,8 +269,8 @@ def prepare(df: pd.DataFrame, cfg: DataConfig) -> Dataset:
     missing = [col for col in ("user", "item", "time") if col not in df]
     if missing:
         raise DataError(f"{source}: lacks columns {missing} (has {list(df.columns)})")
-    user_codes, user_uniques = pd.factorize(df["user"])
-    item_codes, item_uniques = pd.factorize(df["item"])
+    user_codes, user_uniques = factorize_ids(df["user"])  # the id rule: recsys.data.ids
+    item_codes, item_uniques = factorize_ids(df["item"])
     time = df["time"].to_numpy(np.float64)
     for name, codes in (("user", user_codes), ("item", item_codes)):
         if (codes < 0).any():

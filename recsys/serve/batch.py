@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from recsys.data.batches import gather_rows, pad_sequences
+from recsys.data.ids import canonical_id
 from recsys.progress import progress_bar
 from recsys.serve.recommender import CSR, Recommendations, Recommender
 
@@ -57,7 +58,7 @@ def resolve_users(
     """
     if raw is None:
         return np.arange(rec.dataset.num_users, dtype=np.int64), []
-    raw = list(dict.fromkeys(str(u) for u in raw))
+    raw = list(dict.fromkeys(canonical_id(u) for u in raw))  # one id, one answer (recsys.data.ids)
     if strict:
         return rec.dataset.user_map.require(raw, what), []
     return rec.dataset.user_map.encode(raw)
