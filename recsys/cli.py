@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TextIO
 
 from recsys.config import Config, ConfigError, apply_overrides, load_config
+from recsys.extras import install_hint
 
 # failures with a message meant for the user: ConfigError, DataError, IntegrityError and
 # TrainingDiverged are ValueErrors; OSError covers missing files, existing run names and ports
@@ -489,7 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--format",
         choices=("onnx", "torchscript"),
         default="onnx",
-        help="onnx (needs pip install 'recsys[export]') or torchscript (default onnx)",
+        help=f"onnx (needs {install_hint('export')}) or torchscript (default onnx)",
     )
     p.add_argument("--out", help="output folder (default: RUN/export/FORMAT)")
     p.set_defaults(func=cmd_export)

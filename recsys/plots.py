@@ -18,6 +18,7 @@ import torch
 
 from recsys.device import model_device
 from recsys.evaluate.diagnostics import attention_weights, effective_clicks
+from recsys.extras import install_hint
 
 if TYPE_CHECKING:
     from recsys.data.prepare import Dataset
@@ -32,7 +33,7 @@ def _pyplot() -> ModuleType:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise ImportError("drawing needs matplotlib: pip install 'recsys[plot]'") from None
+        raise ImportError(f"drawing needs matplotlib: {install_hint('plot')}") from None
     return plt
 
 

@@ -49,6 +49,7 @@ import torch
 from recsys.config import TUNE_TABLE, Config, ConfigError, load_config, with_values
 from recsys.data import IN_MEMORY
 from recsys.data.registry import SOURCE_PREFIX
+from recsys.extras import install_hint
 from recsys.io import atomic_write_text
 from recsys.models.spec import resolve, spec_for
 from recsys.run import RunDir
@@ -235,7 +236,7 @@ def _optuna() -> Any:
     try:
         import optuna
     except ImportError:
-        raise ImportError("recsys tune needs optuna: pip install 'recsys[tune]'") from None
+        raise ImportError(f"recsys tune needs optuna: {install_hint('tune')}") from None
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # a failed trial's reason is on its own line
     return optuna
 

@@ -265,9 +265,9 @@ def test_python_api_example_script_runs(tmp_path):
 
 
 def test_export_without_the_extra_names_it(tiny_run, tmp_path, monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "onnx", None)  # as if `recsys[export]` were not installed
+    monkeypatch.setitem(sys.modules, "onnx", None)  # as if `multi-interest-recsys[export]` were not installed
     assert main(["export", tiny_run, "--out", str(tmp_path / "x")]) == 2
-    assert "pip install 'recsys[export]'" in capsys.readouterr().err
+    assert "pip install 'multi-interest-recsys[export]'" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()  # no empty export folder left behind
 
 

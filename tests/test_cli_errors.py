@@ -249,7 +249,7 @@ def test_recommend_checks_output_format_and_extra_before_any_work(tiny_run, tmp_
     assert "r.xlsx must end in .parquet" in _error_line(capsys)
     monkeypatch.setitem(sys.modules, "pyarrow", None)
     assert main(["recommend", tiny_run, "--all", "--out", str(tmp_path / "r.parquet")]) == 2
-    assert "pip install 'recsys[parquet]'" in _error_line(capsys)
+    assert "pip install 'multi-interest-recsys[parquet]'" in _error_line(capsys)
     assert main(["recommend", tiny_run, "--all", "--out", str(tmp_path / "no" / "r.csv")]) == 2
     assert "does not exist" in _error_line(capsys)
 

@@ -63,7 +63,7 @@ def _build_wheel(work: Path) -> Path:
         ],
         cwd=work,
     )
-    (wheel,) = (work / "dist").glob("recsys-*.whl")
+    (wheel,) = (work / "dist").glob("multi_interest_recsys-*.whl")
     return wheel
 
 

@@ -48,6 +48,8 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 
+from recsys.extras import install_hint
+
 try:
     import uvicorn
     from fastapi import Body, FastAPI, Request
@@ -55,7 +57,7 @@ try:
     from fastapi.responses import Response
     from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag
 except ImportError as err:  # pragma: no cover - exercised only without the extra
-    raise ImportError("FastAPI and uvicorn are not installed: pip install 'recsys[serve]'") from err
+    raise ImportError(f"FastAPI and uvicorn are not installed: {install_hint('serve')}") from err
 
 from recsys.config import MAX_DIVERSITY_LAMBDA, ServeConfig
 from recsys.serve.microbatch import MicroBatcher

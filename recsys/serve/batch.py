@@ -21,6 +21,7 @@ import pandas as pd
 
 from recsys.data.batches import gather_rows, pad_sequences
 from recsys.data.ids import canonical_id
+from recsys.extras import install_hint
 from recsys.progress import progress_bar
 from recsys.serve.recommender import CSR, Recommendations, Recommender
 
@@ -124,7 +125,7 @@ def output_format(path: str | Path) -> str:
         try:
             import pyarrow  # noqa: F401
         except ImportError:
-            raise ImportError("--out: writing Parquet needs pyarrow: pip install 'recsys[parquet]'") from None
+            raise ImportError(f"--out: writing Parquet needs pyarrow: {install_hint('parquet')}") from None
         return "parquet"
     if name.endswith((".csv", ".csv.gz")):
         return "csv"
