@@ -32,7 +32,7 @@ else:  # pragma: no cover
 
 
 AUTO = "auto"  # the value of a setting that the model's spec (recsys.models.spec) or the data decides
-REGISTRY_TABLE = "dataset"  # a dataset registry entry's table (recsys/data/registry/<name>.toml); not run config
+REGISTRY_TABLE = "dataset"  # a dataset registry entry's table (data/<name>.toml); not run config
 TUNE_TABLE = "tune"  # `recsys tune`'s search space (recsys.tune); not run config
 # data.format (or auto): recsys.data.readers
 DATA_FORMATS = ("csv", "tsv", "parquet", "comirec", "movielens", "sequences")

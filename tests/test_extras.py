@@ -14,7 +14,9 @@ else:  # pragma: no cover
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-TEXTS = sorted([*(ROOT / "recsys").rglob("*.py"), *(ROOT / "docs").rglob("*.md"), ROOT / "README.md"])
+TEXTS = sorted(
+    [*(ROOT / "recsys").rglob("*.py"), *(ROOT / "docs").rglob("*.md"), *ROOT.glob("*/README.md"), ROOT / "README.md"]
+)
 
 
 def test_the_hints_name_the_distribution_pyproject_builds():
