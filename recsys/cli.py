@@ -214,8 +214,16 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     """Multi-interest health of a saved run, printed, and a PNG of what each interest reads and retrieves."""
     from recsys.api import Run
+    from recsys.plots import require_matplotlib
 
     _check_out(args.out)
+    picture = True
+    try:
+        require_matplotlib()
+    except ImportError as err:
+        if args.out:  # the picture was asked for: fail before any work
+            raise
+        picture, no_picture = False, f"no picture: {err}"
     run = Run.load(args.run)
     health = run.health(args.split, max_users=args.max_users)
     k = int(getattr(run.model, "num_interests", 1))
@@ -232,6 +240,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     ):
         if key in health:
             print(f"{label}: {health[key]:.3f}")
+    if not picture:  # the table is the answer; the picture is an extra
+        print(no_picture)
+        return 0
     out = run.draw_interests(args.out or f"{run.path.name}-interests.png", args.split, users=args.users)
     print(f"picture written to {out}")
     return 0
@@ -437,7 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", choices=("test", "valid"), default="test")
     p.add_argument("--users", type=int, default=4, help="users drawn in the picture (default 4)")
     p.add_argument("--max-users", type=int, default=2048, help="users the health metrics average over")
-    p.add_argument("--out", help="PNG path (default: ./RUN_NAME-interests.png)")
+    p.add_argument("--out", help="PNG path (default: ./RUN_NAME-interests.png, drawn when matplotlib is installed)")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("tune", help="search hyperparameters (Optuna), write the best config, retrain and test it")

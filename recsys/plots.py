@@ -26,6 +26,12 @@ if TYPE_CHECKING:
     from recsys.models.base import InterestModel
 
 
+def require_matplotlib() -> None:
+    """Raise the ``ImportError`` naming the ``plot`` extra when matplotlib is missing (call it
+    before any work whose point is a picture)."""
+    _pyplot()
+
+
 def _pyplot() -> ModuleType:
     try:
         import matplotlib
