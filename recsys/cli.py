@@ -393,6 +393,16 @@ def _add_index_args(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--ef-search", type=int, help="HNSW search beam width")
 
 
+def _add_split(p: argparse.ArgumentParser, verb: str) -> None:
+    p.add_argument(
+        "--split",
+        choices=("test", "valid"),
+        default="test",
+        help=f"which held-out users to {verb}: test (default; never seen in training or model selection) "
+        "or valid (the users early stopping was judged on)",
+    )
+
+
 def _add_quiet(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bars (they show only on a terminal anyway)")
 
@@ -437,7 +447,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("evaluate", help="evaluate a run directory, or an untrained model such as popular")
     p.add_argument("run", nargs="?", help="run directory (omit to evaluate --model on --data)")
     _add_config_args(p)
-    p.add_argument("--split", choices=("test", "valid"), default="test")
+    _add_split(p, "evaluate")
     p.add_argument("--diversity-lambda", type=float, help="ComiRec's diversity-controlled aggregation")
     p.add_argument("--out", help="also write the metrics as JSON here")
     _add_quiet(p)
@@ -445,7 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("inspect", help="multi-interest health of a run, and a PNG of what each interest reads")
     p.add_argument("run", help="run directory (written by recsys train)")
-    p.add_argument("--split", choices=("test", "valid"), default="test")
+    _add_split(p, "inspect")
     p.add_argument("--users", type=int, default=4, help="users drawn in the picture (default 4)")
     p.add_argument("--max-users", type=int, default=2048, help="users the health metrics average over")
     p.add_argument("--out", help="PNG path (default: ./RUN_NAME-interests.png, drawn when matplotlib is installed)")
