@@ -1,4 +1,5 @@
-"""The ``recsys`` command: ``data | train | tune | evaluate | inspect | plot | index | recommend | export | serve``.
+"""The ``recsys`` command: ``config | data | train | tune | evaluate | inspect | plot | index | recommend | export |
+serve``.
 
 A thin layer over the Python API (:mod:`recsys.api`): every command parses its options and
 calls one API function. Commands that build a config take ``--config FILE`` and any number of
@@ -133,6 +134,18 @@ def _resumed_config(args: argparse.Namespace) -> Config:
         apply_overrides(cfg, args.overrides)
         run.save_config(cfg)
     return cfg
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    """Every config key with its value, as a TOML file that ``--config`` takes back."""
+    cfg = _config(args)
+    print(
+        "# every key of the config, as `--config` files and `--set section.key=value` take them;\n"
+        '# -1 and "auto" are derived from the data and the device when a run starts (docs/configuration.md)\n'
+        + cfg.to_toml(),
+        end="",
+    )
+    return 0
 
 
 def cmd_data(args: argparse.Namespace) -> int:
@@ -413,6 +426,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Multi-interest sequential retrieval: train, evaluate, index, recommend, export, serve.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("config", help="list every config key with its value (defaults, or with --config/--set applied)")
+    _add_config_args(p)
+    p.set_defaults(func=cmd_config)
 
     p = sub.add_parser("data", help="read, filter and describe a click dataset")
     _add_config_args(p)

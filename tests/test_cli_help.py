@@ -31,3 +31,29 @@ def test_split_says_what_it_chooses(command, capsys):
         main([command, "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "--split {test,valid} which held-out users to" in text
+
+
+def test_recsys_config_lists_every_key_as_a_file_config_takes_back(tmp_path, capsys):
+    """Was: the config's keys could not be listed from the command line."""
+    import sys
+
+    from recsys.config import Config, load_config
+    from recsys.models import resolve
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+
+    assert main(["config", "--set", "model.dim=32", "--model", "sasrec"]) == 0
+    text = capsys.readouterr().out
+    listed = tomllib.loads(text)
+
+    def keys(d, prefix=""):
+        return {k2 for k, v in d.items() for k2 in (keys(v, f"{prefix}{k}.") if isinstance(v, dict) else [prefix + k])}
+
+    assert keys(listed) == keys(Config().to_dict())
+    assert listed["model"]["dim"] == 32 and listed["model"]["name"] == "sasrec"
+    (tmp_path / "c.toml").write_text(text)
+    given = resolve(load_config(None, ["model.dim=32", "model.name=sasrec"]))
+    assert resolve(load_config([tmp_path / "c.toml"])) == given  # the model's automatic values as resolved
