@@ -33,6 +33,7 @@ never replaced or resumed by another process (:class:`RunInUse`, naming the hold
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import json
 import math
@@ -106,6 +107,13 @@ class RunInUse(FileExistsError):
 
 
 _HELD: dict[Path, IO[str]] = {}  # run folder (resolved) -> its lock file, held by this process
+
+
+@atexit.register
+def _release_all() -> None:
+    """Close the locks still held when the process ends (the OS would release them anyway)."""
+    while _HELD:
+        _HELD.popitem()[1].close()
 
 
 def _take_lock(folder: Path) -> IO[str] | str:
