@@ -106,7 +106,7 @@ def plot(results: dict[str, list[dict[str, float]]], n: int, path: Path) -> None
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise SystemExit("the plot needs matplotlib, the plot extra: pip install 'multi-interest-recsys[plot]'") from None
+        raise SystemExit("the plot needs matplotlib: pip install 'multi-interest-recsys[plot]'") from None
     fig, axes = plt.subplots(1, len(results), figsize=(5.2 * len(results), 4.2), squeeze=False)
     for ax, (name, rows) in zip(axes[0], results.items()):  # one panel per run: recall scales differ
         ax.plot([r["diversity"] for r in rows], [r["recall"] for r in rows], marker="o")
