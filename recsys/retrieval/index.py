@@ -7,6 +7,9 @@ index type. :func:`save_index` / :func:`load_index` keep that convention.
 :class:`Retriever` answers ``search(interests [B, K, d], n)`` with one index call for all
 ``B·K`` interest vectors, then merges per user (max score, de-duplicated, optional history
 exclusion, or ComiRec's diversity-controlled greedy pick; see :mod:`recsys.retrieval.aggregate`).
+A list is full whenever the catalogue allows it: the rows an approximate index leaves short
+(HNSW over inner products reaches only part of its graph) are searched again exactly over the
+embeddings (:meth:`Retriever.candidates`).
 
 Backends:
 
