@@ -13,7 +13,7 @@ since the default filters leave 23 users)::
     python experiments/diversity_sweep.py --run RUN --run RUN2 --lambdas 0 0.1 1
 
 The plot (recall@N on y, diversity@N on x, one panel per run, λ written at the points) needs
-matplotlib, the ``plot`` extra: ``pip install 'recsys[plot]'``.
+matplotlib, the ``plot`` extra: ``pip install 'multi-interest-recsys[plot]'``.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def plot(results: dict[str, list[dict[str, float]]], n: int, path: Path) -> None
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise SystemExit("the plot needs matplotlib, the plot extra: pip install 'recsys[plot]'") from None
+        raise SystemExit("the plot needs matplotlib: pip install 'multi-interest-recsys[plot]'") from None
     fig, axes = plt.subplots(1, len(results), figsize=(5.2 * len(results), 4.2), squeeze=False)
     for ax, (name, rows) in zip(axes[0], results.items()):  # one panel per run: recall scales differ
         ax.plot([r["diversity"] for r in rows], [r["recall"] for r in rows], marker="o")

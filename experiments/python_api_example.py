@@ -3,7 +3,7 @@
 Builds a small click table (the synthetic generator's, as plain ``user, item, time`` columns:
 any DataFrame of yours works the same), trains ComiRec-SA on it, evaluates it, recommends for
 known users and for a new click sequence, gets the interest vectors and the item table, saves
-an HNSW index and exports the network to ONNX (when ``recsys[export]`` is installed)::
+an HNSW index and exports the network to ONNX (when ``multi-interest-recsys[export]`` is installed)::
 
     python experiments/python_api_example.py [--steps 300] [--out /tmp/recsys-api-example]
 """

@@ -98,7 +98,7 @@ def _plot(curves: dict[str, list[dict]], path: str) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("plotting needs matplotlib: pip install 'recsys[plot]'")
+        print("plotting needs matplotlib: pip install 'multi-interest-recsys[plot]'")
         return
     keys = [
         ("loss", "training loss"),

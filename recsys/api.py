@@ -206,7 +206,7 @@ class Run:
         )
         log = log or (lambda _: None)
         report = build_run_index(self._run, settings, n=n, log=log, progress=progress)
-        self._recommender = Recommender.of_run(self._run, settings, log=log)
+        self._recommender = None  # recommend() opens the index just saved (the run's most recent)
         return report
 
     def recommend(

@@ -1,4 +1,5 @@
-"""The ``recsys`` command: ``data | train | tune | evaluate | inspect | plot | index | recommend | export | serve``.
+"""The ``recsys`` command: ``config | data | train | tune | evaluate | inspect | plot | index | recommend | export |
+serve``.
 
 A thin layer over the Python API (:mod:`recsys.api`): every command parses its options and
 calls one API function. Commands that build a config take ``--config FILE`` and any number of
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import TextIO
 
 from recsys.config import Config, ConfigError, apply_overrides, load_config
+from recsys.extras import install_hint
 
 # failures with a message meant for the user: ConfigError, DataError, IntegrityError and
 # TrainingDiverged are ValueErrors; OSError covers missing files, existing run names and ports
@@ -134,6 +136,18 @@ def _resumed_config(args: argparse.Namespace) -> Config:
     return cfg
 
 
+def cmd_config(args: argparse.Namespace) -> int:
+    """Every config key with its value, as a TOML file that ``--config`` takes back."""
+    cfg = _config(args)
+    print(
+        "# every key of the config, as `--config` files and `--set section.key=value` take them;\n"
+        '# -1 and "auto" are derived from the data and the device when a run starts (docs/configuration.md)\n'
+        + cfg.to_toml(),
+        end="",
+    )
+    return 0
+
+
 def cmd_data(args: argparse.Namespace) -> int:
     """Read, filter and describe a dataset; optionally save the prepared form."""
     from recsys.data import describe, load_dataset
@@ -213,8 +227,16 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     """Multi-interest health of a saved run, printed, and a PNG of what each interest reads and retrieves."""
     from recsys.api import Run
+    from recsys.plots import require_matplotlib
 
     _check_out(args.out)
+    picture = True
+    try:
+        require_matplotlib()
+    except ImportError as err:
+        if args.out:  # the picture was asked for: fail before any work
+            raise
+        picture, no_picture = False, f"no picture: {err}"
     run = Run.load(args.run)
     health = run.health(args.split, max_users=args.max_users)
     k = int(getattr(run.model, "num_interests", 1))
@@ -231,6 +253,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     ):
         if key in health:
             print(f"{label}: {health[key]:.3f}")
+    if not picture:  # the table is the answer; the picture is an extra
+        print(no_picture)
+        return 0
     out = run.draw_interests(args.out or f"{run.path.name}-interests.png", args.split, users=args.users)
     print(f"picture written to {out}")
     return 0
@@ -287,14 +312,20 @@ def cmd_index(args: argparse.Namespace) -> int:
         log=print,
         progress=_progress(args),
     )
+    searched = f" ({report.search_params})" if report.search_params else ""
     print(
-        f"built {report.factory} over {report.num_items:,} items (d={report.dim}) in {report.build_s:.2f}s "
+        f"built {report.factory}{searched} over {report.num_items:,} items (d={report.dim}) in {report.build_s:.2f}s "
         f"-> {report.index_file}"
     )
     print(
         f"recall@{report.n} against exact search on {report.users:,} test users: {report.recall:.4f}  "
         f"({report.ann_users_per_s:,.0f} users/s vs exact {report.exact_users_per_s:,.0f} users/s)"
     )
+    if report.short_lists:
+        print(
+            f"the index alone left {report.short_lists:.1%} of those lists short of {report.n} items; "
+            "recommend and serve fill them by exact search"
+        )
     return 0
 
 
@@ -326,9 +357,12 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     if unknown:
         shown = ", ".join(repr(u) for u in unknown[:10]) + (" ..." if len(unknown) > 10 else "")
         print(f"skipped {len(unknown):,} unknown users: {shown}", file=sys.stderr)
+    if args.n > run.dataset.num_items - 1:
+        print(f"--n {args.n:,} is more than the {run.dataset.num_items - 1:,} items of the catalogue; capped at that")
     path = write_recommendations(table, args.out)
-    users = table["user"].nunique()
-    print(f"{len(table):,} recommendations for {users:,} users written to {path}")
+    held = table.groupby("user", sort=False).size()
+    each = f"{held.min():,}" if held.min() == held.max() else f"{held.min():,} to {held.max():,}"
+    print(f"{len(table):,} recommendations for {len(held):,} users ({each} items each) written to {path}")
     return 0
 
 
@@ -372,6 +406,16 @@ def _add_index_args(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--ef-search", type=int, help="HNSW search beam width")
 
 
+def _add_split(p: argparse.ArgumentParser, verb: str) -> None:
+    p.add_argument(
+        "--split",
+        choices=("test", "valid"),
+        default="test",
+        help=f"which held-out users to {verb}: test (default; never seen in training or model selection) "
+        "or valid (the users early stopping was judged on)",
+    )
+
+
 def _add_quiet(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bars (they show only on a terminal anyway)")
 
@@ -382,6 +426,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Multi-interest sequential retrieval: train, evaluate, index, recommend, export, serve.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("config", help="list every config key with its value (defaults, or with --config/--set applied)")
+    _add_config_args(p)
+    p.set_defaults(func=cmd_config)
 
     p = sub.add_parser("data", help="read, filter and describe a click dataset")
     _add_config_args(p)
@@ -416,7 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("evaluate", help="evaluate a run directory, or an untrained model such as popular")
     p.add_argument("run", nargs="?", help="run directory (omit to evaluate --model on --data)")
     _add_config_args(p)
-    p.add_argument("--split", choices=("test", "valid"), default="test")
+    _add_split(p, "evaluate")
     p.add_argument("--diversity-lambda", type=float, help="ComiRec's diversity-controlled aggregation")
     p.add_argument("--out", help="also write the metrics as JSON here")
     _add_quiet(p)
@@ -424,10 +472,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("inspect", help="multi-interest health of a run, and a PNG of what each interest reads")
     p.add_argument("run", help="run directory (written by recsys train)")
-    p.add_argument("--split", choices=("test", "valid"), default="test")
+    _add_split(p, "inspect")
     p.add_argument("--users", type=int, default=4, help="users drawn in the picture (default 4)")
     p.add_argument("--max-users", type=int, default=2048, help="users the health metrics average over")
-    p.add_argument("--out", help="PNG path (default: ./RUN_NAME-interests.png)")
+    p.add_argument("--out", help="PNG path (default: ./RUN_NAME-interests.png, drawn when matplotlib is installed)")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("tune", help="search hyperparameters (Optuna), write the best config, retrain and test it")
@@ -480,7 +528,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--format",
         choices=("onnx", "torchscript"),
         default="onnx",
-        help="onnx (needs pip install 'recsys[export]') or torchscript (default onnx)",
+        help=f"onnx (needs {install_hint('export')}) or torchscript (default onnx)",
     )
     p.add_argument("--out", help="output folder (default: RUN/export/FORMAT)")
     p.set_defaults(func=cmd_export)

@@ -18,11 +18,18 @@ import torch
 
 from recsys.device import model_device
 from recsys.evaluate.diagnostics import attention_weights, effective_clicks
+from recsys.extras import install_hint
 
 if TYPE_CHECKING:
     from recsys.data.prepare import Dataset
     from recsys.data.split import EvalSet
     from recsys.models.base import InterestModel
+
+
+def require_matplotlib() -> None:
+    """Raise the ``ImportError`` naming the ``plot`` extra when matplotlib is missing (call it
+    before any work whose point is a picture)."""
+    _pyplot()
 
 
 def _pyplot() -> ModuleType:
@@ -32,7 +39,7 @@ def _pyplot() -> ModuleType:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise ImportError("drawing needs matplotlib: pip install 'recsys[plot]'") from None
+        raise ImportError(f"drawing needs matplotlib: {install_hint('plot')}") from None
     return plt
 
 

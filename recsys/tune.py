@@ -15,8 +15,9 @@ tuned result is never worse than it on the validation users. Everything lives in
 
 Running the same tune again resumes it: finished trials are kept, a trial that was running
 when the tune was interrupted (Ctrl-C, the process killed, or cut by ``max_minutes``) runs again
-with the same values as a new trial, and ``trials`` counts the finished (complete or pruned)
-trials of the whole study. One tune at a time uses a folder (a lock file says so). Every
+with the same values as a new trial, continuing its run directory from the last checkpoint (from
+step 0 only when it had none), and ``trials`` counts the finished (complete or pruned) trials of
+the whole study. One tune at a time uses a folder (a lock file says so). Every
 validation of a running trial prints a line.
 
 The search space is :func:`default_space` for the model, updated by a ``[tune]`` table in a
@@ -33,7 +34,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import fcntl
-import itertools
 import math
 import multiprocessing
 import os
@@ -50,6 +50,7 @@ import torch
 from recsys.config import TUNE_TABLE, Config, ConfigError, load_config, objective, with_values
 from recsys.data import IN_MEMORY
 from recsys.data.registry import SOURCE_PREFIX
+from recsys.extras import install_hint
 from recsys.io import atomic_write_text
 from recsys.models.spec import resolve, spec_for
 from recsys.run import RunDir
@@ -236,7 +237,7 @@ def _optuna() -> Any:
     try:
         import optuna
     except ImportError:
-        raise ImportError("recsys tune needs optuna: pip install 'recsys[tune]'") from None
+        raise ImportError(f"recsys tune needs optuna: {install_hint('tune')}") from None
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # a failed trial's reason is on its own line
     return optuna
 
@@ -270,8 +271,8 @@ class _Objective:
         except TRIAL_ERRORS as err:
             trial.set_user_attr("error", (str(err).strip() or type(err).__name__).splitlines()[0])
             raise
-        except KeyboardInterrupt:
-            _requeue(trial.study, trial)  # optuna records the trial as failed; its values run first on resume
+        except KeyboardInterrupt:  # optuna records the trial as failed; its values run first on resume
+            _requeue(trial.study, trial, trial.user_attrs.get("run_dir"))
             raise
 
     def _train(self, trial: optuna.Trial, cfg: Config) -> float:
@@ -281,20 +282,26 @@ class _Objective:
             cfg.train.cpu_threads = self.threads
         cut_by_deadline = _bound_by(cfg, self.deadline)
         key = objective(cfg.eval)
-        validations = itertools.count()
-        self.log(f"trial {trial.number}: training {_params(trial)}")
+        resume_from = trial.user_attrs.get("resume_from") or ""
+        resume = bool(resume_from) and Path(resume_from).is_dir() and RunDir(resume_from).has_checkpoint()
+        run_dir = Path(resume_from) if resume else self.folder / TRIALS / f"{trial.number:04d}"
+        if resume:
+            self.log(f"trial {trial.number}: resuming {run_dir} from its last checkpoint, {_params(trial)}")
+        else:
+            self.log(f"trial {trial.number}: training {_params(trial)}")
 
         def report(step: int, metrics: dict[str, float]) -> None:
             self.log(f"trial {trial.number} @ step {step}: valid {key} {metrics[key]:.4f}")
-            trial.report(metrics[key], next(validations))
+            # the validation's ordinal in the run (its row is written), counting those before a resume
+            ordinal = sum(1 for r in RunDir(run_dir).read_metrics() if r.get("split") == "valid") - 1
+            trial.report(metrics[key], ordinal)
             if trial.should_prune():
                 raise optuna.TrialPruned(f"{key} {metrics[key]:.4f} at step {step}")
 
-        run_dir = self.folder / TRIALS / f"{trial.number:04d}"
         trial.set_user_attr("run_dir", str(run_dir))
-        result = train(cfg, run_dir=run_dir, log=lambda line: None, on_validate=report)
+        result = train(cfg, run_dir=run_dir, resume=resume, log=lambda line: None, on_validate=report)
         if result.out_of_time and cut_by_deadline:
-            _requeue(trial.study, trial)
+            _requeue(trial.study, trial, str(run_dir))
             raise TrialCut(
                 f"stopped by the tune's max_minutes at step {result.steps} (valid {key} "
                 f"{result.best_valid:.4f} so far); it runs again first when the tune resumes"
@@ -314,12 +321,13 @@ def _bound_by(cfg: Config, deadline: float) -> bool:
     return True
 
 
-def _requeue(study: optuna.Study, trial: optuna.Trial | optuna.trial.FrozenTrial) -> None:
-    """Queue ``trial``'s values (or the base config) to run again as a new trial."""
-    if trial.user_attrs.get("base"):
-        study.enqueue_trial({}, user_attrs={"base": True})
-    else:
-        study.enqueue_trial(trial.params)
+def _requeue(study: optuna.Study, trial: optuna.Trial | optuna.trial.FrozenTrial, run_dir: str | None) -> None:
+    """Queue ``trial``'s values (or the base config) to run again as a new trial, continuing
+    ``run_dir`` (its run directory) from its last checkpoint when it has one."""
+    attrs: dict[str, Any] = {"base": True} if trial.user_attrs.get("base") else {}
+    if run_dir and Path(run_dir).is_dir() and RunDir(run_dir).has_checkpoint():
+        attrs["resume_from"] = run_dir
+    study.enqueue_trial({} if attrs.get("base") else trial.params, user_attrs=attrs or None)
 
 
 def _value(trial: optuna.trial.FrozenTrial) -> float:
@@ -419,7 +427,7 @@ def _prepare(folder: Path, base: Config, space: Space, trials: int, log: Log) ->
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         log(f"trial {trial.number} was interrupted; it runs again as a new trial")
         study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
-        _requeue(study, trial)
+        _requeue(study, trial, trial.user_attrs.get("run_dir"))
     finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
     return max(trials - len(study.get_trials(deepcopy=False, states=finished)), 0)
 

@@ -100,7 +100,9 @@ def random_batches():
 @pytest.fixture(scope="session")
 def service_app(tiny_run):
     """The FastAPI app serving the tiny run (Flat index, serve.n = 10, serve.max_n = 100)."""
-    pytest.importorskip("fastapi", reason="the service needs the serve extra: pip install 'recsys[serve]'")
+    pytest.importorskip(
+        "fastapi", reason="the service needs the serve extra: pip install 'multi-interest-recsys[serve]'"
+    )
     from recsys.config import ServeConfig
     from recsys.serve.app import create_app
     from recsys.serve.recommender import Recommender

@@ -150,8 +150,8 @@ def test_index_is_saved_and_used(fitted):
     run, _ = fitted
     report = run.index("HNSW16,Flat", ef_search=64)
     assert Path(report.index_file).is_file() and report.factory == "HNSW16,Flat" and report.recall > 0.9
-    assert run._recommender.index_name == "HNSW16,Flat"
     assert len(run.recommend(users=list(run.dataset.user_raw[:2]), n=4)) == 8
+    assert run._recommender.index_name == "HNSW16,Flat"  # the index just saved
 
 
 def _torch_interests(run, seq, lengths):
@@ -265,9 +265,9 @@ def test_python_api_example_script_runs(tmp_path):
 
 
 def test_export_without_the_extra_names_it(tiny_run, tmp_path, monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "onnx", None)  # as if `recsys[export]` were not installed
+    monkeypatch.setitem(sys.modules, "onnx", None)  # as if `multi-interest-recsys[export]` were not installed
     assert main(["export", tiny_run, "--out", str(tmp_path / "x")]) == 2
-    assert "pip install 'recsys[export]'" in capsys.readouterr().err
+    assert "pip install 'multi-interest-recsys[export]'" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()  # no empty export folder left behind
 
 

@@ -249,7 +249,7 @@ def test_recommend_checks_output_format_and_extra_before_any_work(tiny_run, tmp_
     assert "r.xlsx must end in .parquet" in _error_line(capsys)
     monkeypatch.setitem(sys.modules, "pyarrow", None)
     assert main(["recommend", tiny_run, "--all", "--out", str(tmp_path / "r.parquet")]) == 2
-    assert "pip install 'recsys[parquet]'" in _error_line(capsys)
+    assert "pip install 'multi-interest-recsys[parquet]'" in _error_line(capsys)
     assert main(["recommend", tiny_run, "--all", "--out", str(tmp_path / "no" / "r.csv")]) == 2
     assert "does not exist" in _error_line(capsys)
 
@@ -268,13 +268,15 @@ def test_non_finite_floats_are_refused_before_the_data_loads(tmp_path, monkeypat
 
 
 def test_memory_estimate_refuses_what_cannot_fit(tmp_path, monkeypatch, capsys):
-    """Was: model.num_interests=100000 was killed by the out-of-memory killer with no message."""
+    """Was: model.num_interests=100000 was killed by the out-of-memory killer with no message (it is
+    refused by its bound now; a huge batch of the most interests allowed stands in for it)."""
     from recsys.train import memory
 
     monkeypatch.setattr(memory, "available_bytes", lambda device: 24 * 1024**3)
-    assert main(["train", *TINY_DATA, "--set", "model.num_interests=100000", "--set", f"output_dir={tmp_path}"]) == 2
+    big = ["--set", "model.num_interests=64", "--set", "train.batch_size=65536"]
+    assert main(["train", *TINY_DATA, *big, "--set", f"output_dir={tmp_path}"]) == 2
     line = _error_line(capsys)
-    assert "model.num_interests=100000" in line and "GiB" in line and "24.0 GiB free" in line
+    assert "train.batch_size=65536" in line and "GiB" in line and "24.0 GiB free" in line
     assert not any(tmp_path.iterdir())  # refused before the run folder exists
 
 
@@ -395,3 +397,29 @@ def test_run_files_share_one_mode(tiny_run):
     mask = os.umask(0)
     os.umask(mask)
     assert set(modes.values()) == {0o666 & ~mask}, modes
+
+
+def test_a_run_without_a_manifest_loads_with_one_line_saying_what_is_not_verified(run_copy, capsys):
+    """Was: with manifest.json deleted, the run loaded unverified and nothing said so."""
+    assert main(["evaluate", str(run_copy)]) == 0
+    assert "warning" not in capsys.readouterr().err
+    (run_copy / "manifest.json").unlink()
+    assert main(["evaluate", str(run_copy)]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warned == [
+        f"recsys: warning: {run_copy} has no manifest.json: its config, weights, dataset and indexes are read "
+        "without SHA-256 verification (a changed or damaged file is not detected)"
+    ]
+
+
+@pytest.mark.parametrize("edit", ["shorter", "same size"])
+def test_an_edited_config_is_reported_as_edited_not_truncated(run_copy, capsys, edit):
+    """Was: "config.json: truncated (... bytes, the manifest says ...)" after a hand edit."""
+    path = run_copy / "config.json"
+    text = path.read_text()
+    key = '"max_steps": 20'
+    path.write_text(text.replace(key, '"max_steps": 9' if edit == "shorter" else '"max_steps": 30'))
+    assert main(["evaluate", str(run_copy)]) == 2
+    line = _error_line(capsys)
+    assert f"{path}: edited after the run wrote it (" in line and "truncated" not in line
+    assert "undo the edit" in line

@@ -1,5 +1,5 @@
 """The package as a user installs it: a wheel built from this checkout, installed into a fresh
-environment outside it, runs ``recsys data list`` (the dataset registry ships as package data)
+environment outside it, runs ``recsys data list`` (the dataset registry, data/, ships as data files)
 and a short ``recsys train`` from a folder that is not the checkout.
 
 Nothing is downloaded: the wheel is built without build isolation, installed with ``--no-index
@@ -25,7 +25,7 @@ from conftest import TINY_RUN_OVERRIDES
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
-BUILD_INPUTS = ("pyproject.toml", "README.md", "recsys")  # what setuptools reads (pyproject's readme, packages)
+BUILD_INPUTS = ("pyproject.toml", "README.md", "recsys", "data")  # what setuptools reads (readme, packages, data-files)
 
 
 def _run(cmd: list[str | Path], cwd: Path) -> str:
@@ -43,7 +43,11 @@ def _build_wheel(work: Path) -> Path:
     source = work / "source"
     for name in BUILD_INPUTS:
         src = ROOT / name
-        if src.is_dir():
+        if name == "data":  # the registry only, not datasets fetched into it
+            (source / name).mkdir(parents=True)
+            for path in [*src.glob("*.toml"), src / "README.md"]:
+                shutil.copy2(path, source / name / path.name)
+        elif src.is_dir():
             shutil.copytree(src, source / name, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             source.mkdir(exist_ok=True)
@@ -63,7 +67,7 @@ def _build_wheel(work: Path) -> Path:
         ],
         cwd=work,
     )
-    (wheel,) = (work / "dist").glob("recsys-*.whl")
+    (wheel,) = (work / "dist").glob("multi_interest_recsys-*.whl")
     return wheel
 
 

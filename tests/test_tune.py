@@ -212,6 +212,19 @@ def test_max_minutes_fails_a_cut_trial_queues_it_again_and_bounds_the_retrain(tm
     assert any("the best config is not retrained" in line and "recsys train --config" in line for line in lines)
     assert not (folder / "best-0000").exists()
 
+    # Resumed: the cut trial continues its run from its last checkpoint (was: from step 0).
+    cut_dir = RunDir(cut.user_attrs["run_dir"])
+    cut_steps = [r["step"] for r in cut_dir.read_metrics() if "loss" in r]
+    monkeypatch.setattr(trainer, "evaluate_with_config", real_evaluate)
+    lines.clear()
+    result = tune(base, folder, trials=2, space=space, log=lines.append)
+    resumed = result.trials[2]
+    assert resumed.state.name in ("COMPLETE", "PRUNED") and resumed.user_attrs["run_dir"] == str(cut_dir.path)
+    assert any(f"trial 2: resuming {cut_dir.path} from its last checkpoint" in line for line in lines)
+    steps = [r["step"] for r in cut_dir.read_metrics() if "loss" in r]
+    assert steps[: len(cut_steps)] == cut_steps and steps == sorted(set(steps))  # continued, never restarted
+    assert steps[-1] > cut_steps[-1]
+
 
 def test_best_toml_names_the_data_file_absolutely(tmp_path, monkeypatch):
     """Was: a relative data.source in best.toml, so `--config best.toml` failed from another folder."""

@@ -43,7 +43,7 @@ __all__ = [
 
 IN_MEMORY = "<dataframe>"  # data.source of a run trained on a click table passed in memory
 
-_CACHE_VERSION = 1  # bump when reading or preparation changes what a cached dataset holds
+_CACHE_VERSION = 2  # bump when reading or preparation changes what a cached dataset holds
 
 
 def load_dataset(cfg: Config, *, clicks: pd.DataFrame | None = None, progress: bool = False) -> Dataset:

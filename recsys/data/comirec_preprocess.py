@@ -1,7 +1,7 @@
 """ComiRec's preprocessing (``THUDM/ComiRec`` ``preprocess/data.py`` and ``category.py``),
 reproduced rule by rule and vectorised, for Amazon Books and Taobao UserBehavior.
 
-The rules, in ComiRec's order (``recsys/data/registry/README.md`` lists them with the differences):
+The rules, in ComiRec's order (``data/README.md`` lists them with the differences):
 
 1. Clicks: Books: every review in ``reviews_Books_5.json`` (``reviewerID``, ``asin``,
    ``unixReviewTime``); Taobao: the ``pv`` rows of ``UserBehavior.csv`` (``user, item,

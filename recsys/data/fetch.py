@@ -9,7 +9,7 @@ Layout under the data root (``recsys.data.registry.data_root()`` or ``--dest``):
 Downloads go through pooch (cache folder, hash check, temporary file removed on a mismatch)
 with :class:`ResumableDownloader` (requests + tqdm): a cut connection leaves ``<file>.part``
 and the next fetch asks the server for the rest with an HTTP ``Range`` request.
-Needs the ``data`` extra (``pip install 'recsys[data]'``).
+Needs the ``data`` extra (``pip install 'multi-interest-recsys[data]'``).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from types import ModuleType
 from recsys.data.convert import convert
 from recsys.data.readers import DataError
 from recsys.data.registry import PREPARED_MARKER, REGISTRY_DIR, DatasetEntry, DatasetFile, data_root, entry
+from recsys.extras import install_hint
 
 
 class FetchError(DataError):
@@ -74,7 +75,7 @@ def _pooch() -> ModuleType:
     try:
         import pooch
     except ImportError:
-        raise FetchError("recsys data fetch needs the data extra: pip install 'recsys[data]'") from None
+        raise FetchError(f"recsys data fetch needs the data extra: {install_hint('data')}") from None
     return pooch
 
 

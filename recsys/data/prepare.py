@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from recsys.config import DataConfig
+from recsys.data.ids import canonical_id, factorize_ids
 from recsys.data.readers import DataError
 from recsys.io import atomic_write, atomic_write_text
 
@@ -85,10 +86,11 @@ class IdMap:
         return self._index
 
     def _strings(self, raw: Iterable[object]) -> Iterable[str]:
-        """``str()`` of each raw id, lazily; a lone string is refused rather than split into characters."""
+        """Each raw id as :func:`~recsys.data.ids.canonical_id` reads it, lazily; a lone string is
+        refused rather than split into characters."""
         if isinstance(raw, (str, bytes)):
             raise TypeError(f"expected a list of raw {self.kind} ids, got a single string")
-        return (str(r) for r in raw)
+        return (canonical_id(r) for r in raw)
 
     def decode(self, ids: np.ndarray) -> np.ndarray:
         """Internal ids ``[...]`` (each in ``first..len - 1``) -> raw ids (str), same shape."""
@@ -160,6 +162,20 @@ class Dataset:
         tied = int((same_user & (self.times[1:] == self.times[:-1])).sum())
         return tied / pairs if pairs else 0.0
 
+    def distinct_pairs(self, block: int = 1 << 24) -> int:
+        """Distinct (user, item) pairs: the filled cells of the user × item matrix, so a repeated
+        click counts once (clicks / cells would exceed 1 for a user who clicks an item twice).
+        Counted over blocks of about ``block`` clicks, whole users each, so memory stays bounded."""
+        total, start = 0, 0
+        while start < self.num_users:
+            stop = max(start + 1, int(np.searchsorted(self.indptr, self.indptr[start] + block, side="right")) - 1)
+            stop = min(stop, self.num_users)
+            lo, hi = int(self.indptr[start]), int(self.indptr[stop])
+            rows = np.repeat(np.arange(stop - start, dtype=np.int64), np.diff(self.indptr[start : stop + 1]))
+            total += len(np.unique(rows * self.num_items + np.asarray(self.items[lo:hi], dtype=np.int64)))
+            start = stop
+        return total
+
     def stats(self) -> dict[str, float | int | bool | str]:
         """Counts for printing: users, items, interactions, lengths, categories, density."""
         lengths = self.lengths
@@ -174,7 +190,7 @@ class Dataset:
             "max_length": int(lengths.max()) if len(lengths) else 0,
             "categories": self.num_categories - 1,
             "items_with_category": int(np.count_nonzero(self.item_category)),
-            "density": len(self.items) / max(1, self.num_users * real_items),
+            "density": self.distinct_pairs() / max(1, self.num_users * real_items),  # at most 1
             "timestamps": self.times is not None,
         }
 
@@ -267,8 +283,8 @@ def prepare(df: pd.DataFrame, cfg: DataConfig) -> Dataset:
     missing = [col for col in ("user", "item", "time") if col not in df]
     if missing:
         raise DataError(f"{source}: lacks columns {missing} (has {list(df.columns)})")
-    user_codes, user_uniques = pd.factorize(df["user"])
-    item_codes, item_uniques = pd.factorize(df["item"])
+    user_codes, user_uniques = factorize_ids(df["user"])  # the id rule: recsys.data.ids
+    item_codes, item_uniques = factorize_ids(df["item"])
     time = df["time"].to_numpy(np.float64)
     for name, codes in (("user", user_codes), ("item", item_codes)):
         if (codes < 0).any():

@@ -70,6 +70,7 @@ import numpy as np
 import pandas as pd
 
 from recsys.config import DATA_FORMATS, DataConfig
+from recsys.extras import install_hint
 
 _DATA_SUFFIXES = {".csv", ".tsv", ".parquet", ".pq", ".txt", ".dat", ""}
 _CATEGORY_NAME = re.compile(r"item_?cate|categor", re.IGNORECASE)
@@ -324,7 +325,7 @@ def _read_parquet(path: Path, cfg: DataConfig) -> pd.DataFrame:
     try:
         import pyarrow.parquet as pq
     except ImportError as err:
-        raise DataError(f"{path}: reading Parquet needs pyarrow (pip install 'recsys[parquet]')") from err
+        raise DataError(f"{path}: reading Parquet needs pyarrow ({install_hint('parquet')})") from err
     try:
         available = pq.read_schema(path).names
         raw = pd.read_parquet(path, columns=[name for name in _roles(cfg).values() if name in available])

@@ -154,12 +154,14 @@ def replace_recorded(tmp: str | Path, path: str | Path, root: str | Path) -> Dig
     return digest
 
 
-def verify(root: str | Path, path: str | Path, advice: str) -> bool:
+def verify(root: str | Path, path: str | Path, advice: str, *, text: bool = False) -> bool:
     """Raise :class:`IntegrityError` when ``path`` is listed in ``root``'s manifest and is
     missing, or its size or SHA-256 differs from every digest the entry accepts; returns whether
     the manifest lists it (False: nothing was checked).
 
-    The message is one line: the file, what is wrong, and ``advice`` (what to do about it).
+    The message is one line: the file, what is wrong, and ``advice`` (what to do about it). A
+    ``text`` file (JSON a person may open) that differs is called edited: writes are atomic, so
+    a shorter text file is one edited by hand, not one cut short.
     """
     root, path = Path(root), Path(path)
     entry = read_manifest(root).get(_key(root, path))
@@ -169,13 +171,16 @@ def verify(root: str | Path, path: str | Path, advice: str) -> bool:
     if not path.is_file():
         raise IntegrityError(f"{path}: missing (the run's manifest lists it); {advice}")
     size = path.stat().st_size
+    edited = "edited after the run wrote it"
     if all(size != e.get("size") for e in accepted):
         what = "truncated" if size < min(int(e.get("size") or 0) for e in accepted) else "changed"
+        what = edited if text else what
         expected = " or ".join(f"{e.get('size')}" for e in accepted)
         raise IntegrityError(f"{path}: {what} ({size} bytes, the manifest says {expected}); {advice}")
     actual = file_digest(path).sha256
     if all(actual != e.get("sha256") for e in accepted):
-        raise IntegrityError(f"{path}: corrupted (its SHA-256 differs from the run's manifest); {advice}")
+        what = f"{edited} (its SHA-256 differs" if text else "corrupted (its SHA-256 differs"
+        raise IntegrityError(f"{path}: {what} from the run's manifest); {advice}")
     return True
 
 

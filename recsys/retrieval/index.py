@@ -7,6 +7,9 @@ index type. :func:`save_index` / :func:`load_index` keep that convention.
 :class:`Retriever` answers ``search(interests [B, K, d], n)`` with one index call for all
 ``B·K`` interest vectors, then merges per user (max score, de-duplicated, optional history
 exclusion, or ComiRec's diversity-controlled greedy pick; see :mod:`recsys.retrieval.aggregate`).
+A list is full whenever the catalogue allows it: the rows an approximate index leaves short
+(HNSW over inner products reaches only part of its graph) are searched again exactly over the
+embeddings (:meth:`Retriever.candidates`).
 
 Backends:
 
@@ -46,6 +49,7 @@ __all__ = [
     "embedding_hash",
     "load_index",
     "save_index",
+    "search_params",
     "set_search_params",
 ]
 
@@ -102,6 +106,20 @@ def set_search_params(index: Any, settings: RetrievalConfig) -> None:
     inner = faiss.downcast_index(index)
     if hasattr(inner, "hnsw"):
         inner.hnsw.efSearch = settings.ef_search
+
+
+def search_params(index: Any) -> str:
+    """The search settings ``index`` has, as ``"nprobe=16"`` (IVF), ``"ef_search=64"`` (HNSW) or
+    ``""`` (neither, e.g. ``Flat``): what a message about the index should show."""
+    faiss = _faiss()
+    shown = []
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:
+        shown.append(f"nprobe={ivf.nprobe}")
+    inner = faiss.downcast_index(index)
+    if hasattr(inner, "hnsw"):
+        shown.append(f"ef_search={inner.hnsw.efSearch}")
+    return ", ".join(shown)
 
 
 def build_index(item_emb: np.ndarray | torch.Tensor, settings: RetrievalConfig, *, progress: bool = False) -> Any:
@@ -198,8 +216,8 @@ def load_index(path: str | Path) -> Any:
     return _faiss().read_index(str(path))
 
 
-def _exclude_keys(exclude: Exclude, bsz: int, stride: int) -> tuple[np.ndarray, int]:
-    """Flatten ``exclude`` into sorted keys ``row * stride + item`` and the largest row count."""
+def _exclude_keys(exclude: Exclude, bsz: int, stride: int) -> np.ndarray:
+    """Flatten ``exclude`` into sorted unique keys ``row * stride + item``."""
     if isinstance(exclude, tuple | SparseRows):
         indptr, items = exclude if isinstance(exclude, tuple) else (exclude.indptr, exclude.indices)
         indptr = np.asarray(indptr, dtype=np.int64)
@@ -219,8 +237,7 @@ def _exclude_keys(exclude: Exclude, bsz: int, stride: int) -> tuple[np.ndarray, 
     rows, items = rows[valid], items[valid]
     if len(items) and items.max() >= stride:
         raise ValueError(f"exclude: item id {items.max()} is outside the catalogue of {stride} ids")
-    max_count = int(np.bincount(rows, minlength=bsz).max()) if len(rows) else 0
-    return np.unique(rows * stride + items), max_count
+    return np.unique(rows * stride + items)
 
 
 class Retriever:
@@ -252,15 +269,9 @@ class Retriever:
         self.num_items, self.dim = int(item_emb.shape[0]), int(item_emb.shape[1])
         self.item_category = _check_categories(item_category, self.num_items)
         self.index: Any = None
-        self._emb: torch.Tensor | None = None
         if backend == "faiss":
             self.index = build_index(item_emb, settings)
-        else:
-            emb = item_emb if isinstance(item_emb, torch.Tensor) else torch.from_numpy(np.asarray(item_emb))
-            emb = emb.detach().float()
-            if not torch.isfinite(emb).all():
-                raise ValueError("item_emb: contains NaN or infinite values")
-            self._emb = emb.contiguous()
+        self._emb: torch.Tensor | None = _exact_table(item_emb)
 
     @staticmethod
     def resolve_backend(settings: RetrievalConfig, item_emb: np.ndarray | torch.Tensor) -> str:
@@ -284,16 +295,24 @@ class Retriever:
         settings: RetrievalConfig | None = None,
         *,
         item_category: np.ndarray | None = None,
+        item_emb: np.ndarray | torch.Tensor | None = None,
     ) -> Retriever:
-        """Wrap a FAISS index from :func:`build_index` / :func:`load_index` (no embeddings
-        needed), searched with ``settings``' ``nprobe`` / ``ef_search`` (default: the index's
-        own); ``settings.factory`` should be the string the index was built from (kept for display)."""
+        """Wrap a FAISS index from :func:`build_index` / :func:`load_index`, searched with
+        ``settings``' ``nprobe`` / ``ef_search`` (default: the index's own); ``settings.factory``
+        should be the string the index was built from (kept for display). ``item_emb [N, d]``,
+        the embeddings the index was built over, lets :meth:`candidates` fill the rows an
+        approximate index leaves short by exact search; without it such rows stay short."""
         self = cls.__new__(cls)
         if settings is not None:
             set_search_params(index, settings)
         factory = settings.factory if settings is not None else ""
-        self.backend, self.factory, self.index, self._emb = "faiss", factory, index, None
+        self.backend, self.factory, self.index = "faiss", factory, index
         self.num_items, self.dim = int(index.ntotal) + 1, int(index.d)
+        if item_emb is not None and tuple(item_emb.shape) != (self.num_items, self.dim):
+            raise ValueError(
+                f"item_emb: expected [{self.num_items}, {self.dim}] like the index, got {tuple(item_emb.shape)}"
+            )
+        self._emb = None if item_emb is None else _exact_table(item_emb)
         self.item_category = _check_categories(item_category, self.num_items)
         return self
 
@@ -309,6 +328,10 @@ class Retriever:
             qn = _as_float32_numpy(queries, "interests")
             scores, labels = self.index.search(qn, k)
             return np.where(labels >= 0, labels + 1, 0), scores
+        return self._exact_knn(queries, k)
+
+    def _exact_knn(self, queries: torch.Tensor | np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`_knn` by a chunked ``matmul`` + ``topk`` over the embeddings (exact)."""
         emb = self._emb
         assert emb is not None
         q = queries if isinstance(queries, torch.Tensor) else torch.from_numpy(np.asarray(queries))
@@ -329,7 +352,7 @@ class Retriever:
     def on_device(self) -> bool:
         """True when :meth:`top_items` can answer (the torch backend: exact search where the
         embeddings live)."""
-        return self._emb is not None
+        return self.index is None and self._emb is not None
 
     def top_items(
         self, interests: torch.Tensor, n: int, exclude: torch.Tensor | None = None
@@ -346,7 +369,7 @@ class Retriever:
         for NaN (that needs the host); check them when the results are read.
         """
         emb = self._emb
-        if emb is None:
+        if emb is None or not self.on_device:
             raise ValueError(f"top_items: the {self.backend} backend searches on the host; use search()")
         if interests.ndim != 3 or interests.shape[2] != self.dim:
             raise ValueError(f"interests: expected [B, K, d={self.dim}], got {tuple(interests.shape)}")
@@ -377,37 +400,65 @@ class Retriever:
         return top_ids, top_scores, top_k
 
     def candidates(
-        self, interests: torch.Tensor | np.ndarray, n: int, exclude: Exclude = None
+        self, interests: torch.Tensor | np.ndarray, n: int | np.ndarray, exclude: Exclude = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Raw per-interest hits, deep enough that merging still yields ``n`` items.
+        """Raw per-interest hits, deep enough that merging yields ``n`` items wherever the
+        catalogue holds them.
 
-        ``interests [B, K, d]`` -> ``(ids, scores, interest_of)``, each ``[B, K·k]`` with
-        ``k = min(n + max excluded per user, num_items - 1)``; excluded items and missing
-        hits have id ``-1`` and score ``-inf``. Each interest's own top ``n + E`` contains
-        every item whose best interest it is among the user's true top ``n`` (``E`` = that
-        user's excluded count), so max-merging these is exact for exact indexes.
+        ``interests [B, K, d]`` and ``n`` (a scalar or ``[B]``) -> ``(ids, scores,
+        interest_of)``, each ``[B, K·k]`` with ``k = min(max(n + E), num_items - 1)``; row ``b``
+        keeps each interest's top ``n[b] + E[b]`` (``E`` = that row's distinct excluded items)
+        and marks excluded items, missing hits and deeper slots with id ``-1`` and score
+        ``-inf``. Each interest's own top ``n + E`` contains every item whose best interest it
+        is among the user's true top ``n``, so max-merging these is exact for exact indexes.
+
+        An approximate index (HNSW, IVF, PQ) may return fewer distinct items than that, e.g.
+        HNSW over inner products reaches only part of its graph. Rows holding fewer than
+        ``min(n, eligible items)`` distinct items are searched again exactly over the
+        embeddings (when the retriever has them), so no list is short while the catalogue
+        allows a full one.
         """
         if interests.ndim != 3 or interests.shape[2] != self.dim:
             raise ValueError(f"interests: expected [B, K, d={self.dim}], got {tuple(interests.shape)}")
-        if n <= 0:
-            raise ValueError(f"n: must be > 0, got {n}")
         bsz, num_k, _ = interests.shape
-        keys, max_excluded = (
-            (np.empty(0, np.int64), 0) if exclude is None else _exclude_keys(exclude, bsz, self.num_items)
-        )
-        k = min(n + max_excluded, self.num_items - 1)
-        ids, scores = self._knn(interests.reshape(bsz * num_k, self.dim), k)
+        rows_n = np.broadcast_to(np.asarray(n, dtype=np.int64), (bsz,))
+        if bsz and rows_n.min() <= 0:
+            raise ValueError(f"n: must be > 0, got {int(rows_n.min())}")
+        keys = np.empty(0, np.int64) if exclude is None else _exclude_keys(exclude, bsz, self.num_items)
+        excluded = np.bincount(keys // self.num_items, minlength=bsz)  # [B] distinct excluded items
+        depth = rows_n + excluded  # [B] each row's own search depth
+        k = int(min(depth.max(initial=1), self.num_items - 1))
+        hits = self._knn(interests.reshape(bsz * num_k, self.dim), k)
+        ids, scores, interest_of = self._mark(*hits, num_k, keys, depth)
+        short = np.flatnonzero(_distinct_valid(ids) < np.minimum(rows_n, self.num_items - 1 - excluded))
+        if len(short) and self.index is not None and self._emb is not None:
+            queries = interests[short] if isinstance(interests, np.ndarray) else interests[torch.from_numpy(short)]
+            sub_keys = keys[np.isin(keys // self.num_items, short)]
+            sub_keys = np.searchsorted(short, sub_keys // self.num_items) * self.num_items + sub_keys % self.num_items
+            exact = self._exact_knn(queries.reshape(len(short) * num_k, self.dim), k)
+            ids[short], scores[short], interest_of[short] = self._mark(*exact, num_k, sub_keys, depth[short])
+        return ids, scores, interest_of
+
+    def _mark(
+        self, ids: np.ndarray, scores: np.ndarray, num_k: int, keys: np.ndarray, depth: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per-interest hits ``[B·K, k]`` -> ``[B, K·k]`` ids, scores and interests, with
+        missing hits, excluded items (``keys``: sorted ``row * num_items + item``) and slots
+        deeper than the row's ``depth`` as ``-1 / -inf / -1``."""
+        bsz, k = len(depth), ids.shape[1]
         ids = ids.reshape(bsz, num_k * k)  # row b: interest 0's k hits, then interest 1's, ...
         scores = scores.reshape(bsz, num_k * k)
-        interest_of = np.broadcast_to(np.repeat(np.arange(num_k, dtype=np.int64), k), ids.shape).copy()
-        invalid = ids <= 0
+        interest_of = np.broadcast_to(np.repeat(np.arange(num_k, dtype=np.int64), k), ids.shape)
+        rank = np.tile(np.arange(k), num_k)  # [K * k] rank within its interest
+        invalid = (ids <= 0) | (rank[None, :] >= depth[:, None])
         if len(keys):
             row_keys = np.arange(bsz, dtype=np.int64)[:, None] * self.num_items + ids
             invalid |= np.isin(row_keys, keys)
-        ids = np.where(invalid, -1, ids)
-        scores = np.where(invalid, np.float32(-np.inf), scores.astype(np.float32))
-        interest_of = np.where(invalid, -1, interest_of)
-        return ids, scores, interest_of
+        return (
+            np.where(invalid, -1, ids),
+            np.where(invalid, np.float32(-np.inf), scores.astype(np.float32)),
+            np.where(invalid, -1, interest_of),
+        )
 
     def search(
         self,
@@ -434,6 +485,23 @@ class Retriever:
         if diversity_lambda < 0:
             raise ValueError(f"diversity_lambda: must be >= 0, got {diversity_lambda}")
         return max_merge(ids, scores, interest_of, n)
+
+
+def _exact_table(item_emb: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """``item_emb`` as a float32 torch tensor on its own device (numpy: the CPU), checked finite."""
+    emb = item_emb if isinstance(item_emb, torch.Tensor) else torch.from_numpy(np.asarray(item_emb))
+    emb = emb.detach().float()
+    if not torch.isfinite(emb).all():
+        raise ValueError("item_emb: contains NaN or infinite values")
+    return emb.contiguous()
+
+
+def _distinct_valid(ids: np.ndarray) -> np.ndarray:
+    """``[B]`` distinct ids ``> 0`` in each row of ``ids [B, M]``."""
+    ordered = np.sort(ids, axis=1)
+    first = ordered > 0
+    first[:, 1:] &= ordered[:, 1:] != ordered[:, :-1]
+    return first.sum(axis=1)
 
 
 def _check_categories(item_category: np.ndarray | None, num_items: int) -> np.ndarray | None:

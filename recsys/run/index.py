@@ -42,6 +42,7 @@ from recsys.retrieval.index import (
     embedding_hash,
     load_index,
     save_index,
+    search_params,
 )
 from recsys.run.experiment import LoadedRun
 
@@ -55,14 +56,17 @@ class IndexReport:
     """What :func:`build_run_index` built and measured (also saved as ``<slug>.json``).
 
     ``recall`` is the mean over ``users`` test users of ``|ANN top-n ∩ exact top-n| / |exact
-    top-n|`` after max-merging the ``K`` interests; ``*_users_per_s`` time those searches
-    (one index call per batch of users, ``K`` queries per user).
+    top-n|`` after max-merging the ``K`` interests, and ``short_lists`` the share of them whose
+    ANN list held fewer items than the exact one, both of the index's own answers (served lists
+    are filled by exact search, :meth:`Retriever.candidates`); ``*_users_per_s`` time those
+    searches (one index call per batch of users, ``K`` queries per user).
     """
 
     factory: str  # as built (IVF lists possibly clamped)
     requested_factory: str
     nprobe: int
     ef_search: int
+    search_params: str  # the search settings this kind of index has, e.g. "ef_search=64" ("" for Flat)
     ef_construction: int
     num_items: int  # catalogue size, padding excluded
     dim: int
@@ -71,6 +75,7 @@ class IndexReport:
     n: int
     users: int
     recall: float
+    short_lists: float  # share of users whose ANN list held fewer than n items (filled by exact search when served)
     exact_users_per_s: float
     ann_users_per_s: float
     index_file: str
@@ -170,7 +175,7 @@ def build_run_index(
     interests = run.interests(test.inputs, test.lengths, batch_size)
     batches = [interests[i : i + batch_size] for i in range(0, len(interests), batch_size)]
     exact = Retriever(emb, RetrievalConfig(factory="Flat", backend="faiss"))
-    ann = Retriever.from_index(index)
+    ann = Retriever.from_index(index)  # no embeddings: the index's own answers, short lists unfilled
     exact_ids, exact_s = _timed_search(exact, batches, n)
     ann_ids, ann_s = _timed_search(ann, batches, n)
     users = len(exact_ids)
@@ -179,6 +184,7 @@ def build_run_index(
         requested_factory=settings.factory,
         nprobe=settings.nprobe,
         ef_search=settings.ef_search,
+        search_params=search_params(index),
         ef_construction=settings.ef_construction,
         num_items=len(emb) - 1,
         dim=int(emb.shape[1]),
@@ -187,6 +193,7 @@ def build_run_index(
         n=n,
         users=users,
         recall=float(np.nanmean(ann_recall(ann_ids, exact_ids))) if users else float("nan"),
+        short_lists=float(np.mean((ann_ids > 0).sum(axis=1) < (exact_ids > 0).sum(axis=1))) if users else 0.0,
         exact_users_per_s=users / max(exact_s, 1e-9),
         ann_users_per_s=users / max(ann_s, 1e-9),
         index_file=str(index_file),
@@ -261,14 +268,18 @@ def open_run_index(
         meta, load = _load_saved(run, factory, index_file, meta_file)
         if meta.get("embedding_sha1") == embedding_hash(emb):
             as_saved = dataclasses.replace(settings, factory=meta["factory"])
-            retriever = Retriever.from_index(load(), as_saved, item_category=categories)
-            return retriever, (
-                f"{meta['factory']} loaded from {index_file} (nprobe={settings.nprobe}, ef_search={settings.ef_search})"
-            )
+            index = load()
+            retriever = Retriever.from_index(index, as_saved, item_category=categories, item_emb=emb)
+            return retriever, f"{meta['factory']} loaded from {index_file}{_shown_params(index, '')}"
         log(f"warning: {index_file} was built from other weights; building {factory!r} in memory instead")
     index, built, build_s = _build(emb, settings, log, progress)
-    retriever = Retriever.from_index(index, built, item_category=categories)
+    retriever = Retriever.from_index(index, built, item_category=categories, item_emb=emb)
     return retriever, (
-        f"{built.factory} built in memory in {build_s:.1f}s "
-        f"(nprobe={settings.nprobe}, ef_search={settings.ef_search}; save it with `recsys index`)"
+        f"{built.factory} built in memory in {build_s:.1f}s{_shown_params(index, 'save it with `recsys index`')}"
     )
+
+
+def _shown_params(index: Any, advice: str) -> str:
+    """`` (ef_search=64; advice)``: the search settings ``index`` has, and ``advice``, when any."""
+    shown = "; ".join(part for part in (search_params(index), advice) if part)
+    return f" ({shown})" if shown else ""

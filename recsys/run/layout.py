@@ -13,6 +13,7 @@ A run directory is self-contained::
       index/<slug>.faiss  saved ANN indexes (`recsys index`), with <slug>.json describing each
       export/<format>/    the exported network, item table and id maps (`recsys export`)
       manifest.json       SHA-256 and size of every file above except tensorboard/ and export/ (recsys.io.manifest)
+      .lock               held (``flock``) by the process training the run: a run whose lock is held is live
 
 Only this package knows these names. Every file is written atomically
 (:mod:`recsys.io.files`), recorded in the manifest as it is put in place and verified against
@@ -21,19 +22,30 @@ it before it is read, so a flipped byte or a truncated file is a one-line
 with ``torch.load(weights_only=True)``.
 Opening a run (:class:`RunDir`) never creates anything: a mistyped path fails naming it;
 :meth:`RunDir.create` and :func:`new_run_dir` make new ones.
+
+Claiming a run directory is atomic, so two processes never train into one folder. A new run's
+folder is made under a temporary name with its ``.lock`` already held, then renamed into place
+(the rename fails when the name is taken); an existing folder is claimed by taking its lock
+without waiting. The lock is an OS file lock (``flock``): it is released when the process ends,
+however it ends, so a folder whose lock is free has no live run, and one whose lock is held is
+never replaced or resumed by another process (:class:`RunInUse`, naming the holder's pid).
 """
 
 from __future__ import annotations
 
+import atexit
+import fcntl
 import json
 import math
+import os
 import re
 import shutil
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -48,7 +60,7 @@ from recsys.run.saved_config import run_config_from_dict
 if TYPE_CHECKING:
     from recsys.data.prepare import Dataset
 
-__all__ = ["RunDir", "index_slug", "new_run_dir"]
+__all__ = ["RunDir", "RunInUse", "index_slug", "new_run_dir"]
 
 CONFIG = "config.json"
 DATASET = "dataset"
@@ -60,6 +72,7 @@ INDEX = "index"
 EXPORT = "export"
 TENSORBOARD = "tensorboard"
 MANIFEST = manifest.MANIFEST
+LOCK = ".lock"
 
 # what to do when a run file fails verification (the end of the one-line error)
 ADVICE = {
@@ -67,6 +80,8 @@ ADVICE = {
     "or re-train the run",
     BEST: f"if {CHECKPOINT} is intact, delete {BEST} and `recsys train --resume RUN` restores it from the latest "
     "checkpoint; otherwise re-train the run",
+    CONFIG: "a run's config cannot change after it trained: undo the edit (its budget changes with "
+    "`recsys train --resume RUN --set train.max_steps=...`), or re-train the run",
 }
 REWRITE_ADVICE = "re-train the run (recsys train)"
 
@@ -85,6 +100,71 @@ def index_slug(factory: str) -> str:
     if not slug:
         raise ValueError(f"retrieval.factory: {factory!r} is empty")
     return slug
+
+
+class RunInUse(FileExistsError):
+    """The run directory is held by another live process (its ``.lock`` is taken)."""
+
+
+_HELD: dict[Path, IO[str]] = {}  # run folder (resolved) -> its lock file, held by this process
+
+
+@atexit.register
+def _release_all() -> None:
+    """Close the locks still held when the process ends (the OS would release them anyway)."""
+    while _HELD:
+        _HELD.popitem()[1].close()
+
+
+def _take_lock(folder: Path) -> IO[str] | str:
+    """Hold ``folder``'s lock for this process (re-entrant: a lock it holds already is kept), or
+    the holder's pid (text) when another process holds it. Never waits."""
+    key = folder.resolve()
+    if key in _HELD:
+        return _HELD[key]
+    handle = open(folder / LOCK, "a+")  # noqa: SIM115 - held open for the run's lifetime
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown"
+        handle.close()
+        return holder
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    _HELD[key] = handle
+    return handle
+
+
+def _in_use(folder: Path, holder: str, what: str) -> RunInUse:
+    return RunInUse(f"run directory {folder} is in use by a live run (pid {holder}); {what}")
+
+
+def _release(folder: str | Path) -> None:
+    """Let go of ``folder``'s lock if this process holds it (the run is finished or abandoned)."""
+    handle = _HELD.pop(Path(folder).resolve(), None)
+    if handle is not None:
+        handle.close()
+
+
+def _claim_new(path: Path) -> bool:
+    """Make run folder ``path`` with its lock held, atomically: built under a temporary name,
+    then renamed into place. False when ``path`` already exists (nothing is left behind)."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    handle = _take_lock(tmp)
+    assert not isinstance(handle, str)  # a folder made just now
+    try:
+        os.rename(tmp, path)  # fails on an existing non-empty folder (ours always hold their lock)
+    except OSError:
+        _release(tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
+        if path.exists():
+            return False
+        raise
+    _HELD[path.resolve()] = _HELD.pop(tmp.resolve())
+    return True
 
 
 class RunDir:
@@ -107,6 +187,17 @@ class RunDir:
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
 
+    def claim(self) -> None:
+        """Hold the run's lock while this process trains it; :class:`RunInUse` (naming the pid)
+        when another live process holds it. Released by :meth:`release` or when the process ends."""
+        held = _take_lock(self.path)
+        if isinstance(held, str):
+            raise _in_use(self.path, held, "wait for it to finish, or stop it first")
+
+    def release(self) -> None:
+        """Let go of the run's lock if this process holds it (training ended)."""
+        _release(self.path)
+
     def file(self, name: str | Path) -> Path:
         """Path of ``name`` inside the run directory."""
         return self.path / name
@@ -117,6 +208,7 @@ class RunDir:
             raise FileNotFoundError(f"{self.path} is not a run directory (no {CONFIG})")
         if not self.has_best():
             raise FileNotFoundError(f"{self.path} has no trained weights ({BEST}) yet")
+        self.warn_if_unverified()
 
     # integrity ------------------------------------------------------------------------------
     def _replace(self, tmp: Path, path: Path) -> None:
@@ -128,12 +220,27 @@ class RunDir:
         want a file name, e.g. a FAISS index), recorded in the manifest."""
         atomic_save(self.file(name), save, replace=self._replace)
 
-    def verify(self, name: str | Path, advice: str | None = None) -> bool:
+    def verify(self, name: str | Path, advice: str | None = None, *, text: bool = False) -> bool:
         """Check file ``name`` against the run's manifest; raises
         :class:`~recsys.io.manifest.IntegrityError` ending with ``advice`` (what to do; by
-        default the advice for that file) when it does not match. Returns whether the manifest
-        lists the file (False: nothing was checked)."""
-        return manifest.verify(self.path, self.file(name), advice or ADVICE.get(str(name), REWRITE_ADVICE))
+        default the advice for that file) when it does not match (a ``text`` file is reported
+        as edited). Returns whether the manifest lists the file (False: nothing was checked)."""
+        advice = advice or ADVICE.get(str(name), REWRITE_ADVICE)
+        return manifest.verify(self.path, self.file(name), advice, text=text)
+
+    def warn_if_unverified(self) -> None:
+        """Warn (one line) when the run has no manifest: it loads, but nothing is verified.
+
+        A run without ``manifest.json`` (written before manifests existed, copied without it, or
+        the file deleted) is read rather than refused: refusing would strand every such run, and
+        its checkpoints still get their format's own checks. The warning says what is not
+        checked, so an answer from it is never taken as verified."""
+        if not self.file(MANIFEST).is_file():
+            warnings.warn(
+                f"{self.path} has no {MANIFEST}: its config, weights, dataset and indexes are read without "
+                "SHA-256 verification (a changed or damaged file is not detected)",
+                stacklevel=2,
+            )
 
     def verify_tree(self, name: str) -> None:
         """:meth:`verify` every file the manifest lists under folder ``name`` (e.g. the dataset)."""
@@ -208,6 +315,7 @@ class RunDir:
                 f"--resume: {self.path} has no checkpoint ({CHECKPOINT}): it failed or was stopped before its "
                 "first validation; start a new run instead (with the same name, it replaces this folder)"
             )
+        self.warn_if_unverified()
         if not self.has_best():
             self._restore_best()
 
@@ -352,7 +460,7 @@ class RunDir:
         :meth:`verify`)."""
         path = self.file(name)
         if path.exists():
-            self.verify(name, advice)
+            self.verify(name, advice, text=True)
         try:
             return json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
@@ -400,7 +508,7 @@ def _parse_metrics(path: Path) -> list[dict[str, Any]]:
 
 
 # what a run directory holds before its first checkpoint (and the atomic writes' temporary files)
-_BEFORE_CHECKPOINT = {CONFIG, DATASET, METRICS, MANIFEST, TENSORBOARD}
+_BEFORE_CHECKPOINT = {CONFIG, DATASET, METRICS, MANIFEST, TENSORBOARD, LOCK}
 
 
 def _unfinished_start(path: Path) -> bool:
@@ -423,36 +531,43 @@ def new_run_dir(
     dataset: str = "",
     exist_ok: bool = False,
 ) -> Path:
-    """Create the directory for a new run under ``output_dir`` and return its path.
+    """Create and claim the directory for a new run under ``output_dir`` and return its path
+    (this process holds its lock from then on; see the module docstring).
 
     With no ``name`` it is ``<model>-<dataset>-<YYYYmmdd-HHMMSS>`` (``-2``, ``-3``, ... appended
-    if taken; characters outside ``[A-Za-z0-9._-]`` become ``_``). A given ``name`` that already
-    exists is an error unless ``exist_ok`` (to resume, open ``RunDir(path)`` instead), or unless
-    it holds only the start of a run killed before its first checkpoint, which has nothing to
-    resume and is replaced (with a warning).
+    if taken, also when another process takes it at the same moment; characters outside
+    ``[A-Za-z0-9._-]`` become ``_``). A given ``name`` that is held by a live run is
+    :class:`RunInUse`; one that exists is an error unless ``exist_ok`` (to resume, open
+    ``RunDir(path)`` instead), or unless it holds only the start of a run killed before its
+    first checkpoint, which has nothing to resume and is replaced (with a warning).
     """
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     if name:
         path = output_dir / name
-        if path.exists() and not exist_ok:
-            if not _unfinished_start(path):
-                raise FileExistsError(f"run directory {path} exists; pick another name or resume it")
-            if any(path.iterdir()):
-                warnings.warn(
-                    f"{path}: replaced: the run there stopped before its first checkpoint, so it had nothing to resume",
-                    stacklevel=2,
-                )
-            shutil.rmtree(path)
-        path.mkdir(exist_ok=True)
+        if _claim_new(path):
+            return path
+        held = _take_lock(path)
+        if isinstance(held, str):
+            raise _in_use(path, held, "pick another name")
+        if exist_ok:
+            return path
+        if not _unfinished_start(path):
+            _release(path)
+            raise FileExistsError(f"run directory {path} exists; pick another name or resume it")
+        leftovers = [p for p in path.iterdir() if p.name != LOCK]
+        if leftovers:
+            warnings.warn(
+                f"{path}: replaced: the run there stopped before its first checkpoint, so it had nothing to resume",
+                stacklevel=2,
+            )
+        for p in leftovers:
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
         return path
     parts = [_slug(part) for part in (model, dataset) if _slug(part)]
     base = "-".join(parts + [time.strftime("%Y%m%d-%H%M%S")])
     for i in range(1, 1000):
         path = output_dir / (base if i == 1 else f"{base}-{i}")
-        try:
-            path.mkdir()
-        except FileExistsError:
-            continue
-        return path
+        if _claim_new(path):
+            return path
     raise FileExistsError(f"{output_dir}: could not find a free run name starting with {base}")

@@ -3,7 +3,7 @@ service (``recsys serve``).
 
 The core (:mod:`recsys.serve.recommender`, :mod:`recsys.serve.batch`,
 :mod:`recsys.serve.microbatch`) needs no extra; :mod:`recsys.serve.app` needs FastAPI and
-uvicorn (``pip install 'recsys[serve]'``) and is imported only when serving.
+uvicorn (``pip install 'multi-interest-recsys[serve]'``) and is imported only when serving.
 """
 
 from recsys.serve.recommender import Recommendations, Recommender

@@ -5,7 +5,8 @@ Endpoints::
     POST /recommend  {"items": [raw ids, oldest first]} or {"user": raw id},
                      optional "n", "exclude_seen", "diversity_lambda", "fallback_popular"
                      -> {"items": [{"item": raw id, "score": float, "interest": int}, ...],
-                         "unknown_items": [...], "n": int, "source": "model" | "popular",
+                         "unknown_items": [...], "n": items held, "requested_n": int,
+                         "source": "model" | "popular",
                          "user": raw id | null, "input_length": int}
     GET  /health     -> {"status": "ok"}
     GET  /info       -> model, dataset, catalogue size, index, K, d, max_len, limits
@@ -47,6 +48,8 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 
+from recsys.extras import install_hint
+
 try:
     import uvicorn
     from fastapi import Body, FastAPI, Request
@@ -54,7 +57,7 @@ try:
     from fastapi.responses import Response
     from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag
 except ImportError as err:  # pragma: no cover - exercised only without the extra
-    raise ImportError("FastAPI and uvicorn are not installed: pip install 'recsys[serve]'") from err
+    raise ImportError(f"FastAPI and uvicorn are not installed: {install_hint('serve')}") from err
 
 from recsys.config import MAX_DIVERSITY_LAMBDA, ServeConfig
 from recsys.serve.microbatch import MicroBatcher
@@ -210,7 +213,8 @@ class RecommendedItem(BaseModel):
 class RecommendResponse(BaseModel):
     items: list[RecommendedItem] = Field(description="best first")
     unknown_items: list[str] = Field(description="given item ids the run does not know (skipped)")
-    n: int
+    n: int = Field(description="items in the list: requested_n, fewer only when the catalogue has fewer to return")
+    requested_n: int = Field(description="the n asked for (or serve.n)")
     source: Literal["model", "popular"]
     user: str | None
     input_length: int = Field(description="clicks fed to the model (0 for a popularity fallback)")
@@ -346,7 +350,8 @@ class _Service:
             {
                 "items": items,
                 "unknown_items": unknown,
-                "n": n,
+                "n": len(items),
+                "requested_n": n,
                 "source": source,
                 "user": user,
                 "input_length": length,

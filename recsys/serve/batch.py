@@ -20,6 +20,8 @@ import numpy as np
 import pandas as pd
 
 from recsys.data.batches import gather_rows, pad_sequences
+from recsys.data.ids import canonical_id
+from recsys.extras import install_hint
 from recsys.progress import progress_bar
 from recsys.serve.recommender import CSR, Recommendations, Recommender
 
@@ -57,7 +59,7 @@ def resolve_users(
     """
     if raw is None:
         return np.arange(rec.dataset.num_users, dtype=np.int64), []
-    raw = list(dict.fromkeys(str(u) for u in raw))
+    raw = list(dict.fromkeys(canonical_id(u) for u in raw))  # one id, one answer (recsys.data.ids)
     if strict:
         return rec.dataset.user_map.require(raw, what), []
     return rec.dataset.user_map.encode(raw)
@@ -123,7 +125,7 @@ def output_format(path: str | Path) -> str:
         try:
             import pyarrow  # noqa: F401
         except ImportError:
-            raise ImportError("--out: writing Parquet needs pyarrow: pip install 'recsys[parquet]'") from None
+            raise ImportError(f"--out: writing Parquet needs pyarrow: {install_hint('parquet')}") from None
         return "parquet"
     if name.endswith((".csv", ".csv.gz")):
         return "csv"

@@ -12,7 +12,7 @@ An export folder holds everything a server needs besides recsys::
                                     outputs, and how interests are scored against items
 
 The network is traced through the PyTorch twins (``model.backend = "torch"``), so it needs
-neither Triton nor a GPU. ONNX uses opset 17 and needs ``pip install 'recsys[export]'``;
+neither Triton nor a GPU. ONNX uses opset 17 and needs ``pip install 'multi-interest-recsys[export]'``;
 TorchScript (``torch.jit.load``) needs only torch.
 """
 
@@ -28,6 +28,7 @@ import pandas as pd
 import torch
 from torch import Tensor, nn
 
+from recsys.extras import install_hint
 from recsys.io import atomic_save, atomic_write, atomic_write_text
 from recsys.models import InterestModel
 from recsys.run import LoadedRun, build_experiment
@@ -99,7 +100,7 @@ def export_run(run: LoadedRun, out: str | Path, fmt: str = "onnx") -> Path:
         try:
             import onnx  # noqa: F401  (the exporter needs it)
         except ImportError:  # before the folder is made: a failed export leaves nothing behind
-            raise ImportError("export --format onnx needs onnx: pip install 'recsys[export]'") from None
+            raise ImportError(f"export --format onnx needs onnx: {install_hint('export')}") from None
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     net = _torch_twin(run)

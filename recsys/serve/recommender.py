@@ -8,7 +8,9 @@ its own ``n`` and diversity ``λ``, and gives every row exactly the answer it wo
 each interest contributes its top ``n + E`` hits (``E`` = that row's excluded items), as
 :meth:`Retriever.search` does for one user, whatever else is in the batch. (For exact
 indexes this holds up to float ties; for HNSW it holds while ``ef_search >= n + E``, since
-FAISS widens the beam to ``k`` otherwise.)
+FAISS widens the beam to ``k`` otherwise.) A row holds ``n`` items whenever the catalogue has
+that many it may return: rows an approximate index leaves short are searched exactly
+(:meth:`Retriever.candidates`).
 """
 
 from __future__ import annotations
@@ -238,7 +240,7 @@ class Recommender:
 
         Args:
             inputs: ``[B, L]`` int64 internal ids, right-padded with 0; lengths ``[B]`` >= 1.
-            n: items per row, a scalar or ``[B]``.
+            n: items per row, a scalar or ``[B]``; capped at the catalogue size.
             exclude: items never to return, CSR ``(indptr [B + 1], items)`` (e.g. history).
             diversity_lambda: ComiRec's diversity λ, a scalar or ``[B]`` (0 = max-score merge).
             on_device: with exact search where the embeddings live (the torch backend) and
@@ -256,10 +258,8 @@ class Recommender:
             raise ValueError("inputs: no sequences")
         if lengths.min() < 1:
             raise ValueError("lengths: every sequence needs at least one known item")
-        n = _per_row(n, bsz, np.int64, "n")
+        n = self._capped(_per_row(n, bsz, np.int64, "n"))
         lam = _per_row(diversity_lambda, bsz, np.float64, "diversity_lambda")
-        if n.min() < 1:
-            raise ValueError(f"n: must be >= 1, got {int(n.min())}")
         for value in np.unique(lam):
             check_lambda(float(value))
         if exclude is not None:
@@ -279,13 +279,7 @@ class Recommender:
                     top[0].masked_fill(past, -1), top[1].masked_fill(past, -torch.inf), top[2].masked_fill(past, -1)
                 )
                 return recs if on_device else Recommendations.concat([recs])
-        ids, scores, interest_of = self.retriever.candidates(interests, n_max, exclude)
-        num_k = interests.shape[1]
-        depth = n if exclude is None else n + np.diff(exclude[0])
-        rank = np.tile(np.arange(ids.shape[1] // num_k), num_k)  # [K * k] rank within its interest
-        cut = rank[None, :] >= depth[:, None]  # deeper than this row's own search would go
-        ids[cut], scores[cut], interest_of[cut] = -1, -np.inf, -1
-
+        ids, scores, interest_of = self.retriever.candidates(interests, n, exclude)  # each row to its own depth
         out_ids = np.full((bsz, n_max), -1, dtype=np.int64)
         out_scores = np.full((bsz, n_max), -np.inf, dtype=np.float32)
         out_int = np.full((bsz, n_max), -1, dtype=np.int64)
@@ -302,9 +296,7 @@ class Recommender:
     def popular(self, n: int | np.ndarray, *, exclude: CSR | None = None, rows: int = 1) -> Recommendations[np.ndarray]:
         """The most clicked items, for ``rows`` requests (``n`` scalar or ``[rows]``), minus
         ``exclude``; scores are click counts, interests ``-1``."""
-        n = _per_row(n, rows, np.int64, "n")
-        if n.min() < 1:
-            raise ValueError(f"n: must be >= 1, got {int(n.min())}")
+        n = self._capped(_per_row(n, rows, np.int64, "n"))
         num_items = self.dataset.num_items
         extra = 0
         if exclude is not None:
@@ -322,6 +314,12 @@ class Recommender:
         out_ids[:, :width] = ids[:, :width]
         scores = np.where(out_ids > 0, self._counts[np.maximum(out_ids, 0)], np.float32(-np.inf))
         return self._cut(Recommendations(out_ids, scores.astype(np.float32), np.full_like(out_ids, -1)), n)
+
+    def _capped(self, n: np.ndarray) -> np.ndarray:
+        """``n [B]`` checked ``>= 1`` and capped at the catalogue size (no row can hold more)."""
+        if n.min() < 1:
+            raise ValueError(f"n: must be >= 1, got {int(n.min())}")
+        return np.minimum(n, self.dataset.num_items - 1)
 
     @staticmethod
     def _cut(recs: Recommendations[np.ndarray], n: np.ndarray) -> Recommendations[np.ndarray]:

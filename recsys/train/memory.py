@@ -1,6 +1,6 @@
 """An early memory estimate: refuse a training config that cannot fit before it is started.
 
-Without it, ``model.num_interests=100000`` on the synthetic data is killed by the operating
+Without it, ``train.batch_size=65536`` at 64 interests on the synthetic data is killed by the operating
 system's out-of-memory killer minutes later, with no message. The estimate is deliberately
 simple (float32 everywhere, the largest tensors of one training step and one evaluation
 batch); it is meant to catch settings that are off by orders of magnitude, not to predict

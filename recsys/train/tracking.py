@@ -15,6 +15,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from recsys.extras import install_hint
 from recsys.run import RunDir
 
 
@@ -41,7 +42,7 @@ class TensorBoardLog:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            raise ImportError("train.tensorboard needs tensorboard: pip install 'recsys[track]'") from None
+            raise ImportError(f"train.tensorboard needs tensorboard: {install_hint('track')}") from None
         self._writer_cls = SummaryWriter
         self._folder = run.tensorboard_dir()
         self._writer: Any = None

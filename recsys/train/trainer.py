@@ -534,6 +534,8 @@ def train(
     rd = RunDir(run_dir) if resume and run_dir is not None else None  # (resume without run_dir raised above)
     if rd is not None:
         rd.require_checkpoint()
+        if dist.is_main:
+            rd.claim()  # a run still training elsewhere is not resumed under it
     exp = build_experiment(
         cfg,
         dataset=rd.load_dataset() if rd else None,
@@ -550,11 +552,12 @@ def train(
     if rd is None:  # rank 0 makes the folder; under DDP the other ranks open the same one
         path = None
         if dist.is_main:
-            path = (
-                RunDir.create(run_dir).path
-                if run_dir is not None
-                else new_run_dir(cfg.output_dir, cfg.name, model=cfg.model.name, dataset=_data_name(cfg))
-            )
+            if run_dir is not None:
+                explicit = RunDir.create(run_dir)
+                explicit.claim()
+                path = explicit.path
+            else:
+                path = new_run_dir(cfg.output_dir, cfg.name, model=cfg.model.name, dataset=_data_name(cfg))
         path = distributed.broadcast_object(path)
         assert path is not None  # rank 0's folder
         rd = RunDir(path)
@@ -566,6 +569,9 @@ def train(
             shutil.rmtree(rd.path, ignore_errors=True)
             log(f"removed {rd.path}: the run stopped before its first checkpoint, so there is nothing to resume")
         raise
+    finally:
+        if dist.is_main:
+            rd.release()
 
 
 def _run(

@@ -233,14 +233,14 @@ def test_without_the_data_extra_fetch_names_it(monkeypatch, tmp_path):
     files, _ = BUILDERS["gowalla"]()
     given = tmp_path / "checkins.txt.gz"
     given.write_bytes(files[0])
-    with pytest.raises(FetchError, match=r"needs the data extra: pip install 'recsys\[data\]'"):
+    with pytest.raises(FetchError, match=r"needs the data extra: pip install 'multi-interest-recsys\[data\]'"):
         fetch("gowalla", dest=tmp_path, sources=[given], progress=False, log=quiet([]))
 
 
 def test_download_without_the_data_extra_names_it(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "pooch", None)  # neither pooch nor its requests installed
     monkeypatch.setitem(sys.modules, "requests", None)
-    with pytest.raises(FetchError, match=r"needs the data extra: pip install 'recsys\[data\]'"):
+    with pytest.raises(FetchError, match=r"needs the data extra: pip install 'multi-interest-recsys\[data\]'"):
         fetch("gowalla", dest=tmp_path, progress=False, log=quiet([]))
 
 

@@ -1,4 +1,5 @@
-"""The packaged dataset registry: every entry loads, combines with every model config, and is listed."""
+"""The dataset registry (the top-level data/, shipped in the wheel): every entry loads, combines with
+every model config, and is listed."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from recsys.config import DataConfig, load_config
 from recsys.data.readers import DataError
 from recsys.data.registry import REGISTRY_DIR, data_root, human_size, registry, resolve_source
 
-MODELS = sorted(Path(__file__).resolve().parents[2].joinpath("experiments", "configs", "models").glob("*.toml"))
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = sorted(ROOT.joinpath("experiments", "configs", "models").glob("*.toml"))
 ENTRIES = registry()
 
 
@@ -60,7 +62,21 @@ def test_data_root_follows_the_environment(monkeypatch, tmp_path):
     assert data_root() == tmp_path
     monkeypatch.delenv("RECSYS_DATA_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert data_root() == ROOT / "data" == REGISTRY_DIR  # a checkout: its data/, beside the registry
+    monkeypatch.setattr("recsys.data.registry.CHECKOUT_DATA", None)  # an install
     assert data_root() == tmp_path / "cache" / "recsys" / "data"
+
+
+def test_the_registry_is_the_checkouts_top_level_data_folder_and_git_ignores_fetched_data(tmp_path):
+    """The design card's data/: the entries and their README at the top of the checkout, and a
+    dataset fetched there is not something git would add."""
+    import subprocess
+
+    assert REGISTRY_DIR == ROOT / "data" and (ROOT / "data" / "README.md").is_file() and len(ENTRIES) >= 10
+    assert not (ROOT / "recsys" / "data" / "registry").exists()
+    paths = ["data/ml-100k/clicks.csv", "data/ml-100k.toml", "data/README.md"]
+    ignored = subprocess.run(["git", "check-ignore", *paths], cwd=ROOT, capture_output=True, text=True).stdout
+    assert ignored.split() == ["data/ml-100k/clicks.csv"]
 
 
 def test_resolve_source_leaves_plain_paths_alone_and_names_the_fetch_command(monkeypatch, tmp_path):

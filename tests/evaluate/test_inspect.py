@@ -27,3 +27,20 @@ def test_cli_inspect_prints_the_table_and_writes_a_png(tiny_run, tmp_path, capsy
     assert text.count("\n| ") >= 5  # header + 4 interests
     assert "planted interests recovered" in text
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+
+
+def test_cli_inspect_without_matplotlib_prints_the_table_and_exits_0(tiny_run, tmp_path, monkeypatch, capsys):
+    """Was: the table, then "drawing needs matplotlib" and exit status 2."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    monkeypatch.chdir(tmp_path)
+    assert main(["inspect", tiny_run, "--users", "2"]) == 0
+    captured = capsys.readouterr()
+    assert "| interest | effective clicks | readout share |" in captured.out and not captured.err
+    assert "no picture: drawing needs matplotlib: pip install 'multi-interest-recsys[plot]'" in captured.out
+    assert not list(tmp_path.iterdir())
+    # Asked for a picture by --out: refused before any work, with the same hint.
+    assert main(["inspect", tiny_run, "--out", str(tmp_path / "x.png")]) == 2
+    captured = capsys.readouterr()
+    assert "interest |" not in captured.out and "multi-interest-recsys[plot]" in captured.err

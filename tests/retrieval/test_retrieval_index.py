@@ -109,6 +109,35 @@ def test_ann_factories_return_valid_ids(factory):
         assert overlap > 0.8
 
 
+@pytest.mark.parametrize("factory", ["Flat", "HNSW16,Flat", "HNSW8,Flat", "IVF8,Flat", "IVF8,PQ4x4", "PQ4x4"])
+def test_every_factory_returns_the_whole_catalogue_at_n_equal_to_its_size(factory):
+    """An HNSW graph over inner products reaches only part of its items, so its own lists at
+    n = catalogue size are short; every list must still hold every eligible item."""
+    _, emb, interests = _data(seed=5, num_items=300, d=8, bsz=6)
+    catalogue = len(emb) - 1
+    exclude = np.zeros((len(interests), 3), dtype=np.int64)
+    exclude[0] = [1, 2, 3]
+    exclude[1, :1] = [7]
+    settings = RetrievalConfig(factory=factory, nprobe=1, ef_search=16)
+    for retriever in (Retriever(emb, settings), Retriever.from_index(build_index(emb, settings), item_emb=emb)):
+        for n, skip in ((catalogue, None), (catalogue, exclude), (catalogue + 50, None)):
+            ids, _, _ = retriever.search(interests, n, skip)
+            held = (ids > 0).sum(axis=1)
+            eligible = catalogue - (np.zeros(len(ids), int) if skip is None else (skip > 0).sum(axis=1))
+            assert (held == eligible).all(), (factory, held, eligible)
+            assert all(len(set(row[row > 0])) == len(row[row > 0]) for row in ids)
+            if skip is not None:
+                assert not set(ids[0]) & {1, 2, 3} and 7 not in ids[1]
+
+
+def test_an_index_without_embeddings_keeps_its_short_lists():
+    """The fill needs the embeddings: without them the index's own (short) answer stands."""
+    _, emb, interests = _data(seed=5, num_items=300, d=8, bsz=6)
+    index = build_index(emb, RetrievalConfig(factory="HNSW8,Flat", ef_search=16))
+    ids, _, _ = Retriever.from_index(index).search(interests, len(emb) - 1)
+    assert ((ids > 0).sum(axis=1) < len(emb) - 1).any()
+
+
 def test_save_load_roundtrip(tmp_path):
     import faiss
 

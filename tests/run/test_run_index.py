@@ -57,6 +57,9 @@ def test_index_command(tiny_run, capsys, factory, extra, built):
     assert meta["n"] == 20 and meta["users"] == len(run.split.test.users) > 0
     assert meta["build_s"] >= 0 and 0.0 <= meta["recall"] <= 1.0
     assert "recall@20" in out and meta["factory"] in out
+    # Was: "loaded from ..." beside "built ...", and nprobe=16 shown for an HNSW index.
+    assert "loaded from" not in out and out.count("built") == 1
+    assert ("nprobe=" in out) == ("IVF" in factory) and ("ef_search=" in out) == ("HNSW" in factory)
     if factory == "Flat":
         assert meta["recall"] == 1.0
     if factory.startswith("HNSW"):
@@ -120,12 +123,12 @@ def test_saved_index_and_dataset_are_verified_against_the_manifest(tiny_run, tmp
     import shutil
 
     from recsys.io.manifest import MANIFEST, read_manifest
-    from recsys.run import IntegrityError
+    from recsys.run import IntegrityError, layout
 
     run_dir = shutil.copytree(tiny_run, tmp_path / "run", ignore=shutil.ignore_patterns("export"))  # not recorded
     assert main(["index", str(run_dir), "--factory", "Flat"]) == 0
     on_disk = {p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*") if p.is_file()}
-    assert set(read_manifest(run_dir)) == on_disk - {MANIFEST}
+    assert set(read_manifest(run_dir)) == on_disk - {MANIFEST, layout.LOCK}  # the lock holds no content
     assert {"index/Flat.faiss", "index/Flat.json", "dataset/dataset.npz"} <= on_disk
 
     run = load_run(run_dir)

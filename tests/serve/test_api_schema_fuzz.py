@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 schemathesis = pytest.importorskip("schemathesis")
-pytest.importorskip("fastapi", reason="the service needs the serve extra: pip install 'recsys[serve]'")
+pytest.importorskip("fastapi", reason="the service needs the serve extra: pip install 'multi-interest-recsys[serve]'")
 
 from schemathesis import GenerationMode  # noqa: E402
 

@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-pytest.importorskip("fastapi", reason="recsys serve needs the serve extra: pip install 'recsys[serve]'")
-pytest.importorskip("uvicorn", reason="recsys serve needs the serve extra: pip install 'recsys[serve]'")
+pytest.importorskip("fastapi", reason="recsys serve needs the serve extra: pip install 'multi-interest-recsys[serve]'")
+pytest.importorskip("uvicorn", reason="recsys serve needs the serve extra: pip install 'multi-interest-recsys[serve]'")
 
 from recsys.cli import main
 from recsys.data.prepare import Dataset

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-pytest.importorskip("fastapi", reason="the service needs the serve extra: pip install 'recsys[serve]'")
+pytest.importorskip("fastapi", reason="the service needs the serve extra: pip install 'multi-interest-recsys[serve]'")
 
 from recsys.cli import main
 from recsys.config import MAX_DIVERSITY_LAMBDA

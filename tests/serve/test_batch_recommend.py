@@ -100,6 +100,48 @@ def test_recommend_uses_the_runs_saved_index(tiny_run, tmp_path, capsys):
     assert Recommender.from_run(run, log=lambda line: None).index_name == "IVF4,Flat"  # the newest one
 
 
+def test_hnsw_lists_hold_every_eligible_item_at_n_equal_to_the_catalogue(tiny_run, dataset, tmp_path, capsys):
+    """Was: after `recsys index --factory "HNSW32,Flat"`, `recommend --all --n 1000` gave most
+    users fewer than 1,000 items, and the service answered 862 items with "n": 1000."""
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    assert main(["index", str(run), "--factory", "HNSW4,Flat", "--ef-search", "8"]) == 0
+    capsys.readouterr()
+    catalogue = dataset.num_items - 1
+    out = tmp_path / "recs.csv"
+    assert main(["recommend", str(run), "--all", "--n", str(catalogue), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    held = pd.read_csv(out, dtype={"user": str, "item": str}).groupby("user").size()
+    users = np.flatnonzero(np.isin(dataset.user_raw, held.index))
+    seen = [len(np.unique(dataset.items[dataset.indptr[u] : dataset.indptr[u + 1]])) for u in users]
+    np.testing.assert_array_equal(held[dataset.user_raw[users]].to_numpy(), catalogue - np.array(seen))
+    assert f"{held.min():,} to {held.max():,} items each" in printed
+
+    pytest.importorskip("fastapi", reason="the service needs the serve extra")
+    from fastapi.testclient import TestClient
+
+    from recsys.config import ServeConfig
+    from recsys.serve.app import create_app
+
+    rec = Recommender.from_run(run, log=lambda line: None)
+    assert rec.index_name == "HNSW4,Flat"
+    app = create_app(rec, ServeConfig(max_n=catalogue + 10))
+    with TestClient(app) as client:
+        body = client.post("/recommend", json={"user": str(dataset.user_raw[0]), "n": catalogue + 10}).json()
+    assert body["n"] == len(body["items"]) == catalogue - seen[0] and body["requested_n"] == catalogue + 10
+
+
+def test_recommend_caps_a_huge_n_at_the_catalogue(tiny_run, dataset, tmp_path, capsys):
+    """Was: --n 1000000000 failed with numpy's "Unable to allocate 7.45 TiB"."""
+    out = tmp_path / "recs.csv"
+    args = ["recommend", tiny_run, "--all", "--n", "1000000000", "--out", str(out), "--factory", "Flat"]
+    assert main([*args, "--no-exclude-seen"]) == 0
+    printed = capsys.readouterr().out
+    assert f"is more than the {dataset.num_items - 1:,} items of the catalogue" in printed
+    held = pd.read_csv(out, dtype={"user": str, "item": str}).groupby("user").size()
+    assert (held == dataset.num_items - 1).all() and len(held) == dataset.num_users
+
+
 def test_raw_ids_round_trip_exactly(tmp_path, capsys):
     """Was: leading spaces of raw ids were stripped, so output ids did not always round-trip."""
     users = [" 17", "17", "a b", "u,1", 'q"'] + [f"u{i}" for i in range(10)]

@@ -16,11 +16,11 @@ def test_core_imports_without_fastapi():
         "try:\n    import recsys.serve.app\nexcept ImportError as err:\n    print(err)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
-    assert "pip install 'recsys[serve]'" in out.stdout
+    assert "pip install 'multi-interest-recsys[serve]'" in out.stdout
 
 
 def test_serve_command_names_the_extra(tiny_run, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "fastapi", None)
     monkeypatch.delitem(sys.modules, "recsys.serve.app", raising=False)
     assert main(["serve", tiny_run, "--port", "1"]) == 2
-    assert "pip install 'recsys[serve]'" in capsys.readouterr().err
+    assert "pip install 'multi-interest-recsys[serve]'" in capsys.readouterr().err

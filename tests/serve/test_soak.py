@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("fastapi", reason="recsys serve needs the serve extra: pip install 'recsys[serve]'")
+pytest.importorskip("fastapi", reason="recsys serve needs the serve extra: pip install 'multi-interest-recsys[serve]'")
 
 from recsys.data.prepare import Dataset
 

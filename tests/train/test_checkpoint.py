@@ -185,7 +185,7 @@ def test_new_run_dir_replaces_a_run_killed_before_its_first_checkpoint(tmp_path)
     (killed.path / ".model.pt.abc.tmp").write_bytes(b"half a checkpoint")
     with pytest.warns(UserWarning, match="stopped before its first checkpoint"):
         assert new_run_dir(tmp_path, "run") == killed.path
-    assert list(killed.path.iterdir()) == []
+    assert [p.name for p in killed.path.iterdir()] == [layout.LOCK]  # held by this process now
     (killed.path / "notes.txt").write_text("mine")  # not a run file: never replaced
     with pytest.raises(FileExistsError, match="run directory .* exists"):
         new_run_dir(tmp_path, "run")

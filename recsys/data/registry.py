@@ -1,5 +1,7 @@
-"""The registry of public datasets: one ``<name>.toml`` per dataset, in this package's folder
-(:data:`REGISTRY_DIR`; shipped as package data, so an installed recsys has it too).
+"""The registry of public datasets: one ``<name>.toml`` per dataset in the top-level ``data/``
+folder (:data:`REGISTRY_DIR`): the checkout's own, or the copy a wheel installs under the
+environment's ``share/multi-interest-recsys/data`` (found through the distribution's file list),
+so an installed recsys has it too.
 
 Each file is a training config (``recsys train --config <the file>``; ``recsys data fetch NAME``
 prints the command) with one extra table, ``[dataset]``, that training ignores and
@@ -20,7 +22,8 @@ prints the command) with one extra table, ``[dataset]``, that training ignores a
     md5 = "..."                  # the publisher's checksum, when it publishes md5 rather than sha256
     size = 4924029               # bytes; 0 = unknown
 
-The prepared files of dataset ``NAME`` live in ``data_root() / NAME``; a config names them as
+The prepared files of dataset ``NAME`` live in ``data_root() / NAME`` (in a checkout, by default
+``data/NAME`` beside the registry, ignored by git); a config names them as
 ``data.source = "dataset:NAME/clicks.csv"`` and :func:`resolve_source` turns that into the
 path (or says to run ``recsys data fetch NAME`` first).
 """
@@ -28,6 +31,7 @@ path (or says to run ``recsys data fetch NAME`` first).
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import os
 import sys
 from dataclasses import dataclass, field
@@ -36,13 +40,34 @@ from typing import Any
 
 from recsys.config import REGISTRY_TABLE, DataConfig
 from recsys.data.readers import DataError
+from recsys.extras import DISTRIBUTION
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-REGISTRY_DIR = Path(__file__).resolve().parent
+INSTALLED_REGISTRY = f"share/{DISTRIBUTION}/data"  # where a wheel puts data/ (pyproject's data-files)
+
+
+def _checkout_data() -> Path | None:
+    """The top-level ``data/`` of the checkout this module runs from, or None when installed."""
+    root = Path(__file__).resolve().parents[2]
+    return root / "data" if (root / "pyproject.toml").is_file() and (root / "data" / "README.md").is_file() else None
+
+
+def _installed_registry() -> Path | None:
+    """The registry a wheel installed (``INSTALLED_REGISTRY`` under the environment), or None."""
+    try:
+        files = importlib.metadata.distribution(DISTRIBUTION).files or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    readme = next((f for f in files if f.as_posix().endswith(f"{INSTALLED_REGISTRY}/README.md")), None)
+    return Path(str(readme.locate())).resolve().parent if readme is not None else None
+
+
+CHECKOUT_DATA = _checkout_data()
+REGISTRY_DIR = CHECKOUT_DATA or _installed_registry() or Path(sys.prefix) / INSTALLED_REGISTRY
 DATA_DIR_ENV = "RECSYS_DATA_DIR"
 SOURCE_PREFIX = "dataset:"
 PREPARED_MARKER = "prepared.json"  # written last by a fetch: the prepared files are complete
@@ -94,10 +119,14 @@ class DatasetEntry:
 
 
 def data_root() -> Path:
-    """Where fetched datasets live: ``$RECSYS_DATA_DIR``, else ``$XDG_CACHE_HOME/recsys/data``,
-    else ``~/.cache/recsys/data``."""
+    """Where fetched datasets live: ``$RECSYS_DATA_DIR``; else, in a checkout, its ``data/`` (the
+    design's place for datasets, beside the registry; git ignores what is fetched there); else
+    ``$XDG_CACHE_HOME/recsys/data``, else ``~/.cache/recsys/data`` (an install's own folder may
+    not be writable)."""
     if os.environ.get(DATA_DIR_ENV):
         return Path(os.environ[DATA_DIR_ENV]).expanduser()
+    if CHECKOUT_DATA is not None:
+        return CHECKOUT_DATA
     cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(cache) / "recsys" / "data"
 
@@ -137,6 +166,8 @@ def load_entry(path: str | Path) -> DatasetEntry:
 
 def registry(directory: Path = REGISTRY_DIR) -> dict[str, DatasetEntry]:
     """Every ``<name>.toml`` in ``directory`` by name, sorted."""
+    if not directory.is_dir():
+        raise DataError(f"the dataset registry is missing ({directory}); reinstall {DISTRIBUTION}")
     return {p.stem: load_entry(p) for p in sorted(directory.glob("*.toml"))}
 
 
