@@ -151,6 +151,7 @@ class RowSparseTable:
         self.average_start = torch.zeros((), dtype=torch.long, device=device)  # the step the average (re)started at
         self.rows: Tensor | None = None  # [T, d] this step's gathered rows (a leaf; its .grad after backward)
         self.ids: Tensor | None = None  # [T] their ids
+        self._caught: tuple[Tensor, Tensor, Tensor, Tensor | None]  # their rows, moments, averages before the step
         self.update_ids: Tensor | None = None  # [T] (or [world T]) the ids the update writes ...
         self.update_grad: Tensor | None = None  # ... and their gradients, after collect()
 
@@ -204,8 +205,8 @@ class RowSparseTable:
         the same shapes."""
         flat = torch.cat([ids[0].new_zeros(1), *(x.reshape(-1) for x in ids)])  # [T], id 0 first
         self.ids, slot = unique_slots(flat)
-        rows = self._caught_up(self.ids)[0]
-        self.rows = rows.requires_grad_()
+        self._caught = self._caught_up(self.ids)  # the update starts from them too (one process)
+        self.rows = self._caught[0].detach().requires_grad_()
         out, start = [], 1
         for x in ids:
             out.append(slot[start : start + x.numel()].view(x.shape))
@@ -247,7 +248,7 @@ class RowSparseTable:
         step count lives on the device."""
         assert self.update_ids is not None and self.update_grad is not None, "collect() first"
         ids, grad = self.update_ids, self.update_grad
-        rows, exp_avg, exp_avg_sq, average = self._caught_up(ids)
+        rows, exp_avg, exp_avg_sq, average = self._caught if ids is self.ids else self._caught_up(ids)
         if self.weight_decay and not self.decoupled:
             grad = grad + self.weight_decay * rows
         exp_avg.lerp_(grad, 1 - self.beta1)
