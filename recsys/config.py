@@ -86,6 +86,9 @@ class DataConfig:
     max_len: int = 20
     seed: int = 2020
     cache_dir: str = ""  # where `recsys data` writes the prepared dataset
+    # auto | memory | disk: disk prepares out of core (DuckDB) into a cached folder (data.cache_dir, else
+    # ~/.cache/recsys/prepared) and memory-maps the clicks; auto picks disk for sources of 256 MiB or more
+    prepare: str = "auto"
 
 
 @dataclass
@@ -411,6 +414,7 @@ def load_config(
 _CHOICES = {
     "data.format": ("auto", *DATA_FORMATS),
     "data.split": ("user", "time"),
+    "data.prepare": ("auto", "memory", "disk"),
     "model.qk_norm": ("", "rms", "layer"),
     "model.positions": ("recent", "absolute", "alibi", "none"),
     "model.head_values": ("items", "encoded"),

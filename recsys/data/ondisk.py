@@ -7,12 +7,13 @@ limit, spilling to disk beside the target:
 
 1. read: :func:`~recsys.data.chunks.read_chunks` appends the log to a DuckDB table, each row with
    its row number (``rn``), so ties keep the file's order;
-2. map: raw user and item ids become integer codes;
-3. filter: ComiRec's item then user counts (``data.kcore``: until a pass removes nothing), as
-   :func:`~recsys.data.prepare.filter_counts`;
-4. ids: the kept items and users (a row each, fetched into memory) are numbered by
+2. filter: ComiRec's item then user counts (``data.kcore``: until a pass removes nothing), as
+   :func:`~recsys.data.prepare.filter_counts`, kept as the sets of surviving items and users;
+3. ids: the kept items and users (a row each, fetched into memory) are numbered by
    :func:`~recsys.data.prepare.popularity_order` and :func:`~recsys.data.prepare.raw_order`;
-5. write: clicks sorted by (user, time, row) stream into ``items.npy`` and ``times.npy``.
+   a kept item's category is that of its first labelled row;
+4. write: the log joined with the two id tables (which drops the filtered clicks), sorted by
+   (user, time, row), streams into ``items.npy`` and ``times.npy``.
 
 DuckDB was chosen over Polars' streaming engine and PyArrow datasets by ``benchmarks/prepare.py``
 (docs/results.md): it sorts, joins and groups out of core under a memory limit.
@@ -51,7 +52,7 @@ def prepare_on_disk(cfg: DataConfig, target: str | Path, *, progress: bool = Fal
     src = open_source(cfg)
     target = Path(target)
     with atomic_folder(target) as out:
-        con = duckdb.connect(str(out / "engine.duckdb"))
+        con = duckdb.connect()  # in memory up to the limit, then spilled to the temporary directory
         try:
             con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
             con.execute(f"SET temp_directory = '{out / 'spill'}'")
@@ -61,8 +62,6 @@ def prepare_on_disk(cfg: DataConfig, target: str | Path, *, progress: bool = Fal
             _build(con, cfg, src, out, with_time=with_time, progress=progress)
         finally:
             con.close()
-        for scratch in (out / "engine.duckdb", out / "engine.duckdb.wal"):
-            scratch.unlink(missing_ok=True)
         shutil.rmtree(out / "spill", ignore_errors=True)
     return Dataset.load(target)
 
@@ -70,15 +69,19 @@ def prepare_on_disk(cfg: DataConfig, target: str | Path, *, progress: bool = Fal
 def _duckdb() -> Any:
     try:
         import duckdb
+        import pyarrow  # noqa: F401 - the chunks' way into DuckDB
     except ImportError as err:
         raise DataError(
-            "preparing a log out of core needs duckdb (pip install 'recsys[scale]'), or set data.prepare=memory"
+            "preparing a log out of core needs duckdb and pyarrow (pip install 'recsys[scale]'), "
+            "or set data.prepare=memory"
         ) from err
     return duckdb
 
 
 def _read(con: Any, src: ClickSource, progress: bool) -> bool:
     """Stage 1: the log into table ``raw(rn, user, item[, time][, category])``; whether it has times."""
+    import pyarrow as pa  # installed with recsys[scale]; chunks go to DuckDB as Arrow tables, its fastest way in
+
     columns: list[str] | None = None
     rows = 0
     with progress_bar(src.size, f"data: reading {src.cfg.source}", enabled=progress, unit="B") as bar:
@@ -89,7 +92,7 @@ def _read(con: Any, src: ClickSource, progress: bool) -> bool:
                 columns = list(chunk.columns)
                 types = {"rn": "BIGINT", "user": "VARCHAR", "item": "VARCHAR", "time": "DOUBLE", "category": "VARCHAR"}
                 con.execute("CREATE TABLE raw (" + ", ".join(f'"{c}" {types[c]}' for c in columns) + ")")
-            con.register("chunk", chunk[columns])
+            con.register("chunk", pa.Table.from_pandas(chunk[columns], preserve_index=False))
             con.execute("INSERT INTO raw SELECT * FROM chunk")
             con.unregister("chunk")
             rows += len(chunk)
@@ -98,38 +101,20 @@ def _read(con: Any, src: ClickSource, progress: bool) -> bool:
 
 
 def _build(con: Any, cfg: DataConfig, src: ClickSource, out: Path, *, with_time: bool, progress: bool) -> None:
-    """Stages 2-5: codes, filter, ids, sorted clicks, categories -> the dataset files in ``out``.
+    """Stages 2-4: filter, ids, categories, sorted clicks -> the dataset files in ``out``.
     ``with_time``: the clicks have a time column (to sort by; kept unless it is only a position)."""
-    has_category = "category" in _columns(con, "raw")
-    with progress_bar(4, "data: mapping ids", enabled=progress, unit="stage") as bar:
-        for role in ("user", "item"):
-            con.execute(
-                f"CREATE TABLE {role}_codes AS SELECT raw, CAST(row_number() OVER () - 1 AS INTEGER) AS code "
-                f'FROM (SELECT DISTINCT "{role}" AS raw FROM raw)'
-            )
-        time = ", r.time" if with_time else ""
-        con.execute(
-            f"CREATE TABLE clicks AS SELECT r.rn, u.code AS u, i.code AS i{time} FROM raw r "
-            'JOIN user_codes u ON r."user" = u.raw JOIN item_codes i ON r.item = i.raw'
-        )
-        bar.update()
-        if has_category:  # an item's category: its first labelled row's, before filtering
-            con.execute(
-                "CREATE TABLE item_category AS SELECT item AS raw, arg_min(category, rn) AS category "
-                "FROM raw WHERE category IS NOT NULL GROUP BY item"
-            )
-        con.execute("DROP TABLE raw")
-        bar.set_description("data: filtering")
+    has_category = "category" in [row[0] for row in con.execute("DESCRIBE raw").fetchall()]
+    with progress_bar(3, "data: filtering", enabled=progress, unit="stage") as bar:
         kept = _filter(con, cfg)
-        bar.update()
         if kept == 0:
             raise DataError(
                 f"{cfg.source}: no clicks left after filtering (data.min_item_count={cfg.min_item_count}, "
                 f"data.min_user_count={cfg.min_user_count}, data.kcore={cfg.kcore})"
             )
+        bar.update()
         bar.set_description("data: numbering items and users")
-        item_raw, item_counts = _number(con, "i", "item", by_popularity=True)
-        user_raw, user_counts = _number(con, "u", "user", by_popularity=False)
+        item_raw, item_counts = _number(con, "item", by_popularity=True)
+        user_raw, user_counts = _number(con, "user", by_popularity=False)
         bar.update()
         bar.set_description("data: categories")
         item_category, category_raw = _item_categories(con, item_raw, item_counts, has_category)
@@ -151,40 +136,48 @@ def _build(con: Any, cfg: DataConfig, src: ClickSource, out: Path, *, with_time:
     Dataset.mapped(out, source=str(cfg.source)).write_meta(out)
 
 
-def _columns(con: Any, table: str) -> list[str]:
-    return [row[0] for row in con.execute(f"DESCRIBE {table}").fetchall()]
-
-
 def _filter(con: Any, cfg: DataConfig) -> int:
-    """Stage 3: table ``kept`` holds the clicks that survive the filter; returns their number."""
-    con.execute("ALTER TABLE clicks RENAME TO kept")
-    rows = con.execute("SELECT count(*) FROM kept").fetchone()[0]
+    """Stage 2, :func:`~recsys.data.prepare.filter_counts` on the log: tables ``item_kept(raw,
+    clicks)`` and ``user_kept(raw, clicks)`` hold the items and users that survive, with their
+    clicks after filtering; returns the clicks kept.
+
+    A click survives when both its item and its user do (each pass only shrinks both sets), so
+    each pass counts over the log joined with the two sets: no filtered copy of the log is written."""
+    users = items = ""  # the conditions of the sets: every user and item before the first pass
+    rows = None
     while True:
         before = rows
-        for key, least in (("i", cfg.min_item_count), ("u", cfg.min_user_count)):
-            con.execute(
-                f"CREATE TABLE next AS SELECT * FROM kept WHERE {key} IN "
-                f"(SELECT {key} FROM kept GROUP BY {key} HAVING count(*) >= {int(least)})"
-            )
-            con.execute("DROP TABLE kept")
-            con.execute("ALTER TABLE next RENAME TO kept")
-        rows = con.execute("SELECT count(*) FROM kept").fetchone()[0]
+        _count_kept(con, "item", users + items, cfg.min_item_count)
+        items = " AND item IN (SELECT raw FROM item_kept)"
+        _count_kept(con, "user", users + items, cfg.min_user_count)
+        users = ' AND "user" IN (SELECT raw FROM user_kept)'
+        rows = int(con.execute("SELECT coalesce(sum(clicks), 0) FROM user_kept").fetchone()[0])
         if not cfg.kcore or rows == before:
-            return rows
+            break
+    _count_kept(con, "item", users + items, 1)  # the kept items' clicks after the last user pass
+    return rows
 
 
-def _number(con: Any, key: str, role: str, *, by_popularity: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Stage 4 for users or items: ``(raw ids [n], clicks [n])`` in internal id order, and table
-    ``{role}_ids(code, id)``. Items are numbered from 1 by falling clicks, users from 0 by raw id."""
-    table = con.execute(
-        f"SELECT c.raw, k.code, k.clicks FROM (SELECT {key} AS code, count(*) AS clicks FROM kept GROUP BY {key}) k "
-        f"JOIN {role}_codes c ON c.code = k.code"
-    ).fetchnumpy()
+def _count_kept(con: Any, role: str, where: str, least: int) -> None:
+    """Table ``{role}_kept(raw, clicks)``: the users or items with at least ``least`` clicks among
+    the rows that satisfy ``where`` (`` AND ...`` conditions)."""
+    con.execute(
+        f'CREATE TABLE {role}_next AS SELECT "{role}" AS raw, count(*) AS clicks FROM raw '
+        f'WHERE true{where} GROUP BY "{role}" HAVING count(*) >= {int(least)}'
+    )
+    con.execute(f"DROP TABLE IF EXISTS {role}_kept")
+    con.execute(f"ALTER TABLE {role}_next RENAME TO {role}_kept")
+
+
+def _number(con: Any, role: str, *, by_popularity: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Stage 3 for users or items: ``(raw ids [n], clicks [n])`` in internal id order, and table
+    ``{role}_ids(raw, id)``. Items are numbered from 1 by falling clicks, users from 0 by raw id."""
+    table = con.execute(f"SELECT raw, clicks FROM {role}_kept").fetchnumpy()
     raw = np.asarray(table["raw"], dtype=str)
     clicks = np.asarray(table["clicks"], dtype=np.int64)
     order = popularity_order(raw, clicks) if by_popularity else raw_order(raw)
     first = 1 if by_popularity else 0
-    ids = pd.DataFrame({"code": np.asarray(table["code"])[order], "id": np.arange(first, first + len(order))})
+    ids = pd.DataFrame({"raw": raw[order], "id": np.arange(first, first + len(order))})
     con.register("ids", ids)
     con.execute(f"CREATE TABLE {role}_ids AS SELECT * FROM ids")
     con.unregister("ids")
@@ -196,22 +189,26 @@ def _number(con: Any, key: str, role: str, *, by_popularity: bool) -> tuple[np.n
 def _item_categories(
     con: Any, item_raw: np.ndarray, item_counts: np.ndarray, has_category: bool
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``item_category [num_items]`` and ``category_raw [num_categories]`` (see :func:`category_ids`)."""
+    """``item_category [num_items]`` and ``category_raw [num_categories]`` (see :func:`category_ids`):
+    a kept item's category is that of its first labelled row, filtered or not."""
     if not has_category:
         return np.zeros(len(item_raw), dtype=np.int64), np.array([UNKNOWN])
-    table = con.execute("SELECT raw, category FROM item_category").fetchnumpy()
-    first = pd.Series(np.asarray(table["category"], dtype=object), index=np.asarray(table["raw"], dtype=str))
+    table = con.execute(
+        "SELECT item, arg_min(category, rn) AS category FROM raw "
+        "WHERE category IS NOT NULL AND item IN (SELECT raw FROM item_ids) GROUP BY item"
+    ).fetchnumpy()
+    first = pd.Series(np.asarray(table["category"], dtype=object), index=np.asarray(table["item"], dtype=str))
     names = first.reindex(item_raw[1:])  # [num_items - 1], NaN = unknown
     codes, uniques = pd.factorize(names)
     return category_ids(codes.astype(np.int64), np.asarray(uniques, dtype=str), item_counts)
 
 
 def _write_clicks(con: Any, out: Path, n: int, *, with_time: bool, sort_time: bool, progress: bool) -> None:
-    """Stage 5: ``items.npy`` (and ``times.npy``) ``[n]``, sorted by user, then time, then row."""
+    """Stage 4: ``items.npy`` (and ``times.npy``) ``[n]``, sorted by user, then time, then row."""
     by_time = "k.time, " if sort_time else ""
     select = "i.id AS item" + (", k.time" if with_time else "")
     result = con.sql(
-        f"SELECT {select} FROM kept k JOIN user_ids u ON k.u = u.code JOIN item_ids i ON k.i = i.code "
+        f'SELECT {select} FROM raw k JOIN user_ids u ON k."user" = u.raw JOIN item_ids i ON k.item = i.raw '
         f"ORDER BY u.id, {by_time}k.rn"
     )
     with (

@@ -27,8 +27,9 @@ from recsys.io.files import atomic_folder, link_or_copy
 PAD = "<pad>"
 UNKNOWN = "<unknown>"
 _META = "dataset.json"  # written last: a folder without it is not a dataset
-_FORMAT_VERSION = 2  # one NAME.npy per array, memory-mapped on load
+_FORMAT_VERSION = 2  # one NAME.npy per array
 _NPZ = "dataset.npz"  # format 1 (every array in one archive), still read
+_CLICK_ARRAYS = ("items", "times")  # one entry per click: memory-mapped
 ARRAYS = ("item_raw", "user_raw", "indptr", "items", "times", "item_category", "category_raw", "item_counts")
 
 
@@ -104,8 +105,8 @@ class Dataset:
     """Prepared click sequences in CSR layout (user ``u``'s clicks are
     ``items[indptr[u]:indptr[u + 1]]``, oldest first).
 
-    A loaded dataset's arrays are read-only memory maps of its files (:meth:`load`): the clicks
-    of a log larger than memory are paged in as they are read, never loaded whole.
+    A loaded dataset's clicks (``items``, ``times``) are read-only memory maps of its files
+    (:meth:`load`): a log larger than memory is paged in as it is read, never loaded whole.
 
     Arrays:
         item_raw ``[num_items]`` str: raw item id of each internal id (``[0] = "<pad>"``).
@@ -215,7 +216,7 @@ class Dataset:
 
     @classmethod
     def load(cls, directory: str | Path) -> Dataset:
-        """Read a dataset written by :meth:`save` (arrays memory-mapped, read-only) or by the
+        """Read a dataset written by :meth:`save` (as :meth:`mapped`) or by the
         format-1 writer (``dataset.npz``, read into memory); inconsistent files raise
         :class:`DataError`."""
         directory = Path(directory)
@@ -235,10 +236,15 @@ class Dataset:
 
     @classmethod
     def mapped(cls, directory: str | Path, *, source: str = "") -> Dataset:
-        """The ``NAME.npy`` arrays of a saved dataset folder, memory-mapped read-only (whether or
-        not its ``dataset.json`` is written yet)."""
+        """The ``NAME.npy`` arrays of a saved dataset folder (whether or not its ``dataset.json`` is
+        written yet): the clicks (``items``, ``times``) memory-mapped read-only, the arrays of one
+        entry per item, user or category read into memory."""
         directory = Path(directory)
-        arrays = {name: _mapped(path) for name in ARRAYS if (path := directory / f"{name}.npy").is_file()}
+        arrays = {
+            name: _mapped(path) if name in _CLICK_ARRAYS else np.load(path, allow_pickle=False)
+            for name in ARRAYS
+            if (path := directory / f"{name}.npy").is_file()
+        }
         return cls._checked(directory, arrays, source)
 
     @classmethod

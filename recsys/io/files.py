@@ -22,8 +22,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-import torch
-
 __all__ = [
     "atomic_folder",
     "atomic_save",
@@ -142,6 +140,8 @@ def atomic_write_text(path: str | Path, text: str, *, replace: Replace = os.repl
 
 def atomic_torch_save(obj: Any, path: str | Path, *, replace: Replace = os.replace) -> None:
     """Atomically ``torch.save`` ``obj`` to ``path``, after :func:`check_plain`."""
+    import torch  # here, not at the top: the data pipeline writes files without loading torch
+
     check_plain(obj)
     atomic_write(path, lambda f: torch.save(obj, f), replace=replace)
 
@@ -155,6 +155,8 @@ def check_plain(obj: Any, where: str = "checkpoint") -> None:
     Allowed: tensors, ``torch.dtype``/``torch.Size``, ``str``/``int``/``float``/``bool``/``None``,
     and dicts (with primitive keys), lists and tuples of these. numpy values are not allowed.
     """
+    import torch
+
     # exact types: numpy scalars subclass float/int but do not load under weights_only
     if type(obj) in _PRIMITIVES or isinstance(obj, (torch.Tensor, torch.dtype, torch.Size)):
         return
