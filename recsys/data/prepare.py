@@ -11,8 +11,9 @@ Each user's clicks are sorted by time; equal times keep the source's row order.
 from __future__ import annotations
 
 import json
+import mmap
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -265,7 +266,7 @@ class Dataset:
             problems.append("indptr must be [num_users + 1] starting at 0")
         elif np.any(np.diff(self.indptr) < 0) or self.indptr[-1] != len(self.items):
             problems.append("indptr must be non-decreasing and end at len(items)")
-        if len(self.items) and (self.items.min() < 1 or self.items.max() >= self.num_items):
+        if len(self.items) and not 1 <= _min(self.items) <= _max(self.items) < self.num_items:
             problems.append("items must be in 1..num_items-1")
         if self.times is not None and len(self.times) != len(self.items):
             problems.append("times must have one entry per click")
@@ -409,6 +410,27 @@ def raw_order(raw: np.ndarray) -> np.ndarray:
     """Permutation ``[n]`` sorting raw ids ``[n]`` (str) numerically when all are non-negative
     integers, otherwise as text."""
     return np.lexsort(_raw_keys(raw))
+
+
+def _min(values: np.ndarray) -> int:
+    return min(int(block.min()) for block in _blocks(values))
+
+
+def _max(values: np.ndarray) -> int:
+    return max(int(block.max()) for block in _blocks(values))
+
+
+def _blocks(values: np.ndarray, size: int = 1 << 22) -> Iterator[np.ndarray]:
+    """A 1-D array in blocks of ``size``; a memory-mapped one read through its file, so a check
+    of every value does not map the whole file into this process (mapped pages count as its
+    resident memory)."""
+    if not (isinstance(values, np.memmap) and values.filename and isinstance(values.base, mmap.mmap)):  # not a view
+        yield values
+        return
+    with open(values.filename, "rb") as f:
+        f.seek(values.offset)
+        for start in range(0, len(values), size):
+            yield np.fromfile(f, dtype=values.dtype, count=min(size, len(values) - start))
 
 
 def _mapped(path: Path) -> np.ndarray:

@@ -97,7 +97,7 @@ def atomic_folder(path: str | Path) -> Iterator[Path]:
 
 def _remove_abandoned(path: Path) -> None:
     """Remove the temporary folders of ``path`` left by processes that no longer run."""
-    for leftover in path.parent.glob(f".{path.name}.[to][ml][pd]-*"):
+    for leftover in [*path.parent.glob(f".{path.name}.tmp-*"), *path.parent.glob(f".{path.name}.old-*")]:
         pid = leftover.name.rsplit("-", 1)[-1]
         if pid.isdigit() and not _running(int(pid)):
             shutil.rmtree(leftover, ignore_errors=True)

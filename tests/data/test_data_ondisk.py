@@ -14,16 +14,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from recsys.config import DataConfig, load_config
 from recsys.data import chunks, load_dataset
 from recsys.data.prepare import ARRAYS, Dataset, prepare
 from recsys.data.readers import DataError, DataWarning, read_interactions
+from tests.data.test_data_readers_fuzz import DAMAGE_SETTINGS, _write, damaged_files
 
 pytest.importorskip("duckdb")
 pytest.importorskip("pyarrow")
 
-from recsys.data.ondisk import prepare_on_disk  # noqa: E402 - after the skips
+from recsys.data.ondisk import prepare_on_disk  # after the skips
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
@@ -145,6 +148,30 @@ def test_a_malformed_row_deep_in_the_file_names_its_line(tmp_path, bad):
     assert str(disk.value) == str(memory.value)
     assert str(disk.value).startswith(f"{path}:40: ")
     assert not (tmp_path / "ds").exists() and not list(tmp_path.glob(".ds.*"))  # nothing published, nothing left
+
+
+def outcome(read) -> object:
+    """``(rows, DataWarning messages)`` of a read, or its DataError's message."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            df = read()
+        except DataError as err:
+            return str(err)
+    return df[["user", "item", "time"]].to_numpy().tolist(), [
+        str(w.message) for w in caught if w.category is DataWarning
+    ]
+
+
+@DAMAGE_SETTINGS
+@given(data=st.data(), fmt=st.sampled_from(["csv", "tsv"]), skip=st.booleans(), bom=st.booleans())
+def test_damaged_files_read_alike_in_chunks(data, fmt, skip, bom):
+    lines, end, name = data.draw(damaged_files(fmt))
+    path = _write(lines, end, name, bom=bom, final_end=True)
+    cfg = DataConfig(source=str(path), format=fmt, skip_bad_rows=skip)
+    memory = outcome(lambda: read_interactions(cfg))
+    disk = outcome(lambda: pd.concat(list(chunks.read_chunks(chunks.open_source(cfg))), ignore_index=True))
+    assert disk == memory
 
 
 def test_skipped_rows_are_counted_exactly(tmp_path):
