@@ -87,7 +87,7 @@ class DataConfig:
     seed: int = 2020
     cache_dir: str = ""  # where `recsys data` writes the prepared dataset
     # auto | memory | disk: disk prepares out of core (DuckDB) into a cached folder (data.cache_dir, else
-    # ~/.cache/recsys/prepared) and memory-maps the clicks; auto picks disk for sources of 256 MiB or more
+    # ~/.cache/recsys/prepared) and memory-maps the clicks; auto picks disk from 256 MiB of text or 64 MiB of Parquet
     prepare: str = "auto"
 
 

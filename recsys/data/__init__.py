@@ -49,6 +49,7 @@ IN_MEMORY = "<dataframe>"  # data.source of a run trained on a click table passe
 
 _CACHE_VERSION = 1  # bump when reading or preparation changes what a cached dataset holds
 DISK_THRESHOLD = 256 * 2**20  # source bytes from which data.prepare = "auto" prepares out of core (~10M clicks)
+_PARQUET_RATIO = 4  # a Parquet byte counts as this many bytes of text: it holds several times the clicks
 
 
 def load_dataset(cfg: Config, *, clicks: pd.DataFrame | None = None, progress: bool = False) -> Dataset:
@@ -64,7 +65,8 @@ def load_dataset(cfg: Config, *, clicks: pd.DataFrame | None = None, progress: b
     ``cfg.data.prepare``: ``disk`` prepares a file source out of core (:func:`prepare_on_disk`)
     into the cache (``data.cache_dir``, else :func:`default_cache_dir`), or reuses what an earlier
     run prepared there from the same files and settings, and returns it memory-mapped; ``auto``
-    does so for sources of :data:`DISK_THRESHOLD` bytes or more; ``memory`` never does.
+    does so for sources of :data:`DISK_THRESHOLD` bytes or more (Parquet bytes count four times);
+    ``memory`` never does.
     """
     if clicks is None and cfg.data.source == IN_MEMORY:
         raise DataError(
@@ -138,7 +140,8 @@ def _out_of_core(cfg: Config) -> bool:
     if data.prepare == "disk":
         return True
     source = Path(data.source)
-    size = sum(p.stat().st_size for p in (source.rglob("*") if source.is_dir() else [source]) if p.is_file())
+    files = [p for p in (source.rglob("*") if source.is_dir() else [source]) if p.is_file()]
+    size = sum(p.stat().st_size * (_PARQUET_RATIO if p.suffix in (".parquet", ".pq") else 1) for p in files)
     if size < DISK_THRESHOLD:
         return False
     try:

@@ -38,7 +38,7 @@ from recsys.data.readers import DataError
 from recsys.io.files import atomic_folder
 from recsys.progress import progress_bar
 
-MEMORY_LIMIT = os.environ.get("RECSYS_PREPARE_MEMORY", "1GB")  # DuckDB's buffer pool; it spills beyond
+MEMORY_LIMIT = os.environ.get("RECSYS_PREPARE_MEMORY", "768MB")  # DuckDB's buffer pool; it spills beyond
 _WRITE_ROWS = 1 << 20  # clicks per batch fetched from the sorted result
 
 
@@ -55,7 +55,8 @@ def prepare_on_disk(cfg: DataConfig, target: str | Path, *, progress: bool = Fal
         con = duckdb.connect()  # in memory up to the limit, then spilled to the temporary directory
         try:
             con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
-            con.execute(f"SET temp_directory = '{out / 'spill'}'")
+            spill = str(out / "spill").replace("'", "''")  # an SQL string
+            con.execute(f"SET temp_directory = '{spill}'")
             con.execute("SET preserve_insertion_order = false")
             con.execute("SET enable_progress_bar = false")
             with_time = _read(con, src, progress)
@@ -214,7 +215,7 @@ def _write_clicks(con: Any, out: Path, n: int, *, with_time: bool, sort_time: bo
     with (
         _NpyWriter(out / "items.npy", np.int64, n) as items,
         _NpyWriter(out / "times.npy", np.float64, n if with_time else 0) as times,
-        progress_bar(n, "data: writing clicks", enabled=progress, unit="click") as bar,
+        progress_bar(n, "data: sorting and writing clicks", enabled=progress, unit="click") as bar,
     ):
         reader = result.to_arrow_reader(_WRITE_ROWS)
         for batch in reader:
