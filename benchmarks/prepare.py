@@ -58,7 +58,7 @@ def write_log(path: Path, rows: int, seed: int = 0) -> None:
 
 
 def run_engine(engine: str, csv: Path, work: Path) -> dict[str, float]:
-    """Prepare ``csv`` with ``engine`` in this process: seconds, peak RSS (GB) and clicks kept."""
+    """Prepare ``csv`` with ``engine`` in this process: seconds, peak RSS (GiB) and clicks kept."""
     cfg = DataConfig(source=str(csv), time_col="timestamp")
     start = time.perf_counter()
     if engine == "memory":
@@ -74,7 +74,7 @@ def run_engine(engine: str, csv: Path, work: Path) -> dict[str, float]:
         clicks = _polars(cfg, work / "polars")
     seconds = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
-    return {"seconds": seconds, "rss_gb": peak, "clicks": clicks}
+    return {"seconds": seconds, "rss_gib": peak, "clicks": clicks}
 
 
 def _polars(cfg: DataConfig, out: Path) -> int:
@@ -133,7 +133,7 @@ def main() -> None:
     engines = args.engines.split(",")
     print(f"# {platform.node()}: {platform.processor() or platform.machine()}, python {platform.python_version()}")
     print(
-        f"{'rows':>6} {'engine':<8} {'seconds':>8} {'peak RSS GB':>12} {'clicks kept':>12} {'time ×':>7} {'RSS ×':>6}"
+        f"{'rows':>6} {'engine':<8} {'seconds':>8} {'peak RSS GiB':>12} {'clicks kept':>12} {'time ×':>7} {'RSS ×':>6}"
     )
     try:
         for size in args.rows.split(","):
@@ -150,8 +150,8 @@ def main() -> None:
                 r = json.loads(done.stdout.strip().splitlines()[-1])
                 base = base or r
                 print(
-                    f"{size:>6} {engine:<8} {r['seconds']:>8.1f} {r['rss_gb']:>12.2f} {r['clicks']:>12,} "
-                    f"{r['seconds'] / base['seconds']:>7.2f} {r['rss_gb'] / base['rss_gb']:>6.2f}",
+                    f"{size:>6} {engine:<8} {r['seconds']:>8.1f} {r['rss_gib']:>12.2f} {r['clicks']:>12,} "
+                    f"{r['seconds'] / base['seconds']:>7.2f} {r['rss_gib'] / base['rss_gib']:>6.2f}",
                     flush=True,
                 )
             if not args.keep:

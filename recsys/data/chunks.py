@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 import pandas as pd
@@ -213,12 +213,32 @@ def _parquet_chunks(path: Path, cfg: DataConfig) -> _Chunks:
     _check_columns(path, cfg, available)
     columns = [name for name in _roles(cfg).values() if name in available]
     size, rows = path.stat().st_size, max(1, parquet.metadata.num_rows)
+    float_ids = _float_ids(parquet, cfg)
     dropped: list[tuple[int, int]] = []
     row = 0
     for batch in parquet.iter_batches(batch_size=CHUNK_ROWS, columns=columns):
         raw = batch.to_pandas()
+        for name, integral in float_ids.items():  # as the whole column reads: "3" or "3.0"
+            raw[name] = raw[name].astype("Int64") if integral else raw[name].astype("str").where(raw[name].notna())
         df = from_columns(raw, cfg, path, first_row=row, skipped=dropped)
         row += len(raw)
         yield df, size * row // rows
     if dropped:
         _warn_skipped(path, dropped, unit="row")
+
+
+def _float_ids(parquet: Any, cfg: DataConfig) -> dict[str, bool]:
+    """The float id columns (user, item, category) of a Parquet file -> whether every value is
+    integral: the in-memory reader writes their ids as ``3`` then, else as ``3.0``; a batch alone
+    cannot tell."""
+    import pyarrow as pa
+
+    schema = parquet.schema_arrow
+    names = [name for role, name in _roles(cfg).items() if role != "time" and name in schema.names]
+    floats = [name for name in names if pa.types.is_floating(schema.field(name).type)]
+    integral = dict.fromkeys(floats, True)
+    for batch in parquet.iter_batches(batch_size=CHUNK_ROWS, columns=floats) if floats else ():
+        for name in floats:
+            values = batch.column(name).to_numpy(zero_copy_only=False)
+            integral[name] &= bool(np.all(np.isnan(values) | (values == np.round(values))))
+    return integral

@@ -125,6 +125,16 @@ def test_a_folder_of_parquet_parts(tmp_path):
     assert_same(whole, disk)
 
 
+def test_float_ids_in_parquet_read_as_their_whole_column(tmp_path):
+    # users: integral in the first batches, not in the last; items: integral throughout
+    log = pd.DataFrame({"user": [1.0] * 10 + [2.5] * 10, "item": [3.0, 4.0] * 10, "timestamp": range(20)})
+    log.to_parquet(tmp_path / "log.parquet")
+    cfg = DataConfig(source=str(tmp_path / "log.parquet"), time_col="timestamp", min_item_count=1, min_user_count=1)
+    memory, disk = both(cfg, tmp_path / "ds")
+    assert_same(memory, disk)
+    assert disk.user_raw.tolist() == ["1.0", "2.5"] and sorted(disk.item_raw[1:]) == ["3", "4"]
+
+
 def deep_csv(path: Path, bad_line: int, bad: str, rows: int = 60) -> None:
     """A CSV of ``rows`` good lines (the header is line 1) with ``bad`` as line ``bad_line``."""
     lines = ["user,item,timestamp"] + [f"u{i % 5},i{i % 4},{i}" for i in range(rows)]
