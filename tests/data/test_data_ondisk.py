@@ -204,7 +204,7 @@ def test_skipped_rows_are_counted_exactly(tmp_path):
 
 
 def test_a_killed_preparation_leaves_nothing_read_and_restarts(tmp_path, monkeypatch):
-    log = awkward_log(4, n=40_000).drop(columns="cat")
+    log = awkward_log(4, n=60_000).drop(columns="cat")
     log.to_csv(tmp_path / "log.csv", index=False)
     target = tmp_path / "ds"
     script = (
@@ -215,9 +215,10 @@ def test_a_killed_preparation_leaves_nothing_read_and_restarts(tmp_path, monkeyp
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     child = subprocess.Popen([sys.executable, "-c", script], env=env)
     deadline = time.monotonic() + 60
-    while not list(tmp_path.glob(".ds.tmp-*/engine.duckdb")) and time.monotonic() < deadline:
+    while not list(tmp_path.glob(".ds.tmp-*")) and time.monotonic() < deadline:
         time.sleep(0.05)
-    time.sleep(0.3)  # well inside reading 800 chunks
+    time.sleep(0.5)  # well inside reading 1,200 chunks
+    assert child.poll() is None, "the preparation ended before it could be killed"
     child.send_signal(signal.SIGKILL)
     child.wait()
     leftover = list(tmp_path.glob(".ds.tmp-*"))
