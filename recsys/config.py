@@ -94,6 +94,9 @@ class DataConfig:
     max_len: int = 20
     seed: int = 2020
     cache_dir: str = ""  # where `recsys data` writes the prepared dataset
+    # auto | memory | disk: disk prepares out of core (DuckDB) into a cached folder (data.cache_dir, else
+    # ~/.cache/recsys/prepared) and memory-maps the clicks; auto picks disk from 256 MiB of text or 64 MiB of Parquet
+    prepare: str = "auto"
 
 
 @dataclass
@@ -431,6 +434,7 @@ def load_config(
 _CHOICES = {
     "data.format": ("auto", *DATA_FORMATS),
     "data.split": ("user", "time", "leave_one_out"),
+    "data.prepare": ("auto", "memory", "disk"),
     "model.qk_norm": ("", "rms", "layer"),
     "model.positions": ("recent", "absolute", "alibi", "none"),
     "model.head_values": ("items", "encoded"),

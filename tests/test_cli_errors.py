@@ -391,7 +391,7 @@ def test_run_files_share_one_mode(tiny_run):
         "config.json",
         "test_metrics.json",
         "manifest.json",
-        "dataset/dataset.npz",
+        "dataset/items.npy",
     ):
         assert name in modes
     mask = os.umask(0)

@@ -1,8 +1,8 @@
 """The click-data pipeline: read → prepare (filter, id maps) → split → training batches.
 
 Entry points: :func:`load_dataset` (read or generate, then prepare, with an optional on-disk
-cache), :func:`describe` (the statistics ``recsys data`` prints), :func:`split_dataset` and
-:class:`TrainSampler`.
+cache; a large log is prepared out of core, :mod:`recsys.data.ondisk`), :func:`describe` (the
+statistics ``recsys data`` prints), :func:`split_dataset` and :class:`TrainSampler`.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -24,6 +26,7 @@ from recsys.data.synthetic import generate
 from recsys.progress import progress_bar
 
 __all__ = [
+    "DISK_THRESHOLD",
     "IN_MEMORY",
     "DataError",
     "DataWarning",
@@ -31,6 +34,7 @@ __all__ = [
     "EvalSet",
     "Split",
     "TrainSampler",
+    "default_cache_dir",
     "describe",
     "generate",
     "load_dataset",
@@ -43,7 +47,9 @@ __all__ = [
 
 IN_MEMORY = "<dataframe>"  # data.source of a run trained on a click table passed in memory
 
-_CACHE_VERSION = 2  # bump when reading or preparation changes what a cached dataset holds
+_CACHE_VERSION = 3  # bump when reading or preparation changes what a cached dataset holds
+DISK_THRESHOLD = 256 * 2**20  # source bytes from which data.prepare = "auto" prepares out of core (~10M clicks)
+_PARQUET_RATIO = 4  # a Parquet byte counts as this many bytes of text: it holds several times the clicks
 
 
 def load_dataset(cfg: Config, *, clicks: pd.DataFrame | None = None, progress: bool = False) -> Dataset:
@@ -55,6 +61,12 @@ def load_dataset(cfg: Config, *, clicks: pd.DataFrame | None = None, progress: b
     ``clicks``: an in-memory click table (:func:`read_frame`) used instead of the source;
     ``cfg.data.source`` should then be :data:`IN_MEMORY`, the label saved with the run.
     ``progress``: a bar over the stages (read, prepare, cache) on a terminal.
+
+    ``cfg.data.prepare``: ``disk`` prepares a file source out of core (:func:`prepare_on_disk`)
+    into the cache (``data.cache_dir``, else :func:`default_cache_dir`), or reuses what an earlier
+    run prepared there from the same files and settings, and returns it memory-mapped; ``auto``
+    does so for sources of :data:`DISK_THRESHOLD` bytes or more (Parquet bytes count four times);
+    ``memory`` never does.
     """
     if clicks is None and cfg.data.source == IN_MEMORY:
         raise DataError(
@@ -63,7 +75,17 @@ def load_dataset(cfg: Config, *, clicks: pd.DataFrame | None = None, progress: b
         )
     if clicks is None:
         cfg = dataclasses.replace(cfg, data=resolve_source(cfg.data))  # dataset:NAME/... -> the fetched files
-    cache = _cache_path(cfg) if cfg.data.cache_dir and clicks is None else None
+        if _out_of_core(cfg):
+            target = _cache_path(cfg, Path(cfg.data.cache_dir) if cfg.data.cache_dir else default_cache_dir())
+            if (target / "dataset.json").is_file():
+                try:
+                    return Dataset.load(target)
+                except DataError:
+                    pass  # an unreadable cache entry is rebuilt below
+            from recsys.data.ondisk import prepare_on_disk  # imports duckdb
+
+            return prepare_on_disk(cfg.data, target, progress=progress)
+    cache = _cache_path(cfg, Path(cfg.data.cache_dir)) if cfg.data.cache_dir and clicks is None else None
     if cache is not None and (cache / "dataset.json").is_file():
         try:
             return Dataset.load(cache)
@@ -104,7 +126,37 @@ def describe(ds: Dataset) -> str:
     return "\n".join(f"{name:<14}{value}" for name, value in rows)
 
 
-def _cache_path(cfg: Config) -> Path:
+def default_cache_dir() -> Path:
+    """Where out-of-core preparation keeps its datasets without ``data.cache_dir``:
+    ``$XDG_CACHE_HOME/recsys/prepared``, by default ``~/.cache/recsys/prepared``."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "recsys" / "prepared"
+
+
+def _out_of_core(cfg: Config) -> bool:
+    """Whether ``cfg.data`` asks for out-of-core preparation (see :func:`load_dataset`)."""
+    data = cfg.data
+    if data.prepare == "memory" or data.source == "synthetic":
+        return False
+    if data.prepare == "disk":
+        return True
+    source = Path(data.source)
+    files = [p for p in (source.rglob("*") if source.is_dir() else [source]) if p.is_file()]
+    size = sum(p.stat().st_size * (_PARQUET_RATIO if p.suffix in (".parquet", ".pq") else 1) for p in files)
+    if size < DISK_THRESHOLD:
+        return False
+    try:
+        import duckdb  # noqa: F401
+    except ImportError:
+        warnings.warn(
+            f"{data.source}: {size / 2**30:.1f} GiB prepared in memory; pip install 'recsys[scale]' prepares "
+            "it out of core",
+            stacklevel=3,
+        )
+        return False
+    return True
+
+
+def _cache_path(cfg: Config, root: Path) -> Path:
     data = cfg.data
     key: dict[str, object] = {
         "version": _CACHE_VERSION,
@@ -133,7 +185,7 @@ def _cache_path(cfg: Config) -> Path:
         key["files"] = _fingerprint(Path(data.source)) + categories
         name = Path(data.source).stem or "data"
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    return Path(data.cache_dir) / f"{name}-{digest}"
+    return root / f"{name}-{digest}"
 
 
 def _fingerprint(path: Path) -> list[list[object]]:

@@ -23,7 +23,7 @@ import pandas as pd
 __all__ = ["canonical_id", "canonical_ids", "factorize_ids"]
 
 _WHOLE = re.compile(r"(-?\d+)\.0+")
-_WHOLE_PATTERN = r"^(-?\d+)\.0+$"
+WHOLE_PATTERN = r"^(-?[0-9]+)\.0+$"  # the same rule in SQL (recsys.data.ondisk)
 
 
 def canonical_id(raw: object) -> str:
@@ -36,7 +36,7 @@ def canonical_id(raw: object) -> str:
 def canonical_ids(names: np.ndarray) -> np.ndarray:
     """:func:`canonical_id` of each of ``names [n]`` (vectorised), as a str array."""
     text = pd.Series(np.asarray(names, dtype=str), dtype=object)
-    return text.str.replace(_WHOLE_PATTERN, r"\1", regex=True).to_numpy(dtype=str)
+    return text.str.replace(WHOLE_PATTERN, r"\1", regex=True).to_numpy(dtype=str)
 
 
 def factorize_ids(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:

@@ -11,12 +11,12 @@ Each user's clicks are sorted by time; equal times keep the source's row order.
 from __future__ import annotations
 
 import json
+import mmap
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -24,13 +24,15 @@ import pandas as pd
 from recsys.config import DataConfig
 from recsys.data.ids import canonical_id, factorize_ids
 from recsys.data.readers import DataError
-from recsys.io import atomic_write, atomic_write_text
+from recsys.io.files import atomic_folder, link_or_copy
 
 PAD = "<pad>"
 UNKNOWN = "<unknown>"
-_ARRAYS = "dataset.npz"
-_META = "dataset.json"
-_FORMAT_VERSION = 1
+_META = "dataset.json"  # written last: a folder without it is not a dataset
+_FORMAT_VERSION = 2  # one NAME.npy per array
+_NPZ = "dataset.npz"  # format 1 (every array in one archive), still read
+_CLICK_ARRAYS = ("items", "times")  # one entry per click: memory-mapped
+ARRAYS = ("item_raw", "user_raw", "indptr", "items", "times", "item_category", "category_raw", "item_counts")
 
 
 class IdMap:
@@ -105,6 +107,9 @@ class IdMap:
 class Dataset:
     """Prepared click sequences in CSR layout (user ``u``'s clicks are
     ``items[indptr[u]:indptr[u + 1]]``, oldest first).
+
+    A loaded dataset's clicks (``items``, ``times``) are read-only memory maps of its files
+    (:meth:`load`): a log larger than memory is paged in as it is read, never loaded whole.
 
     Arrays:
         item_raw ``[num_items]`` str: raw item id of each internal id (``[0] = "<pad>"``).
@@ -205,52 +210,69 @@ class Dataset:
         return IdMap(self.user_raw, kind="user")
 
     def save(self, directory: str | Path) -> None:
-        """Write ``dataset.npz`` (arrays, no pickles) and ``dataset.json`` (stats) atomically."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        arrays: dict[str, Any] = {
-            "item_raw": self.item_raw.astype(str),
-            "user_raw": self.user_raw.astype(str),
-            "indptr": self.indptr,
-            "items": self.items,
-            "item_category": self.item_category,
-            "category_raw": self.category_raw.astype(str),
-            "item_counts": self.item_counts,
-        }
-        if self.times is not None:
-            arrays["times"] = self.times
-        atomic_write(directory / _ARRAYS, lambda f: np.savez(f, **arrays))
+        """Write the dataset as the folder ``directory``: one ``NAME.npy`` per array (no pickles;
+        an array memory-mapped from another saved dataset is hard-linked, or copied across file
+        systems) and ``dataset.json`` (format, stats), published atomically (written beside it,
+        then renamed into place)."""
+        with atomic_folder(directory) as tmp:
+            for name in ARRAYS:
+                value = getattr(self, name)
+                if value is None:
+                    continue
+                path = tmp / f"{name}.npy"
+                if isinstance(value, np.memmap) and value.filename and Path(value.filename).name == path.name:
+                    link_or_copy(Path(value.filename), path)
+                else:
+                    np.save(path, value.astype(str) if value.dtype.kind in "OU" else value, allow_pickle=False)
+            self.write_meta(tmp)
+
+    def write_meta(self, directory: Path) -> None:
+        """Write ``dataset.json`` (format, stats) into ``directory``: the last file of a saved dataset."""
         meta = {"format_version": _FORMAT_VERSION, "stats": self.stats()}
-        atomic_write_text(directory / _META, json.dumps(meta, indent=2))
+        (directory / _META).write_text(json.dumps(meta, indent=2))
 
     @classmethod
     def load(cls, directory: str | Path) -> Dataset:
-        """Read a dataset written by :meth:`save`; inconsistent files raise :class:`DataError`."""
+        """Read a dataset written by :meth:`save` (as :meth:`mapped`) or by the
+        format-1 writer (``dataset.npz``, read into memory); inconsistent files raise
+        :class:`DataError`."""
         directory = Path(directory)
-        path = directory / _ARRAYS
         try:
             meta = json.loads((directory / _META).read_text())
-            with np.load(path, allow_pickle=False) as npz:
-                arrays = {key: npz[key] for key in npz.files}
+            version = meta.get("format_version")
+            if version == 1:
+                with np.load(directory / _NPZ, allow_pickle=False) as npz:
+                    arrays = {key: npz[key] for key in npz.files}
+            elif version == _FORMAT_VERSION:
+                return cls.mapped(directory, source=str(meta["stats"].get("source", "")))
         except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:  # missing, truncated, damaged
             raise DataError(f"{directory}: not a saved dataset, or a damaged one ({err})") from err
-        if meta.get("format_version") != _FORMAT_VERSION:
-            raise DataError(f"{directory / _META}: unsupported format_version {meta.get('format_version')!r}")
+        if version != 1:
+            raise DataError(f"{directory / _META}: unsupported format_version {version!r}")
+        return cls._checked(directory, arrays, str(meta["stats"].get("source", "")))
+
+    @classmethod
+    def mapped(cls, directory: str | Path, *, source: str = "") -> Dataset:
+        """The ``NAME.npy`` arrays of a saved dataset folder (whether or not its ``dataset.json`` is
+        written yet): the clicks (``items``, ``times``) memory-mapped read-only, the arrays of one
+        entry per item, user or category read into memory."""
+        directory = Path(directory)
+        arrays = {
+            name: _mapped(path) if name in _CLICK_ARRAYS else np.load(path, allow_pickle=False)
+            for name in ARRAYS
+            if (path := directory / f"{name}.npy").is_file()
+        }
+        return cls._checked(directory, arrays, source)
+
+    @classmethod
+    def _checked(cls, directory: Path, arrays: dict[str, np.ndarray], source: str) -> Dataset:
         try:
             ds = cls(
-                item_raw=arrays["item_raw"],
-                user_raw=arrays["user_raw"],
-                indptr=arrays["indptr"],
-                items=arrays["items"],
-                times=arrays.get("times"),
-                item_category=arrays["item_category"],
-                category_raw=arrays["category_raw"],
-                item_counts=arrays["item_counts"],
-                source=str(meta["stats"].get("source", "")),
+                **{name: arrays[name] for name in ARRAYS if name != "times"}, times=arrays.get("times"), source=source
             )
         except KeyError as err:
-            raise DataError(f"{path}: missing array {err}") from None
-        ds.check(path)
+            raise DataError(f"{directory}: missing array {err}") from None
+        ds.check(directory)
         return ds
 
     def check(self, where: str | Path = "dataset") -> None:
@@ -260,7 +282,7 @@ class Dataset:
             problems.append("indptr must be [num_users + 1] starting at 0")
         elif np.any(np.diff(self.indptr) < 0) or self.indptr[-1] != len(self.items):
             problems.append("indptr must be non-decreasing and end at len(items)")
-        if len(self.items) and (self.items.min() < 1 or self.items.max() >= self.num_items):
+        if len(self.items) and not 1 <= _min(self.items) <= _max(self.items) < self.num_items:
             problems.append("items must be in 1..num_items-1")
         if self.times is not None and len(self.times) != len(self.items):
             problems.append("times must have one entry per click")
@@ -304,13 +326,13 @@ def prepare(df: pd.DataFrame, cfg: DataConfig) -> Dataset:
     item_raw = np.asarray(item_uniques, dtype=str)
     clicks = np.bincount(item_codes, minlength=len(item_raw))
     kept_items = np.flatnonzero(clicks)
-    item_order = kept_items[np.lexsort((*_raw_keys(item_raw[kept_items]), -clicks[kept_items]))]
+    item_order = kept_items[popularity_order(item_raw[kept_items], clicks[kept_items])]
     new_item = np.zeros(len(item_raw), dtype=np.int64)
     new_item[item_order] = np.arange(1, len(item_order) + 1)
 
     user_raw = np.asarray(user_uniques, dtype=str)
     kept_users = np.flatnonzero(np.bincount(user_codes, minlength=len(user_raw)))
-    user_order = kept_users[np.lexsort(_raw_keys(user_raw[kept_users]))]
+    user_order = kept_users[raw_order(user_raw[kept_users])]
     new_user = np.zeros(len(user_raw), dtype=np.int64)
     new_user[user_order] = np.arange(len(user_order))
 
@@ -375,16 +397,64 @@ def _categories(
     first = pd.Series(item_codes[labelled]).drop_duplicates(keep="first")  # index: position in labelled
     cat_of_code = np.full(item_codes.max(initial=-1) + 1, -1, dtype=np.int64)
     cat_of_code[first.to_numpy()] = cat_codes[labelled[first.index.to_numpy()]]
-    cat_of_item = cat_of_code[item_order]  # [num_items - 1], -1 = unknown
+    return category_ids(cat_of_code[item_order], np.asarray(cat_uniques, dtype=str), item_counts)
+
+
+def category_ids(
+    cat_of_item: np.ndarray, cat_raw: np.ndarray, item_counts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``item_category [num_items]`` and ``category_raw [num_categories]`` from each kept item's
+    category: ``cat_of_item [num_items - 1]`` (internal id order; an index into ``cat_raw``, -1 =
+    unknown) and ``item_counts [num_items]``. Category ids follow falling clicks, ties by raw name;
+    a category no kept item has gets none."""
     known = cat_of_item >= 0
-    cat_raw = np.asarray(cat_uniques, dtype=str)
     cat_clicks = np.bincount(cat_of_item[known], weights=item_counts[1:][known], minlength=len(cat_raw))
     used = np.flatnonzero(np.bincount(cat_of_item[known], minlength=len(cat_raw)))
-    cat_order = used[np.lexsort((*_raw_keys(cat_raw[used]), -cat_clicks[used]))]
+    cat_order = used[popularity_order(cat_raw[used], cat_clicks[used])]
     new_cat = np.zeros(len(cat_raw) + 1, dtype=np.int64)  # last slot: unknown (-1)
     new_cat[cat_order] = np.arange(1, len(cat_order) + 1)
     item_category = np.concatenate([[0], new_cat[cat_of_item]]).astype(np.int64)
     return item_category, np.concatenate([[UNKNOWN], cat_raw[cat_order]])
+
+
+def popularity_order(raw: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Permutation ``[n]`` of raw ids ``[n]`` by falling ``counts [n]``, ties by raw id (:func:`raw_order`'s rule)."""
+    return np.lexsort((*_raw_keys(raw), -counts))
+
+
+def raw_order(raw: np.ndarray) -> np.ndarray:
+    """Permutation ``[n]`` sorting raw ids ``[n]`` (str) numerically when all are non-negative
+    integers, otherwise as text."""
+    return np.lexsort(_raw_keys(raw))
+
+
+def _min(values: np.ndarray) -> int:
+    return min(int(block.min()) for block in _blocks(values))
+
+
+def _max(values: np.ndarray) -> int:
+    return max(int(block.max()) for block in _blocks(values))
+
+
+def _blocks(values: np.ndarray, size: int = 1 << 22) -> Iterator[np.ndarray]:
+    """A 1-D array in blocks of ``size``; a memory-mapped one read through its file, so a check
+    of every value does not map the whole file into this process (mapped pages count as its
+    resident memory)."""
+    if not (isinstance(values, np.memmap) and values.filename and isinstance(values.base, mmap.mmap)):  # not a view
+        yield values
+        return
+    with open(values.filename, "rb") as f:
+        f.seek(values.offset)
+        for start in range(0, len(values), size):
+            yield np.fromfile(f, dtype=values.dtype, count=min(size, len(values) - start))
+
+
+def _mapped(path: Path) -> np.ndarray:
+    """A saved array memory-mapped read-only (an empty one, which cannot be mapped, read)."""
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except ValueError:
+        return np.load(path, allow_pickle=False)
 
 
 def _raw_keys(raw: np.ndarray) -> tuple[np.ndarray, ...]:

@@ -110,7 +110,7 @@ def read_interactions(cfg: DataConfig) -> pd.DataFrame:
         df = _read_named_columns(files[0], "," if fmt == "csv" else "\t", cfg)
         time_is_position = not cfg.time_col
     elif fmt == "parquet":
-        df = _read_parquet(files[0], cfg)
+        df = pd.concat([_read_parquet(path, cfg) for path in files], ignore_index=True)
         time_is_position = not cfg.time_col
     elif fmt == "comirec":
         df = pd.concat([_read_comirec(path, skip) for path in files], ignore_index=True)
@@ -165,7 +165,9 @@ def detect_format(source: Path) -> tuple[str, list[Path]]:
     """Guess the format of a file or folder; returns ``(format, data files)``.
 
     A folder with ``u.data`` is MovieLens; otherwise it must hold exactly one data file (not
-    counting category files), or ComiRec's ``X_train/X_valid/X_test.txt`` trio. A file is
+    counting category files), ComiRec's ``X_train/X_valid/X_test.txt`` trio, or Parquet parts
+    only (their rows in file name order; names starting with ``_`` or ``.``, such as Spark's
+    ``_SUCCESS``, are not data). A file is
     classified by its extension (``.csv``, ``.tsv``, ``.parquet``/``.pq``, ``u.data``) or, for
     other names, by its first line: three comma-separated integers is ComiRec, other commas
     CSV, tabs TSV, blanks one-user-per-line sequences.
@@ -177,6 +179,8 @@ def detect_format(source: Path) -> tuple[str, list[Path]]:
         prefixes = {m.group("prefix") for f in files if (m := _COMIREC_PART.match(f.name))}
         if len(files) > 1 and len(prefixes) == 1 and all(_COMIREC_PART.match(f.name) for f in files):
             return "comirec", files
+        if len(files) > 1 and all(f.suffix.lower() in (".parquet", ".pq") for f in files):
+            return "parquet", files  # parts as Spark, Dask or Ray write them, read in name order
         if len(files) != 1:
             names = ", ".join(f.name for f in files) or "none"
             raise DataError(
@@ -210,7 +214,7 @@ def _files_for(source: Path, fmt: str) -> list[Path]:
         return [folder]
     if source.is_dir():
         _, files = detect_format(source)
-        if fmt == "comirec" or len(files) == 1:
+        if fmt in ("comirec", "parquet") or len(files) == 1:
             return files
         raise DataError(f"{source}: point data.source at the {fmt} file")
     return [source]
@@ -221,7 +225,7 @@ def _data_files(folder: Path) -> list[Path]:
         p
         for p in folder.iterdir()
         if p.is_file()
-        and not p.name.startswith(".")
+        and not p.name.startswith((".", "_"))
         and p.suffix.lower() in _DATA_SUFFIXES
         and not _CATEGORY_NAME.search(p.name)
         and p.name.lower() not in ("readme", "license")
@@ -258,6 +262,11 @@ class _Layout:
 
 def _read_named_columns(path: Path, sep: str, cfg: DataConfig) -> pd.DataFrame:
     """CSV/TSV with a header row naming the configured columns."""
+    return _read_table(path, named_layout(path, sep, cfg), cfg.skip_bad_rows)
+
+
+def named_layout(path: Path, sep: str, cfg: DataConfig) -> _Layout:
+    """The layout of a CSV/TSV file whose header row names the configured columns."""
     lineno, names = _first_record(path, sep)
     header = [name.strip() for name in names]
     fields = {}
@@ -266,15 +275,16 @@ def _read_named_columns(path: Path, sep: str, cfg: DataConfig) -> pd.DataFrame:
             raise DataError(f"{path}:{lineno}: no column {name!r} (data.{role}_col); the header has {header}")
         fields[role] = header.index(name)
     required = tuple(role for role in ("user", "item", "time") if role in fields)
-    layout = _Layout(sep=sep, header=True, ncols=len(header), fields=fields, required=required)
-    return _read_table(path, layout, cfg.skip_bad_rows)
+    return _Layout(sep=sep, header=True, ncols=len(header), fields=fields, required=required)
+
+
+COMIREC_LAYOUT = _Layout(
+    sep=",", header=False, ncols=3, fields={"user": 0, "item": 1, "time": 2}, required=("user", "item", "time")
+)
 
 
 def _read_comirec(path: Path, skip: bool) -> pd.DataFrame:
-    layout = _Layout(
-        sep=",", header=False, ncols=3, fields={"user": 0, "item": 1, "time": 2}, required=("user", "item", "time")
-    )
-    return _read_table(path, layout, skip)
+    return _read_table(path, COMIREC_LAYOUT, skip)
 
 
 def _read_movielens(folder: Path, skip: bool, *, with_genres: bool) -> pd.DataFrame:
@@ -332,7 +342,7 @@ def _read_parquet(path: Path, cfg: DataConfig) -> pd.DataFrame:
     except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
         raise DataError(f"{path}: not a readable Parquet file ({err})") from err
     _check_columns(path, cfg, available)
-    return _from_columns(raw, cfg, path)
+    return from_columns(raw, cfg, path)
 
 
 def _check_columns(where: str | Path, cfg: DataConfig, columns: list[str]) -> None:
@@ -353,7 +363,7 @@ def read_frame(raw: pd.DataFrame, cfg: DataConfig, where: str = "clicks") -> pd.
     if not isinstance(raw, pd.DataFrame):
         raise DataError(f"{where}: expected a pandas DataFrame, got {type(raw).__name__}")
     _check_columns(where, cfg, list(raw.columns))
-    df = _from_columns(raw, cfg, where)
+    df = from_columns(raw, cfg, where)
     if "time" not in df:
         df["time"] = df.groupby("user", sort=False).cumcount().to_numpy(np.float64)
     if df.empty:
@@ -363,9 +373,15 @@ def read_frame(raw: pd.DataFrame, cfg: DataConfig, where: str = "clicks") -> pd.
     return df
 
 
-def _from_columns(raw: pd.DataFrame, cfg: DataConfig, where: str | Path) -> pd.DataFrame:
+def from_columns(
+    raw: pd.DataFrame, cfg: DataConfig, where: str | Path, *, first_row: int = 0, skipped: list | None = None
+) -> pd.DataFrame:
     """The configured columns of ``raw`` as tidy roles (ids as str, numeric times); bad rows
-    raise naming ``where`` and the row, or are dropped with ``data.skip_bad_rows``."""
+    raise naming ``where`` and the row, or are dropped with ``data.skip_bad_rows``.
+
+    ``first_row``: the row number of ``raw``'s first row minus one (``raw`` is a batch of a larger
+    table). ``skipped``: a list that collects the dropped rows' ``(row, row)`` spans instead of a
+    warning (the caller warns once for all its batches)."""
     path, columns = where, _roles(cfg)
     df = pd.DataFrame({role: _as_str(raw[name]) if role != "time" else raw[name] for role, name in columns.items()})
     if "time" in df and pd.api.types.is_datetime64_any_dtype(df["time"]):
@@ -382,8 +398,12 @@ def _from_columns(raw: pd.DataFrame, cfg: DataConfig, where: str | Path) -> pd.D
             role = next(role for role in required if masks[role][row])
             value = raw[columns["time"]].iloc[row] if role == "time" else None
             reason = f"time {_plain(value)!r} is missing or not a number" if role == "time" else f"empty {role}"
-            raise DataError(f"{path}: row {row + 1}: {reason}")
-        _warn_skipped(path, [(int(r) + 1, int(r) + 1) for r in rows], unit="row")
+            raise DataError(f"{path}: row {first_row + row + 1}: {reason}")
+        spans = [(first_row + int(r) + 1, first_row + int(r) + 1) for r in rows]
+        if skipped is None:
+            _warn_skipped(path, spans, unit="row")
+        else:
+            skipped.extend(spans)
         df = df[~bad].reset_index(drop=True)
     return _tidy(df)
 
@@ -467,6 +487,20 @@ def _parse(path: Path, layout: _Layout, *, typed: bool) -> pd.DataFrame | None:
     ``typed``: parse the time column as float64 in the parser (fast; fails on any non-number);
     otherwise read text and convert numbers or ISO date-times.
     """
+    try:
+        raw = pd.read_csv(path, **parse_options(path, layout, typed=typed))
+    except pd.errors.EmptyDataError:
+        raise DataError(f"{path}: no data rows") from None
+    except ValueError:  # ParserError, UnicodeDecodeError, a non-number in a typed column
+        return None
+    df = role_columns(raw, layout)
+    if df is not None and "time" in df and not typed:
+        df["time"], _ = _parse_times(df["time"])
+    return df
+
+
+def parse_options(path: Path, layout: _Layout, *, typed: bool) -> dict[str, Any]:
+    """``pd.read_csv`` options that cut ``path`` as :func:`_parse` does (``typed``: time as float64)."""
     options: dict[str, Any] = {
         "sep": layout.sep,
         "header": 0 if layout.header else None,
@@ -475,28 +509,30 @@ def _parse(path: Path, layout: _Layout, *, typed: bool) -> pd.DataFrame | None:
         "engine": "c",
     }
     dtype: type | dict = str
-    try:
-        if typed and "time" in layout.fields:
-            labels = pd.read_csv(path, nrows=0, **options).columns if layout.header else range(layout.ncols)
-            dtype = {label: np.float64 if i == layout.fields["time"] else str for i, label in enumerate(labels)}
-        raw = pd.read_csv(path, dtype=dtype, encoding_errors="strict", **options)
-    except pd.errors.EmptyDataError:
-        raise DataError(f"{path}: no data rows") from None
-    except ValueError:  # ParserError, UnicodeDecodeError, a non-number in a typed column
-        return None
+    if typed and "time" in layout.fields:
+        labels = pd.read_csv(path, nrows=0, **options).columns if layout.header else range(layout.ncols)
+        dtype = {label: np.float64 if i == layout.fields["time"] else str for i, label in enumerate(labels)}
+    return {**options, "dtype": dtype, "encoding_errors": "strict"}
+
+
+def role_columns(raw: pd.DataFrame, layout: _Layout) -> pd.DataFrame | None:
+    """The role columns of what pandas parsed (``[n]``, ids as written), or ``None`` when its shape
+    shows malformed rows."""
     if raw.shape[1] != layout.ncols or not isinstance(raw.index, pd.RangeIndex):
         return None  # rows with more fields than the header: pandas made the first column the index
-    df = pd.DataFrame({role: raw.iloc[:, idx] for role, idx in layout.fields.items()})
-    if "time" in df and not typed:
-        df["time"], _ = _parse_times(df["time"])
-    return df
+    return pd.DataFrame({role: raw.iloc[:, idx] for role, idx in layout.fields.items()})
 
 
 def _holds_line_break(path: Path, df: pd.DataFrame, layout: _Layout) -> bool:
     """Whether an id or category field holds a line break: a quote opened in it closes only on a
     later line, which swallows the lines between (only a file with a quote can have one)."""
+    return _has_quote(path) and has_line_break(df, layout)
+
+
+def has_line_break(df: pd.DataFrame, layout: _Layout) -> bool:
+    """Whether an id or category field of ``df`` holds a line break (see :func:`_holds_line_break`)."""
     roles = [role for role in layout.fields if role != "time"]  # a time with a line break is not a number
-    return _has_quote(path) and any(df[role].str.contains("[\r\n]", regex=True, na=False).any() for role in roles)
+    return any(df[role].str.contains("[\r\n]", regex=True, na=False).any() for role in roles)
 
 
 def _has_quote(path: Path) -> bool:
@@ -573,10 +609,28 @@ def _scan(path: Path, layout: _Layout, *, skip: bool, limit: int | None = None) 
     Python's csv module. It stops at the first malformed record unless ``skip`` (and at a quote
     never closed even then), and after ``limit`` well-formed records. Values are checked
     afterwards, by :func:`_checked`, with the fast path's vectorised rules."""
+    parts = list(scan_parts(path, layout, skip=skip, limit=limit))
+    offsets = np.cumsum([0] + [len(part.starts) for part in parts])
+    return _Scan(
+        starts=array("q", [line for part in parts for line in part.starts]),
+        ends={int(at) + row: line for at, part in zip(offsets, parts) for row, line in part.ends.items()},
+        short={int(at) + row: n for at, part in zip(offsets, parts) for row, n in part.short.items()},
+        problems=[problem for part in parts for problem in part.problems],
+        text=pd.concat([part.text for part in parts], ignore_index=True),
+    )
+
+
+def scan_parts(
+    path: Path, layout: _Layout, *, skip: bool, limit: int | None = None, keep_from: int = 0
+) -> Iterator[_Scan]:
+    """:func:`_scan` in parts of at most ``_SCAN_CHUNK`` well-formed records each (the last may
+    be empty), so a caller can check and drop each part before the next: memory stays bounded on
+    a file of any size. The first ``keep_from`` well-formed records are passed over (their
+    structure is still checked, their text not kept): a caller that has read them already.
+    Each part's ``starts``, ``ends`` and ``short`` index its own records."""
     starts, ends, short, problems = array("q"), {}, {}, []
-    parts: list[pd.DataFrame] = []
-    kept: list[list[str]] = []  # fields of the well-formed records not yet in parts, padded to ncols
-    ncols = layout.ncols
+    kept: list[list[str]] = []  # fields of this part's well-formed records, padded to ncols
+    ncols, seen = layout.ncols, 0  # well-formed records so far, passed over or kept
     with _csv_fields_unlimited(), open(path, "rb") as f:
         records = _records(f, layout.sep, layout.encoding)
         if layout.header:
@@ -591,6 +645,9 @@ def _scan(path: Path, layout: _Layout, *, skip: bool, limit: int | None = None) 
                 if problem.fatal or not skip:
                     break
                 continue
+            seen += 1
+            if seen <= keep_from:
+                continue
             if last > first:
                 ends[len(starts)] = last
             if len(fields) < ncols:
@@ -599,12 +656,11 @@ def _scan(path: Path, layout: _Layout, *, skip: bool, limit: int | None = None) 
             starts.append(first)
             kept.append(fields)
             if len(kept) == _SCAN_CHUNK:  # as pandas strings: compact, unlike Python's
-                parts.append(_text_frame(kept, layout))
-                kept = []
-            if len(starts) == limit:
+                yield _Scan(starts, ends, short, problems, _text_frame(kept, layout))
+                starts, ends, short, problems, kept = array("q"), {}, {}, [], []
+            if seen == limit:
                 break
-    text = pd.concat([*parts, _text_frame(kept, layout)], ignore_index=True)
-    return _Scan(starts, ends, short, problems, text)
+    yield _Scan(starts, ends, short, problems, _text_frame(kept, layout))
 
 
 def _text_frame(rows: list[list[str]], layout: _Layout) -> pd.DataFrame:
@@ -614,13 +670,13 @@ def _text_frame(rows: list[list[str]], layout: _Layout) -> pd.DataFrame:
     )
 
 
-def _checked(scan: _Scan, layout: _Layout) -> tuple[pd.DataFrame, list[_Problem]]:
+def _checked(scan: _Scan, layout: _Layout, kind: str = "") -> tuple[pd.DataFrame, list[_Problem]]:
     """The scanned records' values checked as the fast path checks them: ``(the rows whose values
-    are good, time in seconds; a problem for each other row)``."""
+    are good, time in seconds; a problem for each other row)``. ``kind``: how times read
+    (:func:`_parse_times`; ``""``: decided by these records)."""
     df = scan.text.copy()
-    kind = "number"
     if "time" in df:
-        df["time"], kind = _parse_times(scan.text["time"])
+        df["time"], kind = _parse_times(scan.text["time"], kind)
     masks = _invalid_by_role(df, layout.required)
     bad = _any(masks, len(df))
     problems = []

@@ -15,14 +15,23 @@ Checkpoints hold only tensors and Python primitives and load with
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-import torch
-
-__all__ = ["atomic_save", "atomic_torch_save", "atomic_write", "atomic_write_text", "check_plain", "default_file_mode"]
+__all__ = [
+    "atomic_folder",
+    "atomic_save",
+    "atomic_torch_save",
+    "atomic_write",
+    "atomic_write_text",
+    "check_plain",
+    "default_file_mode",
+    "link_or_copy",
+]
 
 Replace = Callable[[Path, Path], None]  # (complete temporary file, target): move it into place
 
@@ -58,6 +67,61 @@ def atomic_save(path: str | Path, save: Callable[[Path], object], *, replace: Re
         raise
 
 
+@contextmanager
+def atomic_folder(path: str | Path) -> Iterator[Path]:
+    """Yield an empty temporary folder beside ``path`` to write into; when the block ends without
+    an error its files are flushed to disk and the folder is renamed to ``path`` (an old ``path``
+    is moved aside first, then removed). On an error the temporary folder is removed; after a
+    killed process it stays under a name no reader opens (``.NAME.tmp-PID``) until the next
+    :func:`atomic_folder` for ``path`` removes it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned(path)
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+        for file in tmp.iterdir():
+            with open(file, "rb+") as f:
+                os.fsync(f.fileno())
+        old = path.parent / f".{path.name}.old-{os.getpid()}"
+        if path.exists():
+            os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _remove_abandoned(path: Path) -> None:
+    """Remove the temporary folders of ``path`` left by processes that no longer run."""
+    for leftover in [*path.parent.glob(f".{path.name}.tmp-*"), *path.parent.glob(f".{path.name}.old-*")]:
+        pid = leftover.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _running(int(pid)):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another account's process
+    return True
+
+
+def link_or_copy(src: Path, dst: Path) -> None:
+    """Hard-link ``src`` as ``dst`` (no copy: for files that are never changed in place), or copy
+    it where a link cannot be made (another file system)."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
+
+
 def atomic_write(path: str | Path, write: Callable[[IO[bytes]], object], *, replace: Replace = os.replace) -> None:
     """Call ``write(f)`` on a temporary binary file next to ``path`` (what it returns is ignored),
     then move it to ``path`` (as :func:`atomic_save`)."""
@@ -76,6 +140,8 @@ def atomic_write_text(path: str | Path, text: str, *, replace: Replace = os.repl
 
 def atomic_torch_save(obj: Any, path: str | Path, *, replace: Replace = os.replace) -> None:
     """Atomically ``torch.save`` ``obj`` to ``path``, after :func:`check_plain`."""
+    import torch  # here, not at the top: the data pipeline writes files without loading torch
+
     check_plain(obj)
     atomic_write(path, lambda f: torch.save(obj, f), replace=replace)
 
@@ -89,6 +155,8 @@ def check_plain(obj: Any, where: str = "checkpoint") -> None:
     Allowed: tensors, ``torch.dtype``/``torch.Size``, ``str``/``int``/``float``/``bool``/``None``,
     and dicts (with primitive keys), lists and tuples of these. numpy values are not allowed.
     """
+    import torch
+
     # exact types: numpy scalars subclass float/int but do not load under weights_only
     if type(obj) in _PRIMITIVES or isinstance(obj, (torch.Tensor, torch.dtype, torch.Size)):
         return

@@ -27,7 +27,7 @@ def test_synthetic_source_and_cache(tmp_path):
     cfg = small_synthetic(tmp_path)
     first = load_dataset(cfg)
     entries = list((tmp_path / "cache").iterdir())
-    assert len(entries) == 1 and (entries[0] / "dataset.npz").is_file()
+    assert len(entries) == 1 and (entries[0] / "items.npy").is_file()
     cached = load_dataset(cfg)
     np.testing.assert_array_equal(cached.items, first.items)
     np.testing.assert_array_equal(cached.item_raw, first.item_raw)

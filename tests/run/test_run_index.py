@@ -129,7 +129,7 @@ def test_saved_index_and_dataset_are_verified_against_the_manifest(tiny_run, tmp
     assert main(["index", str(run_dir), "--factory", "Flat"]) == 0
     on_disk = {p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*") if p.is_file()}
     assert set(read_manifest(run_dir)) == on_disk - {MANIFEST, layout.LOCK}  # the lock holds no content
-    assert {"index/Flat.faiss", "index/Flat.json", "dataset/dataset.npz"} <= on_disk
+    assert {"index/Flat.faiss", "index/Flat.json", "dataset/items.npy"} <= on_disk
 
     run = load_run(run_dir)
     index_file = RunDir(run_dir).index_files("Flat")[0]
@@ -137,11 +137,11 @@ def test_saved_index_and_dataset_are_verified_against_the_manifest(tiny_run, tmp
     with pytest.raises(IntegrityError, match=r"Flat\.faiss: truncated .*rebuild it with `recsys index"):
         open_run_index(run, retrieval_settings(run, "Flat"), log=lambda line: None)
 
-    arrays = run_dir / "dataset" / "dataset.npz"
+    arrays = run_dir / "dataset" / "items.npy"
     data = bytearray(arrays.read_bytes())
     data[len(data) // 2] ^= 0xFF
     arrays.write_bytes(bytes(data))
-    with pytest.raises(IntegrityError, match=r"dataset\.npz: corrupted"):
+    with pytest.raises(IntegrityError, match=r"items\.npy: corrupted"):
         load_run(run_dir)
 
 

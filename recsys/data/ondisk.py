@@ -1,0 +1,264 @@
+"""Preparation out of core: a click log of any size -> a saved :class:`~recsys.data.prepare.Dataset`
+folder, in bounded memory.
+
+The same dataset :func:`~recsys.data.prepare.prepare` builds in memory (same filter, ids, order and
+categories, so the two are interchangeable; the tests compare them), built by DuckDB with a memory
+limit, spilling to disk beside the target:
+
+1. read: :func:`~recsys.data.chunks.read_chunks` appends the log to a DuckDB table, each row with
+   its row number (``rn``), so ties keep the file's order;
+2. filter: ComiRec's item then user counts (``data.kcore``: until a pass removes nothing), as
+   :func:`~recsys.data.prepare.filter_counts`, kept as the sets of surviving items and users;
+3. ids: the kept items and users (a row each, fetched into memory) are numbered by
+   :func:`~recsys.data.prepare.popularity_order` and :func:`~recsys.data.prepare.raw_order`;
+   a kept item's category is that of its first labelled row;
+4. write: the log joined with the two id tables (which drops the filtered clicks), sorted by
+   (user, time, row), streams into ``items.npy`` and ``times.npy``.
+
+DuckDB was chosen over Polars' streaming engine and PyArrow datasets by ``benchmarks/prepare.py``
+(docs/results.md): it sorts, joins and groups out of core under a memory limit.
+The folder is published atomically (:func:`recsys.io.files.atomic_folder`): a killed preparation
+leaves only a temporary folder that no reader opens and the next preparation removes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from recsys.config import DataConfig
+from recsys.data.chunks import ClickSource, open_source, read_chunks
+from recsys.data.ids import WHOLE_PATTERN
+from recsys.data.prepare import PAD, UNKNOWN, Dataset, category_ids, popularity_order, raw_order
+from recsys.data.readers import DataError
+from recsys.io.files import atomic_folder
+from recsys.progress import progress_bar
+
+MEMORY_LIMIT = os.environ.get("RECSYS_PREPARE_MEMORY", "768MB")  # DuckDB's buffer pool; it spills beyond
+_WRITE_ROWS = 1 << 20  # clicks per batch fetched from the sorted result
+
+
+def prepare_on_disk(cfg: DataConfig, target: str | Path, *, progress: bool = False) -> Dataset:
+    """Prepare ``cfg.source`` into the dataset folder ``target`` and open it (memory-mapped).
+
+    Needs DuckDB (``pip install 'recsys[scale]'``). Errors are the in-memory path's: a malformed
+    row names its file and line; no clicks left after filtering names the settings.
+    """
+    duckdb = _duckdb()
+    src = open_source(cfg)
+    target = Path(target)
+    with atomic_folder(target) as out:
+        con = duckdb.connect()  # in memory up to the limit, then spilled to the temporary directory
+        try:
+            con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
+            spill = str(out / "spill").replace("'", "''")  # an SQL string
+            con.execute(f"SET temp_directory = '{spill}'")
+            con.execute("SET preserve_insertion_order = false")
+            con.execute("SET enable_progress_bar = false")
+            with_time = _read(con, src, progress)
+            _build(con, cfg, src, out, with_time=with_time, progress=progress)
+        finally:
+            con.close()
+        shutil.rmtree(out / "spill", ignore_errors=True)
+    return Dataset.load(target)
+
+
+def _duckdb() -> Any:
+    try:
+        import duckdb
+        import pyarrow  # noqa: F401 - the chunks' way into DuckDB
+    except ImportError as err:
+        raise DataError(
+            "preparing a log out of core needs duckdb and pyarrow (pip install 'recsys[scale]'), "
+            "or set data.prepare=memory"
+        ) from err
+    return duckdb
+
+
+def _read(con: Any, src: ClickSource, progress: bool) -> bool:
+    """Stage 1: the log into table ``raw(rn, user, item[, time][, category])``; whether it has times."""
+    import pyarrow as pa  # installed with recsys[scale]; chunks go to DuckDB as Arrow tables, its fastest way in
+
+    columns: list[str] | None = None
+    rows = 0
+    with progress_bar(src.size, f"data: reading {src.cfg.source}", enabled=progress, unit="B") as bar:
+        bar.unit_scale = True
+        for chunk in read_chunks(src, advance=bar.update):
+            chunk.insert(0, "rn", np.arange(rows, rows + len(chunk), dtype=np.int64))
+            if columns is None:
+                columns = list(chunk.columns)
+                types = {"rn": "BIGINT", "user": "VARCHAR", "item": "VARCHAR", "time": "DOUBLE", "category": "VARCHAR"}
+                con.execute("CREATE TABLE raw (" + ", ".join(f'"{c}" {types[c]}' for c in columns) + ")")
+            con.register("chunk", pa.Table.from_pandas(chunk[columns], preserve_index=False))
+            con.execute(f"INSERT INTO raw SELECT {', '.join(_canonical(c) for c in columns)} FROM chunk")
+            con.unregister("chunk")
+            rows += len(chunk)
+    assert columns is not None  # read_chunks raises on a log without clicks
+    return "time" in columns
+
+
+def _canonical(column: str) -> str:
+    """The SQL that reads ``column`` of a chunk: users and items under the id rule of
+    :mod:`recsys.data.ids` (a whole number written with a zero fraction is that number), as
+    :func:`~recsys.data.ids.factorize_ids` applies it in memory."""
+    if column not in ("user", "item"):
+        return f'"{column}"'
+    return f"regexp_replace(CAST(\"{column}\" AS VARCHAR), '{WHOLE_PATTERN}', '\\1') AS \"{column}\""
+
+
+def _build(con: Any, cfg: DataConfig, src: ClickSource, out: Path, *, with_time: bool, progress: bool) -> None:
+    """Stages 2-4: filter, ids, categories, sorted clicks -> the dataset files in ``out``.
+    ``with_time``: the clicks have a time column (to sort by; kept unless it is only a position)."""
+    has_category = "category" in [row[0] for row in con.execute("DESCRIBE raw").fetchall()]
+    with progress_bar(3, "data: filtering", enabled=progress, unit="stage") as bar:
+        kept = _filter(con, cfg)
+        if kept == 0:
+            raise DataError(
+                f"{cfg.source}: no clicks left after filtering (data.min_item_count={cfg.min_item_count}, "
+                f"data.min_user_count={cfg.min_user_count}, data.kcore={cfg.kcore})"
+            )
+        bar.update()
+        bar.set_description("data: numbering items and users")
+        item_raw, item_counts = _number(con, "item", by_popularity=True)
+        user_raw, user_counts = _number(con, "user", by_popularity=False)
+        bar.update()
+        bar.set_description("data: categories")
+        item_category, category_raw = _item_categories(con, item_raw, item_counts, has_category)
+        bar.update()
+    indptr = np.zeros(len(user_raw) + 1, dtype=np.int64)
+    np.cumsum(user_counts, out=indptr[1:])
+    _write_clicks(
+        con, out, kept, with_time=with_time and not src.time_is_position, sort_time=with_time, progress=progress
+    )
+    for name, value in (
+        ("item_raw", item_raw),
+        ("user_raw", user_raw),
+        ("indptr", indptr),
+        ("item_category", item_category),
+        ("category_raw", category_raw),
+        ("item_counts", item_counts),
+    ):
+        np.save(out / f"{name}.npy", value, allow_pickle=False)
+    Dataset.mapped(out, source=str(cfg.source)).write_meta(out)
+
+
+def _filter(con: Any, cfg: DataConfig) -> int:
+    """Stage 2, :func:`~recsys.data.prepare.filter_counts` on the log: tables ``item_kept(raw,
+    clicks)`` and ``user_kept(raw, clicks)`` hold the items and users that survive, with their
+    clicks after filtering; returns the clicks kept.
+
+    A click survives when both its item and its user do (each pass only shrinks both sets), so
+    each pass counts over the log joined with the two sets: no filtered copy of the log is written."""
+    users = items = ""  # the conditions of the sets: every user and item before the first pass
+    rows = None
+    while True:
+        before = rows
+        _count_kept(con, "item", users + items, cfg.min_item_count)
+        items = " AND item IN (SELECT raw FROM item_kept)"
+        _count_kept(con, "user", users + items, cfg.min_user_count)
+        users = ' AND "user" IN (SELECT raw FROM user_kept)'
+        rows = int(con.execute("SELECT coalesce(sum(clicks), 0) FROM user_kept").fetchone()[0])
+        if not cfg.kcore or rows == before:
+            break
+    _count_kept(con, "item", users + items, 1)  # the kept items' clicks after the last user pass
+    return rows
+
+
+def _count_kept(con: Any, role: str, where: str, least: int) -> None:
+    """Table ``{role}_kept(raw, clicks)``: the users or items with at least ``least`` clicks among
+    the rows that satisfy ``where`` (`` AND ...`` conditions)."""
+    con.execute(
+        f'CREATE TABLE {role}_next AS SELECT "{role}" AS raw, count(*) AS clicks FROM raw '
+        f'WHERE true{where} GROUP BY "{role}" HAVING count(*) >= {int(least)}'
+    )
+    con.execute(f"DROP TABLE IF EXISTS {role}_kept")
+    con.execute(f"ALTER TABLE {role}_next RENAME TO {role}_kept")
+
+
+def _number(con: Any, role: str, *, by_popularity: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Stage 3 for users or items: ``(raw ids [n], clicks [n])`` in internal id order, and table
+    ``{role}_ids(raw, id)``. Items are numbered from 1 by falling clicks, users from 0 by raw id."""
+    table = con.execute(f"SELECT raw, clicks FROM {role}_kept").fetchnumpy()
+    raw = np.asarray(table["raw"], dtype=str)
+    clicks = np.asarray(table["clicks"], dtype=np.int64)
+    order = popularity_order(raw, clicks) if by_popularity else raw_order(raw)
+    first = 1 if by_popularity else 0
+    ids = pd.DataFrame({"raw": raw[order], "id": np.arange(first, first + len(order))})
+    con.register("ids", ids)
+    con.execute(f"CREATE TABLE {role}_ids AS SELECT * FROM ids")
+    con.unregister("ids")
+    if by_popularity:
+        return np.concatenate([[PAD], raw[order]]), np.concatenate([[0], clicks[order]]).astype(np.int64)
+    return raw[order], clicks[order]
+
+
+def _item_categories(
+    con: Any, item_raw: np.ndarray, item_counts: np.ndarray, has_category: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """``item_category [num_items]`` and ``category_raw [num_categories]`` (see :func:`category_ids`):
+    a kept item's category is that of its first labelled row, filtered or not."""
+    if not has_category:
+        return np.zeros(len(item_raw), dtype=np.int64), np.array([UNKNOWN])
+    table = con.execute(
+        "SELECT item, arg_min(category, rn) AS category FROM raw "
+        "WHERE category IS NOT NULL AND item IN (SELECT raw FROM item_ids) GROUP BY item"
+    ).fetchnumpy()
+    first = pd.Series(np.asarray(table["category"], dtype=object), index=np.asarray(table["item"], dtype=str))
+    names = first.reindex(item_raw[1:])  # [num_items - 1], NaN = unknown
+    codes, uniques = pd.factorize(names)
+    return category_ids(codes.astype(np.int64), np.asarray(uniques, dtype=str), item_counts)
+
+
+def _write_clicks(con: Any, out: Path, n: int, *, with_time: bool, sort_time: bool, progress: bool) -> None:
+    """Stage 4: ``items.npy`` (and ``times.npy``) ``[n]``, sorted by user, then time, then row."""
+    by_time = "k.time, " if sort_time else ""
+    select = "i.id AS item" + (", k.time" if with_time else "")
+    result = con.sql(
+        f'SELECT {select} FROM raw k JOIN user_ids u ON k."user" = u.raw JOIN item_ids i ON k.item = i.raw '
+        f"ORDER BY u.id, {by_time}k.rn"
+    )
+    with (
+        _NpyWriter(out / "items.npy", np.int64, n) as items,
+        _NpyWriter(out / "times.npy", np.float64, n if with_time else 0) as times,
+        progress_bar(n, "data: sorting and writing clicks", enabled=progress, unit="click") as bar,
+    ):
+        reader = result.to_arrow_reader(_WRITE_ROWS)
+        for batch in reader:
+            items.write(batch.column(0).to_numpy())
+            if with_time:
+                times.write(batch.column(1).to_numpy())
+            bar.update(batch.num_rows)
+    if not with_time:
+        (out / "times.npy").unlink()
+
+
+class _NpyWriter:
+    """Writes a 1-D ``.npy`` file of ``n`` values in pieces (the header first), so a column larger
+    than memory streams to disk; closing checks that ``n`` values came."""
+
+    def __init__(self, path: Path, dtype: type, n: int) -> None:
+        self.path, self.dtype, self.n, self.written = path, np.dtype(dtype), n, 0
+        self.file = open(path, "wb")  # noqa: SIM115 - closed in __exit__
+        np.lib.format.write_array_header_1_0(
+            self.file, {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False, "shape": (n,)}
+        )
+
+    def write(self, values: np.ndarray) -> None:
+        self.file.write(np.ascontiguousarray(values, dtype=self.dtype).tobytes())
+        self.written += len(values)
+
+    def __enter__(self) -> _NpyWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.file.close()
+        if exc[0] is None and self.written != self.n:
+            raise RuntimeError(f"{self.path}: wrote {self.written} of {self.n} values")
+
+
+__all__ = ["MEMORY_LIMIT", "prepare_on_disk"]
