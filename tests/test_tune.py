@@ -65,6 +65,8 @@ def test_tune_prunes_resumes_and_writes_a_config_that_trains(tmp_path, capsys):
     expected = best_cfg.to_dict()
     assert expected["train"]["horizon"] == -1  # automatic: resolved by the run, from the synthetic data's untied times
     expected["train"]["horizon"] = 1
+    assert expected["train"]["item_updates"] == "auto"  # resolved by the run from the catalogue's size
+    expected["train"]["item_updates"] = "dense"
     assert retrained.read_config().to_dict() == expected
     valid = max(r["recall@50"] for r in retrained.read_metrics() if r.get("split") == "valid")
     assert valid == pytest.approx(best.value)  # the same seed trains the same model
