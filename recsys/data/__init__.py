@@ -23,6 +23,7 @@ from recsys.data.readers import DataError, DataWarning, read_frame, read_interac
 from recsys.data.registry import resolve_source
 from recsys.data.split import EvalSet, Split, split_dataset
 from recsys.data.synthetic import generate
+from recsys.extras import install_hint
 from recsys.progress import progress_bar
 
 __all__ = [
@@ -148,7 +149,7 @@ def _out_of_core(cfg: Config) -> bool:
         import duckdb  # noqa: F401
     except ImportError:
         warnings.warn(
-            f"{data.source}: {size / 2**30:.1f} GiB prepared in memory; pip install 'recsys[scale]' prepares "
+            f"{data.source}: {size / 2**30:.1f} GiB prepared in memory; {install_hint('scale')} prepares "
             "it out of core",
             stacklevel=3,
         )

@@ -47,6 +47,7 @@ from recsys.data.readers import (  # the reader's own rules, shared so both path
     role_columns,
     scan_parts,
 )
+from recsys.extras import install_hint
 
 CHUNK_ROWS = 1_000_000  # rows per chunk: ~100 MB of pandas strings at a time
 STREAMED_FORMATS = ("csv", "tsv", "parquet", "comirec")  # the others are read whole, as one chunk
@@ -204,7 +205,7 @@ def _parquet_chunks(path: Path, cfg: DataConfig) -> _Chunks:
     try:
         import pyarrow.parquet as pq
     except ImportError as err:
-        raise DataError(f"{path}: reading Parquet needs pyarrow (pip install 'recsys[parquet]')") from err
+        raise DataError(f"{path}: reading Parquet needs pyarrow ({install_hint('parquet')})") from err
     try:
         parquet = pq.ParquetFile(path)
     except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError

@@ -36,6 +36,7 @@ from recsys.data.chunks import ClickSource, open_source, read_chunks
 from recsys.data.ids import WHOLE_PATTERN
 from recsys.data.prepare import PAD, UNKNOWN, Dataset, category_ids, popularity_order, raw_order
 from recsys.data.readers import DataError
+from recsys.extras import install_hint
 from recsys.io.files import atomic_folder
 from recsys.progress import progress_bar
 
@@ -46,7 +47,7 @@ _WRITE_ROWS = 1 << 20  # clicks per batch fetched from the sorted result
 def prepare_on_disk(cfg: DataConfig, target: str | Path, *, progress: bool = False) -> Dataset:
     """Prepare ``cfg.source`` into the dataset folder ``target`` and open it (memory-mapped).
 
-    Needs DuckDB (``pip install 'recsys[scale]'``). Errors are the in-memory path's: a malformed
+    Needs DuckDB (``pip install 'multi-interest-recsys[scale]'``). Errors are the in-memory path's: a malformed
     row names its file and line; no clicks left after filtering names the settings.
     """
     duckdb = _duckdb()
@@ -74,7 +75,7 @@ def _duckdb() -> Any:
         import pyarrow  # noqa: F401 - the chunks' way into DuckDB
     except ImportError as err:
         raise DataError(
-            "preparing a log out of core needs duckdb and pyarrow (pip install 'recsys[scale]'), "
+            f"preparing a log out of core needs duckdb and pyarrow ({install_hint('scale')}), "
             "or set data.prepare=memory"
         ) from err
     return duckdb
