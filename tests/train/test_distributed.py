@@ -144,17 +144,7 @@ def test_two_gloo_processes_update_the_rows_either_touched_as_one_process_does()
     rows.sync()
     assert rows.average is not None
     expected = (table.weight.detach().clone(), rows.average.clone())
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed"])
-    workers = mp.start_processes(
-        _sparse_rows_worker, args=(2, _free_port(), batches, expected), nprocs=2, join=False, start_method="forkserver"
-    )
-    deadline = time.monotonic() + 120
-    while not workers.join(timeout=1):  # raises if a worker failed
-        if time.monotonic() > deadline:
-            for process in workers.processes:
-                process.kill()
-            pytest.fail("distributed workers did not finish within 120 s")
+    _run_two(_sparse_rows_worker, (batches, expected), ["torch", "torch.distributed"])
 
 
 def test_two_gloo_processes_match_single_process_gradients():
@@ -162,14 +152,18 @@ def test_two_gloo_processes_match_single_process_gradients():
     x, y = _global_batch()
     nn.functional.mse_loss(model(x), y).backward()  # the global batch in one process
     expected = [p.grad.clone() for p in model.parameters()]
-    # forkserver: one clean process imports torch and what DDP's constructor imports lazily
-    # (torch._dynamo, seconds) once, and forks both workers from it; plain fork from the pytest
-    # process can deadlock in OpenMP after earlier tests ran parallel ops
+    # DDP's constructor imports torch._dynamo lazily (seconds): once, in the fork server
+    _run_two(_worker, (expected,), ["torch", "torch._dynamo", "torch.distributed"])
+
+
+def _run_two(worker, args: tuple, preload: list[str]) -> None:
+    """``worker(rank, 2, port, *args)`` in two processes; fails on an error in either or after 120 s.
+
+    forkserver: one clean process imports ``preload`` once and forks both workers from it; plain
+    fork from the pytest process can deadlock in OpenMP after earlier tests ran parallel ops."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch._dynamo", "torch.distributed"])
-    workers = mp.start_processes(
-        _worker, args=(2, _free_port(), expected), nprocs=2, join=False, start_method="forkserver"
-    )
+    ctx.set_forkserver_preload(preload)
+    workers = mp.start_processes(worker, args=(2, _free_port(), *args), nprocs=2, join=False, start_method="forkserver")
     deadline = time.monotonic() + 120
     while not workers.join(timeout=1):  # raises if a worker failed
         if time.monotonic() > deadline:
