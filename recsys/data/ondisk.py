@@ -83,7 +83,7 @@ def _duckdb() -> Any:
 
 def _read(con: Any, src: ClickSource, progress: bool) -> bool:
     """Stage 1: the log into table ``raw(rn, user, item[, time][, category])``; whether it has times."""
-    import pyarrow as pa  # installed with recsys[scale]; chunks go to DuckDB as Arrow tables, its fastest way in
+    import pyarrow as pa  # the scale extra; chunks go to DuckDB as Arrow tables, its fastest way in
 
     columns: list[str] | None = None
     rows = 0
