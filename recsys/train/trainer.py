@@ -40,7 +40,7 @@ from recsys.models import InterestModel, resolve
 from recsys.models.sequence import SequenceModel
 from recsys.nn.attention import max_attention_logit, set_track_stats
 from recsys.nn.masking import gather_last
-from recsys.run import RunDir, build_experiment, new_run_dir
+from recsys.run import Experiment, RunDir, build_experiment, new_run_dir
 from recsys.train import distributed
 from recsys.train.averaging import WeightAverage
 from recsys.train.checkpoint import capture_rng, make_checkpoint, restore_rng
@@ -527,7 +527,6 @@ def train(
         torch.set_num_threads(cfg.train.cpu_threads)
     dist = distributed.setup_distributed(cfg.train.device, graphs=cfg.train.cuda_graph is not False)
     device = dist.device
-    capture, _ = plan_graph(cfg, device, dist.world_size)  # train.cuda_graph = true that cannot: fail now
     torch.manual_seed(cfg.train.seed + dist.rank)
     t0 = time.perf_counter()
 
@@ -536,16 +535,8 @@ def train(
         rd.require_checkpoint()
         if dist.is_main:
             rd.claim()  # a run still training elsewhere is not resumed under it
-    exp = build_experiment(
-        cfg,
-        dataset=rd.load_dataset() if rd else None,
-        clicks=clicks,
-        progress=progress,
-        check_memory=functools.partial(check_fits, device=device, step_kept=capture),
-        fused_softmax=fused_exact_softmax(cfg, device),
-    )
-    cfg, ds, split, item_counts = exp.cfg, exp.dataset, exp.split, exp.item_counts  # cfg: with its width
-    _check_split(ds, split)
+    exp = _prepare(cfg, dist, dataset=rd.load_dataset() if rd else None, clicks=clicks, progress=progress)
+    cfg, ds, split, item_counts = exp.cfg, exp.dataset, exp.split, exp.item_counts  # cfg: every value resolved
     model = exp.model.to(device)
 
     created = rd is None and (run_dir is None or not Path(run_dir).exists())
@@ -574,6 +565,89 @@ def train(
             rd.release()
 
 
+def _prepare(
+    cfg: Config,
+    dist: distributed.DistInfo,
+    *,
+    dataset: Dataset | None = None,
+    clicks: pd.DataFrame | None = None,
+    progress: bool = False,
+) -> Experiment:
+    """The experiment a run on ``dist`` trains, with every value its config leaves to the data
+    resolved in ``exp.cfg``: the model's (:func:`recsys.models.resolve`, through
+    :func:`~recsys.run.build_experiment`) and the automatic ``train.weight_decay``, which
+    follows the training targets per step (:func:`~recsys.train.plan.plan_training`). Both
+    :func:`train` and :func:`dry_run` go through here, so a dry run shows what the run uses.
+
+    Raises before any memory is taken where ``train.cuda_graph = true`` cannot capture on this
+    device, the model does not fit (:func:`~recsys.train.memory.check_fits`), or the split
+    leaves no train, valid or test users."""
+    capture, _ = plan_graph(cfg, dist.device, dist.world_size)  # train.cuda_graph = true that cannot: fail now
+    exp = build_experiment(
+        cfg,
+        dataset=dataset,
+        clicks=clicks,
+        progress=progress,
+        check_memory=functools.partial(check_fits, device=dist.device, step_kept=capture),
+        fused_softmax=fused_exact_softmax(cfg, dist.device),
+    )
+    _check_split(exp.dataset, exp.split)
+    t = exp.cfg.train
+    t.weight_decay = plan_training(t, exp.cfg.model.name, exp.split.train_indptr, dist.world_size).weight_decay
+    return exp
+
+
+def dry_run(cfg: Config, *, clicks: pd.DataFrame | None = None, progress: bool = False, log: Log = print) -> Config:
+    """What :func:`train` would run, without training or writing a run directory: reads and
+    prepares the data, builds the model, logs the lines the run would open its log with (data,
+    model, validation, plan, and how the step would launch) and returns the resolved config
+    the run would save. ``clicks``, ``progress``: as in :func:`train`."""
+    cfg = resolve(cfg)
+    dist = distributed.setup_distributed(cfg.train.device)
+    try:
+        exp = _prepare(cfg, dist, clicks=clicks, progress=progress)
+    finally:
+        distributed.cleanup()
+    cfg, split, model = exp.cfg, exp.split, exp.model
+    log(_data_line(exp.dataset, split))
+    log(_model_line(cfg, model))
+    if model.trainable:
+        log(_validation_line(cfg, split, len(split.valid.sample(cfg.eval.valid_users, cfg.data.seed))))
+        log(plan_training(cfg.train, cfg.model.name, split.train_indptr, dist.world_size).describe(cfg.train))
+        log(launch_line(cfg, *plan_graph(cfg, dist.device, dist.world_size)))
+    return cfg
+
+
+def _data_line(ds: Dataset, split: Split) -> str:
+    return (
+        f"data: {ds.num_users} users, {ds.num_items - 1} items, {len(ds.items)} clicks; "
+        f"train users {len(split.train_users)}, valid {len(split.valid.users)}, test {len(split.test.users)}"
+    )
+
+
+def _model_line(cfg: Config, model: InterestModel) -> str:
+    """The model, its size and its objective (``cfg`` resolved: the width and the softmax are the
+    catalogue's, ModelSpec.large_catalogue)."""
+    m, t = cfg.model, cfg.train
+    positions = "every position" if t.targets == "all" else "the last position"
+    clicks = f"its next {t.horizon} clicks" if t.horizon > 1 else "its next click"
+    loss = "exact softmax" if t.full_softmax else f"sampled softmax, {shared_negatives(t):,} negatives"
+    return (
+        f"model: {m.name}, K = {getattr(model, 'num_interests', 1)}, {m.dim} wide, "
+        f"{sum(p.numel() for p in model.parameters()):,} parameters"
+        + (f"; {positions} predicts {clicks}; {loss}" if model.trainable else "")
+    )
+
+
+def _validation_line(cfg: Config, split: Split, sampled: int) -> str:
+    """Who validation scores: ``sampled`` of the validation users (``eval.valid_users``)."""
+    return (
+        f"validation: {sampled:,} of the {len(split.valid):,} validation users (eval.valid_users)"
+        + ("" if cfg.train.eval_every else f", at most {VALID_SHARE:.0%} of the wall time")
+        + f"; the test scores all {len(split.test):,} test users"
+    )
+
+
 def _run(
     cfg: Config,
     rd: RunDir,
@@ -592,27 +666,11 @@ def _run(
     if dist.is_main and not resume:
         rd.save_config(cfg)
         rd.save_dataset(ds)
-    log(
-        f"data: {ds.num_users} users, {ds.num_items - 1} items, {len(ds.items)} clicks; "
-        f"train users {len(split.train_users)}, valid {len(split.valid.users)}, test {len(split.test.users)}"
-    )
-    m, t = cfg.model, cfg.train  # resolved: the width and the softmax are the catalogue's (ModelSpec.large_catalogue)
-    positions = "every position" if t.targets == "all" else "the last position"
-    clicks = f"its next {t.horizon} clicks" if t.horizon > 1 else "its next click"
-    loss = "exact softmax" if t.full_softmax else f"sampled softmax, {shared_negatives(t):,} negatives"
-    log(
-        f"model: {m.name}, K = {getattr(model, 'num_interests', 1)}, {m.dim} wide, "
-        f"{sum(p.numel() for p in model.parameters()):,} parameters"
-        + (f"; {positions} predicts {clicks}; {loss}" if model.trainable else "")
-    )
-
+    log(_data_line(ds, split))
+    log(_model_line(cfg, model))
     valid = split.valid.sample(cfg.eval.valid_users, cfg.data.seed)  # a fixed sample: its cost stays bounded
     if model.trainable:
-        log(
-            f"validation: {len(valid):,} of the {len(split.valid):,} validation users (eval.valid_users)"
-            + ("" if t.eval_every else f", at most {VALID_SHARE:.0%} of the wall time")
-            + f"; the test scores all {len(split.test):,} test users"
-        )
+        log(_validation_line(cfg, split, len(valid)))
     planted = planted_for(cfg, ds.user_raw[valid.users], ds.category_raw)
 
     def validate() -> dict[str, float]:
