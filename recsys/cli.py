@@ -176,8 +176,16 @@ def cmd_data_registry(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     """Train, validate, early-stop and test; print the test metrics table."""
     from recsys.evaluate.evaluator import format_table
-    from recsys.train.trainer import train
+    from recsys.train.trainer import dry_run, train
 
+    if args.dry_run:
+        if args.resume:
+            raise ConfigError("--dry-run shows a new run; a resumed run goes on with the config it was started with")
+        lines: list[str] = []
+        resolved = dry_run(_config(args), progress=_progress(args), log=lines.append)
+        print("# the config this run would use and save, every automatic value resolved\n" + resolved.to_toml())
+        print("\n".join(lines))
+        return 0
     if args.resume:
         cfg = _resumed_config(args)
         _show_config(args, cfg, "resumed")
@@ -458,6 +466,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a model, then evaluate it on the test users")
     _add_config_args(p)
     p.add_argument("--resume", metavar="RUN", help="continue the run in this directory from its last checkpoint")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="prepare the data and build the model, print the resolved config and the run's plan, and exit "
+        "(no training, no run directory)",
+    )
     _add_quiet(p)
     p.set_defaults(func=cmd_train)
 

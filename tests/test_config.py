@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from recsys.config import Config, ConfigError, config_from_dict, load_config, validate, with_values
-from recsys.models import resolve
+from recsys.models import model_names, resolve
 from recsys.run.saved_config import run_config_from_dict
 
 
@@ -316,7 +316,7 @@ def test_saved_runs_without_item_updates_or_a_validation_sample_load_as_trained(
     assert loaded.train.item_updates == "dense" and loaded.eval.valid_users == 0
 
 
-@pytest.mark.parametrize("name", ["comirec_sa", "sasrec", "mind"])
+@pytest.mark.parametrize("name", model_names())
 def test_saved_runs_without_a_horizon_load_as_trained(name):
     """A config.json written before train.horizon existed predicted the next click only."""
     saved = Config().to_dict()

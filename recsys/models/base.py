@@ -19,7 +19,6 @@ class InterestModel(nn.Module):
 
     num_interests: int = 1
     trainable: bool = True
-    has_attention: bool = False  # differentiable attention over the clicks (train.attention_reg applies)
 
     def interests(self, seq: Tensor, lengths: Tensor) -> Tensor:
         """``seq [B, L]`` long (right-padded with 0), ``lengths [B]`` long -> ``[B, K, d]``."""
@@ -30,7 +29,8 @@ class InterestModel(nn.Module):
 
         ``scores`` say how much each interest reads each click, in click order: interest ``k``
         reads click ``l`` with weight ``softmax over valid l`` of ``scores[b, :, k]``. For models
-        with ``has_attention`` they are the differentiable attention logits; the capsule models
+        whose spec is ``self_attentive`` (:class:`~recsys.models.spec.ModelSpec`, the one place that
+        says so) they are the differentiable attention logits; the capsule models
         return their (gradient-free) routing weights in this form; the others return None.
         """
         return self.interests(seq, lengths), None

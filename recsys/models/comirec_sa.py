@@ -23,8 +23,6 @@ class ComiRecSA(SequenceModel):
     defaults to ``4 d`` as in ComiRec.
     """
 
-    has_attention = True
-
     def __init__(
         self,
         num_items: int,

@@ -60,8 +60,6 @@ class SASRecMI(SequenceModel):
     input, so "items" runs the head's PyTorch twin.
     """
 
-    has_attention = True
-
     def __init__(self, num_items: int, cfg: ModelConfig, max_len: int):
         super().__init__(num_items, cfg.dim, num_interests=cfg.num_interests)
         self.encoder = _encoder(cfg, max_len)

@@ -22,7 +22,7 @@ from typing import Any
 
 from torch import Tensor
 
-from recsys.config import AUTO, Config, ConfigError, ModelConfig, check_heads
+from recsys.config import AUTO, Config, ConfigError, ModelConfig, check_heads, excludes_history, objective
 
 # switches a model must read to accept a changed value: each changes what a model computes, so one
 # set on a model that ignores it is a mistake. Sizes (num_interests, num_layers, hidden, dropout, ...)
@@ -271,6 +271,11 @@ def resolve(
             f'train.targets="all": {cfg.model.name} cannot train on every position of a window '
             f'(models that can: {", ".join(dense)}); use "last" or "auto"'
         )
+    # the evaluation's automatic values follow the config alone; written down so the saved config says them
+    if cfg.eval.objective == AUTO:
+        cfg.eval.objective = objective(cfg.eval)
+    if cfg.eval.exclude_history == AUTO:
+        cfg.eval.exclude_history = excludes_history(cfg)
     return cfg
 
 

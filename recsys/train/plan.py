@@ -103,7 +103,7 @@ class TrainPlan:
         if train.patience and train.lr_drops:
             back = f"going back to the best weights at lr × {train.lr_drop_factor:g}"
             stop += f", the first {train.lr_drops} plateau(s) {back}"
-        decay = f"weight decay {self.weight_decay:.3g}" + (" (automatic)" if train.weight_decay < 0 else "")
+        decay = f"weight decay {self.weight_decay:.3g}"
         scored = (
             f"validating the weights averaged over about {1 / (1 - train.ema_decay):,.0f} steps "
             f"(train.ema_decay {train.ema_decay:g})"

@@ -40,7 +40,7 @@ from recsys.models import InterestModel, resolve
 from recsys.models.sequence import SequenceModel
 from recsys.nn.attention import max_attention_logit, set_track_stats
 from recsys.nn.masking import gather_last
-from recsys.run import RunDir, build_experiment, new_run_dir
+from recsys.run import Experiment, RunDir, build_experiment, new_run_dir
 from recsys.train import distributed
 from recsys.train.averaging import WeightAverage
 from recsys.train.checkpoint import capture_rng, make_checkpoint, restore_rng
@@ -527,7 +527,6 @@ def train(
         torch.set_num_threads(cfg.train.cpu_threads)
     dist = distributed.setup_distributed(cfg.train.device, graphs=cfg.train.cuda_graph is not False)
     device = dist.device
-    capture, _ = plan_graph(cfg, device, dist.world_size)  # train.cuda_graph = true that cannot: fail now
     torch.manual_seed(cfg.train.seed + dist.rank)
     t0 = time.perf_counter()
 
@@ -536,17 +535,9 @@ def train(
         rd.require_checkpoint()
         if dist.is_main:
             rd.claim()  # a run still training elsewhere is not resumed under it
-    exp = build_experiment(
-        cfg,
-        dataset=rd.load_dataset() if rd else None,
-        clicks=clicks,
-        progress=progress,
-        check_memory=functools.partial(check_fits, device=device, step_kept=capture),
-        fused_softmax=fused_exact_softmax(cfg, device),
-    )
-    cfg, ds, split, item_counts = exp.cfg, exp.dataset, exp.split, exp.item_counts  # cfg: with its width
-    _check_split(ds, split)
-    model = exp.model.to(device)
+    exp = _prepare(cfg, dist, dataset=rd.load_dataset() if rd else None, clicks=clicks, progress=progress)
+    cfg = exp.cfg  # every value resolved
+    exp.model.to(device)
 
     created = rd is None and (run_dir is None or not Path(run_dir).exists())
     if rd is None:  # rank 0 makes the folder; under DDP the other ranks open the same one
@@ -563,7 +554,7 @@ def train(
         rd = RunDir(path)
     log(f"run directory: {rd.path}")
     try:
-        return _run(cfg, rd, ds, split, item_counts, model, dist, resume, t0, log, on_validate)
+        return _run(exp, rd, dist, resume, t0, log, on_validate)
     except BaseException:  # a folder this call created, with nothing to resume, is removed
         if dist.is_main and created and not rd.has_checkpoint():
             shutil.rmtree(rd.path, ignore_errors=True)
@@ -574,45 +565,108 @@ def train(
             rd.release()
 
 
-def _run(
+def _prepare(
     cfg: Config,
+    dist: distributed.DistInfo,
+    *,
+    dataset: Dataset | None = None,
+    clicks: pd.DataFrame | None = None,
+    progress: bool = False,
+) -> Experiment:
+    """The experiment a run on ``dist`` trains, with every value its config leaves to the data
+    resolved in ``exp.cfg``: the model's (:func:`recsys.models.resolve`, through
+    :func:`~recsys.run.build_experiment`) and the automatic ``train.weight_decay``, which
+    follows the training targets per step (:func:`~recsys.train.plan.plan_training`). Both
+    :func:`train` and :func:`dry_run` go through here, so a dry run shows what the run uses.
+
+    Raises before any memory is taken where ``train.cuda_graph = true`` cannot capture on this
+    device, the model does not fit (:func:`~recsys.train.memory.check_fits`), or the split
+    leaves no train, valid or test users."""
+    capture, _ = plan_graph(cfg, dist.device, dist.world_size)  # train.cuda_graph = true that cannot: fail now
+    exp = build_experiment(
+        cfg,
+        dataset=dataset,
+        clicks=clicks,
+        progress=progress,
+        check_memory=functools.partial(check_fits, device=dist.device, step_kept=capture),
+        fused_softmax=fused_exact_softmax(cfg, dist.device),
+    )
+    _check_split(exp.dataset, exp.split)
+    t = exp.cfg.train
+    t.weight_decay = plan_training(t, exp.cfg.model.name, exp.split.train_indptr, dist.world_size).weight_decay
+    return exp
+
+
+def dry_run(cfg: Config, *, clicks: pd.DataFrame | None = None, progress: bool = False, log: Log = print) -> Config:
+    """What :func:`train` would run, without training or writing a run directory: reads and
+    prepares the data, builds the model, logs the lines the run would open its log with (data,
+    model, validation, plan, and how the step would launch) and returns the resolved config
+    the run would save. ``clicks``, ``progress``: as in :func:`train`."""
+    cfg = resolve(cfg)
+    dist = distributed.setup_distributed(cfg.train.device)
+    try:
+        exp = _prepare(cfg, dist, clicks=clicks, progress=progress)
+    finally:
+        distributed.cleanup()
+    cfg, split, model = exp.cfg, exp.split, exp.model
+    log(_data_line(exp.dataset, split))
+    log(_model_line(cfg, model))
+    if model.trainable:
+        log(_validation_line(cfg, split, len(split.valid.sample(cfg.eval.valid_users, cfg.data.seed))))
+        log(plan_training(cfg.train, cfg.model.name, split.train_indptr, dist.world_size).describe(cfg.train))
+        log(launch_line(cfg, *plan_graph(cfg, dist.device, dist.world_size)))
+    return cfg
+
+
+def _data_line(ds: Dataset, split: Split) -> str:
+    return (
+        f"data: {ds.num_users} users, {ds.num_items - 1} items, {len(ds.items)} clicks; "
+        f"train users {len(split.train_users)}, valid {len(split.valid.users)}, test {len(split.test.users)}"
+    )
+
+
+def _model_line(cfg: Config, model: InterestModel) -> str:
+    """The model, its size and its objective (``cfg`` resolved: the width and the softmax are the
+    catalogue's, ModelSpec.large_catalogue)."""
+    m, t = cfg.model, cfg.train
+    positions = "every position" if t.targets == "all" else "the last position"
+    clicks = f"its next {t.horizon} clicks" if t.horizon > 1 else "its next click"
+    loss = "exact softmax" if t.full_softmax else f"sampled softmax, {shared_negatives(t):,} negatives"
+    return (
+        f"model: {m.name}, K = {getattr(model, 'num_interests', 1)}, {m.dim} wide, "
+        f"{sum(p.numel() for p in model.parameters()):,} parameters"
+        + (f"; {positions} predicts {clicks}; {loss}" if model.trainable else "")
+    )
+
+
+def _validation_line(cfg: Config, split: Split, sampled: int) -> str:
+    """Who validation scores: ``sampled`` of the validation users (``eval.valid_users``)."""
+    return (
+        f"validation: {sampled:,} of the {len(split.valid):,} validation users (eval.valid_users)"
+        + ("" if cfg.train.eval_every else f", at most {VALID_SHARE:.0%} of the wall time")
+        + f"; the test scores all {len(split.test):,} test users"
+    )
+
+
+def _run(
+    exp: Experiment,
     rd: RunDir,
-    ds: Dataset,
-    split: Split,
-    item_counts: Tensor,
-    model: InterestModel,
     dist: distributed.DistInfo,
     resume: bool,
     t0: float,
     log: Log,
     on_validate: OnValidate | None = None,
 ) -> TrainResult:
-    """:func:`train` once the data, the model and the run directory exist."""
-    device = dist.device
+    """:func:`train` once the data, the model (on ``dist.device``) and the run directory exist."""
+    cfg, ds, split, model = exp.cfg, exp.dataset, exp.split, exp.model
     if dist.is_main and not resume:
         rd.save_config(cfg)
         rd.save_dataset(ds)
-    log(
-        f"data: {ds.num_users} users, {ds.num_items - 1} items, {len(ds.items)} clicks; "
-        f"train users {len(split.train_users)}, valid {len(split.valid.users)}, test {len(split.test.users)}"
-    )
-    m, t = cfg.model, cfg.train  # resolved: the width and the softmax are the catalogue's (ModelSpec.large_catalogue)
-    positions = "every position" if t.targets == "all" else "the last position"
-    clicks = f"its next {t.horizon} clicks" if t.horizon > 1 else "its next click"
-    loss = "exact softmax" if t.full_softmax else f"sampled softmax, {shared_negatives(t):,} negatives"
-    log(
-        f"model: {m.name}, K = {getattr(model, 'num_interests', 1)}, {m.dim} wide, "
-        f"{sum(p.numel() for p in model.parameters()):,} parameters"
-        + (f"; {positions} predicts {clicks}; {loss}" if model.trainable else "")
-    )
-
+    log(_data_line(ds, split))
+    log(_model_line(cfg, model))
     valid = split.valid.sample(cfg.eval.valid_users, cfg.data.seed)  # a fixed sample: its cost stays bounded
     if model.trainable:
-        log(
-            f"validation: {len(valid):,} of the {len(split.valid):,} validation users (eval.valid_users)"
-            + ("" if t.eval_every else f", at most {VALID_SHARE:.0%} of the wall time")
-            + f"; the test scores all {len(split.test):,} test users"
-        )
+        log(_validation_line(cfg, split, len(valid)))
     planted = planted_for(cfg, ds.user_raw[valid.users], ds.category_raw)
 
     def validate() -> dict[str, float]:
@@ -625,9 +679,12 @@ def _run(
     state = _LoopState()
     if model.trainable:
         with track_metrics(rd, cfg.train.tensorboard and dist.is_main):
-            state = _optimise(model, cfg, dist, split, item_counts, rd, validate, key, resume, log, on_validate)
+            loop = _Loop.start(exp, dist, rd, validate, key, log, on_validate)
+            if resume:
+                loop.resume()
+            state = _optimise(loop)
         if dist.is_main and rd.has_best():
-            rd.load_best(map_location=device, model=model)
+            rd.load_best(map_location=dist.device, model=model)
 
     test_metrics: dict[str, float] = {}
     if dist.is_main:
@@ -653,6 +710,8 @@ def _run(
 
 @dataclass
 class _LoopState:
+    """The loop's counters: what a checkpoint saves beside the weights, and what the run reports."""
+
     step: int = 0
     best: float = -math.inf
     best_step: int = 0
@@ -665,63 +724,154 @@ class _LoopState:
     out_of_time: bool = False
 
 
-def _optimise(
-    model: InterestModel,
-    cfg: Config,
-    dist: distributed.DistInfo,
-    split: Split,
-    item_counts: Tensor,
-    rd: RunDir,
-    validate: Callable[[], dict[str, float]],
-    key: str,
-    resume: bool,
-    log: Log,
-    on_validate: OnValidate | None = None,
-) -> _LoopState:
-    """The optimisation loop with periodic logging, validation, checkpoints and early stopping."""
-    t, device = cfg.train, dist.device
-    generator = torch.Generator(device=device)
-    generator.manual_seed(t.seed + 1000 + dist.rank)
+@dataclass(eq=False)
+class _Loop:
+    """What the optimisation loop carries from step to step: the model and its
+    :class:`TrainStep`, the batches and the negatives' random stream (both saved in every
+    checkpoint, so a resumed run draws what the uninterrupted one would), the plan, the
+    divergence guard, the run directory, the validation with its objective ``key`` and its
+    ``on_validate`` hook, and the counters ``st``."""
+
+    cfg: Config
+    dist: distributed.DistInfo
+    model: InterestModel
+    step_fn: TrainStep
     batches: TrainSampler | WindowSampler
-    if t.targets == "all":
-        batches = WindowSampler(
-            split.train_indptr, split.train_items, cfg.data.max_len, seed=t.seed + dist.rank, horizon=t.horizon
+    generator: torch.Generator
+    plan: TrainPlan
+    guard: DivergenceGuard
+    rd: RunDir
+    validate: Callable[[], dict[str, float]]
+    key: str
+    log: Log
+    on_validate: OnValidate | None = None
+    st: _LoopState = dataclasses.field(default_factory=_LoopState)
+
+    @classmethod
+    def start(
+        cls,
+        exp: Experiment,
+        dist: distributed.DistInfo,
+        rd: RunDir,
+        validate: Callable[[], dict[str, float]],
+        key: str,
+        log: Log,
+        on_validate: OnValidate | None = None,
+    ) -> _Loop:
+        """The loop at step 0 for ``exp`` (its model on ``dist.device``); logs the plan."""
+        cfg, split, t, device = exp.cfg, exp.split, exp.cfg.train, dist.device
+        generator = torch.Generator(device=device)
+        generator.manual_seed(t.seed + 1000 + dist.rank)
+        batches: TrainSampler | WindowSampler
+        if t.targets == "all":
+            batches = WindowSampler(
+                split.train_indptr, split.train_items, cfg.data.max_len, seed=t.seed + dist.rank, horizon=t.horizon
+            )
+        else:
+            batches = TrainSampler(
+                split.train_indptr,
+                split.train_items,
+                cfg.data.max_len,
+                seed=t.seed + dist.rank,
+                min_target=t.min_target,
+                horizon=t.horizon,
+            )
+        plan = plan_training(t, cfg.model.name, split.train_indptr, dist.world_size)
+        if dist.is_main:
+            log(plan.describe(t))
+        step_fn = TrainStep(
+            exp.model,
+            cfg,
+            device,
+            exp.item_counts.to(device),
+            generator,
+            world_size=dist.world_size,
+            log=log if dist.is_main else lambda line: None,
+            weight_decay=plan.weight_decay,
         )
-    else:
-        batches = TrainSampler(
-            split.train_indptr,
-            split.train_items,
-            cfg.data.max_len,
-            seed=t.seed + dist.rank,
-            min_target=t.min_target,
-            horizon=t.horizon,
-        )
-    plan = plan_training(t, cfg.model.name, split.train_indptr, dist.world_size)
-    if dist.is_main:
-        log(plan.describe(t))
-    step_fn = TrainStep(
-        model,
-        cfg,
-        device,
-        item_counts.to(device),
-        generator,
-        world_size=dist.world_size,
-        log=log if dist.is_main else lambda line: None,
-        weight_decay=plan.weight_decay,
-    )
-    st = _LoopState()
-    guard = DivergenceGuard(t, rd, device)
-    if resume:
-        ck = rd.load_checkpoint(map_location=device, model=model)
-        step_fn.load_state_dict(ck)
-        st = _LoopState(
+        guard = DivergenceGuard(t, rd, device)
+        return cls(cfg, dist, exp.model, step_fn, batches, generator, plan, guard, rd, validate, key, log, on_validate)
+
+    def resume(self) -> None:
+        """Continue from the run directory's last checkpoint: the weights, the step's state, the
+        counters, both random streams and the guard's start loss; metrics rows past it are dropped."""
+        ck = self.rd.load_checkpoint(map_location=self.dist.device, model=self.model)
+        self.step_fn.load_state_dict(ck)
+        self.st = _LoopState(
             ck["step"], ck["best"], ck["best_step"], ck["bad_evals"], ck.get("lr_drops", 0), last_eval=ck["step"]
         )
-        restore_rng(ck["rng"], {"batches": batches.rng}, {"neg": generator})
-        guard.start_loss = ck.get("start_loss")
-        rd.rewind_metrics(st.step)
-        log(f"resumed at step {st.step} (best {key} {st.best:.4f} at step {st.best_step})")
+        restore_rng(ck["rng"], {"batches": self.batches.rng}, {"neg": self.generator})
+        self.guard.start_loss = ck.get("start_loss")
+        self.rd.rewind_metrics(self.st.step)
+        self.log(f"resumed at step {self.st.step} (best {self.key} {self.st.best:.4f} at step {self.st.best_step})")
 
+    def drop_lr(self) -> None:
+        """A plateau's step down (``train.lr_drops``): the rate times ``train.lr_drop_factor``, the
+        patience counted afresh and the weight average started again; the caller brings back the
+        best weights. The optimizer's moments stay those of the latest weights, a short way from
+        the best ones."""
+        self.step_fn.scale_lr(self.cfg.train.lr_drop_factor)
+        self.step_fn.reset_average(self.st.step)
+        self.st.lr_drops += 1
+        self.st.bad_evals = 0
+
+    def validation(self, *, can_drop: bool = False) -> str:
+        """Evaluate on the valid users, keep the best weights, checkpoint (with the guard's start
+        loss). With ``train.ema_decay`` the weight average is what is evaluated and kept as the
+        best weights.
+
+        Returns ``"stop"`` at a plateau, ``"drop"`` at a plateau with ``train.lr_drops`` left and
+        ``can_drop``, after going back to the best weights at the lower rate (so the checkpoint
+        records the run as it goes on), else ``""``."""
+        st, rd, t = self.st, self.rd, self.cfg.train
+        with self.step_fn.scored_weights():
+            metrics = self.validate()
+            improved = metrics[self.key] > st.best
+            if improved:
+                rd.save_best(self.model.state_dict())
+        if improved:
+            st.best, st.best_step, st.bad_evals = metrics[self.key], st.step, 0
+        else:
+            st.bad_evals += 1
+        rd.append_metrics({"step": st.step, "split": "valid", **metrics})
+        health = "  ".join(f"{label} {metrics[k]:.2f}" for k, label in _HEALTH_LABELS.items() if k in metrics)
+        self.log(
+            f"valid @ {st.step}: "
+            + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items() if "@" in k)
+            + ("  (best)" if improved else f"  (no improvement {st.bad_evals}/{t.patience})")
+            + (f"\n  interests: {health}" if health else "")
+        )
+        verdict = "stop" if self.plan.plateau_reached(st.step, st.bad_evals, t.patience) else ""
+        if verdict and can_drop and st.lr_drops < t.lr_drops:
+            verdict = "drop"
+            rd.load_best(map_location=self.step_fn.device, model=self.model)
+            self.drop_lr()
+            self.log(
+                f"plateau at step {st.step}: back to the best weights (step {st.best_step}), lr "
+                f"{self.step_fn.optimizer.param_groups[0]['lr']:.3g} (drop {st.lr_drops} of {t.lr_drops})"
+            )
+        rd.save_checkpoint(
+            make_checkpoint(
+                self.model,
+                step=st.step,
+                best=st.best,
+                best_step=st.best_step,
+                bad_evals=st.bad_evals,
+                lr_drops=st.lr_drops,
+                **self.step_fn.state_dict(),
+                rng=capture_rng({"batches": self.batches.rng}, {"neg": self.generator}),
+                **self.guard.state(),
+            )
+        )
+        if self.on_validate is not None:
+            self.on_validate(st.step, metrics)
+        return verdict
+
+
+def _optimise(loop: _Loop) -> _LoopState:
+    """The optimisation loop with periodic logging, validation, checkpoints and early stopping."""
+    t, dist, st, device = loop.cfg.train, loop.dist, loop.st, loop.dist.device
+    model, step_fn, guard, plan, log = loop.model, loop.step_fn, loop.guard, loop.plan, loop.log
     share = ValidationShare(VALID_SHARE if not t.eval_every else 1.0)
     sums = torch.zeros(4, device=device)  # loss, log Z, max logit, grad norm over the log window
     meter = RunMeter(plan, t, start_step=st.step, samples_per_step=t.batch_size * dist.world_size)
@@ -730,7 +880,7 @@ def _optimise(
     while st.step < max_steps:
         log_now = (st.step + 1) % t.log_every == 0 or st.step + 1 == max_steps
         set_track_stats(model, log_now and not step_fn.use_graph)  # max attention logit, on logging steps
-        batch = batches.sample(t.batch_size)
+        batch = loop.batches.sample(t.batch_size)
         window_targets += int(np.count_nonzero(batch[2]))  # (position, click) pairs, counted on the host copy
         seq, lengths, targets = to_device(batch, device)
         out, grad_norm = step_fn(seq, lengths, targets, step=st.step)
@@ -761,7 +911,7 @@ def _optimise(
             if attn is not None:
                 row["max_attention_logit"] = float(attn)
             if dist.is_main:
-                rd.append_metrics(row)
+                loop.rd.append_metrics(row)
                 left = meter.time_left(
                     st.step, st.last_eval, st.bad_evals, st.last_eval > 0, drops_left=t.lr_drops - st.lr_drops
                 )
@@ -787,34 +937,18 @@ def _optimise(
             st.last_eval = st.step
             verdict = ""
             with meter.paused(), share.validating():
-                if dist.is_main:
-                    can_drop = st.step < max_steps and not out_of_time  # with budget left to use a lower rate
-                    verdict = _validate(
-                        st,
-                        model,
-                        step_fn,
-                        batches,
-                        generator,
-                        rd,
-                        validate,
-                        key,
-                        cfg,
-                        log,
-                        guard,
-                        plan,
-                        on_validate,
-                        can_drop=can_drop,
-                    )
+                if dist.is_main:  # with budget left to use a lower rate, a plateau may drop it
+                    verdict = loop.validation(can_drop=st.step < max_steps and not out_of_time)
             if out_of_time:
                 log(f"stopped at step {st.step}: train.max_minutes={t.max_minutes:g} reached")
                 st.out_of_time = True
                 break
             if distributed.broadcast_flag(verdict == "drop", device):
-                if not dist.is_main:  # the main process went back to the best weights in _validate
-                    _drop_lr(st, step_fn)
+                if not dist.is_main:  # the main process went back to the best weights in its validation
+                    loop.drop_lr()
                 distributed.broadcast_weights(model)
             elif distributed.broadcast_flag(verdict == "stop", device):
-                log(f"early stop at step {st.step}: no {key} improvement in {t.patience} evaluations")
+                log(f"early stop at step {st.step}: no {loop.key} improvement in {t.patience} evaluations")
                 break
     set_track_stats(model, False)
     if window_steps:  # an early stop between log steps
@@ -851,84 +985,6 @@ class ValidationShare:
         finally:
             self.since = time.perf_counter()
             self.last_cost = self.since - start
-
-
-def _drop_lr(st: _LoopState, step_fn: TrainStep) -> None:
-    """A plateau's step down (``train.lr_drops``): the rate times ``train.lr_drop_factor``, the
-    patience counted afresh and the weight average started again; the caller brings back the best
-    weights. The optimizer's moments stay those of the latest weights, a short way from the best ones."""
-    step_fn.scale_lr(step_fn.cfg.train.lr_drop_factor)
-    step_fn.reset_average(st.step)
-    st.lr_drops += 1
-    st.bad_evals = 0
-
-
-def _validate(
-    st: _LoopState,
-    model: InterestModel,
-    step_fn: TrainStep,
-    batches: TrainSampler | WindowSampler,
-    generator: torch.Generator,
-    rd: RunDir,
-    validate: Callable[[], dict[str, float]],
-    key: str,
-    cfg: Config,
-    log: Log,
-    guard: DivergenceGuard,
-    plan: TrainPlan,
-    on_validate: OnValidate | None = None,
-    *,
-    can_drop: bool = False,
-) -> str:
-    """Evaluate on the valid users, keep the best weights, checkpoint (with ``guard``'s start loss).
-    With ``train.ema_decay`` the weight average is what is evaluated and kept as the best weights.
-
-    Returns ``"stop"`` at a plateau, ``"drop"`` at a plateau with ``train.lr_drops`` left and
-    ``can_drop``, after going back to the best weights at the lower rate (so the checkpoint
-    records the run as it goes on), else ``""``."""
-    with step_fn.scored_weights():
-        metrics = validate()
-        improved = metrics[key] > st.best
-        if improved:
-            rd.save_best(model.state_dict())
-    if improved:
-        st.best, st.best_step, st.bad_evals = metrics[key], st.step, 0
-    else:
-        st.bad_evals += 1
-    rd.append_metrics({"step": st.step, "split": "valid", **metrics})
-    patience = cfg.train.patience
-    health = "  ".join(f"{label} {metrics[k]:.2f}" for k, label in _HEALTH_LABELS.items() if k in metrics)
-    log(
-        f"valid @ {st.step}: "
-        + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items() if "@" in k)
-        + ("  (best)" if improved else f"  (no improvement {st.bad_evals}/{patience})")
-        + (f"\n  interests: {health}" if health else "")
-    )
-    verdict = "stop" if plan.plateau_reached(st.step, st.bad_evals, patience) else ""
-    if verdict and can_drop and st.lr_drops < cfg.train.lr_drops:
-        verdict = "drop"
-        rd.load_best(map_location=step_fn.device, model=model)
-        _drop_lr(st, step_fn)
-        log(
-            f"plateau at step {st.step}: back to the best weights (step {st.best_step}), lr "
-            f"{step_fn.optimizer.param_groups[0]['lr']:.3g} (drop {st.lr_drops} of {cfg.train.lr_drops})"
-        )
-    rd.save_checkpoint(
-        make_checkpoint(
-            model,
-            step=st.step,
-            best=st.best,
-            best_step=st.best_step,
-            bad_evals=st.bad_evals,
-            lr_drops=st.lr_drops,
-            **step_fn.state_dict(),
-            rng=capture_rng({"batches": batches.rng}, {"neg": generator}),
-            **guard.state(),
-        )
-    )
-    if on_validate is not None:
-        on_validate(st.step, metrics)
-    return verdict
 
 
 def _check_split(ds: Dataset, split: Split) -> None:

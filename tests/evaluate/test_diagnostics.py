@@ -14,8 +14,6 @@ from recsys.models.base import InterestModel
 class _Fixed(InterestModel):
     """Interests and attention logits fixed per user (row ``b`` of the batch = user ``b``)."""
 
-    has_attention = True
-
     def __init__(self, interests: torch.Tensor, scores: torch.Tensor, items: torch.Tensor):
         super().__init__()
         self.num_interests = interests.shape[1]

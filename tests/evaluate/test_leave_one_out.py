@@ -138,7 +138,7 @@ def test_runs_saved_before_the_protocol_evaluate_as_they_did(tiny_run, tmp_path)
     saved["eval"].update(topn=[20, 50], exclude_history=False)
     rd.save_config(saved)
     run = Run.load(old, device="cpu")
-    assert run.config.data.split == "user" and run.config.eval.objective == "auto"
+    assert run.config.data.split == "user" and run.config.eval.objective == "recall@50"  # resolved from its topn
     got = run.evaluate()
     assert {k for k in got if "@" in k} == {
         f"{m}@{n}" for m in ("recall", "ndcg", "hitrate", "mrr", "coverage", "diversity") for n in (20, 50)

@@ -7,11 +7,12 @@ import torch
 import torch.nn.functional as F
 
 from recsys.config import ModelConfig
-from recsys.models import build_model
+from recsys.models import build_model, model_names, spec_for
 from recsys.nn.attention import MultiHeadAttention, max_attention_logit, set_track_stats
 
-MODELS = ["comirec_sa", "comirec_dr", "mind", "youtube_dnn", "gru4rec", "sasrec", "sasrec_mi"]
-MULTI = {"comirec_sa", "comirec_dr", "mind", "sasrec_mi"}
+MODELS = [name for name in model_names() if spec_for(name).trainable]  # every learned model, from the registry
+MULTI = {name for name in MODELS if spec_for(name).multi_interest}
+QUERY_KEY = [name for name in MODELS if "qk_norm" in spec_for(name).settings]  # query-key attention layers
 NUM_ITEMS, MAX_LEN, DIM, K = 30, 6, 8, 3
 
 
@@ -154,7 +155,7 @@ def test_sasrec_interest_is_the_encoder_state_at_the_last_click():
         torch.testing.assert_close(out[b, 0], want)
 
 
-@pytest.mark.parametrize("name", ["sasrec", "sasrec_mi"])
+@pytest.mark.parametrize("name", QUERY_KEY)
 def test_stability_switches_reach_every_attention_layer(name):
     model = _build(name, qk_norm="layer", softcap=7.5)
     layers = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
@@ -162,7 +163,7 @@ def test_stability_switches_reach_every_attention_layer(name):
     assert all(m.softcap == 7.5 and isinstance(m.q_norm, torch.nn.LayerNorm) for m in layers)
 
 
-@pytest.mark.parametrize("name", ["comirec_sa", "comirec_dr", "mind", "youtube_dnn", "gru4rec"])
+@pytest.mark.parametrize("name", sorted(set(MODELS) - set(QUERY_KEY)))
 def test_switches_rejected_where_there_is_no_query_key_attention(name):
     with pytest.raises(ValueError, match="model.qk_norm"):
         _build(name, qk_norm="rms")
@@ -217,7 +218,7 @@ def test_capsule_models_report_their_routing_as_attention_in_click_order(name):
     seq, lengths = _batch()
     interests, scores = model.interests_with_attention(seq, lengths)
     torch.testing.assert_close(interests, model.interests(seq, lengths))
-    assert not model.has_attention  # the routing carries no gradient: train.attention_reg does not apply
+    assert not spec_for(name).self_attentive  # the routing carries no gradient: train.attention_reg does not apply
     h = model.embedding(seq, lengths)
     routing = model.routing
     if routing.bilinear == "per_position":  # routing runs on the clicks latest first

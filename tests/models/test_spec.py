@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 import recsys
 from recsys.config import ConfigError, ModelConfig, load_config
-from recsys.models import ModelSpec, build_model, register, resolve, spec_for
+from recsys.models import ModelSpec, build_model, model_names, register, resolve, spec_for
 from recsys.models.sequence import SequenceModel
 from recsys.models.spec import EXACT_SOFTMAX_ITEMS, FUSED_EXACT_SOFTMAX_ITEMS, unregister
 from recsys.train.plan import fused_exact_softmax, plan_training
@@ -198,12 +198,11 @@ def test_registering_a_name_twice_or_an_unknown_setting_fails(toy):
         register(ModelSpec(name="toy_bad", build=toy.build, settings=("depth",)))
 
 
-@pytest.mark.parametrize(
-    "name", ["comirec_sa", "sasrec", "sasrec_mi", "gru4rec", "youtube_dnn", "mind", "comirec_dr", "popular"]
-)
+@pytest.mark.parametrize("name", model_names())
 def test_every_built_in_spec_agrees_with_its_model(name):
     """A spec's capabilities are what its model does: dense models implement prefix_interests,
-    multi-interest ones have K = model.num_interests, trainable ones have parameters."""
+    multi-interest ones have K = model.num_interests, trainable ones have parameters, and
+    self-attentive ones return attention scores a loss can differentiate (train.attention_reg)."""
     spec = spec_for(name)
     counts = torch.ones(30, dtype=torch.long)
     model = build_model(
@@ -212,6 +211,8 @@ def test_every_built_in_spec_agrees_with_its_model(name):
     assert model.num_interests == (3 if spec.multi_interest else 1)
     assert any(p.requires_grad for p in model.parameters()) == spec.trainable
     seq, lengths = torch.randint(1, 30, (2, 6)), torch.tensor([6, 3])
+    _, scores = model.interests_with_attention(seq, lengths)
+    assert (scores is not None and scores.requires_grad) == spec.self_attentive
     if spec.dense:
         assert model.prefix_interests(seq, lengths).shape == (2, 6, model.num_interests, 8)
     else:

@@ -8,10 +8,10 @@ import torch
 
 from recsys.config import ConfigError, load_config
 from recsys.data.batches import TrainSampler, WindowSampler
-from recsys.models import build_model, resolve, spec_for
+from recsys.models import build_model, model_names, resolve, spec_for
 from recsys.train.trainer import TrainStep
 
-DENSE = ["sasrec", "sasrec_mi", "comirec_sa", "gru4rec", "youtube_dnn"]
+DENSE = [name for name in model_names() if spec_for(name).dense]
 NUM_ITEMS, MAX_LEN = 40, 7
 
 
@@ -128,7 +128,7 @@ def test_last_prefix_equals_interests(name, positions):
         torch.testing.assert_close(last, model.interests(seq, lengths), atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("name", ["mind", "comirec_dr", "popular"])
+@pytest.mark.parametrize("name", sorted(set(model_names()) - set(DENSE)))
 def test_models_that_cannot_train_densely_are_refused_by_name(name):
     with pytest.raises(ConfigError, match=f'train.targets="all": {name} cannot train on every position'):
         resolve(load_config(None, [f"model.name={name}", "train.targets=all"]))

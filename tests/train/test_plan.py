@@ -92,7 +92,7 @@ def test_describe_names_budget_cadence_and_stop():
     t = _train()
     line = plan_training(t, "comirec_sa", _indptr([10] * 5000)).describe(t)
     assert "100 epochs of" in line and "10% of the steps" in line
-    assert "after 5 validations without improvement" in line and "(automatic)" in line
+    assert "after 5 validations without improvement" in line and "weight decay" in line
     assert "plateau" not in line.split("early stop")[1].split(";")[0]
     drops = _train("train.lr_drops=2")
     line = plan_training(drops, "comirec_sa", _indptr([10] * 5000)).describe(drops)

@@ -1,0 +1,62 @@
+"""``recsys train --dry-run``: the resolved config and the plan of a run, without the run."""
+
+import pytest
+
+from recsys.cli import main
+from recsys.config import AUTO, load_config
+from recsys.models import model_names, spec_for
+from recsys.run import RunDir
+from recsys.train.trainer import dry_run, train
+from tests.conftest import TINY_TRAIN_OVERRIDES
+
+# "auto" that stays: the device decides these when the run starts (and may fall back from them) ...
+DEVICE_KEYS = {"model.backend", "train.cuda_graph", "train.device", "retrieval.backend"}
+# ... and the reader sniffs how to read the source file (the run saves the prepared clicks, not the file)
+READER_KEYS = {"data.format", "data.prepare"}
+
+
+def _sentinels(tree: dict, prefix: str = "") -> set[str]:
+    """The dotted keys of ``tree`` (a config's ``to_dict()``) still holding -1 or "auto"."""
+    found = set()
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            found |= _sentinels(value, f"{prefix}{key}.")
+        elif value == AUTO or (not isinstance(value, bool) and value == -1):
+            found.add(prefix + key)
+    return found
+
+
+@pytest.mark.parametrize("name", model_names())
+def test_dry_run_prints_every_value_the_data_decides(tmp_path, capsys, name):
+    """Every registered model: the config comes back with no automatic value left but the
+    device's, the plan lines follow it, and nothing is written under output_dir."""
+    overrides = [*TINY_TRAIN_OVERRIDES, "model.dim=-1", f"output_dir={tmp_path / 'runs'}", f"model.name={name}"]
+    args = ["train", "--dry-run", "--quiet"] + [a for o in overrides for a in ("--set", o)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    config, _, plan = out.partition("\ndata: ")
+    (tmp_path / "resolved.toml").write_text(config)  # what it prints, --config takes back
+    resolved = load_config([str(tmp_path / "resolved.toml")]).to_dict()
+    assert resolved["model"]["name"] == name
+    assert _sentinels(resolved) <= DEVICE_KEYS | READER_KEYS
+    assert resolved["model"]["dim"] > 0 and resolved["train"]["weight_decay"] >= 0
+    assert f"model: {name}, " in plan
+    assert ("plan: up to 40 steps" in plan) == spec_for(name).trainable
+    assert not (tmp_path / "runs").exists()
+
+
+def test_dry_run_config_is_the_one_the_run_saves(tmp_path):
+    """What the dry run prints is what training then uses and saves, value for value."""
+    cfg = load_config(None, [*TINY_TRAIN_OVERRIDES, f"output_dir={tmp_path}", "model.dim=-1"])
+    lines: list[str] = []
+    shown = dry_run(cfg, log=lines.append)
+    logged: list[str] = []
+    run = train(cfg, log=logged.append)
+    assert RunDir(run.run_dir).read_config().to_dict() == shown.to_dict()
+    plan = next(line for line in lines if line.startswith("plan: "))
+    assert plan in logged and next(line for line in lines if line.startswith("model: ")) in logged
+
+
+def test_dry_run_refuses_resume(tmp_path, capsys):
+    assert main(["train", "--dry-run", "--resume", str(tmp_path)]) == 2
+    assert "--dry-run" in capsys.readouterr().err
