@@ -23,7 +23,7 @@ import warnings
 from pathlib import Path
 from typing import TextIO
 
-from recsys.config import Config, ConfigError, apply_overrides, load_config
+from recsys.config import Config, ConfigError, apply_overrides, load_config, objective
 from recsys.extras import install_hint
 
 # failures with a message meant for the user: ConfigError, DataError, IntegrityError and
@@ -303,7 +303,9 @@ def cmd_plot(args: argparse.Namespace) -> int:
     runs = {Path(run).name: RunDir(run).read_metrics() for run in args.runs}
     if len(runs) < len(args.runs):
         raise ValueError("two runs share a folder name; give runs with distinct names")
-    print(f"curves written to {draw_curves(runs, args.out)}")
+    first = RunDir(args.runs[0])  # the validation metric drawn is the first run's eval.objective
+    key = objective(first.read_config().eval) if first.has_config() else "recall@50"
+    print(f"curves written to {draw_curves(runs, args.out, key)}")
     return 0
 
 

@@ -127,26 +127,33 @@ def draw_interests(
     return path
 
 
-CURVES = (  # (panel title, metrics key, rows it is read from: training log rows or validation rows)
-    ("training loss", "loss", "train"),
-    ("valid Recall@50", "recall@50", "valid"),
-    ("valid effective clicks (mean over interests)", "mi_eff_clicks", "valid"),
-)
+def curves(objective: str = "recall@50") -> tuple[tuple[str, str, str], ...]:
+    """The panels ``(title, metrics key, rows it is read from: training log rows or validation
+    rows)``: the training loss, the validation metric ``objective`` (``eval.objective``, e.g.
+    ``"ndcg@10"``) and the interests' effective clicks."""
+    return (
+        ("training loss", "loss", "train"),
+        (f"valid {objective}", objective, "valid"),
+        ("valid effective clicks (mean over interests)", "mi_eff_clicks", "valid"),
+    )
 
 
-def draw_curves(runs: Mapping[str, Sequence[Mapping[str, Any]]], path: str | Path) -> Path:
+def draw_curves(
+    runs: Mapping[str, Sequence[Mapping[str, Any]]], path: str | Path, objective: str = "recall@50"
+) -> Path:
     """Draw each run's metrics records (``{label: records}``, as ``RunDir.read_metrics`` returns
-    them) into PNG ``path``: one panel per curve of :data:`CURVES` that some run has, one line
+    them) into PNG ``path``: one panel per curve of :func:`curves` that some run has, one line
     per run, against the training step. A run without any of them raises ``ValueError``."""
+    panels_wanted = curves(objective)
 
     def points(records: Sequence[Mapping[str, Any]], key: str, split: str) -> tuple[list[int], list[float]]:
         rows = [r for r in records if r.get("split", "train") == split and key in r]
         return [int(r["step"]) for r in rows], [float(r[key]) for r in rows]
 
     for label, records in runs.items():
-        if not any(points(records, key, split)[0] for _, key, split in CURVES):
+        if not any(points(records, key, split)[0] for _, key, split in panels_wanted):
             raise ValueError(f"{label}: no training loss or validation metrics to draw (has it trained a step?)")
-    panels = [c for c in CURVES if any(points(records, c[1], c[2])[0] for records in runs.values())]
+    panels = [c for c in panels_wanted if any(points(records, c[1], c[2])[0] for records in runs.values())]
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.8), squeeze=False)
     try:

@@ -5,7 +5,7 @@ import shutil
 import pytest
 
 from recsys.cli import main
-from recsys.plots import draw_curves
+from recsys.plots import curves, draw_curves
 from recsys.run import RunDir
 
 pytest.importorskip("matplotlib")
@@ -30,6 +30,16 @@ def test_draw_curves_draws_only_the_curves_a_run_has(tmp_path):
     assert three.shape[1] > one.shape[1] * 1.4  # a third panel
     with pytest.raises(ValueError, match="b: no training loss"):
         draw_curves({"a": records, "b": [{"step": 1, "samples_per_s": 3.0}]}, tmp_path / "x.png")
+
+
+def test_the_validation_panel_draws_the_run_s_objective(tmp_path):
+    import matplotlib.image
+
+    records = [{"step": 5, "loss": 3.0}, {"step": 10, "split": "valid", "ndcg@10": 0.2}]  # no recall@50
+    loss_only = matplotlib.image.imread(draw_curves({"a": records[:1]}, tmp_path / "loss.png"))
+    drawn = matplotlib.image.imread(draw_curves({"a": records}, tmp_path / "ndcg.png", "ndcg@10"))
+    assert drawn.shape[1] > loss_only.shape[1] * 1.4  # its own panel
+    assert curves("ndcg@10")[1] == ("valid ndcg@10", "ndcg@10", "valid")
 
 
 def test_plot_of_a_missing_run_names_it(tmp_path, capsys):

@@ -253,6 +253,10 @@ class RunDir:
         values = resolve(config).to_dict() if isinstance(config, Config) else dict(config)
         atomic_write_text(self.file(CONFIG), json.dumps(values, indent=2) + "\n", replace=self._replace)
 
+    def has_config(self) -> bool:
+        """Whether the run has written its ``config.json`` yet."""
+        return self.file(CONFIG).is_file()
+
     def read_config(self) -> Config:
         """The run's config (``config.json``, verified against the manifest), with the defaults
         the run was trained under for keys added since (:func:`recsys.run.saved_config.run_config_from_dict`).
