@@ -63,9 +63,7 @@ def following_clicks(items: np.ndarray, first: np.ndarray, row_end: np.ndarray, 
     return out
 
 
-def gather_rows(
-    indptr: np.ndarray, items: np.ndarray, starts: np.ndarray, ends: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
+def gather_rows(items: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """A new CSR holding ``items[starts[b]:ends[b]]`` as row ``b``.
 
     ``starts``/``ends`` ``[B]`` int64 are absolute positions into ``items [nnz]``; returns

@@ -79,9 +79,7 @@ class EvalSet:
         if n <= 0 or n >= len(self):
             return self
         rows = np.sort(np.random.default_rng(seed).choice(len(self), size=n, replace=False))
-        truth_indptr, truth_items = gather_rows(
-            self.truth_indptr, self.truth_items, self.truth_indptr[rows], self.truth_indptr[rows + 1]
-        )
+        truth_indptr, truth_items = gather_rows(self.truth_items, self.truth_indptr[rows], self.truth_indptr[rows + 1])
         return EvalSet(
             self.users[rows],
             self.inputs[rows],
@@ -101,7 +99,7 @@ class EvalSet:
             indptr = np.concatenate([[0], np.cumsum(lengths)])
             return indptr, inputs[np.arange(inputs.shape[1])[None, :] < lengths[:, None]]
         starts = self.clicks_indptr[self.users[start:stop]]
-        return gather_rows(self.clicks_indptr, self.clicks, starts, self.input_end[start:stop])
+        return gather_rows(self.clicks, starts, self.input_end[start:stop])
 
 
 @dataclass(eq=False)
@@ -145,7 +143,7 @@ def make_eval_set(
     ok = (split_at > indptr[users]) & (split_at < truth_end)
     users, split_at, truth_end = users[ok], split_at[ok], truth_end[ok]
     inputs, lengths = pad_sequences(indptr, items, users, max_len, ends=split_at)
-    truth_indptr, truth_items = gather_rows(indptr, items, split_at, truth_end)
+    truth_indptr, truth_items = gather_rows(items, split_at, truth_end)
     return EvalSet(
         users=users,
         inputs=inputs,
@@ -168,7 +166,7 @@ def _user_split(ds: Dataset, cfg: DataConfig) -> Split:
     valid, test, train = (np.sort(part) for part in np.split(perm, [n_valid, n_valid + n_test]))
     starts = ds.indptr[:-1]
     split_at = starts + (cfg.eval_input_frac * ds.lengths).astype(np.int64)  # int(frac * n)
-    train_indptr, train_items = gather_rows(ds.indptr, ds.items, starts[train], ds.indptr[train + 1])
+    train_indptr, train_items = gather_rows(ds.items, starts[train], ds.indptr[train + 1])
     return Split(
         train_indptr=train_indptr,
         train_items=train_items,
@@ -191,7 +189,7 @@ def _time_split(ds: Dataset, cfg: DataConfig) -> Split:
     train = np.flatnonzero(before > 0)
     if len(train) == 0:
         raise DataError(f"no click is before the time cutoff {cutoff} (data.time_cutoff_quantile)")
-    train_indptr, train_items = gather_rows(ds.indptr, ds.items, ds.indptr[train], split_at[train])
+    train_indptr, train_items = gather_rows(ds.items, ds.indptr[train], split_at[train])
     straddle = np.flatnonzero((before > 0) & (split_at < ds.indptr[1:]))
     perm = np.random.default_rng(cfg.seed).permutation(straddle)
     n_valid = round(len(perm) * cfg.valid_frac / (cfg.valid_frac + cfg.test_frac))
@@ -209,7 +207,7 @@ def _time_split(ds: Dataset, cfg: DataConfig) -> Split:
 def _leave_one_out_split(ds: Dataset, cfg: DataConfig) -> Split:
     starts, ends = ds.indptr[:-1], ds.indptr[1:]
     held = ds.lengths >= 3  # [U] users who can give a validation and a test click
-    train_indptr, train_items = gather_rows(ds.indptr, ds.items, starts, np.where(held, ends - 2, ends))
+    train_indptr, train_items = gather_rows(ds.items, starts, np.where(held, ends - 2, ends))
     users = np.flatnonzero(held)
     valid_at, test_at = ends[users] - 2, ends[users] - 1  # [U'] absolute positions of the targets
     known = np.bincount(train_items, minlength=ds.num_items) > 0  # [num_items] items with a training click

@@ -99,7 +99,7 @@ def recommend_table(
         for start in range(0, len(rows), batch_size):  # on the GPU: queued, read back once below
             batch = rows[start : start + batch_size]
             inputs, lengths = pad_sequences(indptr, items, batch, rec.max_len)
-            exclude = gather_rows(indptr, items, indptr[batch], indptr[batch + 1]) if exclude_seen else None
+            exclude = gather_rows(items, indptr[batch], indptr[batch + 1]) if exclude_seen else None
             parts.append(
                 rec.recommend(inputs, lengths, n, exclude=exclude, diversity_lambda=diversity_lambda, on_device=True)
             )

@@ -183,9 +183,7 @@ class Recommender:
     def user_histories(self, users: np.ndarray) -> CSR:
         """``users [B]`` indices -> every click of each user as CSR ``(indptr [B + 1], items)``."""
         users = np.asarray(users, dtype=np.int64)
-        return gather_rows(
-            self.dataset.indptr, self.dataset.items, self.dataset.indptr[users], self.dataset.indptr[users + 1]
-        )
+        return gather_rows(self.dataset.items, self.dataset.indptr[users], self.dataset.indptr[users + 1])
 
     def sequence_inputs(self, sequences: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """Internal id sequences (oldest first) -> the last ``max_len`` of each, ``[B, max_len]``

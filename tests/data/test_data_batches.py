@@ -43,7 +43,7 @@ def test_gather_rows_matches_a_loop():
     indptr, items = random_csr(30, 10)
     starts = indptr[:-1] + np.diff(indptr) // 3
     ends = indptr[1:] - np.diff(indptr) // 4
-    out_indptr, out_items = gather_rows(indptr, items, starts, ends)
+    out_indptr, out_items = gather_rows(items, starts, ends)
     for r in range(30):
         assert out_items[out_indptr[r] : out_indptr[r + 1]].tolist() == items[starts[r] : ends[r]].tolist()
 

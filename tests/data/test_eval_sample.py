@@ -12,7 +12,7 @@ def _eval_set(num_users: int = 40) -> EvalSet:
     indptr = np.concatenate([[0], np.cumsum(sizes)])
     items = rng.integers(1, 100, indptr[-1])
     inputs = rng.integers(0, 100, (num_users, 6))
-    truth_indptr, truth_items = gather_rows(indptr, items, indptr[:-1], indptr[1:])
+    truth_indptr, truth_items = gather_rows(items, indptr[:-1], indptr[1:])
     return EvalSet(np.arange(num_users) * 3, inputs, rng.integers(1, 7, num_users), truth_indptr, truth_items)
 
 
