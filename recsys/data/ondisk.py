@@ -41,7 +41,6 @@ from recsys.io.files import atomic_folder
 from recsys.progress import progress_bar
 
 MEMORY_LIMIT = os.environ.get("RECSYS_PREPARE_MEMORY", "768MB")  # DuckDB's buffer pool; it spills beyond
-_WORK = "work.duckdb"  # the working tables, beside the dataset while it is built
 _WRITE_ROWS = 1 << 20  # clicks per batch fetched from the sorted result
 
 
@@ -55,10 +54,7 @@ def prepare_on_disk(cfg: DataConfig, target: str | Path, *, progress: bool = Fal
     src = open_source(cfg)
     target = Path(target)
     with atomic_folder(target) as out:
-        # a database file, not an in-memory one: its tables are stored compressed (9 bytes a click
-        # of a Taobao-like log against 36 for an in-memory table spilled to disk), which is what
-        # lets a billion clicks fit on the disk beside the log
-        con = duckdb.connect(str(out / _WORK))
+        con = duckdb.connect()  # in memory up to the limit, then spilled to the temporary directory
         try:
             con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
             spill = str(out / "spill").replace("'", "''")  # an SQL string
@@ -70,8 +66,6 @@ def prepare_on_disk(cfg: DataConfig, target: str | Path, *, progress: bool = Fal
         finally:
             con.close()
         shutil.rmtree(out / "spill", ignore_errors=True)
-        for work in out.glob(_WORK + "*"):  # the database and its write-ahead log
-            work.unlink()
     return Dataset.load(target)
 
 
