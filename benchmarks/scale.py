@@ -143,10 +143,11 @@ def train_run(cfg: Config) -> TrainRow:
         marks["validated"] = time.perf_counter()
 
     result = train(cfg, log=log, on_validate=validated)
-    training_s = result.steps * cfg.train.batch_size / result.samples_per_s
+    batch = RunDir(result.run_dir).read_config().train.batch_size  # as the run resolved it
+    training_s = result.steps * batch / result.samples_per_s
     return TrainRow(
         steps=result.steps,
-        batch=cfg.train.batch_size,
+        batch=batch,
         samples_per_s=result.samples_per_s,
         valid_share=1 - training_s / (marks["validated"] - marks["loop"]),
         recall=result.test_metrics[objective(cfg.eval)],
