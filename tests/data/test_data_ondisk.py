@@ -292,7 +292,7 @@ def test_saving_a_mapped_dataset_links_its_clicks(tmp_path):
 
 
 def test_the_published_folder_holds_the_dataset_only(tmp_path):
-    """The working database and its spill are removed before the folder is published."""
+    """DuckDB's spill folder is removed before the dataset folder is published."""
     awkward_log(8).drop(columns="cat").to_csv(tmp_path / "log.csv", index=False)
     prepare_on_disk(DataConfig(source=str(tmp_path / "log.csv"), time_col="timestamp"), tmp_path / "ds")
     names = {path.name for path in (tmp_path / "ds").iterdir()}
