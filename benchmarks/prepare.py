@@ -29,32 +29,49 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from recsys.config import DataConfig
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
 ENGINES = ("memory", "duckdb", "polars")
 _CLICKS_PER_USER = 85  # ComiRec's Taobao: 85.4M clicks, 977k users, 1.71M items
 _ITEMS_PER_CLICK = 0.02
+_BLOCK = 5_000_000  # clicks generated at a time
 
 
-def write_log(path: Path, rows: int, seed: int = 0) -> None:
-    """A CSV of ``rows`` clicks: users in blocks of clicks, items Zipf-like, increasing times."""
+def taobao_like(rows: int, seed: int = 0) -> Iterator[pa.Table]:
+    """The clicks of a Taobao-like log of ``rows`` clicks, in blocks of :data:`_BLOCK` rows (so a
+    log larger than memory streams): ``user``, ``item``, ``timestamp`` (int64); users drawn
+    uniformly, items Zipf-like, times over 9 days."""
     import pyarrow as pa
-    import pyarrow.csv as pacsv
 
     rng = np.random.default_rng(seed)
     users, items = max(1, rows // _CLICKS_PER_USER), max(10, int(rows * _ITEMS_PER_CLICK))
-    block = 5_000_000
-    with pacsv.CSVWriter(path, pa.schema([("user", pa.int64()), ("item", pa.int64()), ("timestamp", pa.int64())])) as w:
-        for start in range(0, rows, block):
-            n = min(block, rows - start)
-            user = rng.integers(0, users, n)
-            item = np.minimum(rng.zipf(1.2, n), items) * 7919 % items  # popular ids spread over the range
-            stamp = 1_500_000_000 + rng.integers(0, 86_400 * 9, n)  # 9 days, second resolution: ties happen
-            w.write_table(pa.table({"user": user, "item": item, "timestamp": stamp}))
+    for start in range(0, rows, _BLOCK):
+        n = min(_BLOCK, rows - start)
+        user = rng.integers(0, users, n)
+        item = np.minimum(rng.zipf(1.2, n), items) * 7919 % items  # popular ids spread over the range
+        stamp = 1_500_000_000 + rng.integers(0, 86_400 * 9, n)  # 9 days, second resolution: ties happen
+        yield pa.table({"user": user, "item": item, "timestamp": stamp})
+
+
+def write_log(path: Path, rows: int, seed: int = 0) -> None:
+    """:func:`taobao_like` as one CSV file."""
+    import pyarrow.csv as pacsv
+
+    blocks = taobao_like(rows, seed)
+    first = next(blocks)
+    with pacsv.CSVWriter(path, first.schema) as w:
+        w.write_table(first)
+        for table in blocks:
+            w.write_table(table)
 
 
 def run_engine(engine: str, csv: Path, work: Path) -> dict[str, float]:
@@ -107,7 +124,8 @@ def _polars(cfg: DataConfig, out: Path) -> int:
     return pl.scan_parquet(out / "clicks.parquet").select(pl.len()).collect().item()
 
 
-def _rows(text: str) -> int:
+def parse_count(text: str) -> int:
+    """``"100M"`` -> 100,000,000 (K, M, B suffixes; a plain number as it is)."""
     scale = {"K": 1_000, "M": 1_000_000, "B": 1_000_000_000}
     return int(float(text[:-1]) * scale[text[-1].upper()]) if text[-1].upper() in scale else int(text)
 
@@ -139,7 +157,7 @@ def main() -> None:
         for size in args.rows.split(","):
             csv = folder / f"clicks-{size}.csv"
             if not csv.exists():
-                write_log(csv, _rows(size))
+                write_log(csv, parse_count(size))
             base = None
             for engine in engines:
                 cmd = [sys.executable, __file__, "--run", engine, str(csv)]

@@ -1,36 +1,165 @@
-"""Training at scale: samples/s as the catalogue grows, the dense item table against the row-sparse one.
+"""Taobao scale in one table: preparing a log, samples/s as the catalogue grows, validation's
+share of the wall time, an epoch's time, and the recall of row-sparse against dense item updates.
 
-One run times recsys's training step (``recsys.train.trainer.TrainStep``: comirec_sa at the
-defaults, batch 128, ``data.max_len`` 20, 128 wide, sampled softmax, CUDA graph where it can)
-on Taobao-like batches (power-law item popularity: id ``i`` is drawn with probability about
-``1 / i``, as the most clicked items are numbered first) at several catalogue sizes, once with
-``train.item_updates = "dense"`` (the whole table through ``torch.optim.AdamW`` and the weight
-average every step) and once with ``"sparse"`` (only the rows a batch touches,
-:mod:`recsys.train.sparse_rows`), and prints one table: samples/s and each against the smallest
-catalogue's best.
+Each part is chosen with ``--do`` (all three by default; ``--do prepare`` alone on a CPU):
 
-``--profile N`` adds a torch.profiler breakdown of a dense and a sparse step at ``N`` items
-(the operators that take the most device time, or CPU time on the CPU).
+- ``prepare``: writes a Taobao-like log (``benchmarks/prepare.py``'s generator: power-law item
+  popularity, about 85 clicks a user, 2 items per 100 clicks, 9 days of timestamps) of
+  ``--clicks`` clicks as a Parquet file, or with ``--parts`` a folder of Parquet parts written a
+  block at a time (a 1B-click log is never in memory), then prepares it as ``recsys data --set
+  data.prepare=disk`` does, in a child process so that its peak RSS
+  (``getrusage(RUSAGE_CHILDREN)``) is the preparation's alone, and from scratch (an earlier
+  preparation of the same log is removed first).
+- ``throughput``: samples/s of recsys's training step (``recsys.train.trainer.TrainStep``:
+  comirec_sa at the defaults, batch 128, ``data.max_len`` 20, 128 wide, sampled softmax, CUDA graph
+  where it can) on power-law batches (id ``i`` drawn with probability about ``1 / i``, as the
+  most clicked items are numbered first) at each of ``--items`` catalogue sizes, with
+  ``train.item_updates = "dense"`` (the whole table through AdamW and the weight average every
+  step) and ``"sparse"`` (only the rows a batch touches, :mod:`recsys.train.sparse_rows`).
+- ``train``: ``recsys train`` on the prepared log (comirec_sa at the defaults, no early stop),
+  ``--train-steps`` steps with sparse and then dense item updates (``--minutes`` caps each run):
+  validation's share of the training loop's wall time (1 - training time / loop time, the
+  training time being the steps over the run's samples/s, which pause while it validates), an
+  epoch's time (extrapolated from samples/s and that share: no run here trains a whole epoch of
+  a 100M-click log) and test Recall@50 of both at equal steps.
+
+``--profile N`` adds a torch.profiler breakdown of a dense and a sparse step at ``N`` items.
+The log and the prepared dataset stay under ``--dir`` (a later call reuses the log).
 
 Usage::
 
-    python benchmarks/scale.py                          # 37k, 1M and 10M items (a GPU)
-    python benchmarks/scale.py --items 40000 375000     # the CPU's pair
-    python benchmarks/scale.py --items 1000000 --profile 1000000
+    python benchmarks/scale.py --clicks 100M --dir /tmp/scale           # everything (a GPU)
+    python benchmarks/scale.py --do prepare --clicks 1B --parts         # the CPU's preparation
+    python benchmarks/scale.py --do throughput --items 40000 375000     # the CPU's pair
+    python benchmarks/scale.py --do throughput --items 1000000 --profile 1000000
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import platform
+import resource
+import shutil
+import subprocess
+import sys
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+from prepare import parse_count, taobao_like  # benchmarks/ is on sys.path when run as a script
 
-from recsys.config import load_config
+from recsys.config import Config, load_config, objective
+from recsys.data import load_dataset, split_dataset
 from recsys.models import build_model, resolve
-from recsys.train.trainer import TrainStep
+from recsys.run.layout import RunDir
+from recsys.train.plan import plan_training
+from recsys.train.trainer import TrainStep, train
+
+PARTS = ("prepare", "throughput", "train")
+UPDATES = ("dense", "sparse")
+
+
+def write_log(path: Path, clicks: int, *, parts: bool, seed: int = 0) -> None:
+    """A Taobao-like log of ``clicks`` clicks at ``path``: one Parquet file, or with ``parts`` a
+    folder of Parquet parts (as Spark writes one), a generated block at a time, so no more than
+    a block is ever in memory. Written under a temporary name renamed at the end: an interrupted
+    write leaves no log that looks whole."""
+    import pyarrow.parquet as pq
+
+    partial = path.with_name(path.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.unlink(missing_ok=True)
+    blocks = taobao_like(clicks, seed)
+    if parts:
+        partial.mkdir(parents=True)
+        for i, table in enumerate(blocks):
+            pq.write_table(table, partial / f"part-{i:05d}.parquet")
+    else:
+        first = next(blocks)
+        with pq.ParquetWriter(partial, first.schema) as writer:
+            for table in itertools.chain([first], blocks):
+                writer.write_table(table)
+    partial.rename(path)
+
+
+def data_settings(log: Path, cache: Path) -> list[str]:
+    """The ``data`` settings of the log: ``prepare`` and ``train`` use the same ones, so training
+    reuses the prepared folder (keyed by the files and these settings)."""
+    return [f"data.source={log}", "data.time_col=timestamp", "data.prepare=disk", f"data.cache_dir={cache}"]
+
+
+def prepare(log: Path, cache: Path) -> dict[str, float]:
+    """Prepare ``log`` from scratch with ``recsys data`` in a child process: seconds, its peak
+    RSS (GiB; the largest of this process's children, and this is the first), the prepared
+    dataset's clicks, users, items and bytes on disk."""
+    shutil.rmtree(cache, ignore_errors=True)
+    command = [sys.executable, "-m", "recsys", "data"]
+    for setting in data_settings(log, cache):
+        command += ["--set", setting]
+    start = time.perf_counter()
+    subprocess.run(command, check=True)
+    seconds = time.perf_counter() - start
+    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20  # KiB -> GiB
+    ds = load_dataset(load_config(None, data_settings(log, cache)))  # the folder just written, mapped
+    folder = Path(ds.items.filename).parent
+    size = sum(path.stat().st_size for path in folder.iterdir())
+    return {
+        "seconds": seconds,
+        "rss_gib": rss,
+        "clicks": len(ds.items),
+        "users": ds.num_users,
+        "items": ds.num_items - 1,
+        "gib": size / 2**30,
+    }
+
+
+@dataclass(frozen=True)
+class TrainRow:
+    """One training run, as :func:`train_run` measured it."""
+
+    steps: int
+    batch: int
+    samples_per_s: float
+    valid_share: float  # of the training loop's wall time
+    recall: float  # test Recall@50
+    run_dir: str
+
+
+def train_run(cfg: Config) -> TrainRow:
+    """Train and test ``cfg``, timing validation's share of the loop (from the plan line, which
+    the trainer logs just before its loop, to the last validation, which ends it)."""
+    marks: dict[str, float] = {}
+
+    def log(line: str) -> None:
+        if line.startswith("plan:"):
+            marks["loop"] = time.perf_counter()
+        print(line, flush=True)
+
+    def validated(step: int, metrics: dict[str, float]) -> None:
+        marks["validated"] = time.perf_counter()
+
+    result = train(cfg, log=log, on_validate=validated)
+    batch = RunDir(result.run_dir).read_config().train.batch_size  # as the run resolved it
+    training_s = result.steps * batch / result.samples_per_s
+    return TrainRow(
+        steps=result.steps,
+        batch=batch,
+        samples_per_s=result.samples_per_s,
+        valid_share=1 - training_s / (marks["validated"] - marks["loop"]),
+        recall=result.test_metrics[objective(cfg.eval)],
+        run_dir=result.run_dir,
+    )
+
+
+def epoch_steps(run_dir: str) -> int:
+    """Steps of one epoch of a run: its saved (resolved) config's plan over its training users."""
+    cfg = RunDir(run_dir).read_config()
+    split = split_dataset(load_dataset(cfg), cfg.data)
+    return plan_training(cfg.train, cfg.model.name, split.train_indptr).epoch_steps
 
 
 def _batches(num_items: int, batch: int, max_len: int, count: int, device: torch.device, seed: int = 0):
@@ -83,7 +212,7 @@ def samples_per_s(num_items: int, updates: str, device: torch.device, steps: int
     start = time.perf_counter()
     for i in range(warmup, warmup + steps):
         out, _ = step(*batches[i % len(batches)], step=i)
-    float(out.loss)  # waits for the last step
+    float(out.loss.detach())  # waits for the last step
     elapsed = time.perf_counter() - start
     del step
     if device.type == "cuda":
@@ -116,9 +245,16 @@ def profile(num_items: int, device: torch.device, steps: int = 20) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--do", nargs="+", choices=PARTS, default=list(PARTS), help="the parts to run")
+    parser.add_argument("--clicks", default="100M", help="the log's clicks (100M, 1B, ...)")
+    parser.add_argument("--parts", action="store_true", help="write the log as a folder of Parquet parts")
+    parser.add_argument("--dir", default="/tmp/scale", help="where the log, the prepared dataset and the runs go")
     parser.add_argument("--items", type=int, nargs="+", default=[37_000, 1_000_000, 10_000_000])
-    parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument("--steps", type=int, default=500, help="timed steps of each samples/s measurement")
     parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--train-steps", type=int, default=2000, help="steps of each training run")
+    parser.add_argument("--minutes", type=float, default=0.0, help="caps each training loop (train.max_minutes)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a setting of the runs")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--profile", type=int, default=0, help="also profile a step at this many items")
@@ -126,23 +262,85 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{platform.processor() or 'CPU'}"
-    print(f"# {where}, torch {torch.__version__}, {torch.get_num_threads()} CPU threads")
-    rows = []
-    for num_items in args.items:
-        rates = {u: samples_per_s(num_items, u, device, args.steps, args.warmup) for u in ("dense", "sparse")}
-        rows.append((num_items, rates))
-        print(f"{num_items:>12,} items: dense {rates['dense']:>10,.0f}  sparse {rates['sparse']:>10,.0f}", flush=True)
-    base = max(rows[0][1].values())
-    print(f"\n{'items':>12} | {'dense /s':>10} | {'sparse /s':>10} | {'sparse/dense':>12} | {'best vs smallest':>16}")
-    for num_items, rates in rows:
-        best = max(rates.values())
-        print(
-            f"{num_items:>12,} | {rates['dense']:>10,.0f} | {rates['sparse']:>10,.0f} | "
-            f"{rates['sparse'] / rates['dense']:>12.2f} | {best / base:>16.2f}"
-        )
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "CPU"
+    print(f"# {where}, torch {torch.__version__}, {torch.get_num_threads()} CPU threads", flush=True)
+    folder = Path(args.dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    log = folder / f"clicks-{args.clicks}{'' if args.parts else '.parquet'}"
+    if {"prepare", "train"} & set(args.do) and not log.exists():
+        write_log(log, parse_count(args.clicks), parts=args.parts)
+    table = [("log", f"{log} ({parse_count(args.clicks):,} clicks)")]
+    if "prepare" in args.do:
+        table.append(preparation_row(prepare(log, folder / "prepared")))
+    if "throughput" in args.do:
+        table += throughput_rows(args.items, device, args.steps, args.warmup)
+    if "train" in args.do:
+        table += training_rows(log, folder, device, args.train_steps, args.minutes, args.set)
+    print("\n| part | measured |\n|---|---|")
+    for name, value in table:
+        print(f"| {name} | {value} |")
     if args.profile:
         profile(args.profile, device)
+
+
+def preparation_row(p: dict[str, float]) -> tuple[str, str]:
+    return (
+        "preparation (`recsys data`, out of core)",
+        f"{p['seconds']:,.0f} s, peak RSS {p['rss_gib']:.2f} GiB; kept {p['clicks']:,} clicks, "
+        f"{p['users']:,} users, {p['items']:,} items; {p['gib']:.2f} GiB on disk",
+    )
+
+
+def throughput_rows(items: list[int], device: torch.device, steps: int, warmup: int) -> list[tuple[str, str]]:
+    """Samples/s of dense and sparse updates at each catalogue size, the best against the first size's best."""
+    rates = {}
+    for num_items in items:
+        rates[num_items] = {u: samples_per_s(num_items, u, device, steps, warmup) for u in UPDATES}
+        print(f"{num_items:>12,} items: " + ", ".join(f"{u} {r:,.0f}" for u, r in rates[num_items].items()), flush=True)
+    base = max(rates[items[0]].values())
+    return [
+        (
+            f"samples/s at {num_items:,} items",
+            f"dense {r['dense']:,.0f}, sparse {r['sparse']:,.0f}; the best {max(r.values()) / base:.2f}x the best "
+            f"at {items[0]:,}",
+        )
+        for num_items, r in rates.items()
+    ]
+
+
+def training_rows(
+    log: Path, folder: Path, device: torch.device, steps: int, minutes: float, overrides: Sequence[str] = ()
+) -> list[tuple[str, str]]:
+    """Sparse and dense training runs at equal steps on the prepared log (``overrides``: more
+    ``--set`` settings for both): one row each, and their recall."""
+    runs = {}
+    for updates in UPDATES[::-1]:  # sparse first: the shipped form at this size
+        settings = [
+            *data_settings(log, folder / "prepared"),
+            "model.name=comirec_sa",
+            f"train.max_steps={steps}",
+            "train.patience=0",
+            f"train.max_minutes={minutes}",
+            f"train.item_updates={updates}",
+            f"train.device={device.type}",
+            f"output_dir={folder / 'runs'}",
+            *overrides,
+        ]
+        runs[updates] = train_run(load_config(None, settings))
+    epoch = epoch_steps(runs["sparse"].run_dir)
+    rows = []
+    for updates, r in runs.items():
+        epoch_min = epoch * r.batch / r.samples_per_s / (1 - r.valid_share) / 60
+        rows.append(
+            (
+                f"training, {updates} item updates",
+                f"{r.steps:,} steps, {r.samples_per_s:,.0f} samples/s; validation {r.valid_share:.1%} of the loop's "
+                f"wall time; an epoch ({epoch:,} steps) {epoch_min:,.1f} min (extrapolated)",
+            )
+        )
+    sparse, dense = runs["sparse"].recall, runs["dense"].recall
+    rows.append(("test Recall@50, equal steps", f"sparse {sparse:.4f}, dense {dense:.4f} ({sparse / dense - 1:+.1%})"))
+    return rows
 
 
 if __name__ == "__main__":

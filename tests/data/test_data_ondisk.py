@@ -289,3 +289,11 @@ def test_saving_a_mapped_dataset_links_its_clicks(tmp_path):
             tmp_path / "ds" / f"{name}.npy"
         ).stat().st_ino
     assert_same(Dataset.load(tmp_path / "run" / "dataset"), disk)
+
+
+def test_the_published_folder_holds_the_dataset_only(tmp_path):
+    """DuckDB's spill folder is removed before the dataset folder is published."""
+    awkward_log(8).drop(columns="cat").to_csv(tmp_path / "log.csv", index=False)
+    prepare_on_disk(DataConfig(source=str(tmp_path / "log.csv"), time_col="timestamp"), tmp_path / "ds")
+    names = {path.name for path in (tmp_path / "ds").iterdir()}
+    assert names == {f"{name}.npy" for name in ARRAYS} | {"dataset.json"}

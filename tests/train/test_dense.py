@@ -247,11 +247,19 @@ def test_tied_share_counts_equal_times_within_a_user_only():
             item_counts=np.array([0, n]),
         )
 
-    # users [5, 5, 6] | [] | [6, 7] | []: pairs (5, 5) (5, 6) (6, 7); the 6 -> 6 across users is no pair
-    assert dataset([3, 0, 2, 0], [5, 5, 6, 6, 7]).tied_share() == pytest.approx(1 / 3)
-    assert dataset([0, 3], [1, 1, 1]).tied_share() == 1.0
-    assert dataset([1, 1], [4, 4]).tied_share() == 0.0
-    assert dataset([3], None).tied_share() == 0.0
+    for block in (1, 2, 1 << 24):  # blocks of any size count the same pairs
+        # users [5, 5, 6] | [] | [6, 7] | []: pairs (5, 5) (5, 6) (6, 7); the 6 -> 6 across users is no pair
+        assert dataset([3, 0, 2, 0], [5, 5, 6, 6, 7]).tied_share(block) == pytest.approx(1 / 3)
+        assert dataset([0, 3], [1, 1, 1]).tied_share(block) == 1.0
+        assert dataset([1, 1], [4, 4]).tied_share(block) == 0.0
+        assert dataset([3], None).tied_share(block) == 0.0
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(0, 4, 50)
+    times = rng.integers(0, 3, int(lengths.sum())).astype(np.float64)
+    rows = np.split(times, np.cumsum(lengths)[:-1])  # each user's times, counted one by one
+    expected = sum(int((row[1:] == row[:-1]).sum()) for row in rows) / sum(max(len(row) - 1, 0) for row in rows)
+    assert 0 < expected < 1
+    assert dataset(lengths, times).tied_share(block=3) == pytest.approx(expected)
 
 
 def test_runs_saved_before_dense_training_load_as_trained(tiny_run, tmp_path):
