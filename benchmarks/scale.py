@@ -56,7 +56,7 @@ from recsys.config import Config, load_config, objective
 from recsys.data import load_dataset, split_dataset
 from recsys.models import build_model, resolve
 from recsys.run.layout import RunDir
-from recsys.train.plan import plan_training
+from recsys.train.plan import fused_exact_softmax, plan_training
 from recsys.train.trainer import TrainStep, train
 
 PARTS = ("prepare", "throughput", "train")
@@ -189,7 +189,7 @@ def _step(num_items: int, updates: str, device: torch.device, threads_note: list
             f"train.device={device.type}",
         ],
     )
-    cfg = resolve(cfg, num_items)
+    cfg = resolve(cfg, num_items, fused_softmax=fused_exact_softmax(cfg, device))
     torch.manual_seed(0)
     counts = torch.ones(num_items)
     counts[0] = 0

@@ -279,6 +279,26 @@ def resolve(
     return cfg
 
 
+def unresolved(cfg: Config) -> list[str]:
+    """The keys of ``cfg`` that still hold an automatic value (-1 or ``"auto"``) that
+    :func:`resolve` decides: empty once the config is resolved with the catalogue's size and the
+    data's tied share, as :func:`recsys.run.build_experiment` does."""
+    m, t = cfg.model, cfg.train
+    sentinels = {
+        "model.dim": m.dim == -1,
+        "model.dropout": m.dropout == -1.0,
+        "model.score_cap": m.score_cap == -1.0,
+        "train.targets": t.targets == AUTO,
+        "train.horizon": t.horizon == -1,
+        "train.full_softmax": t.full_softmax == AUTO,
+        "train.negative_scores": t.negative_scores == AUTO,
+        "train.attention_reg": t.attention_reg == -1.0,
+        "train.soft_readout_steps": t.soft_readout_steps == -1,
+        "train.item_updates": t.item_updates == AUTO,
+    }
+    return [key for key, automatic in sentinels.items() if automatic]
+
+
 def epoch_decay(name: str) -> float:
     """The automatic AdamW shrinkage per pass over the data for model ``name``."""
     return float(spec_for(name).default("epoch_decay", DEFAULT_EPOCH_DECAY))

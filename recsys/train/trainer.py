@@ -38,6 +38,7 @@ from recsys.evaluate.diagnostics import interest_health
 from recsys.evaluate.evaluator import evaluate_with_config
 from recsys.models import InterestModel, resolve
 from recsys.models.sequence import SequenceModel
+from recsys.models.spec import unresolved
 from recsys.nn.attention import max_attention_logit, set_track_stats
 from recsys.nn.masking import gather_last
 from recsys.run import Experiment, RunDir, build_experiment, new_run_dir
@@ -139,15 +140,15 @@ class TrainStep:
         log: Log = lambda line: None,
         weight_decay: float = 0.0,
     ):
-        # automatic values (soft readout steps, targets, the softmax) as the model's spec says for this catalogue
-        cfg = resolve(cfg, item_counts.shape[0], fused_softmax=fused_exact_softmax(cfg, device))
+        left = unresolved(cfg)
+        if left:
+            raise ValueError(
+                f"TrainStep: {', '.join(left)} still automatic: resolve the config for the catalogue and the data "
+                "first (recsys.models.resolve(cfg, num_items, fused_softmax=..., tied_share=...), as "
+                "recsys.run.build_experiment does)"
+            )
         self.model, self.cfg, self.device, self.world_size, self.log = model, cfg, device, world_size, log
         t = cfg.train
-        if t.horizon == -1:
-            raise ValueError(
-                "TrainStep: train.horizon is automatic (-1) and follows the data's timestamps: resolve the "
-                "config with the dataset first (recsys.models.resolve(..., tied_share=dataset.tied_share()))"
-            )
         self.use_graph, why_not = plan_graph(cfg, device, world_size)
         if not self.use_graph:
             log(launch_line(cfg, False, why_not))

@@ -32,7 +32,8 @@ def _step(name: str, targets: str, *extra: str) -> TrainStep:
                 "train.horizon=1",  # automatic: follows the data's timestamps
                 *extra,
             ],
-        )
+        ),
+        NUM_ITEMS,
     )
     torch.manual_seed(0)
     model = build_model(cfg.model, NUM_ITEMS, MAX_LEN)
@@ -226,8 +227,8 @@ def test_the_automatic_horizon_follows_the_share_of_tied_timestamps():
         assert resolve(cfg, tied_share=0.51).train.horizon == 5
     for name in ("sasrec", "gru4rec", "mind", "comirec_dr"):  # no measured gain: the next click
         assert resolve(load_config(None, [f"model.name={name}"])).train.horizon == 1
-    with pytest.raises(ValueError, match=r"train.horizon is automatic \(-1\)"):
-        _step("comirec_sa", "last", "train.horizon=-1")
+    with pytest.raises(ValueError, match=r"TrainStep: train.horizon still automatic: resolve the config"):
+        _step("comirec_sa", "last", "train.horizon=-1")  # resolved without the data's tied share
 
 
 def test_tied_share_counts_equal_times_within_a_user_only():
@@ -354,7 +355,9 @@ def test_the_captured_step_follows_the_eager_step(name, targets, horizon, extra)
                     f"train.cuda_graph={graph}",
                     *extra,
                 ],
-            )
+            ),
+            500,
+            fused_softmax=True,  # what CUDA under autocast resolves (recsys.train.plan.fused_exact_softmax)
         )
         torch.manual_seed(0)
         model = build_model(cfg.model, 500, 50).to(cuda)
