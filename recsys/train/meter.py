@@ -24,7 +24,11 @@ from dataclasses import dataclass
 from recsys.config import TrainConfig
 from recsys.train.plan import TrainPlan
 
-__all__ = ["Rates", "RunMeter"]
+__all__ = ["VALID_SHARE", "Rates", "RunMeter"]
+
+# the automatic cadence (train.eval_every = 0) defers a due validation while validations would pass this
+# share of the wall time: on a million-item log one can cost as much as thousands of steps
+VALID_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,7 @@ class RunMeter:
         )
         self.start = self.window_start = clock()
         self.paused_s = self.window_paused_s = 0.0  # time spent inside paused(), over the run and the window
+        self.last_pause, self.last_pause_end = 0.0, self.start  # the latest pause's length, and when it ended
         self.samples = self.targets = 0.0  # trained over the run
         self._plateau: tuple[tuple[int, int], int] | None = None  # ((last_eval, bad_evals), its plateau stop)
 
@@ -81,9 +86,20 @@ class RunMeter:
         try:
             yield
         finally:
-            spent = self.clock() - began
+            self.last_pause_end = self.clock()
+            self.last_pause = spent = self.last_pause_end - began
             self.paused_s += spent
             self.window_paused_s += spent
+
+    def may_validate(self) -> bool:
+        """Whether a validation the plan has due may run now. With the automatic cadence
+        (``train.eval_every = 0``) it waits until the training since the latest pause (the last
+        validation and checkpoint) took ``(1 - VALID_SHARE) / VALID_SHARE`` times as long as that
+        pause, so validation stays under :data:`VALID_SHARE` of the wall time; on a small log it
+        never waits. A fixed cadence never waits."""
+        if self.train.eval_every:
+            return True
+        return self.clock() - self.last_pause_end >= (1 - VALID_SHARE) / VALID_SHARE * self.last_pause
 
     def log(self, steps: int, targets: float | None = None) -> Rates:
         """The rates of a log window of ``steps`` steps that trained ``targets`` targets (over

@@ -59,7 +59,7 @@ from recsys.train.losses import (
     sampled_softmax_loss,
 )
 from recsys.train.memory import check_fits
-from recsys.train.meter import RunMeter
+from recsys.train.meter import VALID_SHARE, RunMeter
 from recsys.train.plan import TrainPlan, fused_exact_softmax, plan_training, shared_negatives
 from recsys.train.sparse_rows import RowSparseTable
 from recsys.train.tracking import track_metrics
@@ -873,7 +873,6 @@ def _optimise(loop: _Loop) -> _LoopState:
     """The optimisation loop with periodic logging, validation, checkpoints and early stopping."""
     t, dist, st, device = loop.cfg.train, loop.dist, loop.st, loop.dist.device
     model, step_fn, guard, plan, log = loop.model, loop.step_fn, loop.guard, loop.plan, loop.log
-    share = ValidationShare(VALID_SHARE if not t.eval_every else 1.0)
     sums = torch.zeros(4, device=device)  # loss, log Z, max logit, grad norm over the log window
     meter = RunMeter(plan, t, start_step=st.step, samples_per_step=t.batch_size * dist.world_size)
     window_steps, window_targets = 0, 0
@@ -930,14 +929,14 @@ def _optimise(loop: _Loop) -> _LoopState:
             and distributed.broadcast_flag(time.perf_counter() - meter.start > 60 * t.max_minutes, device)
         )
         due = plan.validates_at(st.step, st.last_eval) and (
-            st.step >= max_steps or distributed.broadcast_flag(share.allows(), device)  # rank 0's clock
+            st.step >= max_steps or distributed.broadcast_flag(meter.may_validate(), device)  # rank 0's clock
         )
         if due or out_of_time:
             if window_steps:  # the steps since the last log line, before their weights are checkpointed
                 guard.check(st.step, *(sums[[0, 3]] / window_steps).tolist())
             st.last_eval = st.step
             verdict = ""
-            with meter.paused(), share.validating():
+            with meter.paused():
                 if dist.is_main:  # with budget left to use a lower rate, a plateau may drop it
                     verdict = loop.validation(can_drop=st.step < max_steps and not out_of_time)
             if out_of_time:
@@ -957,35 +956,6 @@ def _optimise(loop: _Loop) -> _LoopState:
     st.samples_per_s, st.targets_per_s = dataclasses.astuple(meter.average())  # the run's, not its last window's
     st.cuda_graph = step_fn.use_graph
     return st
-
-
-VALID_SHARE = 0.1  # the automatic cadence defers a due validation while validations would pass this share of the time
-
-
-class ValidationShare:
-    """Keeps validation's share of the wall time under ``share``: a validation the plan has due
-    waits until the training since the previous one took ``(1 - share) / share`` times as long
-    as that validation did (on a million-item log a validation can cost as much as thousands of
-    steps; on a small log it never waits). ``share = 1`` never defers."""
-
-    def __init__(self, share: float):
-        self.ratio = (1 - share) / share
-        self.last_cost = 0.0
-        self.since = time.perf_counter()
-
-    def allows(self) -> bool:
-        """Whether a validation may run now."""
-        return time.perf_counter() - self.since >= self.ratio * self.last_cost
-
-    @contextlib.contextmanager
-    def validating(self) -> Iterator[None]:
-        """Times the validation (and checkpoint) inside the block."""
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.since = time.perf_counter()
-            self.last_cost = self.since - start
 
 
 def _check_split(ds: Dataset, split: Split) -> None:

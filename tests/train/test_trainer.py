@@ -300,17 +300,26 @@ def test_validation_scores_a_fixed_sample_of_the_validation_users_and_the_test_a
     assert result.test_metrics["users"] > 25
 
 
-def test_validation_waits_while_it_would_pass_its_share_of_the_time(monkeypatch):
-    import recsys.train.trainer as trainer
+def test_validation_waits_while_it_would_pass_its_share_of_the_time():
+    from recsys.train.meter import RunMeter
+    from recsys.train.plan import TrainPlan
 
     clock = [100.0]
-    monkeypatch.setattr(trainer.time, "perf_counter", lambda: clock[0])
-    share = trainer.ValidationShare(0.1)
-    assert share.allows()  # nothing measured yet
-    with share.validating():
+    plan = TrainPlan(max_steps=1000, first=10, growth=0.1, epoch_steps=100, weight_decay=0.0)
+
+    def meter(eval_every: int) -> RunMeter:
+        train = load_config(None, [f"train.eval_every={eval_every}"]).train
+        return RunMeter(plan, train, start_step=0, samples_per_step=1, clock=lambda: clock[0])
+
+    share = meter(0)
+    assert share.may_validate()  # nothing measured yet
+    with share.paused():
         clock[0] += 2.0  # a validation of 2 s
     clock[0] += 17.0
-    assert not share.allows()  # 17 s of training: the validation would be over 10% of the time
+    assert not share.may_validate()  # 17 s of training: the validation would be over 10% of the time
     clock[0] += 1.0
-    assert share.allows()
-    assert trainer.ValidationShare(1.0).allows()  # a fixed cadence never waits
+    assert share.may_validate()
+    fixed = meter(10)
+    with fixed.paused():
+        clock[0] += 2.0
+    assert fixed.may_validate()  # a fixed cadence never waits
