@@ -51,7 +51,7 @@ EXACT_SOFTMAX_ITEMS = 10_000
 # between those measurements; it was not tuned (docs/results.md, "Predicting the next m clicks")
 TIED_ORDER = 0.25
 # train.item_updates "auto" updates only the item rows a step touches from this many items on, where
-# the step samples its negatives (the exact softmax reads every row): on an H200 the dense step's time
+# the step samples its negatives (the exact softmax reads every row): on the GPU measured, the dense step's time
 # grows 3.4 ns a row and the sparse one's stays at 1.3 ms, crossing near 190k items; below that the
 # whole-table update is faster and exact (docs/results.md, "Training at a million items")
 SPARSE_ITEMS = 200_000
