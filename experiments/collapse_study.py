@@ -31,6 +31,7 @@ HEALTH = (
     ("mi_eff_clicks", "eff. clicks"),
     ("mi_eff_clicks_min", "min eff."),
     ("mi_readout_share_min", "min share"),
+    ("mi_served_share_min", "min served"),
     ("mi_cosine", "cosine"),
     ("mi_planted_recovery", "planted"),
     ("mi_planted_recovery_of_present", "of present"),

@@ -29,7 +29,7 @@ from recsys.data import IN_MEMORY, Dataset
 from recsys.data.batches import pad_sequences
 from recsys.data.split import EvalSet
 from recsys.data.synthetic import planted_for
-from recsys.evaluate.diagnostics import interest_health
+from recsys.evaluate.diagnostics import health_with_config
 from recsys.evaluate.evaluator import evaluate_with_config
 from recsys.models import InterestModel
 from recsys.retrieval.aggregate import check_lambda
@@ -105,13 +105,13 @@ class Run:
 
     def health(self, split: str = "test", *, max_users: int = 2048) -> dict[str, float]:
         """Multi-interest health on the first ``max_users`` ``test`` (or ``valid``) users:
-        effective clicks per interest, readout shares, interest cosine and, on the synthetic data,
+        effective clicks per interest, readout and served shares, interest cosine and, on the synthetic data,
         planted recovery (:mod:`recsys.evaluate.diagnostics` defines each)."""
         eval_set = self.eval_set(split)
         ds = self.dataset
         planted = planted_for(self.config, ds.user_raw[eval_set.users[:max_users]], ds.category_raw)
-        return interest_health(
-            self.model, eval_set, max_users=max_users, item_category=ds.item_category, planted=planted
+        return health_with_config(
+            self.model, eval_set, self.config, max_users=max_users, item_category=ds.item_category, planted=planted
         )
 
     def draw_interests(self, path: str | Path, split: str = "test", *, users: int = 4) -> Path:

@@ -249,11 +249,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     health = run.health(args.split, max_users=args.max_users)
     k = int(getattr(run.model, "num_interests", 1))
     print(f"multi-interest health of {run.path.name} ({args.split} users, K = {k}):")
-    print("| interest | effective clicks | readout share |")
-    print("|---:|---:|---:|")
+    print("| interest | effective clicks | readout share | served share |")
+    print("|---:|---:|---:|---:|")
+
+    def cell(key: str, digits: int) -> str:
+        value = health.get(key)
+        return "–" if value is None else f"{value:.{digits}f}"
+
     for i in range(k):
-        eff, share = health.get(f"mi_eff_clicks_k{i}"), health.get(f"mi_readout_share_k{i}")
-        print(f"| {i} | {'–' if eff is None else f'{eff:.2f}'} | {'–' if share is None else f'{share:.3f}'} |")
+        print(f"| {i} | {cell(f'mi_eff_clicks_k{i}', 2)} | {cell(f'mi_readout_share_k{i}', 3)} | {cell(f'mi_served_share_k{i}', 3)} |")
     for key, label in (
         ("mi_cosine", "mean pairwise cosine of a user's interests"),
         ("mi_planted_recovery", "planted interests recovered"),

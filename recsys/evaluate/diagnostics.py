@@ -2,7 +2,7 @@
 
 A model "collapses" when its interests stop being distinct summaries of the history: each
 interest's attention lands on one click (routing collapse), one interest wins every target in
-the readout, or the K vectors point the same way. :func:`interest_health` measures all three on
+the readout or the retrieval, or the K vectors point the same way. :func:`interest_health` measures all of it on
 evaluation users (logged to ``metrics.jsonl`` at every validation, printed by
 ``recsys inspect``). Definitions, per evaluation user ``u`` with input clicks ``1..n``:
 
@@ -13,6 +13,11 @@ evaluation users (logged to ``metrics.jsonl`` at every validation, printed by
   all evenly). Averaged over users with at least 2 input clicks.
 - **readout share** of interest ``k``: the share of the users' truth clicks whose best interest
   (largest inner product, ComiRec's readout) is ``k``. ``1 / K`` each when balanced.
+- **served share** of interest ``k``: the share of the items a user is served (the top
+  ``served_n`` of an exact search where each item scores its best inner product over the ``K``
+  interests, ComiRec's max-merge; the user's input excluded where the evaluation excludes it)
+  whose best interest is ``k``, pooled over users. An interest with no share retrieves nothing
+  anyone sees, however distinct it looks.
 - **interest cosine**: the mean pairwise cosine of a user's K interests (``K >= 2``).
 - **planted recovery** (synthetic data only, where each user's planted categories are known):
   for each interest, its top ``top_m`` items by inner product over the catalogue; the
@@ -33,14 +38,17 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from recsys.config import Config, RetrievalConfig, excludes_history
 from recsys.device import model_device
+from recsys.evaluate.evaluator import history_block
 from recsys.kernels import length_softmax
+from recsys.retrieval.index import Retriever
 
 if TYPE_CHECKING:
     from recsys.data.split import EvalSet
     from recsys.models.base import InterestModel
 
-__all__ = ["attention_weights", "effective_clicks", "interest_health", "majority_categories"]
+__all__ = ["attention_weights", "effective_clicks", "health_with_config", "interest_health", "majority_categories"]
 
 Add = Callable[[str, Tensor], None]  # adds a tensor into the named running sum
 _SCORE_BUDGET = 1 << 25  # most query x item scores held at once by majority_categories (128 MiB in fp32)
@@ -89,6 +97,8 @@ def interest_health(
     item_category: np.ndarray | None = None,
     planted: list[set[int]] | None = None,
     top_m: int = 20,
+    served_n: int = 50,
+    exclude_history: bool = False,
 ) -> dict[str, float]:
     """The health metrics of the module docstring on the first ``max_users`` users of ``eval_set``.
 
@@ -99,16 +109,21 @@ def interest_health(
         planted: per evaluation user (aligned with ``eval_set.users``), the set of planted
             category ids in the dataset's category numbering.
         top_m: items per interest that vote for its category.
+        served_n: the length of the served list whose items the served share attributes.
+        exclude_history: the served list leaves out each user's input clicks (as
+            ``eval.exclude_history`` does for the evaluation).
 
     Returns:
         ``{"mi_eff_clicks", "mi_eff_clicks_min", "mi_eff_clicks_k{i}", "mi_readout_share_min",
-        "mi_readout_share_k{i}", "mi_cosine", "mi_planted_recovery", "mi_planted_in_input",
+        "mi_readout_share_k{i}", "mi_served_share_min", "mi_served_share_k{i}", "mi_cosine", "mi_planted_recovery", "mi_planted_in_input",
         "mi_planted_recovery_of_present"}``,
         each present where it applies (attention models; ``K >= 2``; planted truth given); ``{}``
         for an empty ``eval_set``.
     """
-    if max_users <= 0 or batch_size <= 0:
-        raise ValueError(f"interest_health: max_users and batch_size must be > 0, got {max_users}, {batch_size}")
+    if min(max_users, batch_size, served_n) <= 0:
+        raise ValueError(
+            f"interest_health: max_users, batch_size and served_n must be > 0, got {max_users}, {batch_size}, {served_n}"
+        )
     device = model_device(model)
     users = min(max_users, len(eval_set.lengths))
     was_training = model.training
@@ -121,6 +136,7 @@ def interest_health(
     try:
         with torch.no_grad():
             item_emb = model.item_embeddings()
+            search = Retriever(item_emb, RetrievalConfig(backend="torch"))  # exact, where the model lives
             cat_t = None if item_category is None else torch.as_tensor(item_category, device=item_emb.device)
             indptr = np.asarray(eval_set.truth_indptr, dtype=np.int64)
             for start in range(0, users, batch_size):
@@ -140,11 +156,36 @@ def interest_health(
                 add("wins", torch.bincount(best, minlength=interests.shape[1]).double())
                 if interests.shape[1] >= 2:
                     _add_cosine(add, interests)
+                    exclude = history_block(eval_set, start, stop, device) if exclude_history else None
+                    served = search.top_items(interests, served_n, exclude)[2]  # [B, n] each item's interest
+                    add("served", torch.bincount(served[served >= 0], minlength=interests.shape[1]).double())
                 if planted is not None and cat_t is not None:
                     _add_planted(add, interests, item_emb, cat_t, seq, lengths, planted[start:stop], top_m)
     finally:
         model.train(was_training)
     return _finish(sums)
+
+
+def health_with_config(
+    model: InterestModel,
+    eval_set: EvalSet,
+    cfg: Config,
+    *,
+    max_users: int = 2048,
+    item_category: np.ndarray | None = None,
+    planted: list[set[int]] | None = None,
+) -> dict[str, float]:
+    """:func:`interest_health` with the served list of the run's evaluation: its longest
+    cutoff (``max(eval.topn)``) and its history exclusion (``eval.exclude_history``)."""
+    return interest_health(
+        model,
+        eval_set,
+        max_users=max_users,
+        item_category=item_category,
+        planted=planted,
+        served_n=max(cfg.eval.topn),
+        exclude_history=excludes_history(cfg),
+    )
 
 
 def _add_attention(add: Add, attn: Tensor, lengths: Tensor) -> None:
@@ -210,6 +251,11 @@ def _finish(sums: dict[str, Tensor]) -> dict[str, float]:
         share = (wins / wins.sum()).tolist()
         out["mi_readout_share_min"] = float(np.min(share))
         out.update({f"mi_readout_share_k{i}": v for i, v in enumerate(share)})
+    served = sums.get("served", torch.zeros(0))
+    if len(served) >= 2 and float(served.sum()) > 0:
+        share = (served / served.sum()).tolist()
+        out["mi_served_share_min"] = float(np.min(share))
+        out.update({f"mi_served_share_k{i}": v for i, v in enumerate(share)})
     if "cos" in sums and float(sums["cos_rows"]) > 0:
         out["mi_cosine"] = float(sums["cos"] / sums["cos_rows"])
     if "planted" in sums and float(sums["planted_rows"]) > 0:

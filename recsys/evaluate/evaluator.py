@@ -164,11 +164,7 @@ def _top_on_device(
         )
         interests = model.interests(seq, lengths).float()  # [b, K, d]
         finite &= torch.isfinite(interests).all()
-        exclude = None
-        if exclude_history:  # [b, E] every input click, right-padded with 0 (E: the batch's longest input)
-            indptr, items = eval_set.history(start, stop)
-            padded, _ = pad_sequences(indptr, items, np.arange(stop - start), _widest(indptr))
-            (exclude,) = to_device((padded,), device)
+        exclude = history_block(eval_set, start, stop, device) if exclude_history else None
         out.append(retriever.top_items(interests, n, exclude)[0])
         bar.update(stop - start)
     if not bool(finite):
@@ -200,6 +196,16 @@ def _top_on_host(
         out.append(retriever.search(interests, n, exclude, diversity_lambda=diversity_lambda)[0])
         bar.update(stop - start)
     return np.concatenate(out)
+
+
+def history_block(eval_set: EvalSet, start: int, stop: int, device: torch.device) -> torch.Tensor:
+    """``[stop - start, E]`` every input click of users ``start:stop`` (all of them, not only the
+    last ``max_len``), right-padded with 0 (E: the block's longest input), on ``device``: the
+    ``exclude`` of :meth:`~recsys.retrieval.index.Retriever.top_items`."""
+    indptr, items = eval_set.history(start, stop)
+    padded, _ = pad_sequences(indptr, items, np.arange(stop - start), _widest(indptr))
+    (block,) = to_device((padded,), device)
+    return block
 
 
 def _widest(indptr: np.ndarray) -> int:

@@ -34,7 +34,7 @@ from recsys.data.batches import TrainSampler, WindowSampler
 from recsys.data.split import Split
 from recsys.data.synthetic import planted_for
 from recsys.device import to_device
-from recsys.evaluate.diagnostics import interest_health
+from recsys.evaluate.diagnostics import health_with_config
 from recsys.evaluate.evaluator import evaluate_with_config
 from recsys.models import InterestModel, resolve
 from recsys.models.sequence import SequenceModel
@@ -673,7 +673,7 @@ def _run(
     def validate() -> dict[str, float]:
         metrics = evaluate_with_config(model, valid, cfg, item_category=ds.item_category)
         if model.trainable:  # multi-interest health, logged beside the recall (docs/multi-interest.md)
-            metrics.update(interest_health(model, valid, item_category=ds.item_category, planted=planted))
+            metrics.update(health_with_config(model, valid, cfg, item_category=ds.item_category, planted=planted))
         return metrics
 
     key = objective(cfg.eval)
@@ -973,6 +973,7 @@ def _check_split(ds: Dataset, split: Split) -> None:
 _HEALTH_LABELS = {
     "mi_eff_clicks": "effective clicks",
     "mi_readout_share_min": "smallest readout share",
+    "mi_served_share_min": "smallest served share",
     "mi_cosine": "cosine",
     "mi_planted_recovery": "planted recovered",
 }

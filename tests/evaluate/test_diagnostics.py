@@ -125,5 +125,39 @@ def test_empty_eval_set_gives_no_metrics_and_bad_sizes_are_named():
     )
     assert interest_health(model, empty) == {}
     ev = _eval_set([[1, 2]], [2], [[1]])
-    with pytest.raises(ValueError, match="max_users and batch_size must be > 0, got 0, 512"):
+    with pytest.raises(ValueError, match="max_users, batch_size and served_n must be > 0, got 0, 512, 50"):
         interest_health(model, ev, max_users=0)
+
+
+def _served_by_loop(interests, items, inputs, lengths, n, exclude_history):
+    """Each interest's share of the served top ``n``, one user and one item at a time."""
+    counts = np.zeros(interests.shape[1])
+    for b in range(len(interests)):
+        seen = set(inputs[b][: lengths[b]]) if exclude_history else set()
+        scored = []
+        for item in range(1, len(items)):
+            if item not in seen:
+                per_interest = [float(interests[b, k] @ items[item]) for k in range(interests.shape[1])]
+                scored.append((max(per_interest), int(np.argmax(per_interest))))
+        for _, k in sorted(scored, key=lambda x: -x[0])[:n]:
+            counts[k] += 1
+    return counts / counts.sum()
+
+
+@pytest.mark.parametrize("exclude_history", [False, True])
+def test_served_share_matches_a_loop(exclude_history):
+    g = torch.Generator().manual_seed(3)
+    users, k, num_items, d, n = 9, 3, 40, 5, 7
+    items = torch.randn(num_items, d, generator=g)
+    interests = torch.randn(users, k, d, generator=g)
+    interests[:, 2] *= 0.5  # a weaker interest: a smaller share, so the shares differ
+    inputs = torch.randint(1, num_items, (users, 6), generator=g).numpy()
+    lengths = np.array([6, 1, 3, 6, 2, 5, 4, 6, 1])
+    model = _Fixed(interests, torch.zeros(users, 6, k), items)
+    ev = _eval_set(inputs.tolist(), lengths.tolist(), [[1]] * users)
+    health = interest_health(model, ev, served_n=n, exclude_history=exclude_history)
+    expected = _served_by_loop(interests.numpy(), items.numpy(), inputs, lengths, n, exclude_history)
+    got = np.array([health[f"mi_served_share_k{i}"] for i in range(k)])
+    np.testing.assert_allclose(got, expected, atol=1e-12)
+    assert health["mi_served_share_min"] == pytest.approx(expected.min())
+    assert 0 < expected.min() < 0.25  # the weaker interest serves less than a third
