@@ -178,6 +178,8 @@ class TrainConfig:
     # weight of mean sum_l A^2 (each interest's collision probability) for self-attentive models, K > 1;
     # -1 (the default): the model's automatic value (recsys.models.spec)
     attention_reg: float = -1.0
+    # K > 1: weight of the mean pairwise cosine of a row's interests (recsys.train.losses.interest_cosine)
+    interest_reg: float = 0.0
     # K > 1: the readout blends from a softmax over interests to ComiRec's argmax over these steps;
     # -1 (the default): the model's automatic value (recsys.models.spec)
     soft_readout_steps: int = -1
@@ -477,6 +479,7 @@ _POSITIVE = (
     "retrieval.ef_construction",
 )
 _NON_NEGATIVE = (
+    "train.interest_reg",
     "data.min_item_count",
     "data.min_user_count",
     "model.hidden",

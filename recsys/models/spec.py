@@ -265,6 +265,11 @@ def resolve(
             f"train.attention_reg={t.attention_reg:g}: the attention regulariser reads one history's scores, "
             'which dense training (train.targets="all") does not compute; set it to 0 or train.targets="last"'
         )
+    if t.interest_reg and not (spec.multi_interest and cfg.model.num_interests > 1):
+        raise ConfigError(
+            f"train.interest_reg={t.interest_reg:g} has no effect on {cfg.model.name} with "
+            f"model.num_interests={cfg.model.num_interests} (it separates K > 1 interests); set it to 0"
+        )
     if t.targets == "all" and not spec.dense:
         dense = sorted(s.name for s in _SPECS.values() if s.dense)
         raise ConfigError(

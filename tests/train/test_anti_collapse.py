@@ -8,10 +8,12 @@ import torch
 from scipy.stats import chi2
 
 from recsys.config import ConfigError, load_config
+from recsys.models.spec import resolve
 from recsys.train.losses import (
     attention_collision,
     draw_from,
     full_softmax_loss,
+    interest_cosine,
     interest_proposal,
     make_sampler,
     mixture_log_expected_count,
@@ -55,6 +57,31 @@ def test_attention_collision_gradient_is_exact_and_zero_on_padding():
     assert (scores.grad[padded] == 0).all() and torch.isfinite(scores.grad).all()
     # one click: the collision is 1 whatever the score, so no gradient either
     assert (scores.grad[1] == 0).all()
+
+
+def test_interest_cosine_matches_a_loop_and_skips_zero_and_masked_rows():
+    g = torch.Generator().manual_seed(5)
+    interests = torch.randn(6, 3, 4, generator=g, dtype=torch.float64)
+    interests[2] = 0.0  # a fully padded prefix: every interest zero
+    interests[4, 1] = 0.0  # one zero interest: its direction is undefined
+    rows = torch.tensor([True, True, True, False, True, True])  # row 3 predicts nothing
+    total, counted = 0.0, 0
+    for r in (0, 1, 5):
+        u = [interests[r, i] / interests[r, i].norm() for i in range(3)]
+        total += sum(float(u[i] @ u[j]) for i in range(3) for j in range(3) if i != j) / 6
+        counted += 1
+    assert interest_cosine(interests, rows).item() == pytest.approx(total / counted, rel=1e-12)
+    interests.requires_grad_()
+    assert torch.autograd.gradcheck(lambda x: interest_cosine(x, rows), (interests,))
+    interest_cosine(interests, rows).backward()
+    assert (interests.grad[[2, 3, 4]] == 0).all() and torch.isfinite(interests.grad).all()
+
+
+def test_interest_cosine_is_one_for_identical_and_minus_one_over_k_minus_one_for_a_simplex():
+    same = torch.ones(1, 4, 3)
+    assert interest_cosine(same).item() == pytest.approx(1.0)
+    simplex = torch.eye(3) - 1 / 3  # three unit-length-scaled vectors summing to zero
+    assert interest_cosine(simplex[None]).item() == pytest.approx(-0.5)
 
 
 def test_attention_collision_is_one_over_n_for_uniform_attention():
@@ -230,6 +257,11 @@ def test_switches_on_models_they_cannot_affect_are_errors(tmp_path):
             load_config(None, TINY + [f"output_dir={tmp_path}", "model.name=gru4rec", "model.score_cap=2"]),
             log=lambda s: None,
         )
+    for model, k in (("youtube_dnn", 4), ("comirec_sa", 1)):
+        with pytest.raises(ConfigError, match="train.interest_reg=0.5 has no effect"):
+            resolve(load_config(None, [f"model.name={model}", f"model.num_interests={k}", "train.interest_reg=0.5"]))
+    with pytest.raises(ConfigError, match="train.interest_reg: must be >= 0"):
+        load_config(None, ["train.interest_reg=-0.5"])
     with pytest.raises(ConfigError, match="train.hard_negatives"):
         load_config(None, ["train.hard_negatives=0.5", "train.full_softmax=true"])
     with pytest.raises(ConfigError, match="train.hard_negatives"):
@@ -251,6 +283,7 @@ def test_training_with_every_switch_logs_interest_health(tmp_path, model):
             "train.soft_readout_steps=20",
             "train.hard_negatives=0.5",
             "train.negative_scores=max",
+            "train.interest_reg=0.5",
             "name=switches",
         ],
     )
@@ -258,7 +291,14 @@ def test_training_with_every_switch_logs_interest_health(tmp_path, model):
     rows = [json.loads(line) for line in (tmp_path / "switches" / "metrics.jsonl").read_text().splitlines()]
     valid = [r for r in rows if r.get("split") == "valid"]
     assert valid and all(math.isfinite(r["loss"]) for r in rows if "loss" in r)
-    for key in ("mi_eff_clicks", "mi_readout_share_min", "mi_cosine", "mi_planted_recovery", "mi_planted_in_input"):
+    for key in (
+        "mi_eff_clicks",
+        "mi_readout_share_min",
+        "mi_served_share_min",
+        "mi_cosine",
+        "mi_planted_recovery",
+        "mi_planted_in_input",
+    ):
         assert key in valid[-1], key
     assert 1.0 <= valid[-1]["mi_eff_clicks"] <= 10.0  # at most max_len clicks
     assert 0.0 <= valid[-1]["mi_planted_recovery"] <= 1.0
