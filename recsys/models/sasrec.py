@@ -104,7 +104,7 @@ SASREC = register(
         dense=True,
         tune_space=DROPOUT_SPACE,
         # a causal encoder learns from every position; dropout, not weight decay, regularises it; the
-        # exact softmax where it is cheap (docs/results.md, "Dense training")
+        # exact softmax where it is cheap (docs/results.md, "sasrec's dropout and softmax")
         defaults={"train.targets": "all", "model.dropout": 0.4, "epoch_decay": 0.0, "train.full_softmax": True},
     )
 )
@@ -117,7 +117,8 @@ SASREC_MI = register(
         self_attentive=True,
         dense=True,
         # comirec_sa's negatives and regulariser; dropout 0.3 (sasrec's 0.4 lost on amazon-beauty), and
-        # on a large catalogue comirec_sa's width with dropout 0.2, its best there: docs/results.md, "Dense training"
+        # on a large catalogue comirec_sa's width with dropout 0.2, its best there: docs/results.md, "Width and
+        # dropout of the multi-interest models"
         defaults={
             "model.score_cap": 1.0,
             "model.dropout": 0.3,

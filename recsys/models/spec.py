@@ -34,6 +34,7 @@ DEFAULT_DIM = 64  # model.dim, unless a spec says otherwise
 # from this many items (padding not counted) a spec's large_catalogue values replace its defaults: at
 # 128 wide the self-attentive multi-interest models gained 3-10% on Amazon Beauty (12k items) and
 # taobao (38k) but about 1% on MovieLens 100K (1.3k) and the synthetic data (4k), at 1.7x the CPU time
+# (docs/results.md, "Width and dropout of the multi-interest models")
 LARGE_CATALOGUE = 10_000
 # a spec whose automatic softmax is exact ("train.full_softmax": True) samples from this many items
 # on: the exact softmax's work grows with the catalogue, the sampled one's does not. It gained
@@ -41,7 +42,7 @@ LARGE_CATALOGUE = 10_000
 # (recsys.kernels.catalogue_logsumexp; CUDA under autocast) it trained as fast as sampling on taobao
 # (38k items) and Amazon Beauty (12k), and the kernel's time is flat up to 100k items and triples
 # by 400k; on the chunked torch loop (the CPU) it halved the steps per second at 4k items and cost
-# 4.8x at 12k (docs/results.md, "Dense training")
+# 4.8x at 12k (docs/results.md, "sasrec's dropout and softmax" and "Dense throughput")
 FUSED_EXACT_SOFTMAX_ITEMS = 100_000
 EXACT_SOFTMAX_ITEMS = 10_000
 # a spec's "train.horizon" above 1 holds where at least this share of a user's consecutive clicks share

@@ -91,10 +91,11 @@ def test_the_plan_reads_the_spec_s_weight_decay(toy):
 
 
 def test_automatic_values_resolve_per_model_and_explicit_ones_are_kept():
-    """The measured defaults (docs/results.md, "Dense training"): the self-attentive models score
-    negatives by their best interest and regularise their attention, only where there are several
-    interests read from one history; sasrec trains densely with dropout 0.4 (sasrec_mi: 0.3) and no
-    automatic decay; the models without a transformer keep the shared dropout default."""
+    """The measured defaults (docs/results.md, "Dense training", "sasrec's dropout and softmax"): the
+    self-attentive models score negatives by their best interest and regularise their attention,
+    only where there are several interests read from one history; sasrec trains densely with
+    dropout 0.4 (sasrec_mi: 0.3) and no automatic decay; the models without a transformer keep the
+    shared dropout default."""
 
     def train_of(*sets: str):
         return resolve(load_config(None, list(sets))).train
