@@ -8,7 +8,7 @@ one history and an epoch one pass over the targets. For dense training a sample 
 carries up to ``data.max_len`` targets, so an epoch covers each target many times over; counting
 the epoch in targets instead (a dense epoch some 15× fewer steps on MovieLens 100K) made the
 budget end dense runs still improving and the automatic decay 15× stronger a step (dense comirec_sa
-there lost a sixth of its recall to it: docs/results.md, "Dense training"). Counted in samples,
+there lost a fifth of its recall to it, 0.2393 against 0.2968: docs/results.md, "Dense training"). Counted in samples,
 the step budget and the decay a step do not depend on the objective.
 
 - ``train.max_steps = 0`` (the default): ``train.max_epochs`` epochs; the plateau stop ends
