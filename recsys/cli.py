@@ -257,7 +257,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         return "–" if value is None else f"{value:.{digits}f}"
 
     for i in range(k):
-        print(f"| {i} | {cell(f'mi_eff_clicks_k{i}', 2)} | {cell(f'mi_readout_share_k{i}', 3)} | {cell(f'mi_served_share_k{i}', 3)} |")
+        shares = f"{cell(f'mi_readout_share_k{i}', 3)} | {cell(f'mi_served_share_k{i}', 3)}"
+        print(f"| {i} | {cell(f'mi_eff_clicks_k{i}', 2)} | {shares} |")
     for key, label in (
         ("mi_cosine", "mean pairwise cosine of a user's interests"),
         ("mi_planted_recovery", "planted interests recovered"),

@@ -178,8 +178,10 @@ class TrainConfig:
     # weight of mean sum_l A^2 (each interest's collision probability) for self-attentive models, K > 1;
     # -1 (the default): the model's automatic value (recsys.models.spec)
     attention_reg: float = -1.0
-    # K > 1: weight of the mean pairwise cosine of a row's interests (recsys.train.losses.interest_cosine)
+    # K > 1: weight of the mean over pairs of a row's interests of max(0, cosine - interest_margin)
+    # (recsys.train.losses.interest_cosine); interest_margin = -1 penalises the plain mean cosine
     interest_reg: float = 0.0
+    interest_margin: float = 0.5
     # K > 1: the readout blends from a softmax over interests to ComiRec's argmax over these steps;
     # -1 (the default): the model's automatic value (recsys.models.spec)
     soft_readout_steps: int = -1
@@ -529,6 +531,8 @@ def validate(cfg: Config) -> None:
     for path in _NON_NEGATIVE:
         if _get(cfg, path) < 0:
             raise ConfigError(f"{path}: must be >= 0, got {_get(cfg, path)!r}")
+    if not -1.0 <= cfg.train.interest_margin < 1.0:
+        raise ConfigError(f"train.interest_margin: a cosine in [-1, 1), got {cfg.train.interest_margin!r}")
     if cfg.model.num_interests > MAX_NUM_INTERESTS:
         raise ConfigError(
             f"model.num_interests: must be <= {MAX_NUM_INTERESTS} (published models use 2-10; each interest is "

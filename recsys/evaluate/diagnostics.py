@@ -115,15 +115,15 @@ def interest_health(
 
     Returns:
         ``{"mi_eff_clicks", "mi_eff_clicks_min", "mi_eff_clicks_k{i}", "mi_readout_share_min",
-        "mi_readout_share_k{i}", "mi_served_share_min", "mi_served_share_k{i}", "mi_cosine", "mi_planted_recovery", "mi_planted_in_input",
+        "mi_readout_share_k{i}", "mi_served_share_min",
+        "mi_served_share_k{i}", "mi_cosine", "mi_planted_recovery", "mi_planted_in_input",
         "mi_planted_recovery_of_present"}``,
         each present where it applies (attention models; ``K >= 2``; planted truth given); ``{}``
         for an empty ``eval_set``.
     """
     if min(max_users, batch_size, served_n) <= 0:
-        raise ValueError(
-            f"interest_health: max_users, batch_size and served_n must be > 0, got {max_users}, {batch_size}, {served_n}"
-        )
+        got = f"{max_users}, {batch_size}, {served_n}"
+        raise ValueError(f"interest_health: max_users, batch_size and served_n must be > 0, got {got}")
     device = model_device(model)
     users = min(max_users, len(eval_set.lengths))
     was_training = model.training

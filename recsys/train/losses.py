@@ -93,24 +93,26 @@ def attention_collision(scores: Tensor, lengths: Tensor) -> Tensor:
     return a.square().sum(dim=1).mean()
 
 
-def interest_cosine(interests: Tensor, rows: Tensor | None = None) -> Tensor:
-    """Mean over rows of the mean pairwise cosine of a row's interests: the interest regulariser
-    (``train.interest_reg``), the quantity the health metrics report as ``mi_cosine``.
+def interest_cosine(interests: Tensor, margin: float = -1.0) -> Tensor:
+    """Mean over rows and pairs of interests of ``max(0, cos - margin)``: the interest regulariser
+    (``train.interest_reg``, ``train.interest_margin``). With ``margin = -1`` it is the mean
+    pairwise cosine the health metrics report as ``mi_cosine``, plus one.
 
-    ``interests [R, K, d]`` (``K >= 2``), ``rows [R]`` bool (rows that count; None: all) -> scalar.
-    A row with a zero interest (a fully padded prefix) counts 0 and sends no gradient: its
-    direction is undefined, and normalising it would scale its gradient by ``1 / eps``.
+    ``interests [R, K, d]`` (``K >= 2``) -> scalar. A pair less alike than ``margin`` costs
+    nothing, so the term only parts interests that point nearly the same way and leaves the rest
+    to the recall. A row with a zero interest (a fully padded prefix of dense training) is not
+    counted and sends no gradient: its direction is undefined, and normalising it would scale
+    its gradient by ``1 / eps``.
     """
     k = interests.shape[1]
     x = interests.to(torch.promote_types(interests.dtype, torch.float32))  # bf16 under autocast
     norms = x.norm(dim=2, keepdim=True)  # [R, K, 1]
     ok = (norms > 1e-6).all(dim=1).squeeze(1)  # [R]
-    if rows is not None:
-        ok = ok & rows
     unit = torch.where(ok[:, None, None], x / norms.clamp_min(1e-6), 0.0)  # [R, K, d]
-    total = unit.sum(dim=1)  # [R, d]: sum_ij cos_ij = |sum_k u_k|^2, of which K on the diagonal
-    off = (total.square().sum(dim=1) - ok.to(x.dtype) * k) / (k * (k - 1))  # [R]
-    return off.sum() / ok.sum().clamp_min(1)
+    cos = unit @ unit.transpose(1, 2)  # [R, K, K]
+    pairs = ~torch.eye(k, dtype=torch.bool, device=x.device)  # off the diagonal
+    excess = torch.relu(cos - margin)[:, pairs].sum(dim=1) / (k * (k - 1))  # [R]
+    return torch.where(ok, excess, 0.0).sum() / ok.sum().clamp_min(1)
 
 
 def interest_proposal(interests: Tensor, item_emb: Tensor, temperature: float = 1.0) -> Tensor:

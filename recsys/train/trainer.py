@@ -50,9 +50,9 @@ from recsys.train.graphs import DDP_WARMUP_STEPS, WARMUP_STEPS, capturing, launc
 from recsys.train.losses import (
     LossOutput,
     attention_collision,
-    interest_cosine,
     chunked_softmax_loss,
     draw_from,
+    interest_cosine,
     interest_proposal,
     make_sampler,
     mixture_log_expected_count,
@@ -279,9 +279,9 @@ class TrainStep:
                 )
         if scores is not None:
             out = dataclasses.replace(out, loss=out.loss + t.attention_reg * attention_collision(scores, lengths))
-        if t.interest_reg:  # over the rows that predict a click (dense: not the padding's prefixes)
-            rows = targets.view(interests.shape[0], -1)[:, 0] > 0 if self.dense else None
-            out = dataclasses.replace(out, loss=out.loss + t.interest_reg * interest_cosine(interests, rows))
+        if t.interest_reg:  # dense: the padding's prefixes have zero interests, which the term skips
+            parting = interest_cosine(interests, t.interest_margin)
+            out = dataclasses.replace(out, loss=out.loss + t.interest_reg * parting)
         return out
 
     def _sampled_loss(

@@ -59,29 +59,33 @@ def test_attention_collision_gradient_is_exact_and_zero_on_padding():
     assert (scores.grad[1] == 0).all()
 
 
-def test_interest_cosine_matches_a_loop_and_skips_zero_and_masked_rows():
+@pytest.mark.parametrize("margin", [-1.0, 0.0, 0.3])
+def test_interest_cosine_matches_a_loop_and_skips_rows_with_a_zero_interest(margin):
     g = torch.Generator().manual_seed(5)
     interests = torch.randn(6, 3, 4, generator=g, dtype=torch.float64)
+    interests[0, 1] = interests[0, 0] * 2 + 0.1  # a near-duplicate pair: above every margin
     interests[2] = 0.0  # a fully padded prefix: every interest zero
     interests[4, 1] = 0.0  # one zero interest: its direction is undefined
-    rows = torch.tensor([True, True, True, False, True, True])  # row 3 predicts nothing
     total, counted = 0.0, 0
-    for r in (0, 1, 5):
+    for r in (0, 1, 3, 5):
         u = [interests[r, i] / interests[r, i].norm() for i in range(3)]
-        total += sum(float(u[i] @ u[j]) for i in range(3) for j in range(3) if i != j) / 6
+        total += sum(max(0.0, float(u[i] @ u[j]) - margin) for i in range(3) for j in range(3) if i != j) / 6
         counted += 1
-    assert interest_cosine(interests, rows).item() == pytest.approx(total / counted, rel=1e-12)
+    assert total > 0
+    assert interest_cosine(interests, margin).item() == pytest.approx(total / counted, rel=1e-12)
     interests.requires_grad_()
-    assert torch.autograd.gradcheck(lambda x: interest_cosine(x, rows), (interests,))
-    interest_cosine(interests, rows).backward()
-    assert (interests.grad[[2, 3, 4]] == 0).all() and torch.isfinite(interests.grad).all()
+    assert torch.autograd.gradcheck(lambda x: interest_cosine(x, margin), (interests,))
+    interest_cosine(interests, margin).backward()
+    assert (interests.grad[[2, 4]] == 0).all() and torch.isfinite(interests.grad).all()
 
 
-def test_interest_cosine_is_one_for_identical_and_minus_one_over_k_minus_one_for_a_simplex():
+def test_interest_cosine_of_identical_and_opposed_interests():
     same = torch.ones(1, 4, 3)
-    assert interest_cosine(same).item() == pytest.approx(1.0)
-    simplex = torch.eye(3) - 1 / 3  # three unit-length-scaled vectors summing to zero
-    assert interest_cosine(simplex[None]).item() == pytest.approx(-0.5)
+    assert interest_cosine(same, margin=-1.0).item() == pytest.approx(2.0)  # mean cosine 1, plus one
+    assert interest_cosine(same, margin=0.5).item() == pytest.approx(0.5)
+    simplex = torch.eye(3) - 1 / 3  # three vectors summing to zero: every cosine -1/2
+    assert interest_cosine(simplex[None], margin=-1.0).item() == pytest.approx(0.5)
+    assert interest_cosine(simplex[None], margin=0.0).item() == 0.0
 
 
 def test_attention_collision_is_one_over_n_for_uniform_attention():
@@ -262,6 +266,8 @@ def test_switches_on_models_they_cannot_affect_are_errors(tmp_path):
             resolve(load_config(None, [f"model.name={model}", f"model.num_interests={k}", "train.interest_reg=0.5"]))
     with pytest.raises(ConfigError, match="train.interest_reg: must be >= 0"):
         load_config(None, ["train.interest_reg=-0.5"])
+    with pytest.raises(ConfigError, match=r"train.interest_margin: a cosine in \[-1, 1\), got 1.0"):
+        load_config(None, ["train.interest_margin=1.0"])
     with pytest.raises(ConfigError, match="train.hard_negatives"):
         load_config(None, ["train.hard_negatives=0.5", "train.full_softmax=true"])
     with pytest.raises(ConfigError, match="train.hard_negatives"):

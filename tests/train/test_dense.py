@@ -9,9 +9,14 @@ import torch
 from recsys.config import ConfigError, load_config
 from recsys.data.batches import TrainSampler, WindowSampler
 from recsys.models import build_model, model_names, resolve, spec_for
+from recsys.train.losses import interest_cosine
 from recsys.train.trainer import TrainStep
 
 DENSE = [name for name in model_names() if spec_for(name).dense]
+# each dense model, and the multi-interest ones again with the interest regulariser on every prefix
+WITH_REGULARISERS = [(n, []) for n in DENSE] + [
+    (n, ["train.interest_reg=1", "train.interest_margin=-1"]) for n in DENSE if spec_for(n).multi_interest
+]
 NUM_ITEMS, MAX_LEN = 40, 7
 
 
@@ -46,11 +51,11 @@ def _negatives(step: TrainStep) -> tuple[torch.Tensor, torch.Tensor]:
     return step.negatives()
 
 
-@pytest.mark.parametrize("name", DENSE)
+@pytest.mark.parametrize("name, regularisers", WITH_REGULARISERS)
 @pytest.mark.parametrize("loss", ["sampled", "full"])
-def test_a_window_of_one_target_gives_the_last_position_loss(name, loss):
+def test_a_window_of_one_target_gives_the_last_position_loss(name, regularisers, loss):
     """With one input click per row, dense and last-position training compute the same loss and gradients."""
-    extra = [f"train.full_softmax={str(loss == 'full').lower()}"]
+    extra = [f"train.full_softmax={str(loss == 'full').lower()}", *regularisers]
     rng = np.random.default_rng(1)
     seq = torch.from_numpy(rng.integers(1, NUM_ITEMS, (5, MAX_LEN)))
     lengths = torch.ones(5, dtype=torch.long)
@@ -69,9 +74,9 @@ def test_a_window_of_one_target_gives_the_last_position_loss(name, loss):
     torch.testing.assert_close(grads[0], grads[1])
 
 
-@pytest.mark.parametrize("name", DENSE)
-def test_padding_positions_get_no_gradient_and_do_not_change_the_loss(name):
-    step = _step(name, "all", "train.full_softmax=false")  # sampled: the padding-only items are no negatives
+@pytest.mark.parametrize("name, regularisers", WITH_REGULARISERS)
+def test_padding_positions_get_no_gradient_and_do_not_change_the_loss(name, regularisers):
+    step = _step(name, "all", "train.full_softmax=false", *regularisers)  # sampled: padding-only items are no negatives
     rng = np.random.default_rng(2)
     seq = torch.from_numpy(rng.integers(1, NUM_ITEMS - 5, (4, MAX_LEN)))
     lengths = torch.tensor([7, 3, 1, 5])
@@ -89,6 +94,24 @@ def test_padding_positions_get_no_gradient_and_do_not_change_the_loss(name):
     seq2[pad] = NUM_ITEMS - 2
     out2 = step.loss(seq2, lengths, targets, negatives, torch.empty(0), torch.zeros(()))
     torch.testing.assert_close(out.loss, out2.loss)
+
+
+@pytest.mark.parametrize("name", [n for n in DENSE if spec_for(n).multi_interest])
+def test_the_interest_regulariser_reads_the_prefixes_of_clicks_not_padding(name):
+    rng = np.random.default_rng(4)
+    seq = torch.from_numpy(rng.integers(1, NUM_ITEMS, (4, MAX_LEN)))
+    lengths = torch.tensor([7, 3, 1, 5])
+    targets = torch.from_numpy(rng.integers(1, NUM_ITEMS, (4, MAX_LEN)))
+    targets[torch.arange(MAX_LEN)[None, :] >= lengths[:, None]] = 0
+    losses = []
+    for weight in (0, 1):
+        step = _step(name, "all", "train.full_softmax=true", f"train.interest_reg={weight}", "train.interest_margin=-1")
+        step.model.eval()  # no dropout: the two losses see the same interests
+        losses.append(step.loss(seq, lengths, targets, *_negatives(step), torch.zeros(())).loss)
+    with torch.no_grad():
+        prefix = step.model.prefix_interests(seq, lengths)  # [B, L, K, d]
+    valid = torch.arange(MAX_LEN)[None, :] < lengths[:, None]
+    torch.testing.assert_close(losses[1] - losses[0], interest_cosine(prefix[valid], margin=-1.0))
 
 
 @pytest.mark.parametrize(
