@@ -536,6 +536,7 @@ def train(
         rd.require_checkpoint()
         if dist.is_main:
             rd.claim()  # a run still training elsewhere is not resumed under it
+        cfg = _keep_global_batch(cfg, rd.checkpoint_entry("world_size"), dist.world_size, log)
     exp = _prepare(cfg, dist, dataset=rd.load_dataset() if rd else None, clicks=clicks, progress=progress)
     cfg = exp.cfg  # every value resolved
     exp.model.to(device)
@@ -554,6 +555,8 @@ def train(
         assert path is not None  # rank 0's folder
         rd = RunDir(path)
     log(f"run directory: {rd.path}")
+    if resume and dist.is_main:
+        rd.save_config(cfg)  # the per-process batch _keep_global_batch set
     try:
         return _run(exp, rd, dist, resume, t0, log, on_validate)
     except BaseException:  # a folder this call created, with nothing to resume, is removed
@@ -564,6 +567,30 @@ def train(
     finally:
         if dist.is_main:
             rd.release()
+
+
+def _keep_global_batch(cfg: Config, saved: int | None, world_size: int, log: Log) -> Config:
+    """``cfg`` for a run resumed on ``world_size`` processes from a checkpoint of ``saved``: the
+    same global batch (``train.batch_size`` each × processes) and the same number of shared
+    negatives, so the run goes on as it would have on the processes it started with (to float
+    rounding: the ranks' gradients are summed in another order). ``saved`` None (a checkpoint
+    that does not record it) or equal: ``cfg`` unchanged."""
+    if saved is None or saved == world_size:
+        return cfg
+    t = cfg.train
+    total = t.batch_size * saved
+    if total % world_size:
+        raise ValueError(
+            f"train.batch_size: the run trained on {saved} processes at {t.batch_size} each (a global batch "
+            f"of {total}), which {world_size} processes cannot share; resume on a number of processes dividing {total}"
+        )
+    each = total // world_size
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(t, batch_size=each, num_negatives=shared_negatives(t)))
+    log(
+        f"resumed on {world_size} processes (trained on {saved}): train.batch_size {t.batch_size} -> "
+        f"{each} each, the same global batch of {total}"
+    )
+    return cfg
 
 
 def _prepare(
@@ -761,21 +788,17 @@ class _Loop:
     ) -> _Loop:
         """The loop at step 0 for ``exp`` (its model on ``dist.device``); logs the plan."""
         cfg, split, t, device = exp.cfg, exp.split, exp.cfg.train, dist.device
+        # one stream of batches and one of negatives, the same on every rank: each rank trains on its
+        # slice of the global batch against the shared negatives (docs/training.md, "Several GPUs")
         generator = torch.Generator(device=device)
-        generator.manual_seed(t.seed + 1000 + dist.rank)
+        generator.manual_seed(t.seed + 1000)
+        part = {"seed": t.seed, "horizon": t.horizon, "rank": dist.rank, "world_size": dist.world_size}
         batches: TrainSampler | WindowSampler
         if t.targets == "all":
-            batches = WindowSampler(
-                split.train_indptr, split.train_items, cfg.data.max_len, seed=t.seed + dist.rank, horizon=t.horizon
-            )
+            batches = WindowSampler(split.train_indptr, split.train_items, cfg.data.max_len, **part)
         else:
             batches = TrainSampler(
-                split.train_indptr,
-                split.train_items,
-                cfg.data.max_len,
-                seed=t.seed + dist.rank,
-                min_target=t.min_target,
-                horizon=t.horizon,
+                split.train_indptr, split.train_items, cfg.data.max_len, min_target=t.min_target, **part
             )
         plan = plan_training(t, cfg.model.name, split.train_indptr, dist.world_size)
         if dist.is_main:
@@ -859,6 +882,7 @@ class _Loop:
                 best_step=st.best_step,
                 bad_evals=st.bad_evals,
                 lr_drops=st.lr_drops,
+                world_size=self.dist.world_size,  # a resume on another number keeps the global batch
                 **self.step_fn.state_dict(),
                 rng=capture_rng({"batches": self.batches.rng}, {"neg": self.generator}),
                 **self.guard.state(),

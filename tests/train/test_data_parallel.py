@@ -1,0 +1,170 @@
+"""Whole training runs under torchrun with gloo on the CPU: two processes train what one process
+trains at the same global batch, a checkpoint resumes on another number of processes as the
+run would have gone on, and two "hosts" (two torchrun agents meeting at one rendezvous) do the same.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from recsys.config import load_config
+from recsys.run import RunDir
+from recsys.train.trainer import train
+from tests.conftest import TINY_TRAIN_OVERRIDES
+
+BATCH = 32  # the global batch
+SMALL = [
+    *TINY_TRAIN_OVERRIDES,
+    "synthetic.num_users=300",
+    "synthetic.num_items=200",
+    "train.device=cpu",
+    "train.cpu_threads=1",
+    "train.cuda_graph=false",
+    "train.num_negatives=64",  # the default follows the per-process batch
+    "model.dropout=0",  # dropout draws from each rank's own torch stream
+    "train.log_every=2",
+    "train.eval_every=4",
+    "train.max_steps=8",
+    "eval.valid_users=50",
+]
+TIMEOUT = 120
+
+
+def _overrides(tmp_path: Path, name: str, world_size: int, *extra: str) -> list[str]:
+    return [*SMALL, f"train.batch_size={BATCH // world_size}", f"output_dir={tmp_path}", f"name={name}", *extra]
+
+
+def _one_process(tmp_path: Path, name: str, *extra: str, max_steps: int = 8) -> Path:
+    cfg = load_config(None, [*_overrides(tmp_path, name, 1, *extra), f"train.max_steps={max_steps}"])
+    return Path(train(cfg, log=lambda line: None).run_dir)
+
+
+def _recsys_args(tmp_path: Path, name: str, world_size: int, *extra: str) -> list[str]:
+    args = ["-m", "recsys", "train", "--quiet"]
+    for override in _overrides(tmp_path, name, world_size, *extra):
+        args += ["--set", override]
+    return args
+
+
+def _launch(args: list[str]) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+
+
+def _finish(process: subprocess.Popen) -> str:
+    try:
+        out, _ = process.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        pytest.fail(f"torchrun did not finish within {TIMEOUT} s: {process.communicate()[0][-3000:]}")
+    assert process.returncode == 0, out[-4000:]
+    return out
+
+
+def _torchrun(*args: str) -> str:
+    return _finish(_launch(["--standalone", "--nproc-per-node=2", *args]))
+
+
+def _weights(run: Path) -> dict[str, torch.Tensor]:
+    """The last checkpoint's weights, and its item rows' Adam moments where the table is row-sparse."""
+    ck = RunDir(run).load_checkpoint()
+    rows = {f"item_rows.{k}": ck["item_rows"][k] for k in ("exp_avg", "exp_avg_sq")} if "item_rows" in ck else {}
+    return {**ck["model"], **rows}
+
+
+def _assert_same_training(run: Path, reference: Path, steps: int) -> None:
+    assert RunDir(run).load_checkpoint()["step"] == RunDir(reference).load_checkpoint()["step"] == steps
+    got, want = _weights(run), _weights(reference)
+    assert got.keys() == want.keys()
+    for name, tensor in want.items():
+        torch.testing.assert_close(got[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def _moved(run: Path, reference: Path) -> bool:
+    return any(not torch.equal(a, _weights(reference)[k]) for k, a in _weights(run).items())
+
+
+@pytest.mark.parametrize("updates", ["sparse", "dense"])
+def test_two_processes_train_what_one_process_trains_at_the_same_global_batch(tmp_path, updates):
+    one = _one_process(tmp_path, "one", f"train.item_updates={updates}")
+    _torchrun(*_recsys_args(tmp_path, "two", 2, f"train.item_updates={updates}"))
+    _assert_same_training(tmp_path / "two", one, steps=8)
+    # the comparison can fail: half the global batch on one process trains something else
+    half = _one_process(tmp_path, "half", f"train.item_updates={updates}", "train.batch_size=16")
+    assert _moved(half, one)
+
+
+def test_a_run_resumes_on_another_number_of_processes_as_it_would_have_gone_on(tmp_path):
+    """Checkpointed at step 4 on two processes, resumed on one to step 8: the same weights as two
+    processes (or one, at the same global batch) for all 8 steps; and from one process to two."""
+    reference = _one_process(tmp_path, "one", "train.item_updates=sparse")
+    _torchrun(*_recsys_args(tmp_path, "two-one", 2, "train.item_updates=sparse", "train.max_steps=4"))
+    lines: list[str] = []
+    cfg = RunDir(tmp_path / "two-one").read_config()
+    cfg.train.max_steps = 8
+    train(cfg, run_dir=tmp_path / "two-one", resume=True, log=lines.append)
+    assert "resumed on 1 processes (trained on 2): train.batch_size 16 -> 32 each, the same global batch of 32" in lines
+    assert RunDir(tmp_path / "two-one").read_config().train.batch_size == 32
+    _assert_same_training(tmp_path / "two-one", reference, steps=8)
+
+    _one_process(tmp_path, "one-two", "train.item_updates=sparse", max_steps=4)
+    _torchrun("-m", "recsys", "train", "--quiet", "--resume", str(tmp_path / "one-two"), "--set", "train.max_steps=8")
+    assert RunDir(tmp_path / "one-two").read_config().train.batch_size == 16
+    _assert_same_training(tmp_path / "one-two", reference, steps=8)
+
+
+def test_a_global_batch_the_processes_cannot_share_is_refused_on_resume(tmp_path):
+    run = _one_process(tmp_path, "odd", "train.batch_size=15", max_steps=4)
+    cfg = RunDir(run).read_config()
+    out = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "recsys"]
+        + ["train", "--quiet", "--resume", str(run)],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert out.returncode != 0 and cfg.train.batch_size == 15
+    assert "train.batch_size: the run trained on 1 processes at 15 each (a global batch of 15)" in out.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_hosts_of_one_process_each_train_what_one_process_trains(tmp_path):
+    """Two torchrun agents, one a "host", started with the same command but their node rank,
+    meet at a c10d rendezvous and train as one job."""
+    reference = _one_process(tmp_path, "one", "train.item_updates=sparse")
+    port = _free_port()
+    hosts = [
+        _launch(
+            [
+                "--nnodes=2",
+                f"--node-rank={node}",
+                "--nproc-per-node=1",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{port}",
+                "--rdzv-id=hosts",
+                *_recsys_args(tmp_path, "hosts", 2, "train.item_updates=sparse"),
+            ]
+        )
+        for node in (0, 1)
+    ]
+    for host in hosts:
+        _finish(host)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hosts", "one"]
+    _assert_same_training(tmp_path / "hosts", reference, steps=8)
