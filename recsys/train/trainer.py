@@ -559,11 +559,19 @@ def train(
         rd.save_config(cfg)  # the per-process batch _keep_global_batch set
     try:
         return _run(exp, rd, dist, resume, t0, log, on_validate)
-    except BaseException:  # a folder this call created, with nothing to resume, is removed
-        if dist.is_main and created and not rd.has_checkpoint():
+    except BaseException as err:
+        failure = distributed.rank_failure(err)
+        if dist.is_main and created and not rd.has_checkpoint():  # a folder this call created, with nothing to resume
             shutil.rmtree(rd.path, ignore_errors=True)
             log(f"removed {rd.path}: the run stopped before its first checkpoint, so there is nothing to resume")
-        raise
+        if failure is None:
+            raise
+        resumes = (
+            f"its checkpoint of step {rd.checkpoint_entry('step')} resumes it: recsys train --resume {rd.path}"
+            if rd.has_checkpoint()
+            else "there was no checkpoint yet"
+        )
+        raise distributed.RankFailure(f"{failure}; {resumes}") from err
     finally:
         if dist.is_main:
             rd.release()

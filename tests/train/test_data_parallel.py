@@ -4,9 +4,12 @@ run would have gone on, and two "hosts" (two torchrun agents meeting at one rend
 """
 
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +17,7 @@ import torch
 
 from recsys.config import load_config
 from recsys.run import RunDir
-from recsys.train.trainer import train
+from recsys.train.trainer import _keep_global_batch, train
 from tests.conftest import TINY_TRAIN_OVERRIDES
 
 BATCH = 32  # the global batch
@@ -124,19 +127,17 @@ def test_a_run_resumes_on_another_number_of_processes_as_it_would_have_gone_on(t
     _assert_same_training(tmp_path / "one-two", reference, steps=8)
 
 
-def test_a_global_batch_the_processes_cannot_share_is_refused_on_resume(tmp_path):
-    run = _one_process(tmp_path, "odd", "train.batch_size=15", max_steps=4)
-    cfg = RunDir(run).read_config()
-    out = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "recsys"]
-        + ["train", "--quiet", "--resume", str(run)],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert out.returncode != 0 and cfg.train.batch_size == 15
-    assert "train.batch_size: the run trained on 1 processes at 15 each (a global batch of 15)" in out.stderr
+def test_a_resume_keeps_the_global_batch_or_says_why_it_cannot():
+    cfg = load_config(None, ["train.batch_size=15"])
+    assert _keep_global_batch(cfg, None, 2, print) is cfg and _keep_global_batch(cfg, 2, 2, print) is cfg
+    lines: list[str] = []
+    five = _keep_global_batch(cfg, 1, 3, lines.append)
+    assert (five.train.batch_size, five.train.num_negatives, cfg.train.batch_size) == (5, 150, 15)
+    assert lines == [
+        "resumed on 3 processes (trained on 1): train.batch_size 15 -> 5 each, the same global batch of 15"
+    ]
+    with pytest.raises(ValueError, match=r"^train.batch_size: the run trained on 1 processes at 15 each \(a global "):
+        _keep_global_batch(cfg, 1, 2, print)
 
 
 def _free_port() -> int:
@@ -168,3 +169,78 @@ def test_two_hosts_of_one_process_each_train_what_one_process_trains(tmp_path):
         _finish(host)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hosts", "one"]
     _assert_same_training(tmp_path / "hosts", reference, steps=8)
+
+
+def _rank_pid(marker: str, rank: int) -> int | None:
+    """The pid of the worker of rank ``rank`` among the processes whose environment holds ``marker``."""
+    for entry in Path("/proc").iterdir():
+        try:
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if marker.encode() in env and f"RANK={rank}".encode() in env:
+            return int(entry.name)
+    return None
+
+
+def _wait_for(condition, what: str, seconds: float = TIMEOUT) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} within {seconds:g} s")
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize(
+    "stop, says",
+    [
+        (
+            signal.SIGSTOP,
+            r"rank 1 did not answer \(stopped or hung\); a collective waited 3 s for it \(RECSYS_DIST_TIMEOUT\)",
+        ),
+        (
+            signal.SIGKILL,
+            r"lost another rank \(Connection (closed|reset) by peer.*\); torchrun names the rank that exited",
+        ),
+    ],
+    ids=["stopped", "killed"],
+)
+def test_a_rank_that_stops_or_dies_ends_the_job_with_one_line_and_a_checkpoint_to_resume(tmp_path, stop, says):
+    """Rank 1 is stopped (a hung process, a lost host: only the collective timeout notices) or
+    killed after the first checkpoint: rank 0 stops with one line that names what happened and
+    the checkpoint that resumes the run, and the run resumes from it."""
+    marker = f"RECSYS_TEST_JOB={tmp_path.name}"
+    log = tmp_path / "torchrun.log"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RECSYS_DIST_TIMEOUT": "3", marker.split("=")[0]: tmp_path.name}
+    args = _recsys_args(tmp_path, "k", 2, "train.max_steps=100000", "train.patience=100000")
+    with log.open("w") as out:
+        job = subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    try:
+        _wait_for((tmp_path / "k" / "model.pt").exists, "no checkpoint")
+        victim = _rank_pid(marker, 1)
+        assert victim is not None
+        os.kill(victim, stop)
+        _wait_for(lambda: "recsys train: error:" in log.read_text(), "rank 0 did not stop")
+        if stop == signal.SIGSTOP:
+            os.kill(victim, signal.SIGKILL)  # else torchrun waits 30 s for it to take its SIGTERM
+        job.wait(timeout=TIMEOUT)
+    finally:
+        job.kill()
+    assert job.returncode != 0
+    errors = [line for line in log.read_text().splitlines() if line.startswith("recsys train: error:")]
+    assert len(errors) == 1, errors
+    found = re.fullmatch(
+        rf"recsys train: error: rank 0 of 2: {says}; its checkpoint of step (\d+) resumes it: "
+        rf"recsys train --resume {re.escape(str(tmp_path / 'k'))}",
+        errors[0],
+    )
+    assert found, errors[0]
+    step = int(found.group(found.lastindex))
+    cfg = RunDir(tmp_path / "k").read_config()
+    cfg.train.max_steps = step + 2
+    assert train(cfg, run_dir=tmp_path / "k", resume=True, log=lambda line: None).steps == step + 2

@@ -170,3 +170,18 @@ def _run_two(worker, args: tuple, preload: list[str]) -> None:
             for process in workers.processes:
                 process.kill()
             pytest.fail("distributed workers did not finish within 120 s")
+
+
+def test_the_collective_timeout_comes_from_the_environment(monkeypatch):
+    monkeypatch.delenv(distributed.TIMEOUT_ENV, raising=False)
+    assert distributed.collective_timeout().total_seconds() == distributed.DEFAULT_TIMEOUT_S
+    monkeypatch.setenv(distributed.TIMEOUT_ENV, "2.5")
+    assert distributed.collective_timeout().total_seconds() == 2.5
+    for bad in ("0", "soon"):
+        monkeypatch.setenv(distributed.TIMEOUT_ENV, bad)
+        with pytest.raises(ValueError, match=f"RECSYS_DIST_TIMEOUT: must be a number of seconds > 0, got '{bad}'"):
+            distributed.collective_timeout()
+
+
+def test_an_error_outside_a_process_group_is_no_rank_failure():
+    assert distributed.rank_failure(RuntimeError("[gloo/pair.cc:1] Connection closed by peer")) is None
