@@ -18,6 +18,8 @@ from __future__ import annotations
 import gc
 import os
 import re
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -99,11 +101,28 @@ def setup_distributed(device_pref: str = "auto", *, graphs: bool = False) -> Dis
         if graphs and backend == "nccl":
             os.environ.setdefault(NCCL_ASYNC_ERROR_HANDLING, "0")
         dist.init_process_group(backend=backend, rank=rank, world_size=world_size, timeout=collective_timeout())
+        _raise_on_sigterm()
     return DistInfo(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
 
 
 class RankFailure(ConnectionError):
     """A collective failed because another rank died, stopped or hung: one line naming the ranks."""
+
+
+class Terminated(Exception):
+    """SIGTERM reached a rank: torchrun stops every rank this way when one fails."""
+
+
+def _raise_on_sigterm() -> None:
+    """Turn SIGTERM into :class:`Terminated` (in the main thread, where Python runs handlers), so
+    a rank that torchrun stops ends through :func:`rank_failure`'s one line rather than silently."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def terminated(signum: int, frame: object) -> None:
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, terminated)
 
 
 CHECK_IN_S = 5.0  # after a timed-out collective, how long the ranks still alive have to say so
@@ -113,14 +132,17 @@ def rank_failure(err: BaseException) -> RankFailure | None:
     """``err`` as a :class:`RankFailure` when it is a failed collective of this job, else None.
 
     A rank that died closes its connections: the others fail at once ("Connection reset by
-    peer") and torchrun's report names the rank that exited. A rank that stopped or hung (a lost
+    peer"), or are stopped by torchrun's SIGTERM first (:class:`Terminated`), and torchrun's
+    report names the rank that exited. A rank that stopped or hung (a lost
     host, a stopped process) is only noticed by :func:`collective_timeout`; the ranks still alive
     then check in at the job's key-value store for :data:`CHECK_IN_S` seconds, and those that do
     not are named.
     """
-    if not dist.is_initialized() or not _is_collective_error(err):
+    if not dist.is_initialized() or not (isinstance(err, Terminated) or _is_collective_error(err)):
         return None
     rank, world_size = dist.get_rank(), dist.get_world_size()
+    if isinstance(err, Terminated):  # torchrun saw another rank exit before this one failed a collective
+        return RankFailure(f"rank {rank} of {world_size}: stopped by SIGTERM; torchrun names the rank that exited")
     cause = _first_sentence(err)
     if "timed out" not in cause.lower():
         return RankFailure(

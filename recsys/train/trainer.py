@@ -532,11 +532,13 @@ def train(
     t0 = time.perf_counter()
 
     rd = RunDir(run_dir) if resume and run_dir is not None else None  # (resume without run_dir raised above)
+    rebatched = False  # resumed on another number of processes: config.json gets the new per-process batch
     if rd is not None:
         rd.require_checkpoint()
         if dist.is_main:
             rd.claim()  # a run still training elsewhere is not resumed under it
-        cfg = _keep_global_batch(cfg, rd.checkpoint_entry("world_size"), dist.world_size, log)
+        kept = _keep_global_batch(cfg, rd.checkpoint_entry("world_size"), dist.world_size, log)
+        cfg, rebatched = kept, kept is not cfg
     exp = _prepare(cfg, dist, dataset=rd.load_dataset() if rd else None, clicks=clicks, progress=progress)
     cfg = exp.cfg  # every value resolved
     exp.model.to(device)
@@ -555,8 +557,8 @@ def train(
         assert path is not None  # rank 0's folder
         rd = RunDir(path)
     log(f"run directory: {rd.path}")
-    if resume and dist.is_main:
-        rd.save_config(cfg)  # the per-process batch _keep_global_batch set
+    if rebatched and dist.is_main:
+        rd.save_config(cfg)
     try:
         return _run(exp, rd, dist, resume, t0, log, on_validate)
     except BaseException as err:
@@ -629,7 +631,7 @@ def _prepare(
     )
     _check_split(exp.dataset, exp.split)
     t = exp.cfg.train
-    t.weight_decay = plan_training(t, exp.cfg.model.name, exp.split.train_indptr, dist.world_size).weight_decay
+    t.weight_decay = plan_training(t, exp.cfg.model.name, exp.split.train_lengths, dist.world_size).weight_decay
     return exp
 
 
@@ -649,7 +651,7 @@ def dry_run(cfg: Config, *, clicks: pd.DataFrame | None = None, progress: bool =
     log(_model_line(cfg, model))
     if model.trainable:
         log(_validation_line(cfg, split, len(split.valid.sample(cfg.eval.valid_users, cfg.data.seed))))
-        log(plan_training(cfg.train, cfg.model.name, split.train_indptr, dist.world_size).describe(cfg.train))
+        log(plan_training(cfg.train, cfg.model.name, split.train_lengths, dist.world_size).describe(cfg.train))
         log(launch_line(cfg, *plan_graph(cfg, dist.device, dist.world_size)))
     return cfg
 
@@ -706,8 +708,9 @@ def _run(
     planted = planted_for(cfg, ds.user_raw[valid.users], ds.category_raw)
 
     def validate() -> dict[str, float]:
-        metrics = evaluate_with_config(model, valid, cfg, item_category=ds.item_category)
-        if model.trainable:  # multi-interest health, logged beside the recall (docs/multi-interest.md)
+        """Every rank's: the ranks share the users; rank 0 adds the interests' health, which it logs."""
+        metrics = evaluate_with_config(model, valid, cfg, item_category=ds.item_category, across_ranks=True)
+        if model.trainable and dist.is_main:  # multi-interest health, logged beside the recall (docs/multi-interest.md)
             metrics.update(interest_health(model, valid, item_category=ds.item_category, planted=planted))
         return metrics
 
@@ -721,13 +724,13 @@ def _run(
             state = _optimise(loop)
         if dist.is_main and rd.has_best():
             rd.load_best(map_location=dist.device, model=model)
-
-    test_metrics: dict[str, float] = {}
-    if dist.is_main:
-        if not model.trainable:
-            state.best = validate()[key]
+        distributed.broadcast_weights(model)  # the ranks share the test's users
+    else:
+        state.best = validate()[key]
+        if dist.is_main:
             rd.save_best(model.state_dict())
-        test_metrics = evaluate_with_config(model, split.test, cfg, item_category=ds.item_category)
+    test_metrics = evaluate_with_config(model, split.test, cfg, item_category=ds.item_category, across_ranks=True)
+    if dist.is_main:
         rd.save_test_metrics(test_metrics)
     distributed.cleanup()
     return TrainResult(
@@ -800,15 +803,16 @@ class _Loop:
         # slice of the global batch against the shared negatives (docs/training.md, "Several GPUs")
         generator = torch.Generator(device=device)
         generator.manual_seed(t.seed + 1000)
-        part = {"seed": t.seed, "horizon": t.horizon, "rank": dist.rank, "world_size": dist.world_size}
+        # the training rows in place in the dataset's (possibly memory-mapped) clicks
+        rows = (split.clicks_indptr, split.clicks, cfg.data.max_len)
+        part = {"seed": t.seed, "users": split.train_users, "ends": split.train_ends, "horizon": t.horizon}
+        part.update(rank=dist.rank, world_size=dist.world_size)
         batches: TrainSampler | WindowSampler
         if t.targets == "all":
-            batches = WindowSampler(split.train_indptr, split.train_items, cfg.data.max_len, **part)
+            batches = WindowSampler(*rows, **part)
         else:
-            batches = TrainSampler(
-                split.train_indptr, split.train_items, cfg.data.max_len, min_target=t.min_target, **part
-            )
-        plan = plan_training(t, cfg.model.name, split.train_indptr, dist.world_size)
+            batches = TrainSampler(*rows, min_target=t.min_target, **part)
+        plan = plan_training(t, cfg.model.name, split.train_lengths, dist.world_size)
         if dist.is_main:
             log(plan.describe(t))
         step_fn = TrainStep(
@@ -850,21 +854,31 @@ class _Loop:
     def validation(self, *, can_drop: bool = False) -> str:
         """Evaluate on the valid users, keep the best weights, checkpoint (with the guard's start
         loss). With ``train.ema_decay`` the weight average is what is evaluated and kept as the
-        best weights.
+        best weights. Every rank calls it: the ranks share the users and reach the same verdict;
+        rank 0 writes the run directory and logs.
 
         Returns ``"stop"`` at a plateau, ``"drop"`` at a plateau with ``train.lr_drops`` left and
         ``can_drop``, after going back to the best weights at the lower rate (so the checkpoint
         records the run as it goes on), else ``""``."""
-        st, rd, t = self.st, self.rd, self.cfg.train
+        st, rd, t, main = self.st, self.rd, self.cfg.train, self.dist.is_main
         with self.step_fn.scored_weights():
-            metrics = self.validate()
+            metrics = self.validate()  # the same on every rank (rank 0 adds the interests' health)
             improved = metrics[self.key] > st.best
-            if improved:
+            if improved and main:
                 rd.save_best(self.model.state_dict())
         if improved:
             st.best, st.best_step, st.bad_evals = metrics[self.key], st.step, 0
         else:
             st.bad_evals += 1
+        verdict = "stop" if self.plan.plateau_reached(st.step, st.bad_evals, t.patience) else ""
+        if verdict and can_drop and st.lr_drops < t.lr_drops:
+            verdict = "drop"
+            if main:
+                rd.load_best(map_location=self.step_fn.device, model=self.model)
+            distributed.broadcast_weights(self.model)
+            self.drop_lr()
+        if not main:
+            return verdict
         rd.append_metrics({"step": st.step, "split": "valid", **metrics})
         health = "  ".join(f"{label} {metrics[k]:.2f}" for k, label in _HEALTH_LABELS.items() if k in metrics)
         self.log(
@@ -873,11 +887,7 @@ class _Loop:
             + ("  (best)" if improved else f"  (no improvement {st.bad_evals}/{t.patience})")
             + (f"\n  interests: {health}" if health else "")
         )
-        verdict = "stop" if self.plan.plateau_reached(st.step, st.bad_evals, t.patience) else ""
-        if verdict and can_drop and st.lr_drops < t.lr_drops:
-            verdict = "drop"
-            rd.load_best(map_location=self.step_fn.device, model=self.model)
-            self.drop_lr()
+        if verdict == "drop":
             self.log(
                 f"plateau at step {st.step}: back to the best weights (step {st.best_step}), lr "
                 f"{self.step_fn.optimizer.param_groups[0]['lr']:.3g} (drop {st.lr_drops} of {t.lr_drops})"
@@ -967,19 +977,13 @@ def _optimise(loop: _Loop) -> _LoopState:
             if window_steps:  # the steps since the last log line, before their weights are checkpointed
                 guard.check(st.step, *(sums[[0, 3]] / window_steps).tolist())
             st.last_eval = st.step
-            verdict = ""
-            with meter.paused():
-                if dist.is_main:  # with budget left to use a lower rate, a plateau may drop it
-                    verdict = loop.validation(can_drop=st.step < max_steps and not out_of_time)
+            with meter.paused():  # with budget left to use a lower rate, a plateau may drop it
+                verdict = loop.validation(can_drop=st.step < max_steps and not out_of_time)
             if out_of_time:
                 log(f"stopped at step {st.step}: train.max_minutes={t.max_minutes:g} reached")
                 st.out_of_time = True
                 break
-            if distributed.broadcast_flag(verdict == "drop", device):
-                if not dist.is_main:  # the main process went back to the best weights in its validation
-                    loop.drop_lr()
-                distributed.broadcast_weights(model)
-            elif distributed.broadcast_flag(verdict == "stop", device):
+            if verdict == "stop":  # every rank's verdict: they scored the same top lists
                 log(f"early stop at step {st.step}: no {loop.key} improvement in {t.patience} evaluations")
                 break
     set_track_stats(model, False)
