@@ -591,16 +591,20 @@ def _keep_global_batch(cfg: Config, saved: int | None, world_size: int, log: Log
     total = t.batch_size * saved
     if total % world_size:
         raise ValueError(
-            f"train.batch_size: the run trained on {saved} processes at {t.batch_size} each (a global batch "
-            f"of {total}), which {world_size} processes cannot share; resume on a number of processes dividing {total}"
+            f"train.batch_size: the run trained on {_processes(saved)} at {t.batch_size} each (a global batch of "
+            f"{total}), which {_processes(world_size)} cannot share; resume on a number of processes dividing it"
         )
     each = total // world_size
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(t, batch_size=each, num_negatives=shared_negatives(t)))
     log(
-        f"resumed on {world_size} processes (trained on {saved}): train.batch_size {t.batch_size} -> "
+        f"resumed on {_processes(world_size)} (trained on {saved}): train.batch_size {t.batch_size} -> "
         f"{each} each, the same global batch of {total}"
     )
     return cfg
+
+
+def _processes(n: int) -> str:
+    return f"{n} process" if n == 1 else f"{n} processes"
 
 
 def _prepare(

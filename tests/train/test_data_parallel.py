@@ -1,6 +1,7 @@
 """Whole training runs under torchrun with gloo on the CPU: two processes train what one process
 trains at the same global batch, a checkpoint resumes on another number of processes as the
-run would have gone on, and two "hosts" (two torchrun agents meeting at one rendezvous) do the same.
+run would have gone on, two "hosts" (two torchrun agents meeting at one rendezvous) train as one
+process does, and a rank that stops or dies ends the job with one line and a checkpoint to resume.
 """
 
 import os
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -54,14 +56,14 @@ def _recsys_args(tmp_path: Path, name: str, world_size: int, *extra: str) -> lis
     return args
 
 
-def _launch(args: list[str]) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+def _launch(args: list[str], out: Any = subprocess.PIPE, **env: str) -> subprocess.Popen:
+    """``torchrun ARGS`` with its output (both streams) to ``out`` and ``env`` added to ours."""
     return subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", *args],
-        stdout=subprocess.PIPE,
+        stdout=out,
         stderr=subprocess.STDOUT,
         text=True,
-        env=env,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **env},
     )
 
 
@@ -95,7 +97,8 @@ def _assert_same_training(run: Path, reference: Path, steps: int) -> None:
 
 
 def _moved(run: Path, reference: Path) -> bool:
-    return any(not torch.equal(a, _weights(reference)[k]) for k, a in _weights(run).items())
+    want = _weights(reference)
+    return any(not torch.equal(tensor, want[name]) for name, tensor in _weights(run).items())
 
 
 @pytest.mark.parametrize("updates", ["sparse", "dense"])
@@ -109,15 +112,17 @@ def test_two_processes_train_what_one_process_trains_at_the_same_global_batch(tm
 
 
 def test_a_run_resumes_on_another_number_of_processes_as_it_would_have_gone_on(tmp_path):
-    """Checkpointed at step 4 on two processes, resumed on one to step 8: the same weights as two
-    processes (or one, at the same global batch) for all 8 steps; and from one process to two."""
+    """Checkpointed at step 4 on two processes (16 samples each), resumed on one to step 8, and
+    from one process (32) to two: what must hold is that after step 8 the weights and the item
+    rows' Adam moments are those of the uninterrupted run at the same global batch of 32, to float
+    rounding; the resumed run takes 32 / its processes samples each, and says so."""
     reference = _one_process(tmp_path, "one", "train.item_updates=sparse")
     _torchrun(*_recsys_args(tmp_path, "two-one", 2, "train.item_updates=sparse", "train.max_steps=4"))
     lines: list[str] = []
     cfg = RunDir(tmp_path / "two-one").read_config()
     cfg.train.max_steps = 8
     train(cfg, run_dir=tmp_path / "two-one", resume=True, log=lines.append)
-    assert "resumed on 1 processes (trained on 2): train.batch_size 16 -> 32 each, the same global batch of 32" in lines
+    assert "resumed on 1 process (trained on 2): train.batch_size 16 -> 32 each, the same global batch of 32" in lines
     assert RunDir(tmp_path / "two-one").read_config().train.batch_size == 32
     _assert_same_training(tmp_path / "two-one", reference, steps=8)
 
@@ -136,7 +141,7 @@ def test_a_resume_keeps_the_global_batch_or_says_why_it_cannot():
     assert lines == [
         "resumed on 3 processes (trained on 1): train.batch_size 15 -> 5 each, the same global batch of 15"
     ]
-    with pytest.raises(ValueError, match=r"^train.batch_size: the run trained on 1 processes at 15 each \(a global "):
+    with pytest.raises(ValueError, match=r"^train.batch_size: the run trained on 1 process at 15 each \(a global "):
         _keep_global_batch(cfg, 1, 2, print)
 
 
@@ -211,16 +216,12 @@ def test_a_rank_that_stops_or_dies_ends_the_job_with_one_line_and_a_checkpoint_t
     killed after the first checkpoint: rank 0 stops with one line that names what happened and
     the checkpoint that resumes the run, and the run resumes from it. (Killed, rank 0 fails its
     next collective or gets torchrun's SIGTERM first, whichever comes first.)"""
-    marker = f"RECSYS_TEST_JOB={tmp_path.name}"
+    marker = f"RECSYS_TEST_JOB={tmp_path.name}"  # in the workers' environment: how the test finds rank 1
     log = tmp_path / "torchrun.log"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "RECSYS_DIST_TIMEOUT": "3", marker.split("=")[0]: tmp_path.name}
     args = _recsys_args(tmp_path, "k", 2, "train.max_steps=100000", "train.patience=100000")
     with log.open("w") as out:
-        job = subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", *args],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
+        job = _launch(
+            ["--standalone", "--nproc-per-node=2", *args], out, RECSYS_DIST_TIMEOUT="3", RECSYS_TEST_JOB=tmp_path.name
         )
     try:
         _wait_for((tmp_path / "k" / "model.pt").exists, "no checkpoint")
