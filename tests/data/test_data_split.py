@@ -263,3 +263,24 @@ def test_leave_one_out_on_amazon_beauty_matches_rectools_counts():
     split = split_dataset(load_dataset(cfg), cfg.data)
     assert (len(split.train_users), split.train_lengths.sum()) == (22_363, 198_502 - 2 * 22_363)
     assert (len(split.valid), len(split.test)) == (22_312, 22_311)
+
+
+@pytest.mark.parametrize("split", ["user", "time", "leave_one_out"])
+def test_a_saved_dataset_s_training_rows_are_read_in_place_from_its_mapped_clicks(tmp_path, split):
+    """A dataset on disk keeps its clicks memory-mapped through the split and into the samplers
+    (a rank reads the rows it samples, never a copy of the log); the rows they read are the
+    training clicks of the split, and the counts are those of the copied training rows."""
+    from recsys.data.batches import TrainSampler
+
+    random_dataset(300).save(tmp_path / "ds")
+    ds = Dataset.load(tmp_path / "ds")
+    assert isinstance(ds.items, np.memmap)
+    parts = split_dataset(ds, DataConfig(split=split, max_len=5))
+    assert parts.clicks is ds.items
+    sampler = TrainSampler(parts.clicks_indptr, parts.clicks, 5, seed=0, users=parts.train_users, ends=parts.train_ends)
+    assert np.shares_memory(sampler.items, ds.items)
+    train_indptr, train_items = parts.train_csr()
+    np.testing.assert_array_equal(parts.train_item_counts(ds.num_items), np.bincount(train_items, minlength=301))
+    copied = TrainSampler(train_indptr, train_items, 5, seed=0)  # the same rows, copied out
+    for got, want in zip(sampler.sample(64), copied.sample(64)):
+        np.testing.assert_array_equal(got, want)
