@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -231,6 +231,15 @@ def broadcast_object(obj: T, src: int = 0) -> T:
     box = [obj]
     dist.broadcast_object_list(box, src=src)
     return box[0]
+
+
+def all_gather_object(obj: T) -> list[T]:
+    """Every rank's picklable ``obj``, in rank order (syncs the host; single-process: ``[obj]``)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [obj]
+    box: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(box, obj)
+    return box
 
 
 def broadcast_weights(model: nn.Module) -> None:

@@ -44,7 +44,7 @@ from recsys.nn.masking import gather_last
 from recsys.run import Experiment, RunDir, build_experiment, new_run_dir
 from recsys.train import distributed
 from recsys.train.averaging import WeightAverage
-from recsys.train.checkpoint import capture_rng, make_checkpoint, restore_rng
+from recsys.train.checkpoint import capture_rng, make_checkpoint, rank_rng, restore_rank_rng, restore_rng
 from recsys.train.divergence import DivergenceGuard
 from recsys.train.graphs import DDP_WARMUP_STEPS, WARMUP_STEPS, capturing, launch_line, plan_graph, side_stream
 from recsys.train.losses import (
@@ -834,13 +834,19 @@ class _Loop:
 
     def resume(self) -> None:
         """Continue from the run directory's last checkpoint: the weights, the step's state, the
-        counters, both random streams and the guard's start loss; metrics rows past it are dropped."""
+        counters, both random streams, each rank's dropout streams and the guard's start loss; metrics
+        rows past it are dropped."""
         ck = self.rd.load_checkpoint(map_location=self.dist.device, model=self.model)
         self.step_fn.load_state_dict(ck)
         self.st = _LoopState(
             ck["step"], ck["best"], ck["best_step"], ck["bad_evals"], ck.get("lr_drops", 0), last_eval=ck["step"]
         )
         restore_rng(ck["rng"], {"batches": self.batches.rng}, {"neg": self.generator})
+        streams, rank = ck.get("rank_rng", []), self.dist.rank
+        if len(streams) == self.dist.world_size:  # each rank its own dropout streams back
+            restore_rank_rng(streams[rank])
+        elif rank:  # another number of processes: rank 0's streams, and fresh ones elsewhere
+            torch.manual_seed(hash((self.cfg.train.seed, rank, self.st.step)) % 2**63)
         self.guard.start_loss = ck.get("start_loss")
         self.rd.rewind_metrics(self.st.step)
         self.log(f"resumed at step {self.st.step} (best {self.key} {self.st.best:.4f} at step {self.st.best_step})")
@@ -881,6 +887,7 @@ class _Loop:
                 rd.load_best(map_location=self.step_fn.device, model=self.model)
             distributed.broadcast_weights(self.model)
             self.drop_lr()
+        streams = distributed.all_gather_object(rank_rng())  # each rank's dropout streams, for an exact resume
         if not main:
             return verdict
         rd.append_metrics({"step": st.step, "split": "valid", **metrics})
@@ -907,6 +914,7 @@ class _Loop:
                 world_size=self.dist.world_size,  # a resume on another number keeps the global batch
                 **self.step_fn.state_dict(),
                 rng=capture_rng({"batches": self.batches.rng}, {"neg": self.generator}),
+                rank_rng=streams,
                 **self.guard.state(),
             )
         )

@@ -101,10 +101,44 @@ def _moved(run: Path, reference: Path) -> bool:
     return any(not torch.equal(tensor, want[name]) for name, tensor in _weights(run).items())
 
 
-@pytest.mark.parametrize("updates", ["sparse", "dense"])
-def test_two_processes_train_what_one_process_trains_at_the_same_global_batch(tmp_path, updates):
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _two_hosts(tmp_path: Path, name: str, *extra: str) -> None:
+    """Two torchrun agents of one process each, started with the same command but their node
+    rank, meeting at a c10d rendezvous: two "hosts" on this machine."""
+    port = _free_port()
+    hosts = [
+        _launch(
+            [
+                "--nnodes=2",
+                f"--node-rank={node}",
+                "--nproc-per-node=1",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{port}",
+                f"--rdzv-id={name}",
+                *_recsys_args(tmp_path, name, 2, *extra),
+            ]
+        )
+        for node in (0, 1)
+    ]
+    for host in hosts:
+        _finish(host)
+
+
+@pytest.mark.parametrize("updates, hosts", [("dense", 1), ("sparse", 2)])
+def test_two_processes_train_what_one_process_trains_at_the_same_global_batch(tmp_path, updates, hosts):
+    """Two processes of 16 samples each, on one host or on two, end 8 steps with the weights (and
+    the row-sparse table's Adam moments) of one process at 32, to float rounding."""
     one = _one_process(tmp_path, "one", f"train.item_updates={updates}")
-    _torchrun(*_recsys_args(tmp_path, "two", 2, f"train.item_updates={updates}"))
+    if hosts == 1:
+        _torchrun(*_recsys_args(tmp_path, "two", 2, f"train.item_updates={updates}"))
+    else:
+        _two_hosts(tmp_path, "two", f"train.item_updates={updates}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "two"]  # one run directory for the job
     _assert_same_training(tmp_path / "two", one, steps=8)
     # the comparison can fail: half the global batch on one process trains something else
     half = _one_process(tmp_path, "half", f"train.item_updates={updates}", "train.batch_size=16")
@@ -143,37 +177,6 @@ def test_a_resume_keeps_the_global_batch_or_says_why_it_cannot():
     ]
     with pytest.raises(ValueError, match=r"^train.batch_size: the run trained on 1 process at 15 each \(a global "):
         _keep_global_batch(cfg, 1, 2, print)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_two_hosts_of_one_process_each_train_what_one_process_trains(tmp_path):
-    """Two torchrun agents, one a "host", started with the same command but their node rank,
-    meet at a c10d rendezvous and train as one job."""
-    reference = _one_process(tmp_path, "one", "train.item_updates=sparse")
-    port = _free_port()
-    hosts = [
-        _launch(
-            [
-                "--nnodes=2",
-                f"--node-rank={node}",
-                "--nproc-per-node=1",
-                "--rdzv-backend=c10d",
-                f"--rdzv-endpoint=127.0.0.1:{port}",
-                "--rdzv-id=hosts",
-                *_recsys_args(tmp_path, "hosts", 2, "train.item_updates=sparse"),
-            ]
-        )
-        for node in (0, 1)
-    ]
-    for host in hosts:
-        _finish(host)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["hosts", "one"]
-    _assert_same_training(tmp_path / "hosts", reference, steps=8)
 
 
 def _rank_pid(marker: str, rank: int) -> int | None:
@@ -247,3 +250,16 @@ def test_a_rank_that_stops_or_dies_ends_the_job_with_one_line_and_a_checkpoint_t
     cfg = RunDir(tmp_path / "k").read_config()
     cfg.train.max_steps = step + 2
     assert train(cfg, run_dir=tmp_path / "k", resume=True, log=lambda line: None).steps == step + 2
+
+
+def test_two_processes_resumed_on_two_train_as_the_uninterrupted_run_dropout_included(tmp_path):
+    """Each rank draws its own dropout masks; the checkpoint keeps every rank's stream, so a run
+    stopped at step 4 and resumed on as many processes ends bit for bit where the uninterrupted
+    one does."""
+    dropout = ["model.name=sasrec", "model.dropout=0.3", "model.num_layers=1"]
+    _torchrun(*_recsys_args(tmp_path, "whole", 2, *dropout))
+    _torchrun(*_recsys_args(tmp_path, "resumed", 2, *dropout, "train.max_steps=4"))
+    _torchrun("-m", "recsys", "train", "--quiet", "--resume", str(tmp_path / "resumed"), "--set", "train.max_steps=8")
+    got, want = _weights(tmp_path / "resumed"), _weights(tmp_path / "whole")
+    for name, tensor in want.items():
+        torch.testing.assert_close(got[name], tensor, rtol=0, atol=0, msg=name)
