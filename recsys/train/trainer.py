@@ -809,8 +809,8 @@ class _Loop:
         generator.manual_seed(t.seed + 1000)
         # the training rows in place in the dataset's (possibly memory-mapped) clicks
         rows = (split.clicks_indptr, split.clicks, cfg.data.max_len)
-        part = {"seed": t.seed, "users": split.train_users, "ends": split.train_ends, "horizon": t.horizon}
-        part.update(rank=dist.rank, world_size=dist.world_size)
+        part: dict[str, Any] = {"seed": t.seed, "users": split.train_users, "ends": split.train_ends}
+        part.update(horizon=t.horizon, rank=dist.rank, world_size=dist.world_size)
         batches: TrainSampler | WindowSampler
         if t.targets == "all":
             batches = WindowSampler(*rows, **part)
