@@ -9,8 +9,11 @@ single-process :class:`DistInfo`, so the same training code runs either way::
     model = build(...).to(info.device)
     if info.world_size > 1:
         model = DDP(model, device_ids=[info.local_rank] if info.device.type == "cuda" else None)
-    ...  # seed data sampling with cfg.train.seed + info.rank; write files only if info.is_main
+    ...  # one seed on every rank, each training its slice of the global batch; files only if info.is_main
     cleanup()
+
+A collective waits :func:`collective_timeout` for the other ranks; :func:`rank_failure` turns a
+failed one (a rank that died, stopped or hung) into one line naming the ranks.
 """
 
 from __future__ import annotations
