@@ -82,7 +82,7 @@ def main() -> None:
     for path in a.data:
         cfg = load_config(None, [f"data.source={path}"])
         split = split_dataset(load_dataset(cfg), cfg.data)
-        per_window = WindowSampler(split.train_indptr, split.train_items, cfg.data.max_len, seed=0).mean_targets()
+        per_window = WindowSampler(*split.train_csr(), cfg.data.max_len, seed=0).mean_targets()
         ref = _reference(path, a.reference, a.steps)
         ours_w, ours_t = _ours(path, a.steps, a.set)
         lines.append(

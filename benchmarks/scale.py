@@ -159,7 +159,7 @@ def epoch_steps(run_dir: str) -> int:
     """Steps of one epoch of a run: its saved (resolved) config's plan over its training users."""
     cfg = RunDir(run_dir).read_config()
     split = split_dataset(load_dataset(cfg), cfg.data)
-    return plan_training(cfg.train, cfg.model.name, split.train_indptr).epoch_steps
+    return plan_training(cfg.train, cfg.model.name, split.train_lengths).epoch_steps
 
 
 def _batches(num_items: int, batch: int, max_len: int, count: int, device: torch.device, seed: int = 0):

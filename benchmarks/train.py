@@ -149,7 +149,7 @@ def _time_ours(
     gen = torch.Generator(device=device)
     gen.manual_seed(1)
     step = TrainStep(model, cfg, device, exp.item_counts.to(device), gen)
-    sampler = TrainSampler(split.train_indptr, split.train_items, cfg.data.max_len, seed=0, min_target=4)
+    sampler = TrainSampler(*split.train_csr(), cfg.data.max_len, seed=0, min_target=4)
 
     def batch(i: int):
         return prebuilt[i % len(prebuilt)] if prebuilt else to_device(sampler.sample(cfg.train.batch_size), device)
@@ -164,12 +164,13 @@ def _time_eager(
     model = EagerComiRecSA(num_items, cfg.model.dim, cfg.model.num_interests, cfg.data.max_len).to(device)
     step = EagerStep(model, num_items, 10 * cfg.train.batch_size, cfg.train.lr, device)
     rng = np.random.default_rng(0)
-    users = np.flatnonzero(np.diff(split.train_indptr) > 4)
+    train_indptr, train_items = split.train_csr()
+    users = np.flatnonzero(np.diff(train_indptr) > 4)
 
     def batch(i: int):
         if prebuilt:
             return prebuilt[i % len(prebuilt)]
-        arrays = python_batch(split.train_indptr, split.train_items, users, cfg.train.batch_size, cfg.data.max_len, rng)
+        arrays = python_batch(train_indptr, train_items, users, cfg.train.batch_size, cfg.data.max_len, rng)
         return tuple(torch.from_numpy(a).to(device) for a in arrays)
 
     return _samples_per_s(step, batch, steps, cfg.train.batch_size, device), model
@@ -206,7 +207,7 @@ def _config(data: str | None, batch: int, max_len: int) -> Config:
 def compare(device: torch.device, steps: int, data: str | None) -> None:
     exp = _experiment(_config(data, 1024, 50))
     cfg, split, num_items = exp.cfg, exp.split, exp.dataset.num_items
-    sampler = TrainSampler(split.train_indptr, split.train_items, 50, seed=5, min_target=4)
+    sampler = TrainSampler(*split.train_csr(), 50, seed=5, min_target=4)
     prebuilt = [to_device(sampler.sample(1024), device) for _ in range(20)]
     results = {}
     paths = [("ours", lambda pb: _time_ours(exp, steps, device, pb))]

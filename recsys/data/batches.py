@@ -80,6 +80,13 @@ class _Draws:
     """What both samplers share: the CSR sequences, the rows long enough to draw from, the
     horizon and the random stream (whose state checkpoints carry).
 
+    Under data parallelism every process holds the same stream (the same ``seed``), draws the
+    whole global batch of ``batch_size × world_size`` rows and positions (integers, from the
+    row lengths alone) and reads the clicks of its own ``rank``-th slice only. The ranks then
+    train on the batch one process draws at the global batch size, a checkpoint's stream (rank
+    0's) is every rank's, and a run resumed on another number of processes draws what it would
+    have.
+
     Args:
         indptr ``[R + 1]`` int64, items ``[nnz]`` int64: training sequences (CSR).
         max_len: history width.
@@ -87,6 +94,10 @@ class _Draws:
         users ``[U']`` int64 (optional): draw only from these rows.
         horizon: following clicks each target position predicts (default 1: the next one).
         min_clicks: the shortest row that can give a sample; ``why`` ends the error when none can.
+        rank, world_size: this process's slice of the global batch, and the number of slices.
+        ends ``[R]`` int64 (optional): row ``r`` is ``items[indptr[r]:ends[r]]`` (default: the
+            whole row), so the training part of each user's clicks is read from the dataset's
+            own, possibly memory-mapped, arrays without a copy (:class:`~recsys.data.split.Split`).
     """
 
     def __init__(
@@ -99,15 +110,22 @@ class _Draws:
         horizon: int,
         min_clicks: int,
         why: str,
+        rank: int,
+        world_size: int,
+        ends: np.ndarray | None,
     ) -> None:
         name = type(self).__name__
         if horizon < 1:
             raise ValueError(f"{name}: horizon must be >= 1, got {horizon}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"{name}: rank must be in [0, world_size), got rank {rank} of {world_size}")
+        self.rank, self.world_size = rank, world_size
         self.indptr = np.asarray(indptr, dtype=np.int64)
-        self.items = np.asarray(items, dtype=np.int64)
+        self.items = np.asarray(items, dtype=np.int64)  # a memory-mapped array stays mapped
+        self.ends = self.indptr[1:] if ends is None else np.asarray(ends, dtype=np.int64)  # [R]
         self.max_len = max_len
         self.horizon = horizon
-        lengths = np.diff(self.indptr)
+        lengths = self.ends - self.indptr[:-1]
         pool = np.arange(len(lengths)) if users is None else np.asarray(users, dtype=np.int64)
         self.users = pool[lengths[pool] >= min_clicks]  # [U] rows that can give a sample
         if len(self.users) == 0:
@@ -118,6 +136,17 @@ class _Draws:
     def num_users(self) -> int:
         """Rows the sampler draws from (those long enough to give a sample)."""
         return len(self.users)
+
+    def _draw(self, batch_size: int, low: int, past_end: int) -> tuple[np.ndarray, ...]:
+        """Draw the global batch and keep this rank's slice: ``(rows, starts, ends, at)``, each
+        ``[B]`` int64 (``B = batch_size``): each row, the absolute positions of its first click
+        and past its last, and a uniform integer in ``[low, n + past_end)`` for its ``n`` clicks.
+        Only the slice's clicks are read afterwards."""
+        rows = self.users[self.rng.integers(0, len(self.users), size=batch_size * self.world_size)]
+        starts, ends = self.indptr[rows], self.ends[rows]
+        at = self.rng.integers(low, ends - starts + past_end)
+        mine = slice(self.rank * batch_size, (self.rank + 1) * batch_size)
+        return rows[mine], starts[mine], ends[mine], at[mine]
 
     def get_state(self) -> dict[str, Any]:
         """The random stream's state (plain dict of str/int), for checkpoints."""
@@ -149,21 +178,24 @@ class TrainSampler(_Draws):
         users: np.ndarray | None = None,
         min_target: int = 1,
         horizon: int = 1,
+        rank: int = 0,
+        world_size: int = 1,
+        ends: np.ndarray | None = None,
     ) -> None:
         if min_target < 1:
             raise ValueError(f"TrainSampler: min_target must be >= 1, got {min_target}")
         self.min_target = min_target
-        super().__init__(indptr, items, max_len, seed, users, horizon, min_target + 1, f"more than {min_target} clicks")
+        why = f"more than {min_target} clicks"
+        super().__init__(indptr, items, max_len, seed, users, horizon, min_target + 1, why, rank, world_size, ends)
 
     def sample(self, batch_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Returns ``seq [B, max_len]`` int64 (right-padded), ``lengths [B]`` int64 (>= 1)
-        and ``targets``: ``[B]`` int64, the click that followed each history, or with
-        ``horizon`` m > 1 ``[B, m]`` int64, the m clicks that followed it (0 past the sequence's end)."""
-        rows = self.users[self.rng.integers(0, len(self.users), size=batch_size)]
-        starts = self.indptr[rows]
-        positions = self.rng.integers(self.min_target, self.indptr[rows + 1] - starts)  # [min_target, n - 1]
+        """This rank's ``B = batch_size`` samples of the global batch: ``seq [B, max_len]`` int64
+        (right-padded), ``lengths [B]`` int64 (>= 1) and ``targets``: ``[B]`` int64, the click
+        that followed each history, or with ``horizon`` m > 1 ``[B, m]`` int64, the m clicks that
+        followed it (0 past the sequence's end)."""
+        rows, starts, row_ends, positions = self._draw(batch_size, self.min_target, 0)  # in [min_target, n - 1]
         seq, lengths = pad_sequences(self.indptr, self.items, rows, self.max_len, ends=starts + positions)
-        targets = following_clicks(self.items, starts + positions, self.indptr[rows + 1], self.horizon)  # [B, m]
+        targets = following_clicks(self.items, starts + positions, row_ends, self.horizon)  # [B, m]
         return seq, lengths, targets[:, 0] if self.horizon == 1 else targets
 
 
@@ -189,30 +221,33 @@ class WindowSampler(_Draws):
         seed: int,
         users: np.ndarray | None = None,
         horizon: int = 1,
+        rank: int = 0,
+        world_size: int = 1,
+        ends: np.ndarray | None = None,
     ) -> None:
-        super().__init__(indptr, items, max_len, seed, users, horizon, 2, "two clicks")
+        super().__init__(indptr, items, max_len, seed, users, horizon, 2, "two clicks", rank, world_size, ends)
 
     def mean_targets(self) -> float:
         """Expected valid positions of one window, ``E[min(e - 1, max_len)]`` over the draw (its
         targets at ``horizon`` 1)."""
-        n = np.diff(self.indptr)[self.users]  # [U]
+        n = (self.ends - self.indptr[:-1])[self.users]  # [U]
         full = np.maximum(n - self.max_len - 1, 0)  # ends e in [max_len + 2, n] give max_len targets
         short = np.minimum(n, self.max_len + 1) - 1  # ends e in [2, min(n, max_len + 1)] give e - 1
         per_user = (full * self.max_len + short * (short + 1) / 2) / (n - 1)
         return float(per_user.mean())
 
     def sample(self, batch_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Returns ``seq [B, max_len]`` int64 (right-padded), ``lengths [B]`` int64 (>= 1) and
-        ``targets [B, max_len]`` int64: ``targets[b, t]`` is the click after ``seq[b, t]``, 0 at
-        padded positions; with ``horizon`` m > 1 ``[B, max_len, m]``, the m clicks after it (0 at
-        padded positions and past the sequence's end)."""
-        rows = self.users[self.rng.integers(0, len(self.users), size=batch_size)]
-        starts = self.indptr[rows]
-        ends = starts + self.rng.integers(2, self.indptr[rows + 1] - starts + 1)  # absolute, exclusive
+        """This rank's ``B = batch_size`` windows of the global batch: ``seq [B, max_len]`` int64
+        (right-padded), ``lengths [B]`` int64 (>= 1) and ``targets [B, max_len]`` int64:
+        ``targets[b, t]`` is the click after ``seq[b, t]``, 0 at padded positions; with ``horizon``
+        m > 1 ``[B, max_len, m]``, the m clicks after it (0 at padded positions and past the
+        sequence's end)."""
+        rows, starts, row_ends, ends = self._draw(batch_size, 2, 1)  # ends in [2, n]
+        ends = starts + ends  # absolute, exclusive
         seq, lengths = pad_sequences(self.indptr, self.items, rows, self.max_len, ends=ends - 1)
         cols = np.arange(self.max_len)
         first = (ends - lengths)[:, None] + cols[None, :]  # [B, max_len] absolute position of each next click
         # padded positions get a row end at their own first target, so no click
-        row_end = np.where(cols[None, :] < lengths[:, None], self.indptr[rows + 1][:, None], first)
+        row_end = np.where(cols[None, :] < lengths[:, None], row_ends[:, None], first)
         targets = following_clicks(self.items, first, row_end, self.horizon)  # [B, max_len, m]
         return seq, lengths, targets[..., 0] if self.horizon == 1 else targets

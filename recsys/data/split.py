@@ -78,7 +78,12 @@ class EvalSet:
         is 0 or at least their number): validation's users on a large log."""
         if n <= 0 or n >= len(self):
             return self
-        rows = np.sort(np.random.default_rng(seed).choice(len(self), size=n, replace=False))
+        return self.rows(np.sort(np.random.default_rng(seed).choice(len(self), size=n, replace=False)))
+
+    def rows(self, rows: np.ndarray) -> EvalSet:
+        """The users at positions ``rows [U']`` (int64, distinct, ascending), as an eval set of their own."""
+        if len(rows) == len(self):
+            return self
         truth_indptr, truth_items = gather_rows(self.truth_items, self.truth_indptr[rows], self.truth_indptr[rows + 1])
         return EvalSet(
             self.users[rows],
@@ -104,15 +109,52 @@ class EvalSet:
 
 @dataclass(eq=False)
 class Split:
-    """Training sequences (CSR over ``train_users [R]``: row ``r`` is user ``train_users[r]``)
-    and the two evaluation sets. ``cutoff`` is the time split's cutoff (``None`` otherwise)."""
+    """The training sequences and the two evaluation sets.
 
-    train_indptr: np.ndarray
-    train_items: np.ndarray
+    The training clicks are not copied: user ``u``'s are ``clicks[clicks_indptr[u]:train_ends[u]]``,
+    a prefix of its row in the dataset's own CSR arrays (memory-mapped for a dataset prepared on
+    disk), so a process reads only the rows it samples. ``clicks_indptr [U + 1]``, ``clicks [nnz]``
+    and ``train_ends [U]`` are int64; ``train_users [R]`` are the users with training clicks (the
+    others' ``train_ends`` are their rows' starts). ``cutoff`` is the time split's cutoff
+    (``None`` otherwise).
+    """
+
+    clicks_indptr: np.ndarray
+    clicks: np.ndarray
+    train_ends: np.ndarray
     train_users: np.ndarray
     valid: EvalSet
     test: EvalSet
     cutoff: float | None = None
+
+    @property
+    def train_lengths(self) -> np.ndarray:
+        """``[R]`` int64: the training clicks of each of ``train_users``."""
+        return (self.train_ends - self.clicks_indptr[:-1])[self.train_users]
+
+    def train_csr(self) -> tuple[np.ndarray, np.ndarray]:
+        """The training sequences copied into a CSR of their own, ``(indptr [R + 1], items)``
+        int64, row ``r`` being user ``train_users[r]``: every training click in memory (small
+        data and inspection; training reads the rows in place)."""
+        return gather_rows(self.clicks, self.clicks_indptr[self.train_users], self.train_ends[self.train_users])
+
+    def train_item_counts(self, num_items: int, block: int = 1 << 16) -> np.ndarray:
+        """``[num_items]`` int64 training clicks per item, counted ``block`` users at a time (in
+        bounded memory, whatever the log's size)."""
+        users = self.train_users
+        return _count_items(self.clicks, self.clicks_indptr[users], self.train_ends[users], num_items, block)
+
+
+def _count_items(
+    items: np.ndarray, starts: np.ndarray, ends: np.ndarray, num_items: int, block: int = 1 << 16
+) -> np.ndarray:
+    """``[num_items]`` int64 occurrences of each item in the rows ``items[starts[r]:ends[r]]``
+    (``starts``, ``ends [R]`` absolute positions), ``block`` rows at a time."""
+    counts = np.zeros(num_items, dtype=np.int64)
+    for first in range(0, len(starts), block):
+        _, clicks = gather_rows(items, starts[first : first + block], ends[first : first + block])
+        counts += np.bincount(clicks, minlength=num_items)
+    return counts
 
 
 def split_dataset(ds: Dataset, cfg: DataConfig) -> Split:
@@ -166,10 +208,12 @@ def _user_split(ds: Dataset, cfg: DataConfig) -> Split:
     valid, test, train = (np.sort(part) for part in np.split(perm, [n_valid, n_valid + n_test]))
     starts = ds.indptr[:-1]
     split_at = starts + (cfg.eval_input_frac * ds.lengths).astype(np.int64)  # int(frac * n)
-    train_indptr, train_items = gather_rows(ds.items, starts[train], ds.indptr[train + 1])
+    train_ends = starts.copy()
+    train_ends[train] = ds.indptr[train + 1]  # a training user's whole row
     return Split(
-        train_indptr=train_indptr,
-        train_items=train_items,
+        clicks_indptr=ds.indptr,
+        clicks=ds.items,
+        train_ends=train_ends,
         train_users=train,
         valid=make_eval_set(ds.indptr, ds.items, valid, split_at[valid], cfg.max_len),
         test=make_eval_set(ds.indptr, ds.items, test, split_at[test], cfg.max_len),
@@ -189,14 +233,14 @@ def _time_split(ds: Dataset, cfg: DataConfig) -> Split:
     train = np.flatnonzero(before > 0)
     if len(train) == 0:
         raise DataError(f"no click is before the time cutoff {cutoff} (data.time_cutoff_quantile)")
-    train_indptr, train_items = gather_rows(ds.items, ds.indptr[train], split_at[train])
     straddle = np.flatnonzero((before > 0) & (split_at < ds.indptr[1:]))
     perm = np.random.default_rng(cfg.seed).permutation(straddle)
     n_valid = round(len(perm) * cfg.valid_frac / (cfg.valid_frac + cfg.test_frac))
     valid, test = np.sort(perm[:n_valid]), np.sort(perm[n_valid:])
     return Split(
-        train_indptr=train_indptr,
-        train_items=train_items,
+        clicks_indptr=ds.indptr,
+        clicks=ds.items,
+        train_ends=split_at,  # every click before the cutoff
         train_users=train,
         valid=make_eval_set(ds.indptr, ds.items, valid, split_at[valid], cfg.max_len),
         test=make_eval_set(ds.indptr, ds.items, test, split_at[test], cfg.max_len),
@@ -207,16 +251,17 @@ def _time_split(ds: Dataset, cfg: DataConfig) -> Split:
 def _leave_one_out_split(ds: Dataset, cfg: DataConfig) -> Split:
     starts, ends = ds.indptr[:-1], ds.indptr[1:]
     held = ds.lengths >= 3  # [U] users who can give a validation and a test click
-    train_indptr, train_items = gather_rows(ds.items, starts, np.where(held, ends - 2, ends))
+    train_ends = np.where(held, ends - 2, ends)
     users = np.flatnonzero(held)
     valid_at, test_at = ends[users] - 2, ends[users] - 1  # [U'] absolute positions of the targets
-    known = np.bincount(train_items, minlength=ds.num_items) > 0  # [num_items] items with a training click
+    known = _count_items(ds.items, starts, train_ends, ds.num_items) > 0  # [num_items] items with a training click
     valid = _next_click_set(ds, users, valid_at, known, cfg.max_len)
     known[ds.items[valid_at]] = True  # the test's "train" part: every click but the users' last ones
     test = _next_click_set(ds, users, test_at, known, cfg.max_len)
     return Split(
-        train_indptr=train_indptr,
-        train_items=train_items,
+        clicks_indptr=ds.indptr,
+        clicks=ds.items,
+        train_ends=train_ends,
         train_users=np.arange(ds.num_users, dtype=np.int64),
         valid=valid,
         test=test,

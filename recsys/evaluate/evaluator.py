@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from recsys.config import Config, RetrievalConfig, excludes_history
 from recsys.data.batches import pad_sequences
@@ -64,6 +65,7 @@ def evaluate(
     diversity_lambda: float = 0.0,
     batch_size: int = 2048,
     progress: bool = False,
+    across_ranks: bool = False,
 ) -> dict[str, float]:
     """Recall / NDCG / HitRate / MRR (and diversity, coverage) at each ``n`` in ``topn``.
 
@@ -84,6 +86,10 @@ def evaluate(
         diversity_lambda: ``> 0`` uses ComiRec's greedy aggregation with this λ.
         batch_size: users per model call and search (on the model's device).
         progress: a bar over the users (on a terminal).
+        across_ranks: every rank of the process group calls this with the same model and users
+            (data-parallel training): each searches a contiguous share of the users, the top
+            lists are gathered in user order, and every rank returns the metrics one process
+            computes from them. No process group: one process scores every user.
 
     Returns:
         ``{"recall@20": ..., "ndcg@20": ..., "hitrate@20": ..., "mrr@20": ..., "diversity@20": ...,
@@ -118,15 +124,21 @@ def evaluate(
             item_emb = model.item_embeddings()
             num_items = int(item_emb.shape[0])
             retriever = Retriever(item_emb, settings, item_category=item_category)
-            with progress_bar(num_users, "evaluate", enabled=progress, unit="users") as bar:  # closed on errors too
-                if retriever.on_device and diversity_lambda == 0:
-                    ids = _top_on_device(model, retriever, eval_set, n_max, exclude_history, batch_size, device, bar)
+            users = _share(num_users) if across_ranks else range(num_users)
+            mine = eval_set.rows(np.arange(users.start, users.stop))
+            with progress_bar(len(users), "evaluate", enabled=progress, unit="users") as bar:  # closed on errors too
+                if not users:
+                    ids = np.zeros((0, n_max), dtype=np.int64)
+                elif retriever.on_device and diversity_lambda == 0:
+                    ids = _top_on_device(model, retriever, mine, n_max, exclude_history, batch_size, device, bar)
                 else:
                     ids = _top_on_host(
-                        model, retriever, eval_set, n_max, exclude_history, diversity_lambda, batch_size, device, bar
+                        model, retriever, mine, n_max, exclude_history, diversity_lambda, batch_size, device, bar
                     )
     finally:
         model.train(was_training)
+    if across_ranks:
+        ids = _gathered(ids)
     return compute_metrics(
         ids,
         eval_set.truth_indptr,
@@ -136,6 +148,24 @@ def evaluate(
         item_category=item_category,
         num_items=num_items,
     )
+
+
+def _share(num_users: int) -> range:
+    """This rank's contiguous share of ``num_users`` users (all of them without a process group)."""
+    if not dist.is_initialized():
+        return range(num_users)
+    bounds = np.linspace(0, num_users, dist.get_world_size() + 1).astype(np.int64)
+    rank = dist.get_rank()
+    return range(int(bounds[rank]), int(bounds[rank + 1]))
+
+
+def _gathered(ids: np.ndarray) -> np.ndarray:
+    """Every rank's ``ids [U_r, n]`` in rank order: the ``[U, n]`` top lists of all the users."""
+    if not dist.is_initialized():
+        return ids
+    parts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, ids)
+    return np.concatenate([part for part in parts if len(part)] or [ids])
 
 
 def _top_on_device(
@@ -220,9 +250,10 @@ def evaluate_with_config(
     item_category: np.ndarray | None = None,
     *,
     progress: bool = False,
+    across_ranks: bool = False,
 ) -> dict[str, float]:
     """:func:`evaluate` with ``cfg.eval`` and ``cfg.retrieval`` (``eval.exclude_history``'s
-    "auto": on under ``data.split = "leave_one_out"``)."""
+    "auto": on under ``data.split = "leave_one_out"``); ``across_ranks`` as there."""
     return evaluate(
         model,
         eval_set,
@@ -234,6 +265,7 @@ def evaluate_with_config(
         diversity_lambda=cfg.eval.diversity_lambda,
         batch_size=cfg.eval.batch_size,
         progress=progress,
+        across_ranks=across_ranks,
     )
 
 

@@ -31,7 +31,7 @@ __all__ = ["Experiment", "LoadedRun", "build_experiment", "load_run", "train_ite
 
 def train_item_counts(split: Split, num_items: int) -> Tensor:
     """``[num_items]`` int64 click counts over the training sequences only (no eval leakage)."""
-    return torch.from_numpy(np.bincount(split.train_items, minlength=num_items).astype(np.int64))
+    return torch.from_numpy(split.train_item_counts(num_items))
 
 
 @dataclass(eq=False)

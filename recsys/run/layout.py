@@ -302,6 +302,12 @@ class RunDir:
         ``model``, its weights are checked against it and loaded into it (see :meth:`load`)."""
         return self.load(CHECKPOINT, map_location, model=model)
 
+    def checkpoint_entry(self, key: str) -> Any:
+        """One plain entry of ``model.pt`` (None where it has none), read before the run loads the
+        whole checkpoint: memory-mapped, so its tensors are not read (nor verified: :meth:`load_checkpoint`
+        does that when the run loads it)."""
+        return torch.load(self.file(CHECKPOINT), map_location="cpu", weights_only=True, mmap=True).get(key)
+
     def has_checkpoint(self) -> bool:
         """Whether the run has a resume checkpoint (``model.pt``)."""
         return self.file(CHECKPOINT).exists()

@@ -17,7 +17,7 @@ from torch import nn
 from recsys.io import check_plain
 from recsys.train.distributed import unwrap_model
 
-__all__ = ["capture_rng", "make_checkpoint", "restore_rng"]
+__all__ = ["capture_rng", "make_checkpoint", "rank_rng", "restore_rank_rng", "restore_rng"]
 
 
 def _plain(obj: Any) -> Any:
@@ -73,6 +73,21 @@ def restore_rng(
         g.set_state(state["torch_generators"][name].cpu())
     for name, rng in numpy_generators.items():
         rng.bit_generator.state = state["numpy_generators"][name]
+
+
+def rank_rng() -> dict[str, Any]:
+    """This process's own torch streams (dropout draws from them, and each rank has its own): the
+    CPU's and the current CUDA device's (None without CUDA). Every rank's goes into a checkpoint,
+    so that each resumes its own."""
+    cuda = torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    return {"torch": torch.get_rng_state(), "cuda": cuda}
+
+
+def restore_rank_rng(state: Mapping[str, Any]) -> None:
+    """Put back :func:`rank_rng`'s streams (the CUDA one onto the current device, where there is one)."""
+    torch.set_rng_state(state["torch"].cpu())
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"].cpu())
 
 
 def make_checkpoint(

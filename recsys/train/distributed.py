@@ -9,16 +9,24 @@ single-process :class:`DistInfo`, so the same training code runs either way::
     model = build(...).to(info.device)
     if info.world_size > 1:
         model = DDP(model, device_ids=[info.local_rank] if info.device.type == "cuda" else None)
-    ...  # seed data sampling with cfg.train.seed + info.rank; write files only if info.is_main
+    ...  # one seed on every rank, each training its slice of the global batch; files only if info.is_main
     cleanup()
+
+A collective waits :func:`collective_timeout` for the other ranks; :func:`rank_failure` turns a
+failed one (a rank that died, stopped or hung) into one line naming the ranks.
 """
 
 from __future__ import annotations
 
 import gc
 import os
+import re
+import signal
+import threading
+import time
 from dataclasses import dataclass
-from typing import TypeVar
+from datetime import timedelta
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -30,6 +38,24 @@ T = TypeVar("T")
 
 _ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+TIMEOUT_ENV = "RECSYS_DIST_TIMEOUT"  # seconds a collective waits for the other ranks
+DEFAULT_TIMEOUT_S = 600.0  # longer than a validation on rank 0, which the other ranks wait out in one
+
+
+def collective_timeout() -> timedelta:
+    """How long a collective waits for every rank before it fails: ``RECSYS_DIST_TIMEOUT``
+    seconds, 600 by default. A rank that stopped or hung (a lost host, a stopped process) then
+    ends the job with an error instead of holding the others forever."""
+    value = os.environ.get(TIMEOUT_ENV, "")
+    if not value:
+        return timedelta(seconds=DEFAULT_TIMEOUT_S)
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ValueError(f"{TIMEOUT_ENV}: must be a number of seconds > 0, got {value!r}")
+    return timedelta(seconds=seconds)
 
 
 @dataclass(frozen=True)
@@ -77,8 +103,92 @@ def setup_distributed(device_pref: str = "auto", *, graphs: bool = False) -> Dis
         backend = "nccl" if device.type == "cuda" else "gloo"
         if graphs and backend == "nccl":
             os.environ.setdefault(NCCL_ASYNC_ERROR_HANDLING, "0")
-        dist.init_process_group(backend=backend, rank=rank, world_size=world_size)
+        dist.init_process_group(backend=backend, rank=rank, world_size=world_size, timeout=collective_timeout())
+        _raise_on_sigterm()
     return DistInfo(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
+
+
+class RankFailure(ConnectionError):
+    """A collective failed because another rank died, stopped or hung: one line naming the ranks."""
+
+
+class Terminated(Exception):
+    """SIGTERM reached a rank: torchrun stops every rank this way when one fails."""
+
+
+def _raise_on_sigterm() -> None:
+    """Turn SIGTERM into :class:`Terminated` (in the main thread, where Python runs handlers), so
+    a rank that torchrun stops ends through :func:`rank_failure`'s one line rather than silently."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def terminated(signum: int, frame: object) -> None:
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, terminated)
+
+
+CHECK_IN_S = 5.0  # after a timed-out collective, how long the ranks still alive have to say so
+
+
+def rank_failure(err: BaseException) -> RankFailure | None:
+    """``err`` as a :class:`RankFailure` when it is a failed collective of this job, else None.
+
+    A rank that died closes its connections: the others fail at once ("Connection reset by
+    peer"), or are stopped by torchrun's SIGTERM first (:class:`Terminated`), and torchrun's
+    report names the rank that exited. A rank that stopped or hung (a lost
+    host, a stopped process) is only noticed by :func:`collective_timeout`; the ranks still alive
+    then check in at the job's key-value store for :data:`CHECK_IN_S` seconds, and those that do
+    not are named.
+    """
+    if not dist.is_initialized() or not (isinstance(err, Terminated) or _is_collective_error(err)):
+        return None
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    if isinstance(err, Terminated):  # torchrun saw another rank exit before this one failed a collective
+        return RankFailure(f"rank {rank} of {world_size}: stopped by SIGTERM; torchrun names the rank that exited")
+    cause = _first_sentence(err)
+    if "timed out" not in cause.lower():
+        return RankFailure(
+            f"rank {rank} of {world_size}: lost another rank ({cause}); torchrun names the rank that exited"
+        )
+    silent = _silent_ranks(rank, world_size)
+    who = (
+        f"rank {', '.join(map(str, silent))} did not answer (stopped or hung)"
+        if silent
+        else "another rank stopped or hung"
+    )
+    return RankFailure(
+        f"rank {rank} of {world_size}: {who}; a collective waited {collective_timeout().total_seconds():g} s "
+        f"for it ({TIMEOUT_ENV})"
+    )
+
+
+def _first_sentence(err: BaseException) -> str:
+    """The error's first sentence without gloo's source location (``[.../pair.cc:553] Connection
+    closed by peer [127.0.0.1]:11462. This is typically ...`` -> ``Connection closed by peer [127.0.0.1]:11462``)."""
+    text = re.sub(r"^\[[^\]]*\]\s*", "", str(err).strip())
+    return text.splitlines()[0].split(". ")[0] if text else type(err).__name__
+
+
+def _is_collective_error(err: BaseException) -> bool:
+    """gloo raises plain RuntimeErrors from its sources; NCCL and the store raise DistErrors."""
+    return isinstance(err, dist.DistError) or (isinstance(err, RuntimeError) and "gloo" in str(err))
+
+
+def _silent_ranks(rank: int, world_size: int) -> list[int]:
+    """The ranks that do not check in at the job's store within :data:`CHECK_IN_S` seconds (or the
+    collective timeout, if shorter); empty when the store cannot tell (it may be the silent rank's own)."""
+    try:
+        store = dist.distributed_c10d._get_default_store()  # the job's store (torchrun's agent holds it)
+        store.set(f"recsys/alive/{rank}", "1")
+        deadline = time.monotonic() + min(CHECK_IN_S, collective_timeout().total_seconds())
+        while True:
+            silent = [r for r in range(world_size) if not store.check([f"recsys/alive/{r}"])]
+            if not silent or time.monotonic() > deadline:
+                return silent
+            time.sleep(0.1)
+    except Exception:  # noqa: BLE001 - the store is gone too: nothing more to say
+        return []
 
 
 def cleanup() -> None:
@@ -124,6 +234,15 @@ def broadcast_object(obj: T, src: int = 0) -> T:
     box = [obj]
     dist.broadcast_object_list(box, src=src)
     return box[0]
+
+
+def all_gather_object(obj: T) -> list[T]:
+    """Every rank's picklable ``obj``, in rank order (syncs the host; single-process: ``[obj]``)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [obj]
+    box: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(box, obj)
+    return box
 
 
 def broadcast_weights(model: nn.Module) -> None:

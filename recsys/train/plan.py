@@ -126,10 +126,10 @@ def fused_exact_softmax(cfg: Config, device: torch.device) -> bool:
     return device.type == "cuda" and cfg.train.amp and cfg.model.backend != "torch"
 
 
-def training_targets(indptr: np.ndarray, min_target: int) -> int:
-    """Samples in one pass over the training sequences ``indptr [R + 1]``: each click with at
+def training_targets(lengths: np.ndarray, min_target: int) -> int:
+    """Samples in one pass over training sequences of ``lengths [R]`` clicks: each click with at
     least ``min_target`` clicks before it is a target."""
-    return int(np.maximum(np.diff(indptr) - min_target, 0).sum())
+    return int(np.maximum(np.asarray(lengths) - min_target, 0).sum())
 
 
 def automatic_weight_decay(train: TrainConfig, model: str, epoch_steps: int) -> float:
@@ -139,14 +139,15 @@ def automatic_weight_decay(train: TrainConfig, model: str, epoch_steps: int) -> 
     return epoch_decay(model) / (train.lr * epoch_steps)
 
 
-def plan_training(train: TrainConfig, model: str, train_indptr: np.ndarray, world_size: int = 1) -> TrainPlan:
-    """The :class:`TrainPlan` for ``train`` and the model named ``model`` on the training
-    sequences ``train_indptr [R + 1]``, with ``world_size`` processes each drawing
-    ``train.batch_size`` samples a step (an epoch: as many samples as targets, module docstring)."""
+def plan_training(train: TrainConfig, model: str, train_lengths: np.ndarray, world_size: int = 1) -> TrainPlan:
+    """The :class:`TrainPlan` for ``train`` and the model named ``model`` on training sequences
+    of ``train_lengths [R]`` clicks (:attr:`~recsys.data.split.Split.train_lengths`), with
+    ``world_size`` processes each drawing ``train.batch_size`` samples a step (an epoch: as many
+    samples as targets, module docstring)."""
     samples_per_step = train.batch_size * world_size
     min_target = 1 if train.targets == "all" else train.min_target
-    targets = training_targets(train_indptr, min_target)
-    users = int((np.diff(train_indptr) > min_target).sum())
+    targets = training_targets(train_lengths, min_target)
+    users = int((np.asarray(train_lengths) > min_target).sum())
     epoch_steps = max(1, math.ceil(targets / samples_per_step))
     max_steps = train.max_steps or max(1, math.ceil(train.max_epochs * epoch_steps))
     decay = train.weight_decay if train.weight_decay >= 0 else automatic_weight_decay(train, model, epoch_steps)

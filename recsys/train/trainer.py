@@ -44,7 +44,7 @@ from recsys.nn.masking import gather_last
 from recsys.run import Experiment, RunDir, build_experiment, new_run_dir
 from recsys.train import distributed
 from recsys.train.averaging import WeightAverage
-from recsys.train.checkpoint import capture_rng, make_checkpoint, restore_rng
+from recsys.train.checkpoint import capture_rng, make_checkpoint, rank_rng, restore_rank_rng, restore_rng
 from recsys.train.divergence import DivergenceGuard
 from recsys.train.graphs import DDP_WARMUP_STEPS, WARMUP_STEPS, capturing, launch_line, plan_graph, side_stream
 from recsys.train.losses import (
@@ -536,10 +536,13 @@ def train(
     t0 = time.perf_counter()
 
     rd = RunDir(run_dir) if resume and run_dir is not None else None  # (resume without run_dir raised above)
+    rebatched = False  # resumed on another number of processes: config.json gets the new per-process batch
     if rd is not None:
         rd.require_checkpoint()
         if dist.is_main:
             rd.claim()  # a run still training elsewhere is not resumed under it
+        kept = _keep_global_batch(cfg, rd.checkpoint_entry("world_size"), dist.world_size, log)
+        cfg, rebatched = kept, kept is not cfg
     exp = _prepare(cfg, dist, dataset=rd.load_dataset() if rd else None, clicks=clicks, progress=progress)
     cfg = exp.cfg  # every value resolved
     exp.model.to(device)
@@ -558,16 +561,54 @@ def train(
         assert path is not None  # rank 0's folder
         rd = RunDir(path)
     log(f"run directory: {rd.path}")
+    if rebatched and dist.is_main:
+        rd.save_config(cfg)
     try:
         return _run(exp, rd, dist, resume, t0, log, on_validate)
-    except BaseException:  # a folder this call created, with nothing to resume, is removed
-        if dist.is_main and created and not rd.has_checkpoint():
+    except BaseException as err:
+        failure = distributed.rank_failure(err)
+        if dist.is_main and created and not rd.has_checkpoint():  # a folder this call created, with nothing to resume
             shutil.rmtree(rd.path, ignore_errors=True)
             log(f"removed {rd.path}: the run stopped before its first checkpoint, so there is nothing to resume")
-        raise
+        if failure is None:
+            raise
+        resumes = (
+            f"its checkpoint of step {rd.checkpoint_entry('step')} resumes it: recsys train --resume {rd.path}"
+            if rd.has_checkpoint()
+            else "there was no checkpoint yet"
+        )
+        raise distributed.RankFailure(f"{failure}; {resumes}") from err
     finally:
         if dist.is_main:
             rd.release()
+
+
+def _keep_global_batch(cfg: Config, saved: int | None, world_size: int, log: Log) -> Config:
+    """``cfg`` for a run resumed on ``world_size`` processes from a checkpoint of ``saved``: the
+    same global batch (``train.batch_size`` each × processes) and the same number of shared
+    negatives, so the run goes on as it would have on the processes it started with (to float
+    rounding: the ranks' gradients are summed in another order). ``saved`` None (a checkpoint
+    that does not record it) or equal: ``cfg`` unchanged."""
+    if saved is None or saved == world_size:
+        return cfg
+    t = cfg.train
+    total = t.batch_size * saved
+    if total % world_size:
+        raise ValueError(
+            f"train.batch_size: the run trained on {_processes(saved)} at {t.batch_size} each (a global batch of "
+            f"{total}), which {_processes(world_size)} cannot share; resume on a number of processes dividing it"
+        )
+    each = total // world_size
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(t, batch_size=each, num_negatives=shared_negatives(t)))
+    log(
+        f"resumed on {_processes(world_size)} (trained on {saved}): train.batch_size {t.batch_size} -> "
+        f"{each} each, the same global batch of {total}"
+    )
+    return cfg
+
+
+def _processes(n: int) -> str:
+    return f"{n} process" if n == 1 else f"{n} processes"
 
 
 def _prepare(
@@ -598,7 +639,7 @@ def _prepare(
     )
     _check_split(exp.dataset, exp.split)
     t = exp.cfg.train
-    t.weight_decay = plan_training(t, exp.cfg.model.name, exp.split.train_indptr, dist.world_size).weight_decay
+    t.weight_decay = plan_training(t, exp.cfg.model.name, exp.split.train_lengths, dist.world_size).weight_decay
     return exp
 
 
@@ -618,7 +659,7 @@ def dry_run(cfg: Config, *, clicks: pd.DataFrame | None = None, progress: bool =
     log(_model_line(cfg, model))
     if model.trainable:
         log(_validation_line(cfg, split, len(split.valid.sample(cfg.eval.valid_users, cfg.data.seed))))
-        log(plan_training(cfg.train, cfg.model.name, split.train_indptr, dist.world_size).describe(cfg.train))
+        log(plan_training(cfg.train, cfg.model.name, split.train_lengths, dist.world_size).describe(cfg.train))
         log(launch_line(cfg, *plan_graph(cfg, dist.device, dist.world_size)))
     return cfg
 
@@ -675,8 +716,9 @@ def _run(
     planted = planted_for(cfg, ds.user_raw[valid.users], ds.category_raw)
 
     def validate() -> dict[str, float]:
-        metrics = evaluate_with_config(model, valid, cfg, item_category=ds.item_category)
-        if model.trainable:  # multi-interest health, logged beside the recall (docs/multi-interest.md)
+        """Every rank's: the ranks share the users; rank 0 adds the interests' health, which it logs."""
+        metrics = evaluate_with_config(model, valid, cfg, item_category=ds.item_category, across_ranks=True)
+        if model.trainable and dist.is_main:  # multi-interest health, logged beside the recall (docs/multi-interest.md)
             metrics.update(health_with_config(model, valid, cfg, item_category=ds.item_category, planted=planted))
         return metrics
 
@@ -690,13 +732,13 @@ def _run(
             state = _optimise(loop)
         if dist.is_main and rd.has_best():
             rd.load_best(map_location=dist.device, model=model)
-
-    test_metrics: dict[str, float] = {}
-    if dist.is_main:
-        if not model.trainable:
-            state.best = validate()[key]
+        distributed.broadcast_weights(model)  # the ranks share the test's users
+    else:
+        state.best = validate()[key]
+        if dist.is_main:
             rd.save_best(model.state_dict())
-        test_metrics = evaluate_with_config(model, split.test, cfg, item_category=ds.item_category)
+    test_metrics = evaluate_with_config(model, split.test, cfg, item_category=ds.item_category, across_ranks=True)
+    if dist.is_main:
         rd.save_test_metrics(test_metrics)
     distributed.cleanup()
     return TrainResult(
@@ -765,23 +807,20 @@ class _Loop:
     ) -> _Loop:
         """The loop at step 0 for ``exp`` (its model on ``dist.device``); logs the plan."""
         cfg, split, t, device = exp.cfg, exp.split, exp.cfg.train, dist.device
+        # one stream of batches and one of negatives, the same on every rank: each rank trains on its
+        # slice of the global batch against the shared negatives (docs/training.md, "Several GPUs")
         generator = torch.Generator(device=device)
-        generator.manual_seed(t.seed + 1000 + dist.rank)
+        generator.manual_seed(t.seed + 1000)
+        # the training rows in place in the dataset's (possibly memory-mapped) clicks
+        rows = (split.clicks_indptr, split.clicks, cfg.data.max_len)
+        part: dict[str, Any] = {"seed": t.seed, "users": split.train_users, "ends": split.train_ends}
+        part.update(horizon=t.horizon, rank=dist.rank, world_size=dist.world_size)
         batches: TrainSampler | WindowSampler
         if t.targets == "all":
-            batches = WindowSampler(
-                split.train_indptr, split.train_items, cfg.data.max_len, seed=t.seed + dist.rank, horizon=t.horizon
-            )
+            batches = WindowSampler(*rows, **part)
         else:
-            batches = TrainSampler(
-                split.train_indptr,
-                split.train_items,
-                cfg.data.max_len,
-                seed=t.seed + dist.rank,
-                min_target=t.min_target,
-                horizon=t.horizon,
-            )
-        plan = plan_training(t, cfg.model.name, split.train_indptr, dist.world_size)
+            batches = TrainSampler(*rows, min_target=t.min_target, **part)
+        plan = plan_training(t, cfg.model.name, split.train_lengths, dist.world_size)
         if dist.is_main:
             log(plan.describe(t))
         step_fn = TrainStep(
@@ -799,13 +838,19 @@ class _Loop:
 
     def resume(self) -> None:
         """Continue from the run directory's last checkpoint: the weights, the step's state, the
-        counters, both random streams and the guard's start loss; metrics rows past it are dropped."""
+        counters, both random streams, each rank's dropout streams and the guard's start loss; metrics
+        rows past it are dropped."""
         ck = self.rd.load_checkpoint(map_location=self.dist.device, model=self.model)
         self.step_fn.load_state_dict(ck)
         self.st = _LoopState(
             ck["step"], ck["best"], ck["best_step"], ck["bad_evals"], ck.get("lr_drops", 0), last_eval=ck["step"]
         )
         restore_rng(ck["rng"], {"batches": self.batches.rng}, {"neg": self.generator})
+        streams, rank = ck.get("rank_rng", []), self.dist.rank
+        if len(streams) == self.dist.world_size:  # each rank its own dropout streams back
+            restore_rank_rng(streams[rank])
+        elif rank:  # another number of processes: rank 0's streams, and fresh ones elsewhere
+            torch.manual_seed(hash((self.cfg.train.seed, rank, self.st.step)) % 2**63)
         self.guard.start_loss = ck.get("start_loss")
         self.rd.rewind_metrics(self.st.step)
         self.log(f"resumed at step {self.st.step} (best {self.key} {self.st.best:.4f} at step {self.st.best_step})")
@@ -823,21 +868,32 @@ class _Loop:
     def validation(self, *, can_drop: bool = False) -> str:
         """Evaluate on the valid users, keep the best weights, checkpoint (with the guard's start
         loss). With ``train.ema_decay`` the weight average is what is evaluated and kept as the
-        best weights.
+        best weights. Every rank calls it: the ranks share the users and reach the same verdict;
+        rank 0 writes the run directory and logs.
 
         Returns ``"stop"`` at a plateau, ``"drop"`` at a plateau with ``train.lr_drops`` left and
         ``can_drop``, after going back to the best weights at the lower rate (so the checkpoint
         records the run as it goes on), else ``""``."""
-        st, rd, t = self.st, self.rd, self.cfg.train
+        st, rd, t, main = self.st, self.rd, self.cfg.train, self.dist.is_main
         with self.step_fn.scored_weights():
-            metrics = self.validate()
+            metrics = self.validate()  # the same on every rank (rank 0 adds the interests' health)
             improved = metrics[self.key] > st.best
-            if improved:
+            if improved and main:
                 rd.save_best(self.model.state_dict())
         if improved:
             st.best, st.best_step, st.bad_evals = metrics[self.key], st.step, 0
         else:
             st.bad_evals += 1
+        verdict = "stop" if self.plan.plateau_reached(st.step, st.bad_evals, t.patience) else ""
+        if verdict and can_drop and st.lr_drops < t.lr_drops:
+            verdict = "drop"
+            if main:
+                rd.load_best(map_location=self.step_fn.device, model=self.model)
+            distributed.broadcast_weights(self.model)
+            self.drop_lr()
+        streams = distributed.all_gather_object(rank_rng())  # each rank's dropout streams, for an exact resume
+        if not main:
+            return verdict
         rd.append_metrics({"step": st.step, "split": "valid", **metrics})
         health = "  ".join(f"{label} {metrics[k]:.2f}" for k, label in _HEALTH_LABELS.items() if k in metrics)
         self.log(
@@ -846,11 +902,7 @@ class _Loop:
             + ("  (best)" if improved else f"  (no improvement {st.bad_evals}/{t.patience})")
             + (f"\n  interests: {health}" if health else "")
         )
-        verdict = "stop" if self.plan.plateau_reached(st.step, st.bad_evals, t.patience) else ""
-        if verdict and can_drop and st.lr_drops < t.lr_drops:
-            verdict = "drop"
-            rd.load_best(map_location=self.step_fn.device, model=self.model)
-            self.drop_lr()
+        if verdict == "drop":
             self.log(
                 f"plateau at step {st.step}: back to the best weights (step {st.best_step}), lr "
                 f"{self.step_fn.optimizer.param_groups[0]['lr']:.3g} (drop {st.lr_drops} of {t.lr_drops})"
@@ -863,8 +915,10 @@ class _Loop:
                 best_step=st.best_step,
                 bad_evals=st.bad_evals,
                 lr_drops=st.lr_drops,
+                world_size=self.dist.world_size,  # a resume on another number keeps the global batch
                 **self.step_fn.state_dict(),
                 rng=capture_rng({"batches": self.batches.rng}, {"neg": self.generator}),
+                rank_rng=streams,
                 **self.guard.state(),
             )
         )
@@ -939,19 +993,13 @@ def _optimise(loop: _Loop) -> _LoopState:
             if window_steps:  # the steps since the last log line, before their weights are checkpointed
                 guard.check(st.step, *(sums[[0, 3]] / window_steps).tolist())
             st.last_eval = st.step
-            verdict = ""
-            with meter.paused():
-                if dist.is_main:  # with budget left to use a lower rate, a plateau may drop it
-                    verdict = loop.validation(can_drop=st.step < max_steps and not out_of_time)
+            with meter.paused():  # with budget left to use a lower rate, a plateau may drop it
+                verdict = loop.validation(can_drop=st.step < max_steps and not out_of_time)
             if out_of_time:
                 log(f"stopped at step {st.step}: train.max_minutes={t.max_minutes:g} reached")
                 st.out_of_time = True
                 break
-            if distributed.broadcast_flag(verdict == "drop", device):
-                if not dist.is_main:  # the main process went back to the best weights in its validation
-                    loop.drop_lr()
-                distributed.broadcast_weights(model)
-            elif distributed.broadcast_flag(verdict == "stop", device):
+            if verdict == "stop":  # every rank's verdict: they scored the same top lists
                 log(f"early stop at step {st.step}: no {loop.key} improvement in {t.patience} evaluations")
                 break
     set_track_stats(model, False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from recsys.data.batches import TrainSampler, following_clicks, gather_rows, pad_sequences
+from recsys.data.batches import TrainSampler, WindowSampler, following_clicks, gather_rows, pad_sequences
 
 
 def random_csr(num_rows: int, max_len: int, seed: int = 0, unique: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -130,3 +130,20 @@ def test_following_clicks_stop_at_the_row_end():
     items = np.arange(1, 11)
     out = following_clicks(items, np.array([[0, 3], [8, 9]]), np.array([[4, 4], [10, 10]]), 3)
     assert out.tolist() == [[[1, 2, 3], [4, 0, 0]], [[9, 10, 0], [10, 0, 0]]]
+
+
+@pytest.mark.parametrize("sampler", [TrainSampler, WindowSampler])
+def test_the_ranks_slices_make_the_batch_one_process_draws(sampler):
+    """Data parallelism: with one seed, rank r of 3 draws rows 8r..8r+7 of the global batch of 24,
+    batch after batch (its stream stays in step with the one process's)."""
+    indptr, items = random_csr(60, 12, unique=True)
+    one = sampler(indptr, items, 5, seed=3)
+    ranks = [sampler(indptr, items, 5, seed=3, rank=r, world_size=3) for r in range(3)]
+    for _ in range(2):
+        whole = one.sample(24)
+        parts = [rank.sample(8) for rank in ranks]
+        for got, want in zip(zip(*parts), whole):
+            np.testing.assert_array_equal(np.concatenate(got), want)
+    assert not np.array_equal(parts[0][2], parts[1][2])
+    with pytest.raises(ValueError, match="rank must be in \\[0, world_size\\), got rank 2 of 2"):
+        sampler(indptr, items, 5, seed=3, rank=2, world_size=2)

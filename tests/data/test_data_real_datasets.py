@@ -91,5 +91,5 @@ def test_time_split_on_amazon_beauty():
     ds = prepare(read("amazon-beauty"), DataConfig())
     split = split_dataset(ds, DataConfig(split="time"))
     assert len(split.valid) > 100 and len(split.test) > 100
-    train_clicks = len(split.train_items)
+    train_clicks = int(split.train_lengths.sum())
     assert train_clicks == int(np.sum(ds.times < split.cutoff))

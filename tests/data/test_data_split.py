@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -51,7 +52,7 @@ def test_user_split_sizes_disjoint_and_reproducible():
     all_valid = set(a.valid.users)
     assert not all_valid & set(a.test.users) and not all_valid & set(a.train_users)
     assert not set(a.test.users) & set(a.train_users)
-    for name in ("train_users", "train_indptr", "train_items"):
+    for name in ("train_users", "train_ends"):
         np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
     np.testing.assert_array_equal(a.test.inputs, b.test.inputs)
     other = split_dataset(ds, DataConfig(seed=6))
@@ -67,9 +68,13 @@ def test_user_split_covers_everyone_and_keeps_train_sequences_whole():
     assert 0 <= dropped <= n_short
     kept = np.concatenate([split.train_users, split.valid.users, split.test.users])
     assert np.all(ds.lengths[np.setdiff1d(np.arange(ds.num_users), kept)] < 2)
+    assert split.clicks is ds.items and split.clicks_indptr is ds.indptr  # read in place, never copied
+    train_indptr, train_items = split.train_csr()
     for r in (0, 17, len(split.train_users) - 1):
-        row = split.train_items[split.train_indptr[r] : split.train_indptr[r + 1]]
+        row = train_items[train_indptr[r] : train_indptr[r + 1]]
         np.testing.assert_array_equal(row, user_clicks(ds, split.train_users[r]))
+    counts = np.bincount(train_items, minlength=ds.num_items)
+    np.testing.assert_array_equal(split.train_item_counts(ds.num_items, block=7), counts)
 
 
 @pytest.mark.parametrize("max_len", [5, 50])
@@ -103,10 +108,11 @@ def test_time_split_never_leaks_the_future():
     cutoff = split.cutoff
     assert cutoff == pytest.approx(np.quantile(ds.times, 0.7))
     train_times = []
+    train_indptr, train_items = split.train_csr()
     for r, u in enumerate(split.train_users):
-        n = split.train_indptr[r + 1] - split.train_indptr[r]
+        n = train_indptr[r + 1] - train_indptr[r]
         seq = user_clicks(ds, u)
-        np.testing.assert_array_equal(split.train_items[split.train_indptr[r] : split.train_indptr[r + 1]], seq[:n])
+        np.testing.assert_array_equal(train_items[train_indptr[r] : train_indptr[r + 1]], seq[:n])
         train_times.append(ds.times[ds.indptr[u] : ds.indptr[u] + n])
     assert np.concatenate(train_times).max() < cutoff
     # every click before the cutoff is in training
@@ -175,9 +181,9 @@ def test_leave_one_out_on_hand_made_sequences():
         [10, 11, 3, 4],  # 10: plain
     ]
     split = split_dataset(_sequences(rows), DataConfig(split="leave_one_out", max_len=2))
+    train_indptr, train_items = split.train_csr()
     train = {
-        int(u): split.train_items[split.train_indptr[r] : split.train_indptr[r + 1]].tolist()
-        for r, u in enumerate(split.train_users)
+        int(u): train_items[train_indptr[r] : train_indptr[r + 1]].tolist() for r, u in enumerate(split.train_users)
     }
     assert train == {u: (row[:-2] if len(row) >= 3 else row) for u, row in enumerate(rows)}
     assert _eval_rows(split.valid) == {
@@ -228,15 +234,18 @@ def test_leave_one_out_trains_the_samplers_on_every_click_but_the_last_two():
     ds = random_dataset(min_len=1)
     split = split_dataset(ds, DataConfig(split="leave_one_out", max_len=8))
     held = ds.lengths >= 3
-    np.testing.assert_array_equal(np.diff(split.train_indptr), np.where(held, ds.lengths - 2, ds.lengths))
+    np.testing.assert_array_equal(split.train_lengths, np.where(held, ds.lengths - 2, ds.lengths))
     assert len(split.test) > 0.8 * held.sum() and len(split.valid) > 0.8 * held.sum()  # 300 items: few repeats
-    window = WindowSampler(split.train_indptr, split.train_items, 8, seed=0)
-    assert window.num_users == int((np.diff(split.train_indptr) >= 2).sum())
+    # the samplers read each user's training prefix in place in the dataset's clicks
+    in_place = {"users": split.train_users, "ends": split.train_ends}
+    window = WindowSampler(split.clicks_indptr, split.clicks, 8, seed=0, **in_place)
+    assert window.num_users == int((split.train_lengths >= 2).sum())
     seq, lengths, targets = window.sample(256)
-    last = TrainSampler(split.train_indptr, split.train_items, 8, seed=0, min_target=4)
-    assert last.num_users == int((np.diff(split.train_indptr) > 4).sum())
+    last = TrainSampler(split.clicks_indptr, split.clicks, 8, seed=0, min_target=4, **in_place)
+    assert last.num_users == int((split.train_lengths > 4).sum())
     # every sampled window is a stretch of some user's training clicks (none reaches a held-out click)
-    rows = [split.train_items[a:b].tolist() for a, b in zip(split.train_indptr[:-1], split.train_indptr[1:])]
+    train_indptr, train_items = split.train_csr()
+    rows = [train_items[a:b].tolist() for a, b in itertools.pairwise(train_indptr)]
     for b in range(0, 256, 17):
         n = int(lengths[b])
         window_clicks = [*seq[b, :n].tolist(), int(targets[b, n - 1])]
@@ -252,5 +261,26 @@ def test_leave_one_out_on_amazon_beauty_matches_rectools_counts():
 
     cfg = load_config(None, [f"data.source={AMAZON_BEAUTY}", "data.split=leave_one_out"])
     split = split_dataset(load_dataset(cfg), cfg.data)
-    assert (len(split.train_users), len(split.train_items)) == (22_363, 198_502 - 2 * 22_363)
+    assert (len(split.train_users), split.train_lengths.sum()) == (22_363, 198_502 - 2 * 22_363)
     assert (len(split.valid), len(split.test)) == (22_312, 22_311)
+
+
+@pytest.mark.parametrize("split", ["user", "time", "leave_one_out"])
+def test_a_saved_dataset_s_training_rows_are_read_in_place_from_its_mapped_clicks(tmp_path, split):
+    """A dataset on disk keeps its clicks memory-mapped through the split and into the samplers
+    (a rank reads the rows it samples, never a copy of the log); the rows they read are the
+    training clicks of the split, and the counts are those of the copied training rows."""
+    from recsys.data.batches import TrainSampler
+
+    random_dataset(300).save(tmp_path / "ds")
+    ds = Dataset.load(tmp_path / "ds")
+    assert isinstance(ds.items, np.memmap)
+    parts = split_dataset(ds, DataConfig(split=split, max_len=5))
+    assert parts.clicks is ds.items
+    sampler = TrainSampler(parts.clicks_indptr, parts.clicks, 5, seed=0, users=parts.train_users, ends=parts.train_ends)
+    assert np.shares_memory(sampler.items, ds.items)
+    train_indptr, train_items = parts.train_csr()
+    np.testing.assert_array_equal(parts.train_item_counts(ds.num_items), np.bincount(train_items, minlength=301))
+    copied = TrainSampler(train_indptr, train_items, 5, seed=0)  # the same rows, copied out
+    for got, want in zip(sampler.sample(64), copied.sample(64)):
+        np.testing.assert_array_equal(got, want)

@@ -84,9 +84,9 @@ def test_a_toy_model_tunes_through_the_public_functions(toy, tmp_path):
 
 def test_the_plan_reads_the_spec_s_weight_decay(toy):
     train = load_config(None, ["train.lr=0.002"]).train
-    indptr = np.arange(0, 14 * 1000 + 1, 14)
-    toy_plan = plan_training(train, "toy_last_click", indptr)
-    default_plan = plan_training(train, "comirec_sa", indptr)
+    lengths = np.full(1000, 14)
+    toy_plan = plan_training(train, "toy_last_click", lengths)
+    default_plan = plan_training(train, "comirec_sa", lengths)
     assert toy_plan.weight_decay == pytest.approx(default_plan.weight_decay * 0.3 / 0.15)
 
 
@@ -114,8 +114,8 @@ def test_automatic_values_resolve_per_model_and_explicit_ones_are_kept():
     assert resolve(load_config(None, ["model.name=sasrec_mi"]), num_items=1_000).model.dropout == 0.3
     assert resolve(load_config(None, ["model.name=sasrec", "model.num_layers=1"])).model.dropout == 0.4
     assert resolve(load_config(None, ["model.name=sasrec", "model.dropout=0"])).model.dropout == 0.0
-    indptr = np.arange(0, 14 * 100 + 1, 14)
-    assert plan_training(sasrec.train, "sasrec", indptr).weight_decay == 0.0
+    lengths = np.full(100, 14)
+    assert plan_training(sasrec.train, "sasrec", lengths).weight_decay == 0.0
     with pytest.raises(ConfigError, match=r"model.dropout: must be >= 0 \(or -1: automatic\)"):
         load_config(None, ["model.dropout=-0.5"])
     with pytest.raises(ConfigError, match=r"model.dim: must be > 0 \(or -1: automatic\), got 0"):

@@ -4,6 +4,7 @@ import os
 import socket
 import time
 
+import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -170,3 +171,66 @@ def _run_two(worker, args: tuple, preload: list[str]) -> None:
             for process in workers.processes:
                 process.kill()
             pytest.fail("distributed workers did not finish within 120 s")
+
+
+def test_the_collective_timeout_comes_from_the_environment(monkeypatch):
+    monkeypatch.delenv(distributed.TIMEOUT_ENV, raising=False)
+    assert distributed.collective_timeout().total_seconds() == distributed.DEFAULT_TIMEOUT_S
+    monkeypatch.setenv(distributed.TIMEOUT_ENV, "2.5")
+    assert distributed.collective_timeout().total_seconds() == 2.5
+    for bad in ("0", "soon"):
+        monkeypatch.setenv(distributed.TIMEOUT_ENV, bad)
+        with pytest.raises(ValueError, match=f"RECSYS_DIST_TIMEOUT: must be a number of seconds > 0, got '{bad}'"):
+            distributed.collective_timeout()
+
+
+def test_an_error_outside_a_process_group_is_no_rank_failure():
+    assert distributed.rank_failure(RuntimeError("[gloo/pair.cc:1] Connection closed by peer")) is None
+
+
+def _eval_case(num_users: int):
+    """A seeded comirec_sa over 40 items and ``num_users`` evaluation users (random clicks)."""
+    from recsys.config import load_config
+    from recsys.data.split import make_eval_set
+    from recsys.models import build_model, resolve
+
+    cfg = resolve(load_config(None, ["model.dim=8", "data.max_len=6"]), 40)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, 40, 6)
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(2, 12, size=num_users)
+    indptr = np.concatenate([[0], np.cumsum(lengths)])
+    items = rng.integers(1, 40, size=indptr[-1])
+    eval_set = make_eval_set(indptr, items, np.arange(num_users), indptr[:-1] + lengths // 2, 6)
+    category = np.arange(40) % 5
+    return model, eval_set, {"topn": (5, 10), "exclude_history": True, "item_category": category, "batch_size": 4}
+
+
+def _evaluate_worker(rank: int, world_size: int, port: int, cases: list[tuple[int, dict]]) -> None:
+    from recsys.evaluate import evaluate
+
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+    torch.set_num_threads(1)
+    setup_distributed("cpu")
+    try:
+        for num_users, expected in cases:
+            model, eval_set, settings = _eval_case(num_users)
+            assert evaluate(model, eval_set, across_ranks=True, **settings) == expected, (rank, num_users)
+    finally:
+        distributed.cleanup()
+
+
+def test_two_gloo_processes_share_the_users_and_return_the_metrics_one_process_does():
+    """Each rank scores half the users (an odd number; a single user leaves rank 1 none) and both
+    return exactly the single process's metrics, coverage (a union over users) included."""
+    from recsys.evaluate import evaluate
+
+    cases = []
+    for num_users in (37, 1):
+        model, eval_set, settings = _eval_case(num_users)
+        expected = evaluate(model, eval_set, **settings)
+        assert expected["users"] == num_users and "coverage@10" in expected and "diversity@10" in expected
+        cases.append((num_users, expected))
+    _run_two(_evaluate_worker, (cases,), ["torch", "torch.distributed", "recsys.evaluate"])

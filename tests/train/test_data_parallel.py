@@ -1,0 +1,265 @@
+"""Whole training runs under torchrun with gloo on the CPU: two processes train what one process
+trains at the same global batch, a checkpoint resumes on another number of processes as the
+run would have gone on, two "hosts" (two torchrun agents meeting at one rendezvous) train as one
+process does, and a rank that stops or dies ends the job with one line and a checkpoint to resume.
+"""
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from recsys.config import load_config
+from recsys.run import RunDir
+from recsys.train.trainer import _keep_global_batch, train
+from tests.conftest import TINY_TRAIN_OVERRIDES
+
+BATCH = 32  # the global batch
+SMALL = [
+    *TINY_TRAIN_OVERRIDES,
+    "synthetic.num_users=300",
+    "synthetic.num_items=200",
+    "train.device=cpu",
+    "train.cpu_threads=1",
+    "train.cuda_graph=false",
+    "train.num_negatives=64",  # the default follows the per-process batch
+    "model.dropout=0",  # dropout draws from each rank's own torch stream
+    "train.log_every=2",
+    "train.eval_every=4",
+    "train.max_steps=8",
+    "eval.valid_users=50",
+]
+TIMEOUT = 120
+
+
+def _overrides(tmp_path: Path, name: str, world_size: int, *extra: str) -> list[str]:
+    return [*SMALL, f"train.batch_size={BATCH // world_size}", f"output_dir={tmp_path}", f"name={name}", *extra]
+
+
+def _one_process(tmp_path: Path, name: str, *extra: str, max_steps: int = 8) -> Path:
+    cfg = load_config(None, [*_overrides(tmp_path, name, 1, *extra), f"train.max_steps={max_steps}"])
+    return Path(train(cfg, log=lambda line: None).run_dir)
+
+
+def _recsys_args(tmp_path: Path, name: str, world_size: int, *extra: str) -> list[str]:
+    args = ["-m", "recsys", "train", "--quiet"]
+    for override in _overrides(tmp_path, name, world_size, *extra):
+        args += ["--set", override]
+    return args
+
+
+def _launch(args: list[str], out: Any = subprocess.PIPE, **env: str) -> subprocess.Popen:
+    """``torchrun ARGS`` with its output (both streams) to ``out`` and ``env`` added to ours."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", *args],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+    )
+
+
+def _finish(process: subprocess.Popen) -> str:
+    try:
+        out, _ = process.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        pytest.fail(f"torchrun did not finish within {TIMEOUT} s: {process.communicate()[0][-3000:]}")
+    assert process.returncode == 0, out[-4000:]
+    return out
+
+
+def _torchrun(*args: str) -> str:
+    return _finish(_launch(["--standalone", "--nproc-per-node=2", *args]))
+
+
+def _weights(run: Path) -> dict[str, torch.Tensor]:
+    """The last checkpoint's weights, and its item rows' Adam moments where the table is row-sparse."""
+    ck = RunDir(run).load_checkpoint()
+    rows = {f"item_rows.{k}": ck["item_rows"][k] for k in ("exp_avg", "exp_avg_sq")} if "item_rows" in ck else {}
+    return {**ck["model"], **rows}
+
+
+def _assert_same_training(run: Path, reference: Path, steps: int) -> None:
+    assert RunDir(run).load_checkpoint()["step"] == RunDir(reference).load_checkpoint()["step"] == steps
+    got, want = _weights(run), _weights(reference)
+    assert got.keys() == want.keys()
+    for name, tensor in want.items():
+        torch.testing.assert_close(got[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def _moved(run: Path, reference: Path) -> bool:
+    want = _weights(reference)
+    return any(not torch.equal(tensor, want[name]) for name, tensor in _weights(run).items())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _two_hosts(tmp_path: Path, name: str, *extra: str) -> None:
+    """Two torchrun agents of one process each, started with the same command but their node
+    rank, meeting at a c10d rendezvous: two "hosts" on this machine."""
+    port = _free_port()
+    hosts = [
+        _launch(
+            [
+                "--nnodes=2",
+                f"--node-rank={node}",
+                "--nproc-per-node=1",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{port}",
+                f"--rdzv-id={name}",
+                *_recsys_args(tmp_path, name, 2, *extra),
+            ]
+        )
+        for node in (0, 1)
+    ]
+    for host in hosts:
+        _finish(host)
+
+
+@pytest.mark.parametrize("updates, hosts", [("dense", 1), ("sparse", 2)])
+def test_two_processes_train_what_one_process_trains_at_the_same_global_batch(tmp_path, updates, hosts):
+    """Two processes of 16 samples each, on one host or on two, end 8 steps with the weights (and
+    the row-sparse table's Adam moments) of one process at 32, to float rounding."""
+    one = _one_process(tmp_path, "one", f"train.item_updates={updates}")
+    if hosts == 1:
+        _torchrun(*_recsys_args(tmp_path, "two", 2, f"train.item_updates={updates}"))
+    else:
+        _two_hosts(tmp_path, "two", f"train.item_updates={updates}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "two"]  # one run directory for the job
+    _assert_same_training(tmp_path / "two", one, steps=8)
+    # the comparison can fail: half the global batch on one process trains something else
+    half = _one_process(tmp_path, "half", f"train.item_updates={updates}", "train.batch_size=16")
+    assert _moved(half, one)
+
+
+def test_a_run_resumes_on_another_number_of_processes_as_it_would_have_gone_on(tmp_path):
+    """Checkpointed at step 4 on two processes (16 samples each), resumed on one to step 8, and
+    from one process (32) to two: what must hold is that after step 8 the weights and the item
+    rows' Adam moments are those of the uninterrupted run at the same global batch of 32, to float
+    rounding; the resumed run takes 32 / its processes samples each, and says so."""
+    reference = _one_process(tmp_path, "one", "train.item_updates=sparse")
+    _torchrun(*_recsys_args(tmp_path, "two-one", 2, "train.item_updates=sparse", "train.max_steps=4"))
+    lines: list[str] = []
+    cfg = RunDir(tmp_path / "two-one").read_config()
+    cfg.train.max_steps = 8
+    train(cfg, run_dir=tmp_path / "two-one", resume=True, log=lines.append)
+    assert "resumed on 1 process (trained on 2): train.batch_size 16 -> 32 each, the same global batch of 32" in lines
+    assert RunDir(tmp_path / "two-one").read_config().train.batch_size == 32
+    _assert_same_training(tmp_path / "two-one", reference, steps=8)
+
+    _one_process(tmp_path, "one-two", "train.item_updates=sparse", max_steps=4)
+    _torchrun("-m", "recsys", "train", "--quiet", "--resume", str(tmp_path / "one-two"), "--set", "train.max_steps=8")
+    assert RunDir(tmp_path / "one-two").read_config().train.batch_size == 16
+    _assert_same_training(tmp_path / "one-two", reference, steps=8)
+
+
+def test_a_resume_keeps_the_global_batch_or_says_why_it_cannot():
+    cfg = load_config(None, ["train.batch_size=15"])
+    assert _keep_global_batch(cfg, None, 2, print) is cfg and _keep_global_batch(cfg, 2, 2, print) is cfg
+    lines: list[str] = []
+    five = _keep_global_batch(cfg, 1, 3, lines.append)
+    assert (five.train.batch_size, five.train.num_negatives, cfg.train.batch_size) == (5, 150, 15)
+    assert lines == [
+        "resumed on 3 processes (trained on 1): train.batch_size 15 -> 5 each, the same global batch of 15"
+    ]
+    with pytest.raises(ValueError, match=r"^train.batch_size: the run trained on 1 process at 15 each \(a global "):
+        _keep_global_batch(cfg, 1, 2, print)
+
+
+def _rank_pid(marker: str, rank: int) -> int | None:
+    """The pid of the worker of rank ``rank`` among the processes whose environment holds ``marker``."""
+    for entry in Path("/proc").iterdir():
+        try:
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if marker.encode() in env and f"RANK={rank}".encode() in env:
+            return int(entry.name)
+    return None
+
+
+def _wait_for(condition, what: str, seconds: float = TIMEOUT) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} within {seconds:g} s")
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize(
+    "stop, says",
+    [
+        (
+            signal.SIGSTOP,
+            r"rank 1 did not answer \(stopped or hung\); a collective waited 3 s for it \(RECSYS_DIST_TIMEOUT\)",
+        ),
+        (
+            signal.SIGKILL,
+            r"(lost another rank \(.*Connection (closed|reset) by peer.*\)|stopped by SIGTERM); "
+            r"torchrun names the rank that exited",
+        ),
+    ],
+    ids=["stopped", "killed"],
+)
+def test_a_rank_that_stops_or_dies_ends_the_job_with_one_line_and_a_checkpoint_to_resume(tmp_path, stop, says):
+    """Rank 1 is stopped (a hung process, a lost host: only the collective timeout notices) or
+    killed after the first checkpoint: rank 0 stops with one line that names what happened and
+    the checkpoint that resumes the run, and the run resumes from it. (Killed, rank 0 fails its
+    next collective or gets torchrun's SIGTERM first, whichever comes first.)"""
+    marker = f"RECSYS_TEST_JOB={tmp_path.name}"  # in the workers' environment: how the test finds rank 1
+    log = tmp_path / "torchrun.log"
+    args = _recsys_args(tmp_path, "k", 2, "train.max_steps=100000", "train.patience=100000")
+    with log.open("w") as out:
+        job = _launch(
+            ["--standalone", "--nproc-per-node=2", *args], out, RECSYS_DIST_TIMEOUT="3", RECSYS_TEST_JOB=tmp_path.name
+        )
+    try:
+        _wait_for((tmp_path / "k" / "model.pt").exists, "no checkpoint")
+        victim = _rank_pid(marker, 1)
+        assert victim is not None
+        os.kill(victim, stop)
+        _wait_for(lambda: "recsys train: error:" in log.read_text(), "rank 0 did not stop")
+        if stop == signal.SIGSTOP:
+            os.kill(victim, signal.SIGKILL)  # else torchrun waits 30 s for it to take its SIGTERM
+        job.wait(timeout=TIMEOUT)
+    finally:
+        job.kill()
+    assert job.returncode != 0
+    errors = [line for line in log.read_text().splitlines() if line.startswith("recsys train: error:")]
+    assert len(errors) == 1, errors
+    found = re.fullmatch(
+        rf"recsys train: error: rank 0 of 2: {says}; its checkpoint of step (\d+) resumes it: "
+        rf"recsys train --resume {re.escape(str(tmp_path / 'k'))}",
+        errors[0],
+    )
+    assert found, errors[0]
+    step = int(found.group(found.lastindex))
+    cfg = RunDir(tmp_path / "k").read_config()
+    cfg.train.max_steps = step + 2
+    assert train(cfg, run_dir=tmp_path / "k", resume=True, log=lambda line: None).steps == step + 2
+
+
+def test_two_processes_resumed_on_two_train_as_the_uninterrupted_run_dropout_included(tmp_path):
+    """Each rank draws its own dropout masks; the checkpoint keeps every rank's stream, so a run
+    stopped at step 4 and resumed on as many processes ends bit for bit where the uninterrupted
+    one does."""
+    dropout = ["model.name=sasrec", "model.dropout=0.3", "model.num_layers=1"]
+    _torchrun(*_recsys_args(tmp_path, "whole", 2, *dropout))
+    _torchrun(*_recsys_args(tmp_path, "resumed", 2, *dropout, "train.max_steps=4"))
+    _torchrun("-m", "recsys", "train", "--quiet", "--resume", str(tmp_path / "resumed"), "--set", "train.max_steps=8")
+    got, want = _weights(tmp_path / "resumed"), _weights(tmp_path / "whole")
+    for name, tensor in want.items():
+        torch.testing.assert_close(got[name], tensor, rtol=0, atol=0, msg=name)
