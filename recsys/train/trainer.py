@@ -520,7 +520,8 @@ def train(
         log: where progress lines go.
         clicks: a click table to train on instead of ``cfg.data.source`` (see
             :func:`recsys.data.load_dataset`).
-        progress: progress bars while preparing the data (on a terminal).
+        progress: progress bars while preparing the data and over each validation's and the
+            test's users (on a terminal).
         on_validate: called as ``on_validate(step, metrics)`` after every validation (its row
             and checkpoint already written); an exception it raises stops training and leaves
             ``train`` (e.g. ``optuna.TrialPruned`` from :mod:`recsys.tune`).
@@ -564,7 +565,7 @@ def train(
     if rebatched and dist.is_main:
         rd.save_config(cfg)
     try:
-        return _run(exp, rd, dist, resume, t0, log, on_validate)
+        return _run(exp, rd, dist, resume, t0, log, on_validate, progress=progress)
     except BaseException as err:
         failure = distributed.rank_failure(err)
         if dist.is_main and created and not rd.has_checkpoint():  # a folder this call created, with nothing to resume
@@ -702,8 +703,11 @@ def _run(
     t0: float,
     log: Log,
     on_validate: OnValidate | None = None,
+    *,
+    progress: bool = False,
 ) -> TrainResult:
-    """:func:`train` once the data, the model (on ``dist.device``) and the run directory exist."""
+    """:func:`train` once the data, the model (on ``dist.device``) and the run directory exist.
+    ``progress``: rank 0 draws a bar over each validation's and the test's users."""
     cfg, ds, split, model = exp.cfg, exp.dataset, exp.split, exp.model
     if dist.is_main and not resume:
         rd.save_config(cfg)
@@ -714,10 +718,13 @@ def _run(
     if model.trainable:
         log(_validation_line(cfg, split, len(valid)))
     planted = planted_for(cfg, ds.user_raw[valid.users], ds.category_raw)
+    bar = progress and dist.is_main
 
     def validate() -> dict[str, float]:
         """Every rank's: the ranks share the users; rank 0 adds the interests' health, which it logs."""
-        metrics = evaluate_with_config(model, valid, cfg, item_category=ds.item_category, across_ranks=True)
+        metrics = evaluate_with_config(
+            model, valid, cfg, item_category=ds.item_category, progress=bar, across_ranks=True
+        )
         if model.trainable and dist.is_main:  # multi-interest health, logged beside the recall (docs/multi-interest.md)
             metrics.update(health_with_config(model, valid, cfg, item_category=ds.item_category, planted=planted))
         return metrics
@@ -737,7 +744,9 @@ def _run(
         state.best = validate()[key]
         if dist.is_main:
             rd.save_best(model.state_dict())
-    test_metrics = evaluate_with_config(model, split.test, cfg, item_category=ds.item_category, across_ranks=True)
+    test_metrics = evaluate_with_config(
+        model, split.test, cfg, item_category=ds.item_category, progress=bar, across_ranks=True
+    )
     if dist.is_main:
         rd.save_test_metrics(test_metrics)
     distributed.cleanup()
