@@ -32,7 +32,10 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
-AUTO = "auto"  # the value of a setting that the model's spec (recsys.models.spec) or the data decides
+AUTO = "auto"  # the value of a setting decided when the experiment is built (AUTOMATIC, recsys.run.settings)
+# the config's format: a saved config without ``config_version`` is version 1, read with the values in force
+# then (recsys.run.saved_config); from version 2 a run's config.json holds every automatic value decided
+CONFIG_VERSION = 2
 REGISTRY_TABLE = "dataset"  # a dataset registry entry's table (data/<name>.toml); not run config
 TUNE_TABLE = "tune"  # `recsys tune`'s search space (recsys.tune); not run config
 # data.format (or auto): recsys.data.readers
@@ -107,7 +110,7 @@ class ModelConfig:
     # embedding and interest width; -1 (the default): the model's automatic value (recsys.models.spec)
     dim: int = -1
     num_interests: int = 4
-    hidden: int = 0  # self-attentive hidden size; 0 means 4 * dim
+    hidden: int = 0  # self-attentive hidden size; 0 (the default): 4 * dim, as ComiRec
     num_layers: int = 2  # transformer encoders
     num_heads: int = 2
     dropout: float = -1.0  # transformer encoders; -1 (the default): the model's automatic value (recsys.models.spec)
@@ -131,7 +134,7 @@ class TrainConfig:
 
     optimizer: str = "adamw"  # adamw | adam
     lr: float = 1e-3
-    weight_decay: float = -1.0  # -1: a fixed shrinkage per epoch, from the data's size (recsys.train.plan)
+    weight_decay: float = -1.0  # -1: a fixed shrinkage per epoch, from the data's size (recsys.run.settings)
     batch_size: int = 128
     max_steps: int = 0  # 0: max_epochs epochs, each as many samples as training targets (recsys.train.plan)
     max_epochs: float = 100.0  # the budget when max_steps = 0; the plateau stop usually ends the run first
@@ -145,7 +148,7 @@ class TrainConfig:
     # 1 / (1 - ema_decay) steps averaged; recsys.train.averaging); 0 scores the last weights
     ema_decay: float = 0.999
     max_minutes: float = 0.0  # wall-clock budget of the training loop; at the limit: validate, stop, test; 0 disables
-    num_negatives: int = 0  # shared sampled negatives; 0 means 10 * batch_size
+    num_negatives: int = 0  # shared sampled negatives; 0 (the default): 10 * batch_size
     sampler: str = "log_uniform"  # uniform | log_uniform | unigram
     sampler_alpha: float = 0.75  # unigram exponent
     logq: bool = True  # subtract log Q(item) from sampled logits
@@ -169,7 +172,7 @@ class TrainConfig:
     targets: str = AUTO
     # clicks each target position predicts: 1 = the next one | m > 1 = each of the next m clicks, read out against
     # the same interests (PinnerFormer's all-action objective) | -1 (the default): the model's value where the
-    # data's timestamps leave the order of consecutive clicks open, else 1 (recsys.models.spec.automatic_horizon)
+    # data's timestamps leave the order of consecutive clicks open, else 1 (recsys.run.settings)
     horizon: int = -1
     cpu_threads: int = 0  # torch intra-op threads on CPU; 0 keeps torch's default
     # also write every metrics.jsonl scalar as TensorBoard events (RUN/tensorboard/; extra track)
@@ -242,6 +245,7 @@ class Config:
 
     name: str = ""
     output_dir: str = "runs"
+    config_version: int = CONFIG_VERSION  # the format (CONFIG_VERSION); set by the resolver, read when a run loads
     data: DataConfig = field(default_factory=DataConfig)
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -368,8 +372,8 @@ def config_from_dict(values: dict[str, Any]) -> Config:
 def with_values(cfg: Config, values: Mapping[str, Any]) -> Config:
     """A validated copy of ``cfg`` with ``{"section.key": value}`` set (plain Python values,
     e.g. ``{"train.lr": 0.01}``); unknown keys and bad values raise :class:`ConfigError` naming the key.
-    Automatic values (-1, ``"auto"``) stay automatic until the model resolves them
-    (:func:`recsys.models.spec.resolve`), so they follow a changed ``model.name``."""
+    Automatic values (:data:`AUTOMATIC`) stay automatic until the experiment is built
+    (:func:`recsys.run.settings.resolve`), so they follow a changed ``model.name``."""
     return config_from_dict(_set_dotted(cfg.to_dict(), values))
 
 
@@ -395,8 +399,8 @@ def load_config(
     """Defaults, then each TOML file in ``paths`` in order (later files win; a ``[dataset]``
     table, a registry entry's download details, and a ``[tune]`` table, ``recsys tune``'s search
     space, are skipped), then each ``section.key=value`` override, then ``values`` (plain Python
-    values by dotted key, as :func:`with_values` takes them). Automatic values (-1, ``"auto"``)
-    are left for the model to resolve (:func:`recsys.models.spec.resolve`). Layering lets a
+    values by dotted key, as :func:`with_values` takes them). Automatic values (:data:`AUTOMATIC`)
+    are left for the experiment to resolve (:func:`recsys.run.settings.resolve`). Layering lets a
     dataset file and a model file combine::
 
         load_config(["experiments/configs/data/taobao.toml", "experiments/configs/models/comirec_sa.toml"])
@@ -452,6 +456,7 @@ _CHOICES = {
 SWITCH_VALUES = (AUTO, True, False)
 
 _POSITIVE = (
+    "config_version",
     "data.max_len",
     "model.num_interests",
     "model.num_layers",
@@ -502,11 +507,56 @@ def _get(cfg: Config, path: str) -> Any:
     return obj
 
 
+# the keys whose default leaves the value to the model, the data or the device, by the value that says
+# so: recsys.run.settings.resolve decides every one of them once, when an experiment is built, and
+# nothing else reads these values (tests/test_settings.py walks the code for a comparison with them)
+AUTOMATIC: dict[str, Any] = {
+    "model.dim": -1,
+    "model.dropout": -1.0,
+    "model.score_cap": -1.0,
+    "model.hidden": 0,
+    "train.weight_decay": -1.0,
+    "train.num_negatives": 0,
+    "train.targets": AUTO,
+    "train.horizon": -1,
+    "train.full_softmax": AUTO,
+    "train.negative_scores": AUTO,
+    "train.attention_reg": -1.0,
+    "train.soft_readout_steps": -1,
+    "train.item_updates": AUTO,
+    "eval.objective": AUTO,
+    "eval.exclude_history": AUTO,
+}
+
+
+def is_automatic(cfg: Config, key: str) -> bool:
+    """Whether ``key`` of ``cfg`` (one of :data:`AUTOMATIC`) still holds its automatic value."""
+    value, automatic = _get(cfg, key), AUTOMATIC[key]
+    return type(value) is type(automatic) and value == automatic
+
+
+def automatic_keys(cfg: Config) -> list[str]:
+    """The keys of ``cfg`` that still hold their automatic value: empty once the config is
+    resolved (:func:`recsys.run.settings.resolve`)."""
+    return [key for key in AUTOMATIC if is_automatic(cfg, key)]
+
+
+def require_resolved(cfg: Config, who: str, section: str = "") -> None:
+    """Raise ``ValueError`` naming the keys of ``cfg`` (of ``section`` only, where given) that still
+    hold an automatic value: ``who`` reads a resolved config and decides nothing itself."""
+    left = [key for key in automatic_keys(cfg) if key.startswith(section)]
+    if left:
+        raise ValueError(
+            f"{who}: {', '.join(left)} still automatic; resolve the config first "
+            "(recsys.run.settings.resolve, as recsys.run.build_experiment does)"
+        )
+
+
 def validate(cfg: Config) -> None:
     """Check values (not only types) so a bad config fails before any work starts. What depends
-    on the model (settings it does not read, its automatic values) is checked when the model
-    resolves the config (:func:`recsys.models.spec.resolve`)."""
-    if cfg.model.dim <= 0 and cfg.model.dim != -1:
+    on the model (settings it does not read, its automatic values) is checked by
+    :func:`recsys.run.settings.check` and :func:`recsys.run.settings.resolve`."""
+    if cfg.model.dim <= 0 and not is_automatic(cfg, "model.dim"):
         raise ConfigError(f"model.dim: must be > 0 (or -1: automatic), got {cfg.model.dim!r}")
     for path in (
         "model.score_cap",
@@ -515,7 +565,7 @@ def validate(cfg: Config) -> None:
         "train.weight_decay",
         "train.attention_reg",
     ):
-        if _get(cfg, path) < 0 and _get(cfg, path) != -1:
+        if _get(cfg, path) < 0 and not is_automatic(cfg, path):
             raise ConfigError(f"{path}: must be >= 0 (or -1: automatic), got {_get(cfg, path)!r}")
     for path, choices in _CHOICES.items():
         if _get(cfg, path) not in choices:
@@ -545,7 +595,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"train.lr_drop_factor: must be in (0, 1), got {cfg.train.lr_drop_factor!r}")
     if not 0.0 <= cfg.train.ema_decay < 1.0:
         raise ConfigError(f"train.ema_decay: must be in [0, 1) (0: no averaging), got {cfg.train.ema_decay!r}")
-    if cfg.train.horizon < 1 and cfg.train.horizon != -1:
+    if cfg.train.horizon < 1 and not is_automatic(cfg, "train.horizon"):
         raise ConfigError(f"train.horizon: must be >= 1 (or -1: automatic), got {cfg.train.horizon!r}")
     if cfg.train.lr_drops and not cfg.train.patience:
         raise ConfigError("train.lr_drops: needs train.patience > 0 (the plateau it waits for)")
@@ -567,19 +617,21 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"eval.topn: need a non-empty list of positive ints, got {cfg.eval.topn!r}")
     if cfg.eval.exclude_history not in SWITCH_VALUES:
         raise ConfigError(f'eval.exclude_history: must be true, false or "auto", got {cfg.eval.exclude_history!r}')
-    _check_objective(cfg.eval)
+    _check_objective(cfg)
     if cfg.serve.n > cfg.serve.max_n:
         raise ConfigError(f"serve.n: {cfg.serve.n} exceeds serve.max_n {cfg.serve.max_n}")
     if not 0 <= cfg.serve.port <= 65535:
         raise ConfigError(f"serve.port: must be in 0..65535, got {cfg.serve.port}")
-    check_heads(cfg.model)
+    if not is_automatic(cfg, "model.dim"):
+        check_heads(cfg.model)
 
 
 OBJECTIVE_METRICS = ("recall", "ndcg", "hitrate", "mrr")  # eval.objective's metric names (recsys.evaluate.metrics)
 
 
-def _check_objective(ev: EvalConfig) -> None:
-    if ev.objective == AUTO:
+def _check_objective(cfg: Config) -> None:
+    ev = cfg.eval
+    if is_automatic(cfg, "eval.objective"):
         return
     name, _, cutoff = ev.objective.partition("@")
     if name not in OBJECTIVE_METRICS or not cutoff.isdigit() or int(cutoff) not in ev.topn:
@@ -589,20 +641,7 @@ def _check_objective(ev: EvalConfig) -> None:
         )
 
 
-def objective(ev: EvalConfig) -> str:
-    """The validation metric's key in the evaluator's output, e.g. ``"recall@50"`` (``eval.objective``)."""
-    return f"recall@{max(ev.topn)}" if ev.objective == AUTO else ev.objective
-
-
-def excludes_history(cfg: Config) -> bool:
-    """Whether the evaluation removes each user's input clicks (``eval.exclude_history``; "auto":
-    under ``data.split = "leave_one_out"`` only)."""
-    if cfg.eval.exclude_history == AUTO:
-        return cfg.data.split == "leave_one_out"
-    return bool(cfg.eval.exclude_history)
-
-
 def check_heads(model: ModelConfig) -> None:
     """``model.num_heads`` must split ``model.dim`` evenly (checked again once an automatic dim resolves)."""
-    if model.dim != -1 and model.dim % model.num_heads:
+    if model.dim % model.num_heads:
         raise ConfigError(f"model.num_heads: {model.num_heads} does not divide model.dim {model.dim}")

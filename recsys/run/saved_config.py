@@ -1,7 +1,11 @@
 """A saved run's ``config.json`` -> :class:`~recsys.config.Config`, keeping what the run was
 trained with where a default has changed since it was saved.
 
-A key missing from the file dates the run; the values that were in force then fill it:
+From :data:`~recsys.config.CONFIG_VERSION` 2 the file holds every value the run used (its resolved
+config). A file without ``config_version`` (version 1) was written before the resolver wrote every
+value down: it may still hold automatic values, which :func:`recsys.run.build_experiment` decides
+from the run's saved dataset by the same rules, and is read as version 1 until then. In either, a
+key missing from the file dates the run; the values that were in force then fill it:
 
 - no ``model.positions``: positions were numbered from the oldest click (``"absolute"``), for
   the models that read positions;
@@ -20,8 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from recsys.config import Config, ModelConfig, config_from_dict
-from recsys.models.spec import resolve, spec_for
+from recsys.config import CONFIG_VERSION, Config, ConfigError, ModelConfig, config_from_dict
+from recsys.models.spec import spec_for
 
 _TRAIN_DEFAULTS = {
     "soft_readout_steps": 0,
@@ -34,7 +38,12 @@ _TRAIN_DEFAULTS = {
 
 
 def run_config_from_dict(values: dict[str, Any]) -> Config:
-    """The resolved config of a saved run from its ``config.json`` contents (see the module docstring)."""
+    """The config of a saved run from its ``config.json`` contents (see the module docstring)."""
+    version = values.get("config_version", 1)
+    if not isinstance(version, int) or version > CONFIG_VERSION:
+        raise ConfigError(
+            f"config_version: {version!r} is newer than this recsys reads ({CONFIG_VERSION}); upgrade recsys"
+        )
     model = dict(values.get("model", {}))
     train = dict(values.get("train", {}))
     spec = spec_for(model.get("name", ModelConfig().name))
@@ -52,4 +61,4 @@ def run_config_from_dict(values: dict[str, Any]) -> Config:
             for dotted, value in then.items():
                 where, leaf = dotted.split(".")
                 sections[where][leaf] = value
-    return resolve(config_from_dict({**values, **sections}))
+    return config_from_dict({**values, **sections, "config_version": version})

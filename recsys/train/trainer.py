@@ -29,19 +29,19 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from recsys.config import Config, objective
+from recsys.config import Config, require_resolved
 from recsys.data.batches import TrainSampler, WindowSampler
 from recsys.data.split import Split
 from recsys.data.synthetic import planted_for
 from recsys.device import to_device
 from recsys.evaluate.diagnostics import interest_health
 from recsys.evaluate.evaluator import evaluate_with_config
-from recsys.models import InterestModel, resolve
+from recsys.models import InterestModel
 from recsys.models.sequence import SequenceModel
-from recsys.models.spec import unresolved
 from recsys.nn.attention import max_attention_logit, set_track_stats
 from recsys.nn.masking import gather_last
 from recsys.run import Experiment, RunDir, build_experiment, new_run_dir
+from recsys.run.settings import check
 from recsys.train import distributed
 from recsys.train.averaging import WeightAverage
 from recsys.train.checkpoint import capture_rng, make_checkpoint, restore_rng
@@ -60,7 +60,7 @@ from recsys.train.losses import (
 )
 from recsys.train.memory import check_fits
 from recsys.train.meter import VALID_SHARE, RunMeter
-from recsys.train.plan import TrainPlan, fused_exact_softmax, plan_training, shared_negatives
+from recsys.train.plan import TrainPlan, plan_training
 from recsys.train.sparse_rows import RowSparseTable
 from recsys.train.tracking import track_metrics
 
@@ -118,14 +118,15 @@ class TrainStep:
 
     Args:
         model: the (unwrapped) model; its ``item_embeddings()`` are the output embeddings.
-        cfg: the run config (``train`` section: negatives, sampler, logQ, z-loss, AMP, clipping).
+        cfg: the resolved run config (``train`` section: negatives, sampler, logQ, z-loss, AMP,
+            clipping); a value still automatic is a ``ValueError`` naming it.
         device: where the batch and the negatives live.
         item_counts: ``[num_items]`` training click counts (for the unigram sampler).
         generator: the negative sampler's random stream (on ``device``).
         world_size: processes training together; above 1 the model is wrapped in
             DistributedDataParallel here (which syncs gradients), on the capture stream.
         log: where the launch line goes.
-        weight_decay: the optimiser's (``train.weight_decay``, resolved by :mod:`recsys.train.plan`).
+        weight_decay: the optimiser's (the resolved ``train.weight_decay``, through the plan).
     """
 
     def __init__(
@@ -140,19 +141,13 @@ class TrainStep:
         log: Log = lambda line: None,
         weight_decay: float = 0.0,
     ):
-        left = unresolved(cfg)
-        if left:
-            raise ValueError(
-                f"TrainStep: {', '.join(left)} still automatic: resolve the config for the catalogue and the data "
-                "first (recsys.models.resolve(cfg, num_items, fused_softmax=..., tied_share=...), as "
-                "recsys.run.build_experiment does)"
-            )
+        require_resolved(cfg, "TrainStep")
         self.model, self.cfg, self.device, self.world_size, self.log = model, cfg, device, world_size, log
         t = cfg.train
         self.use_graph, why_not = plan_graph(cfg, device, world_size)
         if not self.use_graph:
             log(launch_line(cfg, False, why_not))
-        self.num_negatives = shared_negatives(t)
+        self.num_negatives = t.num_negatives
         self.sampler = (
             None
             if t.full_softmax
@@ -509,7 +504,8 @@ def train(
     """Run a whole experiment (train, validate, early-stop, test). See the module docstring.
 
     Args:
-        cfg: the resolved config (saved into the run directory).
+        cfg: the config as written; its automatic values are decided once the data is read
+            (:func:`recsys.run.build_experiment`), and the resolved copy is saved into the run directory.
         run_dir: where to write; default a new folder under ``cfg.output_dir``.
         resume: continue from ``run_dir``'s last checkpoint (on the dataset saved with it); with
             the same seed the result equals an uninterrupted run.
@@ -523,7 +519,7 @@ def train(
     """
     if resume and run_dir is None:
         raise ValueError("--resume needs the run directory to continue")
-    cfg = resolve(cfg)  # the model's automatic values, so the saved config records what the run used
+    check(cfg)  # a setting the model does not read fails before anything starts
     if cfg.train.cpu_threads:
         torch.set_num_threads(cfg.train.cpu_threads)
     dist = distributed.setup_distributed(cfg.train.device, graphs=cfg.train.cuda_graph is not False)
@@ -574,11 +570,9 @@ def _prepare(
     clicks: pd.DataFrame | None = None,
     progress: bool = False,
 ) -> Experiment:
-    """The experiment a run on ``dist`` trains, with every value its config leaves to the data
-    resolved in ``exp.cfg``: the model's (:func:`recsys.models.resolve`, through
-    :func:`~recsys.run.build_experiment`) and the automatic ``train.weight_decay``, which
-    follows the training targets per step (:func:`~recsys.train.plan.plan_training`). Both
-    :func:`train` and :func:`dry_run` go through here, so a dry run shows what the run uses.
+    """The experiment a run on ``dist`` trains, with every automatic value of its config decided
+    in ``exp.cfg`` for the data and ``dist``'s device and processes (:func:`recsys.run.build_experiment`).
+    Both :func:`train` and :func:`dry_run` go through here, so a dry run shows what the run uses.
 
     Raises before any memory is taken where ``train.cuda_graph = true`` cannot capture on this
     device, the model does not fit (:func:`~recsys.train.memory.check_fits`), or the split
@@ -590,11 +584,10 @@ def _prepare(
         clicks=clicks,
         progress=progress,
         check_memory=functools.partial(check_fits, device=dist.device, step_kept=capture),
-        fused_softmax=fused_exact_softmax(cfg, dist.device),
+        device=dist.device,
+        world_size=dist.world_size,
     )
     _check_split(exp.dataset, exp.split)
-    t = exp.cfg.train
-    t.weight_decay = plan_training(t, exp.cfg.model.name, exp.split.train_indptr, dist.world_size).weight_decay
     return exp
 
 
@@ -603,7 +596,7 @@ def dry_run(cfg: Config, *, clicks: pd.DataFrame | None = None, progress: bool =
     prepares the data, builds the model, logs the lines the run would open its log with (data,
     model, validation, plan, and how the step would launch) and returns the resolved config
     the run would save. ``clicks``, ``progress``: as in :func:`train`."""
-    cfg = resolve(cfg)
+    check(cfg)
     dist = distributed.setup_distributed(cfg.train.device)
     try:
         exp = _prepare(cfg, dist, clicks=clicks, progress=progress)
@@ -614,7 +607,7 @@ def dry_run(cfg: Config, *, clicks: pd.DataFrame | None = None, progress: bool =
     log(_model_line(cfg, model))
     if model.trainable:
         log(_validation_line(cfg, split, len(split.valid.sample(cfg.eval.valid_users, cfg.data.seed))))
-        log(plan_training(cfg.train, cfg.model.name, split.train_indptr, dist.world_size).describe(cfg.train))
+        log(plan_training(cfg.train, exp.facts).describe(cfg.train))
         log(launch_line(cfg, *plan_graph(cfg, dist.device, dist.world_size)))
     return cfg
 
@@ -628,11 +621,11 @@ def _data_line(ds: Dataset, split: Split) -> str:
 
 def _model_line(cfg: Config, model: InterestModel) -> str:
     """The model, its size and its objective (``cfg`` resolved: the width and the softmax are the
-    catalogue's, ModelSpec.large_catalogue)."""
+    catalogue's, recsys.run.settings)."""
     m, t = cfg.model, cfg.train
     positions = "every position" if t.targets == "all" else "the last position"
     clicks = f"its next {t.horizon} clicks" if t.horizon > 1 else "its next click"
-    loss = "exact softmax" if t.full_softmax else f"sampled softmax, {shared_negatives(t):,} negatives"
+    loss = "exact softmax" if t.full_softmax else f"sampled softmax, {t.num_negatives:,} negatives"
     return (
         f"model: {m.name}, K = {getattr(model, 'num_interests', 1)}, {m.dim} wide, "
         f"{sum(p.numel() for p in model.parameters()):,} parameters"
@@ -676,7 +669,7 @@ def _run(
             metrics.update(interest_health(model, valid, item_category=ds.item_category, planted=planted))
         return metrics
 
-    key = objective(cfg.eval)
+    key = cfg.eval.objective
     state = _LoopState()
     if model.trainable:
         with track_metrics(rd, cfg.train.tensorboard and dist.is_main):
@@ -777,7 +770,7 @@ class _Loop:
                 min_target=t.min_target,
                 horizon=t.horizon,
             )
-        plan = plan_training(t, cfg.model.name, split.train_indptr, dist.world_size)
+        plan = plan_training(t, exp.facts)
         if dist.is_main:
             log(plan.describe(t))
         step_fn = TrainStep(

@@ -8,15 +8,16 @@ import torch
 
 from recsys.config import ConfigError, load_config
 from recsys.data.batches import TrainSampler, WindowSampler
-from recsys.models import build_model, model_names, resolve, spec_for
+from recsys.models import build_model, model_names, spec_for
 from recsys.train.trainer import TrainStep
+from tests.conftest import resolved
 
 DENSE = [name for name in model_names() if spec_for(name).dense]
 NUM_ITEMS, MAX_LEN = 40, 7
 
 
 def _step(name: str, targets: str, *extra: str) -> TrainStep:
-    cfg = resolve(
+    cfg = resolved(
         load_config(
             None,
             [
@@ -132,14 +133,14 @@ def test_last_prefix_equals_interests(name, positions):
 @pytest.mark.parametrize("name", sorted(set(model_names()) - set(DENSE)))
 def test_models_that_cannot_train_densely_are_refused_by_name(name):
     with pytest.raises(ConfigError, match=f'train.targets="all": {name} cannot train on every position'):
-        resolve(load_config(None, [f"model.name={name}", "train.targets=all"]))
-    assert resolve(load_config(None, [f"model.name={name}"])).train.targets == "last"
+        resolved(load_config(None, [f"model.name={name}", "train.targets=all"]))
+    assert resolved(load_config(None, [f"model.name={name}"])).train.targets == "last"
 
 
 def test_the_attention_regulariser_is_refused_with_dense_training():
     with pytest.raises(ConfigError, match=r'train.attention_reg=1: .*dense training \(train.targets="all"\)'):
-        resolve(load_config(None, ["model.name=comirec_sa", "train.targets=all", "train.attention_reg=1"]))
-    assert resolve(load_config(None, ["model.name=comirec_sa", "train.attention_reg=1"])).train.attention_reg == 1
+        resolved(load_config(None, ["model.name=comirec_sa", "train.targets=all", "train.attention_reg=1"]))
+    assert resolved(load_config(None, ["model.name=comirec_sa", "train.attention_reg=1"])).train.attention_reg == 1
 
 
 def test_window_sampler_windows_are_contiguous_and_shifted_by_one():
@@ -217,18 +218,20 @@ def test_a_horizon_is_the_mean_over_its_clicks_and_skips_missing_ones(name, targ
 def test_the_automatic_horizon_follows_the_share_of_tied_timestamps():
     with pytest.raises(ConfigError, match=r"train.horizon: must be >= 1 \(or -1: automatic\), got 0"):
         load_config(None, ["train.horizon=0"])
-    assert resolve(load_config(None, ["model.name=mind", "train.horizon=5"]), tied_share=0.0).train.horizon == 5
+    assert resolved(load_config(None, ["model.name=mind", "train.horizon=5"]), tied_share=0.0).train.horizon == 5
     for name in ("comirec_sa", "sasrec_mi"):
         cfg = load_config(None, [f"model.name={name}"])
-        assert resolve(cfg).train.horizon == -1  # waits for the data
-        assert resolve(cfg, tied_share=0.0).train.horizon == 1
-        assert resolve(cfg, tied_share=0.25).train.horizon == 5
-        assert resolve(cfg, tied_share=0.2).train.horizon == 1
-        assert resolve(cfg, tied_share=0.51).train.horizon == 5
+        assert resolved(cfg, tied_share=0.0).train.horizon == 1
+        assert resolved(cfg, tied_share=0.25).train.horizon == 5
+        assert resolved(cfg, tied_share=0.2).train.horizon == 1
+        assert resolved(cfg, tied_share=0.51).train.horizon == 5
     for name in ("sasrec", "gru4rec", "mind", "comirec_dr"):  # no measured gain: the next click
-        assert resolve(load_config(None, [f"model.name={name}"])).train.horizon == 1
-    with pytest.raises(ValueError, match=r"TrainStep: train.horizon still automatic: resolve the config"):
-        _step("comirec_sa", "last", "train.horizon=-1")  # resolved without the data's tied share
+        assert resolved(load_config(None, [f"model.name={name}"]), tied_share=1.0).train.horizon == 1
+    cfg = resolved(load_config(None, ["model.name=comirec_sa", "model.dim=16", "model.backend=torch"]), NUM_ITEMS)
+    cfg.train.horizon = -1  # as if written back after resolving
+    model = build_model(cfg.model, NUM_ITEMS, MAX_LEN)
+    with pytest.raises(ValueError, match=r"TrainStep: train.horizon still automatic; resolve the config"):
+        TrainStep(model, cfg, torch.device("cpu"), torch.ones(NUM_ITEMS), torch.Generator())
 
 
 def test_tied_share_counts_equal_times_within_a_user_only():
@@ -276,7 +279,7 @@ def test_runs_saved_before_dense_training_load_as_trained(tiny_run, tmp_path):
     saved["model"]["name"] = "sasrec"
     del saved["train"]["targets"]
     assert run_config_from_dict(saved).train.targets == "last"
-    assert resolve(load_config(None, ["model.name=sasrec"])).train.targets == "all"
+    assert resolved(load_config(None, ["model.name=sasrec"])).train.targets == "all"
 
     import recsys
     from recsys.io import manifest
@@ -296,8 +299,8 @@ def test_runs_saved_before_dense_training_load_as_trained(tiny_run, tmp_path):
 def test_the_memory_estimate_counts_a_target_at_every_position():
     from recsys.train.memory import estimate_bytes
 
-    last = resolve(load_config(None, ["model.name=sasrec", "train.targets=last", "data.max_len=50"]))
-    dense = resolve(load_config(None, ["model.name=sasrec", "data.max_len=50"]))
+    last = resolved(load_config(None, ["model.name=sasrec", "train.targets=last", "data.max_len=50"]), 50_001)
+    dense = resolved(load_config(None, ["model.name=sasrec", "data.max_len=50"]), 50_001)
     parts = [estimate_bytes(cfg, 10_000, 50_001, 1)["training step activations"] for cfg in (last, dense)]
     # 49 more positions of logits over the 1,280 shared negatives (and their gradients), 4 bytes each
     assert parts[1] - parts[0] >= 2 * 128 * 49 * 1281 * 4
@@ -307,7 +310,9 @@ def test_the_memory_estimate_counts_every_following_click():
     from recsys.train.memory import estimate_bytes
 
     one, five = (
-        estimate_bytes(resolve(load_config(None, ["model.name=comirec_sa", f"train.horizon={h}"])), 10_000, 50_001, 4)
+        estimate_bytes(
+            resolved(load_config(None, ["model.name=comirec_sa", f"train.horizon={h}"]), 50_001), 10_000, 50_001, 4
+        )
         for h in (1, 5)
     )
     # four more rows a history of logits over the 1,280 shared negatives (and their gradients), 4 bytes each
@@ -342,7 +347,7 @@ def test_the_captured_step_follows_the_eager_step(name, targets, horizon, extra)
     batches = [tuple(torch.from_numpy(x).to(cuda) for x in draws.sample(128)) for _ in range(6)]
     losses = {}
     for graph in ("false", "true"):
-        cfg = resolve(
+        cfg = resolved(
             load_config(
                 None,
                 [
@@ -357,7 +362,7 @@ def test_the_captured_step_follows_the_eager_step(name, targets, horizon, extra)
                 ],
             ),
             500,
-            fused_softmax=True,  # what CUDA under autocast resolves (recsys.train.plan.fused_exact_softmax)
+            device="cuda",  # the exact softmax on its fused kernel (recsys.run.settings.fused_exact_softmax)
         )
         torch.manual_seed(0)
         model = build_model(cfg.model, 500, 50).to(cuda)

@@ -276,12 +276,12 @@ def test_automatic_item_updates_follow_the_catalogue_and_the_softmax(tmp_path, o
 
 
 def test_automatic_item_updates_are_sparse_from_the_measured_catalogue_size(tmp_path):
-    from recsys.models.spec import SPARSE_ITEMS, resolve
+    from recsys.models.spec import SPARSE_ITEMS
+    from tests.conftest import resolved
 
     cfg = _cfg(tmp_path)
-    assert resolve(cfg, SPARSE_ITEMS + 1).train.item_updates == "sparse"
-    assert resolve(cfg, SPARSE_ITEMS).train.item_updates == "dense"
-    assert resolve(cfg).train.item_updates == "auto"  # until the catalogue is known
+    assert resolved(cfg, SPARSE_ITEMS + 1).train.item_updates == "sparse"
+    assert resolved(cfg, SPARSE_ITEMS).train.item_updates == "dense"
 
 
 def test_sparse_item_updates_refuse_a_loss_that_reads_every_row(tmp_path):
