@@ -184,7 +184,7 @@ def _step(num_items: int, updates: str, device: torch.device, threads_note: list
         None,
         [
             "model.name=comirec_sa",
-            "train.horizon=1",
+            "train.predict_next=1",
             f"train.item_updates={updates}",
             f"train.device={device.type}",
         ],

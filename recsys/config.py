@@ -21,6 +21,7 @@ import math
 import sys
 import types
 import typing
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,40 @@ KERNEL_BACKENDS = ("auto", "triton", "torch")  # model.backend: recsys.kernels.c
 
 class ConfigError(ValueError):
     """A config file or override is invalid; the message names the offending key."""
+
+
+# keys that were renamed, old name -> new name: a config file, `--set` or `values=` may still use the old name
+# (read with a one-line warning naming the new one), and a saved run's config.json loads as it is
+RENAMED = {
+    "train.targets": "train.predict_at",
+    "train.horizon": "train.predict_next",
+    "train.negative_scores": "train.negative_readout",
+}
+
+
+def _new_name(key: str, warn: bool = True) -> str:
+    """``key``, or its new name where it was renamed (with a warning naming it when ``warn``)."""
+    new = RENAMED.get(key)
+    if new is None:
+        return key
+    if warn:
+        warnings.warn(f"{key} is now {new}; the old name still works for now", FutureWarning, stacklevel=4)
+    return new
+
+
+def renamed(tree: Mapping[str, Any], *, warn: bool = True) -> dict[str, Any]:
+    """A copy of the nested config ``tree`` (a parsed TOML file, a ``config.json``) with renamed keys
+    under their new names (:data:`RENAMED`); both names of one key is a :class:`ConfigError`."""
+    out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in tree.items()}
+    for old, new in RENAMED.items():
+        (section, leaf), (_, new_leaf) = old.split("."), new.split(".")
+        table = out.get(section)
+        if isinstance(table, dict) and leaf in table:
+            if new_leaf in table:
+                raise ConfigError(f"{old} and {new} are one setting (its old and new name); keep {new}")
+            table[new_leaf] = table.pop(leaf)
+            _new_name(old, warn)
+    return out
 
 
 # ComiRec's greedy diversity penalty: above this, λ·(picks in a category) dwarfs any inner
@@ -167,13 +202,15 @@ class TrainConfig:
     seed: int = 42
     log_every: int = 100
     min_target: int = 4  # earliest target position in a training sequence (ComiRec's code: 4)
-    # what a training window teaches: "last" = one target per sampled history (ComiRec's sampler) | "all" =
-    # every position of a window predicts the next click (dense) | "auto" = the model's default (its spec)
-    targets: str = AUTO
-    # clicks each target position predicts: 1 = the next one | m > 1 = each of the next m clicks, read out against
-    # the same interests (PinnerFormer's all-action objective) | -1 (the default): the model's value where the
-    # data's timestamps leave the order of consecutive clicks open, else 1 (recsys.run.settings)
-    horizon: int = -1
+    # which positions of a training window predict (formerly train.targets): "last" = the last one, one target
+    # per sampled history (ComiRec's sampler) | "all" = every position predicts what follows it (dense) |
+    # "auto" = the model's default (its spec)
+    predict_at: str = AUTO
+    # how many following clicks each predicting position predicts (formerly train.horizon): 1 = the next one |
+    # m > 1 = each of the next m clicks, read out against the same interests (PinnerFormer's all-action
+    # objective) | -1 (the default): the model's value where the data's timestamps leave the order of
+    # consecutive clicks open, else 1 (recsys.run.settings)
+    predict_next: int = -1
     cpu_threads: int = 0  # torch intra-op threads on CPU; 0 keeps torch's default
     # also write every metrics.jsonl scalar as TensorBoard events (RUN/tensorboard/; extra track)
     tensorboard: bool = False
@@ -184,10 +221,10 @@ class TrainConfig:
     # K > 1: the readout blends from a softmax over interests to ComiRec's argmax over these steps;
     # -1 (the default): the model's automatic value (recsys.models.spec)
     soft_readout_steps: int = -1
-    # who scores a row's negatives (K > 1): "readout" = the interest the readout chose for its target
-    # (ComiRec) | "max" = each negative's best-matching interest, the score retrieval ranks by | "auto" = the
-    # model's default (its spec)
-    negative_scores: str = AUTO
+    # which interest scores a row's negatives, K > 1 (formerly train.negative_scores): "readout" = the one the
+    # readout chose for the row's target (ComiRec) | "max" = each negative's best-matching interest, the score
+    # retrieval ranks by | "auto" = the model's default (its spec)
+    negative_readout: str = AUTO
     hard_negatives: float = 0.0  # share of the sampled negatives drawn near the batch's interests (exact logQ)
     # how a step updates the item table: "sparse" = only the rows its batch touches, with per-row Adam state
     # (recsys.train.sparse_rows) | "dense" = the whole table through torch.optim | "auto" (the default): sparse
@@ -338,7 +375,8 @@ def _set_override(cfg: Config, assignment: str) -> None:
     if "=" not in assignment:
         raise ConfigError(f"override '{assignment}' is not of the form section.key=value")
     path, text = assignment.split("=", 1)
-    parts = path.strip().split(".")
+    path = _new_name(path.strip())
+    parts = path.split(".")
     obj: Any = cfg
     for i, part in enumerate(parts[:-1]):
         if not dataclasses.is_dataclass(obj) or part not in {f.name for f in dataclasses.fields(obj)}:
@@ -364,7 +402,7 @@ def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
 def config_from_dict(values: dict[str, Any]) -> Config:
     """Build a config from nested plain data (a parsed TOML file or a saved ``config.json``)."""
     cfg = Config()
-    _apply(cfg, values, "")
+    _apply(cfg, renamed(values), "")
     validate(cfg)
     return cfg
 
@@ -374,7 +412,7 @@ def with_values(cfg: Config, values: Mapping[str, Any]) -> Config:
     e.g. ``{"train.lr": 0.01}``); unknown keys and bad values raise :class:`ConfigError` naming the key.
     Automatic values (:data:`AUTOMATIC`) stay automatic until the experiment is built
     (:func:`recsys.run.settings.resolve`), so they follow a changed ``model.name``."""
-    return config_from_dict(_set_dotted(cfg.to_dict(), values))
+    return config_from_dict(_set_dotted(cfg.to_dict(), {_new_name(str(k)): v for k, v in values.items()}))
 
 
 def _set_dotted(tree: dict[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
@@ -424,13 +462,13 @@ def load_config(
         table.pop(REGISTRY_TABLE, None)
         table.pop(TUNE_TABLE, None)
         try:
-            _apply(cfg, table, "")
+            _apply(cfg, renamed(table), "")
         except ConfigError as err:
             raise ConfigError(f"{path}: {err}") from None
     for assignment in overrides or []:
         _set_override(cfg, assignment)
     if values:
-        _apply(cfg, _set_dotted({}, values), "")
+        _apply(cfg, _set_dotted({}, {_new_name(str(k)): v for k, v in values.items()}), "")
     validate(cfg)
     return cfg
 
@@ -445,8 +483,8 @@ _CHOICES = {
     "model.backend": KERNEL_BACKENDS,
     "train.optimizer": ("adam", "adamw"),
     "train.sampler": ("uniform", "log_uniform", "unigram"),
-    "train.negative_scores": (AUTO, "readout", "max"),
-    "train.targets": (AUTO, "last", "all"),
+    "train.negative_readout": (AUTO, "readout", "max"),
+    "train.predict_at": (AUTO, "last", "all"),
     "train.item_updates": (AUTO, "sparse", "dense"),
     "train.device": ("auto", "cpu", "cuda"),
     "retrieval.backend": ("auto", "faiss", "torch"),
@@ -517,10 +555,10 @@ AUTOMATIC: dict[str, Any] = {
     "model.hidden": 0,
     "train.weight_decay": -1.0,
     "train.num_negatives": 0,
-    "train.targets": AUTO,
-    "train.horizon": -1,
+    "train.predict_at": AUTO,
+    "train.predict_next": -1,
     "train.full_softmax": AUTO,
-    "train.negative_scores": AUTO,
+    "train.negative_readout": AUTO,
     "train.attention_reg": -1.0,
     "train.soft_readout_steps": -1,
     "train.item_updates": AUTO,
@@ -595,8 +633,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"train.lr_drop_factor: must be in (0, 1), got {cfg.train.lr_drop_factor!r}")
     if not 0.0 <= cfg.train.ema_decay < 1.0:
         raise ConfigError(f"train.ema_decay: must be in [0, 1) (0: no averaging), got {cfg.train.ema_decay!r}")
-    if cfg.train.horizon < 1 and not is_automatic(cfg, "train.horizon"):
-        raise ConfigError(f"train.horizon: must be >= 1 (or -1: automatic), got {cfg.train.horizon!r}")
+    if cfg.train.predict_next < 1 and not is_automatic(cfg, "train.predict_next"):
+        raise ConfigError(f"train.predict_next: must be >= 1 (or -1: automatic), got {cfg.train.predict_next!r}")
     if cfg.train.lr_drops and not cfg.train.patience:
         raise ConfigError("train.lr_drops: needs train.patience > 0 (the plateau it waits for)")
     if cfg.train.full_softmax not in SWITCH_VALUES:

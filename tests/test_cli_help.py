@@ -56,4 +56,4 @@ def test_recsys_config_lists_every_key_as_a_file_config_takes_back(tmp_path, cap
     (tmp_path / "c.toml").write_text(text)
     given = load_config(None, ["model.dim=32", "model.name=sasrec"])
     assert load_config([tmp_path / "c.toml"]) == given  # the config as given: the data decides what is automatic
-    assert listed["model"]["dropout"] == -1 and listed["train"]["targets"] == "auto"
+    assert listed["model"]["dropout"] == -1 and listed["train"]["predict_at"] == "auto"

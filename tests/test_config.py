@@ -81,7 +81,7 @@ def test_default_config_is_valid():
     cfg = Config()
     validate(cfg)
     assert cfg == load_config(None, [])
-    assert (cfg.model.score_cap, cfg.train.targets) == (-1.0, "auto")  # left for the model spec to resolve
+    assert (cfg.model.score_cap, cfg.train.predict_at) == (-1.0, "auto")  # left for the model spec to resolve
 
 
 @pytest.mark.parametrize(
@@ -204,7 +204,7 @@ def test_memory_estimate_names_the_number_and_passes_sane_configs():
     assert check_fits(cfg, model, 4001, torch.device("cpu"), available=1 * gib) < 1 * gib
     cfg = _resolve(
         load_config(
-            None, ["model.backend=torch", "model.num_interests=64", "train.batch_size=65536", "train.horizon=1"]
+            None, ["model.backend=torch", "model.num_interests=64", "train.batch_size=65536", "train.predict_next=1"]
         )
     )
     model = build_model(cfg.model, 4001, cfg.data.max_len)
@@ -328,8 +328,8 @@ def test_saved_runs_without_item_updates_or_a_validation_sample_load_as_trained(
 
 @pytest.mark.parametrize("name", model_names())
 def test_saved_runs_without_a_horizon_load_as_trained(name):
-    """A config.json written before train.horizon existed predicted the next click only."""
+    """A config.json written before train.predict_next existed predicted the next click only."""
     saved = Config().to_dict()
     saved["model"]["name"] = name
-    del saved["train"]["horizon"]
-    assert run_config_from_dict(saved).train.horizon == 1
+    del saved["train"]["predict_next"]
+    assert run_config_from_dict(saved).train.predict_next == 1

@@ -2,7 +2,7 @@
 automatic value (:data:`recsys.config.AUTOMATIC`), and what it returns holds none.
 
 The walk reads every module of the package (``ast``) and fails on a comparison of a config key
-with the value that says "automatic": ``x.horizon == -1``, ``x.targets != AUTO``,
+with the value that says "automatic": ``x.predict_next == -1``, ``x.predict_at != AUTO``,
 ``x.weight_decay >= 0`` (the "set or automatic?" test of a key whose automatic value is -1), and
 ``x.hidden or 4 * d`` (a key whose automatic value is 0, replaced where it is read).
 """
@@ -27,7 +27,7 @@ CHECKS = (ast.If, ast.IfExp, ast.While, ast.Assert)
 
 
 def _watched(node: ast.AST) -> str | None:
-    """The config key leaf that ``node`` reads (``cfg.train.horizon`` -> ``horizon``), if watched."""
+    """The config key leaf that ``node`` reads (``cfg.train.predict_next`` -> ``horizon``), if watched."""
     return node.attr if isinstance(node, ast.Attribute) and node.attr in SENTINELS else None
 
 
@@ -104,8 +104,8 @@ def test_only_the_resolver_reads_an_automatic_value():
 @pytest.mark.parametrize(
     "snippet",
     [
-        "horizon = t.horizon if t.horizon != -1 else 5",
-        "if cfg.train.targets == AUTO: pass",
+        "horizon = t.predict_next if t.predict_next != -1 else 5",
+        "if cfg.train.predict_at == AUTO: pass",
         "exact = config.AUTO != cfg.train.full_softmax",
         'if ev.objective == "auto": pass',
         "decay = t.weight_decay if t.weight_decay >= 0 else 0.1",
@@ -125,8 +125,8 @@ def test_the_walk_catches_a_sentinel_read(snippet):
     "snippet",
     [
         "soft = t.soft_readout_steps > 0 and k > 1",  # 0 is a plain value of a key automatic at -1
-        'dense = t.targets == "all"',
-        "per_target = x.repeat_interleave(t.horizon) if t.horizon > 1 else x",
+        'dense = t.predict_at == "all"',
+        "per_target = x.repeat_interleave(t.predict_next) if t.predict_next > 1 else x",
         "if t.hard_negatives and not t.full_softmax: pass",
         "if targets == AUTO: pass",  # a name, not a config key
         "n = t.batch_size or 1",
@@ -157,8 +157,8 @@ def test_the_facts_decide_the_data_driven_values():
     cfg = load_config(None, ["model.name=sasrec_mi", "train.lr=0.002", "train.batch_size=100"])
     small = resolve(cfg, Facts.of_lengths([14] * 1000, num_items=1_351, tied_share=0.0))
     large = resolve(cfg, Facts.of_lengths([14] * 1000, num_items=12_103, tied_share=0.5))
-    assert (small.model.dim, small.model.dropout, small.train.horizon) == (64, 0.3, 1)
-    assert (large.model.dim, large.model.dropout, large.train.horizon) == (128, 0.2, 5)
+    assert (small.model.dim, small.model.dropout, small.train.predict_next) == (64, 0.3, 1)
+    assert (large.model.dim, large.model.dropout, large.train.predict_next) == (128, 0.2, 5)
     assert small.model.hidden == 4 * 64 and large.model.hidden == 4 * 128
     assert small.train.num_negatives == 10 * 100
     # 1,000 sequences of 14 clicks, 10 targets each: 100 steps an epoch, shrinking by epoch_decay a pass
@@ -168,7 +168,9 @@ def test_the_facts_decide_the_data_driven_values():
     adam = resolve(load_config(None, ["model.name=sasrec_mi", "train.optimizer=adam"]), FACTS)
     assert adam.train.weight_decay == 0.0
     dense = resolve(load_config(None, ["model.name=sasrec"]), FACTS)
-    assert dense.train.targets == "all" and dense.train.weight_decay == 0.0 and math.isfinite(dense.train.weight_decay)
+    assert (
+        dense.train.predict_at == "all" and dense.train.weight_decay == 0.0 and math.isfinite(dense.train.weight_decay)
+    )
 
 
 def test_resolve_refuses_a_setting_the_model_does_not_read():
@@ -193,3 +195,55 @@ def test_saved_configs_carry_their_version():
     assert run_config_from_dict(current) == resolve(load_config(None, []), FACTS)
     with pytest.raises(ConfigError, match="config_version: 3 is newer than this recsys reads"):
         run_config_from_dict({**current, "config_version": CONFIG_VERSION + 1})
+
+
+def test_renamed_keys_still_load_under_their_old_names(tmp_path):
+    """train.targets, train.horizon and train.negative_scores are now train.predict_at,
+    train.predict_next and train.negative_readout: a file, --set or values= with an old name is read
+    with one warning naming the new key; both names at once is an error."""
+    from recsys.config import RENAMED, with_values
+
+    assert set(RENAMED) == {"train.targets", "train.horizon", "train.negative_scores"}
+    with pytest.warns(FutureWarning, match=r"^train.targets is now train.predict_at; the old name still works"):
+        assert load_config(None, ["train.targets=all"]).train.predict_at == "all"
+    path = tmp_path / "old.toml"
+    path.write_text('[train]\nhorizon = 3\nnegative_scores = "max"\n')
+    with pytest.warns(FutureWarning) as caught:
+        cfg = load_config(path)
+    assert (cfg.train.predict_next, cfg.train.negative_readout) == (3, "max")
+    assert sorted(str(w.message).split(" is now ")[1].split(";")[0] for w in caught) == [
+        "train.negative_readout",
+        "train.predict_next",
+    ]
+    with pytest.warns(FutureWarning, match="train.horizon is now train.predict_next"):
+        assert with_values(cfg, {"train.horizon": 5}).train.predict_next == 5
+    with pytest.warns(FutureWarning, match="train.horizon is now train.predict_next"):
+        assert load_config(None, values={"train.horizon": 2}).train.predict_next == 2
+    path.write_text("[train]\nhorizon = 3\npredict_next = 2\n")
+    with pytest.raises(ConfigError, match="train.horizon and train.predict_next are one setting"):
+        load_config(path)
+
+
+def test_a_run_saved_under_the_old_names_loads_and_evaluates_as_trained(tiny_run, tmp_path, recwarn):
+    """A run folder whose config.json holds the old names (and no config_version) loads without a
+    warning, with the values it was trained with, and evaluates as the run itself does."""
+    import json
+    import shutil
+
+    import recsys
+    from recsys.io import manifest
+
+    old = tmp_path / "old"
+    shutil.copytree(tiny_run, old)
+    path = old / "config.json"
+    values = json.loads(path.read_text())
+    train = values["train"]
+    train["targets"], train["horizon"] = train.pop("predict_at"), train.pop("predict_next")
+    train["negative_scores"] = train.pop("negative_readout")
+    del values["config_version"]
+    path.write_text(json.dumps(values))
+    manifest.record(old, path)  # an old run's manifest matched its config
+    run, trained = recsys.Run.load(old), recsys.Run.load(tiny_run)
+    assert not [w for w in recwarn if issubclass(w.category, FutureWarning)]
+    assert run.config == trained.config
+    assert run.evaluate("test") == trained.evaluate("test")

@@ -70,7 +70,7 @@ def test_tune_prunes_resumes_and_writes_a_config_that_trains(tmp_path, capsys):
         expected[section][leaf] = saved[section][leaf]
     assert saved == expected
     # from the synthetic data's untied times, the catalogue's size and the steps per epoch
-    assert saved["train"]["horizon"] == 1 and saved["train"]["item_updates"] == "dense"
+    assert saved["train"]["predict_next"] == 1 and saved["train"]["item_updates"] == "dense"
     assert saved["train"]["weight_decay"] > 0
     valid = max(r["recall@50"] for r in retrained.read_metrics() if r.get("split") == "valid")
     assert valid == pytest.approx(best.value)  # the same seed trains the same model

@@ -76,7 +76,7 @@ def gather_rows(items: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tupl
     return out_indptr, items[offsets + np.arange(out_indptr[-1])].astype(np.int64)
 
 
-class _Draws:
+class _SequenceSampler:
     """What both samplers share: the CSR sequences, the rows long enough to draw from, the
     horizon and the random stream (whose state checkpoints carry).
 
@@ -128,7 +128,7 @@ class _Draws:
         self.rng.bit_generator.state = state
 
 
-class TrainSampler(_Draws):
+class TrainSampler(_SequenceSampler):
     """ComiRec's training samples: a uniformly random user with more than ``min_target``
     clicks, a uniformly random target position ``t`` in ``[min_target, n - 1]`` of that user's
     sequence, and the up-to-``max_len`` clicks before ``t`` as the history. With ``horizon`` m > 1
@@ -136,7 +136,7 @@ class TrainSampler(_Draws):
     out against the same interests: PinnerFormer's "all-action" objective, closer to what the
     ComiRec protocol scores (the whole rest of a sequence) than the next click alone.
 
-    Args: those of :class:`_Draws`, and ``min_target``: the earliest target position (default 1:
+    Args: those of :class:`_SequenceSampler`, and ``min_target``: the earliest target position (default 1:
     any click with a history; ComiRec's reference code uses 4).
     """
 
@@ -167,7 +167,7 @@ class TrainSampler(_Draws):
         return seq, lengths, targets[:, 0] if self.horizon == 1 else targets
 
 
-class WindowSampler(_Draws):
+class WindowSampler(_SequenceSampler):
     """Dense training windows: a uniformly random user with at least two clicks, a uniformly
     random end ``e`` in ``[2, n]`` of that user's sequence, and the up-to-``max_len + 1`` clicks
     before ``e`` as one window. Position ``t`` of the window's inputs (clicks ``0..n_w - 2``)
@@ -177,7 +177,7 @@ class WindowSampler(_Draws):
     With ``horizon`` m > 1, position ``t`` predicts each of clicks ``t + 1 .. t + m`` of the
     user's sequence (reaching past the window's end, fewer at the sequence's end).
 
-    Args: those of :class:`_Draws` (``min_target`` does not apply: every click with one before it
+    Args: those of :class:`_SequenceSampler` (``min_target`` does not apply: every click with one before it
     is a target somewhere).
     """
 

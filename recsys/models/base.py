@@ -40,7 +40,7 @@ class InterestModel(nn.Module):
         raise NotImplementedError
 
     def prefix_interests(self, seq: Tensor, lengths: Tensor) -> Tensor:
-        """Interests at every prefix, for dense training (``train.targets = "all"``):
+        """Interests at every prefix, for dense training (``train.predict_at = "all"``):
         ``seq [B, L]``, ``lengths [B]`` -> ``[B, L, K, d]`` where ``[:, t]`` depends on clicks
         ``0..t`` only and equals :meth:`interests` of the sequence cut after click ``t``
         (up to the positions' reference point, see the model). Positions ``t >= length`` are 0.

@@ -74,9 +74,9 @@ SPEC = register(
         automatic=Automatic(
             score_cap=1.0,
             soft_readout_steps=1000,
-            negative_scores="max",
+            negative_readout="max",
             attention_reg=1.0,
-            horizon=5,  # where the data leaves the order of its clicks open (recsys.models.spec.TIED_ORDER)
+            predict_next=5,  # where the data leaves the order of its clicks open (recsys.models.spec.TIED_ORDER)
             # the K interests share one space, which 64 wide crowds on a large catalogue (docs/models.md)
             large_dim=128,
         ),

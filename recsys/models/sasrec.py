@@ -34,7 +34,7 @@ class SASRec(SequenceModel):
     ``4d``, no ``sqrt(d)`` embedding scale, no attention-probability dropout, and the loss is the
     trainer's softmax (by default exact below 100,000 items on CUDA and 10,000 on the CPU, sampled
     above: ``train.full_softmax``)
-    at every position of the window (``train.targets = "all"``, its default) rather than BCE with one negative.
+    at every position of the window (``train.predict_at = "all"``, its default) rather than BCE with one negative.
     """
 
     def __init__(self, num_items: int, cfg: ModelConfig, max_len: int):
@@ -105,7 +105,7 @@ SASREC = register(
         tune_space=DROPOUT_SPACE,
         # a causal encoder learns from every position; dropout, not weight decay, regularises it; the
         # exact softmax where it is cheap (docs/results.md, "Dense training")
-        automatic=Automatic(targets="all", dropout=0.4, epoch_decay=0.0, full_softmax=True),
+        automatic=Automatic(predict_at="all", dropout=0.4, epoch_decay=0.0, full_softmax=True),
     )
 )
 SASREC_MI = register(
@@ -122,9 +122,9 @@ SASREC_MI = register(
             score_cap=1.0,
             dropout=0.3,
             soft_readout_steps=1000,
-            negative_scores="max",
+            negative_readout="max",
             attention_reg=1.0,
-            horizon=5,  # where the data leaves the order of its clicks open (recsys.models.spec.TIED_ORDER)
+            predict_next=5,  # where the data leaves the order of its clicks open (recsys.models.spec.TIED_ORDER)
             large_dim=128,
             large_dropout=0.2,
         ),

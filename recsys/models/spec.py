@@ -43,7 +43,7 @@ LARGE_CATALOGUE = 10_000
 # 4.8x at 12k (docs/results.md, "Dense training")
 FUSED_EXACT_SOFTMAX_ITEMS = 100_000
 EXACT_SOFTMAX_ITEMS = 10_000
-# a spec's horizon (Automatic.horizon) above 1 holds where at least this share of a user's consecutive clicks share
+# a spec's Automatic.predict_next above 1 holds where at least this share of a user's consecutive clicks share
 # a timestamp (Dataset.tied_share): their order is not in the data, so "the next click" is the file's
 # row order, and predicting each of the next few gained 2-6% for the multi-interest models on MovieLens
 # 100K (51% tied) and Amazon Beauty (44%); on taobao (row order, no ties) it lost 21-25%. The cut lies
@@ -59,10 +59,10 @@ SPARSE_ITEMS = 200_000
 MULTI_INTEREST_SPACE: dict[str, Any] = {
     "model.num_interests": [1, 2, 4, 8],
     "train.soft_readout_steps": [0, 1000, 5000],
-    "train.negative_scores": ["readout", "max"],
+    "train.negative_readout": ["readout", "max"],
     # the next click or the next 5: the automatic value picks by the timestamps (TIED_ORDER), a
     # rule from three logs (docs/results.md, "Predicting the next m clicks") that a search can check
-    "train.horizon": [1, 5],
+    "train.predict_next": [1, 5],
 }
 SELF_ATTENTIVE_SPACE: dict[str, Any] = {
     "model.score_cap": [0.5, 1.0, 2.0],  # 0 (no cap) lets a head collapse onto one click
@@ -85,13 +85,13 @@ class Automatic:
         dropout: ``model.dropout`` (of the transformer encoders).
         large_dropout: ``model.dropout`` from :data:`LARGE_CATALOGUE` items on (None: ``dropout``).
         score_cap: ``model.score_cap``.
-        targets: ``train.targets``.
-        horizon: ``train.horizon`` on data whose order is open (at least :data:`TIED_ORDER` of
+        predict_at: ``train.predict_at``.
+        predict_next: ``train.predict_next`` on data whose order is open (at least :data:`TIED_ORDER` of
             consecutive clicks tied); 1 elsewhere.
         full_softmax: ``train.full_softmax``: exact below :data:`FUSED_EXACT_SOFTMAX_ITEMS` items where
             the exact softmax runs on its fused kernel, below :data:`EXACT_SOFTMAX_ITEMS` elsewhere, and
             never with ``train.hard_negatives``.
-        negative_scores: ``train.negative_scores``.
+        negative_readout: ``train.negative_readout``.
         attention_reg: ``train.attention_reg`` with ``K > 1`` and last-position training (0 otherwise).
         soft_readout_steps: ``train.soft_readout_steps``.
         epoch_decay: the AdamW shrinkage per pass over the data that the automatic
@@ -103,10 +103,10 @@ class Automatic:
     dropout: float = 0.1
     large_dropout: float | None = None
     score_cap: float = 0.0
-    targets: str = "last"
-    horizon: int = 1
+    predict_at: str = "last"
+    predict_next: int = 1
     full_softmax: bool = False
-    negative_scores: str = "readout"
+    negative_readout: str = "readout"
     attention_reg: float = 0.0
     soft_readout_steps: int = 0
     epoch_decay: float = 0.15
@@ -127,7 +127,7 @@ class ModelSpec:
             multi-interest training switches apply).
         self_attentive: its interests read the clicks through differentiable attention scores
             (``train.attention_reg`` applies; ``interests_with_attention`` returns them).
-        dense: can train with ``train.targets = "all"`` (implements ``prefix_interests``).
+        dense: can train with ``train.predict_at = "all"`` (implements ``prefix_interests``).
         needs_item_counts: ``build`` needs the training click counts.
         trainable: has parameters to learn (MostPopular has none).
         automatic: what its automatic settings become (:class:`Automatic`).

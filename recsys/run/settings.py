@@ -18,9 +18,9 @@ The rules, each with the measurement behind it beside its constant in :mod:`recs
 - ``model.dim``, ``model.dropout``: the spec's, its large-catalogue values from
   :data:`~recsys.models.spec.LARGE_CATALOGUE` items on; ``model.score_cap``: the spec's;
   ``model.hidden``: :data:`~recsys.models.spec.HIDDEN_RATIO` times the width.
-- ``train.targets``, ``train.negative_scores``, ``train.soft_readout_steps``: the spec's;
+- ``train.predict_at``, ``train.negative_readout``, ``train.soft_readout_steps``: the spec's;
   ``train.attention_reg``: the spec's for ``K > 1`` and last-position training, else 0.
-- ``train.horizon``: the spec's where at least :data:`~recsys.models.spec.TIED_ORDER` of a user's
+- ``train.predict_next``: the spec's where at least :data:`~recsys.models.spec.TIED_ORDER` of a user's
   consecutive clicks share a timestamp (:attr:`Facts.tied_share`), else 1.
 - ``train.full_softmax``: the spec's exact softmax below
   :data:`~recsys.models.spec.FUSED_EXACT_SOFTMAX_ITEMS` items where it runs on its fused kernel
@@ -159,7 +159,7 @@ class Facts:
         return train.batch_size * self.world_size
 
     def epoch_steps(self, train: TrainConfig) -> int:
-        """Steps of one epoch, as many samples as training targets (``train.targets`` resolved):
+        """Steps of one epoch, as many samples as training targets (``train.predict_at`` resolved):
         every click with ``train.min_target`` before it, or with one before it under dense
         training, whose sample is a window of up to ``data.max_len`` targets (counted in targets, a
         dense epoch was some 15x fewer steps on MovieLens 100K, which ended dense runs still
@@ -169,8 +169,8 @@ class Facts:
 
 
 def min_target(train: TrainConfig) -> int:
-    """The earliest target position of a training sequence (``train.targets`` resolved)."""
-    return 1 if train.targets == "all" else train.min_target
+    """The earliest target position of a training sequence (``train.predict_at`` resolved)."""
+    return 1 if train.predict_at == "all" else train.min_target
 
 
 def fused_exact_softmax(cfg: Config, device: str) -> bool:
@@ -231,16 +231,16 @@ def resolve(cfg: Config, facts: Facts) -> Config:
     spec, t, n = spec_for(out.model.name), out.train, facts.num_items - 1
     auto = spec.automatic
     _set(out, "train.soft_readout_steps", auto.soft_readout_steps)
-    _set(out, "train.targets", auto.targets)
-    _set(out, "train.negative_scores", auto.negative_scores)
-    _set(out, "train.horizon", auto.horizon if facts.tied_share >= TIED_ORDER else 1)
+    _set(out, "train.predict_at", auto.predict_at)
+    _set(out, "train.negative_readout", auto.negative_readout)
+    _set(out, "train.predict_next", auto.predict_next if facts.tied_share >= TIED_ORDER else 1)
     # hard negatives are a sampling proposal: asking for them asks for the sampled softmax
     limit = FUSED_EXACT_SOFTMAX_ITEMS if fused_exact_softmax(out, facts.device) else EXACT_SOFTMAX_ITEMS
     _set(out, "train.full_softmax", auto.full_softmax and not t.hard_negatives and n < limit)
     reads_every_row = t.full_softmax is True or bool(t.hard_negatives)  # the exact softmax, the hard proposal
     _set(out, "train.item_updates", "sparse" if not reads_every_row and n >= SPARSE_ITEMS else "dense")
     several = spec.multi_interest and out.model.num_interests > 1  # a diversity term between interests
-    _set(out, "train.attention_reg", auto.attention_reg if several and t.targets == "last" else 0.0)
+    _set(out, "train.attention_reg", auto.attention_reg if several and t.predict_at == "last" else 0.0)
     _set(out, "train.num_negatives", NEGATIVES_PER_ROW * t.batch_size)
     decay = auto.epoch_decay / (t.lr * facts.epoch_steps(t)) if t.optimizer == "adamw" else 0.0
     _set(out, "train.weight_decay", decay)
@@ -261,7 +261,7 @@ def unresolved(cfg: Config) -> list[str]:
 def check(cfg: Config) -> None:
     """Refuse, naming the key, a value that the model does not read or cannot do: a switch of
     :data:`~recsys.models.spec.STRICT_SETTINGS` its spec does not list, ``train.attention_reg`` on a
-    model without attention scores or with dense training, ``train.targets = "all"`` on a model
+    model without attention scores or with dense training, ``train.predict_at = "all"`` on a model
     that cannot train densely, ``train.item_updates = "sparse"`` where every item row is read each
     step. Automatic values are skipped (they resolve to what fits), so this runs on the config as
     written, before the data is read, and again on the resolved one."""
@@ -284,15 +284,15 @@ def check(cfg: Config) -> None:
             f"train.attention_reg={reg:g} has no effect on {cfg.model.name} (only "
             f"{' and '.join(readers)} read their clicks through attention scores); set it to 0"
         )
-    if reg and t.targets == "all":
+    if reg and t.predict_at == "all":
         raise ConfigError(
             f"train.attention_reg={reg:g}: the attention regulariser reads one history's scores, "
-            'which dense training (train.targets="all") does not compute; set it to 0 or train.targets="last"'
+            'which dense training (train.predict_at="all") does not compute; set it to 0 or train.predict_at="last"'
         )
-    if t.targets == "all" and not spec.dense:
+    if t.predict_at == "all" and not spec.dense:
         dense = sorted(s.name for s in specs() if s.dense)
         raise ConfigError(
-            f'train.targets="all": {cfg.model.name} cannot train on every position of a window '
+            f'train.predict_at="all": {cfg.model.name} cannot train on every position of a window '
             f'(models that can: {", ".join(dense)}); use "last" or "auto"'
         )
     if t.item_updates == "sparse" and (t.full_softmax is True or t.hard_negatives):

@@ -184,9 +184,9 @@ class TrainStep:
         # the soft readout's warm-up (K > 1 only); afterwards the step is rebuilt with the plain argmax
         self.soft_phase = t.soft_readout_steps > 0 and model.num_interests > 1
         # negatives scored by each row's best-matching interest (K > 1 only; for K = 1 the same)
-        self.max_scores = t.negative_scores == "max" and model.num_interests > 1
+        self.max_scores = t.negative_readout == "max" and model.num_interests > 1
         self.amp = t.amp and device.type == "cuda"
-        self.dense = t.targets == "all"  # every position of a window is a target (resolved by the model spec)
+        self.dense = t.predict_at == "all"  # every position of a window is a target (resolved by the model spec)
         self.optimizer = make_optimizer(model, cfg, device, weight_decay, capturable=self.use_graph)
         self.loss_fn = torch.compile(self.loss, dynamic=False) if t.compile else self.loss
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -210,10 +210,10 @@ class TrainStep:
         self, seq: Tensor, lengths: Tensor, targets: Tensor, negatives: Tensor, hard_uniforms: Tensor, soft: Tensor
     ) -> LossOutput:
         """``seq [B, L]``, ``lengths [B]``, ``targets`` (``[B]``, or ``[B, L]`` with 0 at padding
-        when dense; a trailing ``[m]`` with ``train.horizon`` m > 1), ``negatives [S_base]``,
+        when dense; a trailing ``[m]`` with ``train.predict_next`` m > 1), ``negatives [S_base]``,
         ``hard_uniforms [S_hard]``, ``soft`` (0-d readout blend) on the device -> the loss.
 
-        Dense (``train.targets = "all"``): the interests at every prefix ``[B, L, K, d]`` become
+        Dense (``train.predict_at = "all"``): the interests at every prefix ``[B, L, K, d]`` become
         ``B·L`` rows, each read out against its own next click; padding positions are masked out
         of the loss (no gradient), and the hard-negative proposal reads each window's last prefix.
         With a horizon m > 1 every row repeats m times, once for each of its following clicks (a
@@ -245,8 +245,8 @@ class TrainStep:
                 proposal_interests = interests
             # each row's next m clicks, read out against the same interests; max-scored negatives
             # take the unrepeated interests and score each row once (recsys.train.losses.negative_logits)
-            per_target = interests.repeat_interleave(t.horizon, dim=0) if t.horizon > 1 else interests
-            mask = targets > 0 if self.dense or t.horizon > 1 else None
+            per_target = interests.repeat_interleave(t.predict_next, dim=0) if t.predict_next > 1 else interests
+            mask = targets > 0 if self.dense or t.predict_next > 1 else None
             item_emb = self.model.item_embeddings()  # [N, d]
             user = readout(per_target, item_emb[targets], soft=soft if self.soft_phase else 0.0)  # [R, d]
             if self.sampler is None:
@@ -290,7 +290,7 @@ class TrainStep:
         """Sampled softmax over the base negatives plus, with ``train.hard_negatives``, draws from
         :func:`interest_proposal` of ``proposal_interests [B, K, d]``; logQ is the exact expected
         count under the mixture. ``mask [R]`` drops padding rows (dense training) and missing
-        following clicks (``train.horizon``). ``catalogue_ids``: the catalogue's ids of
+        following clicks (``train.predict_next``). ``catalogue_ids``: the catalogue's ids of
         ``(targets, negatives)`` where those are renumbered rows of a row-sparse step."""
         t = self.cfg.train
         sampler = self.sampler
@@ -623,8 +623,8 @@ def _model_line(cfg: Config, model: InterestModel) -> str:
     """The model, its size and its objective (``cfg`` resolved: the width and the softmax are the
     catalogue's, recsys.run.settings)."""
     m, t = cfg.model, cfg.train
-    positions = "every position" if t.targets == "all" else "the last position"
-    clicks = f"its next {t.horizon} clicks" if t.horizon > 1 else "its next click"
+    positions = "every position" if t.predict_at == "all" else "the last position"
+    clicks = f"its next {t.predict_next} clicks" if t.predict_next > 1 else "its next click"
     loss = "exact softmax" if t.full_softmax else f"sampled softmax, {t.num_negatives:,} negatives"
     return (
         f"model: {m.name}, K = {getattr(model, 'num_interests', 1)}, {m.dim} wide, "
@@ -757,9 +757,9 @@ class _Loop:
         generator = torch.Generator(device=device)
         generator.manual_seed(t.seed + 1000 + dist.rank)
         batches: TrainSampler | WindowSampler
-        if t.targets == "all":
+        if t.predict_at == "all":
             batches = WindowSampler(
-                split.train_indptr, split.train_items, cfg.data.max_len, seed=t.seed + dist.rank, horizon=t.horizon
+                split.train_indptr, split.train_items, cfg.data.max_len, seed=t.seed + dist.rank, horizon=t.predict_next
             )
         else:
             batches = TrainSampler(
@@ -768,7 +768,7 @@ class _Loop:
                 cfg.data.max_len,
                 seed=t.seed + dist.rank,
                 min_target=t.min_target,
-                horizon=t.horizon,
+                horizon=t.predict_next,
             )
         plan = plan_training(t, exp.facts)
         if dist.is_main:

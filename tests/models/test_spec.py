@@ -44,7 +44,7 @@ def toy():
             name="toy_last_click",
             build=lambda cfg, n, max_len, counts: LastClick(n, cfg.dim),
             dense=True,
-            automatic=Automatic(targets="all", epoch_decay=0.3),
+            automatic=Automatic(predict_at="all", epoch_decay=0.3),
             tune_space={"model.dim": [8, 16]},
         )
     )
@@ -60,14 +60,14 @@ def _overrides(tmp_path, *extra: str) -> list[str]:
 def test_a_toy_model_trains_and_evaluates_through_the_public_functions(toy, tmp_path):
     assert spec_for("toy_last_click") is toy and "toy_last_click" in recsys.models.model_names()
     cfg = load_config(None, _overrides(tmp_path))
-    assert _resolve(cfg).train.targets == "all"  # its spec's automatic value
+    assert _resolve(cfg).train.predict_at == "all"  # its spec's automatic value
     run = recsys.fit(None, config=cfg, log=None)
-    assert run.config.train.targets == "all"
+    assert run.config.train.predict_at == "all"
     assert isinstance(run.model, LastClick)
     metrics = run.evaluate("test")
     assert 0.0 <= metrics["recall@50"] <= 1.0
     assert len(run.recommend(users=run.dataset.user_raw[:2].tolist(), n=5)) == 10
-    assert recsys.Run.load(run.path).config.train.targets == "all"  # the resolved value is what was saved
+    assert recsys.Run.load(run.path).config.train.predict_at == "all"  # the resolved value is what was saved
 
 
 def test_a_toy_model_tunes_through_the_public_functions(toy, tmp_path):
@@ -88,7 +88,7 @@ def test_a_toy_model_tunes_through_the_public_functions(toy, tmp_path):
 
 
 def test_the_automatic_weight_decay_reads_the_spec_s_epoch_decay(toy):
-    toy_cfg = _resolve(load_config(None, ["train.lr=0.002", "model.name=toy_last_click", "train.targets=last"]))
+    toy_cfg = _resolve(load_config(None, ["train.lr=0.002", "model.name=toy_last_click", "train.predict_at=last"]))
     default_cfg = _resolve(load_config(None, ["train.lr=0.002", "model.name=comirec_sa"]))
     assert toy_cfg.train.weight_decay == pytest.approx(default_cfg.train.weight_decay * 0.3 / 0.15)
 
@@ -103,16 +103,16 @@ def test_automatic_values_resolve_per_model_and_explicit_ones_are_kept():
         return _resolve(load_config(None, list(sets))).train
 
     k4 = train_of("model.name=comirec_sa")
-    assert (k4.negative_scores, k4.attention_reg, k4.targets) == ("max", 1.0, "last")
+    assert (k4.negative_readout, k4.attention_reg, k4.predict_at) == ("max", 1.0, "last")
     assert train_of("model.name=comirec_sa", "model.num_interests=1").attention_reg == 0.0
-    assert train_of("model.name=comirec_sa", "train.targets=all").attention_reg == 0.0
+    assert train_of("model.name=comirec_sa", "train.predict_at=all").attention_reg == 0.0
     assert train_of("model.name=comirec_sa", "train.attention_reg=0.3").attention_reg == 0.3
-    assert train_of("model.name=comirec_sa", "train.negative_scores=readout").negative_scores == "readout"
-    assert train_of("model.name=sasrec_mi").negative_scores == "max"
+    assert train_of("model.name=comirec_sa", "train.negative_readout=readout").negative_readout == "readout"
+    assert train_of("model.name=sasrec_mi").negative_readout == "max"
     mind = train_of("model.name=mind")
-    assert (mind.negative_scores, mind.attention_reg) == ("readout", 0.0)
+    assert (mind.negative_readout, mind.attention_reg) == ("readout", 0.0)
     sasrec = _resolve(load_config(None, ["model.name=sasrec"]))
-    assert (sasrec.model.dropout, sasrec.train.targets) == (0.4, "all")
+    assert (sasrec.model.dropout, sasrec.train.predict_at) == (0.4, "all")
     assert _resolve(load_config(None, ["model.name=sasrec_mi"]), num_items=1_000).model.dropout == 0.3
     assert _resolve(load_config(None, ["model.name=sasrec", "model.num_layers=1"])).model.dropout == 0.4
     assert _resolve(load_config(None, ["model.name=sasrec", "model.dropout=0"])).model.dropout == 0.0

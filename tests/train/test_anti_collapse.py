@@ -234,8 +234,8 @@ def test_switches_on_models_they_cannot_affect_are_errors(tmp_path):
         load_config(None, ["train.hard_negatives=0.5", "train.full_softmax=true"])
     with pytest.raises(ConfigError, match="train.hard_negatives"):
         load_config(None, ["train.hard_negatives=1.0"])
-    with pytest.raises(ConfigError, match="train.negative_scores"):
-        load_config(None, ["train.negative_scores=best"])
+    with pytest.raises(ConfigError, match="train.negative_readout"):
+        load_config(None, ["train.negative_readout=best"])
 
 
 @pytest.mark.parametrize("model", ["comirec_sa", "sasrec_mi"])
@@ -250,7 +250,7 @@ def test_training_with_every_switch_logs_interest_health(tmp_path, model):
             "train.attention_reg=1",
             "train.soft_readout_steps=20",
             "train.hard_negatives=0.5",
-            "train.negative_scores=max",
+            "train.negative_readout=max",
             "name=switches",
         ],
     )

@@ -182,7 +182,9 @@ def _steps(overrides, batches, patch=None):
     """Losses of ``batches`` through a fresh seeded model and TrainStep, the step, its log lines."""
     from recsys.models import build_model
 
-    cfg = load_config(None, ["model.dim=64", "train.batch_size=256", "data.max_len=50", "train.horizon=1", *overrides])
+    cfg = load_config(
+        None, ["model.dim=64", "train.batch_size=256", "data.max_len=50", "train.predict_next=1", *overrides]
+    )
     cfg = resolved(cfg, 500, device=CUDA.type)
     torch.manual_seed(0)
     gen = torch.Generator(device=CUDA)
@@ -220,9 +222,9 @@ def _syncing(model):
             "train.soft_readout_steps=4",
             "train.hard_negatives=0.5",
             "train.attention_reg=1",
-            "train.negative_scores=max",
+            "train.negative_readout=max",
         ],
-        ["train.item_updates=sparse", "train.negative_scores=max"],
+        ["train.item_updates=sparse", "train.negative_readout=max"],
     ],
     ids=["plain", "soft-then-argmax", "row-sparse"],
 )

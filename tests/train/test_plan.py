@@ -132,11 +132,11 @@ def test_bad_budget_values_name_the_key(setting):
 
 
 def test_a_dense_epoch_is_as_many_windows_as_targets():
-    """train.targets = "all": the targets are all clicks with one before them, and an epoch draws a
+    """train.predict_at = "all": the targets are all clicks with one before them, and an epoch draws a
     window per target, so the budget and the decay a step match last-position training's."""
     lengths = [11] * 100  # 1,000 dense targets (10 a user), 700 with min_target = 4
-    dense = _plan(lengths, "train.targets=all", "train.batch_size=10")
-    last = _plan(lengths, "train.targets=last", "train.batch_size=10")
+    dense = _plan(lengths, "train.predict_at=all", "train.batch_size=10")
+    last = _plan(lengths, "train.predict_at=last", "train.batch_size=10")
     assert (dense.epoch_steps, last.epoch_steps) == (100, 70)
     assert dense.max_steps == 100 * 100
     assert dense.weight_decay == pytest.approx(last.weight_decay * 70 / 100)
