@@ -44,13 +44,14 @@ What stays ``"auto"`` is not a value waiting to be decided but a policy that act
 used, and nothing else reads it: ``train.device`` (:func:`recsys.device.resolve_device`, the one
 place that asks the machine for a GPU; a resumed run may move to another machine),
 ``train.cuda_graph`` ("capture the step where possible, else eager launches": whether a capture
-succeeds is known only by trying it, :mod:`recsys.train.graphs`), ``model.backend`` and
-``retrieval.backend`` (each call sends what the Triton kernel or FAISS does not cover to its
-twin, by dtype and size), ``data.format`` and ``data.prepare`` (the reader sniffs the source; a
-run saves the prepared clicks). ``train.max_steps = 0`` and ``train.eval_every = 0`` are modes, not
-values: the budget counted in ``train.max_epochs`` (which a resumed run may extend) and the
-validation cadence that grows with the run; the plan (:mod:`recsys.train.plan`) turns them into
-steps and the dry run prints it.
+succeeds is known only by trying it, :mod:`recsys.train.graphs`), ``model.backend`` (each call
+sends what the Triton kernel does not cover, by dtype and size, to its PyTorch twin),
+``retrieval.backend`` (exact search in torch where the embeddings sit on a GPU or FAISS is not
+installed: an index is built and reopened on machines that differ), ``data.format`` and
+``data.prepare`` (the reader sniffs the source; a run saves the prepared clicks).
+``train.max_steps = 0`` and ``train.eval_every = 0`` are modes, not values: the budget counted in
+``train.max_epochs`` (which a resumed run may extend) and the validation cadence that grows with
+the run; the plan (:mod:`recsys.train.plan`) turns them into steps and the dry run prints it.
 """
 
 from __future__ import annotations
