@@ -27,7 +27,7 @@ CHECKS = (ast.If, ast.IfExp, ast.While, ast.Assert)
 
 
 def _watched(node: ast.AST) -> str | None:
-    """The config key leaf that ``node`` reads (``cfg.train.predict_next`` -> ``horizon``), if watched."""
+    """The config key leaf that ``node`` reads (``cfg.train.predict_next`` -> ``predict_next``), if watched."""
     return node.attr if isinstance(node, ast.Attribute) and node.attr in SENTINELS else None
 
 

@@ -43,20 +43,20 @@ def pad_sequences(
     return inputs, lengths
 
 
-def following_clicks(items: np.ndarray, first: np.ndarray, row_end: np.ndarray, horizon: int) -> np.ndarray:
-    """The ``horizon`` clicks from absolute position ``first`` on, 0 past the row's end.
+def following_clicks(items: np.ndarray, first: np.ndarray, row_end: np.ndarray, count: int) -> np.ndarray:
+    """The ``count`` clicks from absolute position ``first`` on, 0 past the row's end.
 
     Args:
         items ``[nnz]`` int64: the CSR clicks.
         first ``[...]`` int64: absolute positions into ``items`` (``first < row_end`` where a target is
             wanted; elsewhere the output is all 0).
         row_end ``[...]`` int64 (broadcast against ``first``): each position's row end, exclusive.
-        horizon: clicks to take.
+        count: clicks to take.
 
     Returns:
-        ``[..., horizon]`` int64: ``items[first + j]`` where ``first + j < row_end``, else 0.
+        ``[..., count]`` int64: ``items[first + j]`` where ``first + j < row_end``, else 0.
     """
-    index = np.asarray(first, dtype=np.int64)[..., None] + np.arange(horizon)  # [..., horizon]
+    index = np.asarray(first, dtype=np.int64)[..., None] + np.arange(count)  # [..., count]
     valid = index < np.asarray(row_end, dtype=np.int64)[..., None]
     out = np.zeros(index.shape, dtype=np.int64)
     out[valid] = items[index[valid]]
@@ -77,15 +77,15 @@ def gather_rows(items: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tupl
 
 
 class _SequenceSampler:
-    """What both samplers share: the CSR sequences, the rows long enough to draw from, the
-    horizon and the random stream (whose state checkpoints carry).
+    """What both samplers share: the CSR sequences, the rows long enough to draw from, how many
+    following clicks a target position predicts and the random stream (whose state checkpoints carry).
 
     Args:
         indptr ``[R + 1]`` int64, items ``[nnz]`` int64: training sequences (CSR).
         max_len: history width.
         seed: the sampler's own random stream; equal seeds give equal batches.
         users ``[U']`` int64 (optional): draw only from these rows.
-        horizon: following clicks each target position predicts (default 1: the next one).
+        predict_next: following clicks each target position predicts (default 1: the next one).
         min_clicks: the shortest row that can give a sample; ``why`` ends the error when none can.
     """
 
@@ -96,17 +96,17 @@ class _SequenceSampler:
         max_len: int,
         seed: int,
         users: np.ndarray | None,
-        horizon: int,
+        predict_next: int,
         min_clicks: int,
         why: str,
     ) -> None:
         name = type(self).__name__
-        if horizon < 1:
-            raise ValueError(f"{name}: horizon must be >= 1, got {horizon}")
+        if predict_next < 1:
+            raise ValueError(f"{name}: predict_next must be >= 1, got {predict_next}")
         self.indptr = np.asarray(indptr, dtype=np.int64)
         self.items = np.asarray(items, dtype=np.int64)
         self.max_len = max_len
-        self.horizon = horizon
+        self.predict_next = predict_next
         lengths = np.diff(self.indptr)
         pool = np.arange(len(lengths)) if users is None else np.asarray(users, dtype=np.int64)
         self.users = pool[lengths[pool] >= min_clicks]  # [U] rows that can give a sample
@@ -131,7 +131,7 @@ class _SequenceSampler:
 class TrainSampler(_SequenceSampler):
     """ComiRec's training samples: a uniformly random user with more than ``min_target``
     clicks, a uniformly random target position ``t`` in ``[min_target, n - 1]`` of that user's
-    sequence, and the up-to-``max_len`` clicks before ``t`` as the history. With ``horizon`` m > 1
+    sequence, and the up-to-``max_len`` clicks before ``t`` as the history. With ``predict_next`` m > 1
     the targets are the clicks at ``t .. t + m - 1`` (fewer at the sequence's end), each read
     out against the same interests: PinnerFormer's "all-action" objective, closer to what the
     ComiRec protocol scores (the whole rest of a sequence) than the next click alone.
@@ -148,23 +148,25 @@ class TrainSampler(_SequenceSampler):
         seed: int,
         users: np.ndarray | None = None,
         min_target: int = 1,
-        horizon: int = 1,
+        predict_next: int = 1,
     ) -> None:
         if min_target < 1:
             raise ValueError(f"TrainSampler: min_target must be >= 1, got {min_target}")
         self.min_target = min_target
-        super().__init__(indptr, items, max_len, seed, users, horizon, min_target + 1, f"more than {min_target} clicks")
+        super().__init__(
+            indptr, items, max_len, seed, users, predict_next, min_target + 1, f"more than {min_target} clicks"
+        )
 
     def sample(self, batch_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Returns ``seq [B, max_len]`` int64 (right-padded), ``lengths [B]`` int64 (>= 1)
         and ``targets``: ``[B]`` int64, the click that followed each history, or with
-        ``horizon`` m > 1 ``[B, m]`` int64, the m clicks that followed it (0 past the sequence's end)."""
+        ``predict_next`` m > 1 ``[B, m]`` int64, the m clicks that followed it (0 past the sequence's end)."""
         rows = self.users[self.rng.integers(0, len(self.users), size=batch_size)]
         starts = self.indptr[rows]
         positions = self.rng.integers(self.min_target, self.indptr[rows + 1] - starts)  # [min_target, n - 1]
         seq, lengths = pad_sequences(self.indptr, self.items, rows, self.max_len, ends=starts + positions)
-        targets = following_clicks(self.items, starts + positions, self.indptr[rows + 1], self.horizon)  # [B, m]
-        return seq, lengths, targets[:, 0] if self.horizon == 1 else targets
+        targets = following_clicks(self.items, starts + positions, self.indptr[rows + 1], self.predict_next)  # [B, m]
+        return seq, lengths, targets[:, 0] if self.predict_next == 1 else targets
 
 
 class WindowSampler(_SequenceSampler):
@@ -174,7 +176,7 @@ class WindowSampler(_SequenceSampler):
     predicts click ``t + 1``, so one window carries up to ``max_len`` targets, each seeing only
     the clicks before it (causal models).
 
-    With ``horizon`` m > 1, position ``t`` predicts each of clicks ``t + 1 .. t + m`` of the
+    With ``predict_next`` m > 1, position ``t`` predicts each of clicks ``t + 1 .. t + m`` of the
     user's sequence (reaching past the window's end, fewer at the sequence's end).
 
     Args: those of :class:`_SequenceSampler` (``min_target`` does not apply: every click with one before it
@@ -188,13 +190,13 @@ class WindowSampler(_SequenceSampler):
         max_len: int,
         seed: int,
         users: np.ndarray | None = None,
-        horizon: int = 1,
+        predict_next: int = 1,
     ) -> None:
-        super().__init__(indptr, items, max_len, seed, users, horizon, 2, "two clicks")
+        super().__init__(indptr, items, max_len, seed, users, predict_next, 2, "two clicks")
 
     def mean_targets(self) -> float:
         """Expected valid positions of one window, ``E[min(e - 1, max_len)]`` over the draw (its
-        targets at ``horizon`` 1)."""
+        targets at ``predict_next`` 1)."""
         n = np.diff(self.indptr)[self.users]  # [U]
         full = np.maximum(n - self.max_len - 1, 0)  # ends e in [max_len + 2, n] give max_len targets
         short = np.minimum(n, self.max_len + 1) - 1  # ends e in [2, min(n, max_len + 1)] give e - 1
@@ -204,7 +206,7 @@ class WindowSampler(_SequenceSampler):
     def sample(self, batch_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Returns ``seq [B, max_len]`` int64 (right-padded), ``lengths [B]`` int64 (>= 1) and
         ``targets [B, max_len]`` int64: ``targets[b, t]`` is the click after ``seq[b, t]``, 0 at
-        padded positions; with ``horizon`` m > 1 ``[B, max_len, m]``, the m clicks after it (0 at
+        padded positions; with ``predict_next`` m > 1 ``[B, max_len, m]``, the m clicks after it (0 at
         padded positions and past the sequence's end)."""
         rows = self.users[self.rng.integers(0, len(self.users), size=batch_size)]
         starts = self.indptr[rows]
@@ -214,5 +216,5 @@ class WindowSampler(_SequenceSampler):
         first = (ends - lengths)[:, None] + cols[None, :]  # [B, max_len] absolute position of each next click
         # padded positions get a row end at their own first target, so no click
         row_end = np.where(cols[None, :] < lengths[:, None], self.indptr[rows + 1][:, None], first)
-        targets = following_clicks(self.items, first, row_end, self.horizon)  # [B, max_len, m]
-        return seq, lengths, targets[..., 0] if self.horizon == 1 else targets
+        targets = following_clicks(self.items, first, row_end, self.predict_next)  # [B, max_len, m]
+        return seq, lengths, targets[..., 0] if self.predict_next == 1 else targets

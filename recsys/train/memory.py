@@ -41,16 +41,15 @@ def estimate_bytes(cfg: Config, num_params: int, num_items: int, num_interests: 
     # the exact softmax holds one chunk of the catalogue's logits at a time
     negatives = min(num_items, CATALOGUE_CHUNK) if t.full_softmax else t.num_negatives
     positions = b * seq_len if t.predict_at == "all" else b  # dense training: a target at every position
-    horizon = t.predict_next
-    rows = positions * horizon  # loss rows: one for each of a position's following clicks
+    rows = positions * t.predict_next  # loss rows: one for each of a position's following clicks
     # forward activations kept for backward, and their gradients: x 3
     step = 3 * b * (seq_len * (m.hidden + k) + k * d + m.num_layers * seq_len * d * 12) + 2 * rows * (negatives + 1)
     if t.predict_at == "all":  # interests at every prefix, and the causal twin's [B, K, L, L] weights
         step += 3 * positions * k * d + 2 * b * k * seq_len * seq_len
-    if horizon > 1:  # the interests repeated for each following click
+    if t.predict_next > 1:  # the interests repeated for each following click
         step += 3 * rows * k * d
     if t.negative_readout == "max" and k > 1:
-        # every interest's score of every negative, once per position whatever the horizon (the PyTorch
+        # every interest's score of every negative, once per position whatever train.predict_next (the PyTorch
         # twin; the bf16/fp16 CUDA kernel keeps none)
         step += 2 * positions * k * negatives
     if t.hard_negatives and not t.full_softmax:

@@ -216,7 +216,7 @@ class TrainStep:
         Dense (``train.predict_at = "all"``): the interests at every prefix ``[B, L, K, d]`` become
         ``B·L`` rows, each read out against its own next click; padding positions are masked out
         of the loss (no gradient), and the hard-negative proposal reads each window's last prefix.
-        With a horizon m > 1 every row repeats m times, once for each of its following clicks (a
+        With ``train.predict_next`` m > 1 every row repeats m times, once for each of its following clicks (a
         missing one, past the sequence's end, is masked out like padding).
         """
         t = self.cfg.train
@@ -225,7 +225,7 @@ class TrainStep:
             if self.amp
             else contextlib.nullcontext()
         )
-        targets = targets.flatten()  # [R] (R = B, or B L dense; times the horizon), 0: no click there
+        targets = targets.flatten()  # [R] (R = B, or B L dense; times train.predict_next), 0: no click there
         catalogue_ids: tuple[Tensor, Tensor] | None = None
         reading: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
         if self.rows is not None:  # row-sparse: the model reads the gathered rows, ids renumbered to them
@@ -759,7 +759,11 @@ class _Loop:
         batches: TrainSampler | WindowSampler
         if t.predict_at == "all":
             batches = WindowSampler(
-                split.train_indptr, split.train_items, cfg.data.max_len, seed=t.seed + dist.rank, horizon=t.predict_next
+                split.train_indptr,
+                split.train_items,
+                cfg.data.max_len,
+                seed=t.seed + dist.rank,
+                predict_next=t.predict_next,
             )
         else:
             batches = TrainSampler(
@@ -768,7 +772,7 @@ class _Loop:
                 cfg.data.max_len,
                 seed=t.seed + dist.rank,
                 min_target=t.min_target,
-                horizon=t.predict_next,
+                predict_next=t.predict_next,
             )
         plan = plan_training(t, exp.facts)
         if dist.is_main:

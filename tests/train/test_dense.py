@@ -165,7 +165,7 @@ def test_a_window_horizon_reaches_past_the_window_to_the_row_end():
     items = np.arange(1, indptr[-1] + 1)  # item ids = position + 1
     row_end = np.repeat(indptr[1:], lengths)  # [nnz] each click's row end (exclusive), as an id bound
     one = WindowSampler(indptr, items, max_len=6, seed=1).sample(300)
-    seq, lens, targets = WindowSampler(indptr, items, max_len=6, seed=1, horizon=3).sample(300)
+    seq, lens, targets = WindowSampler(indptr, items, max_len=6, seed=1, predict_next=3).sample(300)
     np.testing.assert_array_equal(seq, one[0])
     assert targets.shape == (300, 6, 3)
     np.testing.assert_array_equal(targets[..., 0], one[2])
@@ -342,9 +342,9 @@ def test_the_captured_step_follows_the_eager_step(name, targets, horizon, extra)
     indptr = np.concatenate([[0], np.cumsum(lengths)])
     items = sampler_data.integers(1, 500, indptr[-1])
     draws = (
-        WindowSampler(indptr, items, 50, seed=0, horizon=horizon)
+        WindowSampler(indptr, items, 50, seed=0, predict_next=horizon)
         if targets == "all"
-        else TrainSampler(indptr, items, 50, seed=0, horizon=horizon)
+        else TrainSampler(indptr, items, 50, seed=0, predict_next=horizon)
     )
     batches = [tuple(torch.from_numpy(x).to(cuda) for x in draws.sample(128)) for _ in range(6)]
     losses = {}
