@@ -48,6 +48,24 @@ class ConfigError(ValueError):
     """A config file or override is invalid; the message names the offending key."""
 
 
+class _Section:
+    """What a config and its sections do beyond holding plain data: once :func:`freeze` has run on
+    them (a resolved config: :func:`recsys.run.settings.resolve`) they refuse assignment, so no
+    reader changes the values a run records. A copy (``copy.copy``, ``copy.deepcopy``, pickle,
+    :func:`with_values`) is a plain config again, to change at will."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self.__dict__.get("_frozen"):
+            raise dataclasses.FrozenInstanceError(
+                f"{type(self).__name__}.{name}: a resolved config is frozen; change a copy "
+                "(recsys.config.with_values, copy.deepcopy) before it is resolved"
+            )
+        object.__setattr__(self, name, value)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {key: value for key, value in self.__dict__.items() if key != "_frozen"}
+
+
 # keys that were renamed, old name -> new name: a config file, `--set` or `values=` may still use the old name
 # (read with a one-line warning naming the new one), and a saved run's config.json loads as it is
 RENAMED = {
@@ -93,7 +111,7 @@ MAX_NUM_INTERESTS = 64
 
 
 @dataclass
-class SyntheticConfig:
+class SyntheticConfig(_Section):
     """The built-in multi-interest click generator (the default dataset)."""
 
     num_users: int = 20000
@@ -108,7 +126,7 @@ class SyntheticConfig:
 
 
 @dataclass
-class DataConfig:
+class DataConfig(_Section):
     """Where the clicks come from and how they are filtered and split."""
 
     source: str = "synthetic"  # "synthetic" or a path to a file or folder
@@ -138,7 +156,7 @@ class DataConfig:
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(_Section):
     """Which encoder turns a click sequence into K interests, and its sizes."""
 
     name: str = "comirec_sa"
@@ -164,7 +182,7 @@ class ModelConfig:
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(_Section):
     """The optimisation loop."""
 
     optimizer: str = "adamw"  # adamw | adam
@@ -234,7 +252,7 @@ class TrainConfig:
 
 
 @dataclass
-class EvalConfig:
+class EvalConfig(_Section):
     """Offline evaluation (the protocol is ``data.split``'s)."""
 
     topn: list[int] = field(default_factory=lambda: [10, 20, 50])
@@ -253,7 +271,7 @@ class EvalConfig:
 
 
 @dataclass
-class RetrievalConfig:
+class RetrievalConfig(_Section):
     """Candidate retrieval over item embeddings."""
 
     factory: str = "Flat"  # FAISS index_factory string
@@ -264,7 +282,7 @@ class RetrievalConfig:
 
 
 @dataclass
-class ServeConfig:
+class ServeConfig(_Section):
     """The HTTP service."""
 
     host: str = "127.0.0.1"
@@ -277,7 +295,7 @@ class ServeConfig:
 
 
 @dataclass
-class Config:
+class Config(_Section):
     """A whole run's configuration. ``name`` and ``output_dir`` place the run directory."""
 
     name: str = ""
@@ -577,6 +595,16 @@ def automatic_keys(cfg: Config) -> list[str]:
     """The keys of ``cfg`` that still hold their automatic value: empty once the config is
     resolved (:func:`recsys.run.settings.resolve`)."""
     return [key for key in AUTOMATIC if is_automatic(cfg, key)]
+
+
+def freeze(cfg: Config) -> Config:
+    """Make ``cfg`` and its sections refuse assignment (see :class:`_Section`); returns it."""
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if isinstance(value, _Section):
+            object.__setattr__(value, "_frozen", True)
+    object.__setattr__(cfg, "_frozen", True)
+    return cfg
 
 
 def require_resolved(cfg: Config, who: str, section: str = "") -> None:

@@ -247,3 +247,20 @@ def test_a_run_saved_under_the_old_names_loads_and_evaluates_as_trained(tiny_run
     assert not [w for w in recwarn if issubclass(w.category, FutureWarning)]
     assert run.config == trained.config
     assert run.evaluate("test") == trained.evaluate("test")
+
+
+def test_the_resolved_config_is_frozen_and_its_copies_are_not():
+    import copy
+    import dataclasses
+
+    from recsys.config import with_values
+
+    cfg = resolve(load_config(None, []), FACTS)
+    with pytest.raises(dataclasses.FrozenInstanceError, match="TrainConfig.lr: a resolved config is frozen"):
+        cfg.train.lr = 0.1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.name = "other"
+    mine = copy.deepcopy(cfg)
+    mine.train.lr = 0.1
+    assert with_values(cfg, {"train.lr": 0.2}).train.lr == 0.2 and cfg.train.lr == 1e-3
+    assert resolve(cfg, FACTS) == cfg  # resolving again: an equal, frozen copy

@@ -9,9 +9,9 @@ values only and carries :data:`~recsys.config.CONFIG_VERSION`. That copy is what
 --dry-run`` prints, what a run saves as ``config.json`` and what everything downstream (the
 trainer, its plan, the memory estimate, the evaluator, serving) reads; none of them decides a
 value again, and their entry points refuse a config that still holds an automatic one
-(:func:`recsys.config.require_resolved`). The resolved copy is not frozen in the type (tests and
-``recsys tune`` build configs by assignment); it is a fresh deep copy, resolving it again changes
-nothing, and nothing downstream writes to it.
+(:func:`recsys.config.require_resolved`). The resolved copy is frozen (:func:`recsys.config.freeze`:
+an assignment to it raises, while a copy of it is a plain config again), and resolving it again
+returns an equal one.
 
 The rules, each with the measurement behind it beside its constant in :mod:`recsys.models.spec`:
 
@@ -76,6 +76,7 @@ from recsys.config import (
     TrainConfig,
     automatic_keys,
     check_heads,
+    freeze,
     is_automatic,
 )
 from recsys.models.spec import (
@@ -219,7 +220,7 @@ def resolve_model(model: ModelConfig, num_items: int) -> ModelConfig:
 
 
 def resolve(cfg: Config, facts: Facts) -> Config:
-    """A copy of ``cfg`` with every automatic value decided for its model on ``facts`` (the
+    """A frozen copy of ``cfg`` with every automatic value decided for its model on ``facts`` (the
     module docstring gives the rules) and ``config_version`` set: the config an experiment runs
     and saves. Resolving a resolved config returns an equal copy.
 
@@ -251,7 +252,7 @@ def resolve(cfg: Config, facts: Facts) -> Config:
     out.config_version = CONFIG_VERSION
     check(out)
     assert not automatic_keys(out), automatic_keys(out)
-    return out
+    return freeze(out)
 
 
 def unresolved(cfg: Config) -> list[str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -230,6 +232,7 @@ def test_the_automatic_horizon_follows_the_share_of_tied_timestamps():
     for name in ("sasrec", "gru4rec", "mind", "comirec_dr"):  # no measured gain: the next click
         assert resolved(load_config(None, [f"model.name={name}"]), tied_share=1.0).train.predict_next == 1
     cfg = resolved(load_config(None, ["model.name=comirec_sa", "model.dim=16", "model.backend=torch"]), NUM_ITEMS)
+    cfg = copy.deepcopy(cfg)  # a copy of a resolved config is a plain one, to change
     cfg.train.predict_next = -1  # as if written back after resolving
     model = build_model(cfg.model, NUM_ITEMS, MAX_LEN)
     with pytest.raises(ValueError, match=r"TrainStep: train.predict_next still automatic; resolve the config"):
