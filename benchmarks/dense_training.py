@@ -1,4 +1,4 @@
-"""Dense training throughput: `recsys train` (sasrec, `train.targets = "all"`, defaults otherwise)
+"""Dense training throughput: `recsys train` (sasrec, `train.predict_at = "all"`, defaults otherwise)
 beside the reference plain-PyTorch SASRec trained with cross-entropy at every position
 (../shared/anchors/sasrec_ce_reference.py), on the same data, one after the other in one run.
 
@@ -45,7 +45,7 @@ def _ours(path: str, steps: int, extra: list[str]) -> tuple[float, float]:
         sets = [
             f"data.source={path}",
             "model.name=sasrec",
-            "train.targets=all",
+            "train.predict_at=all",
             f"train.max_steps={steps}",
             f"train.eval_every={10**9}",
             "train.patience=0",

@@ -1,7 +1,7 @@
 """Public ``recsys.kernels.max_interest_scores`` (Triton, no ``[B, K, S]`` product) against its
 PyTorch twin (einsum + amax, eager and ``torch.compile``d), bf16, CUDA.
 
-The shapes are the training step's with ``train.negative_scores = "max"``: B users x K interests x
+The shapes are the training step's with ``train.negative_readout = "max"``: B users x K interests x
 d against the batch's S = 10 B shared negatives (batch 128 and 1024, K = 4, d = 64) and a
 catalogue-sized S for the full softmax. Each method's forward and forward+backward (gradients of
 interests and items) are timed launched call by call and replayed from a CUDA graph

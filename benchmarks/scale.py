@@ -52,11 +52,11 @@ from pathlib import Path
 import torch
 from prepare import parse_count, taobao_like  # benchmarks/ is on sys.path when run as a script
 
-from recsys.config import Config, load_config, objective
+from recsys.config import Config, load_config
 from recsys.data import load_dataset, split_dataset
-from recsys.models import build_model, resolve
+from recsys.models import build_model
 from recsys.run.layout import RunDir
-from recsys.train.plan import fused_exact_softmax, plan_training
+from recsys.run.settings import Facts, objective, resolve
 from recsys.train.trainer import TrainStep, train
 
 PARTS = ("prepare", "throughput", "train")
@@ -158,8 +158,8 @@ def train_run(cfg: Config) -> TrainRow:
 def epoch_steps(run_dir: str) -> int:
     """Steps of one epoch of a run: its saved (resolved) config's plan over its training users."""
     cfg = RunDir(run_dir).read_config()
-    split = split_dataset(load_dataset(cfg), cfg.data)
-    return plan_training(cfg.train, cfg.model.name, split.train_lengths).epoch_steps
+    ds = load_dataset(cfg)
+    return Facts.of(ds, split_dataset(ds, cfg.data)).epoch_steps(cfg.train)
 
 
 def _batches(num_items: int, batch: int, max_len: int, count: int, device: torch.device, seed: int = 0):
@@ -184,12 +184,12 @@ def _step(num_items: int, updates: str, device: torch.device, threads_note: list
         None,
         [
             "model.name=comirec_sa",
-            "train.horizon=1",
+            "train.predict_next=1",
             f"train.item_updates={updates}",
             f"train.device={device.type}",
         ],
     )
-    cfg = resolve(cfg, num_items, fused_softmax=fused_exact_softmax(cfg, device))
+    cfg = resolve(cfg, Facts.of_lengths([cfg.data.max_len], num_items, device=device.type))
     torch.manual_seed(0)
     counts = torch.ones(num_items)
     counts[0] = 0

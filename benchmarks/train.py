@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from recsys.config import Config, load_config
+from recsys.config import Config, load_config, with_values
 from recsys.data.batches import TrainSampler
 from recsys.device import to_device
 from recsys.evaluate.evaluator import evaluate
@@ -143,8 +143,7 @@ def _experiment(cfg: Config) -> Experiment:
 def _time_ours(
     exp: Experiment, steps: int, device: torch.device, prebuilt: list | None, cuda_graph: bool = False
 ) -> tuple[float, InterestModel]:
-    cfg, split = exp.cfg, exp.split
-    cfg.train.cuda_graph = cuda_graph
+    cfg, split = with_values(exp.cfg, {"train.cuda_graph": cuda_graph}), exp.split
     model = copy.deepcopy(exp.model).to(device)
     gen = torch.Generator(device=device)
     gen.manual_seed(1)

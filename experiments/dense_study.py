@@ -8,7 +8,7 @@ run (its plateau stop, the time cap or the step budget: a capped run says little
 model converges) and throughput.
 
     python experiments/dense_study.py --data taobao=PATH --data beauty=PATH --minutes 3 \\
-        --variant "sasrec all" model.name=sasrec train.targets=all \\
+        --variant "sasrec all" model.name=sasrec train.predict_at=all \\
         --variant "comirec_sa K=4" model.name=comirec_sa --reference ../shared/anchors/sasrec_ce_reference.py
 """
 

@@ -11,7 +11,7 @@ seconds of each process (data, training and evaluation).
 
     python experiments/loo_beauty.py --data ../shared/data/amazon-beauty/interactions.csv \\
         --reference ../shared/anchors/sasrec_ce_reference.py --jobs 9 \\
-        --variant comirec_sa_dense model.name=comirec_sa train.targets=all
+        --variant comirec_sa_dense model.name=comirec_sa train.predict_at=all
 
 The reference reads its data settings from ``recsys.config.load_config`` and calls
 ``recsys.evaluate.evaluator.evaluate`` with its own cutoffs and no exclusion; its process here

@@ -344,4 +344,4 @@ def evaluate_untrained(cfg: Config, split: str = "test", log: Log = print, progr
     if exp.model.trainable:
         raise ValueError(f"model.name: {cfg.model.name!r} must be trained first (recsys train), then evaluate its run")
     eval_set = sp.test if split == "test" else sp.valid
-    return evaluate_with_config(exp.model.eval(), eval_set, cfg, item_category=ds.item_category, progress=progress)
+    return evaluate_with_config(exp.model.eval(), eval_set, exp.cfg, item_category=ds.item_category, progress=progress)

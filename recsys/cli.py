@@ -23,7 +23,7 @@ import warnings
 from pathlib import Path
 from typing import TextIO
 
-from recsys.config import Config, ConfigError, apply_overrides, load_config, objective
+from recsys.config import Config, ConfigError, apply_overrides, load_config
 from recsys.extras import install_hint
 
 # failures with a message meant for the user: ConfigError, DataError, IntegrityError and
@@ -65,7 +65,7 @@ def _add_common_args(p: argparse.ArgumentParser) -> None:
         "--verbose",
         action="store_true",
         default=argparse.SUPPRESS,
-        help="print the resolved config before the command's own output",
+        help="print the config as given before the command's own output (`train --dry-run` prints it resolved)",
     )
 
 
@@ -75,10 +75,11 @@ def _config(args: argparse.Namespace) -> Config:
         overrides.insert(0, f"data.source={args.data}")
     if getattr(args, "model", None):
         overrides.insert(0, f"model.name={args.model}")
-    from recsys.models import resolve
+    from recsys.run.settings import check
 
-    cfg = resolve(load_config(args.config, overrides))  # the model's automatic values filled in
-    _show_config(args, cfg, "resolved")
+    cfg = load_config(args.config, overrides)
+    check(cfg)  # a setting the model does not read fails here; the data decides the automatic values
+    _show_config(args, cfg, "given")
     return cfg
 
 
@@ -141,8 +142,8 @@ def cmd_config(args: argparse.Namespace) -> int:
     cfg = _config(args)
     print(
         "# every key of the config, as `--config` files and `--set section.key=value` take them;\n"
-        '# -1 and "auto" are derived from the data and the device when a run starts (docs/configuration.md)\n'
-        + cfg.to_toml(),
+        '# the automatic values (-1, 0 or "auto": recsys.config.AUTOMATIC) are decided once the data is read;\n'
+        "# `recsys train --dry-run` prints them decided (docs/configuration.md)\n" + cfg.to_toml(),
         end="",
     )
     return 0
@@ -303,6 +304,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     """Training loss and validation curves of one or several runs in one PNG."""
     from recsys.plots import draw_curves
     from recsys.run import RunDir
+    from recsys.run.settings import objective
 
     _check_out(args.out)
     runs = {Path(run).name: RunDir(run).read_metrics() for run in args.runs}

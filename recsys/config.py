@@ -21,6 +21,7 @@ import math
 import sys
 import types
 import typing
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +33,10 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
-AUTO = "auto"  # the value of a setting that the model's spec (recsys.models.spec) or the data decides
+AUTO = "auto"  # the value of a setting decided when the experiment is built (AUTOMATIC, recsys.run.settings)
+# the config's format: a saved config without ``config_version`` is version 1, read with the values in force
+# then (recsys.run.saved_config); from version 2 a run's config.json holds every automatic value decided
+CONFIG_VERSION = 2
 REGISTRY_TABLE = "dataset"  # a dataset registry entry's table (data/<name>.toml); not run config
 TUNE_TABLE = "tune"  # `recsys tune`'s search space (recsys.tune); not run config
 # data.format (or auto): recsys.data.readers
@@ -42,6 +46,58 @@ KERNEL_BACKENDS = ("auto", "triton", "torch")  # model.backend: recsys.kernels.c
 
 class ConfigError(ValueError):
     """A config file or override is invalid; the message names the offending key."""
+
+
+class _Section:
+    """What a config and its sections do beyond holding plain data: once :func:`freeze` has run on
+    them (a resolved config: :func:`recsys.run.settings.resolve`) they refuse assignment, so no
+    reader changes the values a run records. A copy (``copy.copy``, ``copy.deepcopy``, pickle,
+    :func:`with_values`) is a plain config again, to change at will."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self.__dict__.get("_frozen"):
+            raise dataclasses.FrozenInstanceError(
+                f"{type(self).__name__}.{name}: a resolved config is frozen; change a copy "
+                "(recsys.config.with_values, copy.deepcopy) before it is resolved"
+            )
+        object.__setattr__(self, name, value)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {key: value for key, value in self.__dict__.items() if key != "_frozen"}
+
+
+# keys that were renamed, old name -> new name: a config file, `--set` or `values=` may still use the old name
+# (read with a one-line warning naming the new one), and a saved run's config.json loads as it is
+RENAMED = {
+    "train.targets": "train.predict_at",
+    "train.horizon": "train.predict_next",
+    "train.negative_scores": "train.negative_readout",
+}
+
+
+def _new_name(key: str, warn: bool = True) -> str:
+    """``key``, or its new name where it was renamed (with a warning naming it when ``warn``)."""
+    new = RENAMED.get(key)
+    if new is None:
+        return key
+    if warn:
+        warnings.warn(f"{key} is now {new}; the old name still works for now", FutureWarning, stacklevel=4)
+    return new
+
+
+def renamed(tree: Mapping[str, Any], *, warn: bool = True) -> dict[str, Any]:
+    """A copy of the nested config ``tree`` (a parsed TOML file, a ``config.json``) with renamed keys
+    under their new names (:data:`RENAMED`); both names of one key is a :class:`ConfigError`."""
+    out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in tree.items()}
+    for old, new in RENAMED.items():
+        (section, leaf), (_, new_leaf) = old.split("."), new.split(".")
+        table = out.get(section)
+        if isinstance(table, dict) and leaf in table:
+            if new_leaf in table:
+                raise ConfigError(f"{old} and {new} are one setting (its old and new name); keep {new}")
+            table[new_leaf] = table.pop(leaf)
+            _new_name(old, warn)
+    return out
 
 
 # ComiRec's greedy diversity penalty: above this, λ·(picks in a category) dwarfs any inner
@@ -55,7 +111,7 @@ MAX_NUM_INTERESTS = 64
 
 
 @dataclass
-class SyntheticConfig:
+class SyntheticConfig(_Section):
     """The built-in multi-interest click generator (the default dataset)."""
 
     num_users: int = 20000
@@ -70,7 +126,7 @@ class SyntheticConfig:
 
 
 @dataclass
-class DataConfig:
+class DataConfig(_Section):
     """Where the clicks come from and how they are filtered and split."""
 
     source: str = "synthetic"  # "synthetic" or a path to a file or folder
@@ -100,14 +156,14 @@ class DataConfig:
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(_Section):
     """Which encoder turns a click sequence into K interests, and its sizes."""
 
     name: str = "comirec_sa"
     # embedding and interest width; -1 (the default): the model's automatic value (recsys.models.spec)
     dim: int = -1
     num_interests: int = 4
-    hidden: int = 0  # self-attentive hidden size; 0 means 4 * dim
+    hidden: int = 0  # self-attentive hidden size; 0 (the default): 4 * dim, as ComiRec
     num_layers: int = 2  # transformer encoders
     num_heads: int = 2
     dropout: float = -1.0  # transformer encoders; -1 (the default): the model's automatic value (recsys.models.spec)
@@ -126,12 +182,12 @@ class ModelConfig:
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(_Section):
     """The optimisation loop."""
 
     optimizer: str = "adamw"  # adamw | adam
     lr: float = 1e-3
-    weight_decay: float = -1.0  # -1: a fixed shrinkage per epoch, from the data's size (recsys.train.plan)
+    weight_decay: float = -1.0  # -1: a fixed shrinkage per epoch, from the data's size (recsys.run.settings)
     batch_size: int = 128
     max_steps: int = 0  # 0: max_epochs epochs, each as many samples as training targets (recsys.train.plan)
     max_epochs: float = 100.0  # the budget when max_steps = 0; the plateau stop usually ends the run first
@@ -145,7 +201,7 @@ class TrainConfig:
     # 1 / (1 - ema_decay) steps averaged; recsys.train.averaging); 0 scores the last weights
     ema_decay: float = 0.999
     max_minutes: float = 0.0  # wall-clock budget of the training loop; at the limit: validate, stop, test; 0 disables
-    num_negatives: int = 0  # shared sampled negatives; 0 means 10 * batch_size
+    num_negatives: int = 0  # shared sampled negatives; 0 (the default): 10 * batch_size
     sampler: str = "log_uniform"  # uniform | log_uniform | unigram
     sampler_alpha: float = 0.75  # unigram exponent
     logq: bool = True  # subtract log Q(item) from sampled logits
@@ -164,13 +220,15 @@ class TrainConfig:
     seed: int = 42
     log_every: int = 100
     min_target: int = 4  # earliest target position in a training sequence (ComiRec's code: 4)
-    # what a training window teaches: "last" = one target per sampled history (ComiRec's sampler) | "all" =
-    # every position of a window predicts the next click (dense) | "auto" = the model's default (its spec)
-    targets: str = AUTO
-    # clicks each target position predicts: 1 = the next one | m > 1 = each of the next m clicks, read out against
-    # the same interests (PinnerFormer's all-action objective) | -1 (the default): the model's value where the
-    # data's timestamps leave the order of consecutive clicks open, else 1 (recsys.models.spec.automatic_horizon)
-    horizon: int = -1
+    # which positions of a training window predict (formerly train.targets): "last" = the last one, one target
+    # per sampled history (ComiRec's sampler) | "all" = every position predicts what follows it (dense) |
+    # "auto" = the model's default (its spec)
+    predict_at: str = AUTO
+    # how many following clicks each predicting position predicts (formerly train.horizon): 1 = the next one |
+    # m > 1 = each of the next m clicks, read out against the same interests (PinnerFormer's all-action
+    # objective) | -1 (the default): the model's value where the data's timestamps leave the order of
+    # consecutive clicks open, else 1 (recsys.run.settings)
+    predict_next: int = -1
     cpu_threads: int = 0  # torch intra-op threads on CPU; 0 keeps torch's default
     # also write every metrics.jsonl scalar as TensorBoard events (RUN/tensorboard/; extra track)
     tensorboard: bool = False
@@ -185,10 +243,10 @@ class TrainConfig:
     # K > 1: the readout blends from a softmax over interests to ComiRec's argmax over these steps;
     # -1 (the default): the model's automatic value (recsys.models.spec)
     soft_readout_steps: int = -1
-    # who scores a row's negatives (K > 1): "readout" = the interest the readout chose for its target
-    # (ComiRec) | "max" = each negative's best-matching interest, the score retrieval ranks by | "auto" = the
-    # model's default (its spec)
-    negative_scores: str = AUTO
+    # which interest scores a row's negatives, K > 1 (formerly train.negative_scores): "readout" = the one the
+    # readout chose for the row's target (ComiRec) | "max" = each negative's best-matching interest, the score
+    # retrieval ranks by | "auto" = the model's default (its spec)
+    negative_readout: str = AUTO
     hard_negatives: float = 0.0  # share of the sampled negatives drawn near the batch's interests (exact logQ)
     # how a step updates the item table: "sparse" = only the rows its batch touches, with per-row Adam state
     # (recsys.train.sparse_rows) | "dense" = the whole table through torch.optim | "auto" (the default): sparse
@@ -198,7 +256,7 @@ class TrainConfig:
 
 
 @dataclass
-class EvalConfig:
+class EvalConfig(_Section):
     """Offline evaluation (the protocol is ``data.split``'s)."""
 
     topn: list[int] = field(default_factory=lambda: [10, 20, 50])
@@ -217,7 +275,7 @@ class EvalConfig:
 
 
 @dataclass
-class RetrievalConfig:
+class RetrievalConfig(_Section):
     """Candidate retrieval over item embeddings."""
 
     factory: str = "Flat"  # FAISS index_factory string
@@ -228,7 +286,7 @@ class RetrievalConfig:
 
 
 @dataclass
-class ServeConfig:
+class ServeConfig(_Section):
     """The HTTP service."""
 
     host: str = "127.0.0.1"
@@ -241,11 +299,12 @@ class ServeConfig:
 
 
 @dataclass
-class Config:
+class Config(_Section):
     """A whole run's configuration. ``name`` and ``output_dir`` place the run directory."""
 
     name: str = ""
     output_dir: str = "runs"
+    config_version: int = CONFIG_VERSION  # the format (CONFIG_VERSION); set by the resolver, read when a run loads
     data: DataConfig = field(default_factory=DataConfig)
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -338,7 +397,8 @@ def _set_override(cfg: Config, assignment: str) -> None:
     if "=" not in assignment:
         raise ConfigError(f"override '{assignment}' is not of the form section.key=value")
     path, text = assignment.split("=", 1)
-    parts = path.strip().split(".")
+    path = _new_name(path.strip())
+    parts = path.split(".")
     obj: Any = cfg
     for i, part in enumerate(parts[:-1]):
         if not dataclasses.is_dataclass(obj) or part not in {f.name for f in dataclasses.fields(obj)}:
@@ -364,7 +424,7 @@ def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
 def config_from_dict(values: dict[str, Any]) -> Config:
     """Build a config from nested plain data (a parsed TOML file or a saved ``config.json``)."""
     cfg = Config()
-    _apply(cfg, values, "")
+    _apply(cfg, renamed(values), "")
     validate(cfg)
     return cfg
 
@@ -372,9 +432,9 @@ def config_from_dict(values: dict[str, Any]) -> Config:
 def with_values(cfg: Config, values: Mapping[str, Any]) -> Config:
     """A validated copy of ``cfg`` with ``{"section.key": value}`` set (plain Python values,
     e.g. ``{"train.lr": 0.01}``); unknown keys and bad values raise :class:`ConfigError` naming the key.
-    Automatic values (-1, ``"auto"``) stay automatic until the model resolves them
-    (:func:`recsys.models.spec.resolve`), so they follow a changed ``model.name``."""
-    return config_from_dict(_set_dotted(cfg.to_dict(), values))
+    Automatic values (:data:`AUTOMATIC`) stay automatic until the experiment is built
+    (:func:`recsys.run.settings.resolve`), so they follow a changed ``model.name``."""
+    return config_from_dict(_set_dotted(cfg.to_dict(), {_new_name(str(k)): v for k, v in values.items()}))
 
 
 def _set_dotted(tree: dict[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
@@ -399,8 +459,8 @@ def load_config(
     """Defaults, then each TOML file in ``paths`` in order (later files win; a ``[dataset]``
     table, a registry entry's download details, and a ``[tune]`` table, ``recsys tune``'s search
     space, are skipped), then each ``section.key=value`` override, then ``values`` (plain Python
-    values by dotted key, as :func:`with_values` takes them). Automatic values (-1, ``"auto"``)
-    are left for the model to resolve (:func:`recsys.models.spec.resolve`). Layering lets a
+    values by dotted key, as :func:`with_values` takes them). Automatic values (:data:`AUTOMATIC`)
+    are left for the experiment to resolve (:func:`recsys.run.settings.resolve`). Layering lets a
     dataset file and a model file combine::
 
         load_config(["experiments/configs/data/taobao.toml", "experiments/configs/models/comirec_sa.toml"])
@@ -424,13 +484,13 @@ def load_config(
         table.pop(REGISTRY_TABLE, None)
         table.pop(TUNE_TABLE, None)
         try:
-            _apply(cfg, table, "")
+            _apply(cfg, renamed(table), "")
         except ConfigError as err:
             raise ConfigError(f"{path}: {err}") from None
     for assignment in overrides or []:
         _set_override(cfg, assignment)
     if values:
-        _apply(cfg, _set_dotted({}, values), "")
+        _apply(cfg, _set_dotted({}, {_new_name(str(k)): v for k, v in values.items()}), "")
     validate(cfg)
     return cfg
 
@@ -445,8 +505,8 @@ _CHOICES = {
     "model.backend": KERNEL_BACKENDS,
     "train.optimizer": ("adam", "adamw"),
     "train.sampler": ("uniform", "log_uniform", "unigram"),
-    "train.negative_scores": (AUTO, "readout", "max"),
-    "train.targets": (AUTO, "last", "all"),
+    "train.negative_readout": (AUTO, "readout", "max"),
+    "train.predict_at": (AUTO, "last", "all"),
     "train.item_updates": (AUTO, "sparse", "dense"),
     "train.device": ("auto", "cpu", "cuda"),
     "retrieval.backend": ("auto", "faiss", "torch"),
@@ -456,6 +516,7 @@ _CHOICES = {
 SWITCH_VALUES = (AUTO, True, False)
 
 _POSITIVE = (
+    "config_version",
     "data.max_len",
     "model.num_interests",
     "model.num_layers",
@@ -507,11 +568,66 @@ def _get(cfg: Config, path: str) -> Any:
     return obj
 
 
+# the keys whose default leaves the value to the model, the data or the device, by the value that says
+# so: recsys.run.settings.resolve decides every one of them once, when an experiment is built, and
+# nothing else reads these values (tests/test_settings.py walks the code for a comparison with them)
+AUTOMATIC: dict[str, Any] = {
+    "model.dim": -1,
+    "model.dropout": -1.0,
+    "model.score_cap": -1.0,
+    "model.hidden": 0,
+    "train.weight_decay": -1.0,
+    "train.num_negatives": 0,
+    "train.predict_at": AUTO,
+    "train.predict_next": -1,
+    "train.full_softmax": AUTO,
+    "train.negative_readout": AUTO,
+    "train.attention_reg": -1.0,
+    "train.soft_readout_steps": -1,
+    "train.item_updates": AUTO,
+    "eval.objective": AUTO,
+    "eval.exclude_history": AUTO,
+}
+
+
+def is_automatic(cfg: Config, key: str) -> bool:
+    """Whether ``key`` of ``cfg`` (one of :data:`AUTOMATIC`) still holds its automatic value."""
+    value, automatic = _get(cfg, key), AUTOMATIC[key]
+    return type(value) is type(automatic) and value == automatic
+
+
+def automatic_keys(cfg: Config) -> list[str]:
+    """The keys of ``cfg`` that still hold their automatic value: empty once the config is
+    resolved (:func:`recsys.run.settings.resolve`)."""
+    return [key for key in AUTOMATIC if is_automatic(cfg, key)]
+
+
+def freeze(cfg: Config) -> Config:
+    """Make ``cfg`` and its sections refuse assignment (see :class:`_Section`); returns it."""
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if isinstance(value, _Section):
+            object.__setattr__(value, "_frozen", True)
+    object.__setattr__(cfg, "_frozen", True)
+    return cfg
+
+
+def require_resolved(cfg: Config, who: str, section: str = "") -> None:
+    """Raise ``ValueError`` naming the keys of ``cfg`` (of ``section`` only, where given) that still
+    hold an automatic value: ``who`` reads a resolved config and decides nothing itself."""
+    left = [key for key in automatic_keys(cfg) if key.startswith(section)]
+    if left:
+        raise ValueError(
+            f"{who}: {', '.join(left)} still automatic; resolve the config first "
+            "(recsys.run.settings.resolve, as recsys.run.build_experiment does)"
+        )
+
+
 def validate(cfg: Config) -> None:
     """Check values (not only types) so a bad config fails before any work starts. What depends
-    on the model (settings it does not read, its automatic values) is checked when the model
-    resolves the config (:func:`recsys.models.spec.resolve`)."""
-    if cfg.model.dim <= 0 and cfg.model.dim != -1:
+    on the model (settings it does not read, its automatic values) is checked by
+    :func:`recsys.run.settings.check` and :func:`recsys.run.settings.resolve`."""
+    if cfg.model.dim <= 0 and not is_automatic(cfg, "model.dim"):
         raise ConfigError(f"model.dim: must be > 0 (or -1: automatic), got {cfg.model.dim!r}")
     for path in (
         "model.score_cap",
@@ -520,7 +636,7 @@ def validate(cfg: Config) -> None:
         "train.weight_decay",
         "train.attention_reg",
     ):
-        if _get(cfg, path) < 0 and _get(cfg, path) != -1:
+        if _get(cfg, path) < 0 and not is_automatic(cfg, path):
             raise ConfigError(f"{path}: must be >= 0 (or -1: automatic), got {_get(cfg, path)!r}")
     for path, choices in _CHOICES.items():
         if _get(cfg, path) not in choices:
@@ -552,8 +668,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"train.lr_drop_factor: must be in (0, 1), got {cfg.train.lr_drop_factor!r}")
     if not 0.0 <= cfg.train.ema_decay < 1.0:
         raise ConfigError(f"train.ema_decay: must be in [0, 1) (0: no averaging), got {cfg.train.ema_decay!r}")
-    if cfg.train.horizon < 1 and cfg.train.horizon != -1:
-        raise ConfigError(f"train.horizon: must be >= 1 (or -1: automatic), got {cfg.train.horizon!r}")
+    if cfg.train.predict_next < 1 and not is_automatic(cfg, "train.predict_next"):
+        raise ConfigError(f"train.predict_next: must be >= 1 (or -1: automatic), got {cfg.train.predict_next!r}")
     if cfg.train.lr_drops and not cfg.train.patience:
         raise ConfigError("train.lr_drops: needs train.patience > 0 (the plateau it waits for)")
     if cfg.train.full_softmax not in SWITCH_VALUES:
@@ -574,19 +690,21 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"eval.topn: need a non-empty list of positive ints, got {cfg.eval.topn!r}")
     if cfg.eval.exclude_history not in SWITCH_VALUES:
         raise ConfigError(f'eval.exclude_history: must be true, false or "auto", got {cfg.eval.exclude_history!r}')
-    _check_objective(cfg.eval)
+    _check_objective(cfg)
     if cfg.serve.n > cfg.serve.max_n:
         raise ConfigError(f"serve.n: {cfg.serve.n} exceeds serve.max_n {cfg.serve.max_n}")
     if not 0 <= cfg.serve.port <= 65535:
         raise ConfigError(f"serve.port: must be in 0..65535, got {cfg.serve.port}")
-    check_heads(cfg.model)
+    if not is_automatic(cfg, "model.dim"):
+        check_heads(cfg.model)
 
 
 OBJECTIVE_METRICS = ("recall", "ndcg", "hitrate", "mrr")  # eval.objective's metric names (recsys.evaluate.metrics)
 
 
-def _check_objective(ev: EvalConfig) -> None:
-    if ev.objective == AUTO:
+def _check_objective(cfg: Config) -> None:
+    ev = cfg.eval
+    if is_automatic(cfg, "eval.objective"):
         return
     name, _, cutoff = ev.objective.partition("@")
     if name not in OBJECTIVE_METRICS or not cutoff.isdigit() or int(cutoff) not in ev.topn:
@@ -596,20 +714,7 @@ def _check_objective(ev: EvalConfig) -> None:
         )
 
 
-def objective(ev: EvalConfig) -> str:
-    """The validation metric's key in the evaluator's output, e.g. ``"recall@50"`` (``eval.objective``)."""
-    return f"recall@{max(ev.topn)}" if ev.objective == AUTO else ev.objective
-
-
-def excludes_history(cfg: Config) -> bool:
-    """Whether the evaluation removes each user's input clicks (``eval.exclude_history``; "auto":
-    under ``data.split = "leave_one_out"`` only)."""
-    if cfg.eval.exclude_history == AUTO:
-        return cfg.data.split == "leave_one_out"
-    return bool(cfg.eval.exclude_history)
-
-
 def check_heads(model: ModelConfig) -> None:
     """``model.num_heads`` must split ``model.dim`` evenly (checked again once an automatic dim resolves)."""
-    if model.dim != -1 and model.dim % model.num_heads:
+    if model.dim % model.num_heads:
         raise ConfigError(f"model.num_heads: {model.num_heads} does not divide model.dim {model.dim}")

@@ -47,13 +47,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from recsys.config import TUNE_TABLE, Config, ConfigError, load_config, objective, with_values
+from recsys.config import TUNE_TABLE, Config, ConfigError, load_config, with_values
 from recsys.data import IN_MEMORY
 from recsys.data.registry import SOURCE_PREFIX
 from recsys.extras import install_hint
 from recsys.io import atomic_write_text
-from recsys.models.spec import resolve, spec_for
+from recsys.models.spec import spec_for
 from recsys.run import RunDir
+from recsys.run.settings import check, objective
 from recsys.train.trainer import train
 
 if sys.version_info >= (3, 11):
@@ -475,7 +476,7 @@ def tune(
     if not spec_for(cfg.model.name).trainable:
         raise ConfigError(f"model.name: {cfg.model.name} has nothing to train or tune")
     _optuna()  # fails here, naming the extra, when optuna is missing
-    cfg = resolve(cfg)  # the study keeps the values trial 0 trains with, from the CLI or the Python API alike
+    check(cfg)  # the study keeps the config as written (each trial's run decides its automatic values)
     folder = Path(folder) if folder is not None else default_folder(cfg)
     parsed = Space.parse({**default_space(cfg), **(space or {})}, cfg)
     log(f"tune folder: {folder}; searching " + "; ".join(parsed.describe().values()))

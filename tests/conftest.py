@@ -48,6 +48,15 @@ TINY_TRAIN_OVERRIDES = [
 ]
 
 
+def resolved(cfg, num_items: int = 1_000, *, tied_share: float = 0.0, device: str = "cpu", lengths=(20,) * 100):
+    """``cfg`` resolved as an experiment on ``num_items`` ids (with padding) would resolve it, with
+    training sequences of ``lengths`` clicks and ``tied_share`` of consecutive clicks tied, trained
+    on a ``device`` type (recsys.run.settings.resolve)."""
+    from recsys.run.settings import Facts, resolve
+
+    return resolve(cfg, Facts.of_lengths(list(lengths), num_items, tied_share, device))
+
+
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
     """A trained run directory (ComiRec-SA, K=4, d=16, ~200 synthetic items, 20 steps; ~3 s),

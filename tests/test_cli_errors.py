@@ -358,11 +358,11 @@ def test_resume_of_a_run_without_checkpoint_says_so(tmp_path, capsys):
     assert "has no checkpoint" in _error_line(capsys)
 
 
-def test_resolved_config_is_printed_only_with_verbose(capsys):
+def test_the_config_is_printed_only_with_verbose(capsys):
     assert main(["data", *TINY_DATA]) == 0
-    assert "# resolved config" not in capsys.readouterr().out
+    assert "# given config" not in capsys.readouterr().out
     assert main(["data", *TINY_DATA, "--verbose"]) == 0
-    assert "# resolved config" in capsys.readouterr().out
+    assert "# given config" in capsys.readouterr().out  # as written: train --dry-run prints it resolved
 
 
 def test_skip_bad_rows_warning_is_one_line_without_python_source(tmp_path):

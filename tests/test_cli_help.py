@@ -38,7 +38,6 @@ def test_recsys_config_lists_every_key_as_a_file_config_takes_back(tmp_path, cap
     import sys
 
     from recsys.config import Config, load_config
-    from recsys.models import resolve
 
     if sys.version_info >= (3, 11):
         import tomllib
@@ -55,5 +54,6 @@ def test_recsys_config_lists_every_key_as_a_file_config_takes_back(tmp_path, cap
     assert keys(listed) == keys(Config().to_dict())
     assert listed["model"]["dim"] == 32 and listed["model"]["name"] == "sasrec"
     (tmp_path / "c.toml").write_text(text)
-    given = resolve(load_config(None, ["model.dim=32", "model.name=sasrec"]))
-    assert resolve(load_config([tmp_path / "c.toml"])) == given  # the model's automatic values as resolved
+    given = load_config(None, ["model.dim=32", "model.name=sasrec"])
+    assert load_config([tmp_path / "c.toml"]) == given  # the config as given: the data decides what is automatic
+    assert listed["model"]["dropout"] == -1 and listed["train"]["predict_at"] == "auto"

@@ -5,8 +5,15 @@ from pathlib import Path
 import pytest
 
 from recsys.config import Config, ConfigError, config_from_dict, load_config, validate, with_values
-from recsys.models import model_names, resolve
+from recsys.models import model_names
 from recsys.run.saved_config import run_config_from_dict
+from recsys.run.settings import Facts, resolve
+
+
+def _resolve(cfg: Config, num_items: int = 4001) -> Config:
+    """``cfg`` resolved on ``num_items`` ids and 1,000 training sequences of 20 clicks."""
+    return resolve(cfg, Facts.of_lengths([20] * 1000, num_items))
+
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -81,7 +88,7 @@ def test_default_config_is_valid():
     cfg = Config()
     validate(cfg)
     assert cfg == load_config(None, [])
-    assert (cfg.model.score_cap, cfg.train.targets) == (-1.0, "auto")  # left for the model spec to resolve
+    assert (cfg.model.score_cap, cfg.train.predict_at) == (-1.0, "auto")  # left for the model spec to resolve
 
 
 @pytest.mark.parametrize(
@@ -95,9 +102,9 @@ def test_default_config_is_valid():
     ],
 )
 def test_automatic_anti_collapse_defaults_resolve_per_model(name, cap, soft):
-    cfg = resolve(load_config(None, [f"model.name={name}"]))
+    cfg = _resolve(load_config(None, [f"model.name={name}"]))
     assert (cfg.model.score_cap, cfg.train.soft_readout_steps) == (cap, soft)
-    explicit = resolve(load_config(None, [f"model.name={name}", "model.score_cap=0", "train.soft_readout_steps=7"]))
+    explicit = _resolve(load_config(None, [f"model.name={name}", "model.score_cap=0", "train.soft_readout_steps=7"]))
     assert (explicit.model.score_cap, explicit.train.soft_readout_steps) == (0.0, 7)
     with pytest.raises(ConfigError, match="model.score_cap"):
         load_config(None, ["model.score_cap=-2"])
@@ -200,11 +207,13 @@ def test_memory_estimate_names_the_number_and_passes_sane_configs():
     from recsys.train.memory import check_fits
 
     gib = 1024**3
-    cfg = load_config(None, ["model.backend=torch"])
+    cfg = _resolve(load_config(None, ["model.backend=torch"]))
     model = build_model(cfg.model, 4001, cfg.data.max_len)
     assert check_fits(cfg, model, 4001, torch.device("cpu"), available=1 * gib) < 1 * gib
-    cfg = load_config(
-        None, ["model.backend=torch", "model.num_interests=64", "train.batch_size=65536", "train.horizon=1"]
+    cfg = _resolve(
+        load_config(
+            None, ["model.backend=torch", "model.num_interests=64", "train.batch_size=65536", "train.predict_next=1"]
+        )
     )
     model = build_model(cfg.model, 4001, cfg.data.max_len)
     with pytest.raises(ConfigError, match=r"train.batch_size=65536.*needs about [\d,]+\.\d GiB.*24.0 GiB free"):
@@ -219,11 +228,12 @@ def test_memory_estimate_counts_the_hard_negative_proposal():
     from recsys.train.memory import check_fits
 
     gib, items = 1024**3, 1_000_001
-    plain = load_config(None, ["model.backend=torch", "train.batch_size=1024", "model.dim=16"])
+    plain = _resolve(load_config(None, ["model.backend=torch", "train.batch_size=1024", "model.dim=16"]), items)
     model = build_model(plain.model, items, plain.data.max_len)
     assert check_fits(plain, model, items, torch.device("cpu"), available=24 * gib) < 24 * gib
-    hard = load_config(
-        None, ["model.backend=torch", "train.batch_size=1024", "model.dim=16", "train.hard_negatives=0.5"]
+    hard = _resolve(
+        load_config(None, ["model.backend=torch", "train.batch_size=1024", "model.dim=16", "train.hard_negatives=0.5"]),
+        items,
     )
     with pytest.raises(ConfigError, match=r"train.hard_negatives=0.5.*needs about 3\d\.\d GiB"):
         check_fits(hard, model, items, torch.device("cpu"), available=24 * gib)
@@ -231,8 +241,8 @@ def test_memory_estimate_counts_the_hard_negative_proposal():
 
 def test_attention_reg_on_a_model_without_attention_fails_when_resolved():
     with pytest.raises(ConfigError, match="train.attention_reg=1 has no effect on mind"):
-        resolve(load_config(None, ["model.name=mind", "train.attention_reg=1"]))
-    assert resolve(load_config(None, ["model.name=sasrec_mi", "train.attention_reg=1"])).train.attention_reg == 1.0
+        _resolve(load_config(None, ["model.name=mind", "train.attention_reg=1"]))
+    assert _resolve(load_config(None, ["model.name=sasrec_mi", "train.attention_reg=1"])).train.attention_reg == 1.0
 
 
 def test_values_apply_after_files_and_overrides(tmp_path):
@@ -240,7 +250,7 @@ def test_values_apply_after_files_and_overrides(tmp_path):
     path.write_text('[model]\nname = "youtube_dnn"\ndim = 16\n')
     cfg = load_config(path, ["model.dim=8"], values={"model.name": "mind", "data.max_len": 30})
     assert (cfg.model.name, cfg.model.dim, cfg.data.max_len) == ("mind", 8, 30)
-    cfg = resolve(cfg)
+    cfg = _resolve(cfg)
     assert (cfg.model.score_cap, cfg.train.soft_readout_steps) == (0.0, 0)  # resolved for mind, not the default
 
 
@@ -248,14 +258,14 @@ def test_changing_the_model_resolves_automatic_settings_again():
     from recsys.config import with_values
 
     mind = with_values(load_config(None, []), {"model.name": "mind"})  # from comirec_sa's automatic values
-    assert (resolve(mind).model.score_cap, resolve(mind).train.soft_readout_steps) == (0.0, 0)
-    explicit = resolve(
+    assert (_resolve(mind).model.score_cap, _resolve(mind).train.soft_readout_steps) == (0.0, 0)
+    explicit = _resolve(
         with_values(
             load_config(None, ["model.score_cap=2", "train.soft_readout_steps=50"]), {"model.name": "sasrec_mi"}
         )
     )
     assert (explicit.model.score_cap, explicit.train.soft_readout_steps) == (2.0, 50)  # set by hand: kept
-    back = resolve(with_values(mind, {"model.name": "comirec_sa"}))
+    back = _resolve(with_values(mind, {"model.name": "comirec_sa"}))
     assert (back.model.score_cap, back.train.soft_readout_steps) == (1.0, 1000)
 
 
@@ -296,7 +306,7 @@ def test_memory_estimate_adds_evaluation_to_a_captured_step():
     from recsys.models import build_model
     from recsys.train.memory import check_fits, estimate_bytes
 
-    cfg = load_config(None, ["model.backend=torch"])
+    cfg = _resolve(load_config(None, ["model.backend=torch"]))
     model = build_model(cfg.model, 4001, cfg.data.max_len)
     params = sum(p.numel() for p in model.parameters())
     parts = estimate_bytes(cfg, params, 4001, cfg.model.num_interests)
@@ -310,7 +320,8 @@ def test_a_row_sparse_item_table_keeps_no_gradient_in_the_memory_estimate():
 
     cfg = load_config(None, ["model.dim=64"])
     dense, sparse = (
-        estimate_bytes(with_values(cfg, {"train.item_updates": u}), 10**7, 10**6, 4) for u in ("dense", "sparse")
+        estimate_bytes(_resolve(with_values(cfg, {"train.item_updates": u}), 10**6), 10**7, 10**6, 4)
+        for u in ("dense", "sparse")
     )
     saved = dense["parameters and optimizer state"] - sparse["parameters and optimizer state"]
     assert saved == 10**6 * (64 * 4 - 8)
@@ -325,8 +336,8 @@ def test_saved_runs_without_item_updates_or_a_validation_sample_load_as_trained(
 
 @pytest.mark.parametrize("name", model_names())
 def test_saved_runs_without_a_horizon_load_as_trained(name):
-    """A config.json written before train.horizon existed predicted the next click only."""
+    """A config.json written before train.predict_next existed predicted the next click only."""
     saved = Config().to_dict()
     saved["model"]["name"] = name
-    del saved["train"]["horizon"]
-    assert run_config_from_dict(saved).train.horizon == 1
+    del saved["train"]["predict_next"]
+    assert run_config_from_dict(saved).train.predict_next == 1

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from recsys.cli import main
-from recsys.config import ConfigError, load_config
+from recsys.config import ConfigError, automatic_keys, load_config
 from recsys.run import RunDir
 
 from conftest import TINY_RUN_OVERRIDES
@@ -63,14 +63,15 @@ def test_tune_prunes_resumes_and_writes_a_config_that_trains(tmp_path, capsys):
     assert "[tune]" not in best_toml.read_text() and "[serve]" not in best_toml.read_text()
     retrained = RunDir(folder / f"best-{best.number:04d}")
     expected = best_cfg.to_dict()
-    assert expected["train"]["horizon"] == -1  # automatic: resolved by the run, from the synthetic data's untied times
-    expected["train"]["horizon"] = 1
-    assert expected["train"]["item_updates"] == "auto"  # resolved by the run from the catalogue's size
-    expected["train"]["item_updates"] = "dense"
     saved = retrained.read_config().to_dict()
-    assert expected["train"]["weight_decay"] == -1 and saved["train"]["weight_decay"] > 0  # from its steps per epoch
-    expected["train"]["weight_decay"] = saved["train"]["weight_decay"]
+    assert automatic_keys(retrained.read_config()) == []  # the run decided every automatic value ...
+    for key in automatic_keys(best_cfg):  # ... which best.toml leaves to the data, as written
+        section, leaf = key.split(".")
+        expected[section][leaf] = saved[section][leaf]
     assert saved == expected
+    # from the synthetic data's untied times, the catalogue's size and the steps per epoch
+    assert saved["train"]["predict_next"] == 1 and saved["train"]["item_updates"] == "dense"
+    assert saved["train"]["weight_decay"] > 0
     valid = max(r["recall@50"] for r in retrained.read_metrics() if r.get("split") == "valid")
     assert valid == pytest.approx(best.value)  # the same seed trains the same model
     assert f"{retrained.read_test_metrics()['recall@50']:.4f}" in out

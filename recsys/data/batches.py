@@ -43,20 +43,20 @@ def pad_sequences(
     return inputs, lengths
 
 
-def following_clicks(items: np.ndarray, first: np.ndarray, row_end: np.ndarray, horizon: int) -> np.ndarray:
-    """The ``horizon`` clicks from absolute position ``first`` on, 0 past the row's end.
+def following_clicks(items: np.ndarray, first: np.ndarray, row_end: np.ndarray, count: int) -> np.ndarray:
+    """The ``count`` clicks from absolute position ``first`` on, 0 past the row's end.
 
     Args:
         items ``[nnz]`` int64: the CSR clicks.
         first ``[...]`` int64: absolute positions into ``items`` (``first < row_end`` where a target is
             wanted; elsewhere the output is all 0).
         row_end ``[...]`` int64 (broadcast against ``first``): each position's row end, exclusive.
-        horizon: clicks to take.
+        count: clicks to take.
 
     Returns:
-        ``[..., horizon]`` int64: ``items[first + j]`` where ``first + j < row_end``, else 0.
+        ``[..., count]`` int64: ``items[first + j]`` where ``first + j < row_end``, else 0.
     """
-    index = np.asarray(first, dtype=np.int64)[..., None] + np.arange(horizon)  # [..., horizon]
+    index = np.asarray(first, dtype=np.int64)[..., None] + np.arange(count)  # [..., count]
     valid = index < np.asarray(row_end, dtype=np.int64)[..., None]
     out = np.zeros(index.shape, dtype=np.int64)
     out[valid] = items[index[valid]]
@@ -76,9 +76,9 @@ def gather_rows(items: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tupl
     return out_indptr, items[offsets + np.arange(out_indptr[-1])].astype(np.int64)
 
 
-class _Draws:
-    """What both samplers share: the CSR sequences, the rows long enough to draw from, the
-    horizon and the random stream (whose state checkpoints carry).
+class _SequenceSampler:
+    """What both samplers share: the CSR sequences, the rows long enough to draw from, how many
+    following clicks a target position predicts and the random stream (whose state checkpoints carry).
 
     Under data parallelism every process holds the same stream (the same ``seed``), draws the
     whole global batch of ``batch_size × world_size`` rows and positions (integers, from the
@@ -92,7 +92,7 @@ class _Draws:
         max_len: history width.
         seed: the sampler's own random stream; equal seeds give equal batches.
         users ``[U']`` int64 (optional): draw only from these rows.
-        horizon: following clicks each target position predicts (default 1: the next one).
+        predict_next: following clicks each target position predicts (default 1: the next one).
         min_clicks: the shortest row that can give a sample; ``why`` ends the error when none can.
         rank, world_size: this process's slice of the global batch, and the number of slices.
         ends ``[R]`` int64 (optional): row ``r`` is ``items[indptr[r]:ends[r]]`` (default: the
@@ -107,7 +107,7 @@ class _Draws:
         max_len: int,
         seed: int,
         users: np.ndarray | None,
-        horizon: int,
+        predict_next: int,
         min_clicks: int,
         why: str,
         rank: int,
@@ -115,8 +115,8 @@ class _Draws:
         ends: np.ndarray | None,
     ) -> None:
         name = type(self).__name__
-        if horizon < 1:
-            raise ValueError(f"{name}: horizon must be >= 1, got {horizon}")
+        if predict_next < 1:
+            raise ValueError(f"{name}: predict_next must be >= 1, got {predict_next}")
         if not 0 <= rank < world_size:
             raise ValueError(f"{name}: rank must be in [0, world_size), got rank {rank} of {world_size}")
         self.rank, self.world_size = rank, world_size
@@ -124,7 +124,7 @@ class _Draws:
         self.items = np.asarray(items, dtype=np.int64)  # a memory-mapped array stays mapped
         self.ends = self.indptr[1:] if ends is None else np.asarray(ends, dtype=np.int64)  # [R]
         self.max_len = max_len
-        self.horizon = horizon
+        self.predict_next = predict_next
         lengths = self.ends - self.indptr[:-1]
         pool = np.arange(len(lengths)) if users is None else np.asarray(users, dtype=np.int64)
         self.users = pool[lengths[pool] >= min_clicks]  # [U] rows that can give a sample
@@ -157,15 +157,15 @@ class _Draws:
         self.rng.bit_generator.state = state
 
 
-class TrainSampler(_Draws):
+class TrainSampler(_SequenceSampler):
     """ComiRec's training samples: a uniformly random user with more than ``min_target``
     clicks, a uniformly random target position ``t`` in ``[min_target, n - 1]`` of that user's
-    sequence, and the up-to-``max_len`` clicks before ``t`` as the history. With ``horizon`` m > 1
+    sequence, and the up-to-``max_len`` clicks before ``t`` as the history. With ``predict_next`` m > 1
     the targets are the clicks at ``t .. t + m - 1`` (fewer at the sequence's end), each read
     out against the same interests: PinnerFormer's "all-action" objective, closer to what the
     ComiRec protocol scores (the whole rest of a sequence) than the next click alone.
 
-    Args: those of :class:`_Draws`, and ``min_target``: the earliest target position (default 1:
+    Args: those of :class:`_SequenceSampler`, and ``min_target``: the earliest target position (default 1:
     any click with a history; ComiRec's reference code uses 4).
     """
 
@@ -177,7 +177,7 @@ class TrainSampler(_Draws):
         seed: int,
         users: np.ndarray | None = None,
         min_target: int = 1,
-        horizon: int = 1,
+        predict_next: int = 1,
         rank: int = 0,
         world_size: int = 1,
         ends: np.ndarray | None = None,
@@ -186,30 +186,30 @@ class TrainSampler(_Draws):
             raise ValueError(f"TrainSampler: min_target must be >= 1, got {min_target}")
         self.min_target = min_target
         why = f"more than {min_target} clicks"
-        super().__init__(indptr, items, max_len, seed, users, horizon, min_target + 1, why, rank, world_size, ends)
+        super().__init__(indptr, items, max_len, seed, users, predict_next, min_target + 1, why, rank, world_size, ends)
 
     def sample(self, batch_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """This rank's ``B = batch_size`` samples of the global batch: ``seq [B, max_len]`` int64
         (right-padded), ``lengths [B]`` int64 (>= 1) and ``targets``: ``[B]`` int64, the click
-        that followed each history, or with ``horizon`` m > 1 ``[B, m]`` int64, the m clicks that
+        that followed each history, or with ``predict_next`` m > 1 ``[B, m]`` int64, the m clicks that
         followed it (0 past the sequence's end)."""
         rows, starts, row_ends, positions = self._draw(batch_size, self.min_target, 0)  # in [min_target, n - 1]
         seq, lengths = pad_sequences(self.indptr, self.items, rows, self.max_len, ends=starts + positions)
-        targets = following_clicks(self.items, starts + positions, row_ends, self.horizon)  # [B, m]
-        return seq, lengths, targets[:, 0] if self.horizon == 1 else targets
+        targets = following_clicks(self.items, starts + positions, row_ends, self.predict_next)  # [B, m]
+        return seq, lengths, targets[:, 0] if self.predict_next == 1 else targets
 
 
-class WindowSampler(_Draws):
+class WindowSampler(_SequenceSampler):
     """Dense training windows: a uniformly random user with at least two clicks, a uniformly
     random end ``e`` in ``[2, n]`` of that user's sequence, and the up-to-``max_len + 1`` clicks
     before ``e`` as one window. Position ``t`` of the window's inputs (clicks ``0..n_w - 2``)
     predicts click ``t + 1``, so one window carries up to ``max_len`` targets, each seeing only
     the clicks before it (causal models).
 
-    With ``horizon`` m > 1, position ``t`` predicts each of clicks ``t + 1 .. t + m`` of the
+    With ``predict_next`` m > 1, position ``t`` predicts each of clicks ``t + 1 .. t + m`` of the
     user's sequence (reaching past the window's end, fewer at the sequence's end).
 
-    Args: those of :class:`_Draws` (``min_target`` does not apply: every click with one before it
+    Args: those of :class:`_SequenceSampler` (``min_target`` does not apply: every click with one before it
     is a target somewhere).
     """
 
@@ -220,16 +220,16 @@ class WindowSampler(_Draws):
         max_len: int,
         seed: int,
         users: np.ndarray | None = None,
-        horizon: int = 1,
+        predict_next: int = 1,
         rank: int = 0,
         world_size: int = 1,
         ends: np.ndarray | None = None,
     ) -> None:
-        super().__init__(indptr, items, max_len, seed, users, horizon, 2, "two clicks", rank, world_size, ends)
+        super().__init__(indptr, items, max_len, seed, users, predict_next, 2, "two clicks", rank, world_size, ends)
 
     def mean_targets(self) -> float:
         """Expected valid positions of one window, ``E[min(e - 1, max_len)]`` over the draw (its
-        targets at ``horizon`` 1)."""
+        targets at ``predict_next`` 1)."""
         n = (self.ends - self.indptr[:-1])[self.users]  # [U]
         full = np.maximum(n - self.max_len - 1, 0)  # ends e in [max_len + 2, n] give max_len targets
         short = np.minimum(n, self.max_len + 1) - 1  # ends e in [2, min(n, max_len + 1)] give e - 1
@@ -239,7 +239,7 @@ class WindowSampler(_Draws):
     def sample(self, batch_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """This rank's ``B = batch_size`` windows of the global batch: ``seq [B, max_len]`` int64
         (right-padded), ``lengths [B]`` int64 (>= 1) and ``targets [B, max_len]`` int64:
-        ``targets[b, t]`` is the click after ``seq[b, t]``, 0 at padded positions; with ``horizon``
+        ``targets[b, t]`` is the click after ``seq[b, t]``, 0 at padded positions; with ``predict_next``
         m > 1 ``[B, max_len, m]``, the m clicks after it (0 at padded positions and past the
         sequence's end)."""
         rows, starts, row_ends, ends = self._draw(batch_size, 2, 1)  # ends in [2, n]
@@ -249,5 +249,5 @@ class WindowSampler(_Draws):
         first = (ends - lengths)[:, None] + cols[None, :]  # [B, max_len] absolute position of each next click
         # padded positions get a row end at their own first target, so no click
         row_end = np.where(cols[None, :] < lengths[:, None], row_ends[:, None], first)
-        targets = following_clicks(self.items, first, row_end, self.horizon)  # [B, max_len, m]
-        return seq, lengths, targets[..., 0] if self.horizon == 1 else targets
+        targets = following_clicks(self.items, first, row_end, self.predict_next)  # [B, max_len, m]
+        return seq, lengths, targets[..., 0] if self.predict_next == 1 else targets

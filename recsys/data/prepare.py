@@ -155,8 +155,8 @@ class Dataset:
 
         The data does not order such a pair: the file's row order does, so "the next click" is
         partly arbitrary there (51% of MovieLens 100K's pairs, rated in bursts; 44% of Amazon
-        Beauty's, stamped by the day). The automatic ``train.horizon`` reads it
-        (:func:`recsys.models.spec.automatic_horizon`). Counted over blocks of ``block`` clicks,
+        Beauty's, stamped by the day). The automatic ``train.predict_next`` reads it
+        (:func:`recsys.run.settings.resolve`). Counted over blocks of ``block`` clicks,
         so memory stays bounded at a billion clicks.
         """
         times, n = self.times, len(self.items)

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from recsys.config import Config, RetrievalConfig, excludes_history
+from recsys.config import Config, RetrievalConfig, require_resolved
 from recsys.device import model_device
 from recsys.evaluate.evaluator import history_block
 from recsys.kernels import length_softmax
@@ -176,7 +176,9 @@ def health_with_config(
     planted: list[set[int]] | None = None,
 ) -> dict[str, float]:
     """:func:`interest_health` with the served list of the run's evaluation: its longest
-    cutoff (``max(eval.topn)``) and its history exclusion (``eval.exclude_history``)."""
+    cutoff (``max(eval.topn)``) and its history exclusion (``eval.exclude_history``; ``cfg``
+    resolved)."""
+    require_resolved(cfg, "health_with_config", section="eval.")
     return interest_health(
         model,
         eval_set,
@@ -184,7 +186,7 @@ def health_with_config(
         item_category=item_category,
         planted=planted,
         served_n=max(cfg.eval.topn),
-        exclude_history=excludes_history(cfg),
+        exclude_history=bool(cfg.eval.exclude_history),
     )
 
 

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from recsys.config import Config, RetrievalConfig, excludes_history
+from recsys.config import Config, RetrievalConfig, require_resolved
 from recsys.data.batches import pad_sequences
 from recsys.device import model_device, to_device
 from recsys.evaluate.metrics import compute_metrics
@@ -252,14 +252,15 @@ def evaluate_with_config(
     progress: bool = False,
     across_ranks: bool = False,
 ) -> dict[str, float]:
-    """:func:`evaluate` with ``cfg.eval`` and ``cfg.retrieval`` (``eval.exclude_history``'s
-    "auto": on under ``data.split = "leave_one_out"``); ``across_ranks`` as there."""
+    """:func:`evaluate` with ``cfg.eval`` and ``cfg.retrieval`` (``cfg`` resolved:
+    :func:`recsys.run.settings.resolve` decided ``eval.exclude_history``); ``across_ranks`` as there."""
+    require_resolved(cfg, "evaluate_with_config", section="eval.")
     return evaluate(
         model,
         eval_set,
         topn=tuple(cfg.eval.topn),
         retrieval=cfg.retrieval,
-        exclude_history=excludes_history(cfg),
+        exclude_history=bool(cfg.eval.exclude_history),
         comirec_ndcg=cfg.eval.comirec_ndcg,
         item_category=item_category,
         diversity_lambda=cfg.eval.diversity_lambda,

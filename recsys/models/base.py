@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from recsys.config import ModelConfig
-from recsys.models.spec import resolve_model, spec_for
+from recsys.config import Config, ModelConfig, automatic_keys
+from recsys.models.spec import spec_for
 
 
 class InterestModel(nn.Module):
@@ -40,7 +40,7 @@ class InterestModel(nn.Module):
         raise NotImplementedError
 
     def prefix_interests(self, seq: Tensor, lengths: Tensor) -> Tensor:
-        """Interests at every prefix, for dense training (``train.targets = "all"``):
+        """Interests at every prefix, for dense training (``train.predict_at = "all"``):
         ``seq [B, L]``, ``lengths [B]`` -> ``[B, L, K, d]`` where ``[:, t]`` depends on clicks
         ``0..t`` only and equals :meth:`interests` of the sequence cut after click ``t``
         (up to the positions' reference point, see the model). Positions ``t >= length`` are 0.
@@ -63,14 +63,22 @@ def build_model(
     cfg: ModelConfig, num_items: int, max_len: int, item_counts: torch.Tensor | None = None
 ) -> InterestModel:
     """Build ``cfg.name`` for a catalogue of ``num_items`` ids (0 = padding), through its spec
-    (:mod:`recsys.models.spec`): automatic values resolved, settings it does not read refused.
+    (:mod:`recsys.models.spec`). ``cfg`` is resolved: :func:`recsys.run.settings.resolve` (or
+    :func:`~recsys.run.settings.resolve_model` for a model on its own) decided its automatic values
+    and checked its settings; a value still automatic is a ``ValueError`` naming it.
 
     ``item_counts [num_items]`` (click counts) is passed to models that need it (MostPopular).
     """
+    left = [key for key in automatic_keys(Config(model=cfg)) if key.startswith("model.")]
+    if left:
+        raise ValueError(
+            f"build_model: {', '.join(left)} still automatic; resolve the model's settings first "
+            "(recsys.run.settings.resolve_model(cfg, num_items))"
+        )
     spec = spec_for(cfg.name)
     if spec.needs_item_counts:
         if item_counts is None:
             raise ValueError(f"model {cfg.name!r} needs item_counts (training click counts per item id)")
         if len(item_counts) != num_items:
             raise ValueError(f"item_counts: expected {num_items} entries (one per item id), got {len(item_counts)}")
-    return spec.build(resolve_model(cfg, num_items), num_items, max_len, item_counts)
+    return spec.build(cfg, num_items, max_len, item_counts)

@@ -6,7 +6,7 @@ from torch import Tensor
 
 from recsys.config import ModelConfig
 from recsys.models.sequence import SequenceModel
-from recsys.models.spec import MULTI_INTEREST_SPACE, SELF_ATTENTIVE_SPACE, ModelSpec, register
+from recsys.models.spec import MULTI_INTEREST_SPACE, SELF_ATTENTIVE_SPACE, Automatic, ModelSpec, register
 from recsys.nn.multi_interest import SelfAttentiveHead
 
 
@@ -54,7 +54,7 @@ def build(cfg: ModelConfig, num_items: int, max_len: int, item_counts: Tensor | 
         num_items,
         cfg.dim,
         cfg.num_interests,
-        cfg.hidden or 4 * cfg.dim,
+        cfg.hidden,
         max_len,
         cfg.backend,
         cfg.positions,
@@ -71,15 +71,15 @@ SPEC = register(
         self_attentive=True,
         dense=True,
         # max-scored negatives and the attention regulariser: docs/results.md, "Dense training"
-        defaults={
-            "model.score_cap": 1.0,
-            "train.soft_readout_steps": 1000,
-            "train.negative_scores": "max",
-            "train.attention_reg": 1.0,
-            "train.horizon": 5,  # where the data leaves the order of its clicks open (automatic_horizon)
-        },
-        # the K interests share one space, which 64 wide crowds on a large catalogue (docs/models.md)
-        large_catalogue={"model.dim": 128},
+        automatic=Automatic(
+            score_cap=1.0,
+            soft_readout_steps=1000,
+            negative_readout="max",
+            attention_reg=1.0,
+            predict_next=5,  # where the data leaves the order of its clicks open (recsys.models.spec.TIED_ORDER)
+            # the K interests share one space, which 64 wide crowds on a large catalogue (docs/models.md)
+            large_dim=128,
+        ),
         tune_space={**MULTI_INTEREST_SPACE, **SELF_ATTENTIVE_SPACE},
     )
 )

@@ -6,7 +6,7 @@ from torch import Tensor
 
 from recsys.config import ModelConfig
 from recsys.models.sequence import SequenceModel
-from recsys.models.spec import DROPOUT_SPACE, MULTI_INTEREST_SPACE, SELF_ATTENTIVE_SPACE, ModelSpec, register
+from recsys.models.spec import DROPOUT_SPACE, MULTI_INTEREST_SPACE, SELF_ATTENTIVE_SPACE, Automatic, ModelSpec, register
 from recsys.nn.masking import gather_last
 from recsys.nn.multi_interest import SelfAttentiveHead
 from recsys.nn.transformer import TransformerEncoder
@@ -34,7 +34,7 @@ class SASRec(SequenceModel):
     ``4d``, no ``sqrt(d)`` embedding scale, no attention-probability dropout, and the loss is the
     trainer's softmax (by default exact below 100,000 items on CUDA and 10,000 on the CPU, sampled
     above: ``train.full_softmax``)
-    at every position of the window (``train.targets = "all"``, its default) rather than BCE with one negative.
+    at every position of the window (``train.predict_at = "all"``, its default) rather than BCE with one negative.
     """
 
     def __init__(self, num_items: int, cfg: ModelConfig, max_len: int):
@@ -65,7 +65,7 @@ class SASRecMI(SequenceModel):
         self.encoder = _encoder(cfg, max_len)
         self.head = SelfAttentiveHead(
             cfg.dim,
-            cfg.hidden or 4 * cfg.dim,
+            cfg.hidden,
             cfg.num_interests,
             max_len,
             backend=cfg.backend,
@@ -105,7 +105,7 @@ SASREC = register(
         tune_space=DROPOUT_SPACE,
         # a causal encoder learns from every position; dropout, not weight decay, regularises it; the
         # exact softmax where it is cheap (docs/results.md, "sasrec's dropout and softmax")
-        defaults={"train.targets": "all", "model.dropout": 0.4, "epoch_decay": 0.0, "train.full_softmax": True},
+        automatic=Automatic(predict_at="all", dropout=0.4, epoch_decay=0.0, full_softmax=True),
     )
 )
 SASREC_MI = register(
@@ -119,15 +119,16 @@ SASREC_MI = register(
         # comirec_sa's negatives and regulariser; dropout 0.3 (sasrec's 0.4 lost on amazon-beauty), and
         # on a large catalogue comirec_sa's width with dropout 0.2, its best there: docs/results.md, "Width and
         # dropout of the multi-interest models"
-        defaults={
-            "model.score_cap": 1.0,
-            "model.dropout": 0.3,
-            "train.soft_readout_steps": 1000,
-            "train.negative_scores": "max",
-            "train.attention_reg": 1.0,
-            "train.horizon": 5,  # where the data leaves the order of its clicks open (automatic_horizon)
-        },
-        large_catalogue={"model.dim": 128, "model.dropout": 0.2},
+        automatic=Automatic(
+            score_cap=1.0,
+            dropout=0.3,
+            soft_readout_steps=1000,
+            negative_readout="max",
+            attention_reg=1.0,
+            predict_next=5,  # where the data leaves the order of its clicks open (recsys.models.spec.TIED_ORDER)
+            large_dim=128,
+            large_dropout=0.2,
+        ),
         tune_space={**MULTI_INTEREST_SPACE, **SELF_ATTENTIVE_SPACE, **DROPOUT_SPACE},
         saved_defaults={"model.head_values": {"model.head_values": "encoded"}},  # its head pooled the encoder outputs
     )

@@ -7,7 +7,7 @@ from torch import Tensor, nn
 
 from recsys.config import ModelConfig
 from recsys.models.sequence import SequenceModel
-from recsys.models.spec import ModelSpec, register
+from recsys.models.spec import Automatic, ModelSpec, register
 from recsys.nn.masking import length_mask
 
 
@@ -34,4 +34,4 @@ def build(cfg: ModelConfig, num_items: int, max_len: int, item_counts: Tensor | 
 
 
 # a mean of embeddings overfits sooner: it decays 0.5 a pass (docs/results.md, defaults study)
-SPEC = register(ModelSpec(name="youtube_dnn", build=build, dense=True, defaults={"epoch_decay": 0.5}))
+SPEC = register(ModelSpec(name="youtube_dnn", build=build, dense=True, automatic=Automatic(epoch_decay=0.5)))

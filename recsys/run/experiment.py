@@ -17,8 +17,9 @@ from torch import Tensor
 from recsys.config import Config
 from recsys.data import Dataset, Split, load_dataset, split_dataset
 from recsys.device import model_device, resolve_device, to_device
-from recsys.models import InterestModel, build_model, resolve
+from recsys.models import InterestModel, build_model
 from recsys.run.layout import RunDir
+from recsys.run.settings import Facts, check, resolve
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 # (the resolved config, the model on the meta device, catalogue size with padding); what it returns is ignored
 CheckMemory = Callable[[Config, InterestModel, int], object]
 
-__all__ = ["Experiment", "LoadedRun", "build_experiment", "load_run", "train_item_counts"]
+__all__ = ["Experiment", "Facts", "LoadedRun", "build_experiment", "load_run", "train_item_counts"]
 
 
 def train_item_counts(split: Split, num_items: int) -> Tensor:
@@ -36,13 +37,15 @@ def train_item_counts(split: Split, num_items: int) -> Tensor:
 
 @dataclass(eq=False)
 class Experiment:
-    """A config with its prepared dataset, split, training click counts ``[num_items]`` and model."""
+    """A resolved config with its prepared dataset, split, training click counts ``[num_items]``,
+    model and the facts the config was resolved with."""
 
     cfg: Config
     dataset: Dataset
     split: Split
     item_counts: Tensor
     model: InterestModel
+    facts: Facts
 
     @property
     def device(self) -> torch.device:
@@ -83,29 +86,33 @@ def build_experiment(
     clicks: pd.DataFrame | None = None,
     progress: bool = False,
     check_memory: CheckMemory | None = None,
-    fused_softmax: bool = False,
+    device: str | torch.device = "cpu",
+    world_size: int = 1,
 ) -> Experiment:
     """Load ``cfg``'s data (or use ``dataset``, or the click table ``clicks``), split it, count
-    the training clicks and build ``cfg.model`` (untrained, on the CPU). ``cfg`` is resolved for
-    its model first (:func:`recsys.models.resolve`), and again once the data is known (the width
-    and the other values that follow the catalogue, the horizon that follows the timestamps;
-    ``fused_softmax`` as in :func:`recsys.models.resolve`); the experiment holds the resolved copy.
+    the training clicks, resolve ``cfg`` and build its model (untrained, on the CPU).
+
+    This is where a config's automatic values are decided, once: :func:`recsys.run.settings.resolve`
+    with the :class:`~recsys.run.settings.Facts` of the data and of training on ``device`` with
+    ``world_size`` processes; the experiment holds the resolved copy. A setting the model does not
+    read fails before the data is read (:func:`recsys.run.settings.check`).
 
     ``check_memory(cfg, shapes, num_items)``, when given, runs before the model takes any memory,
     with the resolved config, on the same model built on the ``meta`` device (parameters with
     shapes and no storage), so a size that cannot fit (e.g. :func:`recsys.train.memory.check_fits`)
     is refused before it is allocated rather than by the allocator or the out-of-memory killer.
     """
-    cfg = resolve(cfg)
+    check(cfg)
     ds = dataset if dataset is not None else load_dataset(cfg, clicks=clicks, progress=progress)
-    cfg = resolve(cfg, num_items=ds.num_items, fused_softmax=fused_softmax, tied_share=ds.tied_share())
     split = split_dataset(ds, cfg.data)
+    facts = Facts.of(ds, split, device, world_size)
+    cfg = resolve(cfg, facts)
     counts = train_item_counts(split, ds.num_items)
     if check_memory is not None:
         with torch.device("meta"):
             check_memory(cfg, build_model(cfg.model, ds.num_items, cfg.data.max_len, item_counts=counts), ds.num_items)
     model = build_model(cfg.model, ds.num_items, cfg.data.max_len, item_counts=counts)
-    return Experiment(cfg, ds, split, counts, model)
+    return Experiment(cfg, ds, split, counts, model, facts)
 
 
 @dataclass(eq=False)
@@ -129,7 +136,7 @@ def load_run(path: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
     rd = RunDir(path)
     rd.require_trained()
     cfg = rd.read_config()
-    exp = build_experiment(cfg, dataset=rd.load_dataset())
+    exp = build_experiment(cfg, dataset=rd.load_dataset(), device=device)
     rd.load_best(map_location="cpu", model=exp.model)
     exp.model.to(device).eval()
-    return LoadedRun(exp.cfg, exp.dataset, exp.split, exp.item_counts, exp.model, rd)
+    return LoadedRun(exp.cfg, exp.dataset, exp.split, exp.item_counts, exp.model, exp.facts, rd)

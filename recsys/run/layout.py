@@ -53,7 +53,6 @@ from torch import nn
 
 from recsys.config import Config, ConfigError
 from recsys.io import IntegrityError, atomic_save, atomic_torch_save, atomic_write, atomic_write_text, manifest
-from recsys.models.spec import resolve
 from recsys.run import checks
 from recsys.run.saved_config import run_config_from_dict
 
@@ -248,9 +247,10 @@ class RunDir:
 
     # config ---------------------------------------------------------------------------------
     def save_config(self, config: Config | Mapping[str, Any]) -> None:
-        """Write ``config.json`` from a ``Config`` (resolved for its model first, so the file
-        records what the run used) or a mapping of plain data (written as given)."""
-        values = resolve(config).to_dict() if isinstance(config, Config) else dict(config)
+        """Write ``config.json`` from a ``Config`` (the resolved one a run trains with, so the file
+        records what the run used: :func:`recsys.run.settings.resolve`) or a mapping of plain data
+        (written as given)."""
+        values = config.to_dict() if isinstance(config, Config) else dict(config)
         atomic_write_text(self.file(CONFIG), json.dumps(values, indent=2) + "\n", replace=self._replace)
 
     def has_config(self) -> bool:

@@ -1,16 +1,20 @@
 """A saved run's ``config.json`` -> :class:`~recsys.config.Config`, keeping what the run was
 trained with where a default has changed since it was saved.
 
-A key missing from the file dates the run; the values that were in force then fill it:
+From :data:`~recsys.config.CONFIG_VERSION` 2 the file holds every value the run used (its resolved
+config). A file without ``config_version`` (version 1) was written before the resolver wrote every
+value down: it may still hold automatic values, which :func:`recsys.run.build_experiment` decides
+from the run's saved dataset by the same rules, and is read as version 1 until then. In either, a
+key missing from the file dates the run; the values that were in force then fill it:
 
 - no ``model.positions``: positions were numbered from the oldest click (``"absolute"``), for
   the models that read positions;
 - no ``model.score_cap``: the self-attentive scores were not capped (0);
 - no ``train.soft_readout_steps``: the readout was the argmax from the first step (0);
-- no ``train.negative_scores``: the readout's interest scored the negatives (``"readout"``);
-- no ``train.targets``: one target per sampled history (``"last"``);
+- no ``train.negative_readout``: the readout's interest scored the negatives (``"readout"``);
+- no ``train.predict_at``: one target per sampled history (``"last"``);
 - no ``train.ema_decay``: the last weights were validated and kept (0);
-- no ``train.horizon``: each target predicted its next click only (1);
+- no ``train.predict_next``: each target predicted its next click only (1);
 - no ``train.item_updates``: every step updated the whole item table (``"dense"``);
 - no ``eval.valid_users``: validation scored every validation user (0);
 - and what the model's own spec says (:attr:`recsys.models.spec.ModelSpec.saved_defaults`).
@@ -20,21 +24,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from recsys.config import Config, ModelConfig, config_from_dict
-from recsys.models.spec import resolve, spec_for
+from recsys.config import CONFIG_VERSION, Config, ConfigError, ModelConfig, config_from_dict, renamed
+from recsys.models.spec import spec_for
 
 _TRAIN_DEFAULTS = {
     "soft_readout_steps": 0,
-    "negative_scores": "readout",
-    "targets": "last",
+    "negative_readout": "readout",
+    "predict_at": "last",
     "ema_decay": 0.0,
-    "horizon": 1,
+    "predict_next": 1,
     "item_updates": "dense",
 }
 
 
 def run_config_from_dict(values: dict[str, Any]) -> Config:
-    """The resolved config of a saved run from its ``config.json`` contents (see the module docstring)."""
+    """The config of a saved run from its ``config.json`` contents (see the module docstring; a key
+    saved under its old name, :data:`recsys.config.RENAMED`, is read under its new one)."""
+    values = renamed(values, warn=False)
+    version = values.get("config_version", 1)
+    if not isinstance(version, int) or version > CONFIG_VERSION:
+        raise ConfigError(
+            f"config_version: {version!r} is newer than this recsys reads ({CONFIG_VERSION}); upgrade recsys"
+        )
     model = dict(values.get("model", {}))
     train = dict(values.get("train", {}))
     spec = spec_for(model.get("name", ModelConfig().name))
@@ -52,4 +63,4 @@ def run_config_from_dict(values: dict[str, Any]) -> Config:
             for dotted, value in then.items():
                 where, leaf = dotted.split(".")
                 sections[where][leaf] = value
-    return resolve(config_from_dict({**values, **sections}))
+    return config_from_dict({**values, **sections, "config_version": version})

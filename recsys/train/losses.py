@@ -386,7 +386,7 @@ def sampled_softmax_loss(
         remove_accidental_hits: a negative equal to the row's target gets logit ``-inf``, so a
             row's own positive never counts as its negative.
         z_loss: weight of ``mean(log_z ** 2)`` added to the loss (0 disables).
-        interests: ``[B, K, d]`` or ``[B / m, K, d]`` (optional, ``train.negative_scores =
+        interests: ``[B, K, d]`` or ``[B / m, K, d]`` (optional, ``train.negative_readout =
             "max"``): score each negative by its best-matching interest, ``max_k <v_bk, e_neg>``,
             instead of by ``user``; see :func:`negative_logits`.
         backend: kernel backend of that max score (``"auto" | "triton" | "torch"``).
@@ -593,7 +593,7 @@ def negative_logits(user: Tensor, items: Tensor, interests: Tensor | None = None
     ``[B, K, S]`` product).
 
     ``interests`` may also be ``[B / m, K, d]``: each of its rows then serves ``m`` consecutive
-    rows of ``user`` (``train.horizon``: a history's m following clicks share its interests),
+    rows of ``user`` (``train.predict_next``: a history's m following clicks share its interests),
     and its scores are computed once and repeated instead of m times.
     """
     if interests is None:

@@ -15,10 +15,8 @@ from pathlib import Path
 
 import torch
 
-from recsys.config import Config, ConfigError
-from recsys.models.spec import automatic_horizon, resolve
+from recsys.config import Config, ConfigError, require_resolved
 from recsys.train.losses import CATALOGUE_CHUNK
-from recsys.train.plan import fused_exact_softmax, shared_negatives
 
 __all__ = ["available_bytes", "check_fits", "estimate_bytes"]
 
@@ -30,32 +28,28 @@ def estimate_bytes(cfg: Config, num_params: int, num_items: int, num_interests: 
     """The largest memory users of training and evaluation, in bytes, by name.
 
     Args:
-        cfg: the run config (batch sizes, ``max_len``, dim, hidden, negatives, top-N).
+        cfg: the resolved run config (batch sizes, ``max_len``, dim, hidden, negatives, top-N).
         num_params: trainable parameters of the built model (weights, gradients and two Adam
             moments are kept for each, and their average with ``train.ema_decay``; a row-sparse
             item table keeps no gradient).
         num_items: catalogue size (with padding).
         num_interests: K of the built model (1 for single-interest models).
     """
-    cfg = resolve(cfg, num_items)  # the automatic width follows the catalogue
+    require_resolved(cfg, "estimate_bytes")
     m, t, e = cfg.model, cfg.train, cfg.eval
     b, seq_len, k, d = t.batch_size, cfg.data.max_len, num_interests, m.dim
-    hidden = m.hidden or 4 * d
     # the exact softmax holds one chunk of the catalogue's logits at a time
-    negatives = min(num_items, CATALOGUE_CHUNK) if t.full_softmax else shared_negatives(t)
-    positions = b * seq_len if t.targets == "all" else b  # dense training: a target at every position
-    # automatic before the data is known: the most it can resolve to (every consecutive pair tied)
-    horizon = t.horizon if t.horizon != -1 else automatic_horizon(m.name, tied_share=1.0)
-    assert horizon is not None  # resolved: a tied share was given
-    rows = positions * horizon  # loss rows: one for each of a position's following clicks
+    negatives = min(num_items, CATALOGUE_CHUNK) if t.full_softmax else t.num_negatives
+    positions = b * seq_len if t.predict_at == "all" else b  # dense training: a target at every position
+    rows = positions * t.predict_next  # loss rows: one for each of a position's following clicks
     # forward activations kept for backward, and their gradients: x 3
-    step = 3 * b * (seq_len * (hidden + k) + k * d + m.num_layers * seq_len * d * 12) + 2 * rows * (negatives + 1)
-    if t.targets == "all":  # interests at every prefix, and the causal twin's [B, K, L, L] weights
+    step = 3 * b * (seq_len * (m.hidden + k) + k * d + m.num_layers * seq_len * d * 12) + 2 * rows * (negatives + 1)
+    if t.predict_at == "all":  # interests at every prefix, and the causal twin's [B, K, L, L] weights
         step += 3 * positions * k * d + 2 * b * k * seq_len * seq_len
-    if horizon > 1:  # the interests repeated for each following click
+    if t.predict_next > 1:  # the interests repeated for each following click
         step += 3 * rows * k * d
-    if t.negative_scores == "max" and k > 1:
-        # every interest's score of every negative, once per position whatever the horizon (the PyTorch
+    if t.negative_readout == "max" and k > 1:
+        # every interest's score of every negative, once per position whatever train.predict_next (the PyTorch
         # twin; the bf16/fp16 CUDA kernel keeps none)
         step += 2 * positions * k * negatives
     if t.hard_negatives and not t.full_softmax:
@@ -92,13 +86,12 @@ def check_fits(
     *,
     step_kept: bool = False,
 ) -> int:
-    """Raise :class:`ConfigError` when :func:`estimate_bytes` for ``model`` exceeds the memory
+    """Raise :class:`ConfigError` when :func:`estimate_bytes` for ``model`` (``cfg`` resolved) exceeds the memory
     ``available`` on ``device`` (default: :func:`available_bytes`); returns the estimate.
 
     ``step_kept``: the training step's memory stays allocated during evaluation (a captured
     CUDA graph keeps its memory pool), so the two add up instead of taking turns.
     """
-    cfg = resolve(cfg, num_items, fused_softmax=fused_exact_softmax(cfg, device))  # the width follows the catalogue
     num_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     parts = estimate_bytes(cfg, num_params, num_items, int(getattr(model, "num_interests", 1)))
     step, evaluation = parts["training step activations"], parts["evaluation batch"]

@@ -4,7 +4,7 @@ Throughput counts training time only: validations and checkpoints run inside
 :meth:`RunMeter.paused`, so a log window that holds a validation reports the speed of its steps,
 and the summary's rate (:meth:`RunMeter.average`) is the whole run's, not its last window's.
 A sample is one training window; a target is one position that feeds the loss (one per sample
-with ``train.targets = "last"``, every valid position of the window with ``"all"``).
+with ``train.predict_at = "last"``, every valid position of the window with ``"all"``).
 
 The time left is estimated from what can end the run, never from the step cap alone (which the
 plateau stop usually beats by orders of magnitude): the step at which the plateau stop ends the

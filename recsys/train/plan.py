@@ -1,15 +1,8 @@
-"""What the config leaves open, derived from the data: the step budget, the validation cadence
-and the weight decay.
+"""The step budget and the validation cadence of one run, from its resolved config and the
+:class:`~recsys.run.settings.Facts` of its data.
 
-An *epoch* here is as many samples as there are training targets (every click of a training user
-with at least ``train.min_target`` clicks before it; with ``train.targets = "all"``, every click
-with one before it), at ``train.batch_size`` samples a step. For last-position training a sample is
-one history and an epoch one pass over the targets. For dense training a sample is a window that
-carries up to ``data.max_len`` targets, so an epoch covers each target many times over; counting
-the epoch in targets instead (a dense epoch some 15× fewer steps on MovieLens 100K) made the
-budget end dense runs still improving and the automatic decay 15× stronger a step (dense comirec_sa
-there lost a fifth of its recall to it, 0.2393 against 0.2968: docs/results.md, "Dense training"). Counted in samples,
-the step budget and the decay a step do not depend on the objective.
+An *epoch* is as many samples as there are training targets (:meth:`~recsys.run.settings.Facts.epoch_steps`),
+at ``train.batch_size`` samples a step on each process.
 
 - ``train.max_steps = 0`` (the default): ``train.max_epochs`` epochs; the plateau stop ends
   almost every run long before.
@@ -19,17 +12,12 @@ the step budget and the decay a step do not depend on the objective.
   longer. ``train.patience`` validations without improvement then cover a fixed share of the run
   (about 60% of the steps to the best validation with patience 5) on every dataset, and the
   number of validations grows with the logarithm of the run's length.
-- ``train.weight_decay = -1`` (the default) with AdamW: the decoupled decay that shrinks the
-  weights by a fixed factor per epoch, the model spec's ``epoch_decay`` (``exp(-epoch_decay)`` a
-  pass, :func:`recsys.models.spec.epoch_decay`), i.e.
-  ``weight_decay = epoch_decay / (lr * epoch_steps)``. The data term of the loss is a mean over the
-  samples while a prior's weight should fall as ``1 / samples``; a constant per-step decay
-  regularises a large dataset as much as a small one over each step, and so far more over its
-  longer run. On taobao the best constant was 0.05, on amazon-beauty 0.2 to 0.5 (four times more
-  steps per epoch on taobao): both are about 0.15 a pass (docs/results.md, "Weight decay per
-  epoch"). With ``optimizer = "adam"`` the automatic decay is 0 (plain Adam).
 
-A run that fixes ``max_steps``, ``eval_every`` or ``weight_decay`` gets exactly those values.
+Both are modes of the plan rather than values the resolver fills in (:mod:`recsys.run.settings`):
+a resumed run may extend ``train.max_epochs``, and a cadence that grows is not one number. The weight
+decay is the resolved ``train.weight_decay`` (its automatic value, a fixed shrinkage per epoch, is
+decided with the other automatic values). A run that fixes ``max_steps`` or ``eval_every`` gets
+exactly those values.
 """
 
 from __future__ import annotations
@@ -37,11 +25,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
-import torch
-
-from recsys.config import Config, TrainConfig
-from recsys.models.spec import epoch_decay
+from recsys.config import Config, TrainConfig, require_resolved
+from recsys.run.settings import Facts, min_target
 
 EVAL_GROWTH = 0.1  # automatic cadence: validate after another 10% of the steps taken so far
 MIN_FIRST = 250  # automatic cadence: the first validations are at least this many steps apart ...
@@ -59,7 +44,7 @@ class TrainPlan:
             grows, a fixed cadence of ``first``).
         epoch_steps: steps of one epoch (as many samples as training targets); the plateau stop
             does not end a run before it (:meth:`plateau_reached`).
-        weight_decay: the optimiser's weight decay.
+        weight_decay: the optimiser's weight decay (``train.weight_decay``).
     """
 
     max_steps: int
@@ -113,45 +98,14 @@ class TrainPlan:
         return f"plan: {budget}; {cadence}; {stop}; {decay}; {scored}"
 
 
-def shared_negatives(train: TrainConfig) -> int:
-    """Sampled negatives shared by a batch: ``train.num_negatives``, where 0 means 10 per row."""
-    return train.num_negatives or 10 * train.batch_size
-
-
-def fused_exact_softmax(cfg: Config, device: torch.device) -> bool:
-    """Whether a run's exact softmax would run on its fused kernel
-    (:func:`recsys.kernels.catalogue_logsumexp`: CUDA under the bf16 autocast of ``train.amp``,
-    kernels not forced to their twins), where it costs about what sampling does; what the
-    automatic ``train.full_softmax`` resolves with (:func:`recsys.models.resolve`)."""
-    return device.type == "cuda" and cfg.train.amp and cfg.model.backend != "torch"
-
-
-def training_targets(lengths: np.ndarray, min_target: int) -> int:
-    """Samples in one pass over training sequences of ``lengths [R]`` clicks: each click with at
-    least ``min_target`` clicks before it is a target."""
-    return int(np.maximum(np.asarray(lengths) - min_target, 0).sum())
-
-
-def automatic_weight_decay(train: TrainConfig, model: str, epoch_steps: int) -> float:
-    """AdamW's decay for a fixed shrinkage per epoch (module docstring); 0 for plain Adam."""
-    if train.optimizer != "adamw":
-        return 0.0
-    return epoch_decay(model) / (train.lr * epoch_steps)
-
-
-def plan_training(train: TrainConfig, model: str, train_lengths: np.ndarray, world_size: int = 1) -> TrainPlan:
-    """The :class:`TrainPlan` for ``train`` and the model named ``model`` on training sequences
-    of ``train_lengths [R]`` clicks (:attr:`~recsys.data.split.Split.train_lengths`), with
-    ``world_size`` processes each drawing ``train.batch_size`` samples a step (an epoch: as many
-    samples as targets, module docstring)."""
-    samples_per_step = train.batch_size * world_size
-    min_target = 1 if train.targets == "all" else train.min_target
-    targets = training_targets(train_lengths, min_target)
-    users = int((np.asarray(train_lengths) > min_target).sum())
-    epoch_steps = max(1, math.ceil(targets / samples_per_step))
+def plan_training(train: TrainConfig, facts: Facts) -> TrainPlan:
+    """The :class:`TrainPlan` for the resolved ``train`` on ``facts``' training sequences, with
+    ``facts.world_size`` processes each drawing ``train.batch_size`` samples a step."""
+    require_resolved(Config(train=train), "plan_training", section="train.")
+    epoch_steps = facts.epoch_steps(train)
     max_steps = train.max_steps or max(1, math.ceil(train.max_epochs * epoch_steps))
-    decay = train.weight_decay if train.weight_decay >= 0 else automatic_weight_decay(train, model, epoch_steps)
     if train.eval_every:
-        return TrainPlan(max_steps, train.eval_every, 0.0, epoch_steps, decay)
-    first = min(MAX_FIRST, max(MIN_FIRST, math.ceil(users / samples_per_step)))
-    return TrainPlan(max_steps, first, EVAL_GROWTH, epoch_steps, decay)
+        return TrainPlan(max_steps, train.eval_every, 0.0, epoch_steps, train.weight_decay)
+    users = facts.users(min_target(train))
+    first = min(MAX_FIRST, max(MIN_FIRST, math.ceil(users / facts.samples_per_step(train))))
+    return TrainPlan(max_steps, first, EVAL_GROWTH, epoch_steps, train.weight_decay)

@@ -29,19 +29,19 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from recsys.config import Config, objective
+from recsys.config import Config, require_resolved
 from recsys.data.batches import TrainSampler, WindowSampler
 from recsys.data.split import Split
 from recsys.data.synthetic import planted_for
 from recsys.device import to_device
 from recsys.evaluate.diagnostics import health_with_config
 from recsys.evaluate.evaluator import evaluate_with_config
-from recsys.models import InterestModel, resolve
+from recsys.models import InterestModel
 from recsys.models.sequence import SequenceModel
-from recsys.models.spec import unresolved
 from recsys.nn.attention import max_attention_logit, set_track_stats
 from recsys.nn.masking import gather_last
 from recsys.run import Experiment, RunDir, build_experiment, new_run_dir
+from recsys.run.settings import check
 from recsys.train import distributed
 from recsys.train.averaging import WeightAverage
 from recsys.train.checkpoint import capture_rng, make_checkpoint, rank_rng, restore_rank_rng, restore_rng
@@ -61,7 +61,7 @@ from recsys.train.losses import (
 )
 from recsys.train.memory import check_fits
 from recsys.train.meter import VALID_SHARE, RunMeter
-from recsys.train.plan import TrainPlan, fused_exact_softmax, plan_training, shared_negatives
+from recsys.train.plan import TrainPlan, plan_training
 from recsys.train.sparse_rows import RowSparseTable
 from recsys.train.tracking import track_metrics
 
@@ -119,14 +119,15 @@ class TrainStep:
 
     Args:
         model: the (unwrapped) model; its ``item_embeddings()`` are the output embeddings.
-        cfg: the run config (``train`` section: negatives, sampler, logQ, z-loss, AMP, clipping).
+        cfg: the resolved run config (``train`` section: negatives, sampler, logQ, z-loss, AMP,
+            clipping); a value still automatic is a ``ValueError`` naming it.
         device: where the batch and the negatives live.
         item_counts: ``[num_items]`` training click counts (for the unigram sampler).
         generator: the negative sampler's random stream (on ``device``).
         world_size: processes training together; above 1 the model is wrapped in
             DistributedDataParallel here (which syncs gradients), on the capture stream.
         log: where the launch line goes.
-        weight_decay: the optimiser's (``train.weight_decay``, resolved by :mod:`recsys.train.plan`).
+        weight_decay: the optimiser's (the resolved ``train.weight_decay``, through the plan).
     """
 
     def __init__(
@@ -141,19 +142,13 @@ class TrainStep:
         log: Log = lambda line: None,
         weight_decay: float = 0.0,
     ):
-        left = unresolved(cfg)
-        if left:
-            raise ValueError(
-                f"TrainStep: {', '.join(left)} still automatic: resolve the config for the catalogue and the data "
-                "first (recsys.models.resolve(cfg, num_items, fused_softmax=..., tied_share=...), as "
-                "recsys.run.build_experiment does)"
-            )
+        require_resolved(cfg, "TrainStep")
         self.model, self.cfg, self.device, self.world_size, self.log = model, cfg, device, world_size, log
         t = cfg.train
         self.use_graph, why_not = plan_graph(cfg, device, world_size)
         if not self.use_graph:
             log(launch_line(cfg, False, why_not))
-        self.num_negatives = shared_negatives(t)
+        self.num_negatives = t.num_negatives
         self.sampler = (
             None
             if t.full_softmax
@@ -190,9 +185,9 @@ class TrainStep:
         # the soft readout's warm-up (K > 1 only); afterwards the step is rebuilt with the plain argmax
         self.soft_phase = t.soft_readout_steps > 0 and model.num_interests > 1
         # negatives scored by each row's best-matching interest (K > 1 only; for K = 1 the same)
-        self.max_scores = t.negative_scores == "max" and model.num_interests > 1
+        self.max_scores = t.negative_readout == "max" and model.num_interests > 1
         self.amp = t.amp and device.type == "cuda"
-        self.dense = t.targets == "all"  # every position of a window is a target (resolved by the model spec)
+        self.dense = t.predict_at == "all"  # every position of a window is a target (resolved by the model spec)
         self.optimizer = make_optimizer(model, cfg, device, weight_decay, capturable=self.use_graph)
         self.loss_fn = torch.compile(self.loss, dynamic=False) if t.compile else self.loss
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -216,13 +211,13 @@ class TrainStep:
         self, seq: Tensor, lengths: Tensor, targets: Tensor, negatives: Tensor, hard_uniforms: Tensor, soft: Tensor
     ) -> LossOutput:
         """``seq [B, L]``, ``lengths [B]``, ``targets`` (``[B]``, or ``[B, L]`` with 0 at padding
-        when dense; a trailing ``[m]`` with ``train.horizon`` m > 1), ``negatives [S_base]``,
+        when dense; a trailing ``[m]`` with ``train.predict_next`` m > 1), ``negatives [S_base]``,
         ``hard_uniforms [S_hard]``, ``soft`` (0-d readout blend) on the device -> the loss.
 
-        Dense (``train.targets = "all"``): the interests at every prefix ``[B, L, K, d]`` become
+        Dense (``train.predict_at = "all"``): the interests at every prefix ``[B, L, K, d]`` become
         ``B·L`` rows, each read out against its own next click; padding positions are masked out
         of the loss (no gradient), and the hard-negative proposal reads each window's last prefix.
-        With a horizon m > 1 every row repeats m times, once for each of its following clicks (a
+        With ``train.predict_next`` m > 1 every row repeats m times, once for each of its following clicks (a
         missing one, past the sequence's end, is masked out like padding).
         """
         t = self.cfg.train
@@ -231,7 +226,7 @@ class TrainStep:
             if self.amp
             else contextlib.nullcontext()
         )
-        targets = targets.flatten()  # [R] (R = B, or B L dense; times the horizon), 0: no click there
+        targets = targets.flatten()  # [R] (R = B, or B L dense; times train.predict_next), 0: no click there
         catalogue_ids: tuple[Tensor, Tensor] | None = None
         reading: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
         if self.rows is not None:  # row-sparse: the model reads the gathered rows, ids renumbered to them
@@ -251,8 +246,8 @@ class TrainStep:
                 proposal_interests = interests
             # each row's next m clicks, read out against the same interests; max-scored negatives
             # take the unrepeated interests and score each row once (recsys.train.losses.negative_logits)
-            per_target = interests.repeat_interleave(t.horizon, dim=0) if t.horizon > 1 else interests
-            mask = targets > 0 if self.dense or t.horizon > 1 else None
+            per_target = interests.repeat_interleave(t.predict_next, dim=0) if t.predict_next > 1 else interests
+            mask = targets > 0 if self.dense or t.predict_next > 1 else None
             item_emb = self.model.item_embeddings()  # [N, d]
             user = readout(per_target, item_emb[targets], soft=soft if self.soft_phase else 0.0)  # [R, d]
             if self.sampler is None:
@@ -299,7 +294,7 @@ class TrainStep:
         """Sampled softmax over the base negatives plus, with ``train.hard_negatives``, draws from
         :func:`interest_proposal` of ``proposal_interests [B, K, d]``; logQ is the exact expected
         count under the mixture. ``mask [R]`` drops padding rows (dense training) and missing
-        following clicks (``train.horizon``). ``catalogue_ids``: the catalogue's ids of
+        following clicks (``train.predict_next``). ``catalogue_ids``: the catalogue's ids of
         ``(targets, negatives)`` where those are renumbered rows of a row-sparse step."""
         t = self.cfg.train
         sampler = self.sampler
@@ -513,7 +508,8 @@ def train(
     """Run a whole experiment (train, validate, early-stop, test). See the module docstring.
 
     Args:
-        cfg: the resolved config (saved into the run directory).
+        cfg: the config as written; its automatic values are decided once the data is read
+            (:func:`recsys.run.build_experiment`), and the resolved copy is saved into the run directory.
         run_dir: where to write; default a new folder under ``cfg.output_dir``.
         resume: continue from ``run_dir``'s last checkpoint (on the dataset saved with it); with
             the same seed the result equals an uninterrupted run.
@@ -528,7 +524,7 @@ def train(
     """
     if resume and run_dir is None:
         raise ValueError("--resume needs the run directory to continue")
-    cfg = resolve(cfg)  # the model's automatic values, so the saved config records what the run used
+    check(cfg)  # a setting the model does not read fails before anything starts
     if cfg.train.cpu_threads:
         torch.set_num_threads(cfg.train.cpu_threads)
     dist = distributed.setup_distributed(cfg.train.device, graphs=cfg.train.cuda_graph is not False)
@@ -600,7 +596,7 @@ def _keep_global_batch(cfg: Config, saved: int | None, world_size: int, log: Log
             f"{total}), which {_processes(world_size)} cannot share; resume on a number of processes dividing it"
         )
     each = total // world_size
-    cfg = dataclasses.replace(cfg, train=dataclasses.replace(t, batch_size=each, num_negatives=shared_negatives(t)))
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(t, batch_size=each))  # num_negatives as resolved
     log(
         f"resumed on {_processes(world_size)} (trained on {saved}): train.batch_size {t.batch_size} -> "
         f"{each} each, the same global batch of {total}"
@@ -620,11 +616,9 @@ def _prepare(
     clicks: pd.DataFrame | None = None,
     progress: bool = False,
 ) -> Experiment:
-    """The experiment a run on ``dist`` trains, with every value its config leaves to the data
-    resolved in ``exp.cfg``: the model's (:func:`recsys.models.resolve`, through
-    :func:`~recsys.run.build_experiment`) and the automatic ``train.weight_decay``, which
-    follows the training targets per step (:func:`~recsys.train.plan.plan_training`). Both
-    :func:`train` and :func:`dry_run` go through here, so a dry run shows what the run uses.
+    """The experiment a run on ``dist`` trains, with every automatic value of its config decided
+    in ``exp.cfg`` for the data and ``dist``'s device and processes (:func:`recsys.run.build_experiment`).
+    Both :func:`train` and :func:`dry_run` go through here, so a dry run shows what the run uses.
 
     Raises before any memory is taken where ``train.cuda_graph = true`` cannot capture on this
     device, the model does not fit (:func:`~recsys.train.memory.check_fits`), or the split
@@ -636,11 +630,10 @@ def _prepare(
         clicks=clicks,
         progress=progress,
         check_memory=functools.partial(check_fits, device=dist.device, step_kept=capture),
-        fused_softmax=fused_exact_softmax(cfg, dist.device),
+        device=dist.device,
+        world_size=dist.world_size,
     )
     _check_split(exp.dataset, exp.split)
-    t = exp.cfg.train
-    t.weight_decay = plan_training(t, exp.cfg.model.name, exp.split.train_lengths, dist.world_size).weight_decay
     return exp
 
 
@@ -649,7 +642,7 @@ def dry_run(cfg: Config, *, clicks: pd.DataFrame | None = None, progress: bool =
     prepares the data, builds the model, logs the lines the run would open its log with (data,
     model, validation, plan, and how the step would launch) and returns the resolved config
     the run would save. ``clicks``, ``progress``: as in :func:`train`."""
-    cfg = resolve(cfg)
+    check(cfg)
     dist = distributed.setup_distributed(cfg.train.device)
     try:
         exp = _prepare(cfg, dist, clicks=clicks, progress=progress)
@@ -660,7 +653,7 @@ def dry_run(cfg: Config, *, clicks: pd.DataFrame | None = None, progress: bool =
     log(_model_line(cfg, model))
     if model.trainable:
         log(_validation_line(cfg, split, len(split.valid.sample(cfg.eval.valid_users, cfg.data.seed))))
-        log(plan_training(cfg.train, cfg.model.name, split.train_lengths, dist.world_size).describe(cfg.train))
+        log(plan_training(cfg.train, exp.facts).describe(cfg.train))
         log(launch_line(cfg, *plan_graph(cfg, dist.device, dist.world_size)))
     return cfg
 
@@ -674,11 +667,11 @@ def _data_line(ds: Dataset, split: Split) -> str:
 
 def _model_line(cfg: Config, model: InterestModel) -> str:
     """The model, its size and its objective (``cfg`` resolved: the width and the softmax are the
-    catalogue's, ModelSpec.large_catalogue)."""
+    catalogue's, recsys.run.settings)."""
     m, t = cfg.model, cfg.train
-    positions = "every position" if t.targets == "all" else "the last position"
-    clicks = f"its next {t.horizon} clicks" if t.horizon > 1 else "its next click"
-    loss = "exact softmax" if t.full_softmax else f"sampled softmax, {shared_negatives(t):,} negatives"
+    positions = "every position" if t.predict_at == "all" else "the last position"
+    clicks = f"its next {t.predict_next} clicks" if t.predict_next > 1 else "its next click"
+    loss = "exact softmax" if t.full_softmax else f"sampled softmax, {t.num_negatives:,} negatives"
     return (
         f"model: {m.name}, K = {getattr(model, 'num_interests', 1)}, {m.dim} wide, "
         f"{sum(p.numel() for p in model.parameters()):,} parameters"
@@ -729,7 +722,7 @@ def _run(
             metrics.update(health_with_config(model, valid, cfg, item_category=ds.item_category, planted=planted))
         return metrics
 
-    key = objective(cfg.eval)
+    key = cfg.eval.objective
     state = _LoopState()
     if model.trainable:
         with track_metrics(rd, cfg.train.tensorboard and dist.is_main):
@@ -823,13 +816,13 @@ class _Loop:
         # the training rows in place in the dataset's (possibly memory-mapped) clicks
         rows = (split.clicks_indptr, split.clicks, cfg.data.max_len)
         part: dict[str, Any] = {"seed": t.seed, "users": split.train_users, "ends": split.train_ends}
-        part.update(horizon=t.horizon, rank=dist.rank, world_size=dist.world_size)
+        part.update(predict_next=t.predict_next, rank=dist.rank, world_size=dist.world_size)
         batches: TrainSampler | WindowSampler
-        if t.targets == "all":
+        if t.predict_at == "all":
             batches = WindowSampler(*rows, **part)
         else:
             batches = TrainSampler(*rows, min_target=t.min_target, **part)
-        plan = plan_training(t, cfg.model.name, split.train_lengths, dist.world_size)
+        plan = plan_training(t, exp.facts)
         if dist.is_main:
             log(plan.describe(t))
         step_fn = TrainStep(

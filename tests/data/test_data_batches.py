@@ -112,7 +112,7 @@ def test_sampler_needs_a_sequence_with_two_clicks():
 def test_a_horizon_adds_the_following_clicks_to_the_same_draw():
     indptr, items = random_csr(60, 12, unique=True)
     one = TrainSampler(indptr, items, 6, seed=3).sample(400)
-    seq, lengths, targets = TrainSampler(indptr, items, 6, seed=3, horizon=4).sample(400)
+    seq, lengths, targets = TrainSampler(indptr, items, 6, seed=3, predict_next=4).sample(400)
     np.testing.assert_array_equal(seq, one[0])
     np.testing.assert_array_equal(lengths, one[1])
     assert targets.shape == (400, 4)
@@ -122,8 +122,8 @@ def test_a_horizon_adds_the_following_clicks_to_the_same_draw():
         pos = one[2][b] - 1  # the first target's position in `items` (ids are position + 1)
         following = items[pos : min(pos + 4, indptr[owner[pos] + 1])]  # within its own row only
         assert targets[b].tolist() == [*following.tolist(), *[0] * (4 - len(following))]
-    with pytest.raises(ValueError, match="horizon must be >= 1"):
-        TrainSampler(indptr, items, 6, seed=0, horizon=0)
+    with pytest.raises(ValueError, match="predict_next must be >= 1"):
+        TrainSampler(indptr, items, 6, seed=0, predict_next=0)
 
 
 def test_following_clicks_stop_at_the_row_end():

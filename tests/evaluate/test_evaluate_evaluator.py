@@ -15,6 +15,8 @@ from recsys.evaluate import (
 from recsys.models import build_model
 from recsys.models.base import InterestModel
 from recsys.retrieval import Retriever
+from recsys.run.settings import resolve_model
+from tests.conftest import resolved
 
 
 class LastFirstModel(InterestModel):
@@ -124,6 +126,9 @@ def test_evaluate_with_config_and_table():
     es = _eval_set(rng)
     model = LastFirstModel(rng.standard_normal((120, 8)).astype(np.float32))
     cfg = load_config(None, ["eval.topn=[3, 7]", "eval.comirec_ndcg=true", "retrieval.factory=HNSW16,Flat"])
+    with pytest.raises(ValueError, match="evaluate_with_config: eval.objective, eval.exclude_history still automatic"):
+        evaluate_with_config(model, es, cfg)
+    cfg = resolved(cfg)
     got = evaluate_with_config(model, es, cfg)
     assert {"recall@3", "ndcg@7", "hitrate@7", "mrr@7", "coverage@3", "users"} <= set(got)
     table = format_table({"last-first": got, "other": {"recall@3": 0.5}})
@@ -144,7 +149,8 @@ def test_evaluate_with_config_and_table():
 
 def test_popular_ranks_by_training_count():
     counts = np.array([0, 5, 50, 1, 20, 0])
-    model = build_model(ModelConfig(name="popular"), num_items=6, max_len=4, item_counts=torch.from_numpy(counts))
+    popular = resolve_model(ModelConfig(name="popular"), 6)
+    model = build_model(popular, num_items=6, max_len=4, item_counts=torch.from_numpy(counts))
     assert not model.trainable and model.num_interests == 1
     seq = torch.tensor([[1, 2, 0, 0], [3, 0, 0, 0]])
     interests = model.interests(seq, torch.tensor([2, 1]))
@@ -156,7 +162,7 @@ def test_popular_ranks_by_training_count():
     assert got["recall@1"] == pytest.approx((1 / 2 + 0) / 2)
     assert got["recall@2"] == pytest.approx((1 / 2 + 1) / 2)
     with pytest.raises(ValueError, match="item_counts"):
-        build_model(ModelConfig(name="popular"), num_items=6, max_len=4)
+        build_model(popular, num_items=6, max_len=4)
 
 
 @pytest.mark.gpu

@@ -18,7 +18,7 @@ from recsys.models.base import InterestModel
 from recsys.run import RunDir
 from recsys.train.trainer import train
 
-from conftest import TINY_RUN_OVERRIDES
+from conftest import TINY_RUN_OVERRIDES, resolved
 
 NUM_ITEMS = 50
 
@@ -94,7 +94,7 @@ def test_exclusion_follows_the_protocol_unless_set():
     ]:
         cfg = load_config(None, [f"data.split={split_name}", "data.max_len=3", *overrides])
         test = split_dataset(ds, cfg.data).test
-        got = evaluate_with_config(model, test, cfg)
+        got = evaluate_with_config(model, test, resolved(cfg))
         assert got == pytest.approx(evaluate(model, test, topn=(10, 20, 50), exclude_history=excluded)), overrides
 
 

@@ -24,6 +24,7 @@ from recsys.kernels.common import launch as launch_module
 from recsys.kernels.common.launch import Kernel, Launch
 from recsys.kernels.multi_interest import triton as multi_interest_module
 from recsys.models import build_model
+from recsys.run.settings import resolve_model
 
 CUDA = torch.cuda.is_available()
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -98,7 +99,7 @@ def _model_step(name: str, device: str):
     """A model (dropout 0, so eager and compiled runs agree) and ``step(seq, lengths) -> (loss, grads)``."""
     torch.manual_seed(0)
     cfg = ModelConfig(name=name, dim=16, num_interests=3, num_layers=1, num_heads=2, dropout=0.0, backend="triton")
-    model = build_model(cfg, 30, 6).to(device)
+    model = build_model(resolve_model(cfg, 30), 30, 6).to(device)
     params = [p for p in model.parameters() if p.requires_grad]
 
     def loss(seq, lengths):

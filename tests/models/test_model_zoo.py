@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from recsys.config import ModelConfig
 from recsys.models import build_model, model_names, spec_for
 from recsys.nn.attention import MultiHeadAttention, max_attention_logit, set_track_stats
+from recsys.run.settings import resolve_model
 
 MODELS = [name for name in model_names() if spec_for(name).trainable]  # every learned model, from the registry
 MULTI = {name for name in MODELS if spec_for(name).multi_interest}
@@ -19,7 +20,7 @@ NUM_ITEMS, MAX_LEN, DIM, K = 30, 6, 8, 3
 def _build(name: str, **overrides):
     torch.manual_seed(0)
     cfg = ModelConfig(name=name, dim=DIM, num_interests=K, num_layers=2, num_heads=2, backend="torch", **overrides)
-    return build_model(cfg, NUM_ITEMS, MAX_LEN)
+    return build_model(resolve_model(cfg, NUM_ITEMS), NUM_ITEMS, MAX_LEN)
 
 
 def _batch():

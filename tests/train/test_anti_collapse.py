@@ -8,7 +8,7 @@ import torch
 from scipy.stats import chi2
 
 from recsys.config import ConfigError, load_config
-from recsys.models.spec import resolve
+from recsys.run.settings import check
 from recsys.train.losses import (
     attention_collision,
     draw_from,
@@ -263,7 +263,7 @@ def test_switches_on_models_they_cannot_affect_are_errors(tmp_path):
         )
     for model, k in (("youtube_dnn", 4), ("comirec_sa", 1)):
         with pytest.raises(ConfigError, match="train.interest_reg=0.5 has no effect"):
-            resolve(load_config(None, [f"model.name={model}", f"model.num_interests={k}", "train.interest_reg=0.5"]))
+            check(load_config(None, [f"model.name={model}", f"model.num_interests={k}", "train.interest_reg=0.5"]))
     with pytest.raises(ConfigError, match="train.interest_reg: must be >= 0"):
         load_config(None, ["train.interest_reg=-0.5"])
     with pytest.raises(ConfigError, match=r"train.interest_margin: a cosine in \[-1, 1\), got 1.0"):
@@ -272,8 +272,8 @@ def test_switches_on_models_they_cannot_affect_are_errors(tmp_path):
         load_config(None, ["train.hard_negatives=0.5", "train.full_softmax=true"])
     with pytest.raises(ConfigError, match="train.hard_negatives"):
         load_config(None, ["train.hard_negatives=1.0"])
-    with pytest.raises(ConfigError, match="train.negative_scores"):
-        load_config(None, ["train.negative_scores=best"])
+    with pytest.raises(ConfigError, match="train.negative_readout"):
+        load_config(None, ["train.negative_readout=best"])
 
 
 @pytest.mark.parametrize("model", ["comirec_sa", "sasrec_mi"])
@@ -288,7 +288,7 @@ def test_training_with_every_switch_logs_interest_health(tmp_path, model):
             "train.attention_reg=1",
             "train.soft_readout_steps=20",
             "train.hard_negatives=0.5",
-            "train.negative_scores=max",
+            "train.negative_readout=max",
             "train.interest_reg=0.5",
             "name=switches",
         ],

@@ -10,9 +10,9 @@ from torch import nn
 
 from recsys.config import load_config
 from recsys.io import atomic_write, check_plain
-from recsys.models import resolve
 from recsys.run import RunDir, layout, new_run_dir
 from recsys.train.checkpoint import capture_rng, make_checkpoint, restore_rng
+from tests.conftest import resolved
 
 
 def _model_and_optimizer(seed):
@@ -159,7 +159,10 @@ def test_config_and_test_metrics_round_trip(tmp_path):
     run = RunDir(tmp_path)
     run.save_config(cfg)
     assert json.loads(run.file(layout.CONFIG).read_text())["model"]["dim"] == 32
-    assert run.read_config() == resolve(cfg)
+    assert run.read_config() == cfg
+    resolved_cfg = resolved(cfg)
+    run.save_config(resolved_cfg)  # what a run saves: every automatic value decided
+    assert run.read_config() == resolved_cfg
     run.save_test_metrics({"recall@50": np.float64(0.125), "users": np.int64(7)})
     assert run.read_test_metrics() == {"recall@50": 0.125, "users": 7}
 

@@ -1,6 +1,8 @@
-"""Dense training (``train.targets = "all"``): every position of a window predicts the next click."""
+"""Dense training (``train.predict_at = "all"``): every position of a window predicts the next click."""
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 import pytest
@@ -8,9 +10,10 @@ import torch
 
 from recsys.config import ConfigError, load_config
 from recsys.data.batches import TrainSampler, WindowSampler
-from recsys.models import build_model, model_names, resolve, spec_for
+from recsys.models import build_model, model_names, spec_for
 from recsys.train.losses import interest_cosine
 from recsys.train.trainer import TrainStep
+from tests.conftest import resolved
 
 DENSE = [name for name in model_names() if spec_for(name).dense]
 # each dense model, and the multi-interest ones again with the interest regulariser on every prefix
@@ -21,12 +24,12 @@ NUM_ITEMS, MAX_LEN = 40, 7
 
 
 def _step(name: str, targets: str, *extra: str) -> TrainStep:
-    cfg = resolve(
+    cfg = resolved(
         load_config(
             None,
             [
                 f"model.name={name}",
-                f"train.targets={targets}",
+                f"train.predict_at={targets}",
                 "model.dim=16",
                 "model.num_heads=2",
                 "model.dropout=0",
@@ -34,7 +37,7 @@ def _step(name: str, targets: str, *extra: str) -> TrainStep:
                 "model.num_interests=3",
                 "train.num_negatives=12",
                 "train.attention_reg=0",  # last-position only: dense training does not compute it
-                "train.horizon=1",  # automatic: follows the data's timestamps
+                "train.predict_next=1",  # automatic: follows the data's timestamps
                 *extra,
             ],
         ),
@@ -154,15 +157,15 @@ def test_last_prefix_equals_interests(name, positions):
 
 @pytest.mark.parametrize("name", sorted(set(model_names()) - set(DENSE)))
 def test_models_that_cannot_train_densely_are_refused_by_name(name):
-    with pytest.raises(ConfigError, match=f'train.targets="all": {name} cannot train on every position'):
-        resolve(load_config(None, [f"model.name={name}", "train.targets=all"]))
-    assert resolve(load_config(None, [f"model.name={name}"])).train.targets == "last"
+    with pytest.raises(ConfigError, match=f'train.predict_at="all": {name} cannot train on every position'):
+        resolved(load_config(None, [f"model.name={name}", "train.predict_at=all"]))
+    assert resolved(load_config(None, [f"model.name={name}"])).train.predict_at == "last"
 
 
 def test_the_attention_regulariser_is_refused_with_dense_training():
-    with pytest.raises(ConfigError, match=r'train.attention_reg=1: .*dense training \(train.targets="all"\)'):
-        resolve(load_config(None, ["model.name=comirec_sa", "train.targets=all", "train.attention_reg=1"]))
-    assert resolve(load_config(None, ["model.name=comirec_sa", "train.attention_reg=1"])).train.attention_reg == 1
+    with pytest.raises(ConfigError, match=r'train.attention_reg=1: .*dense training \(train.predict_at="all"\)'):
+        resolved(load_config(None, ["model.name=comirec_sa", "train.predict_at=all", "train.attention_reg=1"]))
+    assert resolved(load_config(None, ["model.name=comirec_sa", "train.attention_reg=1"])).train.attention_reg == 1
 
 
 def test_window_sampler_windows_are_contiguous_and_shifted_by_one():
@@ -187,7 +190,7 @@ def test_a_window_horizon_reaches_past_the_window_to_the_row_end():
     items = np.arange(1, indptr[-1] + 1)  # item ids = position + 1
     row_end = np.repeat(indptr[1:], lengths)  # [nnz] each click's row end (exclusive), as an id bound
     one = WindowSampler(indptr, items, max_len=6, seed=1).sample(300)
-    seq, lens, targets = WindowSampler(indptr, items, max_len=6, seed=1, horizon=3).sample(300)
+    seq, lens, targets = WindowSampler(indptr, items, max_len=6, seed=1, predict_next=3).sample(300)
     np.testing.assert_array_equal(seq, one[0])
     assert targets.shape == (300, 6, 3)
     np.testing.assert_array_equal(targets[..., 0], one[2])
@@ -214,7 +217,7 @@ def test_a_horizon_is_the_mean_over_its_clicks_and_skips_missing_ones(name, targ
         follow[torch.arange(MAX_LEN)[None, :] >= lengths[:, None]] = 0
     results = []
     for horizon, tgt in (("3", follow), ("4", torch.cat([follow, torch.zeros_like(follow[..., :1])], -1))):
-        step = _step(name, targets, *extra, f"train.horizon={horizon}")
+        step = _step(name, targets, *extra, f"train.predict_next={horizon}")
         out = step.loss(seq, lengths, tgt, *_negatives(step), torch.zeros(()))
         out.loss.backward()
         grads = torch.cat([p.grad.flatten() for p in step.model.parameters() if p.grad is not None])
@@ -222,7 +225,7 @@ def test_a_horizon_is_the_mean_over_its_clicks_and_skips_missing_ones(name, targ
     torch.testing.assert_close(results[0][0], results[1][0])
     torch.testing.assert_close(results[0][1], results[1][1])
     # one pair per row at horizon 1: the same mean over the valid pairs, each pair's loss on its own
-    step = _step(name, targets, *extra, "train.horizon=1")
+    step = _step(name, targets, *extra, "train.predict_next=1")
     negatives = _negatives(step)
     per_pair, count = 0.0, 0
     for j in range(3):
@@ -238,20 +241,25 @@ def test_a_horizon_is_the_mean_over_its_clicks_and_skips_missing_ones(name, targ
 
 
 def test_the_automatic_horizon_follows_the_share_of_tied_timestamps():
-    with pytest.raises(ConfigError, match=r"train.horizon: must be >= 1 \(or -1: automatic\), got 0"):
-        load_config(None, ["train.horizon=0"])
-    assert resolve(load_config(None, ["model.name=mind", "train.horizon=5"]), tied_share=0.0).train.horizon == 5
+    with pytest.raises(ConfigError, match=r"train.predict_next: must be >= 1 \(or -1: automatic\), got 0"):
+        load_config(None, ["train.predict_next=0"])
+    assert (
+        resolved(load_config(None, ["model.name=mind", "train.predict_next=5"]), tied_share=0.0).train.predict_next == 5
+    )
     for name in ("comirec_sa", "sasrec_mi"):
         cfg = load_config(None, [f"model.name={name}"])
-        assert resolve(cfg).train.horizon == -1  # waits for the data
-        assert resolve(cfg, tied_share=0.0).train.horizon == 1
-        assert resolve(cfg, tied_share=0.25).train.horizon == 5
-        assert resolve(cfg, tied_share=0.2).train.horizon == 1
-        assert resolve(cfg, tied_share=0.51).train.horizon == 5
+        assert resolved(cfg, tied_share=0.0).train.predict_next == 1
+        assert resolved(cfg, tied_share=0.25).train.predict_next == 5
+        assert resolved(cfg, tied_share=0.2).train.predict_next == 1
+        assert resolved(cfg, tied_share=0.51).train.predict_next == 5
     for name in ("sasrec", "gru4rec", "mind", "comirec_dr"):  # no measured gain: the next click
-        assert resolve(load_config(None, [f"model.name={name}"])).train.horizon == 1
-    with pytest.raises(ValueError, match=r"TrainStep: train.horizon still automatic: resolve the config"):
-        _step("comirec_sa", "last", "train.horizon=-1")  # resolved without the data's tied share
+        assert resolved(load_config(None, [f"model.name={name}"]), tied_share=1.0).train.predict_next == 1
+    cfg = resolved(load_config(None, ["model.name=comirec_sa", "model.dim=16", "model.backend=torch"]), NUM_ITEMS)
+    cfg = copy.deepcopy(cfg)  # a copy of a resolved config is a plain one, to change
+    cfg.train.predict_next = -1  # as if written back after resolving
+    model = build_model(cfg.model, NUM_ITEMS, MAX_LEN)
+    with pytest.raises(ValueError, match=r"TrainStep: train.predict_next still automatic; resolve the config"):
+        TrainStep(model, cfg, torch.device("cpu"), torch.ones(NUM_ITEMS), torch.Generator())
 
 
 def test_tied_share_counts_equal_times_within_a_user_only():
@@ -287,7 +295,7 @@ def test_tied_share_counts_equal_times_within_a_user_only():
 
 
 def test_runs_saved_before_dense_training_load_as_trained(tiny_run, tmp_path):
-    """A config.json without train.targets was trained on the last position: it loads and evaluates so,
+    """A config.json without train.predict_at was trained on the last position: it loads and evaluates so,
     even for a model whose automatic value is now "all"."""
     import json
     import shutil
@@ -297,9 +305,9 @@ def test_runs_saved_before_dense_training_load_as_trained(tiny_run, tmp_path):
 
     saved = Config().to_dict()
     saved["model"]["name"] = "sasrec"
-    del saved["train"]["targets"]
-    assert run_config_from_dict(saved).train.targets == "last"
-    assert resolve(load_config(None, ["model.name=sasrec"])).train.targets == "all"
+    del saved["train"]["predict_at"]
+    assert run_config_from_dict(saved).train.predict_at == "last"
+    assert resolved(load_config(None, ["model.name=sasrec"])).train.predict_at == "all"
 
     import recsys
     from recsys.io import manifest
@@ -308,19 +316,19 @@ def test_runs_saved_before_dense_training_load_as_trained(tiny_run, tmp_path):
     shutil.copytree(tiny_run, old)
     path = old / "config.json"
     values = json.loads(path.read_text())
-    del values["train"]["targets"]
+    del values["train"]["predict_at"]
     path.write_text(json.dumps(values))
     manifest.record(old, path)  # an old run's manifest matched its config
     run = recsys.Run.load(old)
-    assert run.config.train.targets == "last"
+    assert run.config.train.predict_at == "last"
     assert run.evaluate("test") == recsys.Run.load(tiny_run).evaluate("test")
 
 
 def test_the_memory_estimate_counts_a_target_at_every_position():
     from recsys.train.memory import estimate_bytes
 
-    last = resolve(load_config(None, ["model.name=sasrec", "train.targets=last", "data.max_len=50"]))
-    dense = resolve(load_config(None, ["model.name=sasrec", "data.max_len=50"]))
+    last = resolved(load_config(None, ["model.name=sasrec", "train.predict_at=last", "data.max_len=50"]), 50_001)
+    dense = resolved(load_config(None, ["model.name=sasrec", "data.max_len=50"]), 50_001)
     parts = [estimate_bytes(cfg, 10_000, 50_001, 1)["training step activations"] for cfg in (last, dense)]
     # 49 more positions of logits over the 1,280 shared negatives (and their gradients), 4 bytes each
     assert parts[1] - parts[0] >= 2 * 128 * 49 * 1281 * 4
@@ -330,7 +338,9 @@ def test_the_memory_estimate_counts_every_following_click():
     from recsys.train.memory import estimate_bytes
 
     one, five = (
-        estimate_bytes(resolve(load_config(None, ["model.name=comirec_sa", f"train.horizon={h}"])), 10_000, 50_001, 4)
+        estimate_bytes(
+            resolved(load_config(None, ["model.name=comirec_sa", f"train.predict_next={h}"]), 50_001), 10_000, 50_001, 4
+        )
         for h in (1, 5)
     )
     # four more rows a history of logits over the 1,280 shared negatives (and their gradients), 4 bytes each
@@ -358,20 +368,20 @@ def test_the_captured_step_follows_the_eager_step(name, targets, horizon, extra)
     indptr = np.concatenate([[0], np.cumsum(lengths)])
     items = sampler_data.integers(1, 500, indptr[-1])
     draws = (
-        WindowSampler(indptr, items, 50, seed=0, horizon=horizon)
+        WindowSampler(indptr, items, 50, seed=0, predict_next=horizon)
         if targets == "all"
-        else TrainSampler(indptr, items, 50, seed=0, horizon=horizon)
+        else TrainSampler(indptr, items, 50, seed=0, predict_next=horizon)
     )
     batches = [tuple(torch.from_numpy(x).to(cuda) for x in draws.sample(128)) for _ in range(6)]
     losses = {}
     for graph in ("false", "true"):
-        cfg = resolve(
+        cfg = resolved(
             load_config(
                 None,
                 [
                     f"model.name={name}",
-                    f"train.targets={targets}",
-                    f"train.horizon={horizon}",
+                    f"train.predict_at={targets}",
+                    f"train.predict_next={horizon}",
                     "data.max_len=50",
                     "model.dropout=0",
                     "train.batch_size=128",
@@ -380,7 +390,7 @@ def test_the_captured_step_follows_the_eager_step(name, targets, horizon, extra)
                 ],
             ),
             500,
-            fused_softmax=True,  # what CUDA under autocast resolves (recsys.train.plan.fused_exact_softmax)
+            device="cuda",  # the exact softmax on its fused kernel (recsys.run.settings.fused_exact_softmax)
         )
         torch.manual_seed(0)
         model = build_model(cfg.model, 500, 50).to(cuda)

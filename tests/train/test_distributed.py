@@ -192,9 +192,10 @@ def _eval_case(num_users: int):
     """A seeded comirec_sa over 40 items and ``num_users`` evaluation users (random clicks)."""
     from recsys.config import load_config
     from recsys.data.split import make_eval_set
-    from recsys.models import build_model, resolve
+    from recsys.models import build_model
+    from tests.conftest import resolved
 
-    cfg = resolve(load_config(None, ["model.dim=8", "data.max_len=6"]), 40)
+    cfg = resolved(load_config(None, ["model.dim=8", "data.max_len=6"]), 40)
     torch.manual_seed(0)
     model = build_model(cfg.model, 40, 6)
     rng = np.random.default_rng(0)

@@ -3,7 +3,7 @@
 import pytest
 
 from recsys.cli import main
-from recsys.config import AUTO, load_config
+from recsys.config import AUTO, CONFIG_VERSION, automatic_keys, load_config
 from recsys.models import model_names, spec_for
 from recsys.run import RunDir
 from recsys.train.trainer import dry_run, train
@@ -36,7 +36,9 @@ def test_dry_run_prints_every_value_the_data_decides(tmp_path, capsys, name):
     out = capsys.readouterr().out
     config, _, plan = out.partition("\ndata: ")
     (tmp_path / "resolved.toml").write_text(config)  # what it prints, --config takes back
-    resolved = load_config([str(tmp_path / "resolved.toml")]).to_dict()
+    printed = load_config([str(tmp_path / "resolved.toml")])
+    assert automatic_keys(printed) == [] and printed.config_version == CONFIG_VERSION
+    resolved = printed.to_dict()
     assert resolved["model"]["name"] == name
     assert _sentinels(resolved) <= DEVICE_KEYS | READER_KEYS
     assert resolved["model"]["dim"] > 0 and resolved["train"]["weight_decay"] >= 0

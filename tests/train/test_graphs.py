@@ -11,12 +11,11 @@ import torch
 
 from recsys.cli import main
 from recsys.config import load_config
-from recsys.models import resolve
 from recsys.run import RunDir
 from recsys.train import distributed
 from recsys.train.graphs import graph_blocker, launch_line, plan_graph
-from recsys.train.plan import fused_exact_softmax
 from recsys.train.trainer import TrainStep, train
+from tests.conftest import resolved
 
 TINY = [
     "synthetic.num_users=600",
@@ -183,8 +182,10 @@ def _steps(overrides, batches, patch=None):
     """Losses of ``batches`` through a fresh seeded model and TrainStep, the step, its log lines."""
     from recsys.models import build_model
 
-    cfg = load_config(None, ["model.dim=64", "train.batch_size=256", "data.max_len=50", "train.horizon=1", *overrides])
-    cfg = resolve(cfg, 500, fused_softmax=fused_exact_softmax(cfg, CUDA))
+    cfg = load_config(
+        None, ["model.dim=64", "train.batch_size=256", "data.max_len=50", "train.predict_next=1", *overrides]
+    )
+    cfg = resolved(cfg, 500, device=CUDA.type)
     torch.manual_seed(0)
     gen = torch.Generator(device=CUDA)
     gen.manual_seed(0)
@@ -221,9 +222,9 @@ def _syncing(model):
             "train.soft_readout_steps=4",
             "train.hard_negatives=0.5",
             "train.attention_reg=1",
-            "train.negative_scores=max",
+            "train.negative_readout=max",
         ],
-        ["train.item_updates=sparse", "train.negative_scores=max"],
+        ["train.item_updates=sparse", "train.negative_readout=max"],
     ],
     ids=["plain", "soft-then-argmax", "row-sparse"],
 )

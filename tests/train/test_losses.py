@@ -273,7 +273,7 @@ def test_cuda_sampling_and_loss_never_sync(kind):
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_grouped_interests_score_negatives_as_their_repeats_do(backend):
     """interests [B / m, K, d] serve m consecutive rows each: the same logits and gradients as the
-    interests repeated m times (train.horizon), for the max score's kernel (the interpreter on the
+    interests repeated m times (train.predict_next), for the max score's kernel (the interpreter on the
     CPU, conftest) and its twin."""
     torch.manual_seed(7)
     b, m, k, d, s = 5, 3, 4, 16, 9

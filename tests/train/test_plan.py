@@ -1,5 +1,6 @@
-"""What the config leaves open, derived from the data: budget, validation cadence, weight decay
-(recsys.train.plan)."""
+"""The plan of a run from its resolved config and the data's facts: budget, validation cadence,
+and the automatic weight decay the resolver decides from the same facts (recsys.train.plan,
+recsys.run.settings)."""
 
 from __future__ import annotations
 
@@ -9,18 +10,16 @@ import numpy as np
 import pytest
 
 from recsys.config import ConfigError, load_config
-from recsys.models.spec import DEFAULT_EPOCH_DECAY, epoch_decay
-from recsys.train.plan import (
-    EVAL_GROWTH,
-    MAX_FIRST,
-    MIN_FIRST,
-    plan_training,
-    training_targets,
-)
+from recsys.models import spec_for
+from recsys.run.settings import Facts, resolve
+from recsys.train.plan import EVAL_GROWTH, MAX_FIRST, MIN_FIRST, TrainPlan, plan_training
 
 
-def _lengths(lengths: list[int]) -> np.ndarray:
-    return np.asarray(lengths, dtype=np.int64)
+def _plan(lengths: list[int], *overrides: str, model: str = "comirec_sa", world_size: int = 1) -> TrainPlan:
+    """The plan of ``model`` with ``overrides`` on training sequences of ``lengths`` clicks."""
+    facts = Facts.of_lengths(lengths, num_items=1000, world_size=world_size)
+    cfg = resolve(load_config(None, [f"model.name={model}", *overrides]), facts)
+    return plan_training(cfg.train, facts)
 
 
 def _train(*overrides: str):
@@ -38,24 +37,25 @@ def _validations(schedule, until: int) -> list[int]:
 
 def test_targets_count_clicks_after_min_target():
     # lengths 3, 5, 10 with min_target 4: 0 + 1 + 6 targets
-    assert training_targets(_lengths([3, 5, 10]), 4) == 7
-    assert training_targets(_lengths([3, 5, 10]), 1) == 15
+    assert Facts.of_lengths([3, 5, 10], num_items=10).targets(4) == 7
+    assert Facts.of_lengths([3, 5, 10], num_items=10).targets(1) == 15
+    assert Facts.of_lengths([3, 5, 10], num_items=10).users(4) == 2
 
 
 def test_budget_is_max_epochs_passes_over_the_targets():
-    lengths = _lengths([14] * 1000)  # 10 targets each at min_target 4: 10,000 targets
-    cfg = _train("train.batch_size=100", "train.max_epochs=3")
-    s = plan_training(cfg, "comirec_sa", lengths)
+    lengths = [14] * 1000  # 10 targets each at min_target 4: 10,000 targets
+    cfg = ("train.batch_size=100", "train.max_epochs=3")
+    s = _plan(lengths, *cfg)
     assert s.epoch_steps == 100 and s.max_steps == 300
     # several processes draw batch_size each: the same data is fewer steps
-    assert plan_training(cfg, "comirec_sa", lengths, world_size=2).max_steps == 150
+    assert _plan(lengths, *cfg, world_size=2).max_steps == 150
     # an explicit max_steps wins
-    assert plan_training(_train("train.max_steps=77"), "comirec_sa", lengths).max_steps == 77
+    assert _plan(lengths, "train.max_steps=77").max_steps == 77
 
 
 def test_automatic_cadence_starts_at_one_pass_over_users_and_grows():
     users = 128 * 1000  # one pass over the users: 1,000 steps at batch 128
-    s = plan_training(_train("train.batch_size=128"), "comirec_sa", _lengths([20] * users))
+    s = _plan([20] * users, "train.batch_size=128")
     assert s.first == 1000 and s.growth == EVAL_GROWTH
     steps = _validations(s, 40_000)
     assert steps[:3] == [1000, 2000, 3000]
@@ -69,12 +69,12 @@ def test_automatic_cadence_starts_at_one_pass_over_users_and_grows():
 
 @pytest.mark.parametrize("users, first", [(50, MIN_FIRST), (10**7, MAX_FIRST)])
 def test_automatic_first_cadence_is_clamped(users, first):
-    s = plan_training(_train("train.batch_size=128"), "comirec_sa", _lengths([6] * users))
+    s = _plan([6] * users, "train.batch_size=128")
     assert s.first == first
 
 
 def test_fixed_eval_every_and_last_step_validate():
-    s = plan_training(_train("train.eval_every=30", "train.max_steps=100"), "comirec_sa", _lengths([10] * 10))
+    s = _plan([10] * 10, "train.eval_every=30", "train.max_steps=100")
     assert s.growth == 0
     assert _validations(s, 100) == [30, 60, 90, 100]
 
@@ -82,7 +82,7 @@ def test_fixed_eval_every_and_last_step_validate():
 def test_patience_covers_a_share_of_the_run():
     """With the growing cadence, `patience` validations after a best at step b end near
     b * (1 + growth) ** patience, whatever the dataset size."""
-    s = plan_training(_train("train.batch_size=128"), "comirec_sa", _lengths([20] * 128 * 300))
+    s = _plan([20] * 128 * 300, "train.batch_size=128")
     best = 30_000
     after = [v for v in _validations(s, 200_000) if v > best][:5]
     assert 1.5 * best < after[-1] < 1.7 * best
@@ -90,41 +90,37 @@ def test_patience_covers_a_share_of_the_run():
 
 def test_describe_names_budget_cadence_and_stop():
     t = _train()
-    line = plan_training(t, "comirec_sa", _lengths([10] * 5000)).describe(t)
+    line = _plan([10] * 5000).describe(t)
     assert "100 epochs of" in line and "10% of the steps" in line
     assert "after 5 validations without improvement" in line and "weight decay" in line
     assert "plateau" not in line.split("early stop")[1].split(";")[0]
     drops = _train("train.lr_drops=2")
-    line = plan_training(drops, "comirec_sa", _lengths([10] * 5000)).describe(drops)
+    line = _plan([10] * 5000, "train.lr_drops=2").describe(drops)
     assert "the first 2 plateau(s) going back to the best weights at lr × 0.1" in line
     assert line.endswith("validating the weights averaged over about 1,000 steps (train.ema_decay 0.999)")
     last = _train("train.ema_decay=0")
-    assert (
-        plan_training(last, "comirec_sa", _lengths([10] * 5000)).describe(last).endswith("validating the last weights")
-    )
+    assert _plan([10] * 5000, "train.ema_decay=0").describe(last).endswith("validating the last weights")
 
 
 def test_automatic_weight_decay_is_a_fixed_shrinkage_per_epoch():
     """lr * weight_decay * epoch_steps is the same on a small and a 4x larger dataset, so each
-    pass over the data shrinks the weights by exp(-EPOCH_DECAY) whatever its size."""
-    t = _train("train.batch_size=100", "train.lr=0.002")
-    small = plan_training(t, "comirec_sa", _lengths([14] * 1000))  # 10,000 targets: 100 steps an epoch
-    large = plan_training(t, "comirec_sa", _lengths([14] * 4000))
-    assert small.weight_decay == pytest.approx(DEFAULT_EPOCH_DECAY / (0.002 * 100))
+    pass over the data shrinks the weights by exp(-epoch_decay) whatever its size."""
+    t = ("train.batch_size=100", "train.lr=0.002")
+    small = _plan([14] * 1000, *t)  # 10,000 targets: 100 steps an epoch
+    large = _plan([14] * 4000, *t)
+    assert small.weight_decay == pytest.approx(spec_for("comirec_sa").automatic.epoch_decay / (0.002 * 100))
     assert large.weight_decay == pytest.approx(small.weight_decay / 4)
-    youtube = plan_training(t, "youtube_dnn", _lengths([14] * 1000))
-    assert youtube.weight_decay == pytest.approx(epoch_decay("youtube_dnn") / (0.002 * 100)) != small.weight_decay
+    youtube = _plan([14] * 1000, *t, model="youtube_dnn")
+    assert youtube.weight_decay == pytest.approx(0.5 / (0.002 * 100)) != small.weight_decay
     # several processes: an epoch is fewer steps, so each step decays more
-    assert plan_training(t, "comirec_sa", _lengths([14] * 1000), world_size=2).weight_decay == pytest.approx(
-        2 * small.weight_decay
-    )
+    assert _plan([14] * 1000, *t, world_size=2).weight_decay == pytest.approx(2 * small.weight_decay)
 
 
 def test_explicit_weight_decay_and_plain_adam():
-    lengths = _lengths([14] * 1000)
-    assert plan_training(_train("train.weight_decay=0.3"), "comirec_sa", lengths).weight_decay == 0.3
-    assert plan_training(_train("train.weight_decay=0"), "comirec_sa", lengths).weight_decay == 0.0
-    assert plan_training(_train("train.optimizer=adam"), "comirec_sa", lengths).weight_decay == 0.0
+    lengths = [14] * 1000
+    assert _plan(lengths, "train.weight_decay=0.3").weight_decay == 0.3
+    assert _plan(lengths, "train.weight_decay=0").weight_decay == 0.0
+    assert _plan(lengths, "train.optimizer=adam").weight_decay == 0.0
 
 
 @pytest.mark.parametrize(
@@ -136,22 +132,22 @@ def test_bad_budget_values_name_the_key(setting):
 
 
 def test_a_dense_epoch_is_as_many_windows_as_targets():
-    """train.targets = "all": the targets are all clicks with one before them, and an epoch draws a
+    """train.predict_at = "all": the targets are all clicks with one before them, and an epoch draws a
     window per target, so the budget and the decay a step match last-position training's."""
-    lengths = _lengths([11] * 100)  # 1,000 dense targets (10 a user), 700 with min_target = 4
-    dense = plan_training(_train("train.targets=all", "train.batch_size=10"), "comirec_sa", lengths)
-    last = plan_training(_train("train.targets=last", "train.batch_size=10"), "comirec_sa", lengths)
+    lengths = [11] * 100  # 1,000 dense targets (10 a user), 700 with min_target = 4
+    dense = _plan(lengths, "train.predict_at=all", "train.batch_size=10")
+    last = _plan(lengths, "train.predict_at=last", "train.batch_size=10")
     assert (dense.epoch_steps, last.epoch_steps) == (100, 70)
     assert dense.max_steps == 100 * 100
     assert dense.weight_decay == pytest.approx(last.weight_decay * 70 / 100)
 
 
 def test_the_plateau_stop_waits_for_one_pass_over_the_data():
-    plan = plan_training(_train("train.batch_size=10"), "comirec_sa", _lengths([14] * 100))  # 1,000 targets
+    plan = _plan([14] * 100, "train.batch_size=10")  # 1,000 targets
     assert plan.epoch_steps == 100
     assert not plan.plateau_reached(step=60, bad_evals=5, patience=5)  # an early noisy peak
     assert plan.plateau_reached(step=100, bad_evals=5, patience=5)
     assert not plan.plateau_reached(step=500, bad_evals=4, patience=5)
     assert not plan.plateau_reached(step=500, bad_evals=9, patience=0)  # no early stop
-    short = plan_training(_train("train.batch_size=10", "train.max_steps=30"), "comirec_sa", _lengths([14] * 100))
+    short = _plan([14] * 100, "train.batch_size=10", "train.max_steps=30")
     assert short.plateau_reached(step=30, bad_evals=5, patience=5)  # a budget shorter than an epoch

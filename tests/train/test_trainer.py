@@ -209,18 +209,18 @@ def test_lr_drops_need_a_plateau_to_wait_for_and_a_factor_below_one(tmp_path):
 
 @pytest.mark.parametrize("extra", [[], ["model.name=sasrec"]])
 def test_a_horizon_trains_counts_its_targets_and_is_saved(tmp_path, extra):
-    """train.horizon: every history (or position) learns from its next 3 clicks; throughput counts each
+    """train.predict_next: every history (or position) learns from its next 3 clicks; throughput counts each
     (history, click) pair that feeds the loss, and the saved run reloads with the horizon."""
     one = train(_cfg(tmp_path, "name=one", *extra), log=lambda s: None)
     lines: list[str] = []
-    three = train(_cfg(tmp_path, "name=three", "train.horizon=3", *extra), log=lines.append)
+    three = train(_cfg(tmp_path, "name=three", "train.predict_next=3", *extra), log=lines.append)
     where = "every position" if extra else "the last position"
     assert any(line.startswith("model: ") and f"; {where} predicts its next 3 clicks; " in line for line in lines)
     assert three.test_metrics["recall@50"] > 0
     # nearly every synthetic history has three clicks after it: close to 3x the pairs a sample
     ratio = (three.targets_per_s / three.samples_per_s) / (one.targets_per_s / one.samples_per_s)
     assert 2.5 < ratio <= 3.0
-    assert Run.load(three.run_dir).config.train.horizon == 3
+    assert Run.load(three.run_dir).config.train.predict_next == 3
 
 
 def test_the_automatic_horizon_reads_the_data_s_timestamps(tmp_path):
@@ -236,7 +236,7 @@ def test_the_automatic_horizon_reads_the_data_s_timestamps(tmp_path):
         lines: list[str] = []
         sets = [f"name={name}", "model.name=comirec_sa", "data.source=<dataframe>"]
         result = train(_cfg(tmp_path, *sets), clicks=df, log=lines.append)
-        horizons[name] = Run.load(result.run_dir).config.train.horizon
+        horizons[name] = Run.load(result.run_dir).config.train.predict_next
         clicks_said = "its next 5 clicks" if horizons[name] == 5 else "its next click"
         assert any(line.startswith("model: ") and f"the last position predicts {clicks_said}" in line for line in lines)
     assert horizons == {"exact": 1, "weekly": 5}
@@ -276,12 +276,12 @@ def test_automatic_item_updates_follow_the_catalogue_and_the_softmax(tmp_path, o
 
 
 def test_automatic_item_updates_are_sparse_from_the_measured_catalogue_size(tmp_path):
-    from recsys.models.spec import SPARSE_ITEMS, resolve
+    from recsys.models.spec import SPARSE_ITEMS
+    from tests.conftest import resolved
 
     cfg = _cfg(tmp_path)
-    assert resolve(cfg, SPARSE_ITEMS + 1).train.item_updates == "sparse"
-    assert resolve(cfg, SPARSE_ITEMS).train.item_updates == "dense"
-    assert resolve(cfg).train.item_updates == "auto"  # until the catalogue is known
+    assert resolved(cfg, SPARSE_ITEMS + 1).train.item_updates == "sparse"
+    assert resolved(cfg, SPARSE_ITEMS).train.item_updates == "dense"
 
 
 def test_sparse_item_updates_refuse_a_loss_that_reads_every_row(tmp_path):

@@ -16,7 +16,7 @@ __all__ = ["max_interest_scores"]
 
 def max_interest_scores(interests: Tensor, items: Tensor, *, backend: str = "auto") -> Tensor:
     """``out[b, s] = max_k <interests[b, k], items[s]>``: each item scored by the user's best
-    matching interest (the score retrieval ranks by; ``train.negative_scores = "max"``).
+    matching interest (the score retrieval ranks by; ``train.negative_readout = "max"``).
 
     Args:
         interests: ``[B, K, d]``.

@@ -1,6 +1,6 @@
 """Triton kernels for the max-over-interests score ``out[b, s] = max_k <v[b, k], e[s]>``.
 
-This is how ``train.negative_scores = "max"`` scores the sampled negatives: every user's best
+This is how ``train.negative_readout = "max"`` scores the sampled negatives: every user's best
 matching interest scores every negative. The PyTorch twin (``reference.max_interest_scores_ref``)
 materialises the ``[B, K, S]`` product, reduces it and, in the backward, builds a ``[B, K, S]``
 gradient again: at batch 1024 with 10,240 shared negatives that is 42M scores written, read and

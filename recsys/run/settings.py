@@ -1,0 +1,308 @@
+"""Every automatic value of a config, decided once: :func:`resolve`.
+
+A config as written (a TOML file, ``--set``, the defaults) leaves some values to the model, the
+data or the machine: the keys of :data:`recsys.config.AUTOMATIC`, which hold -1, 0 or ``"auto"``
+until then. :func:`resolve` decides every one of them when an experiment is built
+(:func:`recsys.run.build_experiment`), from the model's :class:`~recsys.models.spec.Automatic`
+values and the :class:`Facts` of the data and the machine, and returns a copy that holds plain
+values only and carries :data:`~recsys.config.CONFIG_VERSION`. That copy is what ``recsys train
+--dry-run`` prints, what a run saves as ``config.json`` and what everything downstream (the
+trainer, its plan, the memory estimate, the evaluator, serving) reads; none of them decides a
+value again, and their entry points refuse a config that still holds an automatic one
+(:func:`recsys.config.require_resolved`). The resolved copy is frozen (:func:`recsys.config.freeze`:
+an assignment to it raises, while a copy of it is a plain config again), and resolving it again
+returns an equal one.
+
+The rules, each with the measurement behind it beside its constant in :mod:`recsys.models.spec`:
+
+- ``model.dim``, ``model.dropout``: the spec's, its large-catalogue values from
+  :data:`~recsys.models.spec.LARGE_CATALOGUE` items on; ``model.score_cap``: the spec's;
+  ``model.hidden``: :data:`~recsys.models.spec.HIDDEN_RATIO` times the width.
+- ``train.predict_at``, ``train.negative_readout``, ``train.soft_readout_steps``: the spec's;
+  ``train.attention_reg``: the spec's for ``K > 1`` and last-position training, else 0.
+- ``train.predict_next``: the spec's where at least :data:`~recsys.models.spec.TIED_ORDER` of a user's
+  consecutive clicks share a timestamp (:attr:`Facts.tied_share`), else 1.
+- ``train.full_softmax``: the spec's exact softmax below
+  :data:`~recsys.models.spec.FUSED_EXACT_SOFTMAX_ITEMS` items where it runs on its fused kernel
+  (:func:`fused_exact_softmax`: a CUDA device under bf16 autocast), else below
+  :data:`~recsys.models.spec.EXACT_SOFTMAX_ITEMS`; sampled with hard negatives.
+- ``train.item_updates``: ``"sparse"`` from :data:`~recsys.models.spec.SPARSE_ITEMS` items on where
+  the step samples its negatives, else ``"dense"``.
+- ``train.num_negatives``: :data:`NEGATIVES_PER_ROW` per row of a batch.
+- ``train.weight_decay``: with AdamW, the decay that shrinks the weights by the spec's
+  ``epoch_decay`` a pass over the data, ``epoch_decay / (lr * epoch_steps)``, where an epoch is as
+  many samples as training targets (:meth:`Facts.epoch_steps`); 0 with plain Adam. The data term
+  of the loss is a mean over the samples while a prior's weight should fall as ``1 / samples``: a
+  constant per-step decay regularises a large dataset as much as a small one over each step, and
+  so far more over its longer run. On taobao the best constant was 0.05, on amazon-beauty 0.2 to
+  0.5 (four times more steps per epoch on taobao): both are about 0.15 a pass (docs/results.md,
+  "Weight decay per epoch").
+- ``eval.objective``: ``recall@max(eval.topn)``; ``eval.exclude_history``: true under
+  ``data.split = "leave_one_out"`` (the papers' protocol), else false.
+
+What stays ``"auto"`` is not a value waiting to be decided but a policy that acts where it is
+used, and nothing else reads it: ``train.device`` (:func:`recsys.device.resolve_device`, the one
+place that asks the machine for a GPU; a resumed run may move to another machine),
+``train.cuda_graph`` ("capture the step where possible, else eager launches": whether a capture
+succeeds is known only by trying it, :mod:`recsys.train.graphs`), ``model.backend`` (each call
+sends what the Triton kernel does not cover, by dtype and size, to its PyTorch twin),
+``retrieval.backend`` (exact search in torch where the embeddings sit on a GPU or FAISS is not
+installed: an index is built and reopened on machines that differ), ``data.format`` and
+``data.prepare`` (the reader sniffs the source; a run saves the prepared clicks).
+``train.max_steps = 0`` and ``train.eval_every = 0`` are modes, not values: the budget counted in
+``train.max_epochs`` (which a resumed run may extend) and the validation cadence that grows with
+the run; the plan (:mod:`recsys.train.plan`) turns them into steps and the dry run prints it.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from recsys.config import (
+    AUTOMATIC,
+    CONFIG_VERSION,
+    Config,
+    ConfigError,
+    EvalConfig,
+    ModelConfig,
+    TrainConfig,
+    automatic_keys,
+    check_heads,
+    freeze,
+    is_automatic,
+)
+from recsys.models.spec import (
+    EXACT_SOFTMAX_ITEMS,
+    FUSED_EXACT_SOFTMAX_ITEMS,
+    HIDDEN_RATIO,
+    LARGE_CATALOGUE,
+    SPARSE_ITEMS,
+    STRICT_SETTINGS,
+    TIED_ORDER,
+    spec_for,
+    specs,
+)
+
+if TYPE_CHECKING:
+    from recsys.data import Dataset, Split
+
+__all__ = [
+    "NEGATIVES_PER_ROW",
+    "Facts",
+    "check",
+    "excludes_history",
+    "fused_exact_softmax",
+    "objective",
+    "resolve",
+    "resolve_model",
+    "unresolved",
+]
+
+NEGATIVES_PER_ROW = 10  # the automatic train.num_negatives: shared sampled negatives per row of a batch
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the data and the machine say, as :func:`resolve` reads it.
+
+    Attributes:
+        num_items: catalogue size, ids with padding (``num_items - 1`` items).
+        tied_share: the share of a user's consecutive clicks that share a timestamp
+            (:meth:`recsys.data.Dataset.tied_share`).
+        train_lengths: ``train_lengths[n]``: training sequences of ``n`` clicks.
+        device: the type of the training device (``"cpu"``, ``"cuda"``).
+        world_size: processes training together, each drawing ``train.batch_size`` samples a step.
+    """
+
+    num_items: int
+    tied_share: float
+    train_lengths: tuple[int, ...]
+    device: str = "cpu"
+    world_size: int = 1
+
+    @classmethod
+    def of(cls, dataset: Dataset, split: Split, device: str | torch.device = "cpu", world_size: int = 1) -> Facts:
+        """The facts of ``dataset`` split as ``split``, trained on ``device`` by ``world_size`` processes."""
+        lengths = np.bincount(split.train_lengths)
+        return cls(
+            num_items=dataset.num_items,
+            tied_share=dataset.tied_share(),
+            train_lengths=tuple(int(n) for n in lengths),
+            device=torch.device(device).type,
+            world_size=world_size,
+        )
+
+    @classmethod
+    def of_lengths(
+        cls, lengths: Sequence[int], num_items: int, tied_share: float = 0.0, device: str = "cpu", world_size: int = 1
+    ) -> Facts:
+        """The facts of training sequences of ``lengths`` clicks (for examples and tests)."""
+        counts = np.bincount(np.asarray(lengths, dtype=np.int64), minlength=1)
+        return cls(num_items, tied_share, tuple(int(n) for n in counts), device, world_size)
+
+    def targets(self, min_target: int) -> int:
+        """Training targets: each click with at least ``min_target`` clicks before it."""
+        counts = np.asarray(self.train_lengths, dtype=np.int64)
+        return int((counts * np.maximum(np.arange(len(counts)) - min_target, 0)).sum())
+
+    def users(self, min_target: int) -> int:
+        """Training sequences with at least one target."""
+        return int(sum(self.train_lengths[min_target + 1 :]))
+
+    def samples_per_step(self, train: TrainConfig) -> int:
+        return train.batch_size * self.world_size
+
+    def epoch_steps(self, train: TrainConfig) -> int:
+        """Steps of one epoch, as many samples as training targets (``train.predict_at`` resolved):
+        every click with ``train.min_target`` before it, or with one before it under dense
+        training, whose sample is a window of up to ``data.max_len`` targets (counted in targets, a
+        dense epoch was some 15x fewer steps on MovieLens 100K, which ended dense runs still
+        improving and made the automatic decay 15x stronger a step: docs/results.md, "Dense
+        training")."""
+        return max(1, math.ceil(self.targets(min_target(train)) / self.samples_per_step(train)))
+
+
+def min_target(train: TrainConfig) -> int:
+    """The earliest target position of a training sequence (``train.predict_at`` resolved)."""
+    return 1 if train.predict_at == "all" else train.min_target
+
+
+def fused_exact_softmax(cfg: Config, device: str) -> bool:
+    """Whether a run's exact softmax runs on its fused kernel (:func:`recsys.kernels.catalogue_logsumexp`:
+    a CUDA ``device`` type under the bf16 autocast of ``train.amp``, kernels not forced to their
+    twins), where it costs about what sampling does."""
+    return device == "cuda" and cfg.train.amp and cfg.model.backend != "torch"
+
+
+def objective(ev: EvalConfig) -> str:
+    """The validation metric's key in the evaluator's output (``eval.objective``; automatic:
+    ``recall@max(topn)``)."""
+    return f"recall@{max(ev.topn)}" if is_automatic(Config(eval=ev), "eval.objective") else ev.objective
+
+
+def excludes_history(cfg: Config) -> bool:
+    """Whether the evaluation removes each user's input clicks (``eval.exclude_history``;
+    automatic: under ``data.split = "leave_one_out"`` only)."""
+    if is_automatic(cfg, "eval.exclude_history"):
+        return cfg.data.split == "leave_one_out"
+    return bool(cfg.eval.exclude_history)
+
+
+def _set(cfg: Config, key: str, value: object) -> None:
+    """Set ``key`` of ``cfg`` to ``value`` where it holds its automatic value."""
+    if is_automatic(cfg, key):
+        section, leaf = key.split(".")
+        setattr(getattr(cfg, section), leaf, value)
+
+
+def resolve_model(model: ModelConfig, num_items: int) -> ModelConfig:
+    """A copy of ``model`` with its automatic values decided for a catalogue of ``num_items``
+    ids (with padding) and its settings checked: :func:`resolve`'s model half, for building a
+    model on its own (:func:`recsys.models.build_model`)."""
+    cfg = Config(model=dataclasses.replace(model))
+    auto = spec_for(model.name).automatic
+    large = num_items - 1 >= LARGE_CATALOGUE
+    _set(cfg, "model.dim", auto.large_dim if large and auto.large_dim is not None else auto.dim)
+    _set(cfg, "model.dropout", auto.large_dropout if large and auto.large_dropout is not None else auto.dropout)
+    _set(cfg, "model.score_cap", auto.score_cap)
+    _set(cfg, "model.hidden", HIDDEN_RATIO * cfg.model.dim)
+    check_heads(cfg.model)
+    check(cfg)
+    return cfg.model
+
+
+def resolve(cfg: Config, facts: Facts) -> Config:
+    """A frozen copy of ``cfg`` with every automatic value decided for its model on ``facts`` (the
+    module docstring gives the rules) and ``config_version`` set: the config an experiment runs
+    and saves. Resolving a resolved config returns an equal copy.
+
+    Raises :class:`ConfigError` naming the key for a setting the model does not read or cannot
+    do (:func:`check`).
+    """
+    check(cfg)
+    out = copy.deepcopy(cfg)
+    out.model = resolve_model(out.model, facts.num_items)
+    spec, t, n = spec_for(out.model.name), out.train, facts.num_items - 1
+    auto = spec.automatic
+    _set(out, "train.soft_readout_steps", auto.soft_readout_steps)
+    _set(out, "train.predict_at", auto.predict_at)
+    _set(out, "train.negative_readout", auto.negative_readout)
+    _set(out, "train.predict_next", auto.predict_next if facts.tied_share >= TIED_ORDER else 1)
+    # hard negatives are a sampling proposal: asking for them asks for the sampled softmax
+    limit = FUSED_EXACT_SOFTMAX_ITEMS if fused_exact_softmax(out, facts.device) else EXACT_SOFTMAX_ITEMS
+    _set(out, "train.full_softmax", auto.full_softmax and not t.hard_negatives and n < limit)
+    reads_every_row = t.full_softmax is True or bool(t.hard_negatives)  # the exact softmax, the hard proposal
+    _set(out, "train.item_updates", "sparse" if not reads_every_row and n >= SPARSE_ITEMS else "dense")
+    several = spec.multi_interest and out.model.num_interests > 1  # a diversity term between interests
+    _set(out, "train.attention_reg", auto.attention_reg if several and t.predict_at == "last" else 0.0)
+    _set(out, "train.num_negatives", NEGATIVES_PER_ROW * t.batch_size)
+    decay = auto.epoch_decay / (t.lr * facts.epoch_steps(t)) if t.optimizer == "adamw" else 0.0
+    _set(out, "train.weight_decay", decay)
+    # the evaluation's automatic values follow the config alone; written down so the saved config says them
+    _set(out, "eval.objective", objective(out.eval))
+    _set(out, "eval.exclude_history", excludes_history(out))
+    out.config_version = CONFIG_VERSION
+    check(out)
+    assert not automatic_keys(out), automatic_keys(out)
+    return freeze(out)
+
+
+def unresolved(cfg: Config) -> list[str]:
+    """The keys of ``cfg`` still holding an automatic value (:func:`recsys.config.automatic_keys`)."""
+    return automatic_keys(cfg)
+
+
+def check(cfg: Config) -> None:
+    """Refuse, naming the key, a value that the model does not read or cannot do: a switch of
+    :data:`~recsys.models.spec.STRICT_SETTINGS` its spec does not list, ``train.attention_reg`` on a
+    model without attention scores or with dense training, ``train.interest_reg`` where there are
+    no K > 1 interests to part, ``train.predict_at = "all"`` on a model
+    that cannot train densely, ``train.item_updates = "sparse"`` where every item row is read each
+    step. Automatic values are skipped (they resolve to what fits), so this runs on the config as
+    written, before the data is read, and again on the resolved one."""
+    spec = spec_for(cfg.model.name)
+    off = dataclasses.replace(ModelConfig(), score_cap=0.0)
+    for key in STRICT_SETTINGS:
+        value, default = getattr(cfg.model, key), getattr(off, key)
+        automatic = f"model.{key}" in AUTOMATIC and is_automatic(cfg, f"model.{key}")
+        if key not in spec.settings and value != default and not automatic:
+            readers = [s.name for s in specs() if key in s.settings]
+            raise ConfigError(
+                f"model.{key}={value!r} has no effect on {cfg.model.name} (only "
+                f"{', '.join(sorted(readers)) or 'no model'} read it); set it to {default!r}"
+            )
+    t = cfg.train
+    reg = 0.0 if is_automatic(cfg, "train.attention_reg") else t.attention_reg
+    if reg and not spec.self_attentive:
+        readers = sorted(s.name for s in specs() if s.self_attentive)
+        raise ConfigError(
+            f"train.attention_reg={reg:g} has no effect on {cfg.model.name} (only "
+            f"{' and '.join(readers)} read their clicks through attention scores); set it to 0"
+        )
+    if reg and t.predict_at == "all":
+        raise ConfigError(
+            f"train.attention_reg={reg:g}: the attention regulariser reads one history's scores, "
+            'which dense training (train.predict_at="all") does not compute; set it to 0 or train.predict_at="last"'
+        )
+    if t.interest_reg and not (spec.multi_interest and cfg.model.num_interests > 1):
+        raise ConfigError(
+            f"train.interest_reg={t.interest_reg:g} has no effect on {cfg.model.name} with "
+            f"model.num_interests={cfg.model.num_interests} (it separates K > 1 interests); set it to 0"
+        )
+    if t.predict_at == "all" and not spec.dense:
+        dense = sorted(s.name for s in specs() if s.dense)
+        raise ConfigError(
+            f'train.predict_at="all": {cfg.model.name} cannot train on every position of a window '
+            f'(models that can: {", ".join(dense)}); use "last" or "auto"'
+        )
+    if t.item_updates == "sparse" and (t.full_softmax is True or t.hard_negatives):
+        why = "train.full_softmax = true scores" if t.full_softmax is True else "train.hard_negatives draws from"
+        raise ConfigError(f'train.item_updates="sparse": {why} every item row each step; set it to "dense" or "auto"')

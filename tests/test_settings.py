@@ -1,0 +1,266 @@
+"""Settings decided once: :func:`recsys.run.settings.resolve` is the only code that reads an
+automatic value (:data:`recsys.config.AUTOMATIC`), and what it returns holds none.
+
+The walk reads every module of the package (``ast``) and fails on a comparison of a config key
+with the value that says "automatic": ``x.predict_next == -1``, ``x.predict_at != AUTO``,
+``x.weight_decay >= 0`` (the "set or automatic?" test of a key whose automatic value is -1), and
+``x.hidden or 4 * d`` (a key whose automatic value is 0, replaced where it is read).
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from pathlib import Path
+
+import pytest
+
+import recsys
+from recsys.config import AUTO, AUTOMATIC, CONFIG_VERSION, ConfigError, automatic_keys, load_config
+from recsys.models import model_names, spec_for
+from recsys.run.settings import Facts, resolve, resolve_model
+
+PACKAGE = Path(recsys.__file__).parent
+RESOLVER = PACKAGE / "run" / "settings.py"
+SENTINELS = {key.split(".")[1]: value for key, value in AUTOMATIC.items()}  # leaf name -> its automatic value
+CHECKS = (ast.If, ast.IfExp, ast.While, ast.Assert)
+
+
+def _watched(node: ast.AST) -> str | None:
+    """The config key leaf that ``node`` reads (``cfg.train.predict_next`` -> ``predict_next``), if watched."""
+    return node.attr if isinstance(node, ast.Attribute) and node.attr in SENTINELS else None
+
+
+def _is_sentinel(node: ast.AST, leaf: str) -> bool:
+    """Whether ``node`` is the automatic value of ``leaf``: its literal, or ``AUTO``/``"auto"`` for a
+    string key."""
+    automatic = SENTINELS[leaf]
+    if isinstance(automatic, str):
+        named = (isinstance(node, ast.Name) and node.id == "AUTO") or (
+            isinstance(node, ast.Attribute) and node.attr == "AUTO"
+        )
+        return named or (isinstance(node, ast.Constant) and node.value == AUTO)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant):
+        value = -node.operand.value
+    elif isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+        value = node.value
+    else:
+        return False
+    return value == automatic
+
+
+def _is_zero(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and node.value == 0 and not isinstance(node.value, bool)
+
+
+MIRROR = {ast.Lt: ast.Gt, ast.Gt: ast.Lt, ast.LtE: ast.GtE, ast.GtE: ast.LtE}
+
+
+def _sign_test(op: ast.cmpop, key_on_left: bool) -> bool:
+    """Whether ``key op 0`` (or ``0 op key``) asks "is it negative?": ``key < 0`` or ``key >= 0``."""
+    kind = type(op) if key_on_left else MIRROR.get(type(op), type(op))
+    return kind in (ast.Lt, ast.GtE)
+
+
+def _bare(node: ast.AST) -> ast.AST:
+    """``node`` without the ``not`` in front of it."""
+    return node.operand if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not) else node
+
+
+def sentinel_reads(source: str, filename: str = "<snippet>") -> list[str]:
+    """``"file:line: code"`` for each place in ``source`` that reads a config key against its
+    automatic value (the module docstring lists the forms)."""
+    found: list[ast.AST] = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            for op, left, right in zip(node.ops, operands, operands[1:]):
+                for key_side, other, on_left in ((left, right, True), (right, left, False)):
+                    leaf = _watched(key_side)
+                    if leaf is None:
+                        continue
+                    negative = not isinstance(SENTINELS[leaf], str) and SENTINELS[leaf] < 0
+                    if _is_sentinel(other, leaf) or (negative and _is_zero(other) and _sign_test(op, on_left)):
+                        found.append(node)
+        elif isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or):
+            found += [node for value in node.values[:-1] if (leaf := _watched(value)) and SENTINELS[leaf] == 0]
+        elif isinstance(node, CHECKS) and (leaf := _watched(_bare(node.test))) and SENTINELS[leaf] == 0:
+            found.append(node)
+    lines = source.splitlines()
+    return [f"{filename}:{n.lineno}: {lines[n.lineno - 1].strip()}" for n in sorted(found, key=lambda n: n.lineno)]
+
+
+def test_only_the_resolver_reads_an_automatic_value():
+    """Every module but recsys/run/settings.py reads settings as plain values."""
+    found = [
+        hit
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path != RESOLVER
+        for hit in sentinel_reads(path.read_text(encoding="utf-8"), str(path.relative_to(PACKAGE.parent)))
+    ]
+    assert found == [], "automatic values read outside recsys.run.settings.resolve:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    "snippet",
+    [
+        "horizon = t.predict_next if t.predict_next != -1 else 5",
+        "if cfg.train.predict_at == AUTO: pass",
+        "exact = config.AUTO != cfg.train.full_softmax",
+        'if ev.objective == "auto": pass',
+        "decay = t.weight_decay if t.weight_decay >= 0 else 0.1",
+        "if m.dropout == -1.0: pass",
+        "hidden = m.hidden or 4 * m.dim",
+        "n = t.num_negatives or 10 * t.batch_size",
+        "n = 10 * t.batch_size if not t.num_negatives else 1",
+        "ok = 0 <= t.attention_reg",
+    ],
+)
+def test_the_walk_catches_a_sentinel_read(snippet):
+    """The walk can fail: each of these reads an automatic value where it is used."""
+    assert len(sentinel_reads(snippet)) == 1
+
+
+@pytest.mark.parametrize(
+    "snippet",
+    [
+        "soft = t.soft_readout_steps > 0 and k > 1",  # 0 is a plain value of a key automatic at -1
+        'dense = t.predict_at == "all"',
+        "per_target = x.repeat_interleave(t.predict_next) if t.predict_next > 1 else x",
+        "if t.hard_negatives and not t.full_softmax: pass",
+        "if targets == AUTO: pass",  # a name, not a config key
+        "n = t.batch_size or 1",
+    ],
+)
+def test_the_walk_passes_plain_reads(snippet):
+    assert sentinel_reads(snippet) == []
+
+
+FACTS = Facts.of_lengths([20] * 1000, num_items=4001, tied_share=0.3)
+
+
+@pytest.mark.parametrize("name", model_names())
+def test_the_resolved_config_holds_no_automatic_value(name):
+    """Every model, the defaults and some keys set: nothing automatic left, the version written,
+    and resolving it again changes nothing."""
+    cfg = load_config(None, [f"model.name={name}"])
+    assert automatic_keys(cfg) == list(AUTOMATIC)  # every automatic key is automatic by default
+    resolved = resolve(cfg, FACTS)
+    assert automatic_keys(resolved) == [] and resolved.config_version == CONFIG_VERSION
+    assert resolve(resolved, FACTS) == resolved
+    assert automatic_keys(cfg) == list(AUTOMATIC)  # the config given is left as it was
+    explicit = resolve(load_config(None, [f"model.name={name}", "model.dim=32", "train.num_negatives=77"]), FACTS)
+    assert (explicit.model.dim, explicit.model.hidden, explicit.train.num_negatives) == (32, 128, 77)
+
+
+def test_the_facts_decide_the_data_driven_values():
+    cfg = load_config(None, ["model.name=sasrec_mi", "train.lr=0.002", "train.batch_size=100"])
+    small = resolve(cfg, Facts.of_lengths([14] * 1000, num_items=1_351, tied_share=0.0))
+    large = resolve(cfg, Facts.of_lengths([14] * 1000, num_items=12_103, tied_share=0.5))
+    assert (small.model.dim, small.model.dropout, small.train.predict_next) == (64, 0.3, 1)
+    assert (large.model.dim, large.model.dropout, large.train.predict_next) == (128, 0.2, 5)
+    assert small.model.hidden == 4 * 64 and large.model.hidden == 4 * 128
+    assert small.train.num_negatives == 10 * 100
+    # 1,000 sequences of 14 clicks, 10 targets each: 100 steps an epoch, shrinking by epoch_decay a pass
+    assert small.train.weight_decay == pytest.approx(spec_for("sasrec_mi").automatic.epoch_decay / (0.002 * 100))
+    two = resolve(cfg, Facts.of_lengths([14] * 1000, num_items=1_351, world_size=2))
+    assert two.train.weight_decay == pytest.approx(2 * small.train.weight_decay)
+    adam = resolve(load_config(None, ["model.name=sasrec_mi", "train.optimizer=adam"]), FACTS)
+    assert adam.train.weight_decay == 0.0
+    dense = resolve(load_config(None, ["model.name=sasrec"]), FACTS)
+    assert (
+        dense.train.predict_at == "all" and dense.train.weight_decay == 0.0 and math.isfinite(dense.train.weight_decay)
+    )
+
+
+def test_resolve_refuses_a_setting_the_model_does_not_read():
+    with pytest.raises(ConfigError, match="model.qk_norm"):
+        resolve(load_config(None, ["model.name=comirec_sa", "model.qk_norm=rms"]), FACTS)
+    with pytest.raises(ConfigError, match="model.qk_norm"):
+        resolve_model(load_config(None, ["model.name=comirec_sa", "model.qk_norm=rms"]).model, 4001)
+
+
+def test_saved_configs_carry_their_version():
+    """A config.json without config_version (version 1) loads with its automatic values for the
+    experiment to decide as they were decided then; a newer version than this code reads is refused."""
+    from recsys.config import Config
+    from recsys.run.saved_config import run_config_from_dict
+
+    old = Config().to_dict()
+    del old["config_version"]
+    loaded = run_config_from_dict(old)
+    assert loaded.config_version == 1 and "train.weight_decay" in automatic_keys(loaded)
+    assert resolve(loaded, FACTS).config_version == CONFIG_VERSION
+    current = resolve(load_config(None, []), FACTS).to_dict()
+    assert run_config_from_dict(current) == resolve(load_config(None, []), FACTS)
+    with pytest.raises(ConfigError, match="config_version: 3 is newer than this recsys reads"):
+        run_config_from_dict({**current, "config_version": CONFIG_VERSION + 1})
+
+
+def test_renamed_keys_still_load_under_their_old_names(tmp_path):
+    """train.targets, train.horizon and train.negative_scores are now train.predict_at,
+    train.predict_next and train.negative_readout: a file, --set or values= with an old name is read
+    with one warning naming the new key; both names at once is an error."""
+    from recsys.config import RENAMED, with_values
+
+    assert set(RENAMED) == {"train.targets", "train.horizon", "train.negative_scores"}
+    with pytest.warns(FutureWarning, match=r"^train.targets is now train.predict_at; the old name still works"):
+        assert load_config(None, ["train.targets=all"]).train.predict_at == "all"
+    path = tmp_path / "old.toml"
+    path.write_text('[train]\nhorizon = 3\nnegative_scores = "max"\n')
+    with pytest.warns(FutureWarning) as caught:
+        cfg = load_config(path)
+    assert (cfg.train.predict_next, cfg.train.negative_readout) == (3, "max")
+    assert sorted(str(w.message).split(" is now ")[1].split(";")[0] for w in caught) == [
+        "train.negative_readout",
+        "train.predict_next",
+    ]
+    with pytest.warns(FutureWarning, match="train.horizon is now train.predict_next"):
+        assert with_values(cfg, {"train.horizon": 5}).train.predict_next == 5
+    with pytest.warns(FutureWarning, match="train.horizon is now train.predict_next"):
+        assert load_config(None, values={"train.horizon": 2}).train.predict_next == 2
+    path.write_text("[train]\nhorizon = 3\npredict_next = 2\n")
+    with pytest.raises(ConfigError, match="train.horizon and train.predict_next are one setting"):
+        load_config(path)
+
+
+def test_a_run_saved_under_the_old_names_loads_and_evaluates_as_trained(tiny_run, tmp_path, recwarn):
+    """A run folder whose config.json holds the old names (and no config_version) loads without a
+    warning, with the values it was trained with, and evaluates as the run itself does."""
+    import json
+    import shutil
+
+    import recsys
+    from recsys.io import manifest
+
+    old = tmp_path / "old"
+    shutil.copytree(tiny_run, old)
+    path = old / "config.json"
+    values = json.loads(path.read_text())
+    train = values["train"]
+    train["targets"], train["horizon"] = train.pop("predict_at"), train.pop("predict_next")
+    train["negative_scores"] = train.pop("negative_readout")
+    del values["config_version"]
+    path.write_text(json.dumps(values))
+    manifest.record(old, path)  # an old run's manifest matched its config
+    run, trained = recsys.Run.load(old), recsys.Run.load(tiny_run)
+    assert not [w for w in recwarn if issubclass(w.category, FutureWarning)]
+    assert run.config == trained.config
+    assert run.evaluate("test") == trained.evaluate("test")
+
+
+def test_the_resolved_config_is_frozen_and_its_copies_are_not():
+    import copy
+    import dataclasses
+
+    from recsys.config import with_values
+
+    cfg = resolve(load_config(None, []), FACTS)
+    with pytest.raises(dataclasses.FrozenInstanceError, match="TrainConfig.lr: a resolved config is frozen"):
+        cfg.train.lr = 0.1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.name = "other"
+    mine = copy.deepcopy(cfg)
+    mine.train.lr = 0.1
+    assert with_values(cfg, {"train.lr": 0.2}).train.lr == 0.2 and cfg.train.lr == 1e-3
+    assert resolve(cfg, FACTS) == cfg  # resolving again: an equal, frozen copy
