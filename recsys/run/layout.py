@@ -305,8 +305,12 @@ class RunDir:
     def checkpoint_entry(self, key: str) -> Any:
         """One plain entry of ``model.pt`` (None where it has none), read before the run loads the
         whole checkpoint: memory-mapped, so its tensors are not read (nor verified: :meth:`load_checkpoint`
-        does that when the run loads it)."""
-        return torch.load(self.file(CHECKPOINT), map_location="cpu", weights_only=True, mmap=True).get(key)
+        does that when the run loads it); a damaged file is :meth:`load`'s one-line error."""
+        try:
+            return torch.load(self.file(CHECKPOINT), map_location="cpu", weights_only=True, mmap=True).get(key)
+        except Exception:  # noqa: BLE001 - truncated, not a zip, bad pickle: let the verified load name it
+            self.load(CHECKPOINT)
+            raise
 
     def has_checkpoint(self) -> bool:
         """Whether the run has a resume checkpoint (``model.pt``)."""

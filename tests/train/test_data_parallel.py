@@ -20,7 +20,7 @@ import torch
 from recsys.config import load_config
 from recsys.run import RunDir
 from recsys.train.trainer import _keep_global_batch, train
-from tests.conftest import TINY_TRAIN_OVERRIDES
+from tests.conftest import TINY_TRAIN_OVERRIDES, resolved
 
 BATCH = 32  # the global batch
 SMALL = [
@@ -167,7 +167,7 @@ def test_a_run_resumes_on_another_number_of_processes_as_it_would_have_gone_on(t
 
 
 def test_a_resume_keeps_the_global_batch_or_says_why_it_cannot():
-    cfg = load_config(None, ["train.batch_size=15"])
+    cfg = resolved(load_config(None, ["train.batch_size=15"]))  # a saved config: every value explicit
     assert _keep_global_batch(cfg, None, 2, print) is cfg and _keep_global_batch(cfg, 2, 2, print) is cfg
     lines: list[str] = []
     five = _keep_global_batch(cfg, 1, 3, lines.append)
