@@ -96,6 +96,11 @@ def _assert_same_training(run: Path, reference: Path, steps: int) -> None:
         torch.testing.assert_close(got[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
 
 
+def _logged(run: Path) -> list[float]:
+    """The loss and log Z of every log line of ``run``."""
+    return [row[k] for row in RunDir(run).read_metrics() if "loss" in row for k in ("loss", "log_z")]
+
+
 def _moved(run: Path, reference: Path) -> bool:
     want = _weights(reference)
     return any(not torch.equal(tensor, want[name]) for name, tensor in _weights(run).items())
@@ -129,19 +134,48 @@ def _two_hosts(tmp_path: Path, name: str, *extra: str) -> None:
         _finish(host)
 
 
-@pytest.mark.parametrize("updates, hosts", [("dense", 1), ("sparse", 2)])
-def test_two_processes_train_what_one_process_trains_at_the_same_global_batch(tmp_path, updates, hosts):
+# the masked objectives: each rank's rows are valid in other numbers, and the means must be the global batch's
+# (QK-norm: without it the key bias has no gradient but rounding, which Adam scales up to steps of lr)
+EVERY_POSITION = (
+    "model.name=sasrec",
+    "model.num_layers=1",
+    "model.qk_norm=rms",
+    "train.targets=all",
+    "train.z_loss=0.01",
+)
+HORIZON = ("train.horizon=2", "train.z_loss=0.01")
+DENSE_PARTED = ("train.targets=all", "train.interest_reg=0.5", "train.interest_margin=-1")  # comirec_sa, K = 4
+
+
+@pytest.mark.parametrize(
+    "updates, hosts, objective",
+    [
+        ("dense", 1, ()),
+        ("sparse", 2, ()),
+        ("dense", 1, EVERY_POSITION),  # sasrec's exact softmax
+        ("sparse", 1, HORIZON),
+        ("dense", 1, DENSE_PARTED),
+    ],
+    ids=["dense", "sparse-two-hosts", "sasrec-every-position", "horizon-2", "every-position-interest-reg"],
+)
+def test_two_processes_train_what_one_process_trains_at_the_same_global_batch(tmp_path, updates, hosts, objective):
     """Two processes of 16 samples each, on one host or on two, end 8 steps with the weights (and
-    the row-sparse table's Adam moments) of one process at 32, to float rounding."""
-    one = _one_process(tmp_path, "one", f"train.item_updates={updates}")
+    the row-sparse table's Adam moments) of one process at 32, to float rounding; also with the
+    masked objectives (every position, a horizon of 2, the interest term over every prefix),
+    whose means are over the global batch's valid rows, however the ranks' shares of them differ."""
+    settings = (f"train.item_updates={updates}", *objective)
+    one = _one_process(tmp_path, "one", *settings)
     if hosts == 1:
-        _torchrun(*_recsys_args(tmp_path, "two", 2, f"train.item_updates={updates}"))
+        _torchrun(*_recsys_args(tmp_path, "two", 2, *settings))
     else:
-        _two_hosts(tmp_path, "two", f"train.item_updates={updates}")
+        _two_hosts(tmp_path, "two", *settings)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "two"]  # one run directory for the job
     _assert_same_training(tmp_path / "two", one, steps=8)
+    # the logged loss and log Z are the global batch's too (the ranks' own, averaged)
+    got, want = (_logged(tmp_path / run) for run in ("two", "one"))
+    assert len(want) == 8 and got == pytest.approx(want, rel=1e-4)  # 4 log lines
     # the comparison can fail: half the global batch on one process trains something else
-    half = _one_process(tmp_path, "half", f"train.item_updates={updates}", "train.batch_size=16")
+    half = _one_process(tmp_path, "half", *settings, "train.batch_size=16")
     assert _moved(half, one)
 
 
