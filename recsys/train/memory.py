@@ -26,8 +26,11 @@ _FLOAT = 4  # bytes
 _GIB = 1024**3
 
 
-def estimate_bytes(cfg: Config, num_params: int, num_items: int, num_interests: int) -> dict[str, int]:
-    """The largest memory users of training and evaluation, in bytes, by name.
+def estimate_bytes(
+    cfg: Config, num_params: int, num_items: int, num_interests: int, world_size: int = 1
+) -> dict[str, int]:
+    """The largest memory users of training and evaluation, in bytes, by name, on each of
+    ``world_size`` processes (they share the negatives of the global batch).
 
     Args:
         cfg: the run config (batch sizes, ``max_len``, dim, hidden, negatives, top-N).
@@ -42,7 +45,7 @@ def estimate_bytes(cfg: Config, num_params: int, num_items: int, num_interests: 
     b, seq_len, k, d = t.batch_size, cfg.data.max_len, num_interests, m.dim
     hidden = m.hidden or 4 * d
     # the exact softmax holds one chunk of the catalogue's logits at a time
-    negatives = min(num_items, CATALOGUE_CHUNK) if t.full_softmax else shared_negatives(t)
+    negatives = min(num_items, CATALOGUE_CHUNK) if t.full_softmax else shared_negatives(t, world_size)
     positions = b * seq_len if t.targets == "all" else b  # dense training: a target at every position
     # automatic before the data is known: the most it can resolve to (every consecutive pair tied)
     horizon = t.horizon if t.horizon != -1 else automatic_horizon(m.name, tied_share=1.0)
@@ -91,16 +94,18 @@ def check_fits(
     available: int | None = None,
     *,
     step_kept: bool = False,
+    world_size: int = 1,
 ) -> int:
     """Raise :class:`ConfigError` when :func:`estimate_bytes` for ``model`` exceeds the memory
     ``available`` on ``device`` (default: :func:`available_bytes`); returns the estimate.
 
     ``step_kept``: the training step's memory stays allocated during evaluation (a captured
-    CUDA graph keeps its memory pool), so the two add up instead of taking turns.
+    CUDA graph keeps its memory pool), so the two add up instead of taking turns. ``world_size``:
+    the processes training together (:func:`estimate_bytes`).
     """
     cfg = resolve(cfg, num_items, fused_softmax=fused_exact_softmax(cfg, device))  # the width follows the catalogue
     num_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    parts = estimate_bytes(cfg, num_params, num_items, int(getattr(model, "num_interests", 1)))
+    parts = estimate_bytes(cfg, num_params, num_items, int(getattr(model, "num_interests", 1)), world_size)
     step, evaluation = parts["training step activations"], parts["evaluation batch"]
     total = parts["parameters and optimizer state"] + (step + evaluation if step_kept else max(step, evaluation))
     available = available_bytes(device) if available is None else available

@@ -113,9 +113,11 @@ class TrainPlan:
         return f"plan: {budget}; {cadence}; {stop}; {decay}; {scored}"
 
 
-def shared_negatives(train: TrainConfig) -> int:
-    """Sampled negatives shared by a batch: ``train.num_negatives``, where 0 means 10 per row."""
-    return train.num_negatives or 10 * train.batch_size
+def shared_negatives(train: TrainConfig, world_size: int = 1) -> int:
+    """Sampled negatives shared by a batch: ``train.num_negatives``, where 0 means 10 per row of
+    the global batch (``train.batch_size`` × ``world_size`` processes, which share the negatives),
+    so N processes draw what one process draws at the same global batch."""
+    return train.num_negatives or 10 * train.batch_size * world_size
 
 
 def fused_exact_softmax(cfg: Config, device: torch.device) -> bool:

@@ -153,7 +153,7 @@ class TrainStep:
         self.use_graph, why_not = plan_graph(cfg, device, world_size)
         if not self.use_graph:
             log(launch_line(cfg, False, why_not))
-        self.num_negatives = shared_negatives(t)
+        self.num_negatives = shared_negatives(t, world_size)
         self.sampler = (
             None
             if t.full_softmax
@@ -637,7 +637,8 @@ def _keep_global_batch(cfg: Config, saved: int | None, world_size: int, log: Log
             f"{total}), which {_processes(world_size)} cannot share; resume on a number of processes dividing it"
         )
     each = total // world_size
-    cfg = dataclasses.replace(cfg, train=dataclasses.replace(t, batch_size=each, num_negatives=shared_negatives(t)))
+    negatives = shared_negatives(t, saved)  # the run's (10 × the global batch by default, the same)
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(t, batch_size=each, num_negatives=negatives))
     log(
         f"resumed on {_processes(world_size)} (trained on {saved}): train.batch_size {t.batch_size} -> "
         f"{each} each, the same global batch of {total}"
@@ -672,7 +673,7 @@ def _prepare(
         dataset=dataset,
         clicks=clicks,
         progress=progress,
-        check_memory=functools.partial(check_fits, device=dist.device, step_kept=capture),
+        check_memory=functools.partial(check_fits, device=dist.device, step_kept=capture, world_size=dist.world_size),
         fused_softmax=fused_exact_softmax(cfg, dist.device),
     )
     _check_split(exp.dataset, exp.split)
@@ -694,7 +695,7 @@ def dry_run(cfg: Config, *, clicks: pd.DataFrame | None = None, progress: bool =
         distributed.cleanup()
     cfg, split, model = exp.cfg, exp.split, exp.model
     log(_data_line(exp.dataset, split))
-    log(_model_line(cfg, model))
+    log(_model_line(cfg, model, dist.world_size))
     if model.trainable:
         log(_validation_line(cfg, split, len(split.valid.sample(cfg.eval.valid_users, cfg.data.seed))))
         log(plan_training(cfg.train, cfg.model.name, split.train_lengths, dist.world_size).describe(cfg.train))
@@ -709,13 +710,13 @@ def _data_line(ds: Dataset, split: Split) -> str:
     )
 
 
-def _model_line(cfg: Config, model: InterestModel) -> str:
+def _model_line(cfg: Config, model: InterestModel, world_size: int = 1) -> str:
     """The model, its size and its objective (``cfg`` resolved: the width and the softmax are the
-    catalogue's, ModelSpec.large_catalogue)."""
+    catalogue's, ModelSpec.large_catalogue) on ``world_size`` processes."""
     m, t = cfg.model, cfg.train
     positions = "every position" if t.targets == "all" else "the last position"
     clicks = f"its next {t.horizon} clicks" if t.horizon > 1 else "its next click"
-    loss = "exact softmax" if t.full_softmax else f"sampled softmax, {shared_negatives(t):,} negatives"
+    loss = "exact softmax" if t.full_softmax else f"sampled softmax, {shared_negatives(t, world_size):,} negatives"
     return (
         f"model: {m.name}, K = {getattr(model, 'num_interests', 1)}, {m.dim} wide, "
         f"{sum(p.numel() for p in model.parameters()):,} parameters"
@@ -747,7 +748,7 @@ def _run(
         rd.save_config(cfg)
         rd.save_dataset(ds)
     log(_data_line(ds, split))
-    log(_model_line(cfg, model))
+    log(_model_line(cfg, model, dist.world_size))
     valid = split.valid.sample(cfg.eval.valid_users, cfg.data.seed)  # a fixed sample: its cost stays bounded
     if model.trainable:
         log(_validation_line(cfg, split, len(valid)))

@@ -30,7 +30,6 @@ SMALL = [
     "train.device=cpu",
     "train.cpu_threads=1",
     "train.cuda_graph=false",
-    "train.num_negatives=64",  # the default follows the per-process batch
     "model.dropout=0",  # dropout draws from each rank's own torch stream
     "train.log_every=2",
     "train.eval_every=4",
@@ -206,6 +205,8 @@ def test_a_resume_keeps_the_global_batch_or_says_why_it_cannot():
     lines: list[str] = []
     five = _keep_global_batch(cfg, 1, 3, lines.append)
     assert (five.train.batch_size, five.train.num_negatives, cfg.train.batch_size) == (5, 150, 15)
+    one = _keep_global_batch(load_config(None, ["train.batch_size=16"]), 2, 1, print)
+    assert (one.train.batch_size, one.train.num_negatives) == (32, 320)  # 10 × the global batch, as it was
     assert lines == [
         "resumed on 3 processes (trained on 1): train.batch_size 15 -> 5 each, the same global batch of 15"
     ]
@@ -297,3 +298,4 @@ def test_two_processes_resumed_on_two_train_as_the_uninterrupted_run_dropout_inc
     got, want = _weights(tmp_path / "resumed"), _weights(tmp_path / "whole")
     for name, tensor in want.items():
         torch.testing.assert_close(got[name], tensor, rtol=0, atol=0, msg=name)
+

@@ -15,6 +15,7 @@ from recsys.train.plan import (
     MAX_FIRST,
     MIN_FIRST,
     plan_training,
+    shared_negatives,
     training_targets,
 )
 
@@ -155,3 +156,10 @@ def test_the_plateau_stop_waits_for_one_pass_over_the_data():
     assert not plan.plateau_reached(step=500, bad_evals=9, patience=0)  # no early stop
     short = plan_training(_train("train.batch_size=10", "train.max_steps=30"), "comirec_sa", _lengths([14] * 100))
     assert short.plateau_reached(step=30, bad_evals=5, patience=5)  # a budget shorter than an epoch
+
+
+def test_the_default_negatives_are_ten_per_row_of_the_global_batch():
+    """N processes of B rows share the negatives one process draws at N·B; a fixed count stays."""
+    assert shared_negatives(_train("train.batch_size=64")) == 640
+    assert shared_negatives(_train("train.batch_size=16"), world_size=4) == 640
+    assert shared_negatives(_train("train.batch_size=16", "train.num_negatives=100"), world_size=4) == 100
