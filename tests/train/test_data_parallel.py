@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from recsys.config import load_config
+from recsys.data.synthetic import generate
 from recsys.run import RunDir
 from recsys.train.trainer import _keep_global_batch, train
 from tests.conftest import TINY_TRAIN_OVERRIDES
@@ -299,3 +300,40 @@ def test_two_processes_resumed_on_two_train_as_the_uninterrupted_run_dropout_inc
     for name, tensor in want.items():
         torch.testing.assert_close(got[name], tensor, rtol=0, atol=0, msg=name)
 
+
+# recsys train, counting the preparations out of core (each made long enough for the other rank to
+# find the cache still empty)
+COUNTING_DRIVER = """
+import os, sys, time
+from recsys.cli import main
+from recsys.data import ondisk
+
+prepare = ondisk.prepare_on_disk
+
+
+def counted(*args, **kwargs):
+    with open(sys.argv[1], "a") as f:
+        f.write(os.environ["RANK"] + "\\n")
+    time.sleep(1)
+    return prepare(*args, **kwargs)
+
+
+ondisk.prepare_on_disk = counted
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_two_ranks_prepare_a_log_not_prepared_yet_once_and_both_train_on_it(tmp_path):
+    """Launched on a log not prepared yet (data.prepare=disk), one rank prepares it into the cache
+    while the other waits, then both open the one published folder; nothing else is left there."""
+    pytest.importorskip("duckdb")
+    clicks = generate(load_config(None, SMALL).synthetic).rename(columns={"time": "timestamp"})
+    clicks[["user", "item", "timestamp"]].to_csv(tmp_path / "log.csv", index=False)
+    (tmp_path / "driver.py").write_text(COUNTING_DRIVER)
+    data = [f"data.source={tmp_path / 'log.csv'}", "data.prepare=disk", f"data.cache_dir={tmp_path / 'cache'}"]
+    args = _recsys_args(tmp_path, "run", 2, *data, "train.max_steps=2", "train.eval_every=2")[2:]  # less "-m recsys"
+    _torchrun(str(tmp_path / "driver.py"), str(tmp_path / "prepared"), *args)
+    assert len((tmp_path / "prepared").read_text().split()) == 1  # one rank prepared
+    (entry,) = (tmp_path / "cache").iterdir()  # no second copy, no lock, no temporary folder
+    assert (entry / "dataset.json").is_file()
+    assert RunDir(tmp_path / "run").load_checkpoint()["step"] == 2
