@@ -333,8 +333,8 @@ class TrainStep:
         :func:`interest_proposal` of ``proposal_interests [B, K, d]``; logQ is the exact expected
         count under the mixture. ``mask [R]`` drops padding rows (dense training) and missing
         following clicks (``train.horizon``), ``count`` what its means divide by (:meth:`counts`).
-        ``catalogue_ids``: the catalogue's ids of
-        ``(targets, negatives)`` where those are renumbered rows of a row-sparse step."""
+        ``catalogue_ids``: the catalogue's ids of ``(targets, negatives)`` where those are
+        renumbered rows of a row-sparse step."""
         t = self.cfg.train
         sampler = self.sampler
         assert sampler is not None
