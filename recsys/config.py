@@ -201,7 +201,7 @@ class TrainConfig(_Section):
     # 1 / (1 - ema_decay) steps averaged; recsys.train.averaging); 0 scores the last weights
     ema_decay: float = 0.999
     max_minutes: float = 0.0  # wall-clock budget of the training loop; at the limit: validate, stop, test; 0 disables
-    num_negatives: int = 0  # shared sampled negatives; 0 (the default): 10 * batch_size
+    num_negatives: int = 0  # shared sampled negatives; 0 (the default): 10 * the global batch (batch_size * processes)
     sampler: str = "log_uniform"  # uniform | log_uniform | unigram
     sampler_alpha: float = 0.75  # unigram exponent
     logq: bool = True  # subtract log Q(item) from sampled logits

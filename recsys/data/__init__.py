@@ -24,6 +24,7 @@ from recsys.data.registry import resolve_source
 from recsys.data.split import EvalSet, Split, split_dataset
 from recsys.data.synthetic import generate
 from recsys.extras import install_hint
+from recsys.io.files import one_at_a_time
 from recsys.progress import progress_bar
 
 __all__ = [
@@ -68,6 +69,10 @@ def load_dataset(cfg: Config, *, clicks: pd.DataFrame | None = None, progress: b
     run prepared there from the same files and settings, and returns it memory-mapped; ``auto``
     does so for sources of :data:`DISK_THRESHOLD` bytes or more (Parquet bytes count four times);
     ``memory`` never does.
+
+    A cache entry is prepared by one process at a time (:func:`~recsys.io.files.one_at_a_time`):
+    the ranks of a torchrun job (or runs started together) that find it missing wait while the
+    first prepares and publishes it, then open it.
     """
     if clicks is None and cfg.data.source == IN_MEMORY:
         raise DataError(
@@ -78,20 +83,40 @@ def load_dataset(cfg: Config, *, clicks: pd.DataFrame | None = None, progress: b
         cfg = dataclasses.replace(cfg, data=resolve_source(cfg.data))  # dataset:NAME/... -> the fetched files
         if _out_of_core(cfg):
             target = _cache_path(cfg, Path(cfg.data.cache_dir) if cfg.data.cache_dir else default_cache_dir())
-            if (target / "dataset.json").is_file():
-                try:
-                    return Dataset.load(target)
-                except DataError:
-                    pass  # an unreadable cache entry is rebuilt below
-            from recsys.data.ondisk import prepare_on_disk  # imports duckdb
+            cached = _open_cached(target)
+            if cached is not None:
+                return cached
+            with one_at_a_time(target):
+                cached = _open_cached(target)  # published while this process waited
+                if cached is not None:
+                    return cached
+                from recsys.data.ondisk import prepare_on_disk  # imports duckdb
 
-            return prepare_on_disk(cfg.data, target, progress=progress)
+                return prepare_on_disk(cfg.data, target, progress=progress)
     cache = _cache_path(cfg, Path(cfg.data.cache_dir)) if cfg.data.cache_dir and clicks is None else None
-    if cache is not None and (cache / "dataset.json").is_file():
-        try:
-            return Dataset.load(cache)
-        except DataError:
-            pass  # an unreadable cache entry is rebuilt below
+    if cache is None:
+        return _prepare_in_memory(cfg, clicks, None, progress)
+    cached = _open_cached(cache)
+    if cached is not None:
+        return cached
+    with one_at_a_time(cache):
+        cached = _open_cached(cache)
+        return cached if cached is not None else _prepare_in_memory(cfg, clicks, cache, progress)
+
+
+def _open_cached(target: Path) -> Dataset | None:
+    """The dataset published at ``target``, or None when there is none (or it cannot be read: it
+    is then prepared again)."""
+    if not (target / "dataset.json").is_file():
+        return None
+    try:
+        return Dataset.load(target)
+    except DataError:
+        return None
+
+
+def _prepare_in_memory(cfg: Config, clicks: pd.DataFrame | None, cache: Path | None, progress: bool) -> Dataset:
+    """Read (or generate) the clicks and prepare them in memory; saved at ``cache`` when given."""
     with progress_bar(3 if cache else 2, "data", enabled=progress, unit="stage") as bar:
         bar.set_description(f"data: reading {cfg.data.source if clicks is None else 'the click table'}")
         if clicks is not None:

@@ -31,6 +31,12 @@ file whose rows are in the published order the split is the published one. No se
 
 Evaluation users whose input or truth would be empty (in the user split: users with fewer
 than 2 clicks at the default fraction) are dropped from the evaluation sets.
+
+Every split reads the dataset's clicks in place (they may be memory-mapped): what it computes over
+every click (the time split's cutoff and each user's clicks before it, the leave-one-out's
+training counts and repeated targets) is computed :data:`CLICK_BLOCK` clicks or
+:data:`USER_BLOCK` users at a time, so a process of a large job never holds an array as long as
+the log. The arrays it keeps are per user, and the evaluation sets' inputs and truth.
 """
 
 from __future__ import annotations
@@ -43,6 +49,9 @@ from recsys.config import DataConfig
 from recsys.data.batches import gather_rows, pad_sequences
 from recsys.data.prepare import Dataset
 from recsys.data.readers import DataError
+
+CLICK_BLOCK = 1 << 22  # clicks read at a time by a pass over every click (32 MiB of float64 times)
+USER_BLOCK = 1 << 16  # users whose rows are read at a time
 
 
 @dataclass(eq=False)
@@ -146,10 +155,11 @@ class Split:
 
 
 def _count_items(
-    items: np.ndarray, starts: np.ndarray, ends: np.ndarray, num_items: int, block: int = 1 << 16
+    items: np.ndarray, starts: np.ndarray, ends: np.ndarray, num_items: int, block: int | None = None
 ) -> np.ndarray:
     """``[num_items]`` int64 occurrences of each item in the rows ``items[starts[r]:ends[r]]``
-    (``starts``, ``ends [R]`` absolute positions), ``block`` rows at a time."""
+    (``starts``, ``ends [R]`` absolute positions), ``block`` rows (:data:`USER_BLOCK`) at a time."""
+    block = block or USER_BLOCK
     counts = np.zeros(num_items, dtype=np.int64)
     for first in range(0, len(starts), block):
         _, clicks = gather_rows(items, starts[first : first + block], ends[first : first + block])
@@ -226,9 +236,8 @@ def _time_split(ds: Dataset, cfg: DataConfig) -> Split:
             f"data.split='time' needs click timestamps, but {ds.source or 'this dataset'} only has "
             "click positions; use data.split='user'"
         )
-    cutoff = float(np.quantile(ds.times, cfg.time_cutoff_quantile))
-    owner = np.repeat(np.arange(ds.num_users), ds.lengths)  # [nnz] user of each click
-    before = np.bincount(owner[ds.times < cutoff], minlength=ds.num_users)  # a prefix: sorted by time
+    cutoff = quantile(ds.times, cfg.time_cutoff_quantile)
+    before = _clicks_before(ds.times, ds.indptr, cutoff)  # [U] a prefix of each row: sorted by time
     split_at = ds.indptr[:-1] + before
     train = np.flatnonzero(before > 0)
     if len(train) == 0:
@@ -279,10 +288,86 @@ def _next_click_set(ds: Dataset, users: np.ndarray, at: np.ndarray, known: np.nd
 
 
 def _clicked_before(ds: Dataset, users: np.ndarray, at: np.ndarray) -> np.ndarray:
-    """``[U']`` bool: user ``users[i]`` clicked ``items[at[i]]`` somewhere before position ``at[i]``."""
-    target_of = np.zeros(ds.num_users, dtype=np.int64)  # [U] 0 (padding, never a click) = no target
-    end_of = ds.indptr[:-1].copy()  # [U] positions before this one are compared: none by default
-    target_of[users], end_of[users] = ds.items[at], at
-    owner = np.repeat(np.arange(ds.num_users), ds.lengths)  # [nnz] user of each click
-    repeat = (np.arange(len(ds.items)) < end_of[owner]) & (ds.items == target_of[owner])  # [nnz]
-    return np.bincount(owner[repeat], minlength=ds.num_users)[users] > 0
+    """``[U']`` bool: user ``users[i]`` clicked ``items[at[i]]`` somewhere before position ``at[i]``
+    (read :data:`USER_BLOCK` users at a time)."""
+    out = np.zeros(len(users), dtype=bool)
+    for first in range(0, len(users), USER_BLOCK):
+        block = slice(first, first + USER_BLOCK)
+        indptr, clicks = gather_rows(ds.items, ds.indptr[users[block]], at[block])  # the clicks before each target
+        sizes = np.diff(indptr)
+        row = np.repeat(np.arange(len(sizes)), sizes)  # [clicks] the block's row of each
+        repeat = clicks == np.repeat(ds.items[at[block]], sizes)
+        out[block] = np.bincount(row[repeat], minlength=len(sizes)) > 0
+    return out
+
+
+def _clicks_before(times: np.ndarray, indptr: np.ndarray, cutoff: float) -> np.ndarray:
+    """``[U]`` int64: each row's clicks with a time before ``cutoff`` (``times [nnz]`` in CSR rows
+    ``indptr [U + 1]``), read :data:`USER_BLOCK` rows at a time."""
+    users = len(indptr) - 1
+    before = np.zeros(users, dtype=np.int64)
+    for first in range(0, users, USER_BLOCK):
+        bounds = indptr[first : min(first + USER_BLOCK, users) + 1]  # the block's rows are contiguous
+        seen = np.concatenate([[0], np.cumsum(times[bounds[0] : bounds[-1]] < cutoff)])  # [clicks + 1]
+        before[first : first + len(bounds) - 1] = np.diff(seen[bounds - bounds[0]])
+    return before
+
+
+_SIGN = np.uint64(1 << 63)
+_LOW = np.int64(0x7FFF_FFFF_FFFF_FFFF)
+
+
+def _order_keys(x: np.ndarray) -> np.ndarray:
+    """``x [n]`` as float64 -> ``[n]`` uint64 keys in the floats' order (the sign-magnitude bits
+    turned into an unsigned order: negative floats' magnitudes flipped, the sign bit flipped)."""
+    bits = np.ascontiguousarray(x, dtype=np.float64).view(np.int64)
+    return (bits ^ ((bits >> 63) & _LOW)).view(np.uint64) ^ _SIGN
+
+
+def _from_key(key: np.uint64) -> float:
+    bits = np.array([key ^ _SIGN], dtype=np.uint64).view(np.int64)
+    return float((bits ^ ((bits >> 63) & _LOW)).view(np.float64)[0])
+
+
+def _kth_smallest(values: np.ndarray, k: int) -> float:
+    """The ``k``-th smallest (0-based) of ``values [n]``, read :data:`CLICK_BLOCK` at a time: a radix
+    select on :func:`_order_keys`, 16 bits a pass (4 passes), holding 65,536 counts."""
+    prefix = np.uint64(0)
+    for shift in (48, 32, 16, 0):
+        counts = np.zeros(1 << 16, dtype=np.int64)
+        for first in range(0, len(values), CLICK_BLOCK):
+            keys = _order_keys(values[first : first + CLICK_BLOCK])
+            if shift < 48:  # the values whose higher digits are the ones chosen so far
+                keys = keys[keys >> np.uint64(shift + 16) == prefix]
+            digits = (keys >> np.uint64(shift)) & np.uint64(0xFFFF)
+            counts += np.bincount(digits.astype(np.intp), minlength=1 << 16)
+        upto = np.cumsum(counts)
+        digit = int(np.searchsorted(upto, k, side="right"))  # the first digit with more than k values up to it
+        k -= int(upto[digit - 1]) if digit else 0
+        prefix = (prefix << np.uint64(16)) | np.uint64(digit)
+    return _from_key(prefix)
+
+
+def quantile(values: np.ndarray, q: float) -> float:
+    """``np.quantile(values, q)`` (its default, linear method) of ``values [n]`` (n >= 1), to the
+    bit, read :data:`CLICK_BLOCK` values at a time instead of partitioning a copy of them all: the
+    order statistic at ``floor(q (n - 1))`` by :func:`_kth_smallest`, the next one in one more pass,
+    and numpy's interpolation between them."""
+    n = len(values)
+    q = np.float64(q)
+    virtual = (n - 1) * q  # numpy's virtual index for its linear method
+    below = np.floor(virtual)
+    gamma = virtual - below
+    k = int(min(max(below, 0), n - 1))
+    a = _kth_smallest(values, k)
+    b = a
+    if 0 <= virtual < n - 1:  # the next order statistic: a again where it repeats, else the next value
+        at_most, above = 0, np.inf
+        for first in range(0, n, CLICK_BLOCK):
+            x = np.asarray(values[first : first + CLICK_BLOCK], dtype=np.float64)
+            at_most += int(np.count_nonzero(x <= a))
+            larger = x[x > a]
+            above = min(above, float(larger.min())) if larger.size else above
+        b = a if at_most > k + 1 else above
+    diff = np.float64(b) - np.float64(a)
+    return float(np.float64(b) - diff * (1 - gamma) if gamma >= 0.5 else np.float64(a) + diff * gamma)

@@ -31,6 +31,7 @@ __all__ = [
     "check_plain",
     "default_file_mode",
     "link_or_copy",
+    "one_at_a_time",
 ]
 
 Replace = Callable[[Path, Path], None]  # (complete temporary file, target): move it into place
@@ -93,6 +94,39 @@ def atomic_folder(path: str | Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+@contextmanager
+def one_at_a_time(path: str | Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (a folder or file yet to be published) inside the block:
+    a second process entering it for the same ``path`` (another rank of a torchrun job, a run
+    started beside this one) waits until the first leaves, and then finds what it published.
+
+    The lock is ``flock`` on ``.NAME.lock`` beside ``path``, removed on leaving (so it leaves
+    nothing behind; a waiter that then holds a removed file locks the new one). A process that
+    dies releases its lock. Where ``fcntl`` does not exist (Windows) the block runs unlocked."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = path.parent / f".{path.name}.lock"
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, default_file_mode())
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            if os.fstat(fd).st_ino == os.stat(lock).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # its holder removed it on leaving: lock the file there now
+    try:
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
+        os.close(fd)
 
 
 def _remove_abandoned(path: Path) -> None:

@@ -308,7 +308,7 @@ class RunDir:
         does that when the run loads it); a damaged file is :meth:`load`'s one-line error."""
         try:
             return torch.load(self.file(CHECKPOINT), map_location="cpu", weights_only=True, mmap=True).get(key)
-        except Exception:  # noqa: BLE001 - truncated, not a zip, bad pickle: let the verified load name it
+        except Exception:
             self.load(CHECKPOINT)
             raise
 

@@ -243,7 +243,8 @@ def resolve(cfg: Config, facts: Facts) -> Config:
     _set(out, "train.item_updates", "sparse" if not reads_every_row and n >= SPARSE_ITEMS else "dense")
     several = spec.multi_interest and out.model.num_interests > 1  # a diversity term between interests
     _set(out, "train.attention_reg", auto.attention_reg if several and t.predict_at == "last" else 0.0)
-    _set(out, "train.num_negatives", NEGATIVES_PER_ROW * t.batch_size)
+    # the processes share one draw of negatives: as many as one process draws at the same global batch
+    _set(out, "train.num_negatives", NEGATIVES_PER_ROW * t.batch_size * facts.world_size)
     decay = auto.epoch_decay / (t.lr * facts.epoch_steps(t)) if t.optimizer == "adamw" else 0.0
     _set(out, "train.weight_decay", decay)
     # the evaluation's automatic values follow the config alone; written down so the saved config says them

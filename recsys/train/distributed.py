@@ -264,6 +264,16 @@ def all_true(flag: bool, device: torch.device) -> bool:
     return bool(value.item())
 
 
+def mean_across_ranks(values: torch.Tensor) -> torch.Tensor:
+    """``values`` averaged over the ranks, on every rank (single-process: ``values``); one
+    all-reduce on ``values``' device (call it where the host syncs anyway, e.g. at a log line)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return values
+    total = values.clone()
+    dist.all_reduce(total)
+    return total / dist.get_world_size()
+
+
 def unwrap_model(model: nn.Module) -> nn.Module:
     """The plain module under DDP (``.module``) and ``torch.compile`` (``._orig_mod``) wrappers."""
     while True:

@@ -93,7 +93,7 @@ def attention_collision(scores: Tensor, lengths: Tensor) -> Tensor:
     return a.square().sum(dim=1).mean()
 
 
-def interest_cosine(interests: Tensor, margin: float = -1.0) -> Tensor:
+def interest_cosine(interests: Tensor, margin: float = -1.0, count: Tensor | None = None) -> Tensor:
     """Mean over rows and pairs of interests of ``max(0, cos - margin)``: the interest regulariser
     (``train.interest_reg``, ``train.interest_margin``). With ``margin = -1`` it is the mean
     pairwise cosine the health metrics report as ``mi_cosine``, plus one.
@@ -103,6 +103,9 @@ def interest_cosine(interests: Tensor, margin: float = -1.0) -> Tensor:
     to the recall. A row with a zero interest (a fully padded prefix of dense training) is not
     counted and sends no gradient: its direction is undefined, and normalising it would scale
     its gradient by ``1 / eps``.
+
+    ``count`` (0-d, optional): what the sum over rows divides by instead of the rows counted; under
+    DDP the global batch's rows over the number of processes (:func:`masked_mean`).
     """
     k = interests.shape[1]
     x = interests.to(torch.promote_types(interests.dtype, torch.float32))  # bf16 under autocast
@@ -112,7 +115,21 @@ def interest_cosine(interests: Tensor, margin: float = -1.0) -> Tensor:
     cos = unit @ unit.transpose(1, 2)  # [R, K, K]
     pairs = ~torch.eye(k, dtype=torch.bool, device=x.device)  # off the diagonal
     excess = torch.relu(cos - margin)[:, pairs].sum(dim=1) / (k * (k - 1))  # [R]
-    return torch.where(ok, excess, 0.0).sum() / ok.sum().clamp_min(1)
+    return masked_mean(excess, ok, count)
+
+
+def masked_mean(x: Tensor, mask: Tensor, count: Tensor | None = None) -> Tensor:
+    """``x [R]`` averaged over the rows where ``mask [R]`` is True: their sum over ``count``, by
+    default the number of them (at least 1). Masked rows enter through ``torch.where``, so they
+    get exactly zero gradient whatever their values.
+
+    Under DDP the ranks' valid rows differ in number, so their own means would weigh the rows of
+    a rank with fewer more than one process does; with ``count`` = the global batch's valid rows
+    over the number of processes (a 0-d device tensor: no host sync), each rank's value is its
+    share of the global mean times the number of processes, and DDP's average of the ranks'
+    gradients (and the row-sparse table's, :meth:`recsys.train.sparse_rows.RowSparseTable.collect`)
+    is the gradient of the global mean (:meth:`recsys.train.trainer.TrainStep.counts`)."""
+    return torch.where(mask, x, 0.0).sum() / (mask.sum().clamp(min=1) if count is None else count)
 
 
 def interest_proposal(interests: Tensor, item_emb: Tensor, temperature: float = 1.0) -> Tensor:
@@ -326,7 +343,9 @@ def _check_user_items(name: str, user: Tensor, target: Tensor, item_emb: Tensor,
         raise ValueError(f"{name}: target must be long [{user.shape[0]}], got {target.dtype} {tuple(target.shape)}")
 
 
-def _finish(logits: Tensor, target_col: Tensor, z_loss: float, mask: Tensor | None = None) -> LossOutput:
+def _finish(
+    logits: Tensor, target_col: Tensor, z_loss: float, mask: Tensor | None = None, count: Tensor | None = None
+) -> LossOutput:
     """``logits [B, C]`` float32, ``target_col [B]`` column of each row's target, ``mask [B]`` bool
     or None -> LossOutput.
 
@@ -338,18 +357,18 @@ def _finish(logits: Tensor, target_col: Tensor, z_loss: float, mask: Tensor | No
         logits = logits.masked_fill(~mask[:, None], 0.0)
     log_z = torch.logsumexp(logits, dim=1)  # [B]
     ce = log_z - logits.gather(1, target_col[:, None]).squeeze(1)  # [B]
-    return _reduce(ce, log_z, logits.detach().amax(dim=1), z_loss, mask)
+    return _reduce(ce, log_z, logits.detach().amax(dim=1), z_loss, mask, count)
 
 
-def _reduce(ce: Tensor, log_z: Tensor, row_max: Tensor, z_loss: float, mask: Tensor | None) -> LossOutput:
+def _reduce(
+    ce: Tensor, log_z: Tensor, row_max: Tensor, z_loss: float, mask: Tensor | None, count: Tensor | None = None
+) -> LossOutput:
     """Per-row cross-entropy, log-partition and largest logit (``[B]`` float32 each) -> LossOutput,
-    averaged over the rows where ``mask [B]`` is True (every row when None). Masked rows enter
-    through ``torch.where``, so they get exactly zero gradient whatever their values."""
+    averaged over the rows where ``mask [B]`` is True (every row when None; :func:`masked_mean`
+    with ``count``), the z-loss and ``log_z`` as the cross-entropy."""
 
     def mean(x: Tensor) -> Tensor:
-        if mask is None:
-            return x.mean()
-        return torch.where(mask, x, 0.0).sum() / mask.sum().clamp(min=1)
+        return x.mean() if mask is None else masked_mean(x, mask, count)
 
     loss = mean(ce)
     if z_loss > 0:
@@ -372,6 +391,7 @@ def sampled_softmax_loss(
     interests: Tensor | None = None,
     backend: str = "auto",
     mask: Tensor | None = None,
+    count: Tensor | None = None,
 ) -> LossOutput:
     """Softmax cross-entropy over each row's target and ``S`` negatives shared by the batch.
 
@@ -392,6 +412,8 @@ def sampled_softmax_loss(
         backend: kernel backend of that max score (``"auto" | "triton" | "torch"``).
         mask: ``[B]`` bool (optional): False rows are padding (dense training's empty positions,
             target id 0 allowed): left out of every mean, exactly zero gradient.
+        count: 0-d (optional, with ``mask``): what the means divide by instead of the valid rows
+            (:func:`masked_mean`; under DDP, so that the ranks' gradients average to one process's).
 
     Row ``b``'s logits are ``[u_b . e_target_b, u_b . e_neg_1, ..., u_b . e_neg_S]`` (minus the
     logQ terms), computed by the matmul in the ambient (autocast) precision and then cast to
@@ -416,7 +438,7 @@ def sampled_softmax_loss(
     if remove_accidental_hits:
         neg = neg.masked_fill(negatives[None, :] == target[:, None], -math.inf)
     logits = torch.cat([pos[:, None], neg], dim=1)  # [B, 1 + S]
-    return _finish(logits, torch.zeros_like(target), z_loss, mask)
+    return _finish(logits, torch.zeros_like(target), z_loss, mask, count)
 
 
 def full_softmax_loss(
@@ -428,6 +450,7 @@ def full_softmax_loss(
     interests: Tensor | None = None,
     backend: str = "auto",
     mask: Tensor | None = None,
+    count: Tensor | None = None,
 ) -> LossOutput:
     """Exact softmax cross-entropy over the whole catalogue, padding row 0 excluded.
 
@@ -436,8 +459,8 @@ def full_softmax_loss(
     ``interests [B, K, d]`` every other item is scored by its best-matching interest
     (:func:`negative_logits`, on kernel ``backend``) and the target keeps ``<user, e_target>``.
     ``mask [B]`` bool: False rows are padding (any target, 0 included): left out of every mean,
-    exactly zero gradient. :func:`chunked_softmax_loss` is the same loss without the ``[B, N]``
-    logits.
+    exactly zero gradient; ``count``: as in :func:`sampled_softmax_loss`. :func:`chunked_softmax_loss`
+    is the same loss without the ``[B, N]`` logits.
     """
     _check_user_items("full_softmax_loss", user, target, item_emb, mask)
     target_col = target - 1 if mask is None else torch.where(mask, target - 1, 0)  # [B]
@@ -445,7 +468,7 @@ def full_softmax_loss(
     if interests is not None:  # the target's own logit is the readout's
         pos = (user * item_emb[target]).sum(dim=1, keepdim=True).float()  # [B, 1]
         logits = logits.scatter(1, target_col[:, None], pos)
-    return _finish(logits, target_col, z_loss, mask)
+    return _finish(logits, target_col, z_loss, mask, count)
 
 
 def chunked_softmax_loss(
@@ -454,6 +477,7 @@ def chunked_softmax_loss(
     item_emb: Tensor,
     *,
     mask: Tensor | None = None,
+    count: Tensor | None = None,
     z_loss: float = 0.0,
     chunk_size: int = CATALOGUE_CHUNK,
     interests: Tensor | None = None,
@@ -471,6 +495,7 @@ def chunked_softmax_loss(
         item_emb: ``[N, d]``; row 0 is padding and takes no part in the softmax.
         mask: ``[R]`` bool (optional); False rows are padding: left out of every mean, exactly
             zero gradient.
+        count: 0-d (optional, with ``mask``): what the means divide by, as in :func:`sampled_softmax_loss`.
         z_loss: weight of ``mean(log_z ** 2)``.
         chunk_size: items per chunk of the torch loop; its largest transient is
             ``[R, chunk_size]`` fp32 (and ``[R, K, chunk_size]`` for ``interests`` on the torch
@@ -500,7 +525,7 @@ def chunked_softmax_loss(
         lse_others, row_max = _CatalogueLogSumExp.apply(user, item_emb, target, interests, chunk_size, backend)
         log_z = torch.logaddexp(lse_others, pos)  # [R]
         row_max = torch.maximum(row_max, pos.detach())
-    return _reduce(log_z - pos, log_z, row_max, z_loss, mask)
+    return _reduce(log_z - pos, log_z, row_max, z_loss, mask, count)
 
 
 def _chunk_logits(

@@ -25,7 +25,8 @@ _GIB = 1024**3
 
 
 def estimate_bytes(cfg: Config, num_params: int, num_items: int, num_interests: int) -> dict[str, int]:
-    """The largest memory users of training and evaluation, in bytes, by name.
+    """The largest memory users of training and evaluation, in bytes, by name, on each process
+    (the resolved ``train.num_negatives`` is the global batch's, which the processes share).
 
     Args:
         cfg: the resolved run config (batch sizes, ``max_len``, dim, hidden, negatives, top-N).

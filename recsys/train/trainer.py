@@ -188,6 +188,7 @@ class TrainStep:
         self.max_scores = t.negative_readout == "max" and model.num_interests > 1
         self.amp = t.amp and device.type == "cuda"
         self.dense = t.predict_at == "all"  # every position of a window is a target (resolved by the model spec)
+        self.masked = self.dense or t.predict_next > 1  # the loss averages over the valid rows only
         self.optimizer = make_optimizer(model, cfg, device, weight_decay, capturable=self.use_graph)
         self.loss_fn = torch.compile(self.loss, dynamic=False) if t.compile else self.loss
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -207,18 +208,44 @@ class TrainStep:
         uniforms = torch.rand(self.num_hard, generator=self.generator, device=self.device)
         return base, uniforms
 
+    def counts(self, lengths: Tensor, targets: Tensor) -> Tensor | None:
+        """What the masked means of a step divide by under DDP: ``[2]`` float32, the global batch's
+        valid target rows and (dense) non-empty prefixes, each over the number of processes; None
+        in one process, or when every rank's rows are as many (last-position targets, horizon 1).
+
+        Each rank's loss is then its rows' sum over ``count`` (:func:`~recsys.train.losses.masked_mean`),
+        i.e. ``world_size ×`` its share of the global mean, and the gradients DDP averages (and
+        the row-sparse table's, which it averages the same way) are one process's at the global
+        batch. One all-reduce of two integers on the device: no host sync, and a CUDA graph
+        captures it with the step (NCCL, as the gradients' all-reduce)."""
+        if self.world_size == 1 or not self.masked:
+            return None
+        counts = torch.stack([(targets > 0).sum(), lengths.sum()])  # [2] long: this rank's rows
+        torch.distributed.all_reduce(counts)
+        return counts.clamp_min(1).float() / self.world_size
+
     def loss(
-        self, seq: Tensor, lengths: Tensor, targets: Tensor, negatives: Tensor, hard_uniforms: Tensor, soft: Tensor
+        self,
+        seq: Tensor,
+        lengths: Tensor,
+        targets: Tensor,
+        negatives: Tensor,
+        hard_uniforms: Tensor,
+        soft: Tensor,
+        counts: Tensor | None = None,
     ) -> LossOutput:
         """``seq [B, L]``, ``lengths [B]``, ``targets`` (``[B]``, or ``[B, L]`` with 0 at padding
         when dense; a trailing ``[m]`` with ``train.predict_next`` m > 1), ``negatives [S_base]``,
-        ``hard_uniforms [S_hard]``, ``soft`` (0-d readout blend) on the device -> the loss.
+        ``hard_uniforms [S_hard]``, ``soft`` (0-d readout blend) on the device, ``counts``
+        (:meth:`counts`, under DDP) -> the loss.
 
         Dense (``train.predict_at = "all"``): the interests at every prefix ``[B, L, K, d]`` become
         ``B·L`` rows, each read out against its own next click; padding positions are masked out
         of the loss (no gradient), and the hard-negative proposal reads each window's last prefix.
         With ``train.predict_next`` m > 1 every row repeats m times, once for each of its following clicks (a
-        missing one, past the sequence's end, is masked out like padding).
+        missing one, past the sequence's end, is masked out like padding). Under DDP the masked
+        means divide by the global batch's rows (``counts``), so the ranks train what one
+        process does.
         """
         t = self.cfg.train
         autocast = (  # the autocast weight cache cannot live across graph replays
@@ -247,7 +274,8 @@ class TrainStep:
             # each row's next m clicks, read out against the same interests; max-scored negatives
             # take the unrepeated interests and score each row once (recsys.train.losses.negative_logits)
             per_target = interests.repeat_interleave(t.predict_next, dim=0) if t.predict_next > 1 else interests
-            mask = targets > 0 if self.dense or t.predict_next > 1 else None
+            mask = targets > 0 if self.masked else None
+            count = None if counts is None else counts[0]  # the global batch's valid targets, per process
             item_emb = self.model.item_embeddings()  # [N, d]
             user = readout(per_target, item_emb[targets], soft=soft if self.soft_phase else 0.0)  # [R, d]
             if self.sampler is None:
@@ -259,6 +287,7 @@ class TrainStep:
                     interests=interests if self.max_scores else None,
                     backend=self.cfg.model.backend,
                     mask=mask,
+                    count=count,
                 )
             else:
                 out = self._sampled_loss(
@@ -270,12 +299,15 @@ class TrainStep:
                     interests,
                     proposal_interests,
                     mask,
+                    count,
                     catalogue_ids,
                 )
         if scores is not None:
             out = dataclasses.replace(out, loss=out.loss + t.attention_reg * attention_collision(scores, lengths))
         if t.interest_reg:  # dense: the padding's prefixes have zero interests, which the term skips
-            parting = interest_cosine(interests, t.interest_margin)
+            # dense under DDP: over the global batch's prefixes (the ranks' last-position rows are as many)
+            prefixes = counts[1] if counts is not None and self.dense else None
+            parting = interest_cosine(interests, t.interest_margin, prefixes)
             out = dataclasses.replace(out, loss=out.loss + t.interest_reg * parting)
         return out
 
@@ -289,13 +321,15 @@ class TrainStep:
         interests: Tensor,
         proposal_interests: Tensor,
         mask: Tensor | None,
+        count: Tensor | None = None,
         catalogue_ids: tuple[Tensor, Tensor] | None = None,
     ) -> LossOutput:
         """Sampled softmax over the base negatives plus, with ``train.hard_negatives``, draws from
         :func:`interest_proposal` of ``proposal_interests [B, K, d]``; logQ is the exact expected
         count under the mixture. ``mask [R]`` drops padding rows (dense training) and missing
-        following clicks (``train.predict_next``). ``catalogue_ids``: the catalogue's ids of
-        ``(targets, negatives)`` where those are renumbered rows of a row-sparse step."""
+        following clicks (``train.predict_next``), ``count`` what its means divide by (:meth:`counts`).
+        ``catalogue_ids``: the catalogue's ids of ``(targets, negatives)`` where those are
+        renumbered rows of a row-sparse step."""
         t = self.cfg.train
         sampler = self.sampler
         assert sampler is not None
@@ -322,11 +356,15 @@ class TrainStep:
             interests=interests if self.max_scores else None,
             backend=self.cfg.model.backend,
             mask=mask,
+            count=count,
         )
 
-    def _update(self, *batch: Tensor) -> tuple[LossOutput, Tensor | None]:
+    def _update(
+        self, seq: Tensor, lengths: Tensor, targets: Tensor, negatives: Tensor, hard_uniforms: Tensor, soft: Tensor
+    ) -> tuple[LossOutput, Tensor | None]:
         """Loss, backward, clip, optimizer step (gradients must be None or zero on entry)."""
-        out = self.loss_fn(*batch)
+        counts = self.counts(lengths, targets)  # its all-reduce outside torch.compile
+        out = self.loss_fn(seq, lengths, targets, negatives, hard_uniforms, soft, counts)
         out.loss.backward()
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         if self.rows is not None:
@@ -956,6 +994,8 @@ def _optimise(loop: _Loop) -> _LoopState:
             ]
         )
         if log_now:
+            # the ranks' losses and log Z averaged: the global batch's, as one process logs them
+            sums[:2] = distributed.mean_across_ranks(sums[:2])
             loss, log_z, max_logit, gnorm = (sums / window_steps).tolist()  # the one host sync
             rates = meter.log(window_steps, window_targets * dist.world_size)
             row = {

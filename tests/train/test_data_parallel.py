@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from recsys.config import load_config
+from recsys.data.synthetic import generate
 from recsys.run import RunDir
 from recsys.train.trainer import _keep_global_batch, train
 from tests.conftest import TINY_TRAIN_OVERRIDES, resolved
@@ -30,7 +31,6 @@ SMALL = [
     "train.device=cpu",
     "train.cpu_threads=1",
     "train.cuda_graph=false",
-    "train.num_negatives=64",  # the default follows the per-process batch
     "model.dropout=0",  # dropout draws from each rank's own torch stream
     "train.log_every=2",
     "train.eval_every=4",
@@ -96,6 +96,11 @@ def _assert_same_training(run: Path, reference: Path, steps: int) -> None:
         torch.testing.assert_close(got[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
 
 
+def _logged(run: Path) -> list[float]:
+    """The loss and log Z of every log line of ``run``."""
+    return [row[k] for row in RunDir(run).read_metrics() if "loss" in row for k in ("loss", "log_z")]
+
+
 def _moved(run: Path, reference: Path) -> bool:
     want = _weights(reference)
     return any(not torch.equal(tensor, want[name]) for name, tensor in _weights(run).items())
@@ -129,19 +134,48 @@ def _two_hosts(tmp_path: Path, name: str, *extra: str) -> None:
         _finish(host)
 
 
-@pytest.mark.parametrize("updates, hosts", [("dense", 1), ("sparse", 2)])
-def test_two_processes_train_what_one_process_trains_at_the_same_global_batch(tmp_path, updates, hosts):
+# the masked objectives: each rank's rows are valid in other numbers, and the means must be the global batch's
+# (QK-norm: without it the key bias has no gradient but rounding, which Adam scales up to steps of lr)
+EVERY_POSITION = (
+    "model.name=sasrec",
+    "model.num_layers=1",
+    "model.qk_norm=rms",
+    "train.predict_at=all",
+    "train.z_loss=0.01",
+)
+HORIZON = ("train.predict_next=2", "train.z_loss=0.01")
+DENSE_PARTED = ("train.predict_at=all", "train.interest_reg=0.5", "train.interest_margin=-1")  # comirec_sa, K = 4
+
+
+@pytest.mark.parametrize(
+    "updates, hosts, objective",
+    [
+        ("dense", 1, ()),
+        ("sparse", 2, ()),
+        ("dense", 1, EVERY_POSITION),  # sasrec's exact softmax
+        ("sparse", 1, HORIZON),
+        ("dense", 1, DENSE_PARTED),
+    ],
+    ids=["dense", "sparse-two-hosts", "sasrec-every-position", "horizon-2", "every-position-interest-reg"],
+)
+def test_two_processes_train_what_one_process_trains_at_the_same_global_batch(tmp_path, updates, hosts, objective):
     """Two processes of 16 samples each, on one host or on two, end 8 steps with the weights (and
-    the row-sparse table's Adam moments) of one process at 32, to float rounding."""
-    one = _one_process(tmp_path, "one", f"train.item_updates={updates}")
+    the row-sparse table's Adam moments) of one process at 32, to float rounding; also with the
+    masked objectives (every position, a horizon of 2, the interest term over every prefix),
+    whose means are over the global batch's valid rows, however the ranks' shares of them differ."""
+    settings = (f"train.item_updates={updates}", *objective)
+    one = _one_process(tmp_path, "one", *settings)
     if hosts == 1:
-        _torchrun(*_recsys_args(tmp_path, "two", 2, f"train.item_updates={updates}"))
+        _torchrun(*_recsys_args(tmp_path, "two", 2, *settings))
     else:
-        _two_hosts(tmp_path, "two", f"train.item_updates={updates}")
+        _two_hosts(tmp_path, "two", *settings)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "two"]  # one run directory for the job
     _assert_same_training(tmp_path / "two", one, steps=8)
+    # the logged loss and log Z are the global batch's too (the ranks' own, averaged)
+    got, want = (_logged(tmp_path / run) for run in ("two", "one"))
+    assert len(want) == 8 and got == pytest.approx(want, rel=1e-4)  # 4 log lines
     # the comparison can fail: half the global batch on one process trains something else
-    half = _one_process(tmp_path, "half", f"train.item_updates={updates}", "train.batch_size=16")
+    half = _one_process(tmp_path, "half", *settings, "train.batch_size=16")
     assert _moved(half, one)
 
 
@@ -172,6 +206,8 @@ def test_a_resume_keeps_the_global_batch_or_says_why_it_cannot():
     lines: list[str] = []
     five = _keep_global_batch(cfg, 1, 3, lines.append)
     assert (five.train.batch_size, five.train.num_negatives, cfg.train.batch_size) == (5, 150, 15)
+    one = _keep_global_batch(load_config(None, ["train.batch_size=16"]), 2, 1, print)
+    assert (one.train.batch_size, one.train.num_negatives) == (32, 320)  # 10 × the global batch, as it was
     assert lines == [
         "resumed on 3 processes (trained on 1): train.batch_size 15 -> 5 each, the same global batch of 15"
     ]
@@ -263,3 +299,41 @@ def test_two_processes_resumed_on_two_train_as_the_uninterrupted_run_dropout_inc
     got, want = _weights(tmp_path / "resumed"), _weights(tmp_path / "whole")
     for name, tensor in want.items():
         torch.testing.assert_close(got[name], tensor, rtol=0, atol=0, msg=name)
+
+
+# recsys train, counting the preparations out of core (each made long enough for the other rank to
+# find the cache still empty)
+COUNTING_DRIVER = """
+import os, sys, time
+from recsys.cli import main
+from recsys.data import ondisk
+
+prepare = ondisk.prepare_on_disk
+
+
+def counted(*args, **kwargs):
+    with open(sys.argv[1], "a") as f:
+        f.write(os.environ["RANK"] + "\\n")
+    time.sleep(1)
+    return prepare(*args, **kwargs)
+
+
+ondisk.prepare_on_disk = counted
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_two_ranks_prepare_a_log_not_prepared_yet_once_and_both_train_on_it(tmp_path):
+    """Launched on a log not prepared yet (data.prepare=disk), one rank prepares it into the cache
+    while the other waits, then both open the one published folder; nothing else is left there."""
+    pytest.importorskip("duckdb")
+    clicks = generate(load_config(None, SMALL).synthetic).rename(columns={"time": "timestamp"})
+    clicks[["user", "item", "timestamp"]].to_csv(tmp_path / "log.csv", index=False)
+    (tmp_path / "driver.py").write_text(COUNTING_DRIVER)
+    data = [f"data.source={tmp_path / 'log.csv'}", "data.prepare=disk", f"data.cache_dir={tmp_path / 'cache'}"]
+    args = _recsys_args(tmp_path, "run", 2, *data, "train.max_steps=2", "train.eval_every=2")[2:]  # less "-m recsys"
+    _torchrun(str(tmp_path / "driver.py"), str(tmp_path / "prepared"), *args)
+    assert len((tmp_path / "prepared").read_text().split()) == 1  # one rank prepared
+    (entry,) = (tmp_path / "cache").iterdir()  # no second copy, no lock, no temporary folder
+    assert (entry / "dataset.json").is_file()
+    assert RunDir(tmp_path / "run").load_checkpoint()["step"] == 2

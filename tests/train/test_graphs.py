@@ -279,12 +279,14 @@ def test_train_with_no_flags_captures_on_cuda(tmp_path):
 
 @pytest.mark.gpu
 @needs_two_gpus
-def test_two_gpus_capture_per_rank_and_follow_the_eager_run(tmp_path):
-    """torchrun with 2 GPUs: every rank captures its step (re-captured when the soft readout ends);
-    the losses follow the same two-GPU run with eager launches, and validation gives a recall."""
+@pytest.mark.parametrize("objective", [(), ("train.predict_at=all", "train.predict_next=2")], ids=["last", "masked"])
+def test_two_gpus_capture_per_rank_and_follow_the_eager_run(tmp_path, objective):
+    """torchrun with 2 GPUs: every rank captures its step (re-captured when the soft readout ends),
+    with the masked objectives' all-reduce of the valid positions too; the losses follow the same
+    two-GPU run with eager launches, and validation gives a recall."""
     runs, launch = {}, {}
     for name, mode in (("graph", "auto"), ("eager", "false")):
-        done = _torchrun(tmp_path, name, f"train.cuda_graph={mode}")
+        done = _torchrun(tmp_path, name, f"train.cuda_graph={mode}", *objective)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         runs[name] = RunDir(tmp_path / name).read_metrics()
         launch[name] = _launch_lines(done.stdout.splitlines())

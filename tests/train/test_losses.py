@@ -10,6 +10,7 @@ from scipy.stats import chi2
 
 from recsys.train.losses import (
     LogUniformSampler,
+    chunked_softmax_loss,
     full_softmax_loss,
     make_sampler,
     negative_logits,
@@ -143,6 +144,35 @@ def test_z_loss_term_is_weight_times_mean_log_z_squared(loss_fn):
     weight = 0.3
     direct = weight * torch.logsumexp(logits, 1).square().mean()
     torch.testing.assert_close(run(weight).loss - run(0.0).loss, direct, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("loss_fn", ["sampled", "full", "chunked"])
+def test_two_shares_of_a_masked_batch_average_to_its_mean_with_the_global_count(loss_fn):
+    """Two halves of a batch, each dividing its valid rows' sum by the whole batch's count over 2
+    (what each rank does under DDP): the mean of the halves' losses and of their gradients is
+    the whole batch's loss and gradient, z-loss included, though the halves hold 5 and 1 valid rows."""
+    g = torch.Generator().manual_seed(0)
+    item_emb = torch.randn(20, 8, generator=g, dtype=torch.float64).requires_grad_()
+    user = torch.randn(8, 8, generator=g, dtype=torch.float64)
+    target = torch.randint(1, 20, (8,), generator=g)
+    mask = torch.tensor([True, True, True, True, True, False, False, True])
+    negatives = torch.randint(1, 20, (6,), generator=g)
+
+    def loss(rows: slice, count: torch.Tensor | None = None) -> torch.Tensor:
+        args = (user[rows], target[rows], item_emb)
+        kwargs = {"z_loss": 0.1, "mask": mask[rows], "count": count}
+        if loss_fn == "sampled":
+            return sampled_softmax_loss(*args, negatives, **kwargs).loss
+        return (full_softmax_loss if loss_fn == "full" else chunked_softmax_loss)(*args, **kwargs).loss
+
+    (whole,) = torch.autograd.grad(want := loss(slice(None)), item_emb)
+    count = mask.sum() / 2
+    halves = [loss(slice(0, 5), count), loss(slice(5, None), count)]
+    got = (halves[0] + halves[1]) / 2
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(torch.autograd.grad(got, item_emb)[0], whole)
+    # each half's own mean (no count) weighs the half with one valid row five times as much
+    assert not torch.allclose((loss(slice(0, 5)) + loss(slice(5, None))) / 2, want)
 
 
 def test_readout_picks_argmax_interest_and_routes_gradient():

@@ -151,3 +151,15 @@ def test_the_plateau_stop_waits_for_one_pass_over_the_data():
     assert not plan.plateau_reached(step=500, bad_evals=9, patience=0)  # no early stop
     short = _plan([14] * 100, "train.batch_size=10", "train.max_steps=30")
     assert short.plateau_reached(step=30, bad_evals=5, patience=5)  # a budget shorter than an epoch
+
+
+def test_the_default_negatives_are_ten_per_row_of_the_global_batch():
+    """N processes of B rows share the negatives one process draws at N·B; a fixed count stays."""
+
+    def negatives(*overrides: str, world_size: int = 1) -> int:
+        facts = Facts.of_lengths([14] * 100, num_items=1000, world_size=world_size)
+        return resolve(load_config(None, list(overrides)), facts).train.num_negatives
+
+    assert negatives("train.batch_size=64") == 640
+    assert negatives("train.batch_size=16", world_size=4) == 640
+    assert negatives("train.batch_size=16", "train.num_negatives=100", world_size=4) == 100
