@@ -20,6 +20,7 @@ import torch
 from recsys.config import load_config
 from recsys.data.synthetic import generate
 from recsys.run import RunDir
+from recsys.run.settings import Facts, resolve
 from recsys.train.trainer import _keep_global_batch, train
 from tests.conftest import TINY_TRAIN_OVERRIDES, resolved
 
@@ -206,8 +207,9 @@ def test_a_resume_keeps_the_global_batch_or_says_why_it_cannot():
     lines: list[str] = []
     five = _keep_global_batch(cfg, 1, 3, lines.append)
     assert (five.train.batch_size, five.train.num_negatives, cfg.train.batch_size) == (5, 150, 15)
-    one = _keep_global_batch(load_config(None, ["train.batch_size=16"]), 2, 1, print)
-    assert (one.train.batch_size, one.train.num_negatives) == (32, 320)  # 10 × the global batch, as it was
+    two = resolve(load_config(None, ["train.batch_size=16"]), Facts.of_lengths([20] * 100, 1000, world_size=2))
+    one = _keep_global_batch(two, 2, 1, print)  # 10 × the global batch, as the two processes resolved it
+    assert (two.train.num_negatives, one.train.batch_size, one.train.num_negatives) == (320, 32, 320)
     assert lines == [
         "resumed on 3 processes (trained on 1): train.batch_size 15 -> 5 each, the same global batch of 15"
     ]
