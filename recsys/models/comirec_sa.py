@@ -17,7 +17,7 @@ class ComiRecSA(SequenceModel):
     differences: positions count back from the most recent click by default
     (``model.positions = "recent"``; ComiRec's code numbers them from the oldest click of the
     right-padded window, ``"absolute"``, and on taobao its heads then learned to attend to fixed
-    window slots: one-hot attention at position 2, see docs/results.md, "Positions"); ``W1`` and
+    window slots: one-hot attention at position 2, see docs/defaults.md, "Positions"); ``W1`` and
     ``W2`` have no bias (ComiRec's ``tf.layers.dense`` layers have one; the bias of ``W2``
     cancels in the softmax over ``L`` anyway, the bias of ``W1`` is dropped). The hidden size
     defaults to ``4 d`` as in ComiRec.
@@ -70,7 +70,7 @@ SPEC = register(
         multi_interest=True,
         self_attentive=True,
         dense=True,
-        # max-scored negatives and the attention regulariser: docs/results.md, "Dense training"
+        # max-scored negatives and the attention regulariser: docs/defaults.md, "Dense training"
         automatic=Automatic(
             score_cap=1.0,
             soft_readout_steps=1000,

@@ -56,7 +56,7 @@ class SASRecMI(SequenceModel):
     interests ``= softmax_L(tanh((E + P) W1) W2)ᵀ H`` ``[B, K, d]`` stay convex combinations of
     item embeddings as in comirec_sa, with the transformer deciding where to attend;
     ``"encoded"`` pools ``E`` itself. On amazon-beauty "items" gave 7.7% more test Recall@50
-    than "encoded" (docs/results.md, "Positions"). The fused Triton multi-interest kernel pools its own
+    than "encoded" (docs/defaults.md, "Positions"). The fused Triton multi-interest kernel pools its own
     input, so "items" runs the head's PyTorch twin.
     """
 
@@ -104,7 +104,7 @@ SASREC = register(
         dense=True,
         tune_space=DROPOUT_SPACE,
         # a causal encoder learns from every position; dropout, not weight decay, regularises it; the
-        # exact softmax where it is cheap (docs/results.md, "sasrec's dropout and softmax")
+        # exact softmax where it is cheap (docs/defaults.md, "sasrec's dropout and softmax")
         automatic=Automatic(predict_at="all", dropout=0.4, epoch_decay=0.0, full_softmax=True),
     )
 )
@@ -117,7 +117,7 @@ SASREC_MI = register(
         self_attentive=True,
         dense=True,
         # comirec_sa's negatives and regulariser; dropout 0.3 (sasrec's 0.4 lost on amazon-beauty), and
-        # on a large catalogue comirec_sa's width with dropout 0.2, its best there: docs/results.md, "Width and
+        # on a large catalogue comirec_sa's width with dropout 0.2, its best there: docs/defaults.md, "Width and
         # dropout of the multi-interest models"
         automatic=Automatic(
             score_cap=1.0,

@@ -33,7 +33,7 @@ STRICT_SETTINGS = ("qk_norm", "softcap", "head_values", "score_cap")
 # Automatic.large_dropout) replace its dim and dropout: at
 # 128 wide the self-attentive multi-interest models gained 3-10% on Amazon Beauty (12k items) and
 # taobao (38k) but about 1% on MovieLens 100K (1.3k) and the synthetic data (4k), at 1.7x the CPU time
-# (docs/results.md, "Width and dropout of the multi-interest models")
+# (docs/defaults.md, "Width and dropout of the multi-interest models")
 LARGE_CATALOGUE = 10_000
 # a spec whose automatic softmax is exact (Automatic.full_softmax) samples from this many items
 # on: the exact softmax's work grows with the catalogue, the sampled one's does not. It gained
@@ -41,14 +41,14 @@ LARGE_CATALOGUE = 10_000
 # (recsys.kernels.catalogue_logsumexp; CUDA under autocast) it trained as fast as sampling on taobao
 # (38k items) and Amazon Beauty (12k), and the kernel's time is flat up to 100k items and triples
 # by 400k; on the chunked torch loop (the CPU) it halved the steps per second at 4k items and cost
-# 4.8x at 12k (docs/results.md, "sasrec's dropout and softmax" and "Dense throughput")
+# 4.8x at 12k (docs/defaults.md, "sasrec's dropout and softmax" and "Dense throughput")
 FUSED_EXACT_SOFTMAX_ITEMS = 100_000
 EXACT_SOFTMAX_ITEMS = 10_000
 # a spec's Automatic.predict_next above 1 holds where at least this share of a user's consecutive clicks share
 # a timestamp (Dataset.tied_share): their order is not in the data, so "the next click" is the file's
 # row order, and predicting each of the next few gained 2-6% for the multi-interest models on MovieLens
 # 100K (51% tied) and Amazon Beauty (44%); on taobao (row order, no ties) it lost 21-25%. The cut lies
-# between those measurements; it was not tuned (docs/results.md, "Predicting the next m clicks")
+# between those measurements; it was not tuned (docs/defaults.md, "Predicting the next m clicks")
 TIED_ORDER = 0.25
 # train.item_updates "auto" updates only the item rows a step touches from this many items on, where
 # the step samples its negatives (the exact softmax reads every row): on the GPU measured, the dense step's time
@@ -62,7 +62,7 @@ MULTI_INTEREST_SPACE: dict[str, Any] = {
     "train.soft_readout_steps": [0, 1000, 5000],
     "train.negative_readout": ["readout", "max"],
     # the next click or the next 5: the automatic value picks by the timestamps (TIED_ORDER), a
-    # rule from three logs (docs/results.md, "Predicting the next m clicks") that a search can check
+    # rule from three logs (docs/defaults.md, "Predicting the next m clicks") that a search can check
     "train.predict_next": [1, 5],
 }
 SELF_ATTENTIVE_SPACE: dict[str, Any] = {

@@ -33,5 +33,5 @@ def build(cfg: ModelConfig, num_items: int, max_len: int, item_counts: Tensor | 
     return YouTubeDNN(num_items, cfg.dim)
 
 
-# a mean of embeddings overfits sooner: it decays 0.5 a pass (docs/results.md, defaults study)
+# a mean of embeddings overfits sooner: it decays 0.5 a pass (docs/defaults.md, "Weight decay per epoch")
 SPEC = register(ModelSpec(name="youtube_dnn", build=build, dense=True, automatic=Automatic(epoch_decay=0.5)))

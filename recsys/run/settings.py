@@ -35,7 +35,7 @@ The rules, each with the measurement behind it beside its constant in :mod:`recs
   of the loss is a mean over the samples while a prior's weight should fall as ``1 / samples``: a
   constant per-step decay regularises a large dataset as much as a small one over each step, and
   so far more over its longer run. On taobao the best constant was 0.05, on amazon-beauty 0.2 to
-  0.5 (four times more steps per epoch on taobao): both are about 0.15 a pass (docs/results.md,
+  0.5 (four times more steps per epoch on taobao): both are about 0.15 a pass (docs/defaults.md,
   "Weight decay per epoch").
 - ``eval.objective``: ``recall@max(eval.topn)``; ``eval.exclude_history``: true under
   ``data.split = "leave_one_out"`` (the papers' protocol), else false.
@@ -165,7 +165,7 @@ class Facts:
         every click with ``train.min_target`` before it, or with one before it under dense
         training, whose sample is a window of up to ``data.max_len`` targets (counted in targets, a
         dense epoch was some 15x fewer steps on MovieLens 100K, which ended dense runs still
-        improving and made the automatic decay 15x stronger a step: docs/results.md, "Dense
+        improving and made the automatic decay 15x stronger a step: docs/defaults.md, "Dense
         training")."""
         return max(1, math.ceil(self.targets(min_target(train)) / self.samples_per_step(train)))
 

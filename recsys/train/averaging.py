@@ -5,7 +5,7 @@ The last iterate of a noisy optimiser wanders around the minimum it has found; a
 recent iterates sits closer to it (Polyak & Juditsky 1992). With dropout and sampled negatives
 these models' steps are noisy, and scoring the average instead of the last weights gained test
 Recall@50 in 9 of 10 paired runs on three logs, by 1.9% on average, at no extra steps
-(docs/results.md, "Averaging the weights").
+(docs/defaults.md, "Averaging the weights").
 
 The average is bias-corrected, as Adam corrects its moments: after ``n`` updates it is
 ``sum_i decay**(n - i) * w_i / sum_i decay**(n - i)`` over the iterates ``w_1 .. w_n`` since it

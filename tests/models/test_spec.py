@@ -94,7 +94,7 @@ def test_the_automatic_weight_decay_reads_the_spec_s_epoch_decay(toy):
 
 
 def test_automatic_values_resolve_per_model_and_explicit_ones_are_kept():
-    """The measured defaults (docs/results.md, "Dense training", "sasrec's dropout and softmax"): the
+    """The measured defaults (docs/defaults.md, "Dense training", "sasrec's dropout and softmax"): the
     self-attentive models score negatives by their best interest and regularise their attention,
     only where there are several interests read from one history; sasrec trains densely with
     dropout 0.4 (sasrec_mi: 0.3) and no automatic decay; the models without a transformer keep the
@@ -150,7 +150,7 @@ def test_the_automatic_width_follows_the_catalogue_and_is_what_the_run_saves(tmp
 
 
 def test_sasrec_trains_with_the_exact_softmax_where_it_is_cheap_and_samples_elsewhere(tmp_path):
-    """The automatic train.full_softmax (docs/results.md): exact for sasrec below 100,000 items
+    """The automatic train.full_softmax (docs/defaults.md): exact for sasrec below 100,000 items
     where it runs on the fused kernel (CUDA under autocast), below 10,000 elsewhere, sampled above
     and for every other model; a set value and hard negatives win."""
 
