@@ -42,6 +42,7 @@ from recsys.config import Config, RetrievalConfig, require_resolved
 from recsys.device import model_device
 from recsys.evaluate.evaluator import history_block
 from recsys.kernels import length_softmax
+from recsys.nn.multi_interest import interest_cosines
 from recsys.retrieval.index import Retriever
 
 if TYPE_CHECKING:
@@ -199,14 +200,11 @@ def _add_attention(add: Add, attn: Tensor, lengths: Tensor) -> None:
 
 def _add_cosine(add: Add, interests: Tensor) -> None:
     """Accumulate the mean off-diagonal cosine of each user's interests (rows with non-zero interests)."""
-    norms = interests.norm(dim=2)  # [B, K]
-    ok = (norms > 0).all(dim=1)
-    unit = interests[ok] / norms[ok][..., None]
+    cos, ok = interest_cosines(interests)  # [B, K, K], [B]
     k = interests.shape[1]
-    gram = unit @ unit.transpose(1, 2)  # [B', K, K]
-    off = (gram.sum(dim=(1, 2)) - gram.diagonal(dim1=1, dim2=2).sum(dim=1)) / (k * (k - 1))
+    off = (cos.sum(dim=(1, 2)) - cos.diagonal(dim1=1, dim2=2).sum(dim=1)) / (k * (k - 1))  # [B]
     add("cos_rows", ok.sum().double())
-    add("cos", off.sum().double())
+    add("cos", off[ok].sum().double())
 
 
 def _add_planted(

@@ -6,7 +6,13 @@ from torch import Tensor
 
 from recsys.config import ModelConfig
 from recsys.models.sequence import SequenceModel
-from recsys.models.spec import MULTI_INTEREST_SPACE, SELF_ATTENTIVE_SPACE, Automatic, ModelSpec, register
+from recsys.models.spec import (
+    MULTI_INTEREST_SPACE,
+    SELF_ATTENTIVE_MULTI_INTEREST,
+    SELF_ATTENTIVE_SPACE,
+    ModelSpec,
+    register,
+)
 from recsys.nn.multi_interest import SelfAttentiveHead
 
 
@@ -70,16 +76,8 @@ SPEC = register(
         multi_interest=True,
         self_attentive=True,
         dense=True,
-        # max-scored negatives and the attention regulariser: docs/defaults.md, "Dense training"
-        automatic=Automatic(
-            score_cap=1.0,
-            soft_readout_steps=1000,
-            negative_readout="max",
-            attention_reg=1.0,
-            predict_next=5,  # where the data leaves the order of its clicks open (recsys.models.spec.TIED_ORDER)
-            # the K interests share one space, which 64 wide crowds on a large catalogue (docs/models.md)
-            large_dim=128,
-        ),
+        # the defaults against collapse it shares with sasrec_mi (recsys.models.spec)
+        automatic=SELF_ATTENTIVE_MULTI_INTEREST,
         tune_space={**MULTI_INTEREST_SPACE, **SELF_ATTENTIVE_SPACE},
     )
 )

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from torch import Tensor
 
 from recsys.config import ModelConfig
 from recsys.models.sequence import SequenceModel
-from recsys.models.spec import DROPOUT_SPACE, MULTI_INTEREST_SPACE, SELF_ATTENTIVE_SPACE, Automatic, ModelSpec, register
+from recsys.models.spec import (
+    DROPOUT_SPACE,
+    MULTI_INTEREST_SPACE,
+    SELF_ATTENTIVE_MULTI_INTEREST,
+    SELF_ATTENTIVE_SPACE,
+    Automatic,
+    ModelSpec,
+    register,
+)
 from recsys.nn.masking import gather_last
 from recsys.nn.multi_interest import SelfAttentiveHead
 from recsys.nn.transformer import TransformerEncoder
@@ -119,16 +129,7 @@ SASREC_MI = register(
         # comirec_sa's negatives and regulariser; dropout 0.3 (sasrec's 0.4 lost on amazon-beauty), and
         # on a large catalogue comirec_sa's width with dropout 0.2, its best there: docs/defaults.md, "Width and
         # dropout of the multi-interest models"
-        automatic=Automatic(
-            score_cap=1.0,
-            dropout=0.3,
-            soft_readout_steps=1000,
-            negative_readout="max",
-            attention_reg=1.0,
-            predict_next=5,  # where the data leaves the order of its clicks open (recsys.models.spec.TIED_ORDER)
-            large_dim=128,
-            large_dropout=0.2,
-        ),
+        automatic=dataclasses.replace(SELF_ATTENTIVE_MULTI_INTEREST, dropout=0.3, large_dropout=0.2),
         tune_space={**MULTI_INTEREST_SPACE, **SELF_ATTENTIVE_SPACE, **DROPOUT_SPACE},
         saved_defaults={"model.head_values": {"model.head_values": "encoded"}},  # its head pooled the encoder outputs
     )

@@ -113,6 +113,21 @@ class Automatic:
     epoch_decay: float = 0.15
 
 
+# the self-attentive multi-interest models' shared defaults against collapse (comirec_sa, sasrec_mi), which
+# each model's file extends with dataclasses.replace: max-scored negatives and the attention regulariser
+# (docs/defaults.md, "Dense training"), the score cap and the soft readout (docs/multi-interest.md), the
+# next 5 clicks where the data leaves their order open (TIED_ORDER), and 128 wide on a large catalogue, where
+# 64 crowds the K interests' one space (docs/models.md)
+SELF_ATTENTIVE_MULTI_INTEREST = Automatic(
+    score_cap=1.0,
+    soft_readout_steps=1000,
+    negative_readout="max",
+    attention_reg=1.0,
+    predict_next=5,
+    large_dim=128,
+)
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """One model, as the rest of the library sees it.

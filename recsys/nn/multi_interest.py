@@ -150,3 +150,15 @@ class SelfAttentiveHead(RecordsMaxLogit):
         return causal_multi_interest(
             h if values is None else values, self.scores(h, lengths), lengths, backend=self.backend
         )
+
+
+def interest_cosines(interests: Tensor) -> tuple[Tensor, Tensor]:
+    """Each row's pairwise cosines of its interests: ``interests [R, K, d]`` -> ``(cos [R, K, K]
+    float32 or wider, ok [R] bool)``. A row with a zero interest (a fully padded prefix) has no
+    direction: ``ok`` is False there and its ``cos`` is 0 with no gradient (normalising it would
+    scale its gradient by ``1 / eps``). The interest regulariser and the health metrics read it."""
+    x = interests.to(torch.promote_types(interests.dtype, torch.float32))  # bf16 under autocast
+    norms = x.norm(dim=2, keepdim=True)  # [R, K, 1]
+    ok = (norms > 1e-6).all(dim=1).squeeze(1)  # [R]
+    unit = torch.where(ok[:, None, None], x / norms.clamp_min(1e-6), 0.0)  # [R, K, d]
+    return unit @ unit.transpose(1, 2), ok

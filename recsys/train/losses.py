@@ -37,6 +37,7 @@ from torch import Tensor
 
 from recsys.kernels import catalogue_logsumexp, length_softmax, max_interest_scores
 from recsys.kernels.catalogue_logsumexp import uses_kernel
+from recsys.nn.multi_interest import interest_cosines
 
 SAMPLER_KINDS = ("uniform", "log_uniform", "unigram")
 CATALOGUE_CHUNK = 8192  # items per chunk of the exact softmax (chunked_softmax_loss): [rows, chunk] fp32 at a time
@@ -101,19 +102,14 @@ def interest_cosine(interests: Tensor, margin: float = -1.0, count: Tensor | Non
     ``interests [R, K, d]`` (``K >= 2``) -> scalar. A pair less alike than ``margin`` costs
     nothing, so the term only parts interests that point nearly the same way and leaves the rest
     to the recall. A row with a zero interest (a fully padded prefix of dense training) is not
-    counted and sends no gradient: its direction is undefined, and normalising it would scale
-    its gradient by ``1 / eps``.
+    counted and sends no gradient (:func:`~recsys.nn.multi_interest.interest_cosines`).
 
     ``count`` (0-d, optional): what the sum over rows divides by instead of the rows counted; under
     DDP the global batch's rows over the number of processes (:func:`masked_mean`).
     """
     k = interests.shape[1]
-    x = interests.to(torch.promote_types(interests.dtype, torch.float32))  # bf16 under autocast
-    norms = x.norm(dim=2, keepdim=True)  # [R, K, 1]
-    ok = (norms > 1e-6).all(dim=1).squeeze(1)  # [R]
-    unit = torch.where(ok[:, None, None], x / norms.clamp_min(1e-6), 0.0)  # [R, K, d]
-    cos = unit @ unit.transpose(1, 2)  # [R, K, K]
-    pairs = ~torch.eye(k, dtype=torch.bool, device=x.device)  # off the diagonal
+    cos, ok = interest_cosines(interests)  # [R, K, K], [R]
+    pairs = ~torch.eye(k, dtype=torch.bool, device=cos.device)  # off the diagonal
     excess = torch.relu(cos - margin)[:, pairs].sum(dim=1) / (k * (k - 1))  # [R]
     return masked_mean(excess, ok, count)
 
