@@ -1,4 +1,4 @@
-"""`recsys CMD --help` explains every option (issue 43: `--split` had no help text)."""
+"""`recsys CMD --help` explains every option (was: `--split` had no help text)."""
 
 import argparse
 

@@ -1,4 +1,4 @@
-"""Install hints name our own distribution (issue 43: `recsys` on the package index is an
+"""Install hints name our own distribution (was: `recsys` on the package index is an
 unrelated project, so `pip install 'recsys[plot]'` installed someone else's code)."""
 
 import re

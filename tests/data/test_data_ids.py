@@ -1,4 +1,4 @@
-"""One id rule for every input path (issue 43: in a DataFrame ``1`` and ``"1"``, ``17`` and
+"""One id rule for every input path (was: in a DataFrame ``1`` and ``"1"``, ``17`` and
 ``17.0`` became one id; in a CSV they stayed two)."""
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""`recsys data`'s statistics (issue 43: a density of 10.27 for a single user)."""
+"""`recsys data`'s statistics (was: a density of 10.27 for a single user)."""
 
 import numpy as np
 import pandas as pd

@@ -1,5 +1,5 @@
 """Claiming a run directory is atomic: two processes never train into one folder, and a live
-run is never replaced or resumed by another process (issue 43: two `recsys train` runs with one
+run is never replaced or resumed by another process (was: two `recsys train` runs with one
 name ended with one folder that was "not a run directory")."""
 
 import multiprocessing
