@@ -14,6 +14,7 @@ per user is constant), and its metrics are checked against the evaluator's on th
 
     python benchmarks/evaluate.py                       # 100k users x 100k items
     python benchmarks/evaluate.py --users 20000 --items 20000 --loop-users 500
+    python benchmarks/evaluate.py --users 200000 --items 1000000 --dim 128 --device cuda --backends torch
 """
 
 from __future__ import annotations
@@ -135,6 +136,7 @@ def main() -> None:
     )
     parser.add_argument("--batch-size", type=int, default=2048)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="where the model and the torch search run (cpu | cuda)")
     args = parser.parse_args()
 
     print(
@@ -147,7 +149,7 @@ def main() -> None:
         args.users, args.items, args.dim, args.interests, args.categories, args.seed
     )
     print(f"# synthetic case built in {time.perf_counter() - t0:.1f}s; {len(eval_set.truth_items):,} truth clicks")
-    model = TableInterests(interests, item_emb)
+    model = TableInterests(interests, item_emb).to(args.device)
 
     rows = []
     loop_users = min(args.loop_users, args.users)

@@ -11,7 +11,7 @@ Each part is chosen with ``--do`` (all three by default; ``--do prepare`` alone 
   (``getrusage(RUSAGE_CHILDREN)``) is the preparation's alone, and from scratch (an earlier
   preparation of the same log is removed first).
 - ``throughput``: samples/s of recsys's training step (``recsys.train.trainer.TrainStep``:
-  comirec_sa at the defaults, batch 128, ``data.max_len`` 20, 128 wide, sampled softmax, CUDA graph
+  comirec_sa at the defaults, batch ``--batch-size`` (128), ``data.max_len`` 20, 128 wide, sampled softmax, CUDA graph
   where it can) on power-law batches (id ``i`` drawn with probability about ``1 / i``, as the
   most clicked items are numbered first) at each of ``--items`` catalogue sizes, with
   ``train.item_updates = "dense"`` (the whole table through AdamW and the weight average every
@@ -179,7 +179,9 @@ def _batches(num_items: int, batch: int, max_len: int, count: int, device: torch
     return out
 
 
-def _step(num_items: int, updates: str, device: torch.device, threads_note: list[str]) -> TrainStep:
+def _step(
+    num_items: int, updates: str, device: torch.device, threads_note: list[str], batch_size: int = 128
+) -> TrainStep:
     cfg = load_config(
         None,
         [
@@ -187,6 +189,7 @@ def _step(num_items: int, updates: str, device: torch.device, threads_note: list
             "train.predict_next=1",
             f"train.item_updates={updates}",
             f"train.device={device.type}",
+            f"train.batch_size={batch_size}",
         ],
     )
     cfg = resolve(cfg, Facts.of_lengths([cfg.data.max_len], num_items, device=device.type))
@@ -199,10 +202,12 @@ def _step(num_items: int, updates: str, device: torch.device, threads_note: list
     return TrainStep(model, cfg, device, counts.to(device), gen, log=threads_note.append, weight_decay=1e-4)
 
 
-def samples_per_s(num_items: int, updates: str, device: torch.device, steps: int, warmup: int) -> float:
-    """Samples/s of ``steps`` training steps after ``warmup`` (the capture included there)."""
+def samples_per_s(
+    num_items: int, updates: str, device: torch.device, steps: int, warmup: int, batch_size: int = 128
+) -> float:
+    """Samples/s of ``steps`` training steps of ``batch_size`` after ``warmup`` (the capture included there)."""
     notes: list[str] = []
-    step = _step(num_items, updates, device, notes)
+    step = _step(num_items, updates, device, notes, batch_size)
     cfg = step.cfg
     batches = _batches(num_items, cfg.train.batch_size, cfg.data.max_len, 16, device)
     for i in range(warmup):
@@ -252,6 +257,7 @@ def main() -> None:
     parser.add_argument("--items", type=int, nargs="+", default=[37_000, 1_000_000, 10_000_000])
     parser.add_argument("--steps", type=int, default=500, help="timed steps of each samples/s measurement")
     parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--batch-size", type=int, default=128, help="samples a step in the throughput part")
     parser.add_argument("--train-steps", type=int, default=2000, help="steps of each training run")
     parser.add_argument("--minutes", type=float, default=0.0, help="caps each training loop (train.max_minutes)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a setting of the runs")
@@ -273,7 +279,7 @@ def main() -> None:
     if "prepare" in args.do:
         table.append(preparation_row(prepare(log, folder / "prepared")))
     if "throughput" in args.do:
-        table += throughput_rows(args.items, device, args.steps, args.warmup)
+        table += throughput_rows(args.items, device, args.steps, args.warmup, args.batch_size)
     if "train" in args.do:
         table += training_rows(log, folder, device, args.train_steps, args.minutes, args.set)
     print("\n| part | measured |\n|---|---|")
@@ -291,16 +297,18 @@ def preparation_row(p: dict[str, float]) -> tuple[str, str]:
     )
 
 
-def throughput_rows(items: list[int], device: torch.device, steps: int, warmup: int) -> list[tuple[str, str]]:
+def throughput_rows(
+    items: list[int], device: torch.device, steps: int, warmup: int, batch_size: int = 128
+) -> list[tuple[str, str]]:
     """Samples/s of dense and sparse updates at each catalogue size, the best against the first size's best."""
     rates = {}
     for num_items in items:
-        rates[num_items] = {u: samples_per_s(num_items, u, device, steps, warmup) for u in UPDATES}
+        rates[num_items] = {u: samples_per_s(num_items, u, device, steps, warmup, batch_size) for u in UPDATES}
         print(f"{num_items:>12,} items: " + ", ".join(f"{u} {r:,.0f}" for u, r in rates[num_items].items()), flush=True)
     base = max(rates[items[0]].values())
     return [
         (
-            f"samples/s at {num_items:,} items",
+            f"samples/s at {num_items:,} items, batch {batch_size}",
             f"dense {r['dense']:,.0f}, sparse {r['sparse']:,.0f}; the best {max(r.values()) / base:.2f}x the best "
             f"at {items[0]:,}",
         )
