@@ -32,6 +32,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -92,26 +93,41 @@ def _duckdb() -> Any:
 
 def _read(con: Any, src: ClickSource, spill: Path, progress: bool) -> bool:
     """Stage 1: the log into the view ``raw(rn, user, item[, time][, category])`` over Parquet
-    files in ``spill/raw`` (one a chunk); whether it has times."""
+    files in ``spill/raw`` (one a chunk); whether it has times.
+
+    DuckDB writes a chunk in a second thread while the next one is parsed (both release the
+    GIL), so reading and writing overlap on two cores."""
     import pyarrow as pa  # the scale extra; chunks go to DuckDB as Arrow tables, its fastest way in
 
     folder = spill / "raw"
     folder.mkdir(parents=True)
     columns: list[str] | None = None
-    rows = files = 0
-    with progress_bar(src.size, f"data: reading {src.cfg.source}", enabled=progress, unit="B") as bar:
+    rows = 0
+    writing: Future | None = None  # the chunk DuckDB is writing
+
+    def write(table: pa.Table, part: Path) -> None:
+        con.register("chunk", table)
+        con.execute(
+            f"COPY (SELECT {', '.join(_canonical(c) for c in table.column_names)} FROM chunk) "
+            f"TO {_sql_string(part)} (FORMAT PARQUET, COMPRESSION ZSTD)"
+        )
+        con.unregister("chunk")
+
+    with (
+        ThreadPoolExecutor(1) as writer,
+        progress_bar(src.size, f"data: reading {src.cfg.source}", enabled=progress, unit="B") as bar,
+    ):
         bar.unit_scale = True
-        for chunk in read_chunks(src, advance=bar.update):
+        for i, chunk in enumerate(read_chunks(src, advance=bar.update)):
             chunk.insert(0, "rn", np.arange(rows, rows + len(chunk), dtype=np.int64))
             columns = columns or list(chunk.columns)
-            con.register("chunk", pa.Table.from_pandas(chunk[columns], preserve_index=False))
-            con.execute(
-                f"COPY (SELECT {', '.join(_canonical(c) for c in columns)} FROM chunk) "
-                f"TO {_sql_string(folder / f'{files:08d}.parquet')} (FORMAT PARQUET, COMPRESSION ZSTD)"
-            )
-            con.unregister("chunk")
+            table = pa.Table.from_pandas(chunk[columns], preserve_index=False)
+            if writing is not None:
+                writing.result()
+            writing = writer.submit(write, table, folder / f"{i:08d}.parquet")
             rows += len(chunk)
-            files += 1
+        if writing is not None:
+            writing.result()
     assert columns is not None  # read_chunks raises on a log without clicks
     con.execute(f"CREATE VIEW raw AS SELECT * FROM read_parquet({_sql_string(folder / '*.parquet')})")
     return "time" in columns
@@ -130,8 +146,10 @@ def _canonical(column: str) -> str:
     rule of :mod:`recsys.data.ids` (a whole number written with a zero fraction is that number), as
     :func:`~recsys.data.ids.factorize_ids` applies it in memory."""
     value = f'CAST("{column}" AS {_TYPES[column]})'
-    if column in ("user", "item"):
-        value = f"regexp_replace({value}, '{WHOLE_PATTERN}', '\\1')"
+    if column in ("user", "item"):  # the rule needs a '.': the test is cheaper than the pattern
+        value = (
+            f"CASE WHEN contains({value}, '.') THEN regexp_replace({value}, '{WHOLE_PATTERN}', '\\1') ELSE {value} END"
+        )
     return f'{value} AS "{column}"'
 
 
