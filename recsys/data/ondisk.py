@@ -31,8 +31,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +47,8 @@ from recsys.extras import install_hint
 from recsys.io.files import atomic_folder
 from recsys.progress import progress_bar
 
-MEMORY_LIMIT = "768MB"  # DuckDB's buffer pool for a log of up to 1.5 GB; it spills beyond
-MEMORY_LIMIT_MAX = 8 << 30  # bytes: the pool for a log of 16 GB or more
+MEMORY_MIN = 768 << 20  # bytes of DuckDB's buffer pool for a log of up to 1.5 GB; it spills beyond
+MEMORY_MAX = 8 << 30  # bytes of the pool for a log of 16 GB or more
 _WRITE_ROWS = 1 << 20  # clicks per batch fetched from the sorted result
 BUCKET_CLICKS = 8_000_000  # clicks (about) sorted at a time: ~200 MB of keys, sorted within the memory limit
 
@@ -82,15 +81,14 @@ def prepare_on_disk(cfg: DataConfig, target: str | Path, *, progress: bool = Fal
 
 def memory_limit(log_bytes: int) -> str:
     """DuckDB's memory limit for a log of ``log_bytes``: ``RECSYS_PREPARE_MEMORY`` when set, else
-    half the log's bytes between :data:`MEMORY_LIMIT` and :data:`MEMORY_LIMIT_MAX`.
+    half the log's bytes between :data:`MEMORY_MIN` and :data:`MEMORY_MAX`.
 
     It grows with the log because spilling does not bound everything: on a billion clicks (13 GB
     of Parquet) counting 20M distinct text ids ran out of memory at 768 MB; a 30M-click CSV (0.7 GB)
     keeps 768 MB, a 100M-click one (2.4 GB) gets 1.1 GB."""
     if "RECSYS_PREPARE_MEMORY" in os.environ:
         return os.environ["RECSYS_PREPARE_MEMORY"]
-    least = int(MEMORY_LIMIT.removesuffix("MB")) << 20
-    return f"{min(MEMORY_LIMIT_MAX, max(least, log_bytes // 2)) >> 20}MB"
+    return f"{min(MEMORY_MAX, max(MEMORY_MIN, log_bytes // 2)) >> 20}MB"
 
 
 def _duckdb() -> Any:
@@ -325,24 +323,11 @@ def _run(con: Any, sql: str, desc: str, progress: bool) -> None:
     if not progress:
         con.execute(sql)
         return
-    failure: list[BaseException] = []
-
-    def execute() -> None:
-        try:
-            con.execute(sql)
-        except BaseException as err:  # noqa: BLE001 - raised again in the caller's thread
-            failure.append(err)
-
-    worker = threading.Thread(target=execute)
-    with progress_bar(100, desc, enabled=progress, unit="%") as bar:
-        worker.start()
-        while worker.is_alive():
-            worker.join(0.5)
-            done = con.query_progress()
-            if done > bar.n:
-                bar.update(done - bar.n)
-    if failure:
-        raise failure[0]
+    with ThreadPoolExecutor(1) as pool, progress_bar(100, desc, unit="%") as bar:
+        running = pool.submit(con.execute, sql)
+        while not wait([running], timeout=0.5).done:
+            bar.update(max(0.0, con.query_progress() - bar.n))
+        running.result()  # its error, if any
 
 
 class _NpyWriter:
@@ -369,4 +354,4 @@ class _NpyWriter:
             raise RuntimeError(f"{self.path}: wrote {self.written} of {self.n} values")
 
 
-__all__ = ["MEMORY_LIMIT", "MEMORY_LIMIT_MAX", "memory_limit", "prepare_on_disk"]
+__all__ = ["MEMORY_MAX", "MEMORY_MIN", "memory_limit", "prepare_on_disk"]

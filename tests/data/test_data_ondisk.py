@@ -315,3 +315,17 @@ def test_buckets_write_the_same_files(tmp_path, monkeypatch):
         assert (tmp_path / "ds-1" / f"{name}.npy").read_bytes() == (
             tmp_path / f"ds-{10**9}" / f"{name}.npy"
         ).read_bytes()
+
+
+def test_progress_bars_and_memory_limit(tmp_path, monkeypatch):
+    """With bars on (the numbering pass runs in a second thread, its progress polled), the same
+    dataset; DuckDB's memory grows with the log between its bounds, and the variable decides."""
+    awkward_log(5).drop(columns="cat").to_csv(tmp_path / "log.csv", index=False)
+    cfg = DataConfig(source=str(tmp_path / "log.csv"), time_col="timestamp", min_item_count=2)
+    assert_same(prepare(read_interactions(cfg), cfg), prepare_on_disk(cfg, tmp_path / "ds", progress=True))
+    monkeypatch.delenv("RECSYS_PREPARE_MEMORY", raising=False)
+    assert ondisk.memory_limit(1000) == "768MB"
+    assert ondisk.memory_limit(3 << 30) == "1536MB"
+    assert ondisk.memory_limit(1 << 40) == "8192MB"
+    monkeypatch.setenv("RECSYS_PREPARE_MEMORY", "2GB")
+    assert ondisk.memory_limit(1000) == "2GB"
