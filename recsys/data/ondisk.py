@@ -5,15 +5,21 @@ The same dataset :func:`~recsys.data.prepare.prepare` builds in memory (same fil
 categories, so the two are interchangeable; the tests compare them), built by DuckDB with a memory
 limit, spilling to disk beside the target:
 
-1. read: :func:`~recsys.data.chunks.read_chunks` appends the log to a DuckDB table, each row with
-   its row number (``rn``), so ties keep the file's order;
+1. read: :func:`~recsys.data.chunks.read_chunks` writes the log as compressed Parquet files in the
+   spill folder, each row with its row number (``rn``), so ties keep the file's order; DuckDB
+   reads them as the view ``raw`` (a DuckDB table of a billion text ids would spill about 36 bytes
+   a click, uncompressed, and be read back from that spill by every later pass);
 2. filter: ComiRec's item then user counts (``data.kcore``: until a pass removes nothing), as
    :func:`~recsys.data.prepare.filter_counts`, kept as the sets of surviving items and users;
 3. ids: the kept items and users (a row each, fetched into memory) are numbered by
    :func:`~recsys.data.prepare.popularity_order` and :func:`~recsys.data.prepare.raw_order`;
    a kept item's category is that of its first labelled row;
-4. write: the log joined with the two id tables (which drops the filtered clicks), sorted by
-   (user, time, row), streams into ``items.npy`` and ``times.npy``.
+4. write: one pass joins the log with the two id tables (which drops the filtered clicks) and
+   writes integer clicks ``(user, item, time, rn)`` as Parquet partitioned into buckets of
+   consecutive users; then bucket by bucket, in user order, DuckDB sorts one bucket by (user,
+   time, row) and it streams into ``items.npy`` and ``times.npy``. A single sort of the whole
+   joined log would hold a billion rows at once (it ran out of memory at 768 MB); a bucket holds
+   about :data:`BUCKET_CLICKS` clicks, so each sort is small, whatever the log's size.
 
 DuckDB was chosen over Polars' streaming engine and PyArrow datasets by ``benchmarks/prepare.py``
 (docs/results.md): it sorts, joins and groups out of core under a memory limit.
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +47,10 @@ from recsys.extras import install_hint
 from recsys.io.files import atomic_folder
 from recsys.progress import progress_bar
 
-MEMORY_LIMIT = os.environ.get("RECSYS_PREPARE_MEMORY", "768MB")  # DuckDB's buffer pool; it spills beyond
+MEMORY_MIN = 768 << 20  # bytes of DuckDB's buffer pool for a log of up to 1.5 GB; it spills beyond
+MEMORY_MAX = 8 << 30  # bytes of the pool for a log of 16 GB or more
 _WRITE_ROWS = 1 << 20  # clicks per batch fetched from the sorted result
+BUCKET_CLICKS = 8_000_000  # clicks (about) sorted at a time: ~200 MB of keys, sorted within the memory limit
 
 
 def prepare_on_disk(cfg: DataConfig, target: str | Path, *, progress: bool = False) -> Dataset:
@@ -56,17 +65,30 @@ def prepare_on_disk(cfg: DataConfig, target: str | Path, *, progress: bool = Fal
     with atomic_folder(target) as out:
         con = duckdb.connect()  # in memory up to the limit, then spilled to the temporary directory
         try:
-            con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
+            con.execute(f"SET memory_limit = '{memory_limit(src.size)}'")
             spill = str(out / "spill").replace("'", "''")  # an SQL string
             con.execute(f"SET temp_directory = '{spill}'")
             con.execute("SET preserve_insertion_order = false")
-            con.execute("SET enable_progress_bar = false")
-            with_time = _read(con, src, progress)
+            con.execute("SET enable_progress_bar = true")  # progress is tracked (query_progress), not printed
+            con.execute("SET enable_progress_bar_print = false")
+            with_time = _read(con, src, out / "spill", progress)
             _build(con, cfg, src, out, with_time=with_time, progress=progress)
         finally:
             con.close()
         shutil.rmtree(out / "spill", ignore_errors=True)
     return Dataset.load(target)
+
+
+def memory_limit(log_bytes: int) -> str:
+    """DuckDB's memory limit for a log of ``log_bytes``: ``RECSYS_PREPARE_MEMORY`` when set, else
+    half the log's bytes between :data:`MEMORY_MIN` and :data:`MEMORY_MAX`.
+
+    It grows with the log because spilling does not bound everything: on a billion clicks (13 GB
+    of Parquet) counting 20M distinct text ids ran out of memory at 768 MB; a 30M-click CSV (0.7 GB)
+    keeps 768 MB, a 100M-click one (2.4 GB) gets 1.1 GB."""
+    if "RECSYS_PREPARE_MEMORY" in os.environ:
+        return os.environ["RECSYS_PREPARE_MEMORY"]
+    return f"{min(MEMORY_MAX, max(MEMORY_MIN, log_bytes // 2)) >> 20}MB"
 
 
 def _duckdb() -> Any:
@@ -81,35 +103,66 @@ def _duckdb() -> Any:
     return duckdb
 
 
-def _read(con: Any, src: ClickSource, progress: bool) -> bool:
-    """Stage 1: the log into table ``raw(rn, user, item[, time][, category])``; whether it has times."""
+def _read(con: Any, src: ClickSource, spill: Path, progress: bool) -> bool:
+    """Stage 1: the log into the view ``raw(rn, user, item[, time][, category])`` over Parquet
+    files in ``spill/raw`` (one a chunk); whether it has times.
+
+    DuckDB writes a chunk in a second thread while the next one is parsed (both release the
+    GIL), so reading and writing overlap on two cores."""
     import pyarrow as pa  # the scale extra; chunks go to DuckDB as Arrow tables, its fastest way in
 
+    folder = spill / "raw"
+    folder.mkdir(parents=True)
     columns: list[str] | None = None
     rows = 0
-    with progress_bar(src.size, f"data: reading {src.cfg.source}", enabled=progress, unit="B") as bar:
+    writing: Future | None = None  # the chunk DuckDB is writing
+
+    def write(table: pa.Table, part: Path) -> None:
+        con.register("chunk", table)
+        con.execute(
+            f"COPY (SELECT {', '.join(_canonical(c) for c in table.column_names)} FROM chunk) "
+            f"TO {_sql_string(part)} (FORMAT PARQUET, COMPRESSION ZSTD)"
+        )
+        con.unregister("chunk")
+
+    with (
+        ThreadPoolExecutor(1) as writer,
+        progress_bar(src.size, f"data: reading {src.cfg.source}", enabled=progress, unit="B") as bar,
+    ):
         bar.unit_scale = True
-        for chunk in read_chunks(src, advance=bar.update):
+        for i, chunk in enumerate(read_chunks(src, advance=bar.update)):
             chunk.insert(0, "rn", np.arange(rows, rows + len(chunk), dtype=np.int64))
-            if columns is None:
-                columns = list(chunk.columns)
-                types = {"rn": "BIGINT", "user": "VARCHAR", "item": "VARCHAR", "time": "DOUBLE", "category": "VARCHAR"}
-                con.execute("CREATE TABLE raw (" + ", ".join(f'"{c}" {types[c]}' for c in columns) + ")")
-            con.register("chunk", pa.Table.from_pandas(chunk[columns], preserve_index=False))
-            con.execute(f"INSERT INTO raw SELECT {', '.join(_canonical(c) for c in columns)} FROM chunk")
-            con.unregister("chunk")
+            columns = columns or list(chunk.columns)
+            table = pa.Table.from_pandas(chunk[columns], preserve_index=False)
+            if writing is not None:
+                writing.result()
+            writing = writer.submit(write, table, folder / f"{i:08d}.parquet")
             rows += len(chunk)
+        if writing is not None:
+            writing.result()
     assert columns is not None  # read_chunks raises on a log without clicks
+    con.execute(f"CREATE VIEW raw AS SELECT * FROM read_parquet({_sql_string(folder / '*.parquet')})")
     return "time" in columns
 
 
+def _sql_string(value: object) -> str:
+    """``value`` as an SQL string literal."""
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+_TYPES = {"rn": "BIGINT", "user": "VARCHAR", "item": "VARCHAR", "time": "DOUBLE", "category": "VARCHAR"}
+
+
 def _canonical(column: str) -> str:
-    """The SQL that reads ``column`` of a chunk: users and items under the id rule of
-    :mod:`recsys.data.ids` (a whole number written with a zero fraction is that number), as
+    """The SQL that reads ``column`` of a chunk as its type in ``raw``: users and items under the id
+    rule of :mod:`recsys.data.ids` (a whole number written with a zero fraction is that number), as
     :func:`~recsys.data.ids.factorize_ids` applies it in memory."""
-    if column not in ("user", "item"):
-        return f'"{column}"'
-    return f"regexp_replace(CAST(\"{column}\" AS VARCHAR), '{WHOLE_PATTERN}', '\\1') AS \"{column}\""
+    value = f'CAST("{column}" AS {_TYPES[column]})'
+    if column in ("user", "item"):  # the rule needs a '.': the test is cheaper than the pattern
+        value = (
+            f"CASE WHEN contains({value}, '.') THEN regexp_replace({value}, '{WHOLE_PATTERN}', '\\1') ELSE {value} END"
+        )
+    return f'{value} AS "{column}"'
 
 
 def _build(con: Any, cfg: DataConfig, src: ClickSource, out: Path, *, with_time: bool, progress: bool) -> None:
@@ -134,7 +187,13 @@ def _build(con: Any, cfg: DataConfig, src: ClickSource, out: Path, *, with_time:
     indptr = np.zeros(len(user_raw) + 1, dtype=np.int64)
     np.cumsum(user_counts, out=indptr[1:])
     _write_clicks(
-        con, out, kept, with_time=with_time and not src.time_is_position, sort_time=with_time, progress=progress
+        con,
+        out,
+        kept,
+        len(user_raw),
+        with_time=with_time and not src.time_is_position,
+        sort_time=with_time,
+        progress=progress,
     )
     for name, value in (
         ("item_raw", item_raw),
@@ -215,27 +274,60 @@ def _item_categories(
     return category_ids(codes.astype(np.int64), np.asarray(uniques, dtype=str), item_counts)
 
 
-def _write_clicks(con: Any, out: Path, n: int, *, with_time: bool, sort_time: bool, progress: bool) -> None:
-    """Stage 4: ``items.npy`` (and ``times.npy``) ``[n]``, sorted by user, then time, then row."""
-    by_time = "k.time, " if sort_time else ""
-    select = "i.id AS item" + (", k.time" if with_time else "")
-    result = con.sql(
-        f'SELECT {select} FROM raw k JOIN user_ids u ON k."user" = u.raw JOIN item_ids i ON k.item = i.raw '
-        f"ORDER BY u.id, {by_time}k.rn"
+def _write_clicks(
+    con: Any, out: Path, n: int, num_users: int, *, with_time: bool, sort_time: bool, progress: bool
+) -> None:
+    """Stage 4: ``items.npy`` (and ``times.npy``) ``[n]``, sorted by user, then time, then row.
+
+    Users are numbered by raw id, not by activity, so ``users_per_bucket`` consecutive users hold
+    about :data:`BUCKET_CLICKS` clicks; a bucket that holds more (a cluster of heavy users) only
+    sorts with more spilling."""
+    buckets = out / "spill" / "buckets"
+    users_per_bucket = max(1, BUCKET_CLICKS * num_users // max(n, 1))
+    time_col = ", k.time" if with_time or sort_time else ""
+    _run(
+        con,
+        f'COPY (SELECT u.id AS "user", i.id AS item{time_col}, k.rn, u.id // {users_per_bucket} AS bucket '
+        f'FROM raw k JOIN user_ids u ON k."user" = u.raw JOIN item_ids i ON k.item = i.raw) '
+        f"TO {_sql_string(buckets)} (FORMAT PARQUET, PARTITION_BY (bucket))",
+        "data: numbering clicks",
+        progress,
     )
+    con.execute("DROP VIEW raw")
+    shutil.rmtree(out / "spill" / "raw")  # the log's copy is no longer read
+    by_time = "time, " if sort_time else ""
+    select = "item" + (", time" if with_time else "")
     with (
         _NpyWriter(out / "items.npy", np.int64, n) as items,
         _NpyWriter(out / "times.npy", np.float64, n if with_time else 0) as times,
         progress_bar(n, "data: sorting and writing clicks", enabled=progress, unit="click") as bar,
     ):
-        reader = result.to_arrow_reader(_WRITE_ROWS)
-        for batch in reader:
-            items.write(batch.column(0).to_numpy())
-            if with_time:
-                times.write(batch.column(1).to_numpy())
-            bar.update(batch.num_rows)
+        for bucket in range((num_users + users_per_bucket - 1) // users_per_bucket):
+            folder = buckets / f"bucket={bucket}"
+            result = con.sql(
+                f'SELECT {select} FROM read_parquet({_sql_string(folder / "*.parquet")}) ORDER BY "user", {by_time}rn'
+            )
+            for batch in result.to_arrow_reader(_WRITE_ROWS):
+                items.write(batch.column(0).to_numpy())
+                if with_time:
+                    times.write(batch.column(1).to_numpy())
+                bar.update(batch.num_rows)
+            shutil.rmtree(folder)
     if not with_time:
         (out / "times.npy").unlink()
+
+
+def _run(con: Any, sql: str, desc: str, progress: bool) -> None:
+    """Execute one long statement with a bar of its percentage done (DuckDB's own estimate,
+    polled from this thread while another runs the statement)."""
+    if not progress:
+        con.execute(sql)
+        return
+    with ThreadPoolExecutor(1) as pool, progress_bar(100, desc, unit="%") as bar:
+        running = pool.submit(con.execute, sql)
+        while not wait([running], timeout=0.5).done:
+            bar.update(max(0.0, con.query_progress() - bar.n))
+        running.result()  # its error, if any
 
 
 class _NpyWriter:
@@ -262,4 +354,4 @@ class _NpyWriter:
             raise RuntimeError(f"{self.path}: wrote {self.written} of {self.n} values")
 
 
-__all__ = ["MEMORY_LIMIT", "prepare_on_disk"]
+__all__ = ["MEMORY_MAX", "MEMORY_MIN", "memory_limit", "prepare_on_disk"]

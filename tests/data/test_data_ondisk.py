@@ -26,15 +26,18 @@ from tests.data.test_data_readers_fuzz import DAMAGE_SETTINGS, _write, damaged_f
 pytest.importorskip("duckdb")
 pytest.importorskip("pyarrow")
 
-from recsys.data.ondisk import prepare_on_disk  # after the skips
+from recsys.data import ondisk  # after the skips
+from recsys.data.ondisk import prepare_on_disk
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
 
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch):
-    """A few rows a chunk, so every test log spans many chunks (and the line scan starts mid-file)."""
+    """A few rows a chunk, so every test log spans many chunks (and the line scan starts mid-file),
+    and a few clicks a bucket, so the clicks are sorted in many buckets."""
     monkeypatch.setattr(chunks, "CHUNK_ROWS", 7)
+    monkeypatch.setattr(ondisk, "BUCKET_CLICKS", 60)
 
 
 def assert_same(a: Dataset, b: Dataset) -> None:
@@ -297,3 +300,32 @@ def test_the_published_folder_holds_the_dataset_only(tmp_path):
     prepare_on_disk(DataConfig(source=str(tmp_path / "log.csv"), time_col="timestamp"), tmp_path / "ds")
     names = {path.name for path in (tmp_path / "ds").iterdir()}
     assert names == {f"{name}.npy" for name in ARRAYS} | {"dataset.json"}
+
+
+def test_buckets_write_the_same_files(tmp_path, monkeypatch):
+    """The clicks sorted a user at a time or all in one bucket: the same bytes, and the in-memory
+    dataset (tied times and repeated items keep the file's order)."""
+    awkward_log(4).drop(columns="cat").to_csv(tmp_path / "log.csv", index=False)
+    cfg = DataConfig(source=str(tmp_path / "log.csv"), time_col="timestamp", min_item_count=2)
+    for bucket_clicks in (1, 10**9):
+        monkeypatch.setattr(ondisk, "BUCKET_CLICKS", bucket_clicks)
+        disk = prepare_on_disk(cfg, tmp_path / f"ds-{bucket_clicks}")
+    assert_same(prepare(read_interactions(cfg), cfg), disk)
+    for name in ("items", "times", "indptr"):
+        assert (tmp_path / "ds-1" / f"{name}.npy").read_bytes() == (
+            tmp_path / f"ds-{10**9}" / f"{name}.npy"
+        ).read_bytes()
+
+
+def test_progress_bars_and_memory_limit(tmp_path, monkeypatch):
+    """With bars on (the numbering pass runs in a second thread, its progress polled), the same
+    dataset; DuckDB's memory grows with the log between its bounds, and the variable decides."""
+    awkward_log(5).drop(columns="cat").to_csv(tmp_path / "log.csv", index=False)
+    cfg = DataConfig(source=str(tmp_path / "log.csv"), time_col="timestamp", min_item_count=2)
+    assert_same(prepare(read_interactions(cfg), cfg), prepare_on_disk(cfg, tmp_path / "ds", progress=True))
+    monkeypatch.delenv("RECSYS_PREPARE_MEMORY", raising=False)
+    assert ondisk.memory_limit(1000) == "768MB"
+    assert ondisk.memory_limit(3 << 30) == "1536MB"
+    assert ondisk.memory_limit(1 << 40) == "8192MB"
+    monkeypatch.setenv("RECSYS_PREPARE_MEMORY", "2GB")
+    assert ondisk.memory_limit(1000) == "2GB"
