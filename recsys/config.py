@@ -237,9 +237,10 @@ class TrainConfig(_Section):
     # -1 (the default): the model's automatic value (recsys.models.spec)
     attention_reg: float = -1.0
     # K > 1: weight of the mean over pairs of a row's interests of max(0, cosine - interest_margin)
-    # (recsys.train.losses.interest_cosine); interest_margin = -1 penalises the plain mean cosine
-    interest_reg: float = 0.0
-    interest_margin: float = 0.5
+    # (recsys.train.losses.interest_cosine); interest_margin = -1 penalises the plain mean cosine;
+    # -1 (the default): the model's automatic value (recsys.models.spec)
+    interest_reg: float = -1.0
+    interest_margin: float = 0.7
     # K > 1: the readout blends from a softmax over interests to ComiRec's argmax over these steps;
     # -1 (the default): the model's automatic value (recsys.models.spec)
     soft_readout_steps: int = -1
@@ -542,7 +543,6 @@ _POSITIVE = (
     "retrieval.ef_construction",
 )
 _NON_NEGATIVE = (
-    "train.interest_reg",
     "data.min_item_count",
     "data.min_user_count",
     "model.hidden",
@@ -583,6 +583,7 @@ AUTOMATIC: dict[str, Any] = {
     "train.full_softmax": AUTO,
     "train.negative_readout": AUTO,
     "train.attention_reg": -1.0,
+    "train.interest_reg": -1.0,
     "train.soft_readout_steps": -1,
     "train.item_updates": AUTO,
     "eval.objective": AUTO,
@@ -635,6 +636,7 @@ def validate(cfg: Config) -> None:
         "train.soft_readout_steps",
         "train.weight_decay",
         "train.attention_reg",
+        "train.interest_reg",
     ):
         if _get(cfg, path) < 0 and not is_automatic(cfg, path):
             raise ConfigError(f"{path}: must be >= 0 (or -1: automatic), got {_get(cfg, path)!r}")

@@ -94,8 +94,8 @@ def test_default_config_is_valid():
 @pytest.mark.parametrize(
     "name,cap,soft",
     [
-        ("comirec_sa", 1.0, 1000),
-        ("sasrec_mi", 1.0, 1000),
+        ("comirec_sa", 1.5, 1000),  # ln(20) / 2: the cap follows the 20-click histories
+        ("sasrec_mi", 1.5, 1000),
         ("youtube_dnn", 0.0, 0),
         ("mind", 0.0, 0),
         ("comirec_dr", 0.0, 0),
@@ -266,7 +266,7 @@ def test_changing_the_model_resolves_automatic_settings_again():
     )
     assert (explicit.model.score_cap, explicit.train.soft_readout_steps) == (2.0, 50)  # set by hand: kept
     back = _resolve(with_values(mind, {"model.name": "comirec_sa"}))
-    assert (back.model.score_cap, back.train.soft_readout_steps) == (1.0, 1000)
+    assert (back.model.score_cap, back.train.soft_readout_steps) == (1.5, 1000)
 
 
 @pytest.mark.parametrize("text, value", [("auto", "auto"), ("true", True), ("false", False), ('"auto"', "auto")])

@@ -173,6 +173,32 @@ def test_the_facts_decide_the_data_driven_values():
     )
 
 
+@pytest.mark.parametrize("name", ["comirec_sa", "sasrec_mi"])
+def test_the_score_cap_follows_the_histories_and_the_hinge_parts_several_interests(name):
+    """The cap is max(1, ln(L) / 2) and the hinge's weight L / 50 within [0.2, 1], L the median
+    history cut at data.max_len; the hinge is on for K > 1 only; a value set by hand is kept."""
+    cfg = load_config(None, [f"model.name={name}", "data.max_len=50"])
+    short = resolve(cfg, Facts.of_lengths([3, 5, 6, 6, 7, 90, 120], num_items=4001))  # median 6
+    assert short.model.score_cap == 1.0  # ln(6) / 2 = 0.90: the least cap
+    assert short.train.interest_reg == 0.2  # 6 / 50 = 0.12: the least weight
+    twelve = resolve(cfg, Facts.of_lengths([12] * 10, num_items=4001))
+    assert (twelve.model.score_cap, twelve.train.interest_reg) == (pytest.approx(1.24), pytest.approx(0.24))
+    long = resolve(cfg, Facts.of_lengths([20, 60, 400, 400, 900], num_items=4001))  # median 400, cut at 50
+    assert long.model.score_cap == pytest.approx(round(math.log(50) / 2, 2))
+    assert long.train.interest_reg == 1.0 and long.train.interest_margin == 0.7
+    one = resolve(load_config(None, [f"model.name={name}", "model.num_interests=1"]), FACTS)
+    assert one.train.interest_reg == 0.0
+    hand = resolve(load_config(None, [f"model.name={name}", "model.score_cap=0.5", "train.interest_reg=0"]), FACTS)
+    assert (hand.model.score_cap, hand.train.interest_reg) == (0.5, 0.0)
+    assert resolve_model(cfg.model, 4001).score_cap == 1.0  # no lengths known: the least cap
+
+
+@pytest.mark.parametrize("name", ["youtube_dnn", "mind", "comirec_dr", "sasrec"])
+def test_models_without_self_attentive_interests_keep_no_cap_and_no_hinge(name):
+    cfg = resolve(load_config(None, [f"model.name={name}"]), Facts.of_lengths([50] * 10, num_items=4001))
+    assert (cfg.model.score_cap, cfg.train.interest_reg) == (0.0, 0.0)
+
+
 def test_resolve_refuses_a_setting_the_model_does_not_read():
     with pytest.raises(ConfigError, match="model.qk_norm"):
         resolve(load_config(None, ["model.name=comirec_sa", "model.qk_norm=rms"]), FACTS)

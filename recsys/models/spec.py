@@ -85,7 +85,11 @@ class Automatic:
         large_dim: ``model.dim`` from :data:`LARGE_CATALOGUE` items on (None: ``dim``).
         dropout: ``model.dropout`` (of the transformer encoders).
         large_dropout: ``model.dropout`` from :data:`LARGE_CATALOGUE` items on (None: ``dropout``).
-        score_cap: ``model.score_cap``.
+        score_cap: ``model.score_cap``; with ``follows_length`` the least cap.
+        follows_length: the score cap and the cosine hinge grow with the training histories'
+            typical length ``L``: the cap to ``max(score_cap, ln(L) / 2)``, the hinge's weight to
+            ``interest_reg`` times ``L / 50`` within [0.2, 1] (:func:`recsys.run.settings.length_score_cap`,
+            :func:`recsys.run.settings.length_interest_reg`).
         predict_at: ``train.predict_at``.
         predict_next: ``train.predict_next`` on data whose order is open (at least :data:`TIED_ORDER` of
             consecutive clicks tied); 1 elsewhere.
@@ -94,6 +98,8 @@ class Automatic:
             never with ``train.hard_negatives``.
         negative_readout: ``train.negative_readout``.
         attention_reg: ``train.attention_reg`` with ``K > 1`` and last-position training (0 otherwise).
+        interest_reg: ``train.interest_reg`` with ``K > 1`` (0 otherwise); with ``follows_length``
+            its weight at 50-click histories.
         soft_readout_steps: ``train.soft_readout_steps``.
         epoch_decay: the AdamW shrinkage per pass over the data that the automatic
             ``train.weight_decay`` gives (:func:`recsys.run.settings.resolve`).
@@ -104,25 +110,29 @@ class Automatic:
     dropout: float = 0.1
     large_dropout: float | None = None
     score_cap: float = 0.0
+    follows_length: bool = False
     predict_at: str = "last"
     predict_next: int = 1
     full_softmax: bool = False
     negative_readout: str = "readout"
     attention_reg: float = 0.0
+    interest_reg: float = 0.0
     soft_readout_steps: int = 0
     epoch_decay: float = 0.15
 
 
 # the self-attentive multi-interest models' shared defaults against collapse (comirec_sa, sasrec_mi), which
-# each model's file extends with dataclasses.replace: max-scored negatives and the attention regulariser
-# (docs/defaults.md, "Dense training"), the score cap and the soft readout (docs/multi-interest.md), the
-# next 5 clicks where the data leaves their order open (TIED_ORDER), and 128 wide on a large catalogue, where
-# 64 crowds the K interests' one space (docs/models.md)
+# each model's file extends with dataclasses.replace: max-scored negatives (docs/defaults.md, "Dense
+# training"), the soft readout (docs/multi-interest.md), a score cap that grows
+# with the histories and the cosine hinge between interests (docs/defaults.md, "Interests that stay
+# distinct"), the next 5 clicks where the data leaves their order open (TIED_ORDER), and 128 wide on a
+# large catalogue, where 64 crowds the K interests' one space (docs/models.md)
 SELF_ATTENTIVE_MULTI_INTEREST = Automatic(
     score_cap=1.0,
+    follows_length=True,
+    interest_reg=1.0,
     soft_readout_steps=1000,
     negative_readout="max",
-    attention_reg=1.0,
     predict_next=5,
     large_dim=128,
 )

@@ -16,6 +16,7 @@ key missing from the file dates the run; the values that were in force then fill
 - no ``train.ema_decay``: the last weights were validated and kept (0);
 - no ``train.predict_next``: each target predicted its next click only (1);
 - no ``train.item_updates``: every step updated the whole item table (``"dense"``);
+- no ``train.interest_reg``: no cosine hinge between interests (0; its margin then 0.5);
 - no ``eval.valid_users``: validation scored every validation user (0);
 - and what the model's own spec says (:attr:`recsys.models.spec.ModelSpec.saved_defaults`).
 """
@@ -34,6 +35,8 @@ _TRAIN_DEFAULTS = {
     "ema_decay": 0.0,
     "predict_next": 1,
     "item_updates": "dense",
+    "interest_reg": 0.0,
+    "interest_margin": 0.5,
 }
 
 

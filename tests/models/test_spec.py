@@ -95,17 +95,18 @@ def test_the_automatic_weight_decay_reads_the_spec_s_epoch_decay(toy):
 
 def test_automatic_values_resolve_per_model_and_explicit_ones_are_kept():
     """The measured defaults (docs/defaults.md, "Dense training", "sasrec's dropout and softmax"): the
-    self-attentive models score negatives by their best interest and regularise their attention,
-    only where there are several interests read from one history; sasrec trains densely with
-    dropout 0.4 (sasrec_mi: 0.3) and no automatic decay; the models without a transformer keep the
-    shared dropout default."""
+    self-attentive models score negatives by their best interest and part their interests with the
+    cosine hinge (the attention regulariser off), the hinge only where there are several
+    interests; sasrec trains densely with dropout 0.4 (sasrec_mi: 0.3) and no automatic decay;
+    the models without a transformer keep the shared dropout default."""
 
     def train_of(*sets: str):
         return _resolve(load_config(None, list(sets))).train
 
     k4 = train_of("model.name=comirec_sa")
-    assert (k4.negative_readout, k4.attention_reg, k4.predict_at) == ("max", 1.0, "last")
-    assert train_of("model.name=comirec_sa", "model.num_interests=1").attention_reg == 0.0
+    # the hinge's weight on 14-click histories: 14 / 50
+    assert (k4.negative_readout, k4.attention_reg, k4.interest_reg, k4.predict_at) == ("max", 0.0, 0.28, "last")
+    assert train_of("model.name=comirec_sa", "model.num_interests=1").interest_reg == 0.0
     assert train_of("model.name=comirec_sa", "train.predict_at=all").attention_reg == 0.0
     assert train_of("model.name=comirec_sa", "train.attention_reg=0.3").attention_reg == 0.3
     assert train_of("model.name=comirec_sa", "train.negative_readout=readout").negative_readout == "readout"

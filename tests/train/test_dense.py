@@ -205,7 +205,8 @@ def test_a_window_horizon_reaches_past_the_window_to_the_row_end():
 def test_a_horizon_is_the_mean_over_its_clicks_and_skips_missing_ones(name, targets, loss):
     """Horizon m: the loss is the mean over every (position, following click) pair, as if each pair were
     its own row; a missing click (0, past the sequence's end) changes neither loss nor gradients."""
-    extra = [f"train.full_softmax={str(loss == 'full').lower()}", "train.soft_readout_steps=0"]
+    # the interests' cosine hinge is a term per row, not per pair: off, so the loss is the pairs' mean alone
+    extra = [f"train.full_softmax={str(loss == 'full').lower()}", "train.soft_readout_steps=0", "train.interest_reg=0"]
     rng = np.random.default_rng(6)
     seq = torch.from_numpy(rng.integers(1, NUM_ITEMS, (4, MAX_LEN)))
     lengths = torch.tensor([7, 3, 1, 5])

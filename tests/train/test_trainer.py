@@ -144,11 +144,11 @@ def test_a_plateau_with_lr_drops_left_goes_back_to_the_best_weights_at_a_lower_r
     weights exactly, and the run stops at the plateau after the last drop."""
     lines: list[str] = []
     drops = ["train.lr_drops=2", "train.lr_drop_factor=1e-12", "train.patience=1", "model.dropout=0"]
-    cfg = _cfg(tmp_path, "name=drops", "train.max_steps=320", "train.eval_every=10", *drops)
+    cfg = _cfg(tmp_path, "name=drops", "train.max_steps=640", "train.eval_every=10", *drops)
     result = train(cfg, log=lines.append)
     plateaus = [line for line in lines if line.startswith("plateau at step")]
     assert len(plateaus) == 2 and f"back to the best weights (step {result.best_step})" in plateaus[0], plateaus
-    assert any(line.startswith("early stop at step") for line in lines) and result.steps < 320
+    assert any(line.startswith("early stop at step") for line in lines) and result.steps < 640
     run = RunDir(result.run_dir)
     valid = [r for r in run.read_metrics() if r.get("split") == "valid"]
     first_drop = int(plateaus[0].split()[3].rstrip(":"))
