@@ -120,6 +120,14 @@ def test_saved_runs_without_the_anti_collapse_keys_load_as_trained():
     assert cfg.model.score_cap == 0.0 and cfg.train.soft_readout_steps == 0
 
 
+def test_saved_runs_without_the_interest_hinge_load_as_trained():
+    """A config.json written before train.interest_reg existed trained without the hinge."""
+    saved = Config().to_dict()
+    del saved["train"]["interest_reg"], saved["train"]["interest_margin"]
+    cfg = run_config_from_dict(saved)
+    assert (cfg.train.interest_reg, cfg.train.interest_margin) == (0.0, 0.5)
+
+
 def test_saved_runs_without_a_weight_average_load_as_trained():
     """A config.json written before train.ema_decay existed validated and kept its last weights."""
     saved = Config().to_dict()

@@ -109,8 +109,10 @@ def interest_cosine(interests: Tensor, margin: float = -1.0, count: Tensor | Non
     """
     k = interests.shape[1]
     cos, ok = interest_cosines(interests)  # [R, K, K], [R]
-    pairs = ~torch.eye(k, dtype=torch.bool, device=cos.device)  # off the diagonal
-    excess = torch.relu(cos - margin)[:, pairs].sum(dim=1) / (k * (k - 1))  # [R]
+    # off the diagonal, by a product rather than a boolean index, which would sync with the host
+    # and break the step's CUDA graph capture
+    pairs = 1.0 - torch.eye(k, dtype=cos.dtype, device=cos.device)  # [K, K]
+    excess = (torch.relu(cos - margin) * pairs).sum(dim=(1, 2)) / (k * (k - 1))  # [R]
     return masked_mean(excess, ok, count)
 
 

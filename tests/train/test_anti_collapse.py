@@ -79,6 +79,28 @@ def test_interest_cosine_matches_a_loop_and_skips_rows_with_a_zero_interest(marg
     assert (interests.grad[[2, 4]] == 0).all() and torch.isfinite(interests.grad).all()
 
 
+def test_interest_cosine_makes_no_host_sync():
+    """The hinge runs inside the training step's CUDA graph, which an op that waits for the host
+    breaks (a boolean index runs ``nonzero``; ``.item()`` copies): forward and backward use none."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    syncing: list[str] = []
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = str(func)
+            flat = [a for a in args if isinstance(a, (list, tuple))]
+            bool_index = any(isinstance(t, torch.Tensor) and t.dtype == torch.bool for seq in flat for t in seq)
+            if "nonzero" in name or "_local_scalar_dense" in name or "masked_select" in name or bool_index:
+                syncing.append(name)
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(6, 4, 8, requires_grad=True)
+    with Watch():
+        interest_cosine(x, 0.7).backward()
+    assert syncing == [] and x.grad is not None
+
+
 def test_interest_cosine_of_identical_and_opposed_interests():
     same = torch.ones(1, 4, 3)
     assert interest_cosine(same, margin=-1.0).item() == pytest.approx(2.0)  # mean cosine 1, plus one
