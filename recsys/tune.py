@@ -21,7 +21,8 @@ the whole study. One tune at a time uses a folder (a lock file says so). Every
 validation of a running trial prints a line.
 
 The search space is :func:`default_space` for the model, updated by a ``[tune]`` table in a
-config file, keyed by config key::
+config file, keyed by config key; the keys between interests (:data:`BETWEEN_INTERESTS`) are set
+only in a trial whose model has K > 1 of them::
 
     [tune]
     "train.lr" = {low = 1e-4, high = 1e-2, log = true}   # a range (ints if both ends are ints; step = ...)
@@ -47,13 +48,25 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from recsys.config import TUNE_TABLE, Config, ConfigError, load_config, with_values
+from recsys.config import (
+    AUTOMATIC,
+    CONFIG_VERSION,
+    RENAMED,
+    TUNE_TABLE,
+    Config,
+    ConfigError,
+    is_automatic,
+    load_config,
+    renamed,
+    with_values,
+)
 from recsys.data import IN_MEMORY
 from recsys.data.registry import SOURCE_PREFIX
 from recsys.extras import install_hint
 from recsys.io import atomic_write_text
 from recsys.models.spec import spec_for
 from recsys.run import RunDir
+from recsys.run.saved_config import run_config_from_dict
 from recsys.run.settings import check, objective
 from recsys.train.trainer import train
 
@@ -92,6 +105,11 @@ class TrialCut(Exception):
 # a trial failing with one of these (values that do not fit memory, a bad combination, a
 # divergence, the tune's deadline) fails alone
 TRIAL_ERRORS = (ValueError, MemoryError, torch.cuda.OutOfMemoryError, TrialCut)
+
+# keys that act between a user's K > 1 interests: a trial sets them only where its model has K > 1 (Optuna's
+# define-by-run space), since recsys.run.settings.check refuses a cosine hinge with nothing to part and a
+# margin without a hinge means nothing; a search over model.num_interests then never proposes a refused trial
+BETWEEN_INTERESTS = ("train.interest_reg", "train.interest_margin")
 
 
 def default_space(cfg: Config) -> dict[str, Any]:
@@ -188,12 +206,23 @@ class Space:
         return cls(tuple(params), fixed)
 
     def describe(self) -> dict[str, str]:
-        """Config key -> how it is searched (a range, the choices) or fixed (``= value``)."""
-        return {**{p.key: p.describe() for p in self.params}, **{k: f"{k} = {v!r}" for k, v in self.fixed.items()}}
+        """Config key -> how it is searched (a range, the choices) or fixed (``= value``), with
+        ``(K > 1)`` where it applies only then (:data:`BETWEEN_INTERESTS`)."""
+        described = {**{p.key: p.describe() for p in self.params}, **{k: f"{k} = {v!r}" for k, v in self.fixed.items()}}
+        return {k: v + (" (K > 1)" if k in BETWEEN_INTERESTS else "") for k, v in described.items()}
 
-    def suggest(self, trial: optuna.Trial) -> dict[str, Any]:
-        """The fixed values and one proposal for every searched key."""
-        return {**self.fixed, **{p.key: p.suggest(trial) for p in self.params}}
+    def suggest(self, trial: optuna.Trial, base: Config) -> dict[str, Any]:
+        """The fixed values and one proposal for every searched key, those of :data:`BETWEEN_INTERESTS`
+        only where the trial's model (``base`` with the other values) has K > 1 interests. At K = 1 a
+        hinge that ``base`` sets is left to the model, which has none there."""
+        values = {**self.fixed, **{p.key: p.suggest(trial) for p in self.params if p.key not in BETWEEN_INTERESTS}}
+        name = values.get("model.name", base.model.name)
+        if spec_for(name).multi_interest and values.get("model.num_interests", base.model.num_interests) > 1:
+            return values | {p.key: p.suggest(trial) for p in self.params if p.key in BETWEEN_INTERESTS}
+        values = {k: v for k, v in values.items() if k not in BETWEEN_INTERESTS}
+        if not is_automatic(base, "train.interest_reg"):
+            values["train.interest_reg"] = AUTOMATIC["train.interest_reg"]
+        return values
 
 
 def _range(key: str, spec: dict[str, Any], where: str) -> Param:
@@ -265,7 +294,7 @@ class _Objective:
         self.log = log
 
     def __call__(self, trial: optuna.Trial) -> float:
-        values = {} if trial.user_attrs.get("base") else self.space.suggest(trial)
+        values = {} if trial.user_attrs.get("base") else self.space.suggest(trial, self.base)
         trial.set_user_attr("values", values)
         try:
             return self._train(trial, with_values(self.base, values))
@@ -392,14 +421,17 @@ def _work(folder: Path, base: Config, space: Space, trials: int, deadline: float
     _optimize(folder, base, space, trials, deadline, threads, seed, lambda line: print(line, flush=True))
 
 
-def _prepare(folder: Path, base: Config, space: Space, trials: int, log: Log) -> int:
-    """Create or reopen the study and return how many trials are missing from ``trials``
-    finished ones. A new study queues the base config as trial 0; a reopened one must have the
-    same base config and search space (a study saved without its space takes this one), and a
-    trial left running by an interrupted tune is queued again."""
+def _prepare(folder: Path, base: Config, space: Space, trials: int, log: Log) -> tuple[int, Config]:
+    """Create or reopen the study; how many trials are missing from ``trials`` finished ones, and
+    the base config its trials train from (:func:`_study_base`). A new study queues the base config
+    as trial 0; a reopened one must have the same base config and search space (a study saved
+    without its space takes this one; keys saved under an old name count under their new one), and
+    a trial left running by an interrupted tune is queued again."""
     optuna = _optuna()
     study = open_study(folder)
     searched, saved_space = space.describe(), study.user_attrs.get("space")
+    if saved_space is not None:
+        saved_space = {RENAMED.get(k, k): v.replace(k, RENAMED.get(k, k), 1) for k, v in saved_space.items()}
     if saved_space is None:
         study.set_user_attr("space", searched)
     elif saved_space != searched:
@@ -412,25 +444,60 @@ def _prepare(folder: Path, base: Config, space: Space, trials: int, log: Log) ->
     if saved is None:
         study.set_user_attr("base_config", base.to_dict())
         study.enqueue_trial({}, user_attrs={"base": True})
-    elif saved != base.to_dict():
-        diff = [
-            f"{s}.{k}"
-            for s, v in base.to_dict().items()
-            if isinstance(v, dict)
-            for k in v
-            if saved.get(s, {}).get(k) != v[k]
-        ]
-        differs = ", ".join(diff) or "name/output_dir"
-        raise ConfigError(
-            f"{folder} holds a tune of another config (differs in {differs}); "
-            "resume with the same --config/--set/--data/--model, or tune into another --out"
-        )
+    else:
+        base = _study_base(folder, saved, base, log)
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         log(f"trial {trial.number} was interrupted; it runs again as a new trial")
         study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
         _requeue(study, trial, trial.user_attrs.get("run_dir"))
     finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
-    return max(trials - len(study.get_trials(deepcopy=False, states=finished)), 0)
+    return max(trials - len(study.get_trials(deepcopy=False, states=finished)), 0), base
+
+
+def _study_base(folder: Path, saved: dict[str, Any], base: Config, log: Log) -> Config:
+    """The base config of a reopened study whose saved one is ``saved``: ``base`` (the config given
+    now) where the two agree, else a :class:`ConfigError` naming the keys that differ.
+
+    A study saved by an older recsys lacks the keys added since, and one saved before the settings
+    resolver (no ``config_version``) holds its base partly resolved by the rules of then, some keys
+    under old names. Its trials trained on that config, so its later ones do too: it is read as a
+    saved run's config is (:func:`recsys.run.saved_config.run_config_from_dict`: the values in
+    force then fill the missing keys, and it is written in today's format), and only the keys it
+    holds must agree with ``base``, less those that ``base`` leaves automatic and the old study decided."""
+    try:
+        study_base = run_config_from_dict(saved)
+        study_base.config_version = CONFIG_VERSION
+        check(study_base)
+    except ConfigError as err:
+        raise ConfigError(
+            f"{folder} holds a tune saved by an older recsys whose base config no longer loads ({err}); "
+            "tune into another --out"
+        ) from None
+    held, then, now = _flat(renamed(saved, warn=False)), _flat(study_base.to_dict()), _flat(base.to_dict())
+    decided = "config_version" not in saved  # its automatic values were decided when it was saved
+    differs = [
+        k
+        for k, v in now.items()
+        if k in held and then[k] != v and not (decided and k in AUTOMATIC and is_automatic(base, k))
+    ]
+    if differs:
+        raise ConfigError(
+            f"{folder} holds a tune of another config (differs in {', '.join(differs)}); "
+            "resume with the same --config/--set/--data/--model, or tune into another --out"
+        )
+    if then == now:
+        return base
+    log(f"{folder} was saved by an older recsys: its trials go on from its saved base config, as trained then")
+    return study_base
+
+
+def _flat(tree: Mapping[str, Any]) -> dict[str, Any]:
+    """A nested config dict as ``{"section.key": value}`` (top-level values under their own name)."""
+    return {
+        f"{s}.{k}" if isinstance(v, Mapping) else s: leaf
+        for s, v in tree.items()
+        for k, leaf in (v.items() if isinstance(v, Mapping) else [(s, v)])
+    }
 
 
 @contextlib.contextmanager
@@ -486,7 +553,7 @@ def tune(
 
 def _tune(cfg: Config, folder: Path, parsed: Space, trials: int, max_minutes: float, jobs: int, log: Log) -> TuneResult:
     states = _optuna().trial.TrialState
-    missing = _prepare(folder, cfg, parsed, trials, log)
+    missing, cfg = _prepare(folder, cfg, parsed, trials, log)
     deadline = time.time() + 60 * max_minutes if max_minutes else math.inf
     claimed: list[optuna.Trial] = []
     if jobs > 1:  # the queued trials (the base config, re-queued interrupted ones) are taken here before the

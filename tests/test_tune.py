@@ -110,12 +110,83 @@ def test_search_space_table_is_checked_naming_the_key(tmp_path):
     assert read_tune_tables([path]) == {"model.dim": [16, 32]}
 
 
+def test_the_hinge_is_searched_only_where_there_are_interests_to_part():
+    """comirec_sa's space searches the cosine hinge (not the attention regulariser) and a score cap
+    around its automatic values; a trial at K = 1 gets no hinge, so the config check refuses none,
+    even where the base config asks for one."""
+    from recsys.config import with_values
+    from recsys.run.settings import check, length_score_cap
+
+    for name in ("comirec_sa", "sasrec_mi"):
+        cfg = load_config(None, [f"model.name={name}"])
+        space = Space.parse(default_space(cfg), cfg)
+        keys = {p.key: p for p in space.params}
+        assert {"train.interest_reg", "train.interest_margin"} <= keys.keys() and "train.attention_reg" not in keys
+        assert 0.0 in keys["train.interest_reg"].choices
+        cap = keys["model.score_cap"]
+        assert all(cap.low <= length_score_cap(1.0, n) <= cap.high for n in (1, 7, 50, 100))
+        assert space.describe()["train.interest_reg"].endswith("(K > 1)")
+
+    for base in (cfg, with_values(cfg, {"train.interest_reg": 0.5})):
+        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+        seen = set()
+        for _ in range(40):
+            trial = study.ask()
+            values = space.suggest(trial, base)
+            trial_cfg = with_values(base, values)
+            check(trial_cfg)  # never a refused combination
+            several = trial_cfg.model.num_interests > 1
+            assert several == ("train.interest_reg" in trial.params) == ("train.interest_margin" in trial.params)
+            if not several:
+                assert trial_cfg.train.interest_reg == -1.0  # left to the model: no hinge at K = 1
+            seen.add(several)
+            study.tell(trial, 0.0)
+        assert seen == {True, False}
+
+
 def test_tune_refuses_another_config_in_the_same_folder(tmp_path):
     space = {key: [value] for key, value in {"model.dim": 16}.items()}
     folder = tmp_path / "tune"
     tune(load_config(None, BASE), folder, trials=1, space=space, log=lambda line: None)
     with pytest.raises(ConfigError, match="differs in train.lr"):
         tune(load_config(None, BASE + ["train.lr=0.01"]), folder, trials=2, space=space, log=lambda line: None)
+
+
+def test_a_study_saved_before_the_resolver_resumes_on_its_saved_base(tmp_path):
+    """Was: a study whose base config was saved partly resolved, without config_version and under
+    old key names, refused to resume (its decided values differ from today's automatic ones)."""
+    cfg = load_config(None, BASE)
+    space: dict = {key: cfg.to_dict()[key.split(".")[0]][key.split(".")[1]] for key in default_space(cfg)}
+    space["model.dim"] = [16, 32]
+    folder = tmp_path / "tune"
+    tune(cfg, folder, trials=1, space=space, log=lambda line: None)
+    study = open_study(folder)
+    legacy = cfg.to_dict()
+    del legacy["config_version"], legacy["train"]["ema_decay"], legacy["eval"]["valid_users"]  # keys added since
+    for new, old, value in [("predict_next", "horizon", 1), ("predict_at", "targets", "last")]:
+        del legacy["train"][new]
+        legacy["train"][old] = value
+    legacy["train"]["attention_reg"] = 1.0  # decided by the rules of then
+    legacy["model"]["score_cap"] = 1.0
+    study.set_user_attr("base_config", legacy)
+    saved_space = study.user_attrs["space"]
+    saved_space["train.horizon"] = saved_space.pop("train.predict_next").replace("predict_next", "horizon")
+    study.set_user_attr("space", saved_space)
+
+    with pytest.raises(ConfigError, match=r"another config \(differs in train.lr\)"):
+        tune(load_config(None, BASE + ["train.lr=0.01"]), folder, trials=2, space=space, log=lambda line: None)
+    lines: list[str] = []
+    result = tune(cfg, folder, trials=2, space=space, log=lines.append)
+    assert any("saved by an older recsys" in line for line in lines), lines
+    assert [t.state.name for t in result.trials] == ["COMPLETE", "COMPLETE"]
+    resumed = RunDir(result.trials[1].user_attrs["run_dir"]).read_config().train
+    # as the study trained then (where its space leaves the key alone): its attention regulariser, no weight average
+    assert (resumed.attention_reg, resumed.ema_decay) == (1.0, 0.0)
+
+    legacy["train"]["no_longer_a_key"] = 1
+    study.set_user_attr("base_config", legacy)
+    with pytest.raises(ConfigError, match=r"saved by an older recsys whose base config no longer loads .*--out$"):
+        tune(cfg, folder, trials=3, space=space, log=lambda line: None)
 
 
 def test_tune_refuses_another_search_space_in_the_same_folder(tmp_path):
