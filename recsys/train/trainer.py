@@ -622,8 +622,9 @@ def _keep_global_batch(cfg: Config, saved: int | None, world_size: int, log: Log
     """``cfg`` for a run resumed on ``world_size`` processes from a checkpoint of ``saved``: the
     same global batch (``train.batch_size`` each × processes) and the same number of shared
     negatives, so the run goes on as it would have on the processes it started with (to float
-    rounding: the ranks' gradients are summed in another order; the learning rate is the saved
-    config's). ``saved`` None (a checkpoint that does not record it) or equal: ``cfg`` unchanged.
+    rounding: the ranks' gradients are summed in another order; the learning rate, saved or
+    following the global batch, stays too). ``saved`` None (a checkpoint that does not record it)
+    or equal: ``cfg`` unchanged.
     An automatic ``train.batch_size`` (a config as written, not the run's saved one) is refused:
     the rule would decide it anew for ``world_size`` processes."""
     if saved is None or saved == world_size:
