@@ -186,9 +186,13 @@ class TrainConfig(_Section):
     """The optimisation loop."""
 
     optimizer: str = "adamw"  # adamw | adam
-    lr: float = 1e-3
+    # 0 (the default): follows the global batch, 1e-3 x sqrt(global batch / 128) (recsys.run.settings); a value
+    # set here is used as it is, whatever the batch
+    lr: float = 0.0
     weight_decay: float = -1.0  # -1: a fixed shrinkage per epoch, from the data's size (recsys.run.settings)
-    batch_size: int = 128
+    # samples a step on each process; 0 (the default): 128, larger on logs whose epoch at 128 would pass
+    # 20,000 steps (recsys.run.settings)
+    batch_size: int = 0
     max_steps: int = 0  # 0: max_epochs epochs, each as many samples as training targets (recsys.train.plan)
     max_epochs: float = 100.0  # the budget when max_steps = 0; the plateau stop usually ends the run first
     eval_every: int = 0  # 0: a cadence that grows with the run (recsys.train.plan)
@@ -523,8 +527,6 @@ _POSITIVE = (
     "model.num_layers",
     "model.num_heads",
     "model.routing_iters",
-    "train.lr",
-    "train.batch_size",
     "train.max_epochs",
     "train.log_every",
     "train.min_target",
@@ -576,6 +578,8 @@ AUTOMATIC: dict[str, Any] = {
     "model.dropout": -1.0,
     "model.score_cap": -1.0,
     "model.hidden": 0,
+    "train.batch_size": 0,
+    "train.lr": 0.0,
     "train.weight_decay": -1.0,
     "train.num_negatives": 0,
     "train.predict_at": AUTO,
@@ -640,6 +644,9 @@ def validate(cfg: Config) -> None:
     ):
         if _get(cfg, path) < 0 and not is_automatic(cfg, path):
             raise ConfigError(f"{path}: must be >= 0 (or -1: automatic), got {_get(cfg, path)!r}")
+    for path in ("train.batch_size", "train.lr"):
+        if _get(cfg, path) < 0:
+            raise ConfigError(f"{path}: must be > 0 (or 0: automatic), got {_get(cfg, path)!r}")
     for path, choices in _CHOICES.items():
         if _get(cfg, path) not in choices:
             raise ConfigError(f"{path}: {_get(cfg, path)!r} is not one of {list(choices)}")

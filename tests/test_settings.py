@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import recsys
-from recsys.config import AUTO, AUTOMATIC, CONFIG_VERSION, ConfigError, automatic_keys, load_config
+from recsys.config import AUTO, AUTOMATIC, CONFIG_VERSION, Config, ConfigError, automatic_keys, load_config
 from recsys.models import model_names, spec_for
 from recsys.run.settings import Facts, resolve, resolve_model
 
@@ -27,8 +27,11 @@ CHECKS = (ast.If, ast.IfExp, ast.While, ast.Assert)
 
 
 def _watched(node: ast.AST) -> str | None:
-    """The config key leaf that ``node`` reads (``cfg.train.predict_next`` -> ``predict_next``), if watched."""
-    return node.attr if isinstance(node, ast.Attribute) and node.attr in SENTINELS else None
+    """The config key leaf that ``node`` reads (``cfg.train.predict_next`` -> ``predict_next``), if watched;
+    a command-line option (``args.batch_size``) is not a config key."""
+    if not isinstance(node, ast.Attribute) or node.attr not in SENTINELS:
+        return None
+    return None if isinstance(node.value, ast.Name) and node.value.id == "args" else node.attr
 
 
 def _is_sentinel(node: ast.AST, leaf: str) -> bool:
@@ -111,9 +114,13 @@ def test_only_the_resolver_reads_an_automatic_value():
         "decay = t.weight_decay if t.weight_decay >= 0 else 0.1",
         "if m.dropout == -1.0: pass",
         "hidden = m.hidden or 4 * m.dim",
-        "n = t.num_negatives or 10 * t.batch_size",
         "n = 10 * t.batch_size if not t.num_negatives else 1",
         "ok = 0 <= t.attention_reg",
+        "n = t.num_negatives or 10 * t.batch_size",
+        "b = t.batch_size or 128",
+        "lr = cfg.train.lr or 1e-3 * (t.batch_size / 128) ** 0.5",
+        "if cfg.train.batch_size == 0: pass",
+        "if not t.lr: pass",
     ],
 )
 def test_the_walk_catches_a_sentinel_read(snippet):
@@ -129,7 +136,8 @@ def test_the_walk_catches_a_sentinel_read(snippet):
         "per_target = x.repeat_interleave(t.predict_next) if t.predict_next > 1 else x",
         "if t.hard_negatives and not t.full_softmax: pass",
         "if targets == AUTO: pass",  # a name, not a config key
-        "n = t.batch_size or 1",
+        "if args.batch_size <= 0: pass",  # a command-line option, not a config key
+        "steps = t.batch_size * t.max_steps",
     ],
 )
 def test_the_walk_passes_plain_reads(snippet):
@@ -173,6 +181,58 @@ def test_the_facts_decide_the_data_driven_values():
     )
 
 
+def test_the_batch_and_the_rate_follow_the_targets():
+    """128 a process and 1e-3 while an epoch at 128 a process is at most 20,000 steps, else the
+    smallest power of two that brings it there (at most 4,096), and the rate 1e-3 × √(global / 128);
+    what reads them (negatives, weight decay) reads the resolved values."""
+    from recsys.run.settings import BASE_BATCH, EPOCH_STEPS, scaled_batch, scaled_lr
+
+    assert scaled_batch(EPOCH_STEPS * BASE_BATCH) == 128 and scaled_batch(EPOCH_STEPS * BASE_BATCH + 1) == 256
+    assert scaled_batch(10**10) == 4096 and scaled_lr(128) == 1e-3 and scaled_lr(4096) == 0.00566
+    cfg = load_config(None, ["model.name=comirec_sa"])
+    small = {  # training sequences of these lengths, min_target 4
+        "taobao, ~500k targets": [54] * 10_000,
+        "amazon-beauty": [9] * 22_363,
+        "movielens-1m": [165] * 6_040,
+        "synthetic defaults": [Config().synthetic.mean_length] * Config().synthetic.num_users,
+    }
+    for name, lengths in small.items():
+        got = resolve(cfg, Facts.of_lengths(lengths, num_items=40_001))
+        assert (got.train.batch_size, got.train.lr) == (128, 1e-3), name
+    dense = resolve(load_config(None, ["model.name=sasrec"]), Facts.of_lengths(small["taobao, ~500k targets"], 40_001))
+    assert (dense.train.predict_at, dense.train.batch_size, dense.train.lr) == ("all", 128, 1e-3)
+    log = [104] * 736_158  # 100 targets each: 73.6M, 575,124 steps an epoch at 128
+    large = resolve(cfg, Facts.of_lengths(log, num_items=40_001))
+    assert (large.train.batch_size, large.train.lr, large.train.num_negatives) == (4096, 0.00566, 40_960)
+    epoch = Facts.of_lengths(log, num_items=40_001).epoch_steps(large.train)
+    assert epoch == 17_973
+    decay = spec_for("comirec_sa").automatic.epoch_decay
+    assert large.train.weight_decay == pytest.approx(decay / (0.00566 * epoch))
+    assert resolve(large, Facts.of_lengths(log, num_items=40_001)) == large
+    medium = resolve(cfg, Facts.of_lengths([104] * 50_000, num_items=40_001))  # 5M targets: 250 -> 256
+    assert (medium.train.batch_size, medium.train.lr) == (256, 0.00141)
+    # DDP: the rule is over the global batch; 5M targets on two processes is 19,532 steps at 2 × 128
+    two = resolve(cfg, Facts.of_lengths([104] * 50_000, num_items=40_001, world_size=2))
+    assert (two.train.batch_size, two.train.lr, two.train.num_negatives) == (128, 0.00141, 2560)
+    four = resolve(cfg, Facts.of_lengths(log, num_items=40_001, world_size=4))  # the same global batch as one
+    assert (four.train.batch_size, four.train.lr, four.train.num_negatives) == (1024, 0.00566, 40_960)
+
+
+def test_a_rate_set_by_hand_is_kept_and_a_batch_set_by_hand_scales_the_rate():
+    log = Facts.of_lengths([104] * 736_158, num_items=40_001)
+    kept = resolve(load_config(None, ["train.lr=0.002"]), log)
+    assert (kept.train.batch_size, kept.train.lr) == (4096, 0.002)
+    assert resolve(load_config(None, ["train.lr=0.001"]), log).train.lr == 0.001  # the base value, set
+    both = resolve(load_config(None, ["train.batch_size=128", "train.lr=0.003"]), log)
+    assert (both.train.batch_size, both.train.lr) == (128, 0.003)
+    assert resolve(load_config(None, ["train.batch_size=128"]), log).train.lr == 1e-3
+    small = Facts.of_lengths([20] * 100, num_items=1001)
+    assert resolve(load_config(None, ["train.batch_size=512"]), small).train.lr == 0.002
+    assert resolve(load_config(None, ["train.batch_size=32"]), small).train.lr == 0.0005
+    two = Facts.of_lengths([20] * 100, num_items=1001, world_size=2)
+    assert resolve(load_config(None, ["train.batch_size=256"]), two).train.lr == 0.002  # global 512
+
+
 @pytest.mark.parametrize("name", ["comirec_sa", "sasrec_mi"])
 def test_the_score_cap_follows_the_histories_and_the_hinge_parts_several_interests(name):
     """The cap is max(1, ln(L) / 2) and the hinge's weight L / 50 within [0.2, 1], L the median
@@ -209,14 +269,21 @@ def test_resolve_refuses_a_setting_the_model_does_not_read():
 def test_saved_configs_carry_their_version():
     """A config.json without config_version (version 1) loads with its automatic values for the
     experiment to decide as they were decided then; a newer version than this code reads is refused."""
-    from recsys.config import Config
     from recsys.run.saved_config import run_config_from_dict
 
     old = Config().to_dict()
     del old["config_version"]
+    old["train"].update(batch_size=128, lr=0.001)  # plain numbers before they followed the data
     loaded = run_config_from_dict(old)
     assert loaded.config_version == 1 and "train.weight_decay" in automatic_keys(loaded)
+    assert "train.batch_size" not in automatic_keys(loaded) and "train.lr" not in automatic_keys(loaded)
+    large = Facts.of_lengths([104] * 736_158, num_items=40_001)  # where the rule would pick 4,096
     assert resolve(loaded, FACTS).config_version == CONFIG_VERSION
+    assert (resolve(loaded, large).train.batch_size, resolve(loaded, large).train.lr) == (128, 0.001)
+    del old["train"]["batch_size"], old["train"]["lr"]  # missing: the values in force then
+    assert (run_config_from_dict(old).train.batch_size, run_config_from_dict(old).train.lr) == (128, 0.001)
+    saved = resolve(load_config(None, ["train.batch_size=64", "train.lr=0.02"]), FACTS).to_dict()
+    assert (run_config_from_dict(saved).train.batch_size, run_config_from_dict(saved).train.lr) == (64, 0.02)
     current = resolve(load_config(None, []), FACTS).to_dict()
     assert run_config_from_dict(current) == resolve(load_config(None, []), FACTS)
     with pytest.raises(ConfigError, match="config_version: 3 is newer than this recsys reads"):

@@ -12,6 +12,8 @@ key missing from the file dates the run; the values that were in force then fill
 - no ``model.score_cap``: the self-attentive scores were not capped (0);
 - no ``train.soft_readout_steps``: the readout was the argmax from the first step (0);
 - no ``train.negative_readout``: the readout's interest scored the negatives (``"readout"``);
+- no ``train.batch_size`` or ``train.lr``: 128 samples a step at 1e-3, their defaults before they
+  followed the data (a saved config holds both as plain numbers, which load as they are);
 - no ``train.predict_at``: one target per sampled history (``"last"``);
 - no ``train.ema_decay``: the last weights were validated and kept (0);
 - no ``train.predict_next``: each target predicted its next click only (1);
@@ -29,6 +31,8 @@ from recsys.config import CONFIG_VERSION, Config, ConfigError, ModelConfig, conf
 from recsys.models.spec import spec_for
 
 _TRAIN_DEFAULTS = {
+    "batch_size": 128,
+    "lr": 1e-3,
     "soft_readout_steps": 0,
     "negative_readout": "readout",
     "predict_at": "last",

@@ -31,6 +31,15 @@ The rules, each with the measurement behind it beside its constant in :mod:`recs
   :data:`~recsys.models.spec.EXACT_SOFTMAX_ITEMS`; sampled with hard negatives.
 - ``train.item_updates``: ``"sparse"`` from :data:`~recsys.models.spec.SPARSE_ITEMS` items on where
   the step samples its negatives, else ``"dense"``.
+- ``train.batch_size``: :func:`scaled_batch` of the training targets: :data:`BASE_BATCH` a process
+  while an epoch at the global batch of ``BASE_BATCH`` a process is at most :data:`EPOCH_STEPS` steps
+  (2.56M targets on one process; taobao's 322k keep 128), else the smallest power of two that
+  brings it there, at most :data:`MAX_BATCH`: a log of 100M clicks is 575,123 steps an epoch at 128
+  and 17,973 at 4,096.
+- ``train.lr``: :func:`scaled_lr` of the global batch (``train.batch_size`` times the processes,
+  whether automatic or set): ``BASE_LR * (global / BASE_BATCH) ** LR_EXPONENT``, the square-root
+  rule for Adam (the gradient's noise falls as ``1 / sqrt(batch)``). A ``train.lr`` set by hand is
+  used as it is, whatever the batch.
 - ``train.num_negatives``: :data:`NEGATIVES_PER_ROW` per row of a batch.
 - ``train.weight_decay``: with AdamW, the decay that shrinks the weights by the spec's
   ``epoch_decay`` a pass over the data, ``epoch_decay / (lr * epoch_steps)``, where an epoch is as
@@ -98,6 +107,11 @@ if TYPE_CHECKING:
     from recsys.data import Dataset, Split
 
 __all__ = [
+    "BASE_BATCH",
+    "BASE_LR",
+    "EPOCH_STEPS",
+    "LR_EXPONENT",
+    "MAX_BATCH",
     "NEGATIVES_PER_ROW",
     "Facts",
     "check",
@@ -108,10 +122,19 @@ __all__ = [
     "objective",
     "resolve",
     "resolve_model",
+    "scaled_batch",
+    "scaled_lr",
     "unresolved",
 ]
 
 NEGATIVES_PER_ROW = 10  # the automatic train.num_negatives: shared sampled negatives per row of a batch
+# the automatic train.batch_size and train.lr (scaled_batch, scaled_lr); the GPU measurements behind them:
+# docs/defaults.md, "Batch and learning rate on large logs"
+BASE_BATCH = 128  # samples a step on each process, on every log whose epoch at this batch is short enough
+EPOCH_STEPS = 20_000  # ... at most this many steps (at the global batch of BASE_BATCH a process)
+MAX_BATCH = 4096  # the largest automatic batch a process
+BASE_LR = 1e-3  # the learning rate at the global batch of BASE_BATCH
+LR_EXPONENT = 0.5  # lr grows as (global batch / BASE_BATCH) ** LR_EXPONENT: the square-root rule for Adam
 
 
 @dataclass(frozen=True)
@@ -230,6 +253,23 @@ def length_interest_reg(weight: float, typical_length: int) -> float:
     return round(weight * min(1.0, max(0.2, typical_length / 50)), 2)
 
 
+def scaled_batch(targets: int, world_size: int = 1) -> int:
+    """The automatic ``train.batch_size`` (a process's) for ``targets`` training targets an epoch
+    on ``world_size`` processes: :data:`BASE_BATCH` while an epoch at the global batch of
+    ``BASE_BATCH * world_size`` is at most :data:`EPOCH_STEPS` steps, else the smallest power of two
+    of at least ``targets / (EPOCH_STEPS * world_size)``, at most :data:`MAX_BATCH`."""
+    if targets <= EPOCH_STEPS * BASE_BATCH * world_size:
+        return BASE_BATCH
+    need = math.ceil(targets / (EPOCH_STEPS * world_size))
+    return min(MAX_BATCH, 1 << (need - 1).bit_length())
+
+
+def scaled_lr(global_batch: int) -> float:
+    """The automatic ``train.lr`` at ``global_batch`` samples a step (all processes together):
+    ``BASE_LR * (global_batch / BASE_BATCH) ** LR_EXPONENT``, to three significant digits."""
+    return float(f"{BASE_LR * (global_batch / BASE_BATCH) ** LR_EXPONENT:.3g}")
+
+
 def _set(cfg: Config, key: str, value: object) -> None:
     """Set ``key`` of ``cfg`` to ``value`` where it holds its automatic value."""
     if is_automatic(cfg, key):
@@ -282,6 +322,9 @@ def resolve(cfg: Config, facts: Facts) -> Config:
     _set(out, "train.attention_reg", auto.attention_reg if several and t.predict_at == "last" else 0.0)
     parting = length_interest_reg(auto.interest_reg, typical) if auto.follows_length else auto.interest_reg
     _set(out, "train.interest_reg", parting if several else 0.0)
+    # the batch follows the targets (predict_at resolved above), the rate the batch; then what reads them
+    _set(out, "train.batch_size", scaled_batch(facts.targets(min_target(t)), facts.world_size))
+    _set(out, "train.lr", scaled_lr(t.batch_size * facts.world_size))
     # the processes share one draw of negatives: as many as one process draws at the same global batch
     _set(out, "train.num_negatives", NEGATIVES_PER_ROW * t.batch_size * facts.world_size)
     decay = auto.epoch_decay / (t.lr * facts.epoch_steps(t)) if t.optimizer == "adamw" else 0.0

@@ -13,6 +13,11 @@ at ``train.batch_size`` samples a step on each process.
   (about 60% of the steps to the best validation with patience 5) on every dataset, and the
   number of validations grows with the logarithm of the run's length.
 
+The plan's line opens with the batch and the learning rate, and where they are not the base
+values (:data:`~recsys.run.settings.BASE_BATCH`, :data:`~recsys.run.settings.BASE_LR`) but what the
+rules of :func:`~recsys.run.settings.scaled_batch` and :func:`~recsys.run.settings.scaled_lr` give,
+it says so.
+
 Both are modes of the plan rather than values the resolver fills in (:mod:`recsys.run.settings`):
 a resumed run may extend ``train.max_epochs``, and a cadence that grows is not one number. The weight
 decay is the resolved ``train.weight_decay`` (its automatic value, a fixed shrinkage per epoch, is
@@ -26,7 +31,7 @@ import math
 from dataclasses import dataclass
 
 from recsys.config import Config, TrainConfig, require_resolved
-from recsys.run.settings import Facts, min_target
+from recsys.run.settings import BASE_BATCH, BASE_LR, LR_EXPONENT, Facts, min_target, scaled_batch, scaled_lr
 
 EVAL_GROWTH = 0.1  # automatic cadence: validate after another 10% of the steps taken so far
 MIN_FIRST = 250  # automatic cadence: the first validations are at least this many steps apart ...
@@ -45,6 +50,8 @@ class TrainPlan:
         epoch_steps: steps of one epoch (as many samples as training targets); the plateau stop
             does not end a run before it (:meth:`plateau_reached`).
         weight_decay: the optimiser's weight decay (``train.weight_decay``).
+        targets: training targets an epoch (:meth:`~recsys.run.settings.Facts.targets`).
+        world_size: processes, each drawing ``train.batch_size`` samples a step.
     """
 
     max_steps: int
@@ -52,6 +59,8 @@ class TrainPlan:
     growth: float
     epoch_steps: int
     weight_decay: float
+    targets: int
+    world_size: int
 
     def validates_at(self, step: int, last: int) -> bool:
         """True when ``step`` is due for a validation, the previous one having been at ``last``
@@ -69,9 +78,23 @@ class TrainPlan:
         end a still-rising run)."""
         return 0 < patience <= bad_evals and step >= min(self.epoch_steps, self.max_steps)
 
+    def batch_clause(self, train: TrainConfig) -> str:
+        """The batch and the learning rate, and why where a rule scaled them (values that are the
+        rule's, set or automatic): ``"batch 4,096 (for 73.6M targets), lr 0.00566 (0.001 × (4,096 /
+        128)^0.5)"``."""
+        each, processes = train.batch_size, self.world_size
+        batch = f"batch {each:,}" if processes == 1 else f"batch {processes} × {each:,}"
+        if each != BASE_BATCH and each == scaled_batch(self.targets, processes):
+            batch += f" (for {_count(self.targets)} targets)"
+        rate, size = f"lr {train.lr:.3g}", each * processes
+        if train.lr != BASE_LR and train.lr == scaled_lr(size):
+            rate += f" ({BASE_LR:g} × ({size:,} / {BASE_BATCH})^{LR_EXPONENT:g})"
+        return f"{batch}, {rate}"
+
     def describe(self, train: TrainConfig) -> str:
-        """One line for the run's log."""
-        budget = f"up to {self.max_steps:,} steps"
+        """One line for the run's log, for the resolved ``train`` the plan was made from."""
+        require_resolved(Config(train=train), "TrainPlan.describe", section="train.")
+        budget = f"{self.batch_clause(train)}; up to {self.max_steps:,} steps"
         if train.max_steps == 0:
             budget += f" ({train.max_epochs:g} epochs of {self.epoch_steps:,} steps)"
         cadence = (
@@ -104,8 +127,17 @@ def plan_training(train: TrainConfig, facts: Facts) -> TrainPlan:
     require_resolved(Config(train=train), "plan_training", section="train.")
     epoch_steps = facts.epoch_steps(train)
     max_steps = train.max_steps or max(1, math.ceil(train.max_epochs * epoch_steps))
+    targets = facts.targets(min_target(train))
     if train.eval_every:
-        return TrainPlan(max_steps, train.eval_every, 0.0, epoch_steps, train.weight_decay)
+        return TrainPlan(max_steps, train.eval_every, 0.0, epoch_steps, train.weight_decay, targets, facts.world_size)
     users = facts.users(min_target(train))
     first = min(MAX_FIRST, max(MIN_FIRST, math.ceil(users / facts.samples_per_step(train))))
-    return TrainPlan(max_steps, first, EVAL_GROWTH, epoch_steps, train.weight_decay)
+    return TrainPlan(max_steps, first, EVAL_GROWTH, epoch_steps, train.weight_decay, targets, facts.world_size)
+
+
+def _count(n: int) -> str:
+    """``n`` in a few digits: 73,615,744 -> ``"73.6M"``, 4,200 -> ``"4,200"``."""
+    for size, unit in ((1e9, "B"), (1e6, "M")):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return f"{n:,}"

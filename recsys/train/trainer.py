@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from recsys.config import Config, require_resolved
+from recsys.config import Config, automatic_keys, require_resolved
 from recsys.data.batches import TrainSampler, WindowSampler
 from recsys.data.split import Split
 from recsys.data.synthetic import planted_for
@@ -622,10 +622,19 @@ def _keep_global_batch(cfg: Config, saved: int | None, world_size: int, log: Log
     """``cfg`` for a run resumed on ``world_size`` processes from a checkpoint of ``saved``: the
     same global batch (``train.batch_size`` each × processes) and the same number of shared
     negatives, so the run goes on as it would have on the processes it started with (to float
-    rounding: the ranks' gradients are summed in another order). ``saved`` None (a checkpoint
-    that does not record it) or equal: ``cfg`` unchanged."""
+    rounding: the ranks' gradients are summed in another order; the learning rate, saved or
+    following the global batch, stays too). ``saved`` None (a checkpoint that does not record it)
+    or equal: ``cfg`` unchanged.
+    An automatic ``train.batch_size`` (a config as written, not the run's saved one) is refused:
+    the rule would decide it anew for ``world_size`` processes."""
     if saved is None or saved == world_size:
         return cfg
+    if "train.batch_size" in automatic_keys(cfg):
+        raise ValueError(
+            f"train.batch_size: automatic in the config given; a run trained on {_processes(saved)} resumes on "
+            f"{_processes(world_size)} at its global batch from its saved config (RunDir(run).read_config(), "
+            "as recsys train --resume reads it)"
+        )
     t = cfg.train
     total = t.batch_size * saved
     if total % world_size:

@@ -215,6 +215,10 @@ def test_a_resume_keeps_the_global_batch_or_says_why_it_cannot():
     ]
     with pytest.raises(ValueError, match=r"^train.batch_size: the run trained on 1 process at 15 each \(a global "):
         _keep_global_batch(cfg, 1, 2, print)
+    written = load_config(None, [])  # a config as written: its batch is the rule's for the processes that resolve it
+    assert _keep_global_batch(written, 2, 2, print) is written
+    with pytest.raises(ValueError, match=r"^train.batch_size: automatic in the config given; a run trained on 2 "):
+        _keep_global_batch(written, 2, 1, print)
 
 
 def _rank_pid(marker: str, rank: int) -> int | None:

@@ -14,7 +14,7 @@ from recsys.train.divergence import LOSS_FACTOR, DivergenceGuard, TrainingDiverg
 from conftest import TINY_RUN_OVERRIDES
 
 TINY_DATA = [a for o in TINY_RUN_OVERRIDES if not o.startswith(("name=", "train.")) for a in ("--set", o)]
-TINY_TRAIN = ["--set", "train.batch_size=32", "--set", "train.num_negatives=64"]
+TINY_TRAIN = ["--set", "train.batch_size=32", "--set", "train.lr=0.001", "--set", "train.num_negatives=64"]
 
 
 def _guard(tmp_path, start: float = 4.0, **train) -> DivergenceGuard:
@@ -67,9 +67,10 @@ def test_a_resumed_run_keeps_the_start_of_the_uninterrupted_one(tmp_path):
     assert guard.state() == {"start_loss": 4.0}
 
 
-def test_learning_rate_zero_is_refused(capsys):
-    assert main(["train", "--set", "train.lr=0"]) == 2
-    assert "train.lr: must be > 0, got 0" in capsys.readouterr().err
+def test_a_negative_learning_rate_is_refused(capsys):
+    """0 is the automatic rate (it follows the batch); below it is an error naming the key."""
+    assert main(["train", "--set", "train.lr=-0.001"]) == 2
+    assert "train.lr: must be > 0 (or 0: automatic), got -0.001" in capsys.readouterr().err
 
 
 def test_a_huge_learning_rate_stops_with_exit_status_2(tmp_path, capsys):

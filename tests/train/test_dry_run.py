@@ -43,7 +43,7 @@ def test_dry_run_prints_every_value_the_data_decides(tmp_path, capsys, name):
     assert _sentinels(resolved) <= DEVICE_KEYS | READER_KEYS
     assert resolved["model"]["dim"] > 0 and resolved["train"]["weight_decay"] >= 0
     assert f"model: {name}, " in plan
-    assert ("plan: up to 40 steps" in plan) == spec_for(name).trainable
+    assert ("plan: batch 32, lr 0.001; up to 40 steps" in plan) == spec_for(name).trainable
     assert not (tmp_path / "runs").exists()
 
 
@@ -57,6 +57,24 @@ def test_dry_run_config_is_the_one_the_run_saves(tmp_path):
     assert RunDir(run.run_dir).read_config().to_dict() == shown.to_dict()
     plan = next(line for line in lines if line.startswith("plan: "))
     assert plan in logged and next(line for line in lines if line.startswith("model: ")) in logged
+
+
+def test_dry_run_prints_the_batch_and_the_rate_it_decides(tmp_path, capsys):
+    """Left automatic on the small synthetic log: 128 and 1e-3; a batch set by hand: the rate
+    follows it, and the plan line says by which rule."""
+    base = [*TINY_TRAIN_OVERRIDES, f"output_dir={tmp_path}", "train.batch_size=0", "train.lr=0"]
+    lines: list[str] = []
+    shown = dry_run(load_config(None, base), log=lines.append)
+    assert (shown.train.batch_size, shown.train.lr) == (128, 1e-3)
+    assert next(line for line in lines if line.startswith("plan: ")).startswith("plan: batch 128, lr 0.001; ")
+    args = ["train", "--dry-run", "--quiet"] + [a for o in [*base, "train.batch_size=512"] for a in ("--set", o)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert (
+        "\nbatch_size = 512\n" in out
+        and "\nlr = 0.002\n" in out
+        and "plan: batch 512, lr 0.002 (0.001 × (512 / 128)^0.5); up to 40 steps" in out
+    )
 
 
 def test_dry_run_refuses_resume(tmp_path, capsys):

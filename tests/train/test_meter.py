@@ -16,7 +16,15 @@ class Clock:
 def _meter(
     clock: Clock, *, max_steps=87_810, first=100, growth=0.0, patience=5, max_minutes=0.0, epoch_steps=50
 ) -> RunMeter:
-    plan = TrainPlan(max_steps=max_steps, first=first, growth=growth, epoch_steps=epoch_steps, weight_decay=0.0)
+    plan = TrainPlan(
+        max_steps=max_steps,
+        first=first,
+        growth=growth,
+        epoch_steps=epoch_steps,
+        weight_decay=0.0,
+        targets=0,
+        world_size=1,
+    )
     return RunMeter(
         plan, TrainConfig(patience=patience, max_minutes=max_minutes), start_step=0, samples_per_step=128, clock=clock
     )

@@ -305,7 +305,7 @@ def test_validation_waits_while_it_would_pass_its_share_of_the_time():
     from recsys.train.plan import TrainPlan
 
     clock = [100.0]
-    plan = TrainPlan(max_steps=1000, first=10, growth=0.1, epoch_steps=100, weight_decay=0.0)
+    plan = TrainPlan(max_steps=1000, first=10, growth=0.1, epoch_steps=100, weight_decay=0.0, targets=0, world_size=1)
 
     def meter(eval_every: int) -> RunMeter:
         train = load_config(None, [f"train.eval_every={eval_every}"]).train
