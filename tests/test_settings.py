@@ -209,6 +209,9 @@ def test_the_batch_and_the_rate_follow_the_targets():
     decay = spec_for("comirec_sa").automatic.epoch_decay
     assert large.train.weight_decay == pytest.approx(decay / (0.00566 * epoch))
     assert resolve(large, Facts.of_lengths(log, num_items=40_001)) == large
+    # dense training's logits grow as the batch squared: its batch stops at 512
+    dense_large = resolve(load_config(None, ["model.name=sasrec"]), Facts.of_lengths(log, num_items=40_001))
+    assert (dense_large.train.predict_at, dense_large.train.batch_size, dense_large.train.lr) == ("all", 512, 0.002)
     medium = resolve(cfg, Facts.of_lengths([104] * 50_000, num_items=40_001))  # 5M targets: 250 -> 256
     assert (medium.train.batch_size, medium.train.lr) == (256, 0.00141)
     # DDP: the rule is over the global batch; 5M targets on two processes is 19,532 steps at 2 × 128

@@ -34,8 +34,9 @@ The rules, each with the measurement behind it beside its constant in :mod:`recs
 - ``train.batch_size``: :func:`scaled_batch` of the training targets: :data:`BASE_BATCH` a process
   while an epoch at the global batch of ``BASE_BATCH`` a process is at most :data:`EPOCH_STEPS` steps
   (2.56M targets on one process; taobao's 322k keep 128), else the smallest power of two that
-  brings it there, at most :data:`MAX_BATCH`: a log of 100M clicks is 575,123 steps an epoch at 128
-  and 17,973 at 4,096.
+  brings it there, at most :data:`MAX_BATCH` (:data:`MAX_DENSE_BATCH` under dense training, whose
+  logits grow as the batch squared): a log of 100M clicks is 575,123 steps an epoch at 128 and
+  17,973 at 4,096.
 - ``train.lr``: :func:`scaled_lr` of the global batch (``train.batch_size`` times the processes,
   whether automatic or set): ``BASE_LR * (global / BASE_BATCH) ** LR_EXPONENT``, the square-root
   rule for Adam (the gradient's noise falls as ``1 / sqrt(batch)``). A ``train.lr`` set by hand is
@@ -112,6 +113,7 @@ __all__ = [
     "EPOCH_STEPS",
     "LR_EXPONENT",
     "MAX_BATCH",
+    "MAX_DENSE_BATCH",
     "NEGATIVES_PER_ROW",
     "Facts",
     "check",
@@ -133,6 +135,10 @@ NEGATIVES_PER_ROW = 10  # the automatic train.num_negatives: shared sampled nega
 BASE_BATCH = 128  # samples a step on each process, on every log whose epoch at this batch is short enough
 EPOCH_STEPS = 20_000  # ... at most this many steps (at the global batch of BASE_BATCH a process)
 MAX_BATCH = 4096  # the largest automatic batch a process
+# ... where every position of a sample is a target (train.predict_at = "all"): a row of up to data.max_len
+# targets, each scored against all NEGATIVES_PER_ROW * batch shared negatives, so the logits grow as the batch
+# squared times the length (at 4,096 and 50 clicks, 67 GB); at 512, 1 GB
+MAX_DENSE_BATCH = 512
 BASE_LR = 1e-3  # the learning rate at the global batch of BASE_BATCH
 LR_EXPONENT = 0.5  # lr grows as (global batch / BASE_BATCH) ** LR_EXPONENT: the square-root rule for Adam
 
@@ -253,15 +259,15 @@ def length_interest_reg(weight: float, typical_length: int) -> float:
     return round(weight * min(1.0, max(0.2, typical_length / 50)), 2)
 
 
-def scaled_batch(targets: int, world_size: int = 1) -> int:
+def scaled_batch(targets: int, world_size: int = 1, most: int = MAX_BATCH) -> int:
     """The automatic ``train.batch_size`` (a process's) for ``targets`` training targets an epoch
     on ``world_size`` processes: :data:`BASE_BATCH` while an epoch at the global batch of
     ``BASE_BATCH * world_size`` is at most :data:`EPOCH_STEPS` steps, else the smallest power of two
-    of at least ``targets / (EPOCH_STEPS * world_size)``, at most :data:`MAX_BATCH`."""
+    of at least ``targets / (EPOCH_STEPS * world_size)``, at most ``most``."""
     if targets <= EPOCH_STEPS * BASE_BATCH * world_size:
         return BASE_BATCH
     need = math.ceil(targets / (EPOCH_STEPS * world_size))
-    return min(MAX_BATCH, 1 << (need - 1).bit_length())
+    return min(most, 1 << (need - 1).bit_length())
 
 
 def scaled_lr(global_batch: int) -> float:
@@ -323,7 +329,8 @@ def resolve(cfg: Config, facts: Facts) -> Config:
     parting = length_interest_reg(auto.interest_reg, typical) if auto.follows_length else auto.interest_reg
     _set(out, "train.interest_reg", parting if several else 0.0)
     # the batch follows the targets (predict_at resolved above), the rate the batch; then what reads them
-    _set(out, "train.batch_size", scaled_batch(facts.targets(min_target(t)), facts.world_size))
+    most = MAX_DENSE_BATCH if t.predict_at == "all" else MAX_BATCH
+    _set(out, "train.batch_size", scaled_batch(facts.targets(min_target(t)), facts.world_size, most))
     _set(out, "train.lr", scaled_lr(t.batch_size * facts.world_size))
     # the processes share one draw of negatives: as many as one process draws at the same global batch
     _set(out, "train.num_negatives", NEGATIVES_PER_ROW * t.batch_size * facts.world_size)
