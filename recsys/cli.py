@@ -139,11 +139,17 @@ def _resumed_config(args: argparse.Namespace) -> Config:
 
 def cmd_config(args: argparse.Namespace) -> int:
     """Every config key with its value, as a TOML file that ``--config`` takes back."""
+    from recsys.config import automatic_keys
+    from recsys.run.settings import rules
+
     cfg = _config(args)
+    rule = rules(cfg.model.name)
+    notes = {key: f"automatic: {rule[key]}" for key in automatic_keys(cfg)}
     print(
         "# every key of the config, as `--config` files and `--set section.key=value` take them;\n"
-        '# the automatic values (-1, 0 or "auto": recsys.config.AUTOMATIC) are decided once the data is read;\n'
-        "# `recsys train --dry-run` prints them decided (docs/configuration.md)\n" + cfg.to_toml(),
+        '# the automatic values (-1, 0 or "auto": recsys.config.AUTOMATIC) are decided once the data is read,\n'
+        "# each by the rule beside it; `recsys train --dry-run` prints them decided (docs/configuration.md)\n"
+        + cfg.to_toml(notes=notes),
         end="",
     )
     return 0

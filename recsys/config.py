@@ -321,17 +321,24 @@ class Config(_Section):
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def to_toml(self, base: Config | None = None) -> str:
+    def to_toml(self, base: Config | None = None, notes: Mapping[str, str] | None = None) -> str:
         """The resolved config as TOML (printed at the start of every command); with ``base``,
-        only the keys whose value differs from ``base``'s (and only tables that have some)."""
+        only the keys whose value differs from ``base``'s (and only tables that have some); with
+        ``notes`` (``{"section.key": text}``), each such key's line ends in ``# text``."""
         top, sections = [], []
         old = base.to_dict() if base is not None else {}
+        notes = notes or {}
+
+        def line(key: str, value: Any) -> str:
+            note = notes.get(key)
+            return f"{key.rsplit('.', 1)[-1]} = {_toml_value(value)}" + (f"  # {note}" if note else "")
+
         for key, value in self.to_dict().items():
             if isinstance(value, dict):
                 changed = {k: v for k, v in value.items() if base is None or old[key][k] != v}
                 if changed:
                     sections.append(f"\n[{key}]")
-                    sections.extend(f"{k} = {_toml_value(v)}" for k, v in changed.items())
+                    sections.extend(line(f"{key}.{k}", v) for k, v in changed.items())
             elif base is None or old[key] != value:
                 top.append(f"{key} = {_toml_value(value)}")
         return "\n".join(top + sections).lstrip("\n") + "\n"

@@ -57,3 +57,21 @@ def test_recsys_config_lists_every_key_as_a_file_config_takes_back(tmp_path, cap
     given = load_config(None, ["model.dim=32", "model.name=sasrec"])
     assert load_config([tmp_path / "c.toml"]) == given  # the config as given: the data decides what is automatic
     assert listed["model"]["dropout"] == -1 and listed["train"]["predict_at"] == "auto"
+
+
+@pytest.mark.parametrize("model", ["comirec_sa", "sasrec", "youtube_dnn", "mind"])
+def test_recsys_config_says_the_rule_beside_each_automatic_key(capsys, model):
+    """A newcomer reading `recsys config` sees what each automatic value will become, with the
+    model's own values (its width, its cap rule), and a key set by hand carries no rule."""
+    from recsys.config import AUTOMATIC
+    from recsys.models.spec import spec_for
+
+    assert main(["config", "--model", model, "--set", "train.lr=0.002"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    ruled = {line.split(" = ")[0] for line in lines if "  # automatic: " in line}
+    assert ruled == {key.split(".")[1] for key in AUTOMATIC} - {"lr"}
+    dim = next(line for line in lines if line.startswith("dim = "))
+    assert f"# automatic: {spec_for(model).automatic.dim}" in dim
+    assert next(line for line in lines if line.startswith("lr = ")) == "lr = 0.002"
+    cap = next(line for line in lines if line.startswith("score_cap = "))
+    assert ("ln(median history)" in cap) == (model == "comirec_sa")

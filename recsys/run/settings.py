@@ -124,6 +124,7 @@ __all__ = [
     "objective",
     "resolve",
     "resolve_model",
+    "rules",
     "scaled_batch",
     "scaled_lr",
     "unresolved",
@@ -274,6 +275,49 @@ def scaled_lr(global_batch: int) -> float:
     """The automatic ``train.lr`` at ``global_batch`` samples a step (all processes together):
     ``BASE_LR * (global_batch / BASE_BATCH) ** LR_EXPONENT``, to three significant digits."""
     return float(f"{BASE_LR * (global_batch / BASE_BATCH) ** LR_EXPONENT:.3g}")
+
+
+def rules(model: str) -> dict[str, str]:
+    """Each automatic key's rule for the model named ``model``, in a line with the spec's values
+    (what ``recsys config`` shows beside the key; the module docstring has the rules whole)."""
+    auto, several = spec_for(model).automatic, spec_for(model).multi_interest
+    large = f"{LARGE_CATALOGUE:,} items"
+
+    def by_size(value: object, large_value: object | None) -> str:
+        return f"{value}, {large_value} from {large}" if large_value is not None else f"{value}"
+
+    cap = f"max({auto.score_cap:g}, ln(median history) / 2)" if auto.follows_length else f"{auto.score_cap:g}"
+    weight = "" if auto.interest_reg == 1 else f"{auto.interest_reg:g} x "
+    reg = f"{weight}median history / 50 within [0.2, 1]" if auto.follows_length else f"{auto.interest_reg:g}"
+    return {
+        "model.dim": by_size(auto.dim, auto.large_dim),
+        "model.dropout": by_size(auto.dropout, auto.large_dropout),
+        "model.score_cap": cap,
+        "model.hidden": f"{HIDDEN_RATIO} x model.dim",
+        "train.batch_size": f"{BASE_BATCH} a process; where an epoch would pass {EPOCH_STEPS:,} steps, the power "
+        f"of two that keeps it there, at most {MAX_BATCH:,} ({MAX_DENSE_BATCH} training every position)",
+        "train.lr": f"{BASE_LR:g} x (global batch / {BASE_BATCH}) ^ {LR_EXPONENT:g}",
+        "train.weight_decay": f"shrinks the weights by {auto.epoch_decay:g} an epoch with AdamW (0 with Adam)"
+        if auto.epoch_decay
+        else "0",
+        "train.num_negatives": f"{NEGATIVES_PER_ROW} x the global batch",
+        "train.predict_at": f'"{auto.predict_at}"',
+        "train.predict_next": f"{auto.predict_next} where {TIED_ORDER:.0%} of consecutive clicks tie in time, else 1"
+        if auto.predict_next > 1
+        else "1",
+        "train.full_softmax": f"exact below {FUSED_EXACT_SOFTMAX_ITEMS:,} items on a GPU, {EXACT_SOFTMAX_ITEMS:,} else"
+        if auto.full_softmax
+        else "false (sampled)",
+        "train.negative_readout": f'"{auto.negative_readout}"',
+        "train.attention_reg": f"{auto.attention_reg:g} at K > 1 with last-position training, else 0"
+        if several and auto.attention_reg
+        else "0",
+        "train.interest_reg": f"{reg} at K > 1, else 0" if several and auto.interest_reg else "0",
+        "train.soft_readout_steps": f"{auto.soft_readout_steps}",
+        "train.item_updates": f'"sparse" from {SPARSE_ITEMS:,} items where negatives are sampled, else "dense"',
+        "eval.objective": "recall@max(eval.topn)",
+        "eval.exclude_history": 'true under data.split = "leave_one_out", else false',
+    }
 
 
 def _set(cfg: Config, key: str, value: object) -> None:
