@@ -140,6 +140,9 @@ MAX_BATCH = 4096  # the largest automatic batch a process
 # targets, each scored against all NEGATIVES_PER_ROW * batch shared negatives, so the logits grow as the batch
 # squared times the length (at 4,096 and 50 clicks, 67 GB); at 512, 1 GB
 MAX_DENSE_BATCH = 512
+# the automatic hinge's weight is the spec's times L / HINGE_LENGTH within [HINGE_FLOOR, 1] (length_interest_reg)
+HINGE_LENGTH = 50
+HINGE_FLOOR = 0.2
 BASE_LR = 1e-3  # the learning rate at the global batch of BASE_BATCH
 LR_EXPONENT = 0.5  # lr grows as (global batch / BASE_BATCH) ** LR_EXPONENT: the square-root rule for Adam
 
@@ -257,7 +260,7 @@ def length_interest_reg(weight: float, typical_length: int) -> float:
     0.2 left their mean cosine at 0.93 where 1 brought it to 0.70 at more recall, while on Amazon
     Beauty's 6-click histories 0.2 parted them (0.62) at the recall without the hinge and 1 cost
     3-4% (docs/defaults.md, "Interests that stay distinct")."""
-    return round(weight * min(1.0, max(0.2, typical_length / 50)), 2)
+    return round(weight * min(1.0, max(HINGE_FLOOR, typical_length / HINGE_LENGTH)), 2)
 
 
 def scaled_batch(targets: int, world_size: int = 1, most: int = MAX_BATCH) -> int:
@@ -288,7 +291,8 @@ def rules(model: str) -> dict[str, str]:
 
     cap = f"max({auto.score_cap:g}, ln(median history) / 2)" if auto.follows_length else f"{auto.score_cap:g}"
     weight = "" if auto.interest_reg == 1 else f"{auto.interest_reg:g} x "
-    reg = f"{weight}median history / 50 within [0.2, 1]" if auto.follows_length else f"{auto.interest_reg:g}"
+    reg = f"{weight}median history / {HINGE_LENGTH} within [{HINGE_FLOOR:g}, 1]"
+    reg = reg if auto.follows_length else f"{auto.interest_reg:g}"
     return {
         "model.dim": by_size(auto.dim, auto.large_dim),
         "model.dropout": by_size(auto.dropout, auto.large_dropout),
