@@ -53,7 +53,7 @@ TIED_ORDER = 0.25
 # train.item_updates "auto" updates only the item rows a step touches from this many items on, where
 # the step samples its negatives (the exact softmax reads every row): on the GPU measured, the dense step's time
 # grows 3.4 ns a row and the sparse one's stays at 1.3 ms, crossing near 190k items; below that the
-# whole-table update is faster and exact (docs/results.md, "Training at a million items")
+# whole-table update is faster and exact (docs/notes/results-history.md, "Training at a million items")
 SPARSE_ITEMS = 200_000
 
 # shared blocks of tuning space (the [tune] table's format), composed by the specs

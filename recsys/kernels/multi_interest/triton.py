@@ -39,7 +39,8 @@ partials and dP's partials, in a fixed order: deterministic, no atomics.
 On Hopper and newer GPUs every launch carries programmatic dependent launch: a kernel first
 waits for the one before it on the stream (``griddepcontrol.wait``), then lets the next one
 launch, so the next kernel's programs are already resident when this one's last programs finish
-(about 5 us less per forward+backward at the bench shapes, same bits; docs/results.md).
+(about 5 us less per forward+backward at the bench shapes, same bits; docs/notes/results-history.md,
+"Kernels").
 ``RECSYS_PDL=0`` launches plainly.
 
 Tiles span many rows (several sequences) because one sequence's work is a chain of small
