@@ -163,15 +163,32 @@ def test_a_dense_epoch_is_as_many_windows_as_targets():
     assert dense.weight_decay == pytest.approx(last.weight_decay * 70 / 100)
 
 
-def test_the_plateau_stop_waits_for_one_pass_over_the_data():
-    plan = _plan([14] * 100, "train.batch_size=10")  # 1,000 targets
-    assert plan.epoch_steps == 100
-    assert not plan.plateau_reached(step=60, bad_evals=5, patience=5)  # an early noisy peak
-    assert plan.plateau_reached(step=100, bad_evals=5, patience=5)
-    assert not plan.plateau_reached(step=500, bad_evals=4, patience=5)
-    assert not plan.plateau_reached(step=500, bad_evals=9, patience=0)  # no early stop
-    short = _plan([14] * 100, "train.batch_size=10", "train.max_steps=30")
-    assert short.plateau_reached(step=30, bad_evals=5, patience=5)  # a budget shorter than an epoch
+def test_the_plateau_stop_waits_for_one_epoch_and_the_minimum_samples():
+    from recsys.train.plan import MIN_STOP_SAMPLES
+
+    assert MIN_STOP_SAMPLES == 64_000 * 10
+    samples = _plan([14] * 10_000, "train.batch_size=10")  # 100,000 targets: an epoch of 10,000 steps
+    assert (samples.epoch_steps, samples.stop_floor) == (10_000, 64_000)
+    assert not samples.plateau_reached(step=63_999, bad_evals=5, patience=5)  # a pause on the way up
+    assert samples.plateau_reached(step=64_000, bad_evals=5, patience=5)
+    assert not samples.plateau_reached(step=70_000, bad_evals=4, patience=5)
+    assert not samples.plateau_reached(step=70_000, bad_evals=9, patience=0)  # no early stop
+    assert "not before step 64,000 (640,000 samples)" in samples.describe(
+        _train("train.batch_size=10", lengths=[14] * 10_000)
+    )
+    epoch = _plan([14] * 100_000, "train.batch_size=10")  # 1M targets: an epoch is more than the minimum
+    assert epoch.stop_floor == epoch.epoch_steps == 100_000
+    assert not epoch.plateau_reached(step=99_999, bad_evals=5, patience=5)  # an early noisy peak
+    assert "not before step 100,000 (one epoch)" in epoch.describe(
+        _train("train.batch_size=10", lengths=[14] * 100_000)
+    )
+    tiny = _plan([14] * 100, "train.batch_size=10")  # 1,000 targets: ten epochs are fewer samples
+    assert (tiny.epoch_steps, tiny.stop_floor) == (100, 1_000)
+    assert "not before step 1,000 (10 epochs)" in tiny.describe(_train("train.batch_size=10", lengths=[14] * 100))
+    short = _plan([14] * 100, "train.batch_size=10", "train.max_steps=300")  # the budget ends first
+    assert short.stop_floor == short.max_steps == 300
+    assert short.plateau_reached(step=300, bad_evals=5, patience=5)
+    assert "(the last step)" in short.describe(_train("train.batch_size=10", "train.max_steps=300", lengths=[14] * 100))
 
 
 def test_the_default_negatives_are_ten_per_row_of_the_global_batch():

@@ -139,9 +139,10 @@ def test_comirec_sa_recovers_planted_interests(tmp_path):
     assert recall["comirec_sa"] > recall["youtube_dnn"], recall
 
 
-def test_a_plateau_with_lr_drops_left_goes_back_to_the_best_weights_at_a_lower_rate(tmp_path):
+def test_a_plateau_with_lr_drops_left_goes_back_to_the_best_weights_at_a_lower_rate(tmp_path, monkeypatch):
     """With a rate so low that nothing moves, every validation after a drop scores the best
     weights exactly, and the run stops at the plateau after the last drop."""
+    monkeypatch.setattr("recsys.train.plan.MIN_STOP_EPOCHS", 1)  # plateaus from the first epoch on
     lines: list[str] = []
     drops = ["train.lr_drops=2", "train.lr_drop_factor=1e-12", "train.patience=1", "model.dropout=0"]
     cfg = _cfg(tmp_path, "name=drops", "train.max_steps=640", "train.eval_every=10", *drops)
