@@ -162,7 +162,8 @@ def test_a_plateau_with_lr_drops_left_goes_back_to_the_best_weights_at_a_lower_r
 
 
 @pytest.mark.parametrize("updates", ["dense", "sparse"])
-def test_a_run_resumed_after_an_lr_drop_trains_as_the_uninterrupted_one(tmp_path, updates):
+def test_a_run_resumed_after_an_lr_drop_trains_as_the_uninterrupted_one(tmp_path, updates, monkeypatch):
+    monkeypatch.setattr("recsys.train.plan.MIN_STOP_EPOCHS", 1)  # plateaus from the first epoch on
     drops = ["train.lr_drops=1", "train.patience=1", "model.dropout=0.1", "train.max_steps=320", "train.eval_every=10"]
     drops.append(f"train.item_updates={updates}")
     full = train(_cfg(tmp_path, "name=full", *drops), log=lambda s: None)
