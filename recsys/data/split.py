@@ -41,6 +41,7 @@ the log. The arrays it keeps are per user, and the evaluation sets' inputs and t
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -146,6 +147,21 @@ class Split:
         int64, row ``r`` being user ``train_users[r]``: every training click in memory (small
         data and inspection; training reads the rows in place)."""
         return gather_rows(self.clicks, self.clicks_indptr[self.train_users], self.train_ends[self.train_users])
+
+    @property
+    def train_indptr(self) -> np.ndarray:
+        """``[R + 1]``: the row pointers of :meth:`train_csr` (a copy in memory; code written
+        against the split's in-memory CSR reads these two, the reference SASRec among it)."""
+        return self._train_csr[0]
+
+    @property
+    def train_items(self) -> np.ndarray:
+        """The training clicks of :meth:`train_csr`, row after row (see :attr:`train_indptr`)."""
+        return self._train_csr[1]
+
+    @functools.cached_property
+    def _train_csr(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.train_csr()
 
     def train_item_counts(self, num_items: int, block: int = 1 << 16) -> np.ndarray:
         """``[num_items]`` int64 training clicks per item, counted ``block`` users at a time (in

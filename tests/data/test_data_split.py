@@ -247,6 +247,9 @@ def test_leave_one_out_trains_the_samplers_on_every_click_but_the_last_two():
     # every sampled window is a stretch of some user's training clicks (none reaches a held-out click)
     train_indptr, train_items = split.train_csr()
     rows = [train_items[a:b].tolist() for a, b in itertools.pairwise(train_indptr)]
+    # the same CSR as attributes, as code written against the in-memory split (the reference SASRec) reads it
+    np.testing.assert_array_equal(split.train_indptr, train_indptr)
+    np.testing.assert_array_equal(split.train_items, train_items)
     for b in range(0, 256, 17):
         n = int(lengths[b])
         window_clicks = [*seq[b, :n].tolist(), int(targets[b, n - 1])]
