@@ -76,6 +76,8 @@ def _reference_child(argv: list[str]) -> None:
     def loo_evaluate(model: Any, eval_set: Any, **kw: Any) -> dict[str, float]:
         last.clear()
         last.update(evaluate(model, eval_set, **{**kw, "topn": TOPN, "exclude_history": True}))
+        scores = "  ".join(f"{k} {last[k]:.4f}" for k in ("recall@10", "ndcg@10") if k in last)
+        print(f"reference evaluation of {len(eval_set.users):,} users: {scores}", flush=True)  # validation too
         return last
 
     recsys.config.load_config, evaluator.evaluate = loo_config, loo_evaluate
