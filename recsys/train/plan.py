@@ -38,7 +38,8 @@ MIN_FIRST = 250  # automatic cadence: the first validations are at least this ma
 MAX_FIRST = 2500  # ... and at most this many
 # the plateau stop waits for this many samples (5,000 steps at 128) where that is more than an epoch: on
 # MovieLens 100K's 94 validation users a curve often pauses for some 1,500 steps after 2-3 epochs and then
-# rises again; stopped there, comirec_sa K = 1 tested 0.2755 against 0.3100 trained on (docs/training.md)
+# rises again; stopped there, comirec_sa K = 1 tested 0.2755 against 0.3100 trained on (docs/defaults.md,
+# "The earliest plateau stop")
 MIN_STOP_SAMPLES = 640_000
 MIN_STOP_EPOCHS = 10  # ... or for at most this many epochs, on a log so small that they are fewer samples
 
