@@ -565,7 +565,8 @@ def tune(
     _optuna()  # fails here, naming the extra, when optuna is missing
     check(cfg)  # the study keeps the config as written (each trial's run decides its automatic values)
     folder = Path(folder) if folder is not None else default_folder(cfg)
-    parsed = Space.parse({**default_space(cfg, base_rate(cfg)), **(space or {})}, cfg)
+    lr = BASE_LR if space and "train.lr" in space else base_rate(cfg)  # a searched rate of its own: no data read
+    parsed = Space.parse({**default_space(cfg, lr), **(space or {})}, cfg)
     log(f"tune folder: {folder}; searching " + "; ".join(parsed.describe().values()))
     with _only_tune_of(folder):
         return _tune(cfg, folder, parsed, trials, max_minutes, jobs, log)
