@@ -186,9 +186,9 @@ class TrainConfig(_Section):
     """The optimisation loop."""
 
     optimizer: str = "adamw"  # adamw | adam
-    # 0 (the default): follows the global batch, 1e-3 x sqrt(global batch / 128) (recsys.run.settings); a value
-    # set here is used as it is, whatever the batch
-    lr: float = 0.0
+    # the same at every batch: raising it with the batch (the square-root rule) lost recall at 2,048 and 4,096
+    # (docs/defaults.md, "Batch and learning rate on large logs")
+    lr: float = 1e-3
     weight_decay: float = -1.0  # -1: a fixed shrinkage per epoch, from the data's size (recsys.run.settings)
     # samples a step on each process; 0 (the default): 128, larger on logs whose epoch at 128 would pass
     # 20,000 steps (recsys.run.settings)
@@ -586,7 +586,6 @@ AUTOMATIC: dict[str, Any] = {
     "model.score_cap": -1.0,
     "model.hidden": 0,
     "train.batch_size": 0,
-    "train.lr": 0.0,
     "train.weight_decay": -1.0,
     "train.num_negatives": 0,
     "train.predict_at": AUTO,
@@ -651,9 +650,11 @@ def validate(cfg: Config) -> None:
     ):
         if _get(cfg, path) < 0 and not is_automatic(cfg, path):
             raise ConfigError(f"{path}: must be >= 0 (or -1: automatic), got {_get(cfg, path)!r}")
-    for path in ("train.batch_size", "train.lr"):
-        if _get(cfg, path) < 0:
-            raise ConfigError(f"{path}: must be > 0 (or 0: automatic), got {_get(cfg, path)!r}")
+    if (batch := _get(cfg, "train.batch_size")) < 0:
+        raise ConfigError(f"train.batch_size: must be > 0 (or 0: automatic), got {batch!r}")
+    if cfg.train.lr <= 0:
+        was = " (0 no longer means automatic: the default, 1e-3, holds at every batch)" if cfg.train.lr == 0 else ""
+        raise ConfigError(f"train.lr: must be > 0, got {cfg.train.lr!r}{was}")
     for path, choices in _CHOICES.items():
         if _get(cfg, path) not in choices:
             raise ConfigError(f"{path}: {_get(cfg, path)!r} is not one of {list(choices)}")

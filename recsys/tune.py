@@ -60,14 +60,14 @@ from recsys.config import (
     renamed,
     with_values,
 )
-from recsys.data import IN_MEMORY, load_dataset, split_dataset
+from recsys.data import IN_MEMORY
 from recsys.data.registry import SOURCE_PREFIX
 from recsys.extras import install_hint
 from recsys.io import atomic_write_text
 from recsys.models.spec import spec_for
 from recsys.run import RunDir
 from recsys.run.saved_config import run_config_from_dict
-from recsys.run.settings import BASE_LR, Facts, check, objective, resolve, scaled_lr
+from recsys.run.settings import check, objective
 from recsys.train.trainer import train
 
 if sys.version_info >= (3, 11):
@@ -111,17 +111,16 @@ TRIAL_ERRORS = (ValueError, MemoryError, torch.cuda.OutOfMemoryError, TrialCut)
 # margin without a hinge means nothing; a search over model.num_interests then never proposes a refused trial
 BETWEEN_INTERESTS = ("train.interest_reg", "train.interest_margin")
 
-# the searched learning rates as multiples of the automatic rate of the base's batch (default_space)
+# the searched learning rates as multiples of the base's rate (default_space)
 LR_RANGE = (0.3, 3.0)
 
 
-def default_space(cfg: Config, lr: float = BASE_LR) -> dict[str, Any]:
+def default_space(cfg: Config) -> dict[str, Any]:
     """The search space for ``cfg``'s model, in the ``[tune]`` table's format: the shared
     optimisation ranges plus the model spec's own (:attr:`recsys.models.spec.ModelSpec.tune_space`).
 
-    ``train.lr`` ranges over ``lr`` times :data:`LR_RANGE`, ``lr`` the automatic rate of the base's
-    batch (:func:`base_rate`): 3e-4..3e-3 at 128 a step, higher where a large log's batch is larger."""
-    spec = spec_for(cfg.model.name)
+    ``train.lr`` ranges over the base's rate times :data:`LR_RANGE`: 3e-4..3e-3 at the default."""
+    spec, lr = spec_for(cfg.model.name), cfg.train.lr
     space: dict[str, Any] = {
         "train.optimizer": "adamw",
         "train.lr": {"low": _digits(lr * LR_RANGE[0]), "high": _digits(lr * LR_RANGE[1]), "log": True},
@@ -134,16 +133,6 @@ def default_space(cfg: Config, lr: float = BASE_LR) -> dict[str, Any]:
         space["train.hard_negatives"] = [0.0, 0.25, 0.5]
     space.update(spec.tune_space)
     return space
-
-
-def base_rate(cfg: Config) -> float:
-    """The automatic ``train.lr`` at ``cfg``'s batch (:func:`recsys.run.settings.scaled_lr`): the
-    centre of the searched rates. An automatic batch follows the data, which is read for it."""
-    batch = cfg.train.batch_size
-    if is_automatic(cfg, "train.batch_size"):
-        dataset = load_dataset(cfg)
-        batch = resolve(cfg, Facts.of(dataset, split_dataset(dataset, cfg.data))).train.batch_size
-    return scaled_lr(batch)
 
 
 def _digits(x: float) -> float:
@@ -565,8 +554,7 @@ def tune(
     _optuna()  # fails here, naming the extra, when optuna is missing
     check(cfg)  # the study keeps the config as written (each trial's run decides its automatic values)
     folder = Path(folder) if folder is not None else default_folder(cfg)
-    lr = BASE_LR if space and "train.lr" in space else base_rate(cfg)  # a searched rate of its own: no data read
-    parsed = Space.parse({**default_space(cfg, lr), **(space or {})}, cfg)
+    parsed = Space.parse({**default_space(cfg), **(space or {})}, cfg)
     log(f"tune folder: {folder}; searching " + "; ".join(parsed.describe().values()))
     with _only_tune_of(folder):
         return _tune(cfg, folder, parsed, trials, max_minutes, jobs, log)

@@ -118,9 +118,8 @@ def test_only_the_resolver_reads_an_automatic_value():
         "ok = 0 <= t.attention_reg",
         "n = t.num_negatives or 10 * t.batch_size",
         "b = t.batch_size or 128",
-        "lr = cfg.train.lr or 1e-3 * (t.batch_size / 128) ** 0.5",
         "if cfg.train.batch_size == 0: pass",
-        "if not t.lr: pass",
+        "if not t.batch_size: pass",
     ],
 )
 def test_the_walk_catches_a_sentinel_read(snippet):
@@ -181,14 +180,14 @@ def test_the_facts_decide_the_data_driven_values():
     )
 
 
-def test_the_batch_and_the_rate_follow_the_targets():
-    """128 a process and 1e-3 while an epoch at 128 a process is at most 20,000 steps, else the
-    smallest power of two that brings it there (at most 4,096), and the rate 1e-3 × √(global / 128);
-    what reads them (negatives, weight decay) reads the resolved values."""
-    from recsys.run.settings import BASE_BATCH, EPOCH_STEPS, scaled_batch, scaled_lr
+def test_the_batch_follows_the_targets_and_the_rate_does_not():
+    """128 a process while an epoch at 128 a process is at most 20,000 steps, else the smallest
+    power of two that brings it there (at most 4,096; 512 training every position); the rate stays
+    1e-3 at every batch; what reads them (negatives, weight decay) reads the resolved values."""
+    from recsys.run.settings import BASE_BATCH, EPOCH_STEPS, scaled_batch
 
     assert scaled_batch(EPOCH_STEPS * BASE_BATCH) == 128 and scaled_batch(EPOCH_STEPS * BASE_BATCH + 1) == 256
-    assert scaled_batch(10**10) == 4096 and scaled_lr(128) == 1e-3 and scaled_lr(4096) == 0.00566
+    assert scaled_batch(10**10) == 4096
     cfg = load_config(None, ["model.name=comirec_sa"])
     small = {  # training sequences of these lengths, min_target 4
         "taobao, ~500k targets": [54] * 10_000,
@@ -203,37 +202,34 @@ def test_the_batch_and_the_rate_follow_the_targets():
     assert (dense.train.predict_at, dense.train.batch_size, dense.train.lr) == ("all", 128, 1e-3)
     log = [104] * 736_158  # 100 targets each: 73.6M, 575,124 steps an epoch at 128
     large = resolve(cfg, Facts.of_lengths(log, num_items=40_001))
-    assert (large.train.batch_size, large.train.lr, large.train.num_negatives) == (4096, 0.00566, 40_960)
+    assert (large.train.batch_size, large.train.lr, large.train.num_negatives) == (4096, 1e-3, 40_960)
     epoch = Facts.of_lengths(log, num_items=40_001).epoch_steps(large.train)
     assert epoch == 17_973
     decay = spec_for("comirec_sa").automatic.epoch_decay
-    assert large.train.weight_decay == pytest.approx(decay / (0.00566 * epoch))
+    assert large.train.weight_decay == pytest.approx(decay / (1e-3 * epoch))
     assert resolve(large, Facts.of_lengths(log, num_items=40_001)) == large
     # dense training's logits grow as the batch squared: its batch stops at 512
     dense_large = resolve(load_config(None, ["model.name=sasrec"]), Facts.of_lengths(log, num_items=40_001))
-    assert (dense_large.train.predict_at, dense_large.train.batch_size, dense_large.train.lr) == ("all", 512, 0.002)
+    assert (dense_large.train.predict_at, dense_large.train.batch_size) == ("all", 512)
     medium = resolve(cfg, Facts.of_lengths([104] * 50_000, num_items=40_001))  # 5M targets: 250 -> 256
-    assert (medium.train.batch_size, medium.train.lr) == (256, 0.00141)
+    assert medium.train.batch_size == 256
     # DDP: the rule is over the global batch; 5M targets on two processes is 19,532 steps at 2 × 128
     two = resolve(cfg, Facts.of_lengths([104] * 50_000, num_items=40_001, world_size=2))
-    assert (two.train.batch_size, two.train.lr, two.train.num_negatives) == (128, 0.00141, 2560)
+    assert (two.train.batch_size, two.train.lr, two.train.num_negatives) == (128, 1e-3, 2560)
     four = resolve(cfg, Facts.of_lengths(log, num_items=40_001, world_size=4))  # the same global batch as one
-    assert (four.train.batch_size, four.train.lr, four.train.num_negatives) == (1024, 0.00566, 40_960)
+    assert (four.train.batch_size, four.train.num_negatives) == (1024, 40_960)
 
 
-def test_a_rate_set_by_hand_is_kept_and_a_batch_set_by_hand_scales_the_rate():
+def test_a_rate_or_a_batch_set_by_hand_is_kept():
     log = Facts.of_lengths([104] * 736_158, num_items=40_001)
     kept = resolve(load_config(None, ["train.lr=0.002"]), log)
     assert (kept.train.batch_size, kept.train.lr) == (4096, 0.002)
-    assert resolve(load_config(None, ["train.lr=0.001"]), log).train.lr == 0.001  # the base value, set
     both = resolve(load_config(None, ["train.batch_size=128", "train.lr=0.003"]), log)
     assert (both.train.batch_size, both.train.lr) == (128, 0.003)
-    assert resolve(load_config(None, ["train.batch_size=128"]), log).train.lr == 1e-3
     small = Facts.of_lengths([20] * 100, num_items=1001)
-    assert resolve(load_config(None, ["train.batch_size=512"]), small).train.lr == 0.002
-    assert resolve(load_config(None, ["train.batch_size=32"]), small).train.lr == 0.0005
-    two = Facts.of_lengths([20] * 100, num_items=1001, world_size=2)
-    assert resolve(load_config(None, ["train.batch_size=256"]), two).train.lr == 0.002  # global 512
+    assert resolve(load_config(None, ["train.batch_size=512"]), small).train.lr == 1e-3
+    with pytest.raises(ConfigError, match=r"train.lr: must be > 0, got 0.0 \(0 no longer means automatic"):
+        load_config(None, ["train.lr=0"])
 
 
 @pytest.mark.parametrize("name", ["comirec_sa", "sasrec_mi"])

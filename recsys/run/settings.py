@@ -36,11 +36,8 @@ The rules, each with the measurement behind it beside its constant in :mod:`recs
   (2.56M targets on one process; taobao's 322k keep 128), else the smallest power of two that
   brings it there, at most :data:`MAX_BATCH` (:data:`MAX_DENSE_BATCH` under dense training, whose
   logits grow as the batch squared): a log of 100M clicks is 575,123 steps an epoch at 128 and
-  17,973 at 4,096.
-- ``train.lr``: :func:`scaled_lr` of the global batch (``train.batch_size`` times the processes,
-  whether automatic or set): ``BASE_LR * (global / BASE_BATCH) ** LR_EXPONENT``, the square-root
-  rule for Adam (the gradient's noise falls as ``1 / sqrt(batch)``). A ``train.lr`` set by hand is
-  used as it is, whatever the batch.
+  17,973 at 4,096. The learning rate is not automatic: 1e-3 at every batch, since raising it with the
+  batch lost recall at 2,048 and 4,096 (docs/defaults.md, "Batch and learning rate on large logs").
 - ``train.num_negatives``: :data:`NEGATIVES_PER_ROW` per row of a batch.
 - ``train.weight_decay``: with AdamW, the decay that shrinks the weights by the spec's
   ``epoch_decay`` a pass over the data, ``epoch_decay / (lr * epoch_steps)``, where an epoch is as
@@ -109,9 +106,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BASE_BATCH",
-    "BASE_LR",
     "EPOCH_STEPS",
-    "LR_EXPONENT",
     "MAX_BATCH",
     "MAX_DENSE_BATCH",
     "NEGATIVES_PER_ROW",
@@ -126,12 +121,11 @@ __all__ = [
     "resolve_model",
     "rules",
     "scaled_batch",
-    "scaled_lr",
     "unresolved",
 ]
 
 NEGATIVES_PER_ROW = 10  # the automatic train.num_negatives: shared sampled negatives per row of a batch
-# the automatic train.batch_size and train.lr (scaled_batch, scaled_lr); the GPU measurements behind them:
+# the automatic train.batch_size (scaled_batch); the GPU measurements behind it:
 # docs/defaults.md, "Batch and learning rate on large logs"
 BASE_BATCH = 128  # samples a step on each process, on every log whose epoch at this batch is short enough
 EPOCH_STEPS = 20_000  # ... at most this many steps (at the global batch of BASE_BATCH a process)
@@ -143,8 +137,6 @@ MAX_DENSE_BATCH = 512
 # the automatic hinge's weight is the spec's times L / HINGE_LENGTH within [HINGE_FLOOR, 1] (length_interest_reg)
 HINGE_LENGTH = 50
 HINGE_FLOOR = 0.2
-BASE_LR = 1e-3  # the learning rate at the global batch of BASE_BATCH
-LR_EXPONENT = 0.5  # lr grows as (global batch / BASE_BATCH) ** LR_EXPONENT: the square-root rule for Adam
 
 
 @dataclass(frozen=True)
@@ -274,12 +266,6 @@ def scaled_batch(targets: int, world_size: int = 1, most: int = MAX_BATCH) -> in
     return min(most, 1 << (need - 1).bit_length())
 
 
-def scaled_lr(global_batch: int) -> float:
-    """The automatic ``train.lr`` at ``global_batch`` samples a step (all processes together):
-    ``BASE_LR * (global_batch / BASE_BATCH) ** LR_EXPONENT``, to three significant digits."""
-    return float(f"{BASE_LR * (global_batch / BASE_BATCH) ** LR_EXPONENT:.3g}")
-
-
 def rules(model: str) -> dict[str, str]:
     """Each automatic key's rule for the model named ``model``, in a line with the spec's values
     (what ``recsys config`` shows beside the key; the module docstring has the rules whole)."""
@@ -300,7 +286,6 @@ def rules(model: str) -> dict[str, str]:
         "model.hidden": f"{HIDDEN_RATIO} x model.dim",
         "train.batch_size": f"{BASE_BATCH} a process; where an epoch would pass {EPOCH_STEPS:,} steps, the power "
         f"of two that keeps it there, at most {MAX_BATCH:,} ({MAX_DENSE_BATCH} training every position)",
-        "train.lr": f"{BASE_LR:g} x (global batch / {BASE_BATCH}) ^ {LR_EXPONENT:g}",
         "train.weight_decay": f"shrinks the weights by {auto.epoch_decay:g} an epoch with AdamW (0 with Adam)"
         if auto.epoch_decay
         else "0",
@@ -376,10 +361,9 @@ def resolve(cfg: Config, facts: Facts) -> Config:
     _set(out, "train.attention_reg", auto.attention_reg if several and t.predict_at == "last" else 0.0)
     parting = length_interest_reg(auto.interest_reg, typical) if auto.follows_length else auto.interest_reg
     _set(out, "train.interest_reg", parting if several else 0.0)
-    # the batch follows the targets (predict_at resolved above), the rate the batch; then what reads them
+    # the batch follows the targets (predict_at resolved above); then what reads it
     most = MAX_DENSE_BATCH if t.predict_at == "all" else MAX_BATCH
     _set(out, "train.batch_size", scaled_batch(facts.targets(min_target(t)), facts.world_size, most))
-    _set(out, "train.lr", scaled_lr(t.batch_size * facts.world_size))
     # the processes share one draw of negatives: as many as one process draws at the same global batch
     _set(out, "train.num_negatives", NEGATIVES_PER_ROW * t.batch_size * facts.world_size)
     decay = auto.epoch_decay / (t.lr * facts.epoch_steps(t)) if t.optimizer == "adamw" else 0.0

@@ -13,10 +13,9 @@ at ``train.batch_size`` samples a step on each process.
   (about 60% of the steps to the best validation with patience 5) on every dataset, and the
   number of validations grows with the logarithm of the run's length.
 
-The plan's line opens with the batch and the learning rate, and where they are not the base
-values (:data:`~recsys.run.settings.BASE_BATCH`, :data:`~recsys.run.settings.BASE_LR`) but what the
-rules of :func:`~recsys.run.settings.scaled_batch` and :func:`~recsys.run.settings.scaled_lr` give,
-it says so.
+The plan's line opens with the batch and the learning rate, and where the batch is not the base
+value (:data:`~recsys.run.settings.BASE_BATCH`) but what the rule of
+:func:`~recsys.run.settings.scaled_batch` gives, it says so.
 
 Both are modes of the plan rather than values the resolver fills in (:mod:`recsys.run.settings`):
 a resumed run may extend ``train.max_epochs``, and a cadence that grows is not one number. The weight
@@ -31,7 +30,7 @@ import math
 from dataclasses import dataclass
 
 from recsys.config import Config, TrainConfig, require_resolved
-from recsys.run.settings import BASE_BATCH, BASE_LR, LR_EXPONENT, Facts, min_target, scaled_batch, scaled_lr
+from recsys.run.settings import BASE_BATCH, Facts, min_target, scaled_batch
 
 EVAL_GROWTH = 0.1  # automatic cadence: validate after another 10% of the steps taken so far
 MIN_FIRST = 250  # automatic cadence: the first validations are at least this many steps apart ...
@@ -103,17 +102,13 @@ class TrainPlan:
         )
 
     def batch_clause(self, train: TrainConfig) -> str:
-        """The batch and the learning rate, and why where a rule scaled them (values that are the
-        rule's, set or automatic): ``"batch 4,096 (for 73.6M targets), lr 0.00566 (0.001 × (4,096 /
-        128)^0.5)"``."""
+        """The batch and the learning rate, and why where the rule scaled the batch (a value that is
+        the rule's, set or automatic): ``"batch 4,096 (for 73.6M targets), lr 0.001"``."""
         each, processes = train.batch_size, self.world_size
         batch = f"batch {each:,}" if processes == 1 else f"batch {processes} × {each:,}"
         if each != BASE_BATCH and each == scaled_batch(self.targets, processes):
             batch += f" (for {_count(self.targets)} targets)"
-        rate, size = f"lr {train.lr:.3g}", each * processes
-        if train.lr != BASE_LR and train.lr == scaled_lr(size):
-            rate += f" ({BASE_LR:g} × ({size:,} / {BASE_BATCH})^{LR_EXPONENT:g})"
-        return f"{batch}, {rate}"
+        return f"{batch}, lr {train.lr:.3g}"
 
     def describe(self, train: TrainConfig) -> str:
         """One line for the run's log, for the resolved ``train`` the plan was made from."""
