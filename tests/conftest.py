@@ -27,7 +27,6 @@ TINY_RUN_OVERRIDES = [
     "train.max_steps=20",
     "train.eval_every=20",
     "train.batch_size=32",
-    "train.lr=0.001",  # the rate these runs were written for (automatic at batch 32: 0.0005)
     "train.num_negatives=64",
     "name=tiny",
 ]
@@ -42,7 +41,6 @@ TINY_TRAIN_OVERRIDES = [
     "model.dim=16",
     "model.backend=torch",
     "train.batch_size=32",
-    "train.lr=0.001",  # the rate these runs were written for (automatic at batch 32: 0.0005)
     "train.log_every=10",
     "train.eval_every=20",
     "train.max_steps=40",

@@ -62,7 +62,7 @@ def test_dry_run_config_is_the_one_the_run_saves(tmp_path):
 def test_dry_run_prints_the_batch_it_decides_and_the_rate(tmp_path, capsys):
     """Left automatic on the small synthetic log: batch 128; the rate is 1e-3 at a batch set by
     hand too."""
-    base = [*TINY_TRAIN_OVERRIDES, f"output_dir={tmp_path}", "train.batch_size=0", "train.lr=0.001"]
+    base = [*TINY_TRAIN_OVERRIDES, f"output_dir={tmp_path}", "train.batch_size=0"]
     lines: list[str] = []
     shown = dry_run(load_config(None, base), log=lines.append)
     assert (shown.train.batch_size, shown.train.lr) == (128, 1e-3)
