@@ -228,6 +228,11 @@ class TrainConfig(_Section):
     # per sampled history (ComiRec's sampler) | "all" = every position predicts what follows it (dense) |
     # "auto" = the model's default (its spec)
     predict_at: str = AUTO
+    # where dense training windows end (recsys.data.batches.WindowSampler): "tiled" = at the user's last click
+    # or a multiple of data.max_len before it, so each click is a target once and short users always train on
+    # their whole sequence | "random" = anywhere, which trains early clicks far more often than the latest
+    # (docs/defaults.md, "Dense training windows")
+    windows: str = "tiled"
     # how many following clicks each predicting position predicts (formerly train.horizon): 1 = the next one |
     # m > 1 = each of the next m clicks, read out against the same interests (PinnerFormer's all-action
     # objective) | -1 (the default): the model's value where the data's timestamps leave the order of
@@ -519,6 +524,7 @@ _CHOICES = {
     "train.sampler": ("uniform", "log_uniform", "unigram"),
     "train.negative_readout": (AUTO, "readout", "max"),
     "train.predict_at": (AUTO, "last", "all"),
+    "train.windows": ("tiled", "random"),
     "train.item_updates": (AUTO, "sparse", "dense"),
     "train.device": ("auto", "cpu", "cuda"),
     "retrieval.backend": ("auto", "faiss", "torch"),

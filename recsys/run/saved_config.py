@@ -15,6 +15,7 @@ key missing from the file dates the run; the values that were in force then fill
 - no ``train.batch_size`` or ``train.lr``: 128 samples a step at 1e-3, their defaults before they
   followed the data (a saved config holds both as plain numbers, which load as they are);
 - no ``train.predict_at``: one target per sampled history (``"last"``);
+- no ``train.windows``: dense training windows ended anywhere in the sequence (``"random"``);
 - no ``train.ema_decay``: the last weights were validated and kept (0);
 - no ``train.predict_next``: each target predicted its next click only (1);
 - no ``train.item_updates``: every step updated the whole item table (``"dense"``);
@@ -36,6 +37,7 @@ _TRAIN_DEFAULTS = {
     "soft_readout_steps": 0,
     "negative_readout": "readout",
     "predict_at": "last",
+    "windows": "random",
     "ema_decay": 0.0,
     "predict_next": 1,
     "item_updates": "dense",

@@ -716,7 +716,7 @@ def _model_line(cfg: Config, model: InterestModel) -> str:
     """The model, its size and its objective (``cfg`` resolved: the width and the softmax are the
     catalogue's, recsys.run.settings)."""
     m, t = cfg.model, cfg.train
-    positions = "every position" if t.predict_at == "all" else "the last position"
+    positions = f"every position ({t.windows} windows)" if t.predict_at == "all" else "the last position"
     clicks = f"its next {t.predict_next} clicks" if t.predict_next > 1 else "its next click"
     loss = "exact softmax" if t.full_softmax else f"sampled softmax, {t.num_negatives:,} negatives"
     return (
@@ -866,7 +866,7 @@ class _Loop:
         part.update(predict_next=t.predict_next, rank=dist.rank, world_size=dist.world_size)
         batches: TrainSampler | WindowSampler
         if t.predict_at == "all":
-            batches = WindowSampler(*rows, **part)
+            batches = WindowSampler(*rows, tiled=t.windows == "tiled", **part)
         else:
             batches = TrainSampler(*rows, min_target=t.min_target, **part)
         plan = plan_training(t, exp.facts)

@@ -172,7 +172,7 @@ def test_window_sampler_windows_are_contiguous_and_shifted_by_one():
     lengths = np.array([2, 5, 30, 9])
     indptr = np.concatenate([[0], np.cumsum(lengths)])
     items = np.arange(1, indptr[-1] + 1)  # item ids = position + 1: contiguity is visible
-    sampler = WindowSampler(indptr, items, max_len=6, seed=0)
+    sampler = WindowSampler(indptr, items, max_len=6, seed=0, tiled=False)
     seq, lens, targets = sampler.sample(500)
     assert ((lens >= 1) & (lens <= 6)).all()
     for s, n, t in zip(seq, lens, targets):
@@ -182,6 +182,48 @@ def test_window_sampler_windows_are_contiguous_and_shifted_by_one():
     assert sampler.mean_targets() == pytest.approx(lens.mean(), rel=0.1)
     exact = np.mean([np.mean([min(e - 1, 6) for e in range(2, n + 1)]) for n in lengths])
     assert sampler.mean_targets() == pytest.approx(exact)
+
+
+def test_tiled_windows_make_each_click_a_target_exactly_once_per_tiling():
+    """train.windows = "tiled": a user's windows end at n, n - L, n - 2L, ... (>= 2), so their
+    targets partition clicks 1..n-1; a user with at most L + 1 clicks always gets the whole
+    sequence, and the draws are uniform over a user's tiles."""
+    lengths = np.array([2, 3, 7, 8, 9, 16, 30])
+    max_len = 7
+    indptr = np.concatenate([[0], np.cumsum(lengths)])
+    items = np.arange(1, indptr[-1] + 1)  # item ids = position + 1
+    row_of = np.repeat(np.arange(len(lengths)), lengths)
+    sampler = WindowSampler(indptr, items, max_len=max_len, seed=3)
+    seq, lens, targets = sampler.sample(4000)
+    seen: dict[int, dict[int, tuple[int, ...]]] = {}  # row -> window end -> its targets
+    for s, n, t in zip(seq, lens, targets):
+        assert (np.diff(s[:n]) == 1).all() and (t[:n] == s[:n] + 1).all() and (t[n:] == 0).all()
+        row = int(row_of[s[0] - 1])
+        end = int(t[n - 1] - indptr[row])  # the window's end in its row: its last target's position + 1
+        seen.setdefault(row, {})[end] = tuple(int(x - 1 - indptr[row]) for x in t[:n])
+    for row, n in enumerate(lengths):
+        ends = sorted(seen[row])
+        assert ends == sorted(range(n, 1, -max_len)), (n, ends)  # n, n - L, ... >= 2
+        covered = sorted(p for tile in seen[row].values() for p in tile)
+        assert covered == list(range(1, n)), n  # every click but the first, once
+    short = lengths <= max_len + 1
+    assert all(len(seen[r]) == 1 for r in np.flatnonzero(short))
+    # uniform over a user's tiles: the 30-click row has 5 tiles, each about a fifth of its draws
+    ends_30 = [int(t[n - 1]) for s, n, t in zip(seq, lens, targets) if row_of[s[0] - 1] == 6]
+    _, counts = np.unique(ends_30, return_counts=True)
+    assert len(counts) == 5 and counts.min() > 0.6 * counts.mean()
+    assert sampler.mean_targets() == pytest.approx(lens.mean(), rel=0.05)
+    exact = np.mean([(n - 1) / ((n - 2) // max_len + 1) for n in lengths])
+    assert sampler.mean_targets() == pytest.approx(exact)
+
+
+def test_saved_runs_without_windows_keep_random_windows():
+    from recsys.run.saved_config import run_config_from_dict
+
+    assert run_config_from_dict({"config_version": 2, "train": {}}).train.windows == "random"
+    assert load_config(None, []).train.windows == "tiled"
+    with pytest.raises(ConfigError, match="train.windows"):
+        load_config(None, ["train.windows=sometimes"])
 
 
 def test_a_window_horizon_reaches_past_the_window_to_the_row_end():
