@@ -216,7 +216,7 @@ def test_a_horizon_trains_counts_its_targets_and_is_saved(tmp_path, extra):
     one = train(_cfg(tmp_path, "name=one", *extra), log=lambda s: None)
     lines: list[str] = []
     three = train(_cfg(tmp_path, "name=three", "train.predict_next=3", *extra), log=lines.append)
-    where = "every position" if extra else "the last position"
+    where = "every position (tiled windows)" if extra else "the last position"
     assert any(line.startswith("model: ") and f"; {where} predicts its next 3 clicks; " in line for line in lines)
     assert three.test_metrics["recall@50"] > 0
     # nearly every synthetic history has three clicks after it: close to 3x the pairs a sample
