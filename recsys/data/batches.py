@@ -219,8 +219,8 @@ class WindowSampler(_SequenceSampler):
       user's latest history) is never rarer than an early prefix.
     - ``random``: uniformly in ``[2, n]``. A click at position ``t`` is a target in a share
       ``(n - t) / (n - 1)`` of a short user's windows, so early clicks, read with short
-      histories, train far more often than the latest ones (0.91× tiled's test R@10 on Amazon
-      Beauty under leave-one-out: docs/defaults.md, "Dense training windows").
+      histories, train far more often than the latest ones (measured: docs/defaults.md, "Dense
+      training windows").
 
     With ``predict_next`` m > 1, position ``t`` predicts each of clicks ``t + 1 .. t + m`` of the
     user's sequence (reaching past the window's end, fewer at the sequence's end).
