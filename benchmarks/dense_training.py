@@ -3,9 +3,9 @@ beside the reference plain-PyTorch SASRec trained with cross-entropy at every po
 (../shared/anchors/sasrec_ce_reference.py), on the same data, one after the other in one run.
 
 Both train ``--steps`` steps of 128 windows of up to 20 clicks with no validation in the loop;
-the reference's windows are drawn as ``recsys.data.batches.WindowSampler`` draws them, so its
-targets/s is its windows/s times the sampler's expected targets per window. Ours is the median
-of its logged windows (``metrics.jsonl``). Prints a ratio table.
+the reference's windows end at a random click, as ``recsys.data.batches.WindowSampler`` draws them
+with ``tiled=False``, so its targets/s is its windows/s times that sampler's expected targets per
+window. Ours is the median of its logged windows (``metrics.jsonl``). Prints a ratio table.
 
     python benchmarks/dense_training.py --data .gpu_data/taobao/sequences.txt [--steps 5000]
 """
@@ -82,7 +82,7 @@ def main() -> None:
     for path in a.data:
         cfg = load_config(None, [f"data.source={path}"])
         split = split_dataset(load_dataset(cfg), cfg.data)
-        per_window = WindowSampler(*split.train_csr(), cfg.data.max_len, seed=0).mean_targets()
+        per_window = WindowSampler(*split.train_csr(), cfg.data.max_len, seed=0, tiled=False).mean_targets()
         ref = _reference(path, a.reference, a.steps)
         ours_w, ours_t = _ours(path, a.steps, a.set)
         lines.append(
