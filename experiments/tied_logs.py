@@ -3,7 +3,7 @@
 The automatic ``train.predict_next`` (five clicks where at least a quarter of consecutive clicks
 tie in time, else one) was chosen on MovieLens 100K, Amazon Beauty and taobao. Real tied logs
 leave the order of a burst of clicks open; these files do the same to the built-in generator's
-clicks: each time is cut to its day and each user's clicks of one day are shuffled (about 37%
+clicks: each time is cut to its day and each user's clicks of one day are shuffled (35–37%
 of consecutive clicks tie). Two shapes: the built-in synthetic data and the long-history log
 (``experiments/configs/data/long-history.toml``). The data configs ``tied-synthetic`` and
 ``tied-long-history`` read the files this writes::
@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from recsys.config import load_config
+from recsys.data import load_dataset
 from recsys.data.synthetic import generate
 
 DAY = 86_400
@@ -36,13 +37,6 @@ def tied(clicks: pd.DataFrame, seed: int) -> pd.DataFrame:
     return out.sort_values(["user", "timestamp", "shuffle"]).drop(columns="shuffle")
 
 
-def tied_share(log: pd.DataFrame) -> float:
-    """The share of a user's consecutive clicks with equal timestamps (as ``Dataset.tied_share``)."""
-    same_user = log["user"].to_numpy()[1:] == log["user"].to_numpy()[:-1]
-    same_time = log["timestamp"].to_numpy()[1:] == log["timestamp"].to_numpy()[:-1]
-    return float((same_user & same_time).sum() / same_user.sum())
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/tied", help="the folder the data configs read")
@@ -55,7 +49,9 @@ def main() -> None:
         log = tied(generate(cfg.synthetic), args.seed)
         path = Path(args.out) / f"{name}.csv"
         log.to_csv(path, index=False)
-        print(f"{path}: {len(log):,} clicks, {tied_share(log):.0%} of consecutive clicks tied")
+        read = load_config(None, [f"data.source={path}", "data.format=csv", "data.time_col=timestamp"])
+        share = load_dataset(read).tied_share()  # as the automatic horizon reads it
+        print(f"{path}: {len(log):,} clicks, {share:.0%} of consecutive clicks tied")
 
 
 if __name__ == "__main__":
