@@ -1,6 +1,7 @@
 """The package as a user installs it: a wheel built from this checkout, installed into a fresh
 environment outside it, runs ``recsys data list`` (the dataset registry, data/, ships as data files)
-and a short ``recsys train`` from a folder that is not the checkout.
+and a short ``recsys train`` from a folder that is not the checkout; installed with
+``pip install --target DIR``, it finds its registry too.
 
 Nothing is downloaded: the wheel is built without build isolation, installed with ``--no-index
 --no-deps``, and the fresh environment reaches this one's dependencies (torch and the rest)
@@ -72,10 +73,14 @@ def _build_wheel(work: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> Path:
+def wheel(tmp_path_factory) -> Path:
+    return _build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+@pytest.fixture(scope="module")
+def installed(wheel, tmp_path_factory) -> Path:
     """``bin/`` of a fresh venv holding the wheel, outside the checkout."""
-    work = tmp_path_factory.mktemp("wheel")
-    wheel = _build_wheel(work)
+    work = tmp_path_factory.mktemp("venv")
     venv = work / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", venv], cwd=work)
     python = venv / "bin" / "python"
@@ -112,3 +117,16 @@ def test_a_short_train_runs_from_outside_the_checkout(installed, tmp_path):
     (run_dir,) = {line.removeprefix(prefix) for line in out.splitlines() if line.startswith(prefix)}
     assert (tmp_path / "runs") in (tmp_path / run_dir).parents and (tmp_path / run_dir).is_dir(), out
     assert "test metrics" in out
+
+
+def test_an_install_with_target_finds_its_registry(wheel, tmp_path):
+    """Was: `pip install --target DIR` put the registry in DIR/share/..., but the wheel's file list,
+    written for an environment, pointed at ../../share/... outside DIR: "the dataset registry is missing"."""
+    target = tmp_path / "target"
+    _run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--target", target, wheel], cwd=tmp_path)
+    code = "import recsys.data.registry as r; print(r.REGISTRY_DIR); print(len(r.registry()))"
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"} | {"PYTHONPATH": str(target)}
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    where, count = done.stdout.split()
+    assert Path(where).is_relative_to(target) and int(count) == len(registry()), done.stdout

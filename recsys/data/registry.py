@@ -1,7 +1,9 @@
 """The registry of public datasets: one ``<name>.toml`` per dataset in the top-level ``data/``
 folder (:data:`REGISTRY_DIR`): the checkout's own, or the copy a wheel installs under the
-environment's ``share/multi-interest-recsys/data`` (found through the distribution's file list),
-so an installed recsys has it too.
+environment's ``share/multi-interest-recsys/data`` (found through the distribution's file list,
+or beside the installed package where ``pip install --target DIR`` put it: ``DIR/share/...``,
+which the file list, written for an environment, places outside ``DIR``), so an installed
+recsys has it too.
 
 Each file is a training config (``recsys train --config <the file>``; ``recsys data fetch NAME``
 prints the command) with one extra table, ``[dataset]``, that training ignores and
@@ -57,13 +59,19 @@ def _checkout_data() -> Path | None:
 
 
 def _installed_registry() -> Path | None:
-    """The registry a wheel installed (``INSTALLED_REGISTRY`` under the environment), or None."""
+    """The registry a wheel installed (``INSTALLED_REGISTRY`` under the environment, or under the
+    ``--target`` folder that holds the package), or None."""
     try:
-        files = importlib.metadata.distribution(DISTRIBUTION).files or []
+        dist = importlib.metadata.distribution(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:
         return None
-    readme = next((f for f in files if f.as_posix().endswith(f"{INSTALLED_REGISTRY}/README.md")), None)
-    return Path(str(readme.locate())).resolve().parent if readme is not None else None
+    readme = next((f for f in dist.files or [] if f.as_posix().endswith(f"{INSTALLED_REGISTRY}/README.md")), None)
+    if readme is None:
+        return None
+    for found in (Path(str(readme.locate())), Path(str(dist.locate_file(f"{INSTALLED_REGISTRY}/README.md")))):
+        if found.is_file():
+            return found.resolve().parent
+    return None
 
 
 CHECKOUT_DATA = _checkout_data()
