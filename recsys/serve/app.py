@@ -27,7 +27,8 @@ The OpenAPI schema (``/openapi.json``) states all of this and the service keeps 
   ``true`` is not ``1``, ``"10"`` is not ``10``; ``3.0`` is the integer 3, as in JSON Schema),
   ``n`` outside ``1..serve.max_n``, a ``diversity_lambda`` outside ``[0,
   MAX_DIVERSITY_LAMBDA]``, an integer id beyond :data:`MAX_JSON_INT`.
-* 400 ``{"detail": str}``: a body that is not JSON at all; 415 likewise: one not sent as JSON.
+* 400 ``{"detail": str}``: a body that is not UTF-8 text (saying so, with the first bad byte's
+  position) or not JSON at all; 415 likewise: one not sent as JSON.
 
 Every error body is built from text made safe for any input: ids are shown truncated
 (:data:`SHOWN_CHARS`) and with unpaired surrogates escaped.
@@ -53,9 +54,11 @@ from recsys.extras import install_hint
 try:
     import uvicorn
     from fastapi import Body, FastAPI, Request
+    from fastapi.exception_handlers import http_exception_handler
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import Response
     from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag
+    from starlette.exceptions import HTTPException
 except ImportError as err:  # pragma: no cover - exercised only without the extra
     raise ImportError(f"FastAPI and uvicorn are not installed: {install_hint('serve')}") from err
 
@@ -133,6 +136,16 @@ def _validation_error(errors: Sequence[Any], content_type: str | None) -> Respon
             return _error({"detail": f"the body is not valid JSON: {shown(reason)} (at character {where})"}, 400)
     return _error(
         {"detail": [{"loc": _field_loc(e["loc"]), "msg": shown(e["msg"]), "type": e["type"]} for e in errors]}, 422
+    )
+
+
+def _not_utf8(err: UnicodeDecodeError) -> Response:
+    """The answer to a body that is not UTF-8 text (FastAPI's own says only "There was an error
+    parsing the body"): 400 naming the first byte that breaks it."""
+    byte = f" (0x{err.object[err.start]:02x})" if err.start < len(err.object) else ""
+    return _error(
+        {"detail": f"the body is not UTF-8 text: {err.reason} at byte {err.start}{byte}; send JSON encoded as UTF-8"},
+        400,
     )
 
 
@@ -241,7 +254,7 @@ class InvalidRequest(BaseModel):
 
 RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {"model": RecommendResponse, "description": "the recommendations"},
-    400: {"model": BadRequest, "description": "the body is not valid JSON"},
+    400: {"model": BadRequest, "description": "the body is not UTF-8 text, or not valid JSON"},
     415: {"model": BadRequest, "description": "the body is not sent as JSON (content-type: application/json)"},
     404: {
         "model": NotFound,
@@ -393,6 +406,12 @@ def create_app(rec: Recommender, cfg: ServeConfig, *, run: str = "") -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> Response:
         return _validation_error(exc.errors(), request.headers.get("content-type"))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        if isinstance(exc.__cause__, UnicodeDecodeError):  # raised by FastAPI reading the body as JSON text
+            return _not_utf8(exc.__cause__)
+        return await http_exception_handler(request, exc)
 
     @app.get("/health")
     async def health() -> dict[str, str]:

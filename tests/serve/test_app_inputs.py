@@ -36,6 +36,22 @@ def test_lone_surrogate_item_is_a_404_not_a_500(client):
     assert resp.status_code == 422 and resp.json()["detail"][0]["loc"][0] == "body"
 
 
+@pytest.mark.parametrize(
+    ("raw", "where"),
+    [
+        ('{"items": ["café"]}'.encode("latin-1"), "invalid continuation byte at byte 15 (0xe9)"),
+        (b'{"user": "\xff"}', "invalid start byte at byte 10 (0xff)"),
+        (b'{"user": "\xe2\x82"}', "at byte 10 (0xe2)"),
+    ],
+)
+def test_a_body_that_is_not_utf8_is_a_400_saying_so(client, raw, where):
+    """Was: 400 "There was an error parsing the body" (FastAPI's), which says nothing of the encoding."""
+    resp = post(client, raw)
+    assert resp.status_code == 400
+    detail = resp.json()["detail"]
+    assert detail.startswith("the body is not UTF-8 text: ") and where in detail, detail
+
+
 def test_huge_unknown_user_id_is_truncated_in_the_404(client):
     """Was: a 5 MB unknown user id echoed back whole."""
     user = "u" * 5_000_000
