@@ -8,9 +8,11 @@ The resolved config is saved with every run and printed with ``--verbose``. Long
 progress bars on stderr when it is a terminal; ``--quiet`` turns them off.
 
 Errors: :func:`main` is the one place where failures become messages. A known failure (bad
-config, bad data, a damaged run file, a missing extra, a file or port problem) prints one line
-``recsys CMD: error: ...`` and exits with status 2; ``--debug`` (or ``RECSYS_DEBUG=1``) shows the
-traceback instead. Warnings (e.g. rows dropped by ``data.skip_bad_rows``) print as one line each.
+config, bad data, a damaged run file, a missing extra, a file or port problem, a full disk
+however the writer reported it) prints one line ``recsys CMD: error: ...`` and exits with status
+2; ``--debug`` (or ``RECSYS_DEBUG=1``) shows the traceback instead. Ctrl-C prints
+``recsys CMD: interrupted`` (for a training run with a checkpoint, with the command that resumes
+it) and exits with status 130. Warnings (e.g. rows dropped by ``data.skip_bad_rows``) print as one line each.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import TextIO
 
 from recsys.config import Config, ConfigError, apply_overrides, load_config
 from recsys.extras import install_hint
+from recsys.io import atomic_write_text, full_disk
 
 # failures with a message meant for the user: ConfigError, DataError, IntegrityError and
 # TrainingDiverged are ValueErrors; OSError covers missing files, existing run names and ports
@@ -234,7 +237,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     shown = TABLE_METRICS + (("diversity",) if any(k.startswith("diversity@") for k in metrics) else ())
     print(format_table({name: metrics}, metrics=shown))
     if args.out:
-        Path(args.out).write_text(json.dumps(metrics, indent=2))
+        atomic_write_text(args.out, json.dumps(metrics, indent=2) + "\n")
         print(f"metrics written to {args.out}")
     return 0
 
@@ -604,15 +607,17 @@ def main(argv: list[str] | None = None) -> int:
             warnings.showwarning = _one_line_warning
         try:
             return args.func(args)
-        except KNOWN_ERRORS as err:
-            if debug:
+        except Exception as err:
+            full = full_disk(err)  # whatever a writer wrapped it in (torch, DuckDB): one line
+            if debug or not (full is not None or isinstance(err, KNOWN_ERRORS)):
                 raise
-            print(f"recsys {args.command}: error: {_first_line(err)}", file=sys.stderr)
+            print(f"recsys {args.command}: error: {_first_line(full or err)}", file=sys.stderr)
             return EXIT_ERROR
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as err:
             if debug:
                 raise
-            print(f"recsys {args.command}: interrupted", file=sys.stderr)
+            how = f"; {err}" if str(err) else ""  # a training run says how to resume it
+            print(f"recsys {args.command}: interrupted{how}", file=sys.stderr)
             return 130
 
 

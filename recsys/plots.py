@@ -19,6 +19,7 @@ import torch
 from recsys.device import model_device
 from recsys.evaluate.diagnostics import attention_weights, effective_clicks
 from recsys.extras import install_hint
+from recsys.io import atomic_save
 
 if TYPE_CHECKING:
     from recsys.data.prepare import Dataset
@@ -120,10 +121,18 @@ def draw_interests(
         if title:
             fig.suptitle(title, fontsize=9)
         fig.tight_layout()
-        path = Path(path)
-        fig.savefig(path, dpi=110)
+        path = _save(fig, path)
     finally:
         plt.close(fig)  # also when drawing or saving fails (pyplot keeps every open figure)
+    return path
+
+
+def _save(fig: Any, path: str | Path) -> Path:
+    """Write ``fig`` to ``path`` whole or not at all (:func:`recsys.io.atomic_save`), in the format
+    its suffix names (``.png`` by default), as ``fig.savefig(path)`` would."""
+    path = Path(path)
+    fmt = path.suffix.lstrip(".").lower() or None  # the temporary file's suffix names no format
+    atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=110, format=fmt))
     return path
 
 
@@ -168,8 +177,7 @@ def draw_curves(
             ax.grid(alpha=0.3)
         axes[0][0].legend(fontsize=7)
         fig.tight_layout()
-        path = Path(path)
-        fig.savefig(path, dpi=110)
+        path = _save(fig, path)
     finally:
         plt.close(fig)
     return path

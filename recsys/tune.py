@@ -14,7 +14,7 @@ tuned result is never worse than it on the validation users. Everything lives in
       best-NNNN/      that config retrained from best.toml and tested (a run directory)
 
 Running the same tune again resumes it: finished trials are kept, a trial that was running
-when the tune was interrupted (Ctrl-C, the process killed, or cut by ``max_minutes``) runs again
+when the tune was interrupted (Ctrl-C, the process killed, a full disk, or cut by ``max_minutes``) runs again
 with the same values as a new trial, continuing its run directory from the last checkpoint (from
 step 0 only when it had none), and ``trials`` counts the finished (complete or pruned) trials of
 the whole study. One tune at a time uses a folder (a lock file says so). Every
@@ -63,7 +63,7 @@ from recsys.config import (
 from recsys.data import IN_MEMORY
 from recsys.data.registry import SOURCE_PREFIX
 from recsys.extras import install_hint
-from recsys.io import atomic_write_text
+from recsys.io import DiskFull, atomic_write_text, full_disk
 from recsys.models.spec import spec_for
 from recsys.run import RunDir
 from recsys.run.saved_config import run_config_from_dict
@@ -310,7 +310,7 @@ class _Objective:
         except TRIAL_ERRORS as err:
             trial.set_user_attr("error", (str(err).strip() or type(err).__name__).splitlines()[0])
             raise
-        except KeyboardInterrupt:  # optuna records the trial as failed; its values run first on resume
+        except (KeyboardInterrupt, DiskFull):  # optuna records the trial as failed; its values run first on resume
             _requeue(trial.study, trial, trial.user_attrs.get("run_dir"))
             raise
 
@@ -419,7 +419,7 @@ def _run_claimed(
             frozen = trial.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         except TRIAL_ERRORS:
             frozen = trial.study.tell(trial, state=optuna.trial.TrialState.FAIL)
-        except KeyboardInterrupt:  # the objective queued its values again; this attempt failed
+        except (KeyboardInterrupt, DiskFull):  # the objective queued its values again; this attempt failed
             trial.study.tell(trial, state=optuna.trial.TrialState.FAIL)
             raise
         _log_trial(log, frozen)
@@ -557,7 +557,16 @@ def tune(
     parsed = Space.parse({**default_space(cfg), **(space or {})}, cfg)
     log(f"tune folder: {folder}; searching " + "; ".join(parsed.describe().values()))
     with _only_tune_of(folder):
-        return _tune(cfg, folder, parsed, trials, max_minutes, jobs, log)
+        try:
+            return _tune(cfg, folder, parsed, trials, max_minutes, jobs, log)
+        except BaseException as err:  # say how to go on: the same tune resumes (not `recsys train --resume` a trial)
+            resumes = f"running the same recsys tune again (folder {folder}) resumes it"
+            full = full_disk(err, folder, f"free some space; {resumes}")
+            if full is not None:
+                raise full from err
+            if isinstance(err, KeyboardInterrupt):
+                raise KeyboardInterrupt(resumes) from err
+            raise
 
 
 def _tune(cfg: Config, folder: Path, parsed: Space, trials: int, max_minutes: float, jobs: int, log: Log) -> TuneResult:

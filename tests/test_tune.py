@@ -246,8 +246,9 @@ def test_a_trial_stopped_by_ctrl_c_is_queued_again(tmp_path, monkeypatch):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(recsys.tune, "train", interrupted)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt) as raised:
         tune(load_config(None, BASE), tmp_path / "tune", trials=2, log=lambda line: None)
+    assert str(raised.value) == f"running the same recsys tune again (folder {tmp_path / 'tune'}) resumes it"
     trials = open_study(tmp_path / "tune").get_trials()
     assert [t.state.name for t in trials] == ["FAIL", "WAITING"] and trials[1].user_attrs["base"]
 

@@ -24,6 +24,7 @@ from recsys.data.convert import convert
 from recsys.data.readers import DataError
 from recsys.data.registry import PREPARED_MARKER, REGISTRY_DIR, DatasetEntry, DatasetFile, data_root, entry
 from recsys.extras import install_hint
+from recsys.io import atomic_write_text, naming_full_disk
 
 
 class FetchError(DataError):
@@ -199,17 +200,18 @@ def fetch(
         return folder
     given = _match_given(e, [Path(p) for p in sources or []])
     raw = folder / "raw"
-    raw.mkdir(parents=True, exist_ok=True)
-    files = [_obtain(spec, raw, given.get(spec.name), e, progress, log) for spec in e.files]
-    digests = {}
-    for spec, path in zip(e.files, files):
-        digests[spec.name] = sha256(path)
-        if not spec.sha256:
-            log(f"{spec.name}: sha256 {digests[spec.name]} (not in the registry: record it in {e.config.name})")
-    log(f"converting {name} ({e.convert}) into {folder}")
-    marker.unlink(missing_ok=True)
-    counts = convert(e.convert, files, folder)
-    marker.write_text(json.dumps({"name": name, "sha256": digests, "counts": counts}, indent=2) + "\n")
+    with naming_full_disk(folder, "free some space and run it again (a download resumes where it stopped)"):
+        raw.mkdir(parents=True, exist_ok=True)
+        files = [_obtain(spec, raw, given.get(spec.name), e, progress, log) for spec in e.files]
+        digests = {}
+        for spec, path in zip(e.files, files):
+            digests[spec.name] = sha256(path)
+            if not spec.sha256:
+                log(f"{spec.name}: sha256 {digests[spec.name]} (not in the registry: record it in {e.config.name})")
+        log(f"converting {name} ({e.convert}) into {folder}")
+        marker.unlink(missing_ok=True)
+        counts = convert(e.convert, files, folder)
+        atomic_write_text(marker, json.dumps({"name": name, "sha256": digests, "counts": counts}, indent=2) + "\n")
     log(summary(e, counts))
     where = f"RECSYS_DATA_DIR={Path(dest)} " if dest else ""  # fetched outside the data root
     log(f"train with: {where}recsys train --config {e.config}")

@@ -8,12 +8,18 @@ new one, never half of one. Every file gets the mode a plain ``open`` would give
 the run's manifest. This module imports nothing else of recsys, so the data pipeline
 (:meth:`recsys.data.Dataset.save`) uses it too.
 
+A write that finds the disk (or the account's quota) full is a :class:`DiskFull`: one line naming
+the file or folder being written, whatever the writer wrapped the system's error in (torch's zip
+writer raises a ``RuntimeError``, DuckDB an ``IOException``); the target keeps its old content and
+no temporary file stays.
+
 Checkpoints hold only tensors and Python primitives and load with
 ``torch.load(weights_only=True)``; :func:`check_plain` enforces that at save time.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import tempfile
@@ -23,6 +29,7 @@ from pathlib import Path
 from typing import IO, Any
 
 __all__ = [
+    "DiskFull",
     "atomic_folder",
     "atomic_save",
     "atomic_torch_save",
@@ -30,11 +37,78 @@ __all__ = [
     "atomic_write_text",
     "check_plain",
     "default_file_mode",
+    "full_disk",
     "link_or_copy",
+    "naming_full_disk",
     "one_at_a_time",
 ]
 
 Replace = Callable[[Path, Path], None]  # (complete temporary file, target): move it into place
+
+# what a write that found no room fails with: the disk is full, or the account's quota is spent
+NO_ROOM = {errno.ENOSPC: "no space left on device"} | (
+    {errno.EDQUOT: "disk quota exceeded"} if hasattr(errno, "EDQUOT") else {}  # EDQUOT: not on Windows
+)
+RUN_AGAIN = "free some space and run it again"
+
+
+class DiskFull(OSError):
+    """A write found no room (``errno`` ENOSPC or EDQUOT): ``filename`` is the file or folder being
+    written and ``advice`` what to do; ``str()`` is the one line ``PATH: no space left on device; ADVICE``.
+
+    Made by :func:`full_disk` (it keeps OSError's own constructor, so the error pickles across
+    processes, e.g. from a ``recsys tune --jobs`` worker)."""
+
+    advice: str = RUN_AGAIN
+
+    def __str__(self) -> str:
+        where = f"{self.filename}: " if self.filename else ""
+        return f"{where}{NO_ROOM.get(self.errno or 0, self.strerror)}; {self.advice}"
+
+
+def full_disk(err: BaseException, path: str | Path | None = None, advice: str | None = None) -> DiskFull | None:
+    """``err`` as a :class:`DiskFull` when it, or an error it was raised from, is a write that found
+    no room; else None.
+
+    Writers wrap the system's error: torch's zip writer raises a ``RuntimeError`` whose context is
+    the ``OSError``, DuckDB an ``IOException`` that carries only the system's message, so both the
+    chain and the messages are read. The path named is the innermost :class:`DiskFull`'s (the file
+    that was being written), else ``path``, else the ``OSError``'s own file name; ``advice``
+    replaces the advice (default: a DiskFull's own, else :data:`RUN_AGAIN`). A DiskFull that
+    changes in nothing is returned as it is."""
+    code, inner, named = None, None, None
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, DiskFull):
+            inner = inner or cause
+        if isinstance(cause, OSError) and cause.errno in NO_ROOM:
+            code, named = code or cause.errno, named or cause.filename
+        elif isinstance(cause, Exception) and code is None:  # not KeyboardInterrupt, whose text means nothing
+            code = next((c for c in NO_ROOM if os.strerror(c) in str(cause)), None)
+        cause = cause.__cause__ or cause.__context__
+    if code is None:
+        return None
+    if isinstance(err, DiskFull) and advice in (None, err.advice):
+        return err
+    where = inner.filename if inner is not None else path if path is not None else named
+    full = DiskFull(code, os.strerror(code), None if where is None else str(where))
+    full.advice = advice if advice is not None else inner.advice if inner is not None else RUN_AGAIN
+    return full
+
+
+@contextmanager
+def naming_full_disk(path: str | Path, advice: str | None = None) -> Iterator[None]:
+    """Inside the block, a write that finds no room becomes a :class:`DiskFull` naming ``path``
+    (see :func:`full_disk`); every other error passes unchanged."""
+    try:
+        yield
+    except BaseException as err:
+        full = full_disk(err, path, advice)
+        if full is None or full is err:
+            raise
+        raise full from err
 
 
 def default_file_mode() -> int:
@@ -51,49 +125,53 @@ def atomic_save(path: str | Path, save: Callable[[Path], object], *, replace: Re
     """Call ``save(tmp)`` with a temporary path next to ``path`` (for writers that want a file
     name, e.g. FAISS; what it returns is ignored), flush it to disk, then ``replace(tmp, path)`` (a rename by default).
 
-    If anything raises, the temporary file is removed and ``path`` keeps its old content.
+    If anything raises, the temporary file is removed and ``path`` keeps its old content; a full
+    disk is a :class:`DiskFull` naming ``path``.
     """
     path = Path(path)
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(name)
-    try:
-        save(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.chmod(tmp, default_file_mode())  # mkstemp creates 0600
-        replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with naming_full_disk(path):
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
+        tmp = Path(name)
+        try:
+            save(tmp)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.chmod(tmp, default_file_mode())  # mkstemp creates 0600
+            replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
 
 @contextmanager
 def atomic_folder(path: str | Path) -> Iterator[Path]:
     """Yield an empty temporary folder beside ``path`` to write into; when the block ends without
     an error its files are flushed to disk and the folder is renamed to ``path`` (an old ``path``
-    is moved aside first, then removed). On an error the temporary folder is removed; after a
-    killed process it stays under a name no reader opens (``.NAME.tmp-PID``) until the next
-    :func:`atomic_folder` for ``path`` removes it."""
+    is moved aside first, then removed). On an error the temporary folder is removed (a full disk,
+    in the block too, is a :class:`DiskFull` naming ``path``); after a killed process it stays under
+    a name no reader opens (``.NAME.tmp-PID``) until the next :func:`atomic_folder` for ``path``
+    removes it."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _remove_abandoned(path)
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        yield tmp
-        for file in tmp.iterdir():
-            with open(file, "rb+") as f:
-                os.fsync(f.fileno())
-        old = path.parent / f".{path.name}.old-{os.getpid()}"
-        if path.exists():
-            os.replace(path, old)
-        os.replace(tmp, path)
-        shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
+    with naming_full_disk(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _remove_abandoned(path)
+        tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        tmp.mkdir()
+        try:
+            yield tmp
+            for file in tmp.iterdir():
+                with open(file, "rb+") as f:
+                    os.fsync(f.fileno())
+            old = path.parent / f".{path.name}.old-{os.getpid()}"
+            if path.exists():
+                os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
 
 
 @contextmanager

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from recsys.config import RetrievalConfig
+from recsys.io import atomic_save
 from recsys.progress import progress_bar
 from recsys.retrieval.aggregate import diverse_merge, max_merge
 
@@ -51,6 +52,7 @@ __all__ = [
     "save_index",
     "search_params",
     "set_search_params",
+    "write_index",
 ]
 
 
@@ -203,7 +205,14 @@ def ann_recall(ann_ids: np.ndarray, exact_ids: np.ndarray) -> np.ndarray:
 
 
 def save_index(index: Any, path: str | Path) -> None:
-    """Write a FAISS index built by :func:`build_index` (label ``j`` = item ``j+1``)."""
+    """Write a FAISS index built by :func:`build_index` (label ``j`` = item ``j+1``), whole or not
+    at all (:func:`recsys.io.atomic_save`)."""
+    atomic_save(path, lambda tmp: write_index(index, tmp))
+
+
+def write_index(index: Any, path: str | Path) -> None:
+    """FAISS's own write of ``index`` to ``path``, in place: for a writer that publishes the file
+    itself (:meth:`recsys.run.RunDir.save_file`); :func:`save_index` is the whole-or-absent one."""
     _faiss().write_index(index, str(path))
 
 

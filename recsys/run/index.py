@@ -41,8 +41,8 @@ from recsys.retrieval.index import (
     clamp_ivf,
     embedding_hash,
     load_index,
-    save_index,
     search_params,
+    write_index,
 )
 from recsys.run.experiment import LoadedRun
 
@@ -169,7 +169,7 @@ def build_run_index(
     index, built, build_s = _build(emb, settings, log, progress)
     index_file, meta_file = run.dir.index_files(settings.factory)
     index_file.parent.mkdir(parents=True, exist_ok=True)
-    run.dir.save_file(index_file.relative_to(run.dir.path), lambda tmp: save_index(index, tmp))
+    run.dir.save_file(index_file.relative_to(run.dir.path), lambda tmp: write_index(index, tmp))
 
     test = run.split.test
     interests = run.interests(test.inputs, test.lengths, batch_size)

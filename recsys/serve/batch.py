@@ -22,6 +22,7 @@ import pandas as pd
 from recsys.data.batches import gather_rows, pad_sequences
 from recsys.data.ids import canonical_id
 from recsys.extras import install_hint
+from recsys.io import atomic_save
 from recsys.progress import progress_bar
 from recsys.serve.recommender import CSR, Recommendations, Recommender
 
@@ -135,12 +136,16 @@ def output_format(path: str | Path) -> str:
 
 
 def write_recommendations(table: pd.DataFrame, path: str | Path) -> Path:
-    """Write ``table`` as Parquet (``.parquet``) or CSV (``.csv``, ``.csv.gz``, ``.tsv``)."""
+    """Write ``table`` as Parquet (``.parquet``) or CSV (``.csv``, ``.csv.gz``, ``.tsv``), whole or
+    not at all (:func:`recsys.io.atomic_save`: a full disk leaves no cut file, a
+    :class:`~recsys.io.DiskFull` naming ``path``)."""
     path = Path(path)
     fmt = output_format(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "parquet":
-        table.to_parquet(path, index=False)
-    else:
-        table.to_csv(path, index=False, sep="\t" if fmt == "tsv" else ",")
+        atomic_save(path, lambda tmp: table.to_parquet(tmp, index=False))
+    else:  # the temporary file's name has no .gz for pandas to infer the compression from
+        gz = path.name.lower().endswith(".gz")
+        sep = "\t" if fmt == "tsv" else ","
+        atomic_save(path, lambda tmp: table.to_csv(tmp, index=False, sep=sep, compression="gzip" if gz else None))
     return path

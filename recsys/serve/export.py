@@ -11,7 +11,10 @@ An export folder holds everything a server needs besides recsys::
     export.json                     what it is: format, model, K, d, max_len, num_items, inputs,
                                     outputs, and how interests are scored against items
 
-The network is traced through the PyTorch twins (``model.backend = "torch"``), so it needs
+The folder is published whole (:func:`recsys.io.files.atomic_folder`: written beside it, then
+renamed into place), so an interrupted export or a full disk leaves the earlier export, or
+nothing; it replaces an earlier export in the same folder, and refuses a folder holding anything
+else. The network is traced through the PyTorch twins (``model.backend = "torch"``), so it needs
 neither Triton nor a GPU. ONNX uses opset 17 and needs ``pip install 'multi-interest-recsys[export]'``;
 TorchScript (``torch.jit.load``) needs only torch.
 """
@@ -29,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from recsys.extras import install_hint
-from recsys.io import atomic_save, atomic_write, atomic_write_text
+from recsys.io.files import atomic_folder
 from recsys.models import InterestModel
 from recsys.run import LoadedRun, build_experiment
 
@@ -71,27 +74,37 @@ def _write_network(net: _InterestNet, path: Path, fmt: str, max_len: int) -> Non
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # tracer and exporter deprecation notes, not problems
         if fmt == "onnx":
-            atomic_save(
+            torch.onnx.export(
+                net,
+                example,
                 path,
-                lambda tmp: torch.onnx.export(
-                    net,
-                    example,
-                    tmp,
-                    input_names=["seq", "lengths"],
-                    output_names=["interests"],
-                    dynamic_axes={"seq": {0: "batch", 1: "length"}, "lengths": {0: "batch"}, "interests": {0: "batch"}},
-                    opset_version=OPSET,
-                    dynamo=False,
-                ),
+                input_names=["seq", "lengths"],
+                output_names=["interests"],
+                dynamic_axes={"seq": {0: "batch", 1: "length"}, "lengths": {0: "batch"}, "interests": {0: "batch"}},
+                opset_version=OPSET,
+                dynamo=False,
             )
         else:
-            traced = torch.jit.trace(net, example, check_trace=False)
-            atomic_write(path, lambda f: torch.jit.save(traced, f))
+            torch.jit.save(torch.jit.trace(net, example, check_trace=False), path)
+
+
+def _check_replaceable(out: Path) -> None:
+    """Refuse ``out`` when it holds anything but an earlier export: publishing the new one
+    replaces the whole folder."""
+    if not out.exists():
+        return
+    ours = {*NETWORK_FILE.values(), "item_embeddings.npy", "items.csv", "export.json"}
+    if not out.is_dir() or any(p.name not in ours for p in out.iterdir()):
+        raise FileExistsError(
+            f"--out: {out} holds other files than an export; an export replaces its whole folder, so give a new "
+            "folder (or an earlier export's)"
+        )
 
 
 def export_run(run: LoadedRun, out: str | Path, fmt: str = "onnx") -> Path:
     """Write ``run``'s network (in ``fmt``: ``onnx`` or ``torchscript``), item embedding table
-    and id map to folder ``out`` (created if missing); returns ``out``."""
+    and id map to folder ``out``, published whole (a new folder, or one holding an earlier export,
+    which it replaces; ``FileExistsError`` for a folder holding other files); returns ``out``."""
     if fmt not in FORMATS:
         raise ValueError(f"format: {fmt!r} is not one of {list(FORMATS)}")
     if not run.model.trainable:
@@ -102,14 +115,11 @@ def export_run(run: LoadedRun, out: str | Path, fmt: str = "onnx") -> Path:
         except ImportError:  # before the folder is made: a failed export leaves nothing behind
             raise ImportError(f"export --format onnx needs onnx: {install_hint('export')}") from None
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    _check_replaceable(out)
     net = _torch_twin(run)
     max_len = run.cfg.data.max_len
-    _write_network(net, out / NETWORK_FILE[fmt], fmt, max_len)
     table = run.item_table()  # [num_items, d]
-    atomic_write(out / "item_embeddings.npy", lambda f: np.save(f, table))
     ids = pd.DataFrame({"id": np.arange(1, run.dataset.num_items), "item": run.dataset.item_raw[1:]})
-    atomic_write_text(out / "items.csv", ids.to_csv(index=False))
     meta = {
         "format": fmt,
         "network": NETWORK_FILE[fmt],
@@ -127,5 +137,9 @@ def export_run(run: LoadedRun, out: str | Path, fmt: str = "onnx") -> Path:
         "source_run": str(run.path),
         **({"opset": OPSET} if fmt == "onnx" else {}),
     }
-    atomic_write_text(out / "export.json", json.dumps(meta, indent=2) + "\n")
+    with atomic_folder(out.resolve()) as tmp:  # resolved: "." has no name to publish under
+        _write_network(net, tmp / NETWORK_FILE[fmt], fmt, max_len)
+        np.save(tmp / "item_embeddings.npy", table)
+        ids.to_csv(tmp / "items.csv", index=False)
+        (tmp / "export.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return out

@@ -277,6 +277,6 @@ def test_failed_clicks_write_leaves_no_temporary_file(tmp_path, monkeypatch):
         raise OSError("No space left on device")
 
     monkeypatch.setattr(pd.DataFrame, "to_csv", broken)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(OSError, match="out/clicks.csv: no space left on device"):  # names the file
         write_clicks(pd.DataFrame({"user": ["u"], "item": ["i"], "timestamp": [1]}), tmp_path / "out")
     assert list((tmp_path / "out").iterdir()) == []
