@@ -11,7 +11,7 @@
 from recsys.io import IntegrityError
 from recsys.run.experiment import Experiment, LoadedRun, build_experiment, load_run, train_item_counts
 from recsys.run.index import IndexReport, build_run_index, open_run_index, retrieval_settings
-from recsys.run.layout import RunDir, RunInUse, index_slug, new_run_dir
+from recsys.run.layout import RunDir, RunInUse, index_slug, new_run_dir, unfinished_runs
 
 __all__ = [
     "Experiment",
@@ -28,4 +28,5 @@ __all__ = [
     "open_run_index",
     "retrieval_settings",
     "train_item_counts",
+    "unfinished_runs",
 ]

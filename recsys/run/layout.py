@@ -8,7 +8,7 @@ A run directory is self-contained::
       model.pt            resume checkpoint: a plain dict (recsys.train.checkpoint.make_checkpoint)
       best.pt             best weights so far: {"model": state_dict, ...}
       metrics.jsonl       one JSON object per line, appended during training
-      test_metrics.json   final test metrics
+      test_metrics.json   final test metrics: the last file a run writes (without it, the run did not finish)
       tensorboard/        TensorBoard event files of the metrics.jsonl scalars (``train.tensorboard``)
       index/<slug>.faiss  saved ANN indexes (`recsys index`), with <slug>.json describing each
       export/<format>/    the exported network, item table and id maps (`recsys export`)
@@ -29,6 +29,10 @@ folder is made under a temporary name with its ``.lock`` already held, then rena
 without waiting. The lock is an OS file lock (``flock``): it is released when the process ends,
 however it ends, so a folder whose lock is free has no live run, and one whose lock is held is
 never replaced or resumed by another process (:class:`RunInUse`, naming the holder's pid).
+
+A run that stopped before its end (interrupted, killed, out of disk space) resumes from its
+last checkpoint (:meth:`RunDir.resume_hint` says how); :func:`unfinished_runs` finds the ones a
+new unnamed run of the same config would otherwise start beside without a word.
 """
 
 from __future__ import annotations
@@ -39,11 +43,13 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import tempfile
 import time
 import warnings
 from collections.abc import Callable, Mapping
+from glob import escape as glob_escape
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -59,7 +65,7 @@ from recsys.run.saved_config import run_config_from_dict
 if TYPE_CHECKING:
     from recsys.data.prepare import Dataset
 
-__all__ = ["RunDir", "RunInUse", "index_slug", "new_run_dir"]
+__all__ = ["RunDir", "RunInUse", "index_slug", "new_run_dir", "unfinished_runs"]
 
 CONFIG = "config.json"
 DATASET = "dataset"
@@ -316,6 +322,16 @@ class RunDir:
         """Whether the run has a resume checkpoint (``model.pt``)."""
         return self.file(CHECKPOINT).exists()
 
+    def resume_hint(self) -> str:
+        """How to continue the run from its checkpoint (call it where :meth:`has_checkpoint`):
+        ``its checkpoint of step N resumes it: recsys train --resume RUN``, the command ready to paste."""
+        step = self.checkpoint_entry("step")
+        return f"its checkpoint of step {step} resumes it: recsys train --resume {shlex.quote(str(self.path))}"
+
+    def is_finished(self) -> bool:
+        """Whether the run trained to its end and was tested (``test_metrics.json``, its last file)."""
+        return self.file(TEST_METRICS).is_file()
+
     def require_checkpoint(self) -> None:
         """Raise ``FileNotFoundError`` naming the run unless it has a resume checkpoint.
 
@@ -537,6 +553,47 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_.")
 
 
+def _unnamed_prefix(model: str, dataset: str) -> str:
+    """The start of an unnamed run's folder name, before its time: ``<model>-<dataset>``."""
+    return "-".join(slug for part in (model, dataset) if (slug := _slug(part)))
+
+
+def _held_by_a_live_run(folder: Path) -> bool:
+    """Whether a live process holds ``folder``'s lock (probed with a shared lock, let go at once)."""
+    try:
+        fd = os.open(folder / LOCK, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing lets go of the probe's lock
+    return False
+
+
+def unfinished_runs(output_dir: str | Path, config: Config, *, model: str = "", dataset: str = "") -> list[RunDir]:
+    """The unnamed runs of ``config`` under ``output_dir`` that stopped before their end with a
+    checkpoint to resume from (a killed process, a restarted machine) and that no live process
+    holds, the newest first: folders named as :func:`new_run_dir` names a ``model`` run on
+    ``dataset``, whose ``config.json`` is ``config`` (resolved) and that have no test metrics."""
+    prefix = _unnamed_prefix(model, dataset)
+    folders = Path(output_dir).glob(f"{glob_escape(prefix)}-*" if prefix else "*")
+    found = []
+    for folder in sorted(folders, key=lambda p: p.name, reverse=True):
+        run = RunDir(folder) if folder.is_dir() else None
+        if run is None or not run.has_checkpoint() or run.is_finished() or _held_by_a_live_run(folder):
+            continue
+        try:
+            same = run.read_config().to_dict() == config.to_dict()
+        except (OSError, ValueError):  # not readable as a run's config: not one to offer
+            continue
+        if same:
+            found.append(run)
+    return found
+
+
 def new_run_dir(
     output_dir: str | Path,
     name: str = "",
@@ -578,8 +635,8 @@ def new_run_dir(
         for p in leftovers:
             shutil.rmtree(p) if p.is_dir() else p.unlink()
         return path
-    parts = [_slug(part) for part in (model, dataset) if _slug(part)]
-    base = "-".join(parts + [time.strftime("%Y%m%d-%H%M%S")])
+    prefix = _unnamed_prefix(model, dataset)
+    base = f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}" if prefix else time.strftime("%Y%m%d-%H%M%S")
     for i in range(1, 1000):
         path = output_dir / (base if i == 1 else f"{base}-{i}")
         if _claim_new(path):

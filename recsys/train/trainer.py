@@ -20,6 +20,7 @@ import functools
 import math
 import shutil
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,11 +37,12 @@ from recsys.data.synthetic import planted_for
 from recsys.device import to_device
 from recsys.evaluate.diagnostics import health_with_config
 from recsys.evaluate.evaluator import evaluate_with_config
+from recsys.io import full_disk
 from recsys.models import InterestModel
 from recsys.models.sequence import SequenceModel
 from recsys.nn.attention import max_attention_logit, set_track_stats
 from recsys.nn.masking import gather_last
-from recsys.run import Experiment, RunDir, build_experiment, new_run_dir
+from recsys.run import Experiment, RunDir, build_experiment, new_run_dir, unfinished_runs
 from recsys.run.settings import check
 from recsys.train import distributed
 from recsys.train.averaging import WeightAverage
@@ -583,6 +585,8 @@ def train(
     exp.model.to(device)
 
     created = rd is None and (run_dir is None or not Path(run_dir).exists())
+    if run_dir is None and not cfg.name and dist.is_main:
+        _mention_unfinished(cfg)
     if rd is None:  # rank 0 makes the folder; under DDP the other ranks open the same one
         path = None
         if dist.is_main:
@@ -605,17 +609,32 @@ def train(
         if dist.is_main and created and not rd.has_checkpoint():  # a folder this call created, with nothing to resume
             shutil.rmtree(rd.path, ignore_errors=True)
             log(f"removed {rd.path}: the run stopped before its first checkpoint, so there is nothing to resume")
-        if failure is None:
-            raise
-        resumes = (
-            f"its checkpoint of step {rd.checkpoint_entry('step')} resumes it: recsys train --resume {rd.path}"
-            if rd.has_checkpoint()
-            else "there was no checkpoint yet"
-        )
-        raise distributed.RankFailure(f"{failure}; {resumes}") from err
+        resumes = rd.resume_hint() if rd.has_checkpoint() else None
+        if failure is not None:
+            raise distributed.RankFailure(f"{failure}; {resumes or 'there was no checkpoint yet'}") from err
+        advice = f"free some space; {resumes}" if resumes else "free some space and start the run again"
+        full = full_disk(err, rd.path, advice)  # one line naming the file, and how to go on
+        if full is not None:
+            raise full from err
+        if isinstance(err, KeyboardInterrupt) and resumes:
+            raise KeyboardInterrupt(resumes) from err
+        raise
     finally:
         if dist.is_main:
             rd.release()
+
+
+def _mention_unfinished(cfg: Config) -> None:
+    """Warn (one line) when an unnamed run of ``cfg`` (resolved) stopped before its end under
+    ``cfg.output_dir`` (e.g. killed): the new run starts beside it, and the line says how to resume it."""
+    found = unfinished_runs(cfg.output_dir, cfg, model=cfg.model.name, dataset=_data_name(cfg))
+    if found:
+        others = f" (and {len(found) - 1} older)" if len(found) > 1 else ""
+        warnings.warn(
+            f"{found[0].path}{others} holds a run of this config that stopped before its end; "
+            f"{found[0].resume_hint()} (this starts a new run)",
+            stacklevel=3,
+        )
 
 
 def _keep_global_batch(cfg: Config, saved: int | None, world_size: int, log: Log) -> Config:
