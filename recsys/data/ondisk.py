@@ -44,7 +44,7 @@ from recsys.data.ids import WHOLE_PATTERN
 from recsys.data.prepare import PAD, UNKNOWN, Dataset, category_ids, popularity_order, raw_order
 from recsys.data.readers import DataError
 from recsys.extras import install_hint
-from recsys.io.files import atomic_folder
+from recsys.io.files import atomic_folder, save_npy
 from recsys.progress import progress_bar
 
 MEMORY_MIN = 768 << 20  # bytes of DuckDB's buffer pool for a log of up to 1.5 GB; it spills beyond
@@ -203,7 +203,7 @@ def _build(con: Any, cfg: DataConfig, src: ClickSource, out: Path, *, with_time:
         ("category_raw", category_raw),
         ("item_counts", item_counts),
     ):
-        np.save(out / f"{name}.npy", value, allow_pickle=False)
+        save_npy(out / f"{name}.npy", value)
     Dataset.mapped(out, source=str(cfg.source)).write_meta(out)
 
 

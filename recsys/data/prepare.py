@@ -24,7 +24,7 @@ import pandas as pd
 from recsys.config import DataConfig
 from recsys.data.ids import canonical_id, factorize_ids
 from recsys.data.readers import DataError
-from recsys.io.files import atomic_folder, link_or_copy
+from recsys.io.files import atomic_folder, link_or_copy, save_npy
 
 PAD = "<pad>"
 UNKNOWN = "<unknown>"
@@ -232,7 +232,7 @@ class Dataset:
                 if isinstance(value, np.memmap) and value.filename and Path(value.filename).name == path.name:
                     link_or_copy(Path(value.filename), path)
                 else:
-                    np.save(path, value.astype(str) if value.dtype.kind in "OU" else value, allow_pickle=False)
+                    save_npy(path, value.astype(str) if value.dtype.kind in "OU" else value)
             self.write_meta(tmp)
 
     def write_meta(self, directory: Path) -> None:

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from recsys.extras import install_hint
-from recsys.io.files import atomic_folder
+from recsys.io.files import atomic_folder, save_npy
 from recsys.models import InterestModel
 from recsys.run import LoadedRun, build_experiment
 
@@ -139,7 +139,7 @@ def export_run(run: LoadedRun, out: str | Path, fmt: str = "onnx") -> Path:
     }
     with atomic_folder(out.resolve()) as tmp:  # resolved: "." has no name to publish under
         _write_network(net, tmp / NETWORK_FILE[fmt], fmt, max_len)
-        np.save(tmp / "item_embeddings.npy", table)
+        save_npy(tmp / "item_embeddings.npy", table)
         ids.to_csv(tmp / "items.csv", index=False)
         (tmp / "export.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return out

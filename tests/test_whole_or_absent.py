@@ -70,13 +70,14 @@ def test_recommend_out_csv_gz_is_still_gzip(tiny_run, tmp_path):
 
 
 def test_data_out_leaves_no_half_dataset(tmp_path, monkeypatch, capsys):
-    real = np.save
+    real, calls = np.save, []
 
-    def fills_up(path, value, **kwargs):
-        if Path(path).name == "items.npy":
-            Path(path).write_bytes(b"\x93NUMPY")
+    def fills_up(file, value, **kwargs):  # the second array finds the disk full after a few bytes
+        calls.append(file)
+        if len(calls) == 2:
+            file.write(b"\x93NUMPY")
             raise _no_room()
-        real(path, value, **kwargs)
+        real(file, value, **kwargs)
 
     out = tmp_path / "prepared"
     monkeypatch.setattr(np, "save", fills_up)
@@ -129,8 +130,8 @@ def test_export_is_published_whole_or_not_at_all(run_copy, tmp_path, monkeypatch
     before = {name: (out / name).read_bytes() for name in _files(out)}
     real = np.save
 
-    def fills_up(path, value, **kwargs):
-        real(path, value[: len(value) // 2], **kwargs)
+    def fills_up(file, value, **kwargs):
+        real(file, value[: len(value) // 2], **kwargs)
         raise _no_room()
 
     monkeypatch.setattr(np, "save", fills_up)
