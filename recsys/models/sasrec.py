@@ -19,7 +19,21 @@ from recsys.models.spec import (
 )
 from recsys.nn.masking import gather_last
 from recsys.nn.multi_interest import SelfAttentiveHead
-from recsys.nn.transformer import TransformerEncoder
+from recsys.nn.transformer import EncoderShape, TransformerEncoder
+
+
+def encoder_shape(cfg: ModelConfig) -> EncoderShape:
+    """The transformer family's block settings of ``cfg``."""
+    return EncoderShape(
+        mixer=cfg.mixer,
+        block=cfg.block,
+        filter_cutoff=cfg.filter_cutoff,
+        filter_alpha=cfg.filter_alpha,
+        attention_dropout=cfg.attention_dropout,
+        qk_norm=cfg.qk_norm,
+        softcap=cfg.softcap,
+        backend=cfg.backend,
+    )
 
 
 def _encoder(cfg: ModelConfig, max_len: int) -> TransformerEncoder:
@@ -29,11 +43,9 @@ def _encoder(cfg: ModelConfig, max_len: int) -> TransformerEncoder:
         cfg.num_heads,
         max_len,
         dropout=cfg.dropout,
-        qk_norm=cfg.qk_norm,
-        softcap=cfg.softcap,
         causal=True,
-        backend=cfg.backend,
         positions=cfg.positions,
+        shape=encoder_shape(cfg),
     )
 
 
@@ -95,7 +107,19 @@ class SASRecMI(SequenceModel):
         return self.head.prefix(self.encoder(h, lengths), lengths, values=h if self.head_values == "items" else None)
 
 
-TRANSFORMER_SETTINGS = ("num_layers", "num_heads", "dropout", "qk_norm", "softcap", "positions")
+TRANSFORMER_SETTINGS = (
+    "num_layers",
+    "num_heads",
+    "dropout",
+    "qk_norm",
+    "softcap",
+    "positions",
+    "mixer",
+    "block",
+    "filter_cutoff",
+    "filter_alpha",
+    "attention_dropout",
+)
 
 
 def build_sasrec(cfg: ModelConfig, num_items: int, max_len: int, item_counts: Tensor | None = None) -> SASRec:

@@ -868,7 +868,7 @@ class _Loop:
         if t.predict_at == "all":
             batches = WindowSampler(*rows, tiled=t.windows == "tiled", **part)
         else:
-            batches = TrainSampler(*rows, min_target=t.min_target, **part)
+            batches = TrainSampler(*rows, min_target=t.min_target, by_targets=t.draw == "targets", **part)
         plan = plan_training(t, exp.facts)
         if dist.is_main:
             log(plan.describe(t))
