@@ -186,6 +186,9 @@ class ModelConfig(_Section):
     # SASRec's code, S3Rec and BSARec); BSARec's c (the low band keeps c // 2 + 1 frequencies); dropout on
     # attention probabilities (the kernels have none: it trains on the PyTorch twin)
     mixer: str = "attention"
+    # transformer encoders' initial weights: scaled (item rows N(0, 1/d), torch's Linear init) | bert (every
+    # Linear and embedding N(0, 0.02), zero biases: BERT's, which S3Rec, FMLP-Rec and BSARec keep)
+    init: str = "scaled"
     block: str = "pre_norm"
     filter_cutoff: int = 5
     filter_alpha: float = 0.7
@@ -540,6 +543,7 @@ _CHOICES = {
     "model.head_values": ("items", "encoded"),
     "model.mixer": ("attention", "frequency", "hybrid"),
     "model.block": ("pre_norm", "post_norm"),
+    "model.init": ("scaled", "bert"),
     "model.backend": KERNEL_BACKENDS,
     "train.optimizer": ("adam", "adamw"),
     "train.sampler": ("uniform", "log_uniform", "unigram"),

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from torch import Tensor
+import torch
+from torch import Tensor, nn
 
 from recsys.config import ModelConfig
 from recsys.models.sequence import SequenceModel
@@ -17,6 +18,7 @@ from recsys.models.spec import (
     ModelSpec,
     register,
 )
+from recsys.nn.embeddings import PositionEmbedding
 from recsys.nn.masking import gather_last
 from recsys.nn.multi_interest import SelfAttentiveHead
 from recsys.nn.transformer import EncoderShape, TransformerEncoder
@@ -49,6 +51,29 @@ def _encoder(cfg: ModelConfig, max_len: int) -> TransformerEncoder:
     )
 
 
+BERT_INIT_STD = 0.02  # BERT's initializer_range, which S3Rec, FMLP-Rec and BSARec keep
+
+
+def bert_init(model: nn.Module) -> None:
+    """BERT's initial weights on ``model``: every Linear and embedding table ``N(0, 0.02)``, Linear
+    biases 0, LayerNorms 1 and 0; the item table's padding row stays 0 (``model.init = "bert"``).
+    recsys's own start (``"scaled"``) draws item rows ``N(0, 1/d)`` so that the first logits have
+    unit scale; BERT's smaller rows move faster under Adam, whose steps do not scale with the rows."""
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=BERT_INIT_STD)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding | PositionEmbedding):
+            nn.init.normal_(module.weight, std=BERT_INIT_STD)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+    if isinstance(model, SequenceModel):
+        with torch.no_grad():
+            model.embedding.table.weight[0].zero_()
+
+
 class SASRec(SequenceModel):
     """Causal pre-LN transformer over the clicks; the interest is the output at ``length - 1``.
 
@@ -62,6 +87,8 @@ class SASRec(SequenceModel):
     def __init__(self, num_items: int, cfg: ModelConfig, max_len: int):
         super().__init__(num_items, cfg.dim, num_interests=1)
         self.encoder = _encoder(cfg, max_len)
+        if cfg.init == "bert":
+            bert_init(self)
 
     def encode(self, h: Tensor, lengths: Tensor) -> Tensor:
         return gather_last(self.encoder(h, lengths), lengths)[:, None]  # [B, 1, d]
@@ -95,6 +122,8 @@ class SASRecMI(SequenceModel):
             score_cap=cfg.score_cap,
         )
         self.head_values = cfg.head_values
+        if cfg.init == "bert":
+            bert_init(self)
 
     def encode(self, h: Tensor, lengths: Tensor) -> Tensor:
         return self.head(self.encoder(h, lengths), lengths, values=h if self.head_values == "items" else None)
@@ -119,6 +148,7 @@ TRANSFORMER_SETTINGS = (
     "filter_cutoff",
     "filter_alpha",
     "attention_dropout",
+    "init",
 )
 
 
