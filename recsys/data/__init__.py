@@ -31,6 +31,7 @@ from recsys.text import count
 
 __all__ = [
     "DISK_THRESHOLD",
+    "DOMINANT_SHARE",
     "IN_MEMORY",
     "DataError",
     "DataWarning",
@@ -54,6 +55,7 @@ IN_MEMORY = "<dataframe>"  # data.source of a run trained on a click table passe
 _CACHE_VERSION = 3  # bump when reading or preparation changes what a cached dataset holds
 DISK_THRESHOLD = 256 * 2**20  # source bytes from which data.prepare = "auto" prepares out of core (~10M clicks)
 _PACKED_RATIO = 4  # a Parquet or compressed byte counts as this many bytes of text: it holds more clicks
+DOMINANT_SHARE = 0.5  # one user above this share of the clicks is warned about (load_dataset)
 
 
 def load_dataset(cfg: Config, *, clicks: pd.DataFrame | None = None, progress: bool = False) -> Dataset:
@@ -75,7 +77,18 @@ def load_dataset(cfg: Config, *, clicks: pd.DataFrame | None = None, progress: b
     A cache entry is prepared by one process at a time (:func:`~recsys.io.files.one_at_a_time`):
     the ranks of a torchrun job (or runs started together) that find it missing wait while the
     first prepares and publishes it, then open it.
+
+    A log that one user dominates (more than :data:`DOMINANT_SHARE` of the clicks after
+    filtering: a crawler, a test account, a placeholder id) gives a :class:`DataWarning` naming
+    the user and the share: it trains without error, on mostly that user.
     """
+    ds = _load(cfg, clicks, progress)
+    _warn_if_dominated(ds)
+    return ds
+
+
+def _load(cfg: Config, clicks: pd.DataFrame | None, progress: bool) -> Dataset:
+    """:func:`load_dataset` without its check of the result."""
     if clicks is None and cfg.data.source == IN_MEMORY:
         raise DataError(
             f"data.source: {IN_MEMORY!r} was a click table passed in memory (recsys.fit); "
@@ -136,6 +149,23 @@ def _prepare_in_memory(cfg: Config, clicks: pd.DataFrame | None, cache: Path | N
             ds.save(cache)
             bar.update()
     return ds
+
+
+def _warn_if_dominated(ds: Dataset) -> None:
+    """A :class:`DataWarning` when one user holds more than :data:`DOMINANT_SHARE` of the clicks."""
+    lengths = ds.lengths
+    if len(lengths) < 2:
+        return  # one user holds every click: the split says there are too few users
+    top = int(lengths.argmax())
+    share = int(lengths[top]) / len(ds.items)
+    if share > DOMINANT_SHARE:
+        warnings.warn(
+            f"{ds.source or 'data'}: user {str(ds.user_raw[top])!r} holds {share:.0%} of the "
+            f"{count(len(ds.items), 'click')} after filtering; training will mostly fit that user "
+            "(a crawler, a test account or a placeholder id? drop it from the log if so)",
+            DataWarning,
+            stacklevel=3,
+        )
 
 
 def describe(ds: Dataset) -> str:
