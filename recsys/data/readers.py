@@ -18,6 +18,10 @@ Formats (``cfg.format``; ``auto`` picks one from the file name, extension and co
 - ``csv`` / ``tsv``: a header row naming the columns ``cfg.user_col``, ``cfg.item_col``,
   ``cfg.time_col`` (empty: row order within each user) and ``cfg.category_col`` (optional).
 - ``parquet``: the same named columns (needs ``pyarrow``).
+- A folder of CSV, TSV or Parquet parts, as Spark, Dask or Ray write them
+  (:mod:`recsys.data.sources`): the parts' rows in path order; a configured column may be the
+  key of ``key=value`` folders (Hive partitioning), whose value every row below it takes
+  (:func:`partition_roles`).
 - ``comirec``: ComiRec's ``user_id,item_id,position`` files without a header; the categories
   come from the ``item_id,cate_id`` file given as ``cfg.categories`` or found beside the data
   (``*item_cate*``). A folder holding ``X_train.txt``, ``X_valid.txt``, ``X_test.txt`` is read
@@ -32,10 +36,11 @@ Formats (``cfg.format``; ``auto`` picks one from the file name, extension and co
 that works with every format and replaces any per-row category; an item listed twice keeps
 its first category.
 
-Text files are UTF-8 (MovieLens: latin-1); a leading byte-order mark is dropped, and lines end
-with ``\\n``, ``\\r\\n`` or ``\\r``. Delimited files follow RFC 4180 quoting (``"a,b"``, ``""``
-for a quote), as pandas and spreadsheets write them; a field may be of any length, and a quoted
-field may hold line breaks (a review text, say), except in the columns recsys reads.
+Text files are UTF-8 (MovieLens: latin-1), plain or compressed (``.gz``, ``.bz2``, ``.xz``); a
+leading byte-order mark is dropped, and lines end with ``\\n``, ``\\r\\n`` or ``\\r``. Delimited
+files follow RFC 4180 quoting (``"a,b"``, ``""`` for a quote), as pandas and spreadsheets write
+them; a field may be of any length, and a quoted field may hold line breaks (a review text, say),
+except in the columns recsys reads.
 
 Malformed input raises :class:`DataError` with ``file:line: reason`` (lines counted from 1 as
 an editor shows them; Parquet names the row): too many fields, an empty user, item or (for a
@@ -43,8 +48,9 @@ category file) category, a timestamp that is not a number, text that is not vali
 quote that opens a field recsys reads and closes only on a later line (named at the line where
 it opens). A line with too few fields reads its missing trailing fields as empty, so it is an
 error exactly when a required field is missing. With ``cfg.skip_bad_rows`` those rows are
-dropped instead and one :class:`DataWarning` says how many rows, on how many lines (a quoted
-field can span several), and where; for one-user-per-line files, how many clicks they held.
+dropped instead and one :class:`DataWarning` for the whole source (:class:`Skipped`: one, not
+one a part, for a folder) says how many rows, on how many lines (a quoted field can span
+several), and where; for one-user-per-line files, how many clicks they held.
 A quote that is never closed is an error even then: skipping it would drop the rest of the
 file. Reading is vectorised by pandas; the line-by-line scan that finds the offending lines
 runs only when something is wrong, and checks values with the same vectorised rules.
