@@ -56,6 +56,7 @@ from recsys.config import DataConfig
 from recsys.data.batches import gather_rows, pad_sequences
 from recsys.data.prepare import Dataset
 from recsys.data.readers import DataError
+from recsys.text import count
 
 CLICK_BLOCK = 1 << 22  # clicks read at a time by a pass over every click (32 MiB of float64 times)
 USER_BLOCK = 1 << 16  # users whose rows are read at a time
@@ -235,7 +236,7 @@ def _user_split(ds: Dataset, cfg: DataConfig) -> Split:
     n_test = max(1, round(cfg.test_frac * n))
     n_valid = round(cfg.valid_frac * n)
     if n_valid + n_test >= n:
-        raise DataError(f"{n} users are too few for a user split with a training part")
+        raise DataError(f"{count(n, 'user')} after filtering: too few for a user split with a training part")
     perm = np.random.default_rng(cfg.seed).permutation(n)
     valid, test, train = (np.sort(part) for part in np.split(perm, [n_valid, n_valid + n_test]))
     starts = ds.indptr[:-1]

@@ -140,7 +140,7 @@ def test_time_split_needs_timestamps():
 def test_too_few_users_for_a_user_split():
     tiny = split_dataset(random_dataset(num_users=2, min_len=2), DataConfig())
     assert (len(tiny.train_users), len(tiny.valid), len(tiny.test)) == (1, 0, 1)
-    with pytest.raises(DataError, match="too few"):
+    with pytest.raises(DataError, match=r"^1 user after filtering: too few for a user split"):
         split_dataset(random_dataset(num_users=1), DataConfig())
 
 
