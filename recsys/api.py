@@ -36,6 +36,7 @@ from recsys.retrieval.aggregate import check_lambda
 from recsys.run import IndexReport, LoadedRun, build_experiment, build_run_index, load_run, retrieval_settings
 from recsys.serve.batch import recommend_table, resolve_users
 from recsys.serve.recommender import Recommender
+from recsys.text import count
 
 __all__ = ["Run", "evaluate_untrained", "fit"]
 
@@ -338,8 +339,8 @@ def evaluate_untrained(cfg: Config, split: str = "test", log: Log = print, progr
     exp = build_experiment(cfg, progress=progress)
     ds, sp = exp.dataset, exp.split
     log(
-        f"data after filtering: {ds.num_users} users, {ds.num_items - 1} items, {len(ds.items)} clicks; "
-        f"eval users: valid {len(sp.valid.users)}, test {len(sp.test.users)}"
+        f"data after filtering: {count(ds.num_users, 'user')}, {count(ds.num_items - 1, 'item')}, "
+        f"{count(len(ds.items), 'click')}; eval users: valid {len(sp.valid.users):,}, test {len(sp.test.users):,}"
     )
     if exp.model.trainable:
         raise ValueError(f"model.name: {cfg.model.name!r} must be trained first (recsys train), then evaluate its run")

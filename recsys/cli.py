@@ -28,6 +28,7 @@ from typing import TextIO
 from recsys.config import Config, ConfigError, apply_overrides, load_config
 from recsys.extras import install_hint
 from recsys.io import atomic_write_text, full_disk
+from recsys.text import count
 
 # failures with a message meant for the user: ConfigError, DataError, IntegrityError and
 # TrainingDiverged are ValueErrors; OSError covers missing files, existing run names and ports
@@ -340,11 +341,11 @@ def cmd_index(args: argparse.Namespace) -> int:
     )
     searched = f" ({report.search_params})" if report.search_params else ""
     print(
-        f"built {report.factory}{searched} over {report.num_items:,} items (d={report.dim}) in {report.build_s:.2f}s "
-        f"-> {report.index_file}"
+        f"built {report.factory}{searched} over {count(report.num_items, 'item')} (d={report.dim}) "
+        f"in {report.build_s:.2f}s -> {report.index_file}"
     )
     print(
-        f"recall@{report.n} against exact search on {report.users:,} test users: {report.recall:.4f}  "
+        f"recall@{report.n} against exact search on {count(report.users, 'test user')}: {report.recall:.4f}  "
         f"({report.ann_users_per_s:,.0f} users/s vs exact {report.exact_users_per_s:,.0f} users/s)"
     )
     if report.short_lists:
@@ -382,13 +383,16 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     unknown = table.attrs.get("unknown_users", [])
     if unknown:
         shown = ", ".join(repr(u) for u in unknown[:10]) + (" ..." if len(unknown) > 10 else "")
-        print(f"skipped {len(unknown):,} unknown users: {shown}", file=sys.stderr)
+        print(f"skipped {count(len(unknown), 'unknown user')}: {shown}", file=sys.stderr)
     if args.n > run.dataset.num_items - 1:
-        print(f"--n {args.n:,} is more than the {run.dataset.num_items - 1:,} items of the catalogue; capped at that")
+        print(
+            f"--n {args.n:,} is more than the {count(run.dataset.num_items - 1, 'item')} of the catalogue; "
+            "capped at that"
+        )
     path = write_recommendations(table, args.out)
     held = table.groupby("user", sort=False).size()
-    each = f"{held.min():,}" if held.min() == held.max() else f"{held.min():,} to {held.max():,}"
-    print(f"{len(table):,} recommendations for {len(held):,} users ({each} items each) written to {path}")
+    each = count(held.max(), "item") if held.min() == held.max() else f"{held.min():,} to {held.max():,} items"
+    print(f"{count(len(table), 'recommendation')} for {count(len(held), 'user')} ({each} each) written to {path}")
     return 0
 
 

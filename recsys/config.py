@@ -143,6 +143,10 @@ class DataConfig(_Section):
     # user (ComiRec 8:1:1) | time (global cutoff) | leave_one_out (each user's last click tests, the one
     # before validates; full ranking: recsys.data.split)
     split: str = "user"
+    # leave_one_out's evaluation rules: rectools (drop a target the user clicked before, or that no earlier click
+    # is: RecTools', the eSASRec benchmark's) | every_user (score every held-out user, nothing dropped: the
+    # S3Rec / FMLP-Rec / BSARec / TV-Rec / WEARec lineage's); recsys.data.split
+    loo_rules: str = "rectools"
     valid_frac: float = 0.1
     test_frac: float = 0.1
     time_cutoff_quantile: float = 0.9  # time split: clicks before this quantile train
@@ -176,6 +180,19 @@ class ModelConfig(_Section):
     positions: str = "recent"
     # sasrec_mi: its multi-interest head pools items (embeddings) | encoded (encoder outputs)
     head_values: str = "items"
+    # transformer encoders (recsys.nn.transformer): the token mixer, attention | frequency (BSARec's low/high-band
+    # filter; it reads the whole window, so it trains on the last position only) | hybrid (BSARec's
+    # filter_alpha * filter + (1 - filter_alpha) * attention); the block form, pre_norm | post_norm (BERT's, as
+    # SASRec's code, S3Rec and BSARec); BSARec's c (the low band keeps c // 2 + 1 frequencies); dropout on
+    # attention probabilities (the kernels have none: it trains on the PyTorch twin)
+    mixer: str = "attention"
+    # transformer encoders' initial weights: scaled (item rows N(0, 1/d), torch's Linear init) | bert (every
+    # Linear and embedding N(0, 0.02), zero biases: BERT's, which S3Rec, FMLP-Rec and BSARec keep)
+    init: str = "scaled"
+    block: str = "pre_norm"
+    filter_cutoff: int = 5
+    filter_alpha: float = 0.7
+    attention_dropout: float = 0.0
     # self-attentive models: scores become c*tanh(s/c), so no interest collapses onto one click;
     # 0 disables; -1 (the default): the model's automatic value (recsys.models.spec)
     score_cap: float = -1.0
@@ -233,6 +250,10 @@ class TrainConfig(_Section):
     # their whole sequence | "random" = anywhere, which trains early clicks far more often than the latest
     # (docs/defaults.md, "Dense training windows")
     windows: str = "tiled"
+    # how last-position training (predict_at = "last") draws its samples: "users" = a uniform user, then a uniform
+    # target of theirs (ComiRec's sampler) | "targets" = every training target equally likely, as an epoch over
+    # every prefix of every user does (the S3Rec / BSARec lineage's training set)
+    draw: str = "users"
     # how many following clicks each predicting position predicts (formerly train.horizon): 1 = the next one |
     # m > 1 = each of the next m clicks, read out against the same interests (PinnerFormer's all-action
     # objective) | -1 (the default): the model's value where the data's timestamps leave the order of
@@ -515,16 +536,21 @@ def load_config(
 _CHOICES = {
     "data.format": ("auto", *DATA_FORMATS),
     "data.split": ("user", "time", "leave_one_out"),
+    "data.loo_rules": ("rectools", "every_user"),
     "data.prepare": ("auto", "memory", "disk"),
     "model.qk_norm": ("", "rms", "layer"),
     "model.positions": ("recent", "absolute", "alibi", "none"),
     "model.head_values": ("items", "encoded"),
+    "model.mixer": ("attention", "frequency", "hybrid"),
+    "model.block": ("pre_norm", "post_norm"),
+    "model.init": ("scaled", "bert"),
     "model.backend": KERNEL_BACKENDS,
     "train.optimizer": ("adam", "adamw"),
     "train.sampler": ("uniform", "log_uniform", "unigram"),
     "train.negative_readout": (AUTO, "readout", "max"),
     "train.predict_at": (AUTO, "last", "all"),
     "train.windows": ("tiled", "random"),
+    "train.draw": ("users", "targets"),
     "train.item_updates": (AUTO, "sparse", "dense"),
     "train.device": ("auto", "cpu", "cuda"),
     "retrieval.backend": ("auto", "faiss", "torch"),
@@ -540,6 +566,7 @@ _POSITIVE = (
     "model.num_layers",
     "model.num_heads",
     "model.routing_iters",
+    "model.filter_cutoff",
     "train.max_epochs",
     "train.log_every",
     "train.min_target",
@@ -670,6 +697,10 @@ def validate(cfg: Config) -> None:
     for path in _NON_NEGATIVE:
         if _get(cfg, path) < 0:
             raise ConfigError(f"{path}: must be >= 0, got {_get(cfg, path)!r}")
+    if not 0.0 <= cfg.model.filter_alpha <= 1.0:
+        raise ConfigError(f"model.filter_alpha: must be in [0, 1], got {cfg.model.filter_alpha!r}")
+    if not 0.0 <= cfg.model.attention_dropout < 1.0:
+        raise ConfigError(f"model.attention_dropout: must be in [0, 1), got {cfg.model.attention_dropout!r}")
     if not -1.0 <= cfg.train.interest_margin < 1.0:
         raise ConfigError(f"train.interest_margin: a cosine in [-1, 1), got {cfg.train.interest_margin!r}")
     if cfg.model.num_interests > MAX_NUM_INTERESTS:
@@ -693,6 +724,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"train.ema_decay: must be in [0, 1) (0: no averaging), got {cfg.train.ema_decay!r}")
     if cfg.train.predict_next < 1 and not is_automatic(cfg, "train.predict_next"):
         raise ConfigError(f"train.predict_next: must be >= 1 (or -1: automatic), got {cfg.train.predict_next!r}")
+    if cfg.data.loo_rules != "rectools" and cfg.data.split != "leave_one_out":
+        raise ConfigError(f'data.loo_rules: applies to data.split = "leave_one_out" only (got {cfg.data.split!r})')
     if cfg.train.lr_drops and not cfg.train.patience:
         raise ConfigError("train.lr_drops: needs train.patience > 0 (the plateau it waits for)")
     if cfg.train.full_softmax not in SWITCH_VALUES:

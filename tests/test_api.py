@@ -138,7 +138,7 @@ def test_recommend_users_sequences_and_all(fitted):
     everyone = run.recommend(n=2)
     assert everyone["user"].nunique() == run.dataset.num_users and len(everyone) == 2 * run.dataset.num_users
 
-    with pytest.raises(ValueError, match="unknown user ids"):
+    with pytest.raises(ValueError, match="1 unknown user id: 'ghost'"):
         run.recommend(users=["ghost"])
     skipped = run.recommend(users=["ghost", users[0]], n=3, strict=False)
     assert skipped.attrs["unknown_users"] == ["ghost"] and set(skipped["user"]) == {users[0]}
@@ -201,6 +201,17 @@ def test_fit_errors_name_the_problem(tmp_path):
     with pytest.raises(recsys.config.ConfigError, match="model.dimm"):
         recsys.fit(_clicks(), overrides={"model.dimm": 3})
     assert not any(tmp_path.iterdir())  # nothing written for input that failed
+
+
+def test_a_frame_with_a_missing_time_names_the_row_and_the_setting_that_drops_it(tmp_path):
+    clicks = _clicks().assign(time=lambda df: pd.to_datetime(df["time"], unit="s"))
+    clicks.loc[3, "time"] = pd.NaT
+    with pytest.raises(
+        recsys.data.DataError,
+        match=r"^<dataframe>: row 4: time NaT is missing or not a number \(set data\.skip_bad_rows=true to drop",
+    ):
+        recsys.fit(clicks, overrides={"output_dir": str(tmp_path)})
+    assert not any(tmp_path.iterdir())
 
 
 def test_mistyped_run_path_fails_without_creating_it(tmp_path, capsys):

@@ -4,7 +4,7 @@ in a circle.
 The layers, lowest first (a package or top-level module of recsys is a *unit*; a unit imports only
 itself and units of lower layers; units of one layer are independent of each other):
 
-- ``io``, ``config``, ``progress``, ``extras``: the ground floor, importing nothing else of recsys;
+- ``io``, ``config``, ``progress``, ``extras``, ``text``: the ground floor, importing nothing else of recsys;
 - ``device``, ``data``, ``kernels``, ``retrieval``;
 - ``nn`` (layers on the kernels), then ``models``;
 - ``evaluate`` and ``run`` (a run directory builds its experiment from data and models);
@@ -27,7 +27,7 @@ import recsys
 
 PACKAGE = Path(recsys.__file__).parent
 LAYERS = (
-    {"io", "config", "progress", "extras"},
+    {"io", "config", "progress", "extras", "text"},
     {"device", "data", "kernels", "retrieval"},
     {"nn"},
     {"models"},

@@ -179,6 +179,18 @@ def test_every_experiment_config_pair_loads():
             assert cfg.data.source == named, (data.name, model.name)  # the model config leaves the data alone
 
 
+def test_every_recipe_resolves_under_the_rules_it_was_published_with():
+    """experiments/configs/recipes/*.toml: a published recipe in recsys's settings, resolved as written."""
+    from recsys.run.settings import Facts, resolve
+
+    recipes = sorted((Path(__file__).resolve().parents[1] / "experiments" / "configs" / "recipes").glob("*.toml"))
+    assert recipes
+    for recipe in recipes:
+        cfg = load_config(recipe, ["data.split=leave_one_out", "data.loo_rules=every_user"])
+        resolved = resolve(cfg, Facts.of_lengths([9] * 100, num_items=12_102))
+        assert resolved.train.predict_at == "last" and resolved.train.batch_size == cfg.train.batch_size, recipe
+
+
 @pytest.mark.parametrize("value", ["inf", "-inf", "nan", "+inf"])
 def test_non_finite_floats_are_refused_everywhere(tmp_path, value):
     """Was: train.lr=inf trained 500 steps on NaN loss; nan failed only after loading the data."""

@@ -265,6 +265,28 @@ def test_resolve_refuses_a_setting_the_model_does_not_read():
         resolve_model(load_config(None, ["model.name=comirec_sa", "model.qk_norm=rms"]).model, 4001)
 
 
+@pytest.mark.parametrize("name", ["sasrec", "sasrec_mi"])
+def test_a_filter_that_reads_the_whole_window_trains_on_the_last_position(name):
+    """The frequency filter is not causal: the automatic predict_at becomes "last", "all" is refused."""
+    hybrid = resolve(load_config(None, [f"model.name={name}", "model.mixer=hybrid"]), FACTS)
+    assert hybrid.train.predict_at == "last"
+    assert resolve(load_config(None, [f"model.name={name}", "model.mixer=attention"]), FACTS).train.predict_at == (
+        spec_for(name).automatic.predict_at
+    )
+    with pytest.raises(ConfigError, match="not causal"):
+        resolve(load_config(None, [f"model.name={name}", "model.mixer=frequency", "train.predict_at=all"]), FACTS)
+
+
+def test_the_block_settings_belong_to_the_transformers_and_drawing_by_targets_to_last_position_training():
+    for key in ("model.mixer=hybrid", "model.block=post_norm", "model.attention_dropout=0.5"):
+        with pytest.raises(ConfigError, match=key.split("=")[0]):
+            resolve(load_config(None, ["model.name=comirec_sa", key]), FACTS)
+    with pytest.raises(ConfigError, match='train.draw="targets"'):
+        resolve(load_config(None, ["model.name=sasrec", "train.predict_at=all", "train.draw=targets"]), FACTS)
+    last = resolve(load_config(None, ["model.name=comirec_sa", "train.draw=targets"]), FACTS)
+    assert last.train.draw == "targets" and last.train.predict_at == "last"
+
+
 def test_saved_configs_carry_their_version():
     """A config.json without config_version (version 1) loads with its automatic values for the
     experiment to decide as they were decided then; a newer version than this code reads is refused."""

@@ -21,14 +21,17 @@ from recsys.data.batches import TrainSampler, pad_sequences
 from recsys.data.prepare import Dataset, prepare
 from recsys.data.readers import DataError, DataWarning, read_frame, read_interactions
 from recsys.data.registry import resolve_source
+from recsys.data.sources import data_suffix
 from recsys.data.split import EvalSet, Split, split_dataset
 from recsys.data.synthetic import generate
 from recsys.extras import install_hint
 from recsys.io.files import one_at_a_time
 from recsys.progress import progress_bar
+from recsys.text import count
 
 __all__ = [
     "DISK_THRESHOLD",
+    "DOMINANT_SHARE",
     "IN_MEMORY",
     "DataError",
     "DataWarning",
@@ -51,7 +54,8 @@ IN_MEMORY = "<dataframe>"  # data.source of a run trained on a click table passe
 
 _CACHE_VERSION = 3  # bump when reading or preparation changes what a cached dataset holds
 DISK_THRESHOLD = 256 * 2**20  # source bytes from which data.prepare = "auto" prepares out of core (~10M clicks)
-_PARQUET_RATIO = 4  # a Parquet byte counts as this many bytes of text: it holds several times the clicks
+_PACKED_RATIO = 4  # a Parquet or compressed byte counts as this many bytes of text: it holds more clicks
+DOMINANT_SHARE = 0.5  # one user above this share of the clicks is warned about (load_dataset)
 
 
 def load_dataset(cfg: Config, *, clicks: pd.DataFrame | None = None, progress: bool = False) -> Dataset:
@@ -67,13 +71,24 @@ def load_dataset(cfg: Config, *, clicks: pd.DataFrame | None = None, progress: b
     ``cfg.data.prepare``: ``disk`` prepares a file source out of core (:func:`prepare_on_disk`)
     into the cache (``data.cache_dir``, else :func:`default_cache_dir`), or reuses what an earlier
     run prepared there from the same files and settings, and returns it memory-mapped; ``auto``
-    does so for sources of :data:`DISK_THRESHOLD` bytes or more (Parquet bytes count four times);
+    does so for sources of :data:`DISK_THRESHOLD` bytes or more (Parquet and compressed bytes count four times);
     ``memory`` never does.
 
     A cache entry is prepared by one process at a time (:func:`~recsys.io.files.one_at_a_time`):
     the ranks of a torchrun job (or runs started together) that find it missing wait while the
     first prepares and publishes it, then open it.
+
+    A log that one user dominates (more than :data:`DOMINANT_SHARE` of the clicks after
+    filtering: a crawler, a test account, a placeholder id) gives a :class:`DataWarning` naming
+    the user and the share: it trains without error, on mostly that user.
     """
+    ds = _load(cfg, clicks, progress)
+    _warn_if_dominated(ds)
+    return ds
+
+
+def _load(cfg: Config, clicks: pd.DataFrame | None, progress: bool) -> Dataset:
+    """:func:`load_dataset` without its check of the result."""
     if clicks is None and cfg.data.source == IN_MEMORY:
         raise DataError(
             f"data.source: {IN_MEMORY!r} was a click table passed in memory (recsys.fit); "
@@ -136,6 +151,23 @@ def _prepare_in_memory(cfg: Config, clicks: pd.DataFrame | None, cache: Path | N
     return ds
 
 
+def _warn_if_dominated(ds: Dataset) -> None:
+    """A :class:`DataWarning` when one user holds more than :data:`DOMINANT_SHARE` of the clicks."""
+    lengths = ds.lengths
+    if len(lengths) < 2:
+        return  # one user holds every click: the split says there are too few users
+    top = int(lengths.argmax())
+    share = int(lengths[top]) / len(ds.items)
+    if share > DOMINANT_SHARE:
+        warnings.warn(
+            f"{ds.source or 'data'}: user {str(ds.user_raw[top])!r} holds {share:.0%} of the "
+            f"{count(len(ds.items), 'click')} after filtering; training will mostly fit that user "
+            "(a crawler, a test account or a placeholder id? drop it from the log if so)",
+            DataWarning,
+            stacklevel=3,
+        )
+
+
 def describe(ds: Dataset) -> str:
     """Human-readable statistics of a prepared dataset (after filtering)."""
     s = ds.stats()
@@ -145,7 +177,7 @@ def describe(ds: Dataset) -> str:
         ("items", f"{s['items']:,}"),
         ("interactions", f"{s['interactions']:,}"),
         ("clicks/user", f"mean {s['mean_length']:.1f}, median {s['median_length']:g}, max {s['max_length']:,}"),
-        ("categories", f"{s['categories']:,} ({s['items_with_category']:,} items labelled)"),
+        ("categories", f"{s['categories']:,} ({count(int(s['items_with_category']), 'item')} labelled)"),
         ("density", f"{s['density']:.5f}"),
         ("timestamps", "yes" if s["timestamps"] else "no (click order only)"),
     ]
@@ -167,7 +199,7 @@ def _out_of_core(cfg: Config) -> bool:
         return True
     source = Path(data.source)
     files = [p for p in (source.rglob("*") if source.is_dir() else [source]) if p.is_file()]
-    size = sum(p.stat().st_size * (_PARQUET_RATIO if p.suffix in (".parquet", ".pq") else 1) for p in files)
+    size = sum(p.stat().st_size * (_PACKED_RATIO if _packed(p) else 1) for p in files)
     if size < DISK_THRESHOLD:
         return False
     try:
@@ -180,6 +212,11 @@ def _out_of_core(cfg: Config) -> bool:
         )
         return False
     return True
+
+
+def _packed(path: Path) -> bool:
+    """Whether ``path`` holds its clicks packed: Parquet, or compressed text."""
+    return path.suffix.lower() in (".parquet", ".pq") or data_suffix(path) != path.suffix.lower()
 
 
 def _cache_path(cfg: Config, root: Path) -> Path:
@@ -215,6 +252,6 @@ def _cache_path(cfg: Config, root: Path) -> Path:
 
 
 def _fingerprint(path: Path) -> list[list[object]]:
-    """``[path, size, mtime_ns]`` of a file, or of every file directly inside a folder."""
-    files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
+    """``[path, size, mtime_ns]`` of a file, or of every file in a folder (its partition folders too)."""
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     return [[str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for p in files if p.exists()]

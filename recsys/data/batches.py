@@ -131,6 +131,7 @@ class _SequenceSampler:
         if len(self.users) == 0:
             raise ValueError(f"{name}: no training sequence has {why}")
         self.rng = np.random.default_rng(seed)
+        self.weights: np.ndarray | None = None  # [U] cumulative targets of self.users, where rows draw by targets
 
     @property
     def num_users(self) -> int:
@@ -143,7 +144,12 @@ class _SequenceSampler:
         and past its last, and for its ``n`` clicks a uniform integer in ``[low, n + past_end)``,
         or with ``stride`` s > 0 a uniform one of ``hi, hi - s, hi - 2s, ... >= low`` where
         ``hi = n + past_end - 1``. Only the slice's clicks are read afterwards."""
-        rows = self.users[self.rng.integers(0, len(self.users), size=batch_size * self.world_size)]
+        draws = batch_size * self.world_size
+        if self.weights is None:
+            rows = self.users[self.rng.integers(0, len(self.users), size=draws)]
+        else:  # a row as often as it has targets: with the uniform position below, every target equally likely
+            picks = self.rng.integers(0, self.weights[-1], size=draws)
+            rows = self.users[np.searchsorted(self.weights, picks, "right")]
         starts, ends = self.indptr[rows], self.ends[rows]
         if stride:
             hi = ends - starts + past_end - 1
@@ -170,8 +176,12 @@ class TrainSampler(_SequenceSampler):
     out against the same interests: PinnerFormer's "all-action" objective, closer to what the
     ComiRec protocol scores (the whole rest of a sequence) than the next click alone.
 
-    Args: those of :class:`_SequenceSampler`, and ``min_target``: the earliest target position (default 1:
-    any click with a history; ComiRec's reference code uses 4).
+    With ``by_targets`` the user is drawn as often as they have targets instead (``n - min_target``),
+    so every training target is equally likely: what an epoch over every prefix of every user draws
+    (the training set of S3Rec's pipeline, which BSARec and its successors share).
+
+    Args: those of :class:`_SequenceSampler`, ``min_target``: the earliest target position (default 1:
+    any click with a history; ComiRec's reference code uses 4), and ``by_targets`` (default False).
     """
 
     def __init__(
@@ -186,12 +196,15 @@ class TrainSampler(_SequenceSampler):
         rank: int = 0,
         world_size: int = 1,
         ends: np.ndarray | None = None,
+        by_targets: bool = False,
     ) -> None:
         if min_target < 1:
             raise ValueError(f"TrainSampler: min_target must be >= 1, got {min_target}")
         self.min_target = min_target
         why = f"more than {min_target} clicks"
         super().__init__(indptr, items, max_len, seed, users, predict_next, min_target + 1, why, rank, world_size, ends)
+        if by_targets:
+            self.weights = np.cumsum((self.ends - self.indptr[:-1])[self.users] - min_target)
 
     def sample(self, batch_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """This rank's ``B = batch_size`` samples of the global batch: ``seq [B, max_len]`` int64

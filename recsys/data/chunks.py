@@ -1,11 +1,13 @@
 """A click log of any size, read a chunk at a time: the rows :func:`~recsys.data.readers.read_interactions`
 returns, with the same checks, errors and warnings, in bounded memory.
 
-CSV, TSV and ComiRec files go through pandas' C parser in chunks (the parser the in-memory
-reader uses, so ids, quoting and numbers read identically); Parquet files and folders of Parquet
-parts through PyArrow's record batches. A chunk with something wrong hands the rest of its file to
-the reader's line scan (:func:`~recsys.data.readers.scan_parts`), which names the line as the
-in-memory reader does, or with ``data.skip_bad_rows`` drops exactly the rows it would.
+CSV, TSV and ComiRec files (compressed or not) go through pandas' C parser in chunks (the parser
+the in-memory reader uses, so ids, quoting and numbers read identically); Parquet files through
+PyArrow's record batches. A folder of parts is read file by file, in path order, each file's
+rows with the columns its ``key=value`` folders give (:func:`~recsys.data.readers.partition_roles`).
+A chunk with something wrong hands the rest of its file to the reader's line scan
+(:func:`~recsys.data.readers.scan_parts`), which names the line as the in-memory reader does, or
+with ``data.skip_bad_rows`` drops exactly the rows it would.
 
 Each chunk is a DataFrame ``[rows]`` with ``user``, ``item`` (str), ``time`` (float64; absent when
 the source has no time column: then the row order is the order) and ``category`` (when known).
@@ -24,7 +26,10 @@ import pandas as pd
 from recsys.config import DataConfig
 from recsys.data.readers import (  # the reader's own rules, shared so both paths read alike
     COMIREC_LAYOUT,
+    SEPARATORS,
     DataError,
+    Given,
+    Skipped,
     _any,
     _category_file,
     _check_columns,
@@ -36,17 +41,20 @@ from recsys.data.readers import (  # the reader's own rules, shared so both path
     _parse_times,
     _roles,
     _tidy,
-    _warn_skipped,
-    detect_format,
+    find_source,
     from_columns,
     has_line_break,
     named_layout,
+    own_columns,
     parse_options,
+    partition_roles,
     read_categories,
     read_interactions,
     role_columns,
     scan_parts,
+    with_partition,
 )
+from recsys.data.sources import decoding
 from recsys.extras import install_hint
 
 CHUNK_ROWS = 1_000_000  # rows per chunk: ~100 MB of pandas strings at a time
@@ -61,6 +69,7 @@ class ClickSource:
     format: str
     files: list[Path]
     time_is_position: bool  # times are only positions: the prepared dataset keeps none
+    partitions: list[Given]  # per file: the columns its key=value folders give, by role
 
     @property
     def size(self) -> int:
@@ -70,16 +79,11 @@ class ClickSource:
 
 def open_source(cfg: DataConfig) -> ClickSource:
     """The data files of ``cfg.source`` and their format."""
-    source = Path(cfg.source)
-    if not source.exists():
-        raise DataError(f"data.source: {source} does not exist")
-    if cfg.format == "auto":
-        fmt, files = detect_format(source)
-    else:
-        fmt = cfg.format
-        files = detect_format(source)[1] if source.is_dir() else [source]
-    time_is_position = fmt in ("comirec", "sequences") or (fmt in ("csv", "tsv", "parquet") and not cfg.time_col)
-    return ClickSource(cfg, fmt, files, time_is_position=time_is_position)
+    fmt, files = find_source(cfg)
+    named = fmt in ("csv", "tsv", "parquet")
+    time_is_position = fmt in ("comirec", "sequences") or (named and not cfg.time_col)
+    partitions = partition_roles(Path(cfg.source), files, cfg) if named else [{} for _ in files]
+    return ClickSource(cfg, fmt, files, time_is_position=time_is_position, partitions=partitions)
 
 
 def read_chunks(src: ClickSource, *, advance: Callable[[int], object] = lambda n: None) -> Iterator[pd.DataFrame]:
@@ -94,33 +98,38 @@ def read_chunks(src: ClickSource, *, advance: Callable[[int], object] = lambda n
     category_file = _category_file(cfg, src.format, src.files)
     if category_file is not None:
         categories = read_categories(category_file, skip_bad_rows=cfg.skip_bad_rows)
-    found = False
-    for path in src.files:
-        if src.format == "parquet":
-            chunks = _parquet_chunks(path, cfg)
-        else:
-            layout = COMIREC_LAYOUT if src.format == "comirec" else named_layout(path, _SEPARATORS[src.format], cfg)
-            chunks = _delimited_chunks(path, layout, cfg.skip_bad_rows)
+    found, skipped = False, Skipped()
+    for path, given in zip(src.files, src.partitions):
+        own = own_columns(cfg, given)  # the columns the file holds itself
         done = 0
-        for chunk, position in chunks:
-            if categories is not None:
-                chunk["category"] = chunk["item"].map(categories)
-            found = found or len(chunk) > 0
-            yield chunk
-            advance(max(0, position - done))
-            done = max(done, position)
+        with decoding(path):
+            if src.format == "parquet":
+                chunks = _parquet_chunks(path, own, skipped)
+            else:
+                layout = COMIREC_LAYOUT if src.format == "comirec" else named_layout(path, SEPARATORS[src.format], own)
+                chunks = _delimited_chunks(path, layout, cfg.skip_bad_rows, skipped)
+            for chunk, position in chunks:
+                chunk = with_partition(chunk, given)
+                if categories is not None:
+                    chunk["category"] = chunk["item"].map(categories)
+                found = found or len(chunk) > 0
+                yield chunk
+                advance(max(0, position - done))
+                done = max(done, position)
         advance(path.stat().st_size - done)
+    skipped.warn(cfg.source, len(src.files))
     if not found:
         raise DataError(f"{cfg.source}: no clicks found")
 
 
-_SEPARATORS = {"csv": ",", "tsv": "\t", "comirec": ","}
 _Chunks = Iterator[tuple[pd.DataFrame, int]]  # tidy chunks, each with the bytes of its file read so far
 
 
-def _delimited_chunks(path: Path, layout: _Layout, skip: bool, *, typed: bool | None = None) -> _Chunks:
+def _delimited_chunks(
+    path: Path, layout: _Layout, skip: bool, skipped: Skipped, *, typed: bool | None = None
+) -> _Chunks:
     """Tidy chunks of a delimited file: pandas' parser while the rows are good, then the line scan
-    from the first record of the first chunk that is not.
+    from the first record of the first chunk that is not (rows it drops counted in ``skipped``).
 
     ``typed``: the parser reads times as float64 (the default when there is a time column); when
     the first chunk's times are not all numbers the file is read again as text, whose times may
@@ -131,7 +140,7 @@ def _delimited_chunks(path: Path, layout: _Layout, skip: bool, *, typed: bool | 
     limit = None  # with a bad value and no skipping, the scan can stop at it
     quoted = _has_quote(path)
     try:
-        with open(path, "rb") as f:
+        with open(path, "rb") as f:  # its bytes on disk: pandas decompresses, f.tell() counts for progress
             for raw in _pandas_chunks(f, path, layout, typed=typed):
                 df = role_columns(raw, layout)
                 if df is None:
@@ -150,11 +159,11 @@ def _delimited_chunks(path: Path, layout: _Layout, skip: bool, *, typed: bool | 
     except pd.errors.EmptyDataError:
         raise DataError(f"{path}: no data rows") from None
     except _NotNumbers:
-        yield from _delimited_chunks(path, layout, skip, typed=False)
+        yield from _delimited_chunks(path, layout, skip, skipped, typed=False)
         return
     except ValueError:  # ParserError, UnicodeDecodeError, a non-number in a typed column
         pass
-    for df in _scanned_chunks(path, layout, skip=skip, keep_from=done, limit=limit, kind=kind):
+    for df in _scanned_chunks(path, layout, skipped, skip=skip, keep_from=done, limit=limit, kind=kind):
         yield df, 0
 
 
@@ -181,11 +190,11 @@ def _pandas_chunks(f: BinaryIO, path: Path, layout: _Layout, *, typed: bool) -> 
 
 
 def _scanned_chunks(
-    path: Path, layout: _Layout, *, skip: bool, keep_from: int, limit: int | None, kind: str
+    path: Path, layout: _Layout, skipped: Skipped, *, skip: bool, keep_from: int, limit: int | None, kind: str
 ) -> Iterator[pd.DataFrame]:
     """The rest of a delimited file through the line scan: good rows in chunks; the first problem
     raised as the in-memory reader raises it, or with ``skip`` the bad rows dropped and counted
-    in one warning."""
+    in ``skipped``."""
     dropped: list[tuple[int, int]] = []
     for part in scan_parts(path, layout, skip=skip, limit=limit, keep_from=keep_from):
         df, value_problems = _checked(part, layout, kind)
@@ -195,13 +204,12 @@ def _scanned_chunks(
             raise _malformed(path, (fatal if skip else problems)[0])
         dropped.extend((p.first, p.last) for p in problems)
         yield _tidy(df)
-    if dropped:
-        _warn_skipped(path, dropped)
+    skipped.add(path, dropped)
 
 
-def _parquet_chunks(path: Path, cfg: DataConfig) -> _Chunks:
+def _parquet_chunks(path: Path, cfg: DataConfig, skipped: Skipped) -> _Chunks:
     """Tidy record batches of one Parquet file, with the in-memory reader's checks (rows named
-    from 1 within the file)."""
+    from 1 within the file; rows dropped counted in ``skipped``)."""
     try:
         import pyarrow.parquet as pq
     except ImportError as err:
@@ -215,17 +223,14 @@ def _parquet_chunks(path: Path, cfg: DataConfig) -> _Chunks:
     columns = [name for name in _roles(cfg).values() if name in available]
     size, rows = path.stat().st_size, max(1, parquet.metadata.num_rows)
     float_ids = _float_ids(parquet, cfg)
-    dropped: list[tuple[int, int]] = []
     row = 0
     for batch in parquet.iter_batches(batch_size=CHUNK_ROWS, columns=columns):
         raw = batch.to_pandas()
         for name, integral in float_ids.items():  # as the whole column reads: "3" or "3.0"
             raw[name] = raw[name].astype("Int64") if integral else raw[name].astype("str").where(raw[name].notna())
-        df = from_columns(raw, cfg, path, first_row=row, skipped=dropped)
+        df = from_columns(raw, cfg, path, first_row=row, skipped=skipped)
         row += len(raw)
         yield df, size * row // rows
-    if dropped:
-        _warn_skipped(path, dropped, unit="row")
 
 
 def _float_ids(parquet: Any, cfg: DataConfig) -> dict[str, bool]:

@@ -25,6 +25,7 @@ from recsys.config import DataConfig
 from recsys.data.ids import canonical_id, factorize_ids
 from recsys.data.readers import DataError
 from recsys.io.files import atomic_folder, link_or_copy, save_npy
+from recsys.text import count
 
 PAD = "<pad>"
 UNKNOWN = "<unknown>"
@@ -78,7 +79,7 @@ class IdMap:
         ids, unknown = self.encode(raw)
         if unknown:
             shown = ", ".join(repr(r) for r in unknown[:10]) + (" ..." if len(unknown) > 10 else "")
-            raise ValueError(f"{what}: {len(unknown):,} unknown {self.kind} ids: {shown}")
+            raise ValueError(f"{what}: {count(len(unknown), f'unknown {self.kind} id')}: {shown}")
         return ids
 
     def _table(self) -> dict[str, int]:
@@ -319,9 +320,9 @@ def prepare(df: pd.DataFrame, cfg: DataConfig) -> Dataset:
     time = df["time"].to_numpy(np.float64)
     for name, codes in (("user", user_codes), ("item", item_codes)):
         if (codes < 0).any():
-            raise DataError(f"{source}: {int((codes < 0).sum())} rows have a missing {name}")
+            raise DataError(f"{source}: {count(int((codes < 0).sum()), 'row')} with a missing {name}")
     if not np.isfinite(time).all():
-        raise DataError(f"{source}: {int((~np.isfinite(time)).sum())} rows have a missing or infinite time")
+        raise DataError(f"{source}: {count(int((~np.isfinite(time)).sum()), 'row')} with a missing or infinite time")
 
     keep = filter_counts(user_codes, item_codes, cfg.min_item_count, cfg.min_user_count, cfg.kcore)
     if not keep.any():

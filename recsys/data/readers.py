@@ -18,6 +18,10 @@ Formats (``cfg.format``; ``auto`` picks one from the file name, extension and co
 - ``csv`` / ``tsv``: a header row naming the columns ``cfg.user_col``, ``cfg.item_col``,
   ``cfg.time_col`` (empty: row order within each user) and ``cfg.category_col`` (optional).
 - ``parquet``: the same named columns (needs ``pyarrow``).
+- A folder of CSV, TSV or Parquet parts, as Spark, Dask or Ray write them
+  (:mod:`recsys.data.sources`): the parts' rows in path order; a configured column may be the
+  key of ``key=value`` folders (Hive partitioning), whose value every row below it takes
+  (:func:`partition_roles`).
 - ``comirec``: ComiRec's ``user_id,item_id,position`` files without a header; the categories
   come from the ``item_id,cate_id`` file given as ``cfg.categories`` or found beside the data
   (``*item_cate*``). A folder holding ``X_train.txt``, ``X_valid.txt``, ``X_test.txt`` is read
@@ -32,10 +36,11 @@ Formats (``cfg.format``; ``auto`` picks one from the file name, extension and co
 that works with every format and replaces any per-row category; an item listed twice keeps
 its first category.
 
-Text files are UTF-8 (MovieLens: latin-1); a leading byte-order mark is dropped, and lines end
-with ``\\n``, ``\\r\\n`` or ``\\r``. Delimited files follow RFC 4180 quoting (``"a,b"``, ``""``
-for a quote), as pandas and spreadsheets write them; a field may be of any length, and a quoted
-field may hold line breaks (a review text, say), except in the columns recsys reads.
+Text files are UTF-8 (MovieLens: latin-1), plain or compressed (``.gz``, ``.bz2``, ``.xz``); a
+leading byte-order mark is dropped, and lines end with ``\\n``, ``\\r\\n`` or ``\\r``. Delimited
+files follow RFC 4180 quoting (``"a,b"``, ``""`` for a quote), as pandas and spreadsheets write
+them; a field may be of any length, and a quoted field may hold line breaks (a review text, say),
+except in the columns recsys reads.
 
 Malformed input raises :class:`DataError` with ``file:line: reason`` (lines counted from 1 as
 an editor shows them; Parquet names the row): too many fields, an empty user, item or (for a
@@ -43,8 +48,9 @@ category file) category, a timestamp that is not a number, text that is not vali
 quote that opens a field recsys reads and closes only on a later line (named at the line where
 it opens). A line with too few fields reads its missing trailing fields as empty, so it is an
 error exactly when a required field is missing. With ``cfg.skip_bad_rows`` those rows are
-dropped instead and one :class:`DataWarning` says how many rows, on how many lines (a quoted
-field can span several), and where; for one-user-per-line files, how many clicks they held.
+dropped instead and one :class:`DataWarning` for the whole source (:class:`Skipped`: one, not
+one a part, for a folder) says how many rows, on how many lines (a quoted field can span
+several), and where; for one-user-per-line files, how many clicks they held.
 A quote that is never closed is an error even then: skipping it would drop the rest of the
 file. Reading is vectorised by pandas; the line-by-line scan that finds the offending lines
 runs only when something is wrong, and checks values with the same vectorised rules.
@@ -54,6 +60,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import dataclasses
 import io
 import math
 import re
@@ -61,7 +68,7 @@ import warnings
 from array import array
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import itemgetter
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -70,26 +77,34 @@ import numpy as np
 import pandas as pd
 
 from recsys.config import DATA_FORMATS, DataConfig
+from recsys.data.errors import DataError, DataWarning
+from recsys.data.sources import (
+    HIVE_NULL,
+    compression,
+    data_files,
+    data_suffix,
+    decoding,
+    open_data,
+    partition_of,
+    written_as_parts,
+)
 from recsys.extras import install_hint
+from recsys.text import count
 
-_DATA_SUFFIXES = {".csv", ".tsv", ".parquet", ".pq", ".txt", ".dat", ""}
-_CATEGORY_NAME = re.compile(r"item_?cate|categor", re.IGNORECASE)
 _COMIREC_PART = re.compile(r"^(?P<prefix>.+)_(?:train|valid|test)\.txt$")
 _CATEGORY_HEADER_NAMES = {"item", "item_id", "itemid", "iid", "id"}
 _SHOWN_LINES = 5  # line numbers listed in a skip warning
+_SHOWN_FILES = 3  # files listed in a skip warning about a folder
+NAMED_FORMATS = ("csv", "tsv", "parquet")  # formats whose columns the config names (a partition can give one)
+SEPARATORS = {"csv": ",", "tsv": "\t", "comirec": ","}
+TIDY_COLUMNS = ("user", "item", "time", "category")
+Given = dict[str, str | float | None]  # role -> the value a file's key=value folders give it (partition_roles)
+SKIP_HINT = " (set data.skip_bad_rows=true to drop malformed rows)"
 _SCAN_CHUNK = 65_536  # records the line scan holds as Python strings before it stores them as pandas strings
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")  # line ends, as pandas' C parser splits lines
 _NOT_UTF8 = re.compile("[\udc80-\udcff]")  # bytes that were not UTF-8, as errors="surrogateescape" keeps them
 _CSV_FIELD_LIMIT = 2**31 - 1  # Python's csv module refuses fields over 131,072 characters; pandas has no limit
 _MOVIELENS_GENRES = 19  # genre flags in ML-100K's u.item when u.genre is absent
-
-
-class DataError(ValueError):
-    """Input data is missing or malformed; the message names the file (and line)."""
-
-
-class DataWarning(UserWarning):
-    """Malformed rows were dropped because ``data.skip_bad_rows`` is set."""
 
 
 def read_interactions(cfg: DataConfig) -> pd.DataFrame:
@@ -98,28 +113,24 @@ def read_interactions(cfg: DataConfig) -> pd.DataFrame:
     Returns a DataFrame ``[n_clicks]`` with columns ``user``, ``item``, ``time`` and, when
     known, ``category`` (see the module docstring), in the source's row order.
     """
-    if cfg.format not in ("auto", *DATA_FORMATS):
-        raise DataError(f"data.format: {cfg.format!r} is not one of {['auto', *DATA_FORMATS]}")
     source = Path(cfg.source)
-    if not source.exists():
-        raise DataError(f"data.source: {source} does not exist")
-    fmt, files = detect_format(source) if cfg.format == "auto" else (cfg.format, _files_for(source, cfg.format))
-    skip = cfg.skip_bad_rows
+    fmt, files = find_source(cfg)
+    skip, skipped = cfg.skip_bad_rows, Skipped()
     time_is_position = False
-    if fmt in ("csv", "tsv"):
-        df = _read_named_columns(files[0], "," if fmt == "csv" else "\t", cfg)
-        time_is_position = not cfg.time_col
-    elif fmt == "parquet":
-        df = pd.concat([_read_parquet(path, cfg) for path in files], ignore_index=True)
+    if fmt in NAMED_FORMATS:
+        parts = zip(files, partition_roles(source, files, cfg))
+        df = pd.concat([_read_part(path, fmt, cfg, given, skipped) for path, given in parts], ignore_index=True)
         time_is_position = not cfg.time_col
     elif fmt == "comirec":
-        df = pd.concat([_read_comirec(path, skip) for path in files], ignore_index=True)
+        df = pd.concat([_read_comirec(path, skip, skipped) for path in files], ignore_index=True)
         time_is_position = True
     elif fmt == "movielens":
-        df = _read_movielens(files[0], skip, with_genres=not cfg.categories)
+        df = _read_movielens(files[0], skip, skipped, with_genres=not cfg.categories)
     else:
-        df = _read_sequences(files[0], skip)
+        with decoding(files[0]):
+            df = _read_sequences(files[0], skip, skipped)
         time_is_position = True
+    skipped.warn(source, len(files))
     if "time" not in df:
         df["time"] = df.groupby("user", sort=False).cumcount().to_numpy(np.float64)
     category_file = _category_file(cfg, fmt, files)
@@ -133,6 +144,81 @@ def read_interactions(cfg: DataConfig) -> pd.DataFrame:
     return df
 
 
+def find_source(cfg: DataConfig) -> tuple[str, list[Path]]:
+    """The format of ``cfg.source`` (``cfg.format``, or detected) and its data files."""
+    if cfg.format not in ("auto", *DATA_FORMATS):
+        raise DataError(f"data.format: {cfg.format!r} is not one of {['auto', *DATA_FORMATS]}")
+    source = Path(cfg.source)
+    if not source.exists():
+        glob = " (a glob is not expanded: point data.source at the folder)" if set("*?[") & set(str(source)) else ""
+        raise DataError(f"data.source: {source} does not exist{glob}")
+    return detect_format(source) if cfg.format == "auto" else (cfg.format, _files_for(source, cfg.format))
+
+
+def partition_roles(source: Path, files: list[Path], cfg: DataConfig) -> list[Given]:
+    """For each of ``files``, the configured columns that its ``key=value`` folders give, by role
+    (see :mod:`recsys.data.sources`): ids and categories as the folder's text, times read as a
+    time column's text reads (numbers when any value is one, else ISO 8601 date-times, in
+    seconds). A folder whose value cannot serve its role (no user or item, a time that does not
+    read) is a :class:`DataError` naming it: ``data.skip_bad_rows`` drops rows, not folders."""
+    if not source.is_dir():
+        return [{} for _ in files]
+    columns = _roles(cfg)
+    role_of = {name: role for role, name in columns.items()}
+    found = [
+        {role_of[key]: given for key, given in partition_of(path, source).items() if key in role_of} for path in files
+    ]
+    texts = sorted({value for part in found for role, (value, _) in part.items() if role == "time" and value})
+    seconds, kind = _parse_times(pd.Series(texts, dtype="str"))
+    time_of = dict(zip(texts, seconds.tolist()))
+    out: list[Given] = []
+    for part in found:
+        given: Given = {}
+        for role, (value, folder) in part.items():
+            origin = f"(the folder gives data.{role}_col {columns[role]!r})"
+            if role == "time":
+                seconds = time_of.get(value or "", math.nan)
+                if not math.isfinite(seconds):
+                    shown = HIVE_NULL if value is None else value
+                    raise DataError(f"{folder}: time {shown!r} is not a {kind or 'number or date-time'} {origin}")
+                given[role] = seconds
+            elif role != "category" and not (value or "").strip():
+                raise DataError(f"{folder}: empty {role} {origin}")
+            else:
+                given[role] = value
+        out.append(given)
+    return out
+
+
+def _read_part(path: Path, fmt: str, cfg: DataConfig, given: Given, skipped: Skipped) -> pd.DataFrame:
+    """One file of a source with named columns (CSV, TSV, Parquet): the tidy rows of the columns it
+    holds, with the roles ``given`` by its ``key=value`` folders (:func:`partition_roles`)."""
+    own = own_columns(cfg, given)
+    with decoding(path):
+        if fmt == "parquet":
+            df = _read_parquet(path, own, skipped)
+        else:
+            df = _read_table(path, named_layout(path, SEPARATORS[fmt], own), cfg.skip_bad_rows, skipped)
+    return with_partition(df, given)
+
+
+def own_columns(cfg: DataConfig, given: Given) -> DataConfig:
+    """``cfg`` less the columns that a file's ``key=value`` folders give (``given``, by role):
+    the settings with which the file itself is read."""
+    blank: dict[str, Any] = {f"{role}_col": "" for role in given}
+    return dataclasses.replace(cfg, **blank) if given else cfg
+
+
+def with_partition(df: pd.DataFrame, given: Given) -> pd.DataFrame:
+    """Tidy rows ``df`` of one file with the roles ``given`` by its folders as columns (the same
+    value on every row), in the tidy column order."""
+    if not given:
+        return df
+    for role, value in given.items():
+        df[role] = np.float64(value) if isinstance(value, float) else pd.Series(value, index=df.index, dtype="str")
+    return df[[role for role in TIDY_COLUMNS if role in df]]
+
+
 def read_categories(path: str | Path, *, skip_bad_rows: bool = False) -> pd.Series:
     """Read an ``item,category`` file (comma or tab separated; a header row is recognised
     when its first field is ``item``/``item_id``/``id`` or is not a number while the next
@@ -142,6 +228,15 @@ def read_categories(path: str | Path, *, skip_bad_rows: bool = False) -> pd.Seri
     path = Path(path)
     if not path.is_file():
         raise DataError(f"data.categories: {path} is not a file")
+    skipped = Skipped()
+    with decoding(path):
+        table = _read_category_table(path, skip_bad_rows, skipped)
+    skipped.warn(path, 1)
+    return pd.Series(table["category"].to_numpy(), index=table["item"].to_numpy())
+
+
+def _read_category_table(path: Path, skip_bad_rows: bool, skipped: Skipped) -> pd.DataFrame:
+    """The tidy ``item``, ``category`` rows of a category file, header detected."""
     first, second = _first_lines(path, 2)
     if first is None:
         raise DataError(f"{path}: empty category file")
@@ -157,38 +252,42 @@ def read_categories(path: str | Path, *, skip_bad_rows: bool = False) -> pd.Seri
     layout = _Layout(
         sep=sep, header=header, ncols=ncols, fields={"item": 0, "category": 1}, required=("item", "category")
     )
-    table = _read_table(path, layout, skip_bad_rows).drop_duplicates("item", keep="first")
-    return pd.Series(table["category"].to_numpy(), index=table["item"].to_numpy())
+    return _read_table(path, layout, skip_bad_rows, skipped).drop_duplicates("item", keep="first")
 
 
 def detect_format(source: Path) -> tuple[str, list[Path]]:
     """Guess the format of a file or folder; returns ``(format, data files)``.
 
-    A folder with ``u.data`` is MovieLens; otherwise it must hold exactly one data file (not
-    counting category files), ComiRec's ``X_train/X_valid/X_test.txt`` trio, or Parquet parts
-    only (their rows in file name order; names starting with ``_`` or ``.``, such as Spark's
-    ``_SUCCESS``, are not data). A file is
-    classified by its extension (``.csv``, ``.tsv``, ``.parquet``/``.pq``, ``u.data``) or, for
-    other names, by its first line: three comma-separated integers is ComiRec, other commas
-    CSV, tabs TSV, blanks one-user-per-line sequences.
+    A folder with ``u.data`` is MovieLens; otherwise its data files (:func:`~recsys.data.sources.data_files`:
+    in the folder and its ``key=value`` folders, not counting category files, markers and
+    checksums) must be exactly one, ComiRec's ``X_train/X_valid/X_test.txt`` trio, Parquet parts,
+    or CSV or TSV parts as Spark writes them (:func:`~recsys.data.sources.written_as_parts`);
+    parts are read in path order. A file is classified by its extension under any compression
+    (``.csv``, ``.tsv``, ``.parquet``/``.pq``, ``u.data``; ``.csv.gz``) or, for other names, by
+    its first line: three comma-separated integers is ComiRec, other commas CSV, tabs TSV,
+    blanks one-user-per-line sequences.
     """
     if source.is_dir():
         if (source / "u.data").is_file():
             return "movielens", [source]
-        files = _data_files(source)
+        files = data_files(source)
         prefixes = {m.group("prefix") for f in files if (m := _COMIREC_PART.match(f.name))}
         if len(files) > 1 and len(prefixes) == 1 and all(_COMIREC_PART.match(f.name) for f in files):
             return "comirec", files
-        if len(files) > 1 and all(f.suffix.lower() in (".parquet", ".pq") for f in files):
-            return "parquet", files  # parts as Spark, Dask or Ray write them, read in name order
+        kinds = {data_suffix(f) for f in files}
+        if len(files) > 1 and kinds <= {".parquet", ".pq"}:
+            return "parquet", files
+        if len(files) > 1 and kinds in ({".csv"}, {".tsv"}) and written_as_parts(source, files):
+            return kinds.pop()[1:], files
         if len(files) != 1:
-            names = ", ".join(f.name for f in files) or "none"
+            names = ", ".join(str(f.relative_to(source)) for f in files) or "none"
             raise DataError(
                 f"{source}: cannot tell which file holds the clicks (data files: {names}); "
                 "point data.source at the file"
             )
         source = files[0]
-    suffix = source.suffix.lower()
+    compression(source)  # a compression that is not read is refused before its bytes are taken for text
+    suffix = data_suffix(source)
     if source.name == "u.data":
         return "movielens", [source.parent]
     if suffix in (".parquet", ".pq"):
@@ -213,23 +312,11 @@ def _files_for(source: Path, fmt: str) -> list[Path]:
             raise DataError(f"{folder}: no u.data (MovieLens 100K layout expected)")
         return [folder]
     if source.is_dir():
-        _, files = detect_format(source)
-        if fmt in ("comirec", "parquet") or len(files) == 1:
+        detected, files = detect_format(source)
+        if fmt in ("comirec", "parquet", detected) or len(files) == 1:
             return files
         raise DataError(f"{source}: point data.source at the {fmt} file")
     return [source]
-
-
-def _data_files(folder: Path) -> list[Path]:
-    return sorted(
-        p
-        for p in folder.iterdir()
-        if p.is_file()
-        and not p.name.startswith((".", "_"))
-        and p.suffix.lower() in _DATA_SUFFIXES
-        and not _CATEGORY_NAME.search(p.name)
-        and p.name.lower() not in ("readme", "license")
-    )
 
 
 def _category_file(cfg: DataConfig, fmt: str, files: list[Path]) -> Path | None:
@@ -260,11 +347,6 @@ class _Layout:
     encoding: str = "utf-8"
 
 
-def _read_named_columns(path: Path, sep: str, cfg: DataConfig) -> pd.DataFrame:
-    """CSV/TSV with a header row naming the configured columns."""
-    return _read_table(path, named_layout(path, sep, cfg), cfg.skip_bad_rows)
-
-
 def named_layout(path: Path, sep: str, cfg: DataConfig) -> _Layout:
     """The layout of a CSV/TSV file whose header row names the configured columns."""
     lineno, names = _first_record(path, sep)
@@ -283,11 +365,12 @@ COMIREC_LAYOUT = _Layout(
 )
 
 
-def _read_comirec(path: Path, skip: bool) -> pd.DataFrame:
-    return _read_table(path, COMIREC_LAYOUT, skip)
+def _read_comirec(path: Path, skip: bool, skipped: Skipped) -> pd.DataFrame:
+    with decoding(path):
+        return _read_table(path, COMIREC_LAYOUT, skip, skipped)
 
 
-def _read_movielens(folder: Path, skip: bool, *, with_genres: bool) -> pd.DataFrame:
+def _read_movielens(folder: Path, skip: bool, skipped: Skipped, *, with_genres: bool) -> pd.DataFrame:
     layout = _Layout(
         sep="\t",
         header=False,
@@ -296,7 +379,7 @@ def _read_movielens(folder: Path, skip: bool, *, with_genres: bool) -> pd.DataFr
         required=("user", "item", "time"),
         encoding="latin-1",
     )
-    df = _read_table(folder / "u.data", layout, skip)
+    df = _read_table(folder / "u.data", layout, skip, skipped)
     if with_genres and (folder / "u.item").is_file():
         df["category"] = df["item"].map(_movielens_genres(folder))
     return df
@@ -331,7 +414,7 @@ def _roles(cfg: DataConfig) -> dict[str, str]:
     return {role: name for role, name in columns.items() if name}
 
 
-def _read_parquet(path: Path, cfg: DataConfig) -> pd.DataFrame:
+def _read_parquet(path: Path, cfg: DataConfig, skipped: Skipped) -> pd.DataFrame:
     try:
         import pyarrow.parquet as pq
     except ImportError as err:
@@ -342,7 +425,7 @@ def _read_parquet(path: Path, cfg: DataConfig) -> pd.DataFrame:
     except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
         raise DataError(f"{path}: not a readable Parquet file ({err})") from err
     _check_columns(path, cfg, available)
-    return from_columns(raw, cfg, path)
+    return from_columns(raw, cfg, path, skipped=skipped)
 
 
 def _check_columns(where: str | Path, cfg: DataConfig, columns: list[str]) -> None:
@@ -363,7 +446,9 @@ def read_frame(raw: pd.DataFrame, cfg: DataConfig, where: str = "clicks") -> pd.
     if not isinstance(raw, pd.DataFrame):
         raise DataError(f"{where}: expected a pandas DataFrame, got {type(raw).__name__}")
     _check_columns(where, cfg, list(raw.columns))
-    df = from_columns(raw, cfg, where)
+    skipped = Skipped()
+    df = from_columns(raw, cfg, where, skipped=skipped)
+    skipped.warn(where, 1)
     if "time" not in df:
         df["time"] = df.groupby("user", sort=False).cumcount().to_numpy(np.float64)
     if df.empty:
@@ -374,14 +459,14 @@ def read_frame(raw: pd.DataFrame, cfg: DataConfig, where: str = "clicks") -> pd.
 
 
 def from_columns(
-    raw: pd.DataFrame, cfg: DataConfig, where: str | Path, *, first_row: int = 0, skipped: list | None = None
+    raw: pd.DataFrame, cfg: DataConfig, where: str | Path, *, skipped: Skipped, first_row: int = 0
 ) -> pd.DataFrame:
     """The configured columns of ``raw`` as tidy roles (ids as str, numeric times); bad rows
-    raise naming ``where`` and the row, or are dropped with ``data.skip_bad_rows``.
+    raise naming ``where`` and the row, or are dropped with ``data.skip_bad_rows`` and counted
+    in ``skipped``.
 
     ``first_row``: the row number of ``raw``'s first row minus one (``raw`` is a batch of a larger
-    table). ``skipped``: a list that collects the dropped rows' ``(row, row)`` spans instead of a
-    warning (the caller warns once for all its batches)."""
+    table)."""
     path, columns = where, _roles(cfg)
     df = pd.DataFrame({role: _as_str(raw[name]) if role != "time" else raw[name] for role, name in columns.items()})
     if "time" in df and pd.api.types.is_datetime64_any_dtype(df["time"]):
@@ -398,12 +483,8 @@ def from_columns(
             role = next(role for role in required if masks[role][row])
             value = raw[columns["time"]].iloc[row] if role == "time" else None
             reason = f"time {_plain(value)!r} is missing or not a number" if role == "time" else f"empty {role}"
-            raise DataError(f"{path}: row {first_row + row + 1}: {reason}")
-        spans = [(first_row + int(r) + 1, first_row + int(r) + 1) for r in rows]
-        if skipped is None:
-            _warn_skipped(path, spans, unit="row")
-        else:
-            skipped.extend(spans)
+            raise DataError(f"{path}: row {first_row + row + 1}: {reason}{SKIP_HINT}")
+        skipped.add(path, [(first_row + int(r) + 1, first_row + int(r) + 1) for r in rows], unit="row")
         df = df[~bad].reset_index(drop=True)
     return _tidy(df)
 
@@ -420,9 +501,10 @@ def _as_str(col: pd.Series) -> pd.Series:
     return col.astype("str").where(col.notna())
 
 
-def _read_sequences(path: Path, skip: bool) -> pd.DataFrame:
+def _read_sequences(path: Path, skip: bool, skipped: Skipped) -> pd.DataFrame:
     """One user per line: ``user item item ...`` (blank separated)."""
-    text = path.read_bytes().decode("utf-8-sig", errors="surrogateescape")
+    with open_data(path) as f:
+        text = f.read().decode("utf-8-sig", errors="surrogateescape")
     check_utf8 = _NOT_UTF8.search(text) is not None
     users: list[str] = []
     items: list[str] = []
@@ -446,8 +528,7 @@ def _read_sequences(path: Path, skip: bool) -> pd.DataFrame:
             raise _malformed(path, _Problem(lineno, lineno, lineno, problem))
         dropped.append((lineno, lineno))
         lost += len(tokens) - 1
-    if dropped:
-        _warn_skipped(path, dropped, clicks=lost)
+    skipped.add(path, dropped, clicks=lost)
     return pd.DataFrame(
         {
             "user": pd.Series(np.repeat(np.asarray(users, dtype=object), counts), dtype="str"),
@@ -456,10 +537,10 @@ def _read_sequences(path: Path, skip: bool) -> pd.DataFrame:
     )
 
 
-def _read_table(path: Path, layout: _Layout, skip: bool) -> pd.DataFrame:
+def _read_table(path: Path, layout: _Layout, skip: bool, skipped: Skipped) -> pd.DataFrame:
     """Read a delimited file: pandas' C parser with a typed time column first; a lenient
     all-text parse when that fails (date-times, short lines); the line scan only when malformed
-    rows remain."""
+    rows remain (dropped with ``skip``, and counted in ``skipped``)."""
     df = _parse(path, layout, typed=True)
     if df is None and "time" in layout.fields:
         df = _parse(path, layout, typed=False)
@@ -476,8 +557,7 @@ def _read_table(path: Path, layout: _Layout, skip: bool) -> pd.DataFrame:
     fatal = [p for p in problems if p.fatal]
     if (problems and not skip) or fatal:
         raise _malformed(path, (fatal if skip else problems)[0])
-    if problems:
-        _warn_skipped(path, [(p.first, p.last) for p in problems])
+    skipped.add(path, [(p.first, p.last) for p in problems])
     return _tidy(df)
 
 
@@ -507,6 +587,7 @@ def parse_options(path: Path, layout: _Layout, *, typed: bool) -> dict[str, Any]
         "keep_default_na": False,
         "encoding": layout.encoding,
         "engine": "c",
+        "compression": compression(path),  # named, not inferred: a caller may pass an open file
     }
     dtype: type | dict = str
     if typed and "time" in layout.fields:
@@ -537,7 +618,7 @@ def has_line_break(df: pd.DataFrame, layout: _Layout) -> bool:
 
 def _has_quote(path: Path) -> bool:
     """Whether the file holds a quote character anywhere (read in blocks)."""
-    with open(path, "rb") as f:
+    with open_data(path) as f:
         return any(b'"' in block for block in iter(lambda: f.read(1 << 24), b""))
 
 
@@ -631,7 +712,7 @@ def scan_parts(
     starts, ends, short, problems = array("q"), {}, {}, []
     kept: list[list[str]] = []  # fields of this part's well-formed records, padded to ncols
     ncols, seen = layout.ncols, 0  # well-formed records so far, passed over or kept
-    with _csv_fields_unlimited(), open(path, "rb") as f:
+    with _csv_fields_unlimited(), open_data(path) as f:
         records = _records(f, layout.sep, layout.encoding)
         if layout.header:
             next(records, None)  # checked by _first_record before any reading
@@ -708,8 +789,7 @@ def _line_breaks(text: str) -> int:
 
 
 def _malformed(path: Path, problem: _Problem) -> DataError:
-    hint = "" if problem.fatal else " (set data.skip_bad_rows=true to drop malformed rows)"
-    return DataError(f"{path}:{problem.line}: {problem.reason}{hint}")
+    return DataError(f"{path}:{problem.line}: {problem.reason}{'' if problem.fatal else SKIP_HINT}")
 
 
 def _records(f: BinaryIO, sep: str, encoding: str) -> Iterator[_Record]:
@@ -793,7 +873,7 @@ def _csv_fields_unlimited() -> Iterator[None]:
 
 def _first_record(path: Path, sep: str) -> tuple[int, list[str]]:
     """``(line, fields)`` of the first non-blank record of a UTF-8 delimited file: its header."""
-    with _csv_fields_unlimited(), open(path, "rb") as f:
+    with _csv_fields_unlimited(), open_data(path) as f:
         record = next(_records(f, sep, "utf-8"), None)
     if record is None:
         raise DataError(f"{path}: empty file")
@@ -814,31 +894,76 @@ def _tidy(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _warn_skipped(
-    path: str | Path, spans: list[tuple[int, int]], *, unit: str = "line", clicks: int | None = None
-) -> None:
-    """One warning for the malformed records dropped: ``spans`` ``[(first, last)]`` lines (or
-    rows) of each; how many lines they covered when a record spans several, and the clicks they
-    held (one-user-per-line files)."""
+_Spans = list[tuple[int, int]]  # [(first, last)] lines (or rows) of each malformed record
+
+
+@dataclass
+class Skipped:
+    """The malformed records dropped (``data.skip_bad_rows``) from the files of one source,
+    gathered so that the source gives one warning, not one a file: a folder of a thousand parts
+    would print a thousand lines."""
+
+    spans: dict[str, _Spans] = field(default_factory=dict)  # file -> its dropped records, in order
+    unit: str = "line"  # what the spans count: "line", or "row" for tables
+    clicks: int | None = None  # the clicks the dropped lines held (one-user-per-line files)
+
+    def add(self, path: str | Path, spans: _Spans, *, unit: str = "line", clicks: int | None = None) -> None:
+        """Count ``spans`` dropped from ``path`` (and the ``clicks`` they held)."""
+        if spans:
+            self.spans.setdefault(str(path), []).extend(spans)
+            self.unit = unit
+            self.clicks = None if clicks is None else (self.clicks or 0) + clicks
+
+    def warn(self, source: str | Path, files: int) -> None:
+        """One :class:`DataWarning` for what was dropped from ``source`` (``files`` data files),
+        if anything: how many records on how many lines, and where (the first files' lines when
+        several files lost some)."""
+        if not self.spans:
+            return
+        if len(self.spans) == 1:
+            ((path, spans),) = self.spans.items()
+            what = f"{_dropped(spans, self.unit)} ({_where(spans, self.unit)})"
+        else:
+            path = str(source)
+            everything = [span for spans in self.spans.values() for span in spans]
+            shown = [f"{_inside(name, source)} ({_where(s, self.unit)})" for name, s in self.spans.items()]
+            more = "; ..." if len(shown) > _SHOWN_FILES else ""
+            what = (
+                f"{_dropped(everything, self.unit)} in {len(shown)} of {count(files, 'file')}: "
+                + "; ".join(shown[:_SHOWN_FILES])
+                + more
+            )
+        held = "" if self.clicks is None else f" holding {count(self.clicks, 'click')}"
+        warnings.warn(f"{path}: skipped {what}{held}", DataWarning, stacklevel=3)
+
+
+def _dropped(spans: _Spans, unit: str) -> str:
+    """``3 malformed lines``, or ``2 malformed rows on 5 lines`` when a record spans several."""
+    covered = sum(last - first + 1 for first, last in spans)
+    if covered == len(spans):
+        return count(len(spans), f"malformed {unit}")
+    return f"{count(len(spans), 'malformed row')} on {count(covered, 'line')}"
+
+
+def _where(spans: _Spans, unit: str) -> str:
+    """``line 2, 5``, or ``lines 2-4, 9, ...`` when a record spans several: the first few."""
     covered = sum(last - first + 1 for first, last in spans)
     shown = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans[:_SHOWN_LINES])
-    shown += ", ..." if len(spans) > _SHOWN_LINES else ""
-    if covered == len(spans):
-        what = f"{_count(len(spans), f'malformed {unit}')} ({unit} {shown})"
-    else:
-        what = f"{_count(len(spans), 'malformed row')} on {_count(covered, 'line')} (lines {shown})"
-    held = "" if clicks is None else f" holding {_count(clicks, 'click')}"
-    warnings.warn(f"{path}: skipped {what}{held}", DataWarning, stacklevel=3)
+    return f"{unit if covered == len(spans) else 'lines'} {shown}" + (", ..." if len(spans) > _SHOWN_LINES else "")
 
 
-def _count(n: int, noun: str) -> str:
-    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+def _inside(path: str, source: str | Path) -> str:
+    """``path`` within the folder ``source`` (``dt=2026-01-01/part-00000.parquet``), else whole."""
+    try:
+        return str(Path(path).relative_to(source))
+    except ValueError:
+        return path
 
 
 def _first_lines(path: Path, n: int) -> list[str | None]:
     """The first ``n`` non-blank lines of a UTF-8 text file (``None`` past the end)."""
     out: list[str | None] = []
-    with open(path, encoding="utf-8-sig", errors="replace") as f:
+    with decoding(path), io.TextIOWrapper(open_data(path), encoding="utf-8-sig", errors="replace") as f:
         for line in f:
             if line.strip():
                 out.append(line.rstrip("\r\n"))

@@ -13,18 +13,24 @@ cutoff, truth = their clicks at or after it; they are shuffled with ``seed`` and
 between valid and test in the ratio ``valid_frac : test_frac``. No click at or after the
 cutoff ever reaches training. Needs real timestamps.
 
-``split = "leave_one_out"`` (the protocol of SASRec and the papers after it, with RecTools'
-rules): every user with at least 3 clicks trains on all but their last two clicks; validation
-scores their second-to-last click and test their last one, each given every click before it
-as the input (its last ``max_len`` fed to the model), so every such user is in both sets.
-Users with fewer than 3 clicks cannot hold out two clicks: all their clicks train and they are
-never evaluated. A target is dropped (its user leaves that set only) when
+``split = "leave_one_out"`` (the protocol of SASRec and the papers after it): every user with at
+least 3 clicks trains on all but their last two clicks; validation scores their second-to-last
+click and test their last one, each given every click before it as the input (its last
+``max_len`` fed to the model), so every such user is in both sets. Users with fewer than 3 clicks
+cannot hold out two clicks: all their clicks train and they are never evaluated. Which targets
+are scored is ``loo_rules``'s: with ``"rectools"`` (RecTools' rules, the eSASRec benchmark's) a
+target is dropped (its user leaves that set only) when
 
 - the user already clicked its item earlier (a repeat: excluding the user's clicks, as this
   protocol does by default, would make it unreachable), or
 - its item is cold: for validation, no training click is that item; for test, no click but the
   users' last clicks is (the training clicks and the validation targets: RecTools' "train"
   part for its test split, all but the last click).
+
+With ``"every_user"`` (the rules of S3Rec's pipeline, which FMLP-Rec, BSARec, TV-Rec and WEARec
+share) nothing is dropped: every held-out user is scored, and a repeated or cold target counts
+as the miss it almost always is (that pipeline scores the user's clicked items 0 instead of
+excluding them, which differs only where the whole top N scores below 0).
 
 Ties in time keep the source's row order (:mod:`recsys.data.prepare` sorts stably), so on a
 file whose rows are in the published order the split is the published one. No seed applies.
@@ -50,6 +56,7 @@ from recsys.config import DataConfig
 from recsys.data.batches import gather_rows, pad_sequences
 from recsys.data.prepare import Dataset
 from recsys.data.readers import DataError
+from recsys.text import count
 
 CLICK_BLOCK = 1 << 22  # clicks read at a time by a pass over every click (32 MiB of float64 times)
 USER_BLOCK = 1 << 16  # users whose rows are read at a time
@@ -229,7 +236,7 @@ def _user_split(ds: Dataset, cfg: DataConfig) -> Split:
     n_test = max(1, round(cfg.test_frac * n))
     n_valid = round(cfg.valid_frac * n)
     if n_valid + n_test >= n:
-        raise DataError(f"{n} users are too few for a user split with a training part")
+        raise DataError(f"{count(n, 'user')} after filtering: too few for a user split with a training part")
     perm = np.random.default_rng(cfg.seed).permutation(n)
     valid, test, train = (np.sort(part) for part in np.split(perm, [n_valid, n_valid + n_test]))
     starts = ds.indptr[:-1]
@@ -279,10 +286,14 @@ def _leave_one_out_split(ds: Dataset, cfg: DataConfig) -> Split:
     train_ends = np.where(held, ends - 2, ends)
     users = np.flatnonzero(held)
     valid_at, test_at = ends[users] - 2, ends[users] - 1  # [U'] absolute positions of the targets
-    known = _count_items(ds.items, starts, train_ends, ds.num_items) > 0  # [num_items] items with a training click
-    valid = _next_click_set(ds, users, valid_at, known, cfg.max_len)
-    known[ds.items[valid_at]] = True  # the test's "train" part: every click but the users' last ones
-    test = _next_click_set(ds, users, test_at, known, cfg.max_len)
+    if cfg.loo_rules == "every_user":
+        valid = make_eval_set(ds.indptr, ds.items, users, valid_at, cfg.max_len, truth_end=valid_at + 1)
+        test = make_eval_set(ds.indptr, ds.items, users, test_at, cfg.max_len, truth_end=test_at + 1)
+    else:
+        known = _count_items(ds.items, starts, train_ends, ds.num_items) > 0  # [num_items] with a training click
+        valid = _next_click_set(ds, users, valid_at, known, cfg.max_len)
+        known[ds.items[valid_at]] = True  # the test's "train" part: every click but the users' last ones
+        test = _next_click_set(ds, users, test_at, known, cfg.max_len)
     return Split(
         clicks_indptr=ds.indptr,
         clicks=ds.items,

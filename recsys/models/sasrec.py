@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from torch import Tensor
+import torch
+from torch import Tensor, nn
 
 from recsys.config import ModelConfig
 from recsys.models.sequence import SequenceModel
@@ -17,9 +18,24 @@ from recsys.models.spec import (
     ModelSpec,
     register,
 )
+from recsys.nn.embeddings import PositionEmbedding
 from recsys.nn.masking import gather_last
 from recsys.nn.multi_interest import SelfAttentiveHead
-from recsys.nn.transformer import TransformerEncoder
+from recsys.nn.transformer import EncoderShape, TransformerEncoder
+
+
+def encoder_shape(cfg: ModelConfig) -> EncoderShape:
+    """The transformer family's block settings of ``cfg``."""
+    return EncoderShape(
+        mixer=cfg.mixer,
+        block=cfg.block,
+        filter_cutoff=cfg.filter_cutoff,
+        filter_alpha=cfg.filter_alpha,
+        attention_dropout=cfg.attention_dropout,
+        qk_norm=cfg.qk_norm,
+        softcap=cfg.softcap,
+        backend=cfg.backend,
+    )
 
 
 def _encoder(cfg: ModelConfig, max_len: int) -> TransformerEncoder:
@@ -29,12 +45,33 @@ def _encoder(cfg: ModelConfig, max_len: int) -> TransformerEncoder:
         cfg.num_heads,
         max_len,
         dropout=cfg.dropout,
-        qk_norm=cfg.qk_norm,
-        softcap=cfg.softcap,
         causal=True,
-        backend=cfg.backend,
         positions=cfg.positions,
+        shape=encoder_shape(cfg),
     )
+
+
+BERT_INIT_STD = 0.02  # BERT's initializer_range, which S3Rec, FMLP-Rec and BSARec keep
+
+
+def bert_init(model: nn.Module) -> None:
+    """BERT's initial weights on ``model``: every Linear and embedding table ``N(0, 0.02)``, Linear
+    biases 0, LayerNorms 1 and 0; the item table's padding row stays 0 (``model.init = "bert"``).
+    recsys's own start (``"scaled"``) draws item rows ``N(0, 1/d)`` so that the first logits have
+    unit scale; BERT's smaller rows move faster under Adam, whose steps do not scale with the rows."""
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=BERT_INIT_STD)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding | PositionEmbedding):
+            nn.init.normal_(module.weight, std=BERT_INIT_STD)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+    if isinstance(model, SequenceModel):
+        with torch.no_grad():
+            model.embedding.table.weight[0].zero_()
 
 
 class SASRec(SequenceModel):
@@ -50,6 +87,8 @@ class SASRec(SequenceModel):
     def __init__(self, num_items: int, cfg: ModelConfig, max_len: int):
         super().__init__(num_items, cfg.dim, num_interests=1)
         self.encoder = _encoder(cfg, max_len)
+        if cfg.init == "bert":
+            bert_init(self)
 
     def encode(self, h: Tensor, lengths: Tensor) -> Tensor:
         return gather_last(self.encoder(h, lengths), lengths)[:, None]  # [B, 1, d]
@@ -83,6 +122,8 @@ class SASRecMI(SequenceModel):
             score_cap=cfg.score_cap,
         )
         self.head_values = cfg.head_values
+        if cfg.init == "bert":
+            bert_init(self)
 
     def encode(self, h: Tensor, lengths: Tensor) -> Tensor:
         return self.head(self.encoder(h, lengths), lengths, values=h if self.head_values == "items" else None)
@@ -95,7 +136,20 @@ class SASRecMI(SequenceModel):
         return self.head.prefix(self.encoder(h, lengths), lengths, values=h if self.head_values == "items" else None)
 
 
-TRANSFORMER_SETTINGS = ("num_layers", "num_heads", "dropout", "qk_norm", "softcap", "positions")
+TRANSFORMER_SETTINGS = (
+    "num_layers",
+    "num_heads",
+    "dropout",
+    "qk_norm",
+    "softcap",
+    "positions",
+    "mixer",
+    "block",
+    "filter_cutoff",
+    "filter_alpha",
+    "attention_dropout",
+    "init",
+)
 
 
 def build_sasrec(cfg: ModelConfig, num_items: int, max_len: int, item_counts: Tensor | None = None) -> SASRec:

@@ -28,7 +28,16 @@ from recsys.config import ConfigError, ModelConfig
 # switches a model must read to accept a changed value: each changes what a model computes, so one
 # set on a model that ignores it is a mistake. Sizes (num_interests, num_layers, hidden, dropout, ...)
 # may be carried by a config that several models share, and are ignored where they do not apply.
-STRICT_SETTINGS = ("qk_norm", "softcap", "head_values", "score_cap")
+STRICT_SETTINGS = (
+    "qk_norm",
+    "softcap",
+    "head_values",
+    "score_cap",
+    "mixer",
+    "block",
+    "attention_dropout",
+    "init",
+)
 # from this many items (padding not counted) a spec's large-catalogue values (Automatic.large_dim,
 # Automatic.large_dropout) replace its dim and dropout: at
 # 128 wide the self-attentive multi-interest models gained 3-10% on Amazon Beauty (12k items) and

@@ -65,8 +65,10 @@ class MultiHeadAttention(RecordsMaxLogit):
     Keys at positions ``>= lengths[b]`` are masked; with ``causal`` query ``i`` sees keys
     ``j <= i`` and the query rows ``i >= lengths[b]`` are padding. Rows with no visible key (causal:
     the padded rows) get a zero attention output (the kernel's contract).
-    No dropout on attention probabilities (the kernels do not implement it); the transformer
-    block applies dropout to this module's output.
+    ``dropout`` drops attention probabilities while training (BERT's and SASRec's attention
+    dropout); the kernels do not implement it, so a module with ``dropout > 0`` trains on the
+    attention's PyTorch twin and evaluates on the kernels. The transformer block applies its own
+    dropout to this module's output.
 
     Args:
         dim: model width ``d`` (divisible by ``num_heads``).
@@ -74,9 +76,19 @@ class MultiHeadAttention(RecordsMaxLogit):
         qk_norm: ``"" | "rms" | "layer"``.
         softcap: attention logit soft-cap ``c``; 0 disables.
         backend: kernel backend, ``auto | triton | torch``.
+        dropout: attention-probability dropout while training.
     """
 
-    def __init__(self, dim: int, num_heads: int, *, qk_norm: str = "", softcap: float = 0.0, backend: str = "auto"):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        qk_norm: str = "",
+        softcap: float = 0.0,
+        backend: str = "auto",
+        dropout: float = 0.0,
+    ):
         super().__init__()
         if dim % num_heads:
             raise ValueError(f"num_heads {num_heads} does not divide dim {dim}")
@@ -86,6 +98,7 @@ class MultiHeadAttention(RecordsMaxLogit):
         self.head_dim = dim // num_heads
         self.softcap = softcap
         self.backend = backend
+        self.dropout = dropout
         self.qkv = nn.Linear(dim, 3 * dim)
         self.out = nn.Linear(dim, dim)
         self.q_norm = make_qk_norm(qk_norm, self.head_dim)
@@ -110,6 +123,7 @@ class MultiHeadAttention(RecordsMaxLogit):
             scale=scale,
             softcap=self.softcap or None,
             backend=self.backend,
+            dropout=self.dropout if self.training else 0.0,
         )  # [B, H, L, D]
         return self.out(o.transpose(1, 2).reshape(b, seq_len, dim))
 

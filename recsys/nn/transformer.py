@@ -1,56 +1,142 @@
-"""Pre-LN transformer blocks and a SASRec-style encoder over right-padded click sequences."""
+"""Transformer blocks and a SASRec-style encoder over right-padded click sequences.
+
+A block is a token mixer and a feed-forward network, each with a residual and a norm; the
+transformer models choose both parts (``[model]`` settings, one :class:`EncoderShape`):
+
+- the **mixer**: ``"attention"`` (self-attention on our kernels), ``"frequency"`` (BSARec's
+  low/high-band filter, :mod:`recsys.nn.frequency`) or ``"hybrid"`` (BSARec's mix:
+  ``α · filter + (1 - α) · attention``);
+- the **block form**: ``"pre_norm"`` (``x + drop(f(LN(x)))``, a final LayerNorm; the default) or
+  ``"post_norm"`` (``LN(x + drop(f(x)))`` after a LayerNorm of the embeddings, no final norm: BERT's
+  form, which SASRec's original code, S3Rec, FMLP-Rec and BSARec use).
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from torch import Tensor, nn
 
 from recsys.nn.attention import MultiHeadAttention
 from recsys.nn.embeddings import PositionEmbedding
+from recsys.nn.frequency import FrequencyFilter
 from recsys.nn.masking import length_mask
+
+MIXERS = ("attention", "frequency", "hybrid")
+BLOCKS = ("pre_norm", "post_norm")
+# BERT's LayerNorm epsilon, which the post-norm lineage (S3Rec, FMLP-Rec, BSARec) keeps
+POST_NORM_EPS = 1e-12
+
+
+@dataclass(frozen=True)
+class EncoderShape:
+    """How each block is built (the ``[model]`` settings of the transformer family).
+
+    Attributes:
+        mixer: ``"attention" | "frequency" | "hybrid"``.
+        block: ``"pre_norm" | "post_norm"``.
+        filter_cutoff: BSARec's ``c``: the low band keeps ``c // 2 + 1`` frequencies.
+        filter_alpha: the hybrid's weight ``α`` of the filter (BSARec's ``alpha``).
+        attention_dropout: attention-probability dropout (training only).
+        qk_norm, softcap, backend: those of :class:`MultiHeadAttention`.
+    """
+
+    mixer: str = "attention"
+    block: str = "pre_norm"
+    filter_cutoff: int = 5
+    filter_alpha: float = 0.7
+    attention_dropout: float = 0.0
+    qk_norm: str = ""
+    softcap: float = 0.0
+    backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.mixer not in MIXERS:
+            raise ValueError(f"model.mixer: {self.mixer!r} is not one of {list(MIXERS)}")
+        if self.block not in BLOCKS:
+            raise ValueError(f"model.block: {self.block!r} is not one of {list(BLOCKS)}")
+        if not 0.0 <= self.filter_alpha <= 1.0:
+            raise ValueError(f"model.filter_alpha: must be in [0, 1], got {self.filter_alpha}")
+
+    @property
+    def causal_mixer(self) -> bool:
+        """Whether position ``t``'s output reads clicks ``<= t`` only (the filter reads the whole window)."""
+        return self.mixer == "attention"
 
 
 class TransformerBlock(nn.Module):
-    """``x + drop(attn(LN(x)))`` then ``x + drop(ffn(LN(x)))``; ``ffn = Linear(d, 4d) → GELU → Linear(4d, d)``.
+    """One block: the token mixer then ``ffn = Linear(d, 4d) → GELU → Linear(4d, d)``.
+
+    ``pre_norm``: ``x + drop(mix(LN(x)))`` then ``x + drop(ffn(LN(x)))``, where the hybrid's
+    ``mix(u) = α · filter(u) + (1 - α) · attn(u)``. ``post_norm`` (BSARec's form): each branch is
+    ``LN_b(x + drop(b(x)))`` with its own norm, mixed ``α : 1 - α``, then ``LN(y + drop(ffn(y)))``.
 
     Args:
         dim: width ``d``.
         num_heads: attention heads.
-        dropout: on the attention and feed-forward outputs (before each residual add).
-        qk_norm, softcap, backend: passed to :class:`MultiHeadAttention`.
+        dropout: on each branch's output, before its residual add.
+        shape: the mixer and the block form (:class:`EncoderShape`).
     """
 
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        *,
-        dropout: float = 0.0,
-        qk_norm: str = "",
-        softcap: float = 0.0,
-        backend: str = "auto",
-    ):
+    def __init__(self, dim: int, num_heads: int, *, dropout: float = 0.0, shape: EncoderShape = EncoderShape()):
         super().__init__()
-        self.norm1 = nn.LayerNorm(dim)
-        self.attn = MultiHeadAttention(dim, num_heads, qk_norm=qk_norm, softcap=softcap, backend=backend)
-        self.norm2 = nn.LayerNorm(dim)
+        self.post = shape.block == "post_norm"
+        eps = POST_NORM_EPS if self.post else 1e-5
+        self.alpha = {"attention": 0.0, "frequency": 1.0, "hybrid": shape.filter_alpha}[shape.mixer]
+        self.attn = None
+        if shape.mixer != "frequency":
+            self.attn = MultiHeadAttention(
+                dim,
+                num_heads,
+                qk_norm=shape.qk_norm,
+                softcap=shape.softcap,
+                backend=shape.backend,
+                dropout=shape.attention_dropout,
+            )
+        self.filter = FrequencyFilter(dim, shape.filter_cutoff) if shape.mixer != "attention" else None
+        self.norm1 = nn.LayerNorm(dim, eps=eps)  # pre: before the mixer; post: after the attention branch
+        self.filter_norm = nn.LayerNorm(dim, eps=eps) if self.post and self.filter is not None else None
+        self.norm2 = nn.LayerNorm(dim, eps=eps)
         self.ffn = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
         self.drop = nn.Dropout(dropout)
 
+    def _branches(self, x: Tensor, lengths: Tensor, causal: bool) -> tuple[Tensor | None, Tensor | None]:
+        """The attention and the filter of ``x [B, L, d]`` (None where the mixer has no such branch)."""
+        attn = None if self.attn is None else self.attn(x, lengths, causal)
+        filt = None if self.filter is None else self.filter(x, lengths)
+        return attn, filt
+
     def forward(self, x: Tensor, lengths: Tensor, causal: bool) -> Tensor:
         """``x [B, L, d]``, ``lengths [B]`` -> ``[B, L, d]``."""
-        x = x + self.drop(self.attn(self.norm1(x), lengths, causal))
+        a = self.alpha
+        if self.post:
+            attn, filt = self._branches(x, lengths, causal)
+            y = 0.0
+            if attn is not None:
+                y = (1 - a) * self.norm1(x + self.drop(attn))
+            if filt is not None and self.filter_norm is not None:
+                y = y + a * self.filter_norm(x + self.drop(filt))
+            assert isinstance(y, Tensor)
+            return self.norm2(y + self.drop(self.ffn(y)))
+        attn, filt = self._branches(self.norm1(x), lengths, causal)
+        mixed = (1 - a) * attn if attn is not None else 0.0
+        mixed = mixed + a * filt if filt is not None else mixed
+        assert isinstance(mixed, Tensor)
+        x = x + self.drop(mixed)
         return x + self.drop(self.ffn(self.norm2(x)))
 
 
 class TransformerEncoder(nn.Module):
-    """Learned positions, ``num_layers`` pre-LN blocks, a final LayerNorm.
+    """Learned positions, ``num_layers`` blocks of one :class:`EncoderShape`, and a norm.
 
     ``forward(h [B, L, d], lengths [B]) -> [B, L, d]``: ``h`` are the (length-masked) item
     embeddings; learned positions (``positions``: ``recent``, ``absolute`` or ``none``, see
-    :class:`PositionEmbedding`) are added here, then dropout. Keys at padded positions are masked in
-    every layer, and with ``causal`` (SASRec) position ``i`` only sees clicks ``0..i``. Outputs
-    at padded positions are set to zero, so they never leak into a downstream head. A row of
-    length 0 gives all zeros: attention returns 0 with no visible key and LayerNorm of a
+    :class:`PositionEmbedding`) are added here, then (post-norm blocks) a LayerNorm, then dropout.
+    Pre-norm blocks end in a final LayerNorm. Keys at padded positions are masked in every layer,
+    and with ``causal`` (SASRec) attention at position ``i`` only sees clicks ``0..i`` (the
+    frequency filter reads the whole window: :mod:`recsys.nn.frequency`). Outputs at padded
+    positions are set to zero, so they never leak into a downstream head. A row of length 0 gives
+    all zeros: attention returns 0 with no visible key, the filter reads zeros, and LayerNorm of a
     constant vector is finite.
     """
 
@@ -62,25 +148,26 @@ class TransformerEncoder(nn.Module):
         max_len: int,
         *,
         dropout: float = 0.0,
-        qk_norm: str = "",
-        softcap: float = 0.0,
         causal: bool = True,
-        backend: str = "auto",
         positions: str = "recent",
+        shape: EncoderShape = EncoderShape(),
     ):
         super().__init__()
         self.causal = causal
         self.pos = None if positions == "none" else PositionEmbedding(max_len, dim, positions)
+        post = shape.block == "post_norm"
+        self.embed_norm = nn.LayerNorm(dim, eps=POST_NORM_EPS) if post else None
         self.drop = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(
-            TransformerBlock(dim, num_heads, dropout=dropout, qk_norm=qk_norm, softcap=softcap, backend=backend)
-            for _ in range(num_layers)
+            TransformerBlock(dim, num_heads, dropout=dropout, shape=shape) for _ in range(num_layers)
         )
-        self.norm = nn.LayerNorm(dim)
+        self.norm = None if post else nn.LayerNorm(dim)
 
     def forward(self, h: Tensor, lengths: Tensor) -> Tensor:
         seq_len = h.shape[1]
-        x = self.drop(h if self.pos is None else h + self.pos(lengths, seq_len))  # [B, L, d]
+        x = h if self.pos is None else h + self.pos(lengths, seq_len)  # [B, L, d]
+        x = self.drop(x if self.embed_norm is None else self.embed_norm(x))
         for block in self.blocks:
             x = block(x, lengths, self.causal)
-        return self.norm(x) * length_mask(lengths, seq_len).to(x.dtype)[..., None]
+        x = x if self.norm is None else self.norm(x)
+        return x * length_mask(lengths, seq_len).to(x.dtype)[..., None]

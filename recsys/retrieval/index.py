@@ -39,6 +39,7 @@ from recsys.config import RetrievalConfig
 from recsys.io import atomic_save
 from recsys.progress import progress_bar
 from recsys.retrieval.aggregate import diverse_merge, max_merge
+from recsys.text import count
 
 __all__ = [
     "Exclude",
@@ -150,7 +151,7 @@ def build_index(item_emb: np.ndarray | torch.Tensor, settings: RetrievalConfig, 
         if ivf is not None and ivf.nlist > len(vectors):
             raise ValueError(
                 f"retrieval.factory: {factory!r} asks for {ivf.nlist} IVF lists but there are "
-                f"only {len(vectors)} items; use fewer lists"
+                f"only {count(len(vectors), 'item')}; use fewer lists"
             )
         try:
             index.train(vectors)
@@ -179,7 +180,7 @@ def clamp_ivf(factory: str, num_vectors: int) -> tuple[str, str | None]:
         return factory, None
     clamped = factory[: match.start(1)] + str(allowed) + factory[match.end(1) :]
     return clamped, (
-        f"{factory!r} asks for {nlist} IVF lists but {num_vectors} items train at most {allowed} "
+        f"{factory!r} asks for {nlist} IVF lists but {count(num_vectors, 'item')} train at most {allowed} "
         f"(>= {MIN_POINTS_PER_LIST} per list); using {clamped!r}"
     )
 

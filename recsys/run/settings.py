@@ -349,7 +349,7 @@ def resolve(cfg: Config, facts: Facts) -> Config:
     spec, t, n = spec_for(out.model.name), out.train, facts.num_items - 1
     auto = spec.automatic
     _set(out, "train.soft_readout_steps", auto.soft_readout_steps)
-    _set(out, "train.predict_at", auto.predict_at)
+    _set(out, "train.predict_at", auto.predict_at if trains_densely(out.model) else "last")
     _set(out, "train.negative_readout", auto.negative_readout)
     _set(out, "train.predict_next", auto.predict_next if facts.tied_share >= TIED_ORDER else 1)
     # hard negatives are a sampling proposal: asking for them asks for the sampled softmax
@@ -375,6 +375,13 @@ def resolve(cfg: Config, facts: Facts) -> Config:
     check(out)
     assert not automatic_keys(out), automatic_keys(out)
     return freeze(out)
+
+
+def trains_densely(model: ModelConfig) -> bool:
+    """Whether ``model`` can train on every position of a window: its spec is dense and its output at
+    position ``t`` reads clicks ``<= t`` only (a transformer's frequency filter reads the whole window)."""
+    spec = spec_for(model.name)
+    return spec.dense and ("mixer" not in spec.settings or model.mixer == "attention")
 
 
 def unresolved(cfg: Config) -> list[str]:
@@ -425,6 +432,16 @@ def check(cfg: Config) -> None:
         raise ConfigError(
             f'train.predict_at="all": {cfg.model.name} cannot train on every position of a window '
             f'(models that can: {", ".join(dense)}); use "last" or "auto"'
+        )
+    if t.predict_at == "all" and not trains_densely(cfg.model):
+        raise ConfigError(
+            f'train.predict_at="all": model.mixer={cfg.model.mixer!r} reads the whole window (its filter is not '
+            'causal), so a position would see the click it predicts; use "last" or "auto"'
+        )
+    if t.draw == "targets" and t.predict_at == "all":
+        raise ConfigError(
+            'train.draw="targets": dense training windows are drawn by train.windows; it applies to '
+            'train.predict_at="last"'
         )
     if t.item_updates == "sparse" and (t.full_softmax is True or t.hard_negatives):
         why = "train.full_softmax = true scores" if t.full_softmax is True else "train.hard_negatives draws from"

@@ -65,6 +65,7 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
 from recsys.config import MAX_DIVERSITY_LAMBDA, ServeConfig
 from recsys.serve.microbatch import MicroBatcher
 from recsys.serve.recommender import Recommender
+from recsys.text import count
 
 __all__ = ["bind", "create_app", "run_server", "shown"]
 
@@ -457,7 +458,7 @@ def run_server(
     sock = bind(cfg.host, cfg.port)
     port = sock.getsockname()[1]
     print(
-        f"serving {run} ({rec.name}, {rec.dataset.num_items - 1:,} items, index {rec.index_name}) "
+        f"serving {run} ({rec.name}, {count(rec.dataset.num_items - 1, 'item')}, index {rec.index_name}) "
         f"on http://{cfg.host}:{port}",
         flush=True,
     )

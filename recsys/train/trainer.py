@@ -44,6 +44,7 @@ from recsys.nn.attention import max_attention_logit, set_track_stats
 from recsys.nn.masking import gather_last
 from recsys.run import Experiment, RunDir, build_experiment, new_run_dir, unfinished_runs
 from recsys.run.settings import check
+from recsys.text import count
 from recsys.train import distributed
 from recsys.train.averaging import WeightAverage
 from recsys.train.checkpoint import capture_rng, make_checkpoint, rank_rng, restore_rank_rng, restore_rng
@@ -671,7 +672,7 @@ def _keep_global_batch(cfg: Config, saved: int | None, world_size: int, log: Log
 
 
 def _processes(n: int) -> str:
-    return f"{n} process" if n == 1 else f"{n} processes"
+    return count(n, "process", "processes")
 
 
 def _prepare(
@@ -726,8 +727,8 @@ def dry_run(cfg: Config, *, clicks: pd.DataFrame | None = None, progress: bool =
 
 def _data_line(ds: Dataset, split: Split) -> str:
     return (
-        f"data: {ds.num_users} users, {ds.num_items - 1} items, {len(ds.items)} clicks; "
-        f"train users {len(split.train_users)}, valid {len(split.valid.users)}, test {len(split.test.users)}"
+        f"data: {count(ds.num_users, 'user')}, {count(ds.num_items - 1, 'item')}, {count(len(ds.items), 'click')}; "
+        f"train users {len(split.train_users):,}, valid {len(split.valid.users):,}, test {len(split.test.users):,}"
     )
 
 
@@ -887,7 +888,7 @@ class _Loop:
         if t.predict_at == "all":
             batches = WindowSampler(*rows, tiled=t.windows == "tiled", **part)
         else:
-            batches = TrainSampler(*rows, min_target=t.min_target, **part)
+            batches = TrainSampler(*rows, min_target=t.min_target, by_targets=t.draw == "targets", **part)
         plan = plan_training(t, exp.facts)
         if dist.is_main:
             log(plan.describe(t))
@@ -1086,7 +1087,7 @@ def _check_split(ds: Dataset, split: Split) -> None:
     empty = [name for name, size in sizes.items() if size == 0]
     if empty:
         raise ValueError(
-            f"data: too small to split: {ds.num_users} users after filtering leave no {' and no '.join(empty)} "
+            f"data: too small to split: {count(ds.num_users, 'user')} after filtering, so no {' and no '.join(empty)} "
             f"users ({', '.join(f'{k} {v}' for k, v in sizes.items())}); use more data, or lower "
             "data.min_item_count / data.min_user_count"
         )

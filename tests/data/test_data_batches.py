@@ -78,6 +78,19 @@ def test_sampler_covers_users_and_positions_uniformly():
     assert counts[5:8] == pytest.approx([3333] * 3, rel=0.08)  # user 2: three
 
 
+@pytest.mark.parametrize("min_target", [1, 2])
+def test_drawing_by_targets_makes_every_target_equally_likely(min_target):
+    indptr = np.array([0, 1, 3, 7])  # user 0: 1 click, never drawn; user 1: 2 clicks; user 2: 4 clicks
+    items = np.arange(1, 8)
+    sampler = TrainSampler(indptr, items, max_len=5, seed=4, min_target=min_target, by_targets=True)
+    seq, lengths, targets = sampler.sample(30000)
+    possible = [3, 5, 6, 7] if min_target == 1 else [6, 7]  # each user's clicks at positions >= min_target
+    counts = np.bincount(targets, minlength=8)
+    assert counts[possible] == pytest.approx([30000 / len(possible)] * len(possible), rel=0.06)
+    assert counts.sum() == counts[possible].sum()
+    np.testing.assert_array_equal(seq[np.arange(len(seq)), lengths - 1], targets - 1)  # the click before it
+
+
 def test_sampler_is_deterministic_and_respects_the_user_subset():
     indptr, items = random_csr(50, 10, unique=True)
     a = TrainSampler(indptr, items, 6, seed=11).sample(64)

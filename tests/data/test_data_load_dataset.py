@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
+import pytest
 
 from recsys.config import load_config
-from recsys.data import describe, load_dataset
+from recsys.data import DataWarning, describe, load_dataset
 
 
 def small_synthetic(tmp_path, *extra: str):
@@ -61,3 +63,24 @@ def test_describe_reports_counts_after_filtering(tmp_path):
     assert lines["items"] == "100"
     assert lines["categories"].startswith("5 ")
     assert lines["timestamps"] == "yes"
+
+
+@pytest.mark.parametrize("prepare", ["memory", "disk"])
+def test_a_user_holding_most_clicks_is_named_with_the_share(tmp_path, prepare):
+    if prepare == "disk":
+        pytest.importorskip("duckdb")
+    people = [(f"u{t % 6}", f"i{t % 3}", t) for t in range(30)]
+    for name, rows in (("people", people), ("bot", [("bot", f"i{t % 9}", t) for t in range(470)] + people)):
+        (tmp_path / f"{name}.csv").write_text("user,item,timestamp\n" + "".join(f"{u},{i},{t}\n" for u, i, t in rows))
+
+    def load(name: str) -> None:
+        source = tmp_path / f"{name}.csv"
+        load_dataset(
+            load_config(None, [f"data.source={source}", f"data.prepare={prepare}", f"data.cache_dir={tmp_path}"])
+        )
+
+    with pytest.warns(DataWarning, match=r"bot\.csv: user 'bot' holds 94% of the 500 clicks after filtering; "):
+        load("bot")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DataWarning)
+        load("people")  # the largest user holds 5 of 30 clicks

@@ -136,7 +136,7 @@ def test_missing_columns_and_values_are_errors():
         prepare(pd.DataFrame({"user": ["a"], "item": ["b"]}), DataConfig())
     df = clicks([("a", "x", 0), ("b", "y", 0)])
     df.loc[1, "item"] = None
-    with pytest.raises(DataError, match="1 rows have a missing item"):
+    with pytest.raises(DataError, match="1 row with a missing item"):
         prepare(df, DataConfig(min_item_count=0, min_user_count=0))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from pathlib import Path
 
@@ -139,7 +140,7 @@ def test_time_split_needs_timestamps():
 def test_too_few_users_for_a_user_split():
     tiny = split_dataset(random_dataset(num_users=2, min_len=2), DataConfig())
     assert (len(tiny.train_users), len(tiny.valid), len(tiny.test)) == (1, 0, 1)
-    with pytest.raises(DataError, match="too few"):
+    with pytest.raises(DataError, match=r"^1 user after filtering: too few for a user split"):
         split_dataset(random_dataset(num_users=1), DataConfig())
 
 
@@ -256,6 +257,24 @@ def test_leave_one_out_trains_the_samplers_on_every_click_but_the_last_two():
         assert any(row[i : i + n + 1] == window_clicks for row in rows for i in range(len(row) - n)), window_clicks
 
 
+def test_leave_one_out_every_user_rules_drop_nothing():
+    """The BSARec lineage's rules score every user with 3 clicks, repeated and cold targets included."""
+    rows = [[1, 2, 3, 4, 5], [4, 5], [1, 2, 3, 2], [2, 5, 2, 3], [1, 2, 3, 7], [1, 8, 2]]
+    split = split_dataset(_sequences(rows), DataConfig(split="leave_one_out", loo_rules="every_user", max_len=2))
+    held = {u: row for u, row in enumerate(rows) if len(row) >= 3}
+    assert _eval_rows(split.valid) == {u: (row[:-2], [row[-2]]) for u, row in held.items()}
+    assert _eval_rows(split.test) == {u: (row[:-1], [row[-1]]) for u, row in held.items()}
+    rectools = split_dataset(_sequences(rows), DataConfig(split="leave_one_out", max_len=2))
+    assert len(rectools.test) < len(split.test) and len(rectools.valid) < len(split.valid)
+
+
+def test_leave_one_out_rules_refused_under_other_splits():
+    from recsys.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="data.loo_rules: applies to data.split"):
+        load_config(None, ["data.loo_rules=every_user"])
+
+
 @pytest.mark.skipif(not AMAZON_BEAUTY.is_file(), reason="needs ../shared/data/amazon-beauty")
 def test_leave_one_out_on_amazon_beauty_matches_rectools_counts():
     """22,363 users, 198,502 clicks: every user trains on all but two; RecTools' rules keep 22,312
@@ -267,6 +286,8 @@ def test_leave_one_out_on_amazon_beauty_matches_rectools_counts():
     split = split_dataset(load_dataset(cfg), cfg.data)
     assert (len(split.train_users), split.train_lengths.sum()) == (22_363, 198_502 - 2 * 22_363)
     assert (len(split.valid), len(split.test)) == (22_312, 22_311)
+    every = split_dataset(load_dataset(cfg), dataclasses.replace(cfg.data, loo_rules="every_user"))
+    assert (len(every.valid), len(every.test)) == (22_363, 22_363)  # BSARec's logs: 22,363 users
 
 
 @pytest.mark.parametrize("split", ["user", "time", "leave_one_out"])

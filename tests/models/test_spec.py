@@ -3,6 +3,8 @@ through the public functions, and the library asks its spec instead of its name.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch import Tensor, nn
@@ -219,3 +221,22 @@ def test_every_built_in_spec_agrees_with_its_model(name):
     else:
         with pytest.raises(NotImplementedError):
             model.prefix_interests(seq, lengths)
+
+
+@pytest.mark.parametrize("name", ["sasrec", "sasrec_mi"])
+def test_bert_init_starts_every_table_and_linear_at_two_hundredths(name):
+    from recsys.models.sasrec import BERT_INIT_STD, SASRec, SASRecMI
+
+    torch.manual_seed(0)
+    cfg = load_config(None, [f"model.name={name}", "model.dim=64", "model.dropout=0.1", "model.init=bert"]).model
+    cfg.score_cap = 1.0
+    model = (SASRec if name == "sasrec" else SASRecMI)(500, cfg, 50)
+    table = model.embedding.table.weight
+    assert table[0].abs().max() == 0  # padding stays zero
+    assert table[1:].std().item() == pytest.approx(BERT_INIT_STD, rel=0.05)
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            assert module.weight.std().item() == pytest.approx(BERT_INIT_STD, rel=0.2)
+            assert module.bias is None or module.bias.abs().max() == 0
+    scaled = (SASRec if name == "sasrec" else SASRecMI)(500, dataclasses.replace(cfg, init="scaled"), 50)
+    assert scaled.embedding.table.weight[1:].std().item() == pytest.approx(64**-0.5, rel=0.05)

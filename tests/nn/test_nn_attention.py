@@ -135,3 +135,32 @@ def test_qk_norm_keeps_one_dtype_under_autocast(monkeypatch, qk_norm):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         mha(torch.randn(2, 3, 8), torch.tensor([3, 1]))
     assert seen["dtypes"] == (torch.bfloat16,) * 3
+
+
+def test_attention_dropout_drops_probabilities_while_training_only():
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 2, backend="torch", dropout=0.5)
+    x = torch.randn(3, 7, 16)
+    lengths = torch.tensor([7, 3, 0])
+    plain = MultiHeadAttention(16, 2, backend="torch")
+    plain.load_state_dict(mha.state_dict())
+    mha.eval()
+    torch.testing.assert_close(mha(x, lengths, causal=True), plain(x, lengths, causal=True))
+    mha.train()
+    a, b = mha(x, lengths, causal=True), mha(x, lengths, causal=True)
+    assert (a - b).abs().max() > 1e-3  # a fresh mask each call
+    # padded query rows see no key: still exactly the output projection's bias
+    bias = mha.out.bias.detach()
+    torch.testing.assert_close(a[1, 3:], bias.expand(4, 16))
+    torch.testing.assert_close(a[2], bias.expand(7, 16))
+    # in expectation the dropped attention is the plain one: the mean of many masks approaches it
+    mean = torch.stack([mha(x, lengths, causal=True) for _ in range(400)]).mean(0)
+    assert (mean - plain(x, lengths, causal=True)).abs().max() < 0.1
+
+
+def test_the_triton_backend_refuses_attention_dropout():
+    from recsys.kernels import attention
+
+    q = torch.randn(1, 1, 4, 16)
+    with pytest.raises(ValueError, match="no attention dropout"):
+        attention(q, q, q, backend="triton", dropout=0.1)

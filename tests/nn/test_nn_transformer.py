@@ -5,14 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from recsys.nn.transformer import TransformerEncoder
+from recsys.nn.transformer import EncoderShape, TransformerEncoder
 
 
-def _encoder(**kw) -> TransformerEncoder:
+def _encoder(dropout: float = 0.0, causal: bool = True, **shape) -> TransformerEncoder:
     torch.manual_seed(0)
-    args = dict(dropout=0.0, qk_norm="rms", softcap=5.0, backend="torch")
-    args.update(kw)
-    return TransformerEncoder(8, 2, 2, 7, **args).eval()
+    shape = {"qk_norm": "rms", "softcap": 5.0, "backend": "torch", **shape}
+    return TransformerEncoder(8, 2, 2, 7, dropout=dropout, causal=causal, shape=EncoderShape(**shape)).eval()
+
+
+BSAREC = {"mixer": "hybrid", "block": "post_norm", "filter_cutoff": 3, "attention_dropout": 0.5}
 
 
 def test_causal_encoder_never_looks_ahead():
@@ -37,9 +39,12 @@ def test_bidirectional_encoder_does_look_ahead():
     assert (enc(changed, lengths)[:, 0] - enc(h, lengths)[:, 0]).abs().max() > 1e-4
 
 
-@pytest.mark.parametrize("causal", [True, False])
-def test_padding_is_ignored_and_zeroed(causal):
-    enc = _encoder(causal=causal)
+@pytest.mark.parametrize(
+    ("causal", "shape"),
+    [(True, {}), (False, {}), (True, BSAREC), (True, {"mixer": "frequency"}), (True, {"block": "post_norm"})],
+)
+def test_padding_is_ignored_and_zeroed(causal, shape):
+    enc = _encoder(causal=causal, **shape)
     h = torch.randn(3, 7, 8)
     lengths = torch.tensor([3, 7, 1])
     base = enc(h, lengths)
@@ -51,8 +56,9 @@ def test_padding_is_ignored_and_zeroed(causal):
     assert base[0, 3:].abs().max() == 0 and base[2, 1:].abs().max() == 0
 
 
-def test_empty_and_single_rows_have_finite_outputs_and_gradients():
-    enc = _encoder(dropout=0.1).train()
+@pytest.mark.parametrize("shape", [{}, BSAREC, {"mixer": "frequency"}])
+def test_empty_and_single_rows_have_finite_outputs_and_gradients(shape):
+    enc = _encoder(dropout=0.1, **shape).train()
     h = torch.randn(2, 7, 8, requires_grad=True)
     lengths = torch.tensor([0, 1])
     out = enc(h, lengths)
@@ -65,3 +71,28 @@ def test_empty_and_single_rows_have_finite_outputs_and_gradients():
 def test_too_long_sequence_names_max_len():
     with pytest.raises(ValueError, match="max_len"):
         _encoder()(torch.randn(1, 8, 8), torch.tensor([8]))
+
+
+def test_the_filter_reads_the_whole_window_so_it_is_not_causal():
+    """BSARec's filter mixes later clicks into earlier positions (recsys.nn.frequency): only a
+    window's last position may be trained, which the resolver enforces."""
+    enc = _encoder(**BSAREC)
+    h = torch.randn(1, 7, 8)
+    lengths = torch.tensor([7])
+    changed = h.clone()
+    changed[:, 6] += torch.randn(8)
+    assert (enc(changed, lengths)[:, 0] - enc(h, lengths)[:, 0]).abs().max() > 1e-4
+    assert not EncoderShape(**BSAREC).causal_mixer and EncoderShape().causal_mixer
+
+
+def test_pre_norm_attention_block_keeps_its_parameter_names():
+    """Saved sasrec runs load: the default block's state-dict keys are the ones they were saved with."""
+    keys = set(_encoder().state_dict())
+    assert {"blocks.0.norm1.weight", "blocks.0.attn.qkv.weight", "blocks.0.norm2.bias", "norm.weight"} <= keys
+    assert not any("filter" in k or "embed_norm" in k for k in keys)
+
+
+@pytest.mark.parametrize("field", ["mixer", "block"])
+def test_unknown_shape_names_its_setting(field):
+    with pytest.raises(ValueError, match=f"model.{field}"):
+        EncoderShape(**{field: "bogus"})

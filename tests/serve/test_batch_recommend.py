@@ -41,7 +41,8 @@ def test_recommend_csv_format_and_unknown_users(tiny_run, dataset, tmp_path, cap
         == 0
     )
     captured = capsys.readouterr()
-    assert "skipped 1 unknown users: 'ghost'" in captured.err
+    assert "skipped 1 unknown user: 'ghost'" in captured.err
+    assert f"14 recommendations for 2 users (7 items each) written to {out}" in captured.out
     table = pd.read_csv(out, dtype={"user": str, "item": str})
     assert list(table.columns) == ["user", "rank", "item", "score", "interest"]
     assert list(pd.unique(table["user"])) == [dataset.user_raw[5], dataset.user_raw[0]]  # input order, once each
@@ -50,6 +51,16 @@ def test_recommend_csv_format_and_unknown_users(tiny_run, dataset, tmp_path, cap
         assert (np.diff(rows["score"].to_numpy()) <= 1e-6).all()  # best first
         assert rows["item"].is_unique and rows["item"].isin(dataset.item_raw[1:]).all()
         assert rows["interest"].between(0, 3).all()
+
+
+def test_one_recommendation_for_one_user_is_written_in_the_singular(tiny_run, dataset, tmp_path, capsys):
+    (tmp_path / "users.txt").write_text(f"{dataset.user_raw[3]}\nghost\n")
+    out = tmp_path / "recs.csv"
+    args = ["--users", str(tmp_path / "users.txt"), "--n", "1", "--out", str(out), "--factory", "Flat"]
+    assert main(["recommend", tiny_run, *args]) == 0
+    captured = capsys.readouterr()
+    assert f"1 recommendation for 1 user (1 item each) written to {out}" in captured.out
+    assert "skipped 1 unknown user: 'ghost'" in captured.err
 
 
 def _seen_recommended(dataset, table) -> int:
@@ -195,7 +206,7 @@ def test_recommend_errors(tiny_run, tmp_path, capsys):
     (tmp_path / "users.txt").write_text("ghost\n")
     out = str(tmp_path / "r.csv")
     assert main(["recommend", tiny_run, "--users", str(tmp_path / "users.txt"), "--out", out, "--strict"]) == 2
-    assert "unknown user ids: 'ghost'" in capsys.readouterr().err
+    assert "1 unknown user id: 'ghost'" in capsys.readouterr().err
     assert main(["recommend", tiny_run, "--all", "--out", str(tmp_path / "r.json")]) == 2
     assert ".parquet, .csv" in capsys.readouterr().err
     assert main(["recommend", tiny_run, "--users", str(tmp_path / "none.txt"), "--out", out]) == 2

@@ -22,6 +22,7 @@ def attention(
     scale: float | None = None,
     softcap: float | None = None,
     backend: str = "auto",
+    dropout: float = 0.0,
 ) -> Tensor:
     """Scaled dot-product attention with key padding, causal masking and logit soft-capping.
 
@@ -36,6 +37,8 @@ def attention(
         scale: logit scale, default ``1 / sqrt(D)``.
         softcap: if > 0, logits become ``softcap * tanh(logits / softcap)``.
         backend: ``"auto" | "triton" | "torch"``.
+        dropout: attention-probability dropout (training only; pass 0 otherwise). The kernels do not
+            implement it, so ``dropout > 0`` runs the PyTorch twin (``backend = "triton"`` refuses it).
 
     Returns:
         ``[B, H, Lq, D]``; rows with no visible key (causal: every padded row) are 0 and get zero
@@ -43,6 +46,12 @@ def attention(
     """
     check_attention_args(q, k, v, key_lengths, causal)
     softcap = softcap or None
+    if dropout:
+        if backend == "triton":
+            raise ValueError("attention: the Triton kernels have no attention dropout; use backend 'auto' or 'torch'")
+        return attention_ref(
+            q, k, v, key_lengths=key_lengths, causal=causal, scale=scale, softcap=softcap, dropout=dropout
+        )
     if use_triton(backend, q.device):
         if kernel.triton_supports(q, v):  # the arguments are checked: straight to the kernels
             return kernel.flash_attention(q, k, v, key_lengths, causal, scale, softcap)

@@ -25,6 +25,7 @@ def attention_ref(
     causal: bool = False,
     scale: float | None = None,
     softcap: float | None = None,
+    dropout: float = 0.0,
 ) -> Tensor:
     """Masked softmax attention, materialising the full score matrix.
 
@@ -37,6 +38,8 @@ def attention_ref(
             ``i >= key_lengths[b]`` are padding too (right-padded self-attention): they see no key.
         scale: multiplies ``q kᵀ``; default ``1 / sqrt(D)``.
         softcap: if set, logits become ``softcap * tanh(logits / softcap)`` (after scaling).
+        dropout: drop each attention probability with this chance and rescale the rest by
+            ``1 / (1 - dropout)`` (BERT's and SASRec's attention dropout; pass 0 outside training).
 
     Returns:
         ``[B, H, Lq, Dv]``. A query row with no visible key (causal: every padded row) is exactly
@@ -61,4 +64,6 @@ def attention_ref(
     any_visible = visible.any(dim=-1, keepdim=True)  # [B, 1, Lq, 1]
     s = s.masked_fill(~visible, float("-inf")).masked_fill(~any_visible, 0.0)
     p = torch.softmax(at_least_fp32(s), dim=-1).to(v.dtype).masked_fill(~any_visible, 0.0)
+    if dropout:
+        p = torch.nn.functional.dropout(p, dropout)
     return torch.matmul(p, v)

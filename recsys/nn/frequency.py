@@ -1,0 +1,66 @@
+"""Frequency-domain token mixing: BSARec's low-band / high-band filter of a click sequence.
+
+BSARec (Shin et al., AAAI 2024) mixes self-attention with a fixed split of each feature's sequence
+into its lowest frequencies and the rest: ``low = irfft(rfft(x)[:c])`` along the sequence,
+``high = x - low``, and the filter's output ``low + β² ⊙ high`` with a learned ``β [d]``, so the
+model chooses, per feature, how much of the sequence's fast changes (the latest clicks' departures
+from the user's slow trend) to keep. The transformer block (:mod:`recsys.nn.transformer`) adds the
+residual, the norm, and the mix with attention.
+
+Padding and causality. The published block filters a left-padded window of ``L = max_len`` rows,
+padding rows included, and is trained on the window's last position only. The low band is a
+circulant operator along the sequence (it keeps the frequencies ``0, ±1, ..., ±(c - 1)`` of a
+length-``L`` DFT), so it commutes with rotations: filtering the right-padded window gives, at
+every valid position, what filtering the left-padded one gives at the same click. Two things differ
+from the published block, both on purpose:
+
+- padding rows are zeroed before the filter (the published block filters the padding rows'
+  LayerNorm'd position embeddings too), so a user's representation does not depend on what sits in
+  their padding;
+- like the published block, the filter is **not causal**: position ``t`` reads clicks after ``t``
+  within the window. Only a window's last position may be trained (``train.predict_at = "last"``,
+  every prefix a sample, as the published recipe does); dense training, where position ``t``
+  predicts click ``t + 1``, would read its own target, and is refused (:mod:`recsys.run.settings`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from recsys.nn.masking import length_mask
+
+
+def low_band_bins(cutoff: int) -> int:
+    """The rfft bins kept as the low band for BSARec's ``c`` (its ``c // 2 + 1``)."""
+    if cutoff < 1:
+        raise ValueError(f"model.filter_cutoff must be >= 1, got {cutoff}")
+    return cutoff // 2 + 1
+
+
+class FrequencyFilter(nn.Module):
+    """``x [B, L, d]``, ``lengths [B]`` -> ``low + β² ⊙ (x - low)`` ``[B, L, d]``, 0 at padded rows.
+
+    ``low`` keeps the lowest ``cutoff // 2 + 1`` rfft bins of each feature along the sequence
+    (orthonormal FFT of length ``L``, the tensor's width); ``β [d]`` starts at ``N(0, 1)`` as in
+    BSARec. Computed in at least float32 (``torch.fft`` has no bf16), returned in ``x``'s dtype.
+
+    Args:
+        dim: width ``d``.
+        cutoff: BSARec's ``c`` (its logged Amazon Beauty run: 5, i.e. 3 bins).
+    """
+
+    def __init__(self, dim: int, cutoff: int):
+        super().__init__()
+        self.bins = low_band_bins(cutoff)
+        self.sqrt_beta = nn.Parameter(torch.randn(dim))
+
+    def forward(self, x: Tensor, lengths: Tensor) -> Tensor:
+        seq_len = x.shape[1]
+        mask = length_mask(lengths, seq_len)[..., None]  # [B, L, 1]
+        wide = x.to(torch.promote_types(x.dtype, torch.float32)) * mask  # padding rows are zero
+        spectrum = torch.fft.rfft(wide, dim=1, norm="ortho")  # [B, L // 2 + 1, d]
+        spectrum = spectrum * (torch.arange(spectrum.shape[1], device=x.device) < self.bins)[None, :, None]
+        low = torch.fft.irfft(spectrum, n=seq_len, dim=1, norm="ortho")  # [B, L, d]
+        out = low + self.sqrt_beta.square() * (wide - low)
+        return (out * mask).to(x.dtype)

@@ -1,0 +1,80 @@
+"""BSARec's frequency filter against an fp64 DFT written out as a matrix, on the published layout."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from recsys.nn.frequency import FrequencyFilter, low_band_bins
+
+
+def _low_band_matrix(seq_len: int, bins: int) -> torch.Tensor:
+    """``[L, L]`` fp64: the operator keeping DFT frequencies ``k`` with ``min(k, L - k) < bins``."""
+    k = torch.arange(seq_len, dtype=torch.float64)
+    keep = torch.minimum(k, seq_len - k) < bins
+    t = torch.arange(seq_len, dtype=torch.float64)
+    phase = 2 * math.pi * (t[:, None] - t[None, :]) * k[keep][:, None, None] / seq_len  # [K, L, L]
+    return torch.cos(phase).sum(0) / seq_len
+
+
+def _published(x: torch.Tensor, lengths: torch.Tensor, beta: torch.Tensor, bins: int) -> torch.Tensor:
+    """The published block's filter on the LEFT-padded window (padding rows zero), then moved back
+    to the right-padded layout: what BSARec computes at every valid click."""
+    b, seq_len, _ = x.shape
+    out = torch.zeros_like(x, dtype=torch.float64)
+    band = _low_band_matrix(seq_len, bins)
+    for i in range(b):
+        n = int(lengths[i])
+        left = torch.zeros(seq_len, x.shape[2], dtype=torch.float64)
+        left[seq_len - n :] = x[i, :n].double()
+        low = band @ left
+        filtered = low + beta.double() ** 2 * (left - low)
+        out[i, :n] = filtered[seq_len - n :]
+    return out
+
+
+@pytest.mark.parametrize("seq_len", [1, 7, 50, 129])
+@pytest.mark.parametrize("cutoff", [1, 5, 12])
+@pytest.mark.parametrize("dim", [16, 64])
+def test_filter_matches_the_published_left_padded_filter_in_fp64(seq_len, cutoff, dim):
+    torch.manual_seed(seq_len * 100 + cutoff)
+    f = FrequencyFilter(dim, cutoff)
+    x = torch.randn(4, seq_len, dim)
+    lengths = torch.tensor([seq_len, max(seq_len // 2, 1), 1, 0])
+    out = f(x, lengths)
+    ref = _published(x, lengths, f.sqrt_beta.detach(), low_band_bins(cutoff))
+    assert torch.linalg.vector_norm(out.double() - ref) <= 1e-5 * torch.linalg.vector_norm(ref) + 1e-12
+    assert out[3].abs().max() == 0  # a fully padded row is zero
+
+
+def test_a_full_band_filter_is_a_rescaling_by_beta_squared():
+    """With every frequency kept the low band is x itself: the output is x."""
+    f = FrequencyFilter(8, 40)
+    x = torch.randn(2, 9, 8)
+    torch.testing.assert_close(f(x, torch.tensor([9, 9])), x, rtol=1e-5, atol=1e-5)
+
+
+def test_gradients_are_finite_and_padding_gets_none():
+    f = FrequencyFilter(16, 5)
+    x = torch.randn(3, 7, 16, dtype=torch.float64, requires_grad=True)
+    lengths = torch.tensor([7, 3, 0])
+    f.double()
+    torch.autograd.gradcheck(lambda t: f(t, lengths), (x,))
+    f(x, lengths).pow(2).sum().backward()
+    assert torch.isfinite(x.grad).all() and x.grad[1, 3:].abs().max() == 0 and x.grad[2].abs().max() == 0
+
+
+def test_bf16_input_comes_back_bf16_and_close():
+    f = FrequencyFilter(16, 5)
+    x = torch.randn(2, 50, 16)
+    lengths = torch.tensor([50, 9])
+    out = f(x.bfloat16(), lengths)
+    assert out.dtype == torch.bfloat16
+    assert torch.linalg.vector_norm(out.float() - f(x, lengths)) <= 2e-2 * torch.linalg.vector_norm(f(x, lengths))
+
+
+def test_cutoff_below_one_is_refused():
+    with pytest.raises(ValueError, match="filter_cutoff"):
+        FrequencyFilter(8, 0)
