@@ -183,8 +183,9 @@ class ModelConfig(_Section):
     # transformer encoders (recsys.nn.transformer): the token mixer, attention | frequency (BSARec's low/high-band
     # filter; it reads the whole window, so it trains on the last position only) | hybrid (BSARec's
     # filter_alpha * filter + (1 - filter_alpha) * attention); the block form, pre_norm | post_norm (BERT's, as
-    # SASRec's code, S3Rec and BSARec); BSARec's c (the low band keeps c // 2 + 1 frequencies); dropout on
-    # attention probabilities (the kernels have none: it trains on the PyTorch twin)
+    # SASRec's code, S3Rec and BSARec) | ligr (pre-norm, sigmoid-gated residuals, SwiGLU: eSASRec's); BSARec's c
+    # (the low band keeps c // 2 + 1 frequencies); dropout on attention probabilities (the kernels have none: it
+    # trains on the PyTorch twin)
     mixer: str = "attention"
     # transformer encoders' initial weights: scaled (item rows N(0, 1/d), torch's Linear init) | bert (every
     # Linear and embedding N(0, 0.02), zero biases: BERT's, which S3Rec, FMLP-Rec and BSARec keep)
@@ -542,7 +543,7 @@ _CHOICES = {
     "model.positions": ("recent", "absolute", "alibi", "none"),
     "model.head_values": ("items", "encoded"),
     "model.mixer": ("attention", "frequency", "hybrid"),
-    "model.block": ("pre_norm", "post_norm"),
+    "model.block": ("pre_norm", "post_norm", "ligr"),
     "model.init": ("scaled", "bert"),
     "model.backend": KERNEL_BACKENDS,
     "train.optimizer": ("adam", "adamw"),

@@ -6,15 +6,19 @@ transformer models choose both parts (``[model]`` settings, one :class:`EncoderS
 - the **mixer**: ``"attention"`` (self-attention on our kernels), ``"frequency"`` (BSARec's
   low/high-band filter, :mod:`recsys.nn.frequency`) or ``"hybrid"`` (BSARec's mix:
   ``α · filter + (1 - α) · attention``);
-- the **block form**: ``"pre_norm"`` (``x + drop(f(LN(x)))``, a final LayerNorm; the default) or
+- the **block form**: ``"pre_norm"`` (``x + drop(f(LN(x)))``, a final LayerNorm; the default),
   ``"post_norm"`` (``LN(x + drop(f(x)))`` after a LayerNorm of the embeddings, no final norm: BERT's
-  form, which SASRec's original code, S3Rec, FMLP-Rec and BSARec use).
+  form, which SASRec's original code, S3Rec, FMLP-Rec and BSARec use) or ``"ligr"`` (LiGR, Borisyuk
+  et al. 2025, as eSASRec uses it: pre-norm with sigmoid-gated residuals
+  ``x + σ(W x) ⊙ drop(f(LN(x)))`` and a SwiGLU feed-forward).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from recsys.nn.attention import MultiHeadAttention
@@ -23,7 +27,7 @@ from recsys.nn.frequency import FrequencyFilter
 from recsys.nn.masking import length_mask
 
 MIXERS = ("attention", "frequency", "hybrid")
-BLOCKS = ("pre_norm", "post_norm")
+BLOCKS = ("pre_norm", "post_norm", "ligr")
 # BERT's LayerNorm epsilon, which the post-norm lineage (S3Rec, FMLP-Rec, BSARec) keeps
 POST_NORM_EPS = 1e-12
 
@@ -34,7 +38,7 @@ class EncoderShape:
 
     Attributes:
         mixer: ``"attention" | "frequency" | "hybrid"``.
-        block: ``"pre_norm" | "post_norm"``.
+        block: ``"pre_norm" | "post_norm" | "ligr"``.
         filter_cutoff: BSARec's ``c``: the low band keeps ``c // 2 + 1`` frequencies.
         filter_alpha: the hybrid's weight ``α`` of the filter (BSARec's ``alpha``).
         attention_dropout: attention-probability dropout (training only).
@@ -64,12 +68,30 @@ class EncoderShape:
         return self.mixer == "attention"
 
 
+class SwiGLU(nn.Module):
+    """``down(silu(gate(x)) ⊙ up(x))``: ``[..., d] -> [..., d]`` through ``inner`` features, no biases
+    (Shazeer 2020; LiGR's and eSASRec's feed-forward)."""
+
+    def __init__(self, dim: int, inner: int):
+        super().__init__()
+        self.gate = nn.Linear(dim, inner, bias=False)
+        self.up = nn.Linear(dim, inner, bias=False)
+        self.down = nn.Linear(inner, dim, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
 class TransformerBlock(nn.Module):
-    """One block: the token mixer then ``ffn = Linear(d, 4d) → GELU → Linear(4d, d)``.
+    """One block: the token mixer then a feed-forward network of ``4d`` inner features
+    (``Linear → GELU → Linear``; SwiGLU in ``ligr``).
 
     ``pre_norm``: ``x + drop(mix(LN(x)))`` then ``x + drop(ffn(LN(x)))``, where the hybrid's
-    ``mix(u) = α · filter(u) + (1 - α) · attn(u)``. ``post_norm`` (BSARec's form): each branch is
-    ``LN_b(x + drop(b(x)))`` with its own norm, mixed ``α : 1 - α``, then ``LN(y + drop(ffn(y)))``.
+    ``mix(u) = α · filter(u) + (1 - α) · attn(u)``. ``ligr``: the same with each residual branch
+    scaled by a gate read from the stream, ``x + σ(W_g x + b_g) ⊙ drop(branch)``, so a block can
+    pass its input through untouched where a branch does not help. ``post_norm`` (BSARec's form):
+    each mixer branch is ``LN_b(x + drop(b(x)))`` with its own norm, mixed ``α : 1 - α``, then
+    ``LN(y + drop(ffn(y)))``.
 
     Args:
         dim: width ``d``.
@@ -97,7 +119,12 @@ class TransformerBlock(nn.Module):
         self.norm1 = nn.LayerNorm(dim, eps=eps)  # pre: before the mixer; post: after the attention branch
         self.filter_norm = nn.LayerNorm(dim, eps=eps) if self.post and self.filter is not None else None
         self.norm2 = nn.LayerNorm(dim, eps=eps)
-        self.ffn = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+        ligr = shape.block == "ligr"
+        self.ffn = (
+            SwiGLU(dim, 4 * dim) if ligr else nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+        )
+        self.mix_gate = nn.Linear(dim, dim) if ligr else None
+        self.ffn_gate = nn.Linear(dim, dim) if ligr else None
         self.drop = nn.Dropout(dropout)
 
     def _branches(self, x: Tensor, lengths: Tensor, causal: bool) -> tuple[Tensor | None, Tensor | None]:
@@ -122,8 +149,13 @@ class TransformerBlock(nn.Module):
         mixed = (1 - a) * attn if attn is not None else 0.0
         mixed = mixed + a * filt if filt is not None else mixed
         assert isinstance(mixed, Tensor)
-        x = x + self.drop(mixed)
-        return x + self.drop(self.ffn(self.norm2(x)))
+        x = x + _gated(self.mix_gate, x, self.drop(mixed))
+        return x + _gated(self.ffn_gate, x, self.drop(self.ffn(self.norm2(x))))
+
+
+def _gated(gate: nn.Linear | None, stream: Tensor, branch: Tensor) -> Tensor:
+    """LiGR's residual branch ``σ(gate(stream)) ⊙ branch``; the branch itself without a gate."""
+    return branch if gate is None else torch.sigmoid(gate(stream)) * branch
 
 
 class TransformerEncoder(nn.Module):

@@ -96,3 +96,30 @@ def test_pre_norm_attention_block_keeps_its_parameter_names():
 def test_unknown_shape_names_its_setting(field):
     with pytest.raises(ValueError, match=f"model.{field}"):
         EncoderShape(**{field: "bogus"})
+
+
+def test_a_ligr_block_is_its_gated_formula():
+    """One LiGR block by hand from its parameters: x + σ(Wa x) ⊙ attn(LN x), then the same with SwiGLU."""
+    import torch.nn.functional as F
+
+    from recsys.nn.transformer import TransformerBlock
+
+    torch.manual_seed(0)
+    block = TransformerBlock(8, 2, shape=EncoderShape(block="ligr", backend="torch")).eval()
+    x = torch.randn(2, 5, 8)
+    lengths = torch.tensor([5, 3])
+    h = x + torch.sigmoid(block.mix_gate(x)) * block.attn(block.norm1(x), lengths, True)
+    u = block.norm2(h)
+    ffn = block.ffn.down(F.silu(block.ffn.gate(u)) * block.ffn.up(u))
+    torch.testing.assert_close(block(x, lengths, True), h + torch.sigmoid(block.ffn_gate(h)) * ffn)
+
+
+@pytest.mark.parametrize("shape", [{"block": "ligr"}, {"block": "ligr", "mixer": "hybrid"}])
+def test_ligr_encoders_ignore_padding_and_stay_finite(shape):
+    enc = _encoder(**shape)
+    h = torch.randn(3, 7, 8)
+    lengths = torch.tensor([3, 7, 0])
+    changed = h.clone()
+    changed[0, 3:] = torch.randn(4, 8)
+    torch.testing.assert_close(enc(changed, lengths), enc(h, lengths), rtol=0, atol=1e-6)
+    assert enc(h, lengths)[2].abs().max() == 0
