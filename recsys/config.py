@@ -187,13 +187,13 @@ class ModelConfig(_Section):
     # (the low band keeps c // 2 + 1 frequencies); dropout on attention probabilities (the kernels have none: it
     # trains on the PyTorch twin)
     mixer: str = "attention"
-    # transformer encoders' initial weights: scaled (item rows N(0, 1/d), torch's Linear init) | bert (every
-    # Linear and embedding N(0, 0.02), zero biases: BERT's, which S3Rec, FMLP-Rec and BSARec keep)
-    init: str = "scaled"
     block: str = "pre_norm"
     filter_cutoff: int = 5
     filter_alpha: float = 0.7
     attention_dropout: float = 0.0
+    # transformer encoders' initial weights: scaled (item rows N(0, 1/d), torch's Linear init) | bert (every
+    # Linear and embedding N(0, 0.02), zero biases: BERT's, which S3Rec, FMLP-Rec and BSARec keep)
+    init: str = "scaled"
     # self-attentive models: scores become c*tanh(s/c), so no interest collapses onto one click;
     # 0 disables; -1 (the default): the model's automatic value (recsys.models.spec)
     score_cap: float = -1.0
