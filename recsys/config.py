@@ -204,7 +204,9 @@ class TrainConfig(_Section):
     # validate, keep and ship an exponential moving average of the weights with this decay (about
     # 1 / (1 - ema_decay) steps averaged; recsys.train.averaging); 0 scores the last weights
     ema_decay: float = 0.999
-    max_minutes: float = 0.0  # wall-clock budget of the training loop; at the limit: validate, stop, test; 0 disables
+    # wall-clock budget of the whole run, the data, the last validation and the test included: training stops where
+    # the time left covers one last validation and the test (docs/training.md); 0 disables
+    max_minutes: float = 0.0
     num_negatives: int = 0  # shared sampled negatives; 0 (the default): 10 * the global batch (batch_size * processes)
     sampler: str = "log_uniform"  # uniform | log_uniform | unigram
     sampler_alpha: float = 0.75  # unigram exponent

@@ -4,8 +4,9 @@ One call, :func:`train`, runs a whole experiment from a :class:`~recsys.config.C
 split the data, build the model, optimise, validate on the valid users (``eval.objective``,
 Recall@max(topn) by default, with the evaluator) on the cadence of :mod:`recsys.train.plan`,
 keep the best weights, stop early after ``train.patience`` validations without improvement (or
-at the step budget, or at the ``train.max_minutes`` wall-clock budget after one last
-validation), and finally evaluate the best weights on the test users.
+at the step budget, or where what is left of the ``train.max_minutes`` wall-clock budget of the
+whole call covers only one last validation and the test), and finally evaluate the best
+weights on the test users.
 Everything lands in a self-contained run directory (see :mod:`recsys.train.checkpoint`).
 
 The hot path never syncs the host: losses accumulate on the device and are read every
@@ -774,6 +775,9 @@ def _run(
     if model.trainable:
         with track_metrics(rd, cfg.train.tensorboard and dist.is_main):
             loop = _Loop.start(exp, dist, rd, validate, key, log, on_validate)
+            # train.max_minutes bounds the whole call, from before the data was read to the test
+            loop.deadline = t0 + 60 * cfg.train.max_minutes if cfg.train.max_minutes else math.inf
+            loop.test_share = len(split.test) / max(len(valid), 1)
             if resume:
                 loop.resume()
             state = _optimise(loop)
@@ -826,7 +830,9 @@ class _Loop:
     :class:`TrainStep`, the batches and the negatives' random stream (both saved in every
     checkpoint, so a resumed run draws what the uninterrupted one would), the plan, the
     divergence guard, the run directory, the validation with its objective ``key`` and its
-    ``on_validate`` hook, and the counters ``st``."""
+    ``on_validate`` hook, the counters ``st``, and for ``train.max_minutes`` the clock's time at
+    which the call must have ended (``deadline``, :func:`time.perf_counter` seconds) and the test's
+    users over a validation's (``test_share``: what the test costs after the last validation)."""
 
     cfg: Config
     dist: distributed.DistInfo
@@ -842,6 +848,8 @@ class _Loop:
     log: Log
     on_validate: OnValidate | None = None
     st: _LoopState = dataclasses.field(default_factory=_LoopState)
+    deadline: float = math.inf
+    test_share: float = 1.0
 
     @classmethod
     def start(
@@ -981,7 +989,14 @@ def _optimise(loop: _Loop) -> _LoopState:
     t, dist, st, device = loop.cfg.train, loop.dist, loop.st, loop.dist.device
     model, step_fn, guard, plan, log = loop.model, loop.step_fn, loop.guard, loop.plan, loop.log
     sums = torch.zeros(4, device=device)  # loss, log Z, max logit, grad norm over the log window
-    meter = RunMeter(plan, t, start_step=st.step, samples_per_step=t.batch_size * dist.world_size)
+    meter = RunMeter(
+        plan,
+        t,
+        start_step=st.step,
+        samples_per_step=t.batch_size * dist.world_size,
+        clock=time.perf_counter,
+        deadline=loop.deadline,
+    )
     window_steps, window_targets = 0, 0
     max_steps = plan.max_steps
     while st.step < max_steps:
@@ -1031,11 +1046,15 @@ def _optimise(loop: _Loop) -> _LoopState:
             guard.check(st.step, loss, gnorm)
             sums.zero_()
             window_steps, window_targets = 0, 0
+        # train.max_minutes: stop once the time left covers only the last validation and the test, each
+        # timed by the latest validation (none before the first); rank 0's clock, read every step in one
+        # process and at the log steps under DDP, where agreeing on it syncs the host
+        ending = meter.last_pause * (1 + loop.test_share)
         out_of_time = (
-            log_now
-            and st.step < max_steps
-            and t.max_minutes > 0
-            and distributed.broadcast_flag(time.perf_counter() - meter.start > 60 * t.max_minutes, device)
+            st.step < max_steps
+            and loop.deadline < math.inf
+            and (log_now or dist.world_size == 1)
+            and distributed.broadcast_flag(time.perf_counter() + ending >= loop.deadline, device)
         )
         due = plan.validates_at(st.step, st.last_eval) and (
             st.step >= max_steps or distributed.broadcast_flag(meter.may_validate(), device)  # rank 0's clock
