@@ -240,7 +240,8 @@ class TrainConfig(_Section):
     # objective) | -1 (the default): the model's value where the data's timestamps leave the order of
     # consecutive clicks open, else 1 (recsys.run.settings)
     predict_next: int = -1
-    cpu_threads: int = 0  # torch intra-op threads on CPU; 0 keeps torch's default
+    # torch intra-op threads; 0 (the default): the cores other work leaves free as the run starts (recsys.run.settings)
+    cpu_threads: int = 0
     # also write every metrics.jsonl scalar as TensorBoard events (RUN/tensorboard/; extra track)
     tensorboard: bool = False
     # against interest collapse (see docs/multi-interest.md)
@@ -604,6 +605,7 @@ AUTOMATIC: dict[str, Any] = {
     "train.interest_reg": -1.0,
     "train.soft_readout_steps": -1,
     "train.item_updates": AUTO,
+    "train.cpu_threads": 0,
     "eval.objective": AUTO,
     "eval.exclude_history": AUTO,
 }

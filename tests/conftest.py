@@ -68,6 +68,21 @@ def tiny_run(tmp_path_factory):
     return train(cfg, log=lambda line: None).run_dir
 
 
+@pytest.fixture(autouse=True, scope="session")
+def steady_machine():
+    """The machine as the automatic ``train.cpu_threads`` reads it (recsys.run.settings.machine_cores),
+    read once for the session: what other work keeps busy changes from one moment to the next, and
+    two runs a test compares (a run and its resume, a dry run and the run) must decide alike. Yields
+    the measurement itself, for the tests of it."""
+    from recsys.run import settings
+
+    measure = settings.machine_cores
+    with pytest.MonkeyPatch.context() as patch:
+        machine = measure()
+        patch.setattr(settings, "machine_cores", lambda: machine)
+        yield measure
+
+
 class SimulatedClock:
     """The trainer's clock on simulated seconds: reading the data takes ``data_s``, a training step
     ``step_s`` and evaluating ``user_s`` a user (``evaluated``: the users of each evaluation, the

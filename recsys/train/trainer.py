@@ -42,7 +42,7 @@ from recsys.models.sequence import SequenceModel
 from recsys.nn.attention import max_attention_logit, set_track_stats
 from recsys.nn.masking import gather_last
 from recsys.run import Experiment, RunDir, build_experiment, new_run_dir
-from recsys.run.settings import check
+from recsys.run.settings import Facts, check
 from recsys.train import distributed
 from recsys.train.averaging import WeightAverage
 from recsys.train.checkpoint import capture_rng, make_checkpoint, rank_rng, restore_rank_rng, restore_rng
@@ -564,8 +564,6 @@ def train(
     if resume and run_dir is None:
         raise ValueError("--resume needs the run directory to continue")
     check(cfg)  # a setting the model does not read fails before anything starts
-    if cfg.train.cpu_threads:
-        torch.set_num_threads(cfg.train.cpu_threads)
     dist = distributed.setup_distributed(cfg.train.device, graphs=cfg.train.cuda_graph is not False)
     device = dist.device
     torch.manual_seed(cfg.train.seed + dist.rank)
@@ -581,6 +579,7 @@ def train(
         cfg, rebatched = kept, kept is not cfg
     exp = _prepare(cfg, dist, dataset=rd.load_dataset() if rd else None, clicks=clicks, progress=progress)
     cfg = exp.cfg  # every value resolved
+    torch.set_num_threads(cfg.train.cpu_threads)
     exp.model.to(device)
 
     created = rd is None and (run_dir is None or not Path(run_dir).exists())
@@ -699,6 +698,8 @@ def dry_run(cfg: Config, *, clicks: pd.DataFrame | None = None, progress: bool =
     cfg, split, model = exp.cfg, exp.split, exp.model
     log(_data_line(exp.dataset, split))
     log(_model_line(cfg, model))
+    if dist.device.type == "cpu":
+        log(_threads_line(cfg, exp.facts))
     if model.trainable:
         log(_validation_line(cfg, split, len(split.valid.sample(cfg.eval.valid_users, cfg.data.seed))))
         log(plan_training(cfg.train, exp.facts).describe(cfg.train))
@@ -724,6 +725,14 @@ def _model_line(cfg: Config, model: InterestModel) -> str:
         f"model: {m.name}, K = {getattr(model, 'num_interests', 1)}, {m.dim} wide, "
         f"{sum(p.numel() for p in model.parameters()):,} parameters"
         + (f"; {positions} predicts {clicks}; {loss}" if model.trainable else "")
+    )
+
+
+def _threads_line(cfg: Config, facts: Facts) -> str:
+    """How many threads torch trains with, beside what the automatic count reads (recsys.run.settings.cpu_threads)."""
+    return (
+        f"CPU threads: {cfg.train.cpu_threads} (train.cpu_threads; this process may run on {facts.cores} cores, "
+        f"{facts.busy_cores:.1f} of them busy with other work, torch's default {facts.torch_threads})"
     )
 
 
@@ -755,6 +764,8 @@ def _run(
         rd.save_dataset(ds)
     log(_data_line(ds, split))
     log(_model_line(cfg, model))
+    if dist.device.type == "cpu":
+        log(_threads_line(cfg, exp.facts))
     valid = split.valid.sample(cfg.eval.valid_users, cfg.data.seed)  # a fixed sample: its cost stays bounded
     if model.trainable:
         log(_validation_line(cfg, split, len(valid)))

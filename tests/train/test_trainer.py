@@ -70,6 +70,24 @@ def test_max_minutes_bounds_the_whole_run_on_a_simulated_clock(tmp_path, simulat
     assert 60 - validation <= spent <= 60 + max(0.05 * 60, validation), (spent, validation)
 
 
+def test_a_busy_machine_trains_on_the_cores_left_free(tmp_path, monkeypatch):
+    """Was: torch's default threads (every core) however busy the machine; now the resolved
+    train.cpu_threads, saved with the run and logged."""
+    from recsys.run import settings
+
+    monkeypatch.setattr(settings, "machine_cores", lambda: (2, 1.3))
+    monkeypatch.setattr(settings, "TORCH_THREADS", 2)
+    before = torch.get_num_threads()
+    lines: list[str] = []
+    try:
+        result = train(_cfg(tmp_path, "name=busy", "train.max_steps=2"), log=lines.append)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    assert RunDir(result.run_dir).read_config().train.cpu_threads == 1
+    assert "CPU threads: 1 (train.cpu_threads; this process may run on 2 cores, 1.3 of them busy" in "\n".join(lines)
+
+
 def test_run_directory_is_self_contained(tmp_path):
     result = train(_cfg(tmp_path, "name=run", "model.name=youtube_dnn"), log=lambda s: None)
     run = RunDir(result.run_dir)
