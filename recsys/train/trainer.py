@@ -1010,6 +1010,15 @@ def _optimise(loop: _Loop) -> _LoopState:
     )
     window_steps, window_targets = 0, 0
     max_steps = plan.max_steps
+
+    def last_minutes(check: bool) -> bool:
+        """``train.max_minutes``: whether the time left covers only one last validation and the
+        test, each timed by the latest validation (none before the first), on rank 0's clock."""
+        if not (check and st.step < max_steps and loop.deadline < math.inf):
+            return False
+        ending = meter.last_pause * (1 + loop.test_share)
+        return distributed.broadcast_flag(time.perf_counter() + ending >= loop.deadline, device)
+
     while st.step < max_steps:
         log_now = (st.step + 1) % t.log_every == 0 or st.step + 1 == max_steps
         set_track_stats(model, log_now and not step_fn.use_graph)  # max attention logit, on logging steps
@@ -1057,16 +1066,7 @@ def _optimise(loop: _Loop) -> _LoopState:
             guard.check(st.step, loss, gnorm)
             sums.zero_()
             window_steps, window_targets = 0, 0
-        # train.max_minutes: stop once the time left covers only the last validation and the test, each
-        # timed by the latest validation (none before the first); rank 0's clock, read every step in one
-        # process and at the log steps under DDP, where agreeing on it syncs the host
-        ending = meter.last_pause * (1 + loop.test_share)
-        out_of_time = (
-            st.step < max_steps
-            and loop.deadline < math.inf
-            and (log_now or dist.world_size == 1)
-            and distributed.broadcast_flag(time.perf_counter() + ending >= loop.deadline, device)
-        )
+        out_of_time = last_minutes(log_now or dist.world_size == 1)  # DDP: agreeing syncs the host
         due = plan.validates_at(st.step, st.last_eval) and (
             st.step >= max_steps or distributed.broadcast_flag(meter.may_validate(), device)  # rank 0's clock
         )
@@ -1076,6 +1076,7 @@ def _optimise(loop: _Loop) -> _LoopState:
             st.last_eval = st.step
             with meter.paused():  # with budget left to use a lower rate, a plateau may drop it
                 verdict = loop.validation(can_drop=st.step < max_steps and not out_of_time)
+            out_of_time = out_of_time or last_minutes(True)  # no time left for another: this one was the last
             if out_of_time:
                 log(f"stopped at step {st.step}: train.max_minutes={t.max_minutes:g} reached")
                 st.out_of_time = True

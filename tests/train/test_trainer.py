@@ -1,5 +1,6 @@
 """End-to-end training runs on small synthetic data (PyTorch kernels; CPU)."""
 
+import itertools
 import json
 
 import pytest
@@ -57,17 +58,23 @@ def test_wall_clock_budget_validates_then_stops(tmp_path):
     assert result.test_metrics["recall@50"] >= 0
 
 
-def test_max_minutes_bounds_the_whole_run_on_a_simulated_clock(tmp_path, simulated_clock):
+@pytest.mark.parametrize("data_s", [5.0, 1.0])
+def test_max_minutes_bounds_the_whole_run_on_a_simulated_clock(tmp_path, simulated_clock, data_s):
     """Was: the clock was read every train.log_every steps and counted the training loop only, so the
     data, the last steps, the last validation and the test came on top (a 4-minute cap ran 368 s).
-    On a simulated clock (reading the data 5 s, a step 1 s, a user evaluated 0.1 s) a 1-minute
-    budget ends within max(5%, one validation) of it, having used it."""
+    On a simulated clock (reading the data ``data_s``, a step 1 s, a user evaluated 0.1 s: about
+    6 s a validation, every 20 steps) a 1-minute budget ends within max(5%, one validation) of it,
+    having used it. Reading the data in 1 s puts a validation due at 47 s, after which no time is
+    left for another: it is the last one (was: validated again at the next step)."""
+    simulated_clock.data_s = data_s
     sets = ("train.max_minutes=1", "train.max_steps=1000", "train.patience=0", "train.log_every=25")
     start = simulated_clock.now
     result = train(_cfg(tmp_path, "name=capped", *sets), log=lambda line: None)
     spent, validation = simulated_clock.now - start, simulated_clock.user_s * simulated_clock.evaluated[0]
     assert result.out_of_time
     assert 60 - validation <= spent <= 60 + max(0.05 * 60, validation), (spent, validation)
+    steps = [r["step"] for r in RunDir(result.run_dir).read_metrics() if r.get("split") == "valid"]
+    assert all(b - a > 1 for a, b in itertools.pairwise(steps)), steps
 
 
 def test_a_busy_machine_trains_on_the_cores_left_free(tmp_path, monkeypatch):
