@@ -107,6 +107,7 @@ from recsys.models.spec import (
     spec_for,
     specs,
 )
+from recsys.retrieval.index import check_factory
 
 if TYPE_CHECKING:
     from recsys.data import Dataset, Split
@@ -470,8 +471,9 @@ def check(cfg: Config) -> None:
     model without attention scores or with dense training, ``train.interest_reg`` where there are
     no K > 1 interests to part, ``train.predict_at = "all"`` on a model
     that cannot train densely, ``train.item_updates = "sparse"`` where every item row is read each
-    step. Automatic values are skipped (they resolve to what fits), so this runs on the config as
-    written, before the data is read, and again on the resolved one."""
+    step, a ``retrieval.factory`` FAISS cannot build over the model's width (which validation would
+    otherwise meet first). Automatic values are skipped (they resolve to what fits), so this runs on
+    the config as written, before the data is read, and again on the resolved one."""
     spec = spec_for(cfg.model.name)
     off = dataclasses.replace(ModelConfig(), score_cap=0.0)
     for key in STRICT_SETTINGS:
@@ -511,3 +513,5 @@ def check(cfg: Config) -> None:
     if t.item_updates == "sparse" and (t.full_softmax is True or t.hard_negatives):
         why = "train.full_softmax = true scores" if t.full_softmax is True else "train.hard_negatives draws from"
         raise ConfigError(f'train.item_updates="sparse": {why} every item row each step; set it to "dense" or "auto"')
+    if not is_automatic(cfg, "model.dim"):
+        check_factory(cfg.retrieval.factory, cfg.model.dim)
