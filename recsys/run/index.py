@@ -62,7 +62,7 @@ from recsys.run.experiment import LoadedRun
 __all__ = ["IndexReport", "build_run_index", "open_run_index", "retrieval_settings"]
 
 Log = Callable[[str], None]
-CALIBRATION_USERS = 2_000  # test users (a seeded sample) whose interests choose a search setting
+CALIBRATION_USERS = 10_000  # test users (a seeded sample of more) whose interests choose a search setting
 RECALL_N = 50  # the top-n an index built in memory is calibrated at (recommend's default n)
 
 

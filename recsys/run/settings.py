@@ -50,8 +50,8 @@ The rules, each with the measurement behind it beside its constant in :mod:`recs
 - ``train.cpu_threads``: :func:`cpu_threads`, the cores other work leaves free when the
   experiment is built (:func:`machine_cores`), at least 1 and at most torch's own default. With
   other jobs on a busy 2-core machine torch's default (every core) trained 292-384 samples/s
-  against 2,863-3,236 with one thread: its threads wait on each other at every parallel region,
-  and one of them is always descheduled (``benchmarks/cpu_threads.py`` measures it).
+  against 2,863-3,236 with one thread: its threads wait for each other at every parallel region,
+  where a descheduled one holds up the rest (``benchmarks/cpu_threads.py`` measures it).
 - ``eval.objective``: ``recall@max(eval.topn)``; ``eval.exclude_history``: true under
   ``data.split = "leave_one_out"`` (the papers' protocol), else false.
 

@@ -181,7 +181,7 @@ def test_an_index_is_searched_at_the_setting_that_recalls_exact_search_and_says_
     sparse = dataclasses.replace(retrieval_settings(run, "HNSW4,Flat", saved=False), ef_search=1, ef_construction=8)
     report = build_run_index(run, sparse, n=50, log=lambda line: None)
     assert report.ef_search > 1 and report.calibration.startswith(f"ef_search 1 -> {report.ef_search}: recall@50 ")
-    first = float(report.calibration.split("recall@50 ")[1].split(",")[0])
+    first = float(report.calibration.split("recall@50 ")[1].split(" at ")[0])
     assert first < 0.95 <= report.recall
     meta = json.loads(RunDir(run_dir).index_files("HNSW4,Flat")[1].read_text())
     assert meta["ef_search"] == report.ef_search and meta["target_recall"] == 0.95
