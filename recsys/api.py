@@ -33,6 +33,7 @@ from recsys.evaluate.diagnostics import health_with_config
 from recsys.evaluate.evaluator import evaluate_with_config
 from recsys.models import InterestModel
 from recsys.retrieval.aggregate import check_lambda
+from recsys.retrieval.index import TARGET_RECALL
 from recsys.run import IndexReport, LoadedRun, build_experiment, build_run_index, load_run, retrieval_settings
 from recsys.serve.batch import recommend_table, resolve_users
 from recsys.serve.recommender import Recommender
@@ -179,13 +180,31 @@ class Run:
         log: Log | None = None,
         progress: bool = False,
     ) -> Run:
-        """Make :meth:`recommend` search with ``factory`` (default the run's
-        ``retrieval.factory``): the saved index when it matches the weights, else built in
-        memory; searched with the saved index's ``nprobe`` / ``ef_search``, or the run's,
-        unless given here. Returns ``self``."""
+        """Make :meth:`recommend` search with ``factory`` (default: the run's most recently saved
+        index, else its ``retrieval.factory``): the saved index when it matches the weights, else
+        built in memory; searched with the saved index's ``nprobe`` / ``ef_search`` (chosen by
+        :meth:`index` for its recall), or for one built in memory the values chosen the same way,
+        unless given here. :attr:`search` then says which search answers. Returns ``self``."""
         settings = retrieval_settings(self._run, factory, nprobe=nprobe, ef_search=ef_search)
-        self._recommender = Recommender.of_run(self._run, settings, log=log or (lambda _: None), progress=progress)
+        self._recommender = Recommender.of_run(
+            self._run,
+            settings,
+            log=log or (lambda _: None),
+            progress=progress,
+            widen=nprobe is None and ef_search is None,
+        )
         return self
+
+    @property
+    def search(self) -> str:
+        """Which search :meth:`recommend` answers with: ``"Flat: exact search ..."``, or the index,
+        where it comes from, its search setting and the recall of exact search's top n measured
+        for it (``"HNSW32,Flat loaded from ... (ef_search=256; recall@50 0.962 of exact search on
+        2,000 test users)"``). Opens the default search when :meth:`use_index` has not run."""
+        if self._recommender is None:
+            self.use_index()
+        assert self._recommender is not None  # set by use_index
+        return self._recommender.search
 
     def index(
         self,
@@ -195,18 +214,25 @@ class Run:
         ef_search: int | None = None,
         ef_construction: int | None = None,
         n: int = 50,
+        target_recall: float = TARGET_RECALL,
         log: Log | None = None,
         progress: bool = False,
     ) -> IndexReport:
         """Build the FAISS index ``factory`` (e.g. ``"HNSW32,Flat"``; default the run's
-        ``retrieval.factory``), save it in the run directory, measure its recall@``n`` against
-        exact search on the test users, and use it for :meth:`recommend` from now on. Settings
-        not given here are the run's ``retrieval`` ones."""
+        ``retrieval.factory``), choose its search setting (``nprobe`` for IVF, ``ef_search`` for
+        HNSW, unless given here) as the smallest from the run's value up, doubling, whose top
+        ``n`` holds ``target_recall`` of exact search's for a sample of test users, save it with
+        that setting in the run directory, measure its recall@``n`` against exact search on all
+        test users, and use it for :meth:`recommend` from now on. Settings not given here are the
+        run's ``retrieval`` ones."""
         settings = retrieval_settings(
             self._run, factory, nprobe=nprobe, ef_search=ef_search, ef_construction=ef_construction, saved=False
         )
         log = log or (lambda _: None)
-        report = build_run_index(self._run, settings, n=n, log=log, progress=progress)
+        widen = nprobe is None and ef_search is None
+        report = build_run_index(
+            self._run, settings, n=n, target=target_recall, widen=widen, log=log, progress=progress
+        )
         self._recommender = None  # recommend() opens the index just saved (the run's most recent)
         return report
 
@@ -223,7 +249,8 @@ class Run:
         progress: bool = False,
     ) -> pd.DataFrame:
         """Top ``n`` items as a DataFrame with columns ``user, rank, item, score, interest``
-        (one row per user and rank; raw ids; ``interest`` = which of the K interests found it).
+        (one row per user and rank; raw ids; ``interest`` = which of the K interests found it);
+        ``result.attrs["search"]`` says which search found them (:attr:`search`).
 
         Args:
             users: raw user ids of the run's dataset (their last ``data.max_len`` clicks are
@@ -255,10 +282,13 @@ class Run:
         }
         if sequences is not None:
             indptr, items = self._encode_sequences(sequences)
-            return recommend_table(rec, np.arange(len(indptr) - 1), n, sequences=(indptr, items), **options)
+            table = recommend_table(rec, np.arange(len(indptr) - 1), n, sequences=(indptr, items), **options)
+            table.attrs["search"] = rec.search
+            return table
         known, unknown = resolve_users(rec, None if users is None else list(users), strict=strict, what="users")
         table = recommend_table(rec, known, n, **options)
         table.attrs["unknown_users"] = unknown
+        table.attrs["search"] = rec.search
         return table
 
     # -- export ---------------------------------------------------------------------------

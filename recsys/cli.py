@@ -109,7 +109,7 @@ def _progress(args: argparse.Namespace) -> bool:
 
 
 # the budget, and how the step is launched (a run saved when train.cuda_graph defaulted to false
-# can resume as a CUDA graph)
+# can resume as a CUDA graph; a run resumed on another machine, or a busier one, on other CPU threads)
 RESUME_KEYS = (
     "train.max_steps",
     "train.max_epochs",
@@ -117,6 +117,7 @@ RESUME_KEYS = (
     "train.patience",
     "train.lr_drops",
     "train.cuda_graph",
+    "train.cpu_threads",
 )
 
 
@@ -336,6 +337,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         ef_search=args.ef_search,
         ef_construction=args.ef_construction,
         n=args.n,
+        **({} if args.target_recall is None else {"target_recall": args.target_recall}),
         log=print,
         progress=_progress(args),
     )
@@ -344,6 +346,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         f"built {report.factory}{searched} over {count(report.num_items, 'item')} (d={report.dim}) "
         f"in {report.build_s:.2f}s -> {report.index_file}"
     )
+    print(f"search: {report.calibration} (target {report.target_recall:g})")
     print(
         f"recall@{report.n} against exact search on {count(report.users, 'test user')}: {report.recall:.4f}  "
         f"({report.ann_users_per_s:,.0f} users/s vs exact {report.exact_users_per_s:,.0f} users/s)"
@@ -487,7 +490,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="train a model, then evaluate it on the test users")
     _add_config_args(p)
-    p.add_argument("--resume", metavar="RUN", help="continue the run in this directory from its last checkpoint")
+    p.add_argument(
+        "--resume",
+        metavar="RUN",
+        help="continue the run in this directory from its last checkpoint (on the CPU bit for bit as if "
+        "uninterrupted only with one thread, train.cpu_threads=1)",
+    )
     p.add_argument(
         "--dry-run",
         action="store_true",
@@ -536,6 +544,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_index_args(p, 'e.g. "HNSW32,Flat", "IVF1024,Flat", "Flat" (default: the run\'s retrieval.factory)')
     p.add_argument("--ef-construction", type=int, help="HNSW build beam (default: the run's retrieval.ef_construction)")
     p.add_argument("--n", type=int, default=50, help="top-N compared with exact search (default 50)")
+    p.add_argument(
+        "--target-recall",
+        type=float,
+        help="the search setting (--nprobe of IVF, --ef-search of HNSW, when not given) is widened until the "
+        "index's top-N holds this share of exact search's on the test users (default 0.95)",
+    )
     _add_quiet(p)
     p.set_defaults(func=cmd_index)
 

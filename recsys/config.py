@@ -222,7 +222,9 @@ class TrainConfig(_Section):
     # validate, keep and ship an exponential moving average of the weights with this decay (about
     # 1 / (1 - ema_decay) steps averaged; recsys.train.averaging); 0 scores the last weights
     ema_decay: float = 0.999
-    max_minutes: float = 0.0  # wall-clock budget of the training loop; at the limit: validate, stop, test; 0 disables
+    # wall-clock budget of the whole run, the data, the last validation and the test included: training stops where
+    # the time left covers one last validation and the test (docs/training.md); 0 disables
+    max_minutes: float = 0.0
     num_negatives: int = 0  # shared sampled negatives; 0 (the default): 10 * the global batch (batch_size * processes)
     sampler: str = "log_uniform"  # uniform | log_uniform | unigram
     sampler_alpha: float = 0.75  # unigram exponent
@@ -260,7 +262,8 @@ class TrainConfig(_Section):
     # objective) | -1 (the default): the model's value where the data's timestamps leave the order of
     # consecutive clicks open, else 1 (recsys.run.settings)
     predict_next: int = -1
-    cpu_threads: int = 0  # torch intra-op threads on CPU; 0 keeps torch's default
+    # torch intra-op threads; 0 (the default): the cores other work leaves free as the run starts (recsys.run.settings)
+    cpu_threads: int = 0
     # also write every metrics.jsonl scalar as TensorBoard events (RUN/tensorboard/; extra track)
     tensorboard: bool = False
     # against interest collapse (see docs/multi-interest.md)
@@ -630,6 +633,7 @@ AUTOMATIC: dict[str, Any] = {
     "train.interest_reg": -1.0,
     "train.soft_readout_steps": -1,
     "train.item_updates": AUTO,
+    "train.cpu_threads": 0,
     "eval.objective": AUTO,
     "eval.exclude_history": AUTO,
 }

@@ -317,7 +317,7 @@ class _Objective:
     def _train(self, trial: optuna.Trial, cfg: Config) -> float:
         """Train ``cfg`` into the trial's run directory; its best validation ``eval.objective``."""
         optuna = _optuna()
-        if self.threads and not cfg.train.cpu_threads:
+        if self.threads and is_automatic(cfg, "train.cpu_threads"):  # the jobs share the cores
             cfg.train.cpu_threads = self.threads
         cut_by_deadline = _bound_by(cfg, self.deadline)
         key = objective(cfg.eval)

@@ -68,6 +68,61 @@ def tiny_run(tmp_path_factory):
     return train(cfg, log=lambda line: None).run_dir
 
 
+@pytest.fixture(autouse=True, scope="session")
+def steady_machine():
+    """The machine as the automatic ``train.cpu_threads`` reads it (recsys.run.settings.machine_cores),
+    read once for the session: what other work keeps busy changes from one moment to the next, and
+    two runs a test compares (a run and its resume, a dry run and the run) must decide alike. Yields
+    the measurement itself, for the tests of it."""
+    from recsys.run import settings
+
+    measure = settings.machine_cores
+    with pytest.MonkeyPatch.context() as patch:
+        machine = measure()
+        patch.setattr(settings, "machine_cores", lambda: machine)
+        yield measure
+
+
+class SimulatedClock:
+    """The trainer's clock on simulated seconds: reading the data takes ``data_s``, a training step
+    ``step_s`` and evaluating ``user_s`` a user (``evaluated``: the users of each evaluation, the
+    validations' and the test's, in order); nothing else takes any time."""
+
+    def __init__(self, data_s: float = 5.0, step_s: float = 1.0, user_s: float = 0.1) -> None:
+        self.now, self.data_s, self.step_s, self.user_s = 1000.0, data_s, step_s, user_s
+        self.evaluated: list[int] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def simulated_clock(monkeypatch):
+    """A :class:`SimulatedClock` that ``recsys.train.trainer`` reads as ``time.perf_counter``."""
+    from types import SimpleNamespace
+
+    from recsys.train import trainer
+
+    clock = SimulatedClock()
+
+    def slowed(fn, seconds):
+        def call(*args, **kwargs):
+            clock.now += seconds(*args)
+            return fn(*args, **kwargs)
+
+        return call
+
+    def evaluation(model, users, *args):
+        clock.evaluated.append(len(users))
+        return clock.user_s * len(users)
+
+    monkeypatch.setattr(trainer, "time", SimpleNamespace(perf_counter=clock))
+    monkeypatch.setattr(trainer, "build_experiment", slowed(trainer.build_experiment, lambda *a: clock.data_s))
+    monkeypatch.setattr(trainer.TrainStep, "__call__", slowed(trainer.TrainStep.__call__, lambda *a: clock.step_s))
+    monkeypatch.setattr(trainer, "evaluate_with_config", slowed(trainer.evaluate_with_config, evaluation))
+    return clock
+
+
 @pytest.fixture
 def count_syncs():
     """``count(fn)``: how many synchronizing CUDA calls ``fn()`` makes, from torch's sync debug

@@ -423,3 +423,13 @@ def test_an_edited_config_is_reported_as_edited_not_truncated(run_copy, capsys, 
     line = _error_line(capsys)
     assert f"{path}: edited after the run wrote it (" in line and "truncated" not in line
     assert "undo the edit" in line
+
+
+def test_a_resumed_run_may_change_its_cpu_threads(run_copy):
+    """The thread count is how the step runs, not what it trains: a run resumed on another machine
+    (or a busier one) may set it, and config.json records it."""
+    from recsys.run import RunDir
+
+    sets = ["--set", "train.max_steps=30", "--set", "train.cpu_threads=1"]
+    assert main(["train", "--resume", str(run_copy), *sets]) == 0
+    assert RunDir(run_copy).read_config().train.cpu_threads == 1

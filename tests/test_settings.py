@@ -10,6 +10,7 @@ with the value that says "automatic": ``x.predict_next == -1``, ``x.predict_at !
 from __future__ import annotations
 
 import ast
+import dataclasses
 import math
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import pytest
 import recsys
 from recsys.config import AUTO, AUTOMATIC, CONFIG_VERSION, Config, ConfigError, automatic_keys, load_config
 from recsys.models import model_names, spec_for
-from recsys.run.settings import Facts, resolve, resolve_model
+from recsys.run.settings import Facts, cpu_threads, resolve, resolve_model
 
 PACKAGE = Path(recsys.__file__).parent
 RESOLVER = PACKAGE / "run" / "settings.py"
@@ -378,3 +379,39 @@ def test_the_resolved_config_is_frozen_and_its_copies_are_not():
     mine.train.lr = 0.1
     assert with_values(cfg, {"train.lr": 0.2}).train.lr == 0.2 and cfg.train.lr == 1e-3
     assert resolve(cfg, FACTS) == cfg  # resolving again: an equal, frozen copy
+
+
+def test_the_threads_are_the_cores_other_work_leaves_free():
+    """Was: train.cpu_threads = 0 kept torch's default, every core, which on a busy 2-core machine
+    trained at a tenth of one thread's samples/s. A core half busy or more counts as taken."""
+    assert [cpu_threads(2, busy, 2) for busy in (0.0, 0.4, 0.6, 1.0, 1.9, 2.0)] == [2, 2, 1, 1, 1, 1]
+    assert cpu_threads(16, 3.2, 8) == 8  # never above torch's own default (physical cores, OMP_NUM_THREADS)
+    assert cpu_threads(16, 12.7, 16) == 3
+    cfg = load_config(None, [])
+    busy = resolve(cfg, dataclasses.replace(FACTS, cores=2, busy_cores=1.0, torch_threads=2))
+    quiet = resolve(cfg, dataclasses.replace(FACTS, cores=2, busy_cores=0.1, torch_threads=2))
+    assert (busy.train.cpu_threads, quiet.train.cpu_threads) == (1, 2)
+    given = resolve(load_config(None, ["train.cpu_threads=3"]), dataclasses.replace(FACTS, cores=2))
+    assert given.train.cpu_threads == 3
+
+
+def test_the_machine_counts_other_processes_busy(steady_machine):
+    """With a spinning process on every core the measurement finds them all busy, and the rule
+    trains on one thread."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    cores = len(os.sched_getaffinity(0))
+    spin = [sys.executable, "-c", "while True: pass"]
+    spinners = [subprocess.Popen(spin) for _ in range(cores)]
+    try:
+        time.sleep(0.5)
+        measured, busy = steady_machine()
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+    assert measured == cores and busy >= cores - 0.5, busy
+    assert cpu_threads(measured, busy, cores) == 1

@@ -268,6 +268,31 @@ def test_jobs_train_trials_in_processes_with_their_share_of_threads(tmp_path):
     assert threads == {max(1, len(os.sched_getaffinity(0)) // 2)}
 
 
+def test_each_trial_keeps_its_max_minutes_on_a_simulated_clock(tmp_path, monkeypatch, simulated_clock):
+    """Was: trials with train.max_minutes=1.5 ran about 4x their cap: the data, the last validation
+    and the test came on top of the training loop's budget, read every train.log_every steps. On
+    a simulated clock (reading the data 5 s, a step 1 s, a user evaluated 0.1 s) each trial ends
+    within max(5%, one validation) of its minute."""
+    import recsys.tune
+
+    spans: list[float] = []
+    real_train = recsys.tune.train
+
+    def timed(*args, **kwargs):
+        start = simulated_clock.now
+        result = real_train(*args, **kwargs)
+        spans.append(simulated_clock.now - start)
+        return result
+
+    monkeypatch.setattr(recsys.tune, "train", timed)
+    base = load_config(None, BASE + ["train.max_minutes=1", "train.max_steps=1000", "train.patience=0"])
+    result = tune(base, tmp_path / "tune", trials=2, space={"model.dim": [16, 32]}, log=lambda line: None)
+    assert [t.state.name for t in result.trials] == ["COMPLETE", "COMPLETE"]
+    validation = simulated_clock.user_s * simulated_clock.evaluated[0]
+    assert len(spans) == 3  # the two trials and the best config's retrain
+    assert all(60 - validation <= s <= 60 + max(0.05 * 60, validation) for s in spans), (spans, validation)
+
+
 def test_max_minutes_fails_a_cut_trial_queues_it_again_and_bounds_the_retrain(tmp_path, monkeypatch):
     """Was: a trial cut by --max-minutes counted as complete (its partial curve steering the
     sampler), and the best config's retrain ran past the budget. Validations are slowed down to

@@ -15,7 +15,9 @@ Backends:
 
 * ``faiss``: any ``index_factory`` string with the inner-product metric (``Flat``,
   ``HNSW32,Flat``, ``IVF1024,Flat``, ``IVF256,PQ16``, ...); IVF/PQ indexes are trained on
-  the item embeddings; ``nprobe`` / ``ef_search`` are applied where the index has them.
+  the item embeddings; ``nprobe`` / ``ef_search`` are applied where the index has them, and
+  :func:`calibrate` widens them until the index's top ``n`` holds :data:`TARGET_RECALL` of exact
+  search's on given queries.
 * ``torch``: exact search (factory ``Flat`` only) as a chunked ``matmul`` + ``topk`` on the
   embeddings' device (CPU or CUDA). It returns the same items as FAISS ``Flat`` (up to ties
   and float rounding of equal scores).
@@ -27,32 +29,40 @@ The settings (factory, backend, ``nprobe``, ``ef_search``, ``ef_construction``) 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
-from recsys.config import RetrievalConfig
+from recsys.config import ConfigError, RetrievalConfig
 from recsys.io import atomic_save
 from recsys.progress import progress_bar
 from recsys.retrieval.aggregate import diverse_merge, max_merge
 from recsys.text import count
 
 __all__ = [
+    "TARGET_RECALL",
+    "Calibration",
     "Exclude",
     "Retriever",
     "SparseRows",
     "ann_recall",
     "build_index",
+    "calibrate",
+    "check_factory",
     "clamp_ivf",
     "embedding_hash",
     "load_index",
     "save_index",
     "search_params",
+    "search_setting",
     "set_search_params",
+    "with_search",
     "write_index",
 ]
 
@@ -73,6 +83,10 @@ _BACKENDS = ("auto", "faiss", "torch")
 _TORCH_CHUNK_BYTES = 256 * 2**20  # bound on one [queries, N] score block of the torch backend
 _ADD_CHUNK = 16384  # vectors per index.add call (the progress bar's step)
 MIN_POINTS_PER_LIST = 39  # FAISS warns below this many training vectors per IVF list
+# calibrate: an index's search is widened until its top n holds this share of exact search's top n (on a
+# 98k-item trained table, HNSW32 at FAISS's beam held 0.75 of it, so served lists differed from evaluated ones) ...
+TARGET_RECALL = 0.95
+MAX_EF_SEARCH = 4096  # ... by doubling ef_search up to this (past it HNSW costs more than exact search here)
 
 
 def _faiss() -> Any:
@@ -84,6 +98,35 @@ def _faiss() -> Any:
             "with retrieval.factory=Flat"
         ) from err
     return faiss
+
+
+def _faiss_reason(err: Exception) -> str:
+    """FAISS's C++ error as its message alone, e.g. ``could not parse index string Bogus`` (without
+    the function signature, source line and assertion that come before it)."""
+    text = (str(err).strip() or type(err).__name__).splitlines()[0]
+    text = re.sub(r"^Error in .*? at \S+:\d+: ", "", text)
+    return re.sub(r"^Error: '.*' failed: ", "", text)
+
+
+def _new_index(factory: str, dim: int) -> Any:
+    """An empty FAISS inner-product index of ``factory`` over ``dim``-wide vectors, or a
+    :class:`~recsys.config.ConfigError` naming ``retrieval.factory`` in one line."""
+    faiss = _faiss()
+    try:
+        return faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError as err:
+        raise ConfigError(
+            f"retrieval.factory: FAISS cannot build {factory!r} over {dim}-wide embeddings: {_faiss_reason(err)}"
+        ) from None
+
+
+def check_factory(factory: str, dim: int) -> None:
+    """Refuse, in one line naming ``retrieval.factory``, a factory string FAISS cannot build over
+    ``dim``-wide embeddings (an unknown string, product quantizers that do not divide the width),
+    which a run would otherwise learn at its first validation. Builds an empty index only; ``Flat``
+    (which the torch backend searches without FAISS) passes as it is."""
+    if factory.strip() != "Flat":
+        _new_index(factory, dim)
 
 
 def _as_float32_numpy(x: np.ndarray | torch.Tensor, name: str) -> np.ndarray:
@@ -142,10 +185,7 @@ def build_index(item_emb: np.ndarray | torch.Tensor, settings: RetrievalConfig, 
     if ef_construction <= 0:
         raise ValueError(f"retrieval.ef_construction: must be > 0, got {ef_construction}")
     vectors = np.ascontiguousarray(emb[1:])
-    try:
-        index = faiss.index_factory(vectors.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
-    except RuntimeError as err:
-        raise ValueError(f"retrieval.factory: FAISS cannot build {factory!r}: {err}") from None
+    index = _new_index(factory, vectors.shape[1])
     if not index.is_trained:
         ivf = faiss.try_extract_index_ivf(index)
         if ivf is not None and ivf.nlist > len(vectors):
@@ -156,7 +196,7 @@ def build_index(item_emb: np.ndarray | torch.Tensor, settings: RetrievalConfig, 
         try:
             index.train(vectors)
         except RuntimeError as err:
-            raise ValueError(f"retrieval.factory: training {factory!r} failed: {err}") from None
+            raise ValueError(f"retrieval.factory: training {factory!r} failed: {_faiss_reason(err)}") from None
     inner = faiss.downcast_index(index)
     if hasattr(inner, "hnsw"):
         inner.hnsw.efConstruction = ef_construction
@@ -166,6 +206,114 @@ def build_index(item_emb: np.ndarray | torch.Tensor, settings: RetrievalConfig, 
             bar.update(min(_ADD_CHUNK, len(vectors) - start))
     set_search_params(index, settings)
     return index
+
+
+def search_setting(index: Any) -> tuple[str, int]:
+    """The search setting that trades ``index``'s speed for its recall and its value now:
+    ``("nprobe", n)`` (IVF lists searched), ``("ef_search", n)`` (the HNSW beam), or ``("", 0)``
+    (neither: ``Flat`` is exact, ``PQ`` alone has nothing to widen)."""
+    faiss = _faiss()
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:
+        return "nprobe", int(ivf.nprobe)
+    inner = faiss.downcast_index(index)
+    return ("ef_search", int(inner.hnsw.efSearch)) if hasattr(inner, "hnsw") else ("", 0)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What :func:`calibrate` measured: the search setting ``key`` (``""``: none to widen), the
+    ``value`` chosen, the ``recall`` of exact search's top ``n`` it reached over ``queries`` users,
+    the ``target``, and each value ``tried`` with its recall, in order."""
+
+    key: str
+    value: int
+    recall: float
+    target: float
+    n: int
+    queries: int
+    tried: tuple[tuple[int, float], ...]
+
+    @property
+    def reached(self) -> bool:
+        return self.recall >= self.target
+
+    def describe(self) -> str:
+        """``"ef_search 128 -> 192: recall@50 0.944 at 128, 0.979 at 256, 0.962 at 192 of exact search
+        on 2,000 test users"``; one value tried: ``"ef_search 128: recall@50 0.998 of ..."``."""
+        where = f"of exact search on {self.queries:,} test users"
+        if len(self.tried) == 1:
+            return f"{self.key} {self.value}: " * bool(self.key) + f"recall@{self.n} {self.recall:.3f} {where}"
+        steps = ", ".join(f"{recall:.3f} at {value}" for value, recall in self.tried)
+        return f"{self.key} {self.tried[0][0]} -> {self.value}: recall@{self.n} {steps} {where}"
+
+
+def calibrate(
+    index: Any,
+    interests: np.ndarray,
+    exact_ids: np.ndarray,
+    settings: RetrievalConfig,
+    *,
+    target: float = TARGET_RECALL,
+    widen: bool = True,
+) -> Calibration:
+    """Widen the search of ``index`` until it finds what exact search finds, and leave it set so.
+
+    ``interests [U, K, d]`` are the queries (users' interests, as served) and ``exact_ids [U, n]``
+    exact search's top ``n`` for them. From ``settings``' ``nprobe`` (IVF) or ``ef_search`` (HNSW),
+    the value doubles until the index's own top ``n`` (max-merged over the ``K`` interests, short
+    lists left short) holds ``target`` of ``exact_ids`` on average, or until it reaches its bound:
+    every IVF list, or :data:`MAX_EF_SEARCH` (at most the catalogue); then the smallest value that
+    reaches it is searched for between the last two, to within an eighth. ``widen=False`` measures
+    at ``settings``' value only (a value the user chose)."""
+    if not 0 <= target <= 1:
+        raise ValueError(f"target: a recall in [0, 1], got {target}")
+    key = search_setting(index)[0]
+    limit = _search_limit(index, key)
+    tried: list[tuple[int, float]] = []
+
+    def measure(value: int) -> float:
+        if key:
+            set_search_params(index, with_search(settings, key, value))
+        ids = Retriever.from_index(index).search(interests, exact_ids.shape[1])[0]
+        recall = float(np.nanmean(ann_recall(ids, exact_ids))) if len(ids) else float("nan")
+        tried.append((value, recall))
+        return recall
+
+    value = getattr(settings, key) if key else 0
+    recall, short = measure(value), 0  # short: the largest value tried that falls short of the target
+    while widen and key and recall < target and value < limit:
+        short, value = value, min(2 * value, limit)
+        recall = measure(value)
+    if short and recall >= target:  # the smallest value that reaches it, between short and value
+        while value - short > max(1, value // 8):
+            middle = (short + value) // 2
+            if measure(middle) >= target:
+                value = middle
+            else:
+                short = middle
+        recall = dict(tried)[value]
+        set_search_params(index, with_search(settings, key, value))  # the index left searched at it
+    return Calibration(key, value, recall, target, exact_ids.shape[1], len(exact_ids), tuple(tried))
+
+
+def with_search(settings: RetrievalConfig, key: str, value: int) -> RetrievalConfig:
+    """``settings`` with its search setting ``key`` (``"nprobe"``, ``"ef_search"``; ``""``: none) at ``value``."""
+    if key == "nprobe":
+        return dataclasses.replace(settings, nprobe=value)
+    if key == "ef_search":
+        return dataclasses.replace(settings, ef_search=value)
+    return settings
+
+
+def _search_limit(index: Any, key: str) -> int:
+    """The widest useful ``key`` setting of ``index``: its number of IVF lists, or the HNSW beam
+    :data:`MAX_EF_SEARCH` (at most the vectors it holds); 0 without a setting."""
+    if key == "nprobe":
+        return int(_faiss().extract_index_ivf(index).nlist)
+    if key == "ef_search":
+        return max(1, min(MAX_EF_SEARCH, int(index.ntotal)))
+    return 0
 
 
 def clamp_ivf(factory: str, num_vectors: int) -> tuple[str, str | None]:

@@ -6,14 +6,22 @@
     <slug>.faiss   the FAISS index over the run's item embeddings (label j = item j + 1)
     <slug>.json    what it is: factory (as asked and as built), nprobe, ef_search,
                    ef_construction, num_items, dim, build seconds, a SHA-1 of the embeddings it
-                   indexes, and the recall of its top-n against exact search on the run's
-                   held-out (test) users
+                   indexes, how its search was chosen, and the recall of its top-n against exact
+                   search on the run's held-out (test) users
+
+The search setting (``nprobe`` of an IVF index, ``ef_search`` of an HNSW one) is chosen from a
+measurement on the run itself unless given: starting from the run's ``retrieval`` value, it is
+widened until the index's top n holds :data:`~recsys.retrieval.index.TARGET_RECALL` of exact
+search's for the interests of a sample of test users
+(:func:`~recsys.retrieval.index.calibrate`), and saved with the index. An index built in memory
+(a factory without a saved index) is calibrated the same way.
 
 Both are recorded in the run's manifest (:mod:`recsys.io.manifest`). :func:`open_run_index`
 (used by ``recsys recommend``, ``recsys serve`` and ``Run.recommend``) verifies them, loads the
 saved index when its embedding hash matches the weights, and otherwise builds the index in
-memory. IVF factories are clamped to what the catalogue can train
-(:func:`recsys.retrieval.index.clamp_ivf`), with a warning.
+memory; either way it says which search answers and the recall measured for it. IVF factories
+are clamped to what the catalogue can train (:func:`recsys.retrieval.index.clamp_ivf`), with a
+warning.
 
 The settings travel as one :class:`~recsys.config.RetrievalConfig`; :func:`retrieval_settings`
 is where the options a user gives (``--factory``, ``--nprobe``, ...) meet the run's
@@ -35,13 +43,18 @@ import torch
 from recsys.config import RetrievalConfig, with_values
 from recsys.io import IntegrityError
 from recsys.retrieval.index import (
+    TARGET_RECALL,
+    Calibration,
     Retriever,
     ann_recall,
     build_index,
+    calibrate,
     clamp_ivf,
     embedding_hash,
     load_index,
     search_params,
+    search_setting,
+    with_search,
     write_index,
 )
 from recsys.run.experiment import LoadedRun
@@ -49,6 +62,8 @@ from recsys.run.experiment import LoadedRun
 __all__ = ["IndexReport", "build_run_index", "open_run_index", "retrieval_settings"]
 
 Log = Callable[[str], None]
+CALIBRATION_USERS = 10_000  # test users (a seeded sample of more) whose interests choose a search setting
+RECALL_N = 50  # the top-n an index built in memory is calibrated at (recommend's default n)
 
 
 @dataclass
@@ -59,7 +74,9 @@ class IndexReport:
     top-n|`` after max-merging the ``K`` interests, and ``short_lists`` the share of them whose
     ANN list held fewer items than the exact one, both of the index's own answers (served lists
     are filled by exact search, :meth:`Retriever.candidates`); ``*_users_per_s`` time those
-    searches (one index call per batch of users, ``K`` queries per user).
+    searches (one index call per batch of users, ``K`` queries per user). ``nprobe`` /
+    ``ef_search`` are the values the index is saved and searched with; ``calibration`` says how
+    the one its kind has was chosen for ``target_recall`` (:meth:`Calibration.describe`).
     """
 
     factory: str  # as built (IVF lists possibly clamped)
@@ -80,6 +97,8 @@ class IndexReport:
     ann_users_per_s: float
     index_file: str
     created: str
+    target_recall: float = TARGET_RECALL
+    calibration: str = ""
 
 
 def _build(emb: np.ndarray, settings: RetrievalConfig, log: Log, progress: bool) -> tuple[Any, RetrievalConfig, float]:
@@ -143,6 +162,43 @@ def _saved_settings(run: LoadedRun, factory: str) -> dict[str, int]:
     return {key: int(meta[key]) for key in ("nprobe", "ef_search", "ef_construction") if key in meta}
 
 
+def _calibration_users(count: int) -> np.ndarray:
+    """Sorted positions of up to :data:`CALIBRATION_USERS` of ``count`` test users, a seeded sample."""
+    if count <= CALIBRATION_USERS:
+        return np.arange(count)
+    return np.sort(np.random.default_rng(0).choice(count, CALIBRATION_USERS, replace=False))
+
+
+def _calibrated(
+    index: Any,
+    settings: RetrievalConfig,
+    interests: np.ndarray,
+    exact_ids: np.ndarray,
+    *,
+    target: float,
+    widen: bool,
+    log: Log,
+) -> tuple[RetrievalConfig, Calibration]:
+    """:func:`calibrate` ``index`` for the queries ``interests`` and their exact top-n ``exact_ids``:
+    ``settings`` with the value chosen, and the measurement (a warning when the target is out of reach)."""
+    calibration = calibrate(index, interests, exact_ids, settings, target=target, widen=widen)
+    settings = with_search(settings, calibration.key, calibration.value)
+    if calibration.reached:
+        return settings, calibration
+    found = f"{settings.factory} holds {calibration.recall:.3f} of exact search's top {calibration.n}"
+    if widen or not calibration.key:
+        log(
+            f"warning: {found} at its widest search ({calibration.describe()}), below {target:g}; exact search "
+            "(Flat) or another factory would give the lists evaluation measured"
+        )
+    else:
+        log(
+            f"note: {found} at {calibration.key}={calibration.value} as given, below {target:g}; without "
+            f"--{calibration.key.replace('_', '-')} it is widened until it reaches that"
+        )
+    return settings, calibration
+
+
 def _timed_search(retriever: Retriever, batches: list[np.ndarray], n: int) -> tuple[np.ndarray, float]:
     t0 = time.perf_counter()
     ids = np.concatenate([retriever.search(b, n)[0] for b in batches])
@@ -155,11 +211,15 @@ def build_run_index(
     *,
     n: int = 50,
     batch_size: int = 2048,
+    target: float = TARGET_RECALL,
+    widen: bool = True,
     log: Log = print,
     progress: bool = False,
 ) -> IndexReport:
-    """Build ``settings.factory`` over ``run``'s item embeddings, save it in the run's
-    ``index/`` folder, and measure it against exact (``Flat``) search on the run's test users.
+    """Build ``settings.factory`` over ``run``'s item embeddings, choose its search setting for
+    ``target`` recall of exact search's top ``n`` on a sample of the run's test users (from
+    ``settings``' value up; ``widen=False`` keeps that value, one the user chose), save it in the
+    run's ``index/`` folder, and measure it against exact (``Flat``) search on all test users.
 
     Returns the :class:`IndexReport` that is also written as ``<slug>.json``.
     """
@@ -167,23 +227,27 @@ def build_run_index(
         raise ValueError(f"--n: must be > 0, got {n}")
     emb = run.item_table()
     index, built, build_s = _build(emb, settings, log, progress)
-    index_file, meta_file = run.dir.index_files(settings.factory)
-    index_file.parent.mkdir(parents=True, exist_ok=True)
-    run.dir.save_file(index_file.relative_to(run.dir.path), lambda tmp: write_index(index, tmp))
-
     test = run.split.test
     interests = run.interests(test.inputs, test.lengths, batch_size)
     batches = [interests[i : i + batch_size] for i in range(0, len(interests), batch_size)]
     exact = Retriever(emb, RetrievalConfig(factory="Flat", backend="faiss"))
-    ann = Retriever.from_index(index)  # no embeddings: the index's own answers, short lists unfilled
     exact_ids, exact_s = _timed_search(exact, batches, n)
+    sample = _calibration_users(len(exact_ids))
+    built, calibration = _calibrated(
+        index, built, interests[sample], exact_ids[sample], target=target, widen=widen, log=log
+    )
+    index_file, meta_file = run.dir.index_files(settings.factory)
+    index_file.parent.mkdir(parents=True, exist_ok=True)
+    run.dir.save_file(index_file.relative_to(run.dir.path), lambda tmp: write_index(index, tmp))
+
+    ann = Retriever.from_index(index)  # no embeddings: the index's own answers, short lists unfilled
     ann_ids, ann_s = _timed_search(ann, batches, n)
     users = len(exact_ids)
     report = IndexReport(
         factory=built.factory,
         requested_factory=settings.factory,
-        nprobe=settings.nprobe,
-        ef_search=settings.ef_search,
+        nprobe=built.nprobe,
+        ef_search=built.ef_search,
         search_params=search_params(index),
         ef_construction=settings.ef_construction,
         num_items=len(emb) - 1,
@@ -198,6 +262,8 @@ def build_run_index(
         ann_users_per_s=users / max(ann_s, 1e-9),
         index_file=str(index_file),
         created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        target_recall=target,
+        calibration=calibration.describe(),
     )
     run.dir.write_json(meta_file.relative_to(run.path).as_posix(), asdict(report))
     return report
@@ -244,15 +310,19 @@ def open_run_index(
     *,
     log: Log = print,
     progress: bool = False,
+    widen: bool = True,
 ) -> tuple[Retriever, str]:
     """A :class:`Retriever` for ``run`` with ``settings`` (default: :func:`retrieval_settings`
-    of the run's own factory) and a one-line description of where it came from.
+    of the run's own factory) and a one-line description of the search: exact, or the index with
+    the recall of exact search's top n measured for its search setting.
 
     With ``Flat`` and ``settings.backend`` resolving to torch (``auto``: the model is on a GPU,
     or FAISS is missing) it is exact search on the model's device. Otherwise a saved index
     (``recsys index``) of ``settings.factory`` is loaded when its embedding hash matches the
-    run's weights; otherwise the index is built in memory (``Flat`` is instant; HNSW over 100k
-    items takes tens of seconds). Either is searched with ``settings.nprobe`` / ``ef_search``.
+    run's weights, searched with ``settings.nprobe`` / ``ef_search`` (the saved ones unless others
+    were given). Otherwise the index is built in memory (``Flat`` is instant; HNSW over 100k
+    items takes tens of seconds) and its search setting chosen as ``recsys index`` chooses it, at
+    top :data:`RECALL_N` (``widen=False``: ``settings``' value, measured).
     """
     settings = settings if settings is not None else retrieval_settings(run)
     factory = settings.factory
@@ -270,13 +340,34 @@ def open_run_index(
             as_saved = dataclasses.replace(settings, factory=meta["factory"])
             index = load()
             retriever = Retriever.from_index(index, as_saved, item_category=categories, item_emb=emb)
-            return retriever, f"{meta['factory']} loaded from {index_file}{_shown_params(index, '')}"
+            shown = _shown_params(index, _saved_recall(index, meta))
+            return retriever, f"{meta['factory']} loaded from {index_file}{shown}"
         log(f"warning: {index_file} was built from other weights; building {factory!r} in memory instead")
     index, built, build_s = _build(emb, settings, log, progress)
+    measured = "exact search"  # Flat: nothing to save or measure
+    if factory.strip() != "Flat":
+        test = run.split.test
+        sample = _calibration_users(len(test.users))
+        interests = run.interests(test.inputs[sample], test.lengths[sample])
+        exact_ids = Retriever(emb, RetrievalConfig(factory="Flat", backend="faiss")).search(interests, RECALL_N)[0]
+        built, calibration = _calibrated(index, built, interests, exact_ids, target=TARGET_RECALL, widen=widen, log=log)
+        measured = f"{calibration.describe()}; save it with `recsys index`"
     retriever = Retriever.from_index(index, built, item_category=categories, item_emb=emb)
-    return retriever, (
-        f"{built.factory} built in memory in {build_s:.1f}s{_shown_params(index, 'save it with `recsys index`')}"
-    )
+    return retriever, f"{built.factory} built in memory in {build_s:.1f}s{_shown_params(index, measured)}"
+
+
+def _saved_recall(index: Any, meta: dict[str, Any]) -> str:
+    """What ``recsys index`` measured for the saved index described by ``meta``, searched as
+    ``index`` is now: its recall when that is the setting it was measured at."""
+    if meta.get("requested_factory", "").strip() == "Flat" or meta.get("factory", "").strip() == "Flat":
+        return "exact search"
+    (key, now), recall = search_setting(index), meta.get("recall")
+    if not isinstance(recall, (int, float)):
+        return "recall not measured"
+    measured = f"recall@{meta.get('n')} {recall:.3f} of exact search on {meta.get('users', 0):,} test users"
+    if key and now != meta.get(key):
+        return f"recall not measured at {key}={now} (recsys index measured {measured} at {key}={meta.get(key)})"
+    return measured
 
 
 def _shown_params(index: Any, advice: str) -> str:

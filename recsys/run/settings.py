@@ -47,6 +47,11 @@ The rules, each with the measurement behind it beside its constant in :mod:`recs
   so far more over its longer run. On taobao the best constant was 0.05, on amazon-beauty 0.2 to
   0.5 (four times more steps per epoch on taobao): both are about 0.15 a pass (docs/defaults.md,
   "Weight decay per epoch").
+- ``train.cpu_threads``: :func:`cpu_threads`, the cores other work leaves free when the
+  experiment is built (:func:`machine_cores`), at least 1 and at most torch's own default. With
+  other jobs on a busy 2-core machine torch's default (every core) trained 292-384 samples/s
+  against 2,863-3,236 with one thread: its threads wait for each other at every parallel region,
+  where a descheduled one holds up the rest (``benchmarks/cpu_threads.py`` measures it).
 - ``eval.objective``: ``recall@max(eval.topn)``; ``eval.exclude_history``: true under
   ``data.split = "leave_one_out"`` (the papers' protocol), else false.
 
@@ -69,7 +74,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-from collections.abc import Sequence
+import os
+import time
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -100,6 +107,7 @@ from recsys.models.spec import (
     spec_for,
     specs,
 )
+from recsys.retrieval.index import check_factory
 
 if TYPE_CHECKING:
     from recsys.data import Dataset, Split
@@ -112,10 +120,12 @@ __all__ = [
     "NEGATIVES_PER_ROW",
     "Facts",
     "check",
+    "cpu_threads",
     "excludes_history",
     "fused_exact_softmax",
     "length_interest_reg",
     "length_score_cap",
+    "machine_cores",
     "objective",
     "resolve",
     "resolve_model",
@@ -137,6 +147,12 @@ MAX_DENSE_BATCH = 512
 # the automatic hinge's weight is the spec's times L / HINGE_LENGTH within [HINGE_FLOOR, 1] (length_interest_reg)
 HINGE_LENGTH = 50
 HINGE_FLOOR = 0.2
+# the automatic train.cpu_threads: what other work keeps busy is read over this long (machine_cores) ...
+LOAD_SAMPLE_S = 0.1
+# ... and the count is at most torch's own default in this process (its physical cores, or OMP_NUM_THREADS,
+# which torchrun sets to 1 for several processes a host), read when recsys is imported, before any run sets it
+TORCH_THREADS = torch.get_num_threads()
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /proc/stat's unit
 
 
 @dataclass(frozen=True)
@@ -150,6 +166,9 @@ class Facts:
         train_lengths: ``train_lengths[n]``: training sequences of ``n`` clicks.
         device: the type of the training device (``"cpu"``, ``"cuda"``).
         world_size: processes training together, each drawing ``train.batch_size`` samples a step.
+        cores: the CPU cores this process may run on (:func:`machine_cores`).
+        busy_cores: how many of them other work kept busy when the facts were taken.
+        torch_threads: torch's own default thread count in this process (:data:`TORCH_THREADS`).
     """
 
     num_items: int
@@ -157,17 +176,25 @@ class Facts:
     train_lengths: tuple[int, ...]
     device: str = "cpu"
     world_size: int = 1
+    cores: int = 1
+    busy_cores: float = 0.0
+    torch_threads: int = 1
 
     @classmethod
     def of(cls, dataset: Dataset, split: Split, device: str | torch.device = "cpu", world_size: int = 1) -> Facts:
-        """The facts of ``dataset`` split as ``split``, trained on ``device`` by ``world_size`` processes."""
+        """The facts of ``dataset`` split as ``split``, trained on ``device`` by ``world_size`` processes
+        on this machine as it is now."""
         lengths = np.bincount(split.train_lengths)
+        cores, busy = machine_cores()
         return cls(
             num_items=dataset.num_items,
             tied_share=dataset.tied_share(),
             train_lengths=tuple(int(n) for n in lengths),
             device=torch.device(device).type,
             world_size=world_size,
+            cores=cores,
+            busy_cores=busy,
+            torch_threads=TORCH_THREADS,
         )
 
     @classmethod
@@ -207,6 +234,59 @@ class Facts:
         improving and made the automatic decay 15x stronger a step: docs/defaults.md, "Dense
         training")."""
         return max(1, math.ceil(self.targets(min_target(train)) / self.samples_per_step(train)))
+
+
+def machine_cores() -> tuple[int, float]:
+    """``(cores, busy)``: the CPU cores this process may run on (its affinity) and how many of them
+    other work keeps busy now.
+
+    On Linux ``busy`` is read from the per-core counters of ``/proc/stat`` over
+    :data:`LOAD_SAMPLE_S`, less this process's own CPU time in that while: what other processes
+    run now, on these cores only (a container's cpuset, a ``taskset``), and never this process's
+    own threads, which a run's thread count is chosen for. Elsewhere it is the 1-minute load average's
+    share of these cores (``os.getloadavg``), which lags and counts this process too."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    try:
+        before, own = _core_ticks(cpus), os.times()
+        time.sleep(LOAD_SAMPLE_S)
+        after, own_after = _core_ticks(cpus), os.times()
+    except (OSError, ValueError, IndexError):
+        try:
+            load = os.getloadavg()[0] * len(cpus) / (os.cpu_count() or len(cpus))
+        except (OSError, AttributeError):  # no load average on this system: assume none
+            load = 0.0
+        return len(cpus), min(float(len(cpus)), load)
+    (busy, total), (busy_after, total_after) = before, after
+    elapsed = max(total_after - total, 1) / len(cpus) / _TICKS_PER_S  # seconds, by the cores' own clocks
+    mine = (own_after.user + own_after.system) - (own.user + own.system)
+    others = (busy_after - busy) / _TICKS_PER_S / elapsed - mine / elapsed
+    return len(cpus), min(float(len(cpus)), max(0.0, others))
+
+
+def _core_ticks(cpus: Collection[int]) -> tuple[int, int]:
+    """``(busy, total)`` clock ticks of the cores ``cpus`` since boot, from ``/proc/stat`` (idle and
+    waiting on I/O are idle; guest time is already inside user time)."""
+    wanted, busy, total = {f"cpu{c}" for c in cpus}, 0, 0
+    with open("/proc/stat") as f:
+        for line in f:
+            name, *fields = line.split()
+            if name in wanted:
+                ticks = [int(x) for x in fields[:8]]  # user nice system idle iowait irq softirq steal
+                busy += sum(ticks) - ticks[3] - ticks[4]
+                total += sum(ticks)
+                wanted.discard(name)
+    if wanted:
+        raise ValueError(f"/proc/stat has no line for {sorted(wanted)}")
+    return busy, total
+
+
+def cpu_threads(cores: int, busy: float, torch_threads: int) -> int:
+    """The automatic ``train.cpu_threads``: the cores that other work leaves free, ``cores - busy``
+    rounded (a core half busy or more counts as taken), at least 1 and at most ``torch_threads``,
+    torch's own default. torch's threads wait for each other at the end of every parallel region,
+    so one thread that another job deschedules holds up all of them: on a 2-core machine with
+    other jobs, torch's default (2 threads) trained at a tenth of one thread's samples/s."""
+    return max(1, min(torch_threads, math.floor(cores - busy + 0.5)))
 
 
 def min_target(train: TrainConfig) -> int:
@@ -304,6 +384,8 @@ def rules(model: str) -> dict[str, str]:
         "train.interest_reg": f"{reg} at K > 1, else 0" if several and auto.interest_reg else "0",
         "train.soft_readout_steps": f"{auto.soft_readout_steps}",
         "train.item_updates": f'"sparse" from {SPARSE_ITEMS:,} items where negatives are sampled, else "dense"',
+        "train.cpu_threads": "the CPU cores other work leaves free when the run starts, at least 1, at most "
+        "torch's default",
         "eval.objective": "recall@max(eval.topn)",
         "eval.exclude_history": 'true under data.split = "leave_one_out", else false',
     }
@@ -368,6 +450,7 @@ def resolve(cfg: Config, facts: Facts) -> Config:
     _set(out, "train.num_negatives", NEGATIVES_PER_ROW * t.batch_size * facts.world_size)
     decay = auto.epoch_decay / (t.lr * facts.epoch_steps(t)) if t.optimizer == "adamw" else 0.0
     _set(out, "train.weight_decay", decay)
+    _set(out, "train.cpu_threads", cpu_threads(facts.cores, facts.busy_cores, facts.torch_threads))
     # the evaluation's automatic values follow the config alone; written down so the saved config says them
     _set(out, "eval.objective", objective(out.eval))
     _set(out, "eval.exclude_history", excludes_history(out))
@@ -395,8 +478,9 @@ def check(cfg: Config) -> None:
     model without attention scores or with dense training, ``train.interest_reg`` where there are
     no K > 1 interests to part, ``train.predict_at = "all"`` on a model
     that cannot train densely, ``train.item_updates = "sparse"`` where every item row is read each
-    step. Automatic values are skipped (they resolve to what fits), so this runs on the config as
-    written, before the data is read, and again on the resolved one."""
+    step, a ``retrieval.factory`` FAISS cannot build over the model's width (which validation would
+    otherwise meet first). Automatic values are skipped (they resolve to what fits), so this runs on
+    the config as written, before the data is read, and again on the resolved one."""
     spec = spec_for(cfg.model.name)
     off = dataclasses.replace(ModelConfig(), score_cap=0.0)
     for key in STRICT_SETTINGS:
@@ -446,3 +530,5 @@ def check(cfg: Config) -> None:
     if t.item_updates == "sparse" and (t.full_softmax is True or t.hard_negatives):
         why = "train.full_softmax = true scores" if t.full_softmax is True else "train.hard_negatives draws from"
         raise ConfigError(f'train.item_updates="sparse": {why} every item row each step; set it to "dense" or "auto"')
+    if not is_automatic(cfg, "model.dim"):
+        check_factory(cfg.retrieval.factory, cfg.model.dim)

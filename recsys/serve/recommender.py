@@ -104,6 +104,8 @@ class Recommender:
             ``item_category`` (see :func:`recsys.run.open_run_index`).
         max_len: sequence width fed to the model (the run's ``data.max_len``).
         name, index_name: shown by :meth:`info`.
+        search: which search answers (exact, or the index with its measured recall), as
+            :func:`recsys.run.open_run_index` says it; shown by :meth:`info`.
     """
 
     def __init__(
@@ -115,6 +117,7 @@ class Recommender:
         max_len: int,
         name: str = "",
         index_name: str = "",
+        search: str = "",
     ) -> None:
         if retriever.num_items != dataset.num_items:
             raise ValueError(f"retriever: indexes {retriever.num_items} ids but the dataset has {dataset.num_items}")
@@ -124,6 +127,7 @@ class Recommender:
         self.max_len = int(max_len)
         self.name = name
         self.index_name = index_name
+        self.search = search
         self.device = model_device(model)
         counts = np.asarray(dataset.item_counts, dtype=np.int64)
         self._popular = (np.argsort(-counts[1:], kind="stable") + 1).astype(np.int64)  # [N - 1]
@@ -144,11 +148,13 @@ class Recommender:
     ) -> Recommender:
         """Load run directory ``path`` and its index (``factory`` default: the run's
         ``retrieval.factory``; a saved ``recsys index`` file is reused when it matches; the
-        options as :func:`recsys.run.retrieval_settings` takes them)."""
+        options as :func:`recsys.run.retrieval_settings` takes them; an index built in memory has
+        its search chosen for its recall unless ``nprobe`` or ``ef_search`` is given)."""
         from recsys.run import load_run, retrieval_settings
 
         run = load_run(path, device=device)
-        return cls.of_run(run, retrieval_settings(run, factory, nprobe=nprobe, ef_search=ef_search), log=log)
+        settings = retrieval_settings(run, factory, nprobe=nprobe, ef_search=ef_search)
+        return cls.of_run(run, settings, log=log, widen=nprobe is None and ef_search is None)
 
     @classmethod
     def of_run(
@@ -158,12 +164,14 @@ class Recommender:
         *,
         log: Callable[[str], None] = print,
         progress: bool = False,
+        widen: bool = True,
     ) -> Recommender:
         """The recommender of a loaded run, with its saved index for ``settings.factory`` when
-        that matches the weights, else one built in memory (see :func:`recsys.run.open_run_index`)."""
+        that matches the weights, else one built in memory (see :func:`recsys.run.open_run_index`,
+        which ``widen`` is passed to); ``log`` gets one line saying which search answers."""
         from recsys.run import open_run_index
 
-        retriever, where = open_run_index(run, settings, log=log, progress=progress)
+        retriever, where = open_run_index(run, settings, log=log, progress=progress, widen=widen)
         log(f"index: {where}")
         return cls(
             run.model,
@@ -172,6 +180,7 @@ class Recommender:
             max_len=run.cfg.data.max_len,
             name=run.cfg.model.name,
             index_name=retriever.factory,
+            search=where,
         )
 
     # -- inputs (raw ids become internal ids through ``dataset.item_map`` / ``user_map``) ------
@@ -327,7 +336,8 @@ class Recommender:
         return recs
 
     def info(self) -> dict[str, Any]:
-        """What is being served: model, dataset, catalogue size, index, K, d, max_len."""
+        """What is being served: model, dataset, catalogue size, index (and which search, with its
+        measured recall), K, d, max_len."""
         emb_dim = self.retriever.dim
         return {
             "model": self.name,
@@ -336,6 +346,7 @@ class Recommender:
             "users": self.dataset.num_users,
             "categories": self.dataset.num_categories - 1,
             "index": self.index_name,
+            "search": self.search,
             "num_interests": int(getattr(self.model, "num_interests", 1)),
             "dim": emb_dim,
             "max_len": self.max_len,

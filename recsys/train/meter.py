@@ -9,14 +9,15 @@ with ``train.predict_at = "last"``, every valid position of the window with ``"a
 The time left is estimated from what can end the run, never from the step cap alone (which the
 plateau stop usually beats by orders of magnitude): the step at which the plateau stop ends the
 run if no validation improves on the best again, the step cap when that comes first or there is
-no plateau stop, and the ``train.max_minutes`` budget. Before the first validation a run with a
-plateau stop has no such step, and the line says nothing about the time left (unless the budget
-bounds it).
+no plateau stop, and the deadline of the ``train.max_minutes`` budget. Before the first
+validation a run with a plateau stop has no such step, and the line says nothing about the time
+left (unless the budget bounds it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -51,10 +52,12 @@ class RunMeter:
 
     Args:
         plan: the run's step budget and validation cadence.
-        train: its ``train`` config (``patience``, ``max_minutes``).
+        train: its ``train`` config (``patience``).
         start_step: the step this process starts at.
         samples_per_step: training windows per step over all ranks.
         clock: seconds, monotonic (a fake one in tests).
+        deadline: the ``clock`` time at which the ``train.max_minutes`` budget of the whole run
+            runs out (``inf``: no budget).
     """
 
     def __init__(
@@ -65,6 +68,7 @@ class RunMeter:
         start_step: int,
         samples_per_step: int,
         clock: Callable[[], float] = time.perf_counter,
+        deadline: float = math.inf,
     ):
         self.plan, self.train, self.start_step, self.samples_per_step, self.clock = (
             plan,
@@ -74,6 +78,7 @@ class RunMeter:
             clock,
         )
         self.start = self.window_start = clock()
+        self.deadline = deadline
         self.paused_s = self.window_paused_s = 0.0  # time spent inside paused(), over the run and the window
         self.last_pause, self.last_pause_end = 0.0, self.start  # the latest pause's length, and when it ended
         self.samples = self.targets = 0.0  # trained over the run
@@ -132,7 +137,7 @@ class RunMeter:
             stop, plateau = min(stop, plateau_stop), plateau_stop < stop
         known = not self.train.patience or validated
         seconds = (stop - step) / max(steps_per_s, 1e-9)
-        budget = 60 * self.train.max_minutes - elapsed if self.train.max_minutes else None
+        budget = self.deadline - now if self.deadline < math.inf else None
         if budget is not None and (not known or budget < seconds):
             return f"at most {max(budget, 0):,.0f}s left (train.max_minutes)"
         if not known:

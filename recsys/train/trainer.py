@@ -4,8 +4,9 @@ One call, :func:`train`, runs a whole experiment from a :class:`~recsys.config.C
 split the data, build the model, optimise, validate on the valid users (``eval.objective``,
 Recall@max(topn) by default, with the evaluator) on the cadence of :mod:`recsys.train.plan`,
 keep the best weights, stop early after ``train.patience`` validations without improvement (or
-at the step budget, or at the ``train.max_minutes`` wall-clock budget after one last
-validation), and finally evaluate the best weights on the test users.
+at the step budget, or where what is left of the ``train.max_minutes`` wall-clock budget of the
+whole call covers only one last validation and the test), and finally evaluate the best
+weights on the test users.
 Everything lands in a self-contained run directory (see :mod:`recsys.train.checkpoint`).
 
 The hot path never syncs the host: losses accumulate on the device and are read every
@@ -43,7 +44,7 @@ from recsys.models.sequence import SequenceModel
 from recsys.nn.attention import max_attention_logit, set_track_stats
 from recsys.nn.masking import gather_last
 from recsys.run import Experiment, RunDir, build_experiment, new_run_dir, unfinished_runs
-from recsys.run.settings import check
+from recsys.run.settings import Facts, check
 from recsys.text import count
 from recsys.train import distributed
 from recsys.train.averaging import WeightAverage
@@ -566,8 +567,6 @@ def train(
     if resume and run_dir is None:
         raise ValueError("--resume needs the run directory to continue")
     check(cfg)  # a setting the model does not read fails before anything starts
-    if cfg.train.cpu_threads:
-        torch.set_num_threads(cfg.train.cpu_threads)
     dist = distributed.setup_distributed(cfg.train.device, graphs=cfg.train.cuda_graph is not False)
     device = dist.device
     torch.manual_seed(cfg.train.seed + dist.rank)
@@ -583,6 +582,7 @@ def train(
         cfg, rebatched = kept, kept is not cfg
     exp = _prepare(cfg, dist, dataset=rd.load_dataset() if rd else None, clicks=clicks, progress=progress)
     cfg = exp.cfg  # every value resolved
+    torch.set_num_threads(cfg.train.cpu_threads)
     exp.model.to(device)
 
     created = rd is None and (run_dir is None or not Path(run_dir).exists())
@@ -718,6 +718,8 @@ def dry_run(cfg: Config, *, clicks: pd.DataFrame | None = None, progress: bool =
     cfg, split, model = exp.cfg, exp.split, exp.model
     log(_data_line(exp.dataset, split))
     log(_model_line(cfg, model))
+    if dist.device.type == "cpu":
+        log(_threads_line(cfg, exp.facts))
     if model.trainable:
         log(_validation_line(cfg, split, len(split.valid.sample(cfg.eval.valid_users, cfg.data.seed))))
         log(plan_training(cfg.train, exp.facts).describe(cfg.train))
@@ -743,6 +745,14 @@ def _model_line(cfg: Config, model: InterestModel) -> str:
         f"model: {m.name}, K = {getattr(model, 'num_interests', 1)}, {m.dim} wide, "
         f"{sum(p.numel() for p in model.parameters()):,} parameters"
         + (f"; {positions} predicts {clicks}; {loss}" if model.trainable else "")
+    )
+
+
+def _threads_line(cfg: Config, facts: Facts) -> str:
+    """How many threads torch trains with, beside what the automatic count reads (recsys.run.settings.cpu_threads)."""
+    return (
+        f"CPU threads: {cfg.train.cpu_threads} (train.cpu_threads; this process may run on {facts.cores} cores, "
+        f"{facts.busy_cores:.1f} of them busy with other work, torch's default {facts.torch_threads})"
     )
 
 
@@ -774,6 +784,8 @@ def _run(
         rd.save_dataset(ds)
     log(_data_line(ds, split))
     log(_model_line(cfg, model))
+    if dist.device.type == "cpu":
+        log(_threads_line(cfg, exp.facts))
     valid = split.valid.sample(cfg.eval.valid_users, cfg.data.seed)  # a fixed sample: its cost stays bounded
     if model.trainable:
         log(_validation_line(cfg, split, len(valid)))
@@ -794,6 +806,9 @@ def _run(
     if model.trainable:
         with track_metrics(rd, cfg.train.tensorboard and dist.is_main):
             loop = _Loop.start(exp, dist, rd, validate, key, log, on_validate)
+            # train.max_minutes bounds the whole call, from before the data was read to the test
+            loop.deadline = t0 + 60 * cfg.train.max_minutes if cfg.train.max_minutes else math.inf
+            loop.test_share = len(split.test) / max(len(valid), 1)
             if resume:
                 loop.resume()
             state = _optimise(loop)
@@ -846,7 +861,9 @@ class _Loop:
     :class:`TrainStep`, the batches and the negatives' random stream (both saved in every
     checkpoint, so a resumed run draws what the uninterrupted one would), the plan, the
     divergence guard, the run directory, the validation with its objective ``key`` and its
-    ``on_validate`` hook, and the counters ``st``."""
+    ``on_validate`` hook, the counters ``st``, and for ``train.max_minutes`` the clock's time at
+    which the call must have ended (``deadline``, :func:`time.perf_counter` seconds) and the test's
+    users over a validation's (``test_share``: what the test costs after the last validation)."""
 
     cfg: Config
     dist: distributed.DistInfo
@@ -862,6 +879,8 @@ class _Loop:
     log: Log
     on_validate: OnValidate | None = None
     st: _LoopState = dataclasses.field(default_factory=_LoopState)
+    deadline: float = math.inf
+    test_share: float = 1.0
 
     @classmethod
     def start(
@@ -1001,9 +1020,25 @@ def _optimise(loop: _Loop) -> _LoopState:
     t, dist, st, device = loop.cfg.train, loop.dist, loop.st, loop.dist.device
     model, step_fn, guard, plan, log = loop.model, loop.step_fn, loop.guard, loop.plan, loop.log
     sums = torch.zeros(4, device=device)  # loss, log Z, max logit, grad norm over the log window
-    meter = RunMeter(plan, t, start_step=st.step, samples_per_step=t.batch_size * dist.world_size)
+    meter = RunMeter(
+        plan,
+        t,
+        start_step=st.step,
+        samples_per_step=t.batch_size * dist.world_size,
+        clock=time.perf_counter,
+        deadline=loop.deadline,
+    )
     window_steps, window_targets = 0, 0
     max_steps = plan.max_steps
+
+    def last_minutes(check: bool) -> bool:
+        """``train.max_minutes``: whether the time left covers only one last validation and the
+        test, each timed by the latest validation (none before the first), on rank 0's clock."""
+        if not (check and st.step < max_steps and loop.deadline < math.inf):
+            return False
+        ending = meter.last_pause * (1 + loop.test_share)
+        return distributed.broadcast_flag(time.perf_counter() + ending >= loop.deadline, device)
+
     while st.step < max_steps:
         log_now = (st.step + 1) % t.log_every == 0 or st.step + 1 == max_steps
         set_track_stats(model, log_now and not step_fn.use_graph)  # max attention logit, on logging steps
@@ -1051,12 +1086,7 @@ def _optimise(loop: _Loop) -> _LoopState:
             guard.check(st.step, loss, gnorm)
             sums.zero_()
             window_steps, window_targets = 0, 0
-        out_of_time = (
-            log_now
-            and st.step < max_steps
-            and t.max_minutes > 0
-            and distributed.broadcast_flag(time.perf_counter() - meter.start > 60 * t.max_minutes, device)
-        )
+        out_of_time = last_minutes(log_now or dist.world_size == 1)  # DDP: agreeing syncs the host
         due = plan.validates_at(st.step, st.last_eval) and (
             st.step >= max_steps or distributed.broadcast_flag(meter.may_validate(), device)  # rank 0's clock
         )
@@ -1066,6 +1096,7 @@ def _optimise(loop: _Loop) -> _LoopState:
             st.last_eval = st.step
             with meter.paused():  # with budget left to use a lower rate, a plateau may drop it
                 verdict = loop.validation(can_drop=st.step < max_steps and not out_of_time)
+            out_of_time = out_of_time or last_minutes(True)  # no time left for another: this one was the last
             if out_of_time:
                 log(f"stopped at step {st.step}: train.max_minutes={t.max_minutes:g} reached")
                 st.out_of_time = True

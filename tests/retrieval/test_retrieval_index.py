@@ -232,3 +232,70 @@ def test_top_items_pads_a_small_catalogue_like_search():
     np.testing.assert_array_equal(got[0].numpy(), want[0])
     np.testing.assert_allclose(got[1].numpy(), want[1], rtol=1e-5)
     np.testing.assert_array_equal(got[2].numpy(), want[2])
+
+
+def _queries_and_exact(emb: np.ndarray, n: int, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """300 users' two interests and exact search's top ``n`` for them."""
+    interests = np.random.default_rng(seed).standard_normal((300, 2, emb.shape[1])).astype(np.float32)
+    exact = Retriever(emb, RetrievalConfig(factory="Flat", backend="faiss")).search(interests, n)[0]
+    return interests, exact
+
+
+def test_calibrate_widens_an_hnsw_beam_until_it_finds_what_exact_search_finds():
+    """Was: an index was searched at the beam it was given (a saved HNSW32 held 0.75 of exact
+    search's top 50). A sparse graph (HNSW4, built with a beam of 16) searched with a beam of 16
+    holds well under 0.95; widened, the beam reaches it, and the index is left searched so."""
+    import faiss
+
+    from recsys.retrieval.index import calibrate
+
+    emb = np.random.default_rng(0).standard_normal((2000, 16)).astype(np.float32)
+    interests, exact = _queries_and_exact(emb, 10)
+    settings = RetrievalConfig(factory="HNSW4,Flat", ef_search=16, ef_construction=16)
+    index = build_index(emb, settings)
+    kept = calibrate(index, interests, exact, settings, widen=False)
+    assert kept.key == "ef_search" and kept.tried == ((16, kept.recall),) and kept.recall < 0.9
+    widened = calibrate(index, interests, exact, settings)
+    assert widened.reached and widened.recall >= 0.95 and widened.value > 16
+    assert faiss.downcast_index(index).hnsw.efSearch == widened.value
+    assert widened.recall == dict(widened.tried)[widened.value]
+    assert widened.describe().startswith(f"ef_search 16 -> {widened.value}: recall@10 {kept.recall:.3f} at 16, ")
+    # the beam doubled until it reached 0.95, then the smallest one that does, to within an eighth
+    doubled = [value for value, _ in widened.tried if value & (value - 1) == 0]
+    assert doubled == [16 * 2**i for i in range(len(doubled))] and doubled[-1] >= widened.value
+    short = max(value for value, recall in widened.tried if recall < 0.95)
+    assert short < widened.value <= short + max(1, widened.value // 8)
+
+
+def test_calibrate_probes_more_ivf_lists_and_stops_at_all_of_them():
+    """Topic-clustered items in 32 lists: probing one misses neighbours in the next; more lists
+    reach 0.95. Codes too coarse to reach it stop the widening at every list."""
+    import faiss
+
+    from recsys.retrieval.index import calibrate
+
+    rng = np.random.default_rng(0)
+    centers = rng.standard_normal((20, 32)).astype(np.float32)
+    emb = (centers[rng.integers(0, 20, 3000)] + 0.3 * rng.standard_normal((3000, 32))).astype(np.float32)
+    interests = (centers[rng.integers(0, 20, (200, 2))] + 0.3 * rng.standard_normal((200, 2, 32))).astype(np.float32)
+    exact = Retriever(emb, RetrievalConfig(factory="Flat", backend="faiss")).search(interests, 20)[0]
+    settings = RetrievalConfig(factory="IVF32,Flat", nprobe=1)
+    index = build_index(emb, settings)
+    widened = calibrate(index, interests, exact, settings)
+    assert widened.key == "nprobe" and widened.tried[0][1] < 0.95 and widened.reached and widened.value > 1
+    assert faiss.extract_index_ivf(index).nprobe == widened.value
+    coarse = RetrievalConfig(factory="IVF32,PQ4x4", nprobe=1)  # 2 bytes an item: never near exact
+    bounded = calibrate(build_index(emb, coarse), interests, exact, coarse)
+    assert not bounded.reached and [value for value, _ in bounded.tried] == [1, 2, 4, 8, 16, 32]
+
+
+def test_a_factory_faiss_cannot_build_is_one_line_naming_the_key():
+    from recsys.config import ConfigError
+    from recsys.retrieval.index import check_factory
+
+    with pytest.raises(ConfigError, match=r"^retrieval.factory: FAISS cannot build 'Bogus' .*index string Bogus$"):
+        check_factory("Bogus", 64)
+    with pytest.raises(ConfigError, match=r"^retrieval.factory: .*'PQ16' over 60-wide .*multiple of the number"):
+        check_factory("PQ16", 60)
+    check_factory("HNSW32,Flat", 60)
+    check_factory("Flat", 60)

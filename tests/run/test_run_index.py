@@ -161,3 +161,42 @@ def test_retrieval_settings_layer_the_run_a_saved_index_and_given_values(tiny_ru
     assert retrieval_settings(run, saved=False) == own  # no factory: the run's
     with pytest.raises(ConfigError, match="retrieval.nprobe"):
         retrieval_settings(run, "HNSW8,Flat", nprobe=0)
+
+
+def test_an_index_is_searched_at_the_setting_that_recalls_exact_search_and_says_so(tiny_run, tmp_path, capsys):
+    """Was: an index was saved and served at the run's ef_search whatever it recalled (HNSW32 on a
+    98k-item table: 0.75 of exact search's top 50, so recommend's lists were not those evaluation
+    measured), and recommend did not say which search answered. A sparse HNSW graph searched with a
+    beam of 1 is widened on the run's test users until its top 50 holds 0.95 of exact search's; the
+    beam is saved with the index, and recommend (CLI and Python) says it searches that index at
+    that beam, with the recall measured."""
+    import dataclasses
+    import shutil
+
+    from recsys.api import Run
+    from recsys.run import build_run_index
+
+    run_dir = shutil.copytree(tiny_run, tmp_path / "run")
+    run = load_run(run_dir)
+    sparse = dataclasses.replace(retrieval_settings(run, "HNSW4,Flat", saved=False), ef_search=1, ef_construction=8)
+    report = build_run_index(run, sparse, n=50, log=lambda line: None)
+    assert report.ef_search > 1 and report.calibration.startswith(f"ef_search 1 -> {report.ef_search}: recall@50 ")
+    first = float(report.calibration.split("recall@50 ")[1].split(" at ")[0])
+    assert first < 0.95 <= report.recall
+    meta = json.loads(RunDir(run_dir).index_files("HNSW4,Flat")[1].read_text())
+    assert meta["ef_search"] == report.ef_search and meta["target_recall"] == 0.95
+
+    said = f"HNSW4,Flat loaded from {RunDir(run_dir).index_files('HNSW4,Flat')[0]} (ef_search={report.ef_search}; "
+    measured = f"recall@50 {report.recall:.3f} of exact search on {report.users:,} test users"
+    table = Run.load(run_dir).recommend(n=10)
+    assert table.attrs["search"] == said + measured + ")"
+    assert main(["recommend", str(run_dir), "--all", "--n", "5", "--out", str(tmp_path / "recs.csv")]) == 0
+    assert f"index: {said}{measured})" in capsys.readouterr().out
+    assert "recall not measured at ef_search=2" in Run.load(run_dir).use_index(ef_search=2).search
+    assert Run.load(run_dir).use_index("Flat").search.endswith("(exact search)")
+
+    # A factory with no saved index is built in memory and widened the same way (unless a beam is given).
+    _, where = open_run_index(run, retrieval_settings(run, "HNSW5,Flat", ef_search=1), log=lambda line: None)
+    assert "HNSW5,Flat built in memory" in where and "ef_search 1 -> " in where and "of exact search" in where
+    _, kept = open_run_index(run, retrieval_settings(run, "HNSW5,Flat", ef_search=1), widen=False, log=print)
+    assert "ef_search=1; ef_search 1: recall@50 " in kept

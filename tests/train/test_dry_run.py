@@ -77,3 +77,15 @@ def test_dry_run_prints_the_batch_it_decides_and_the_rate(tmp_path, capsys):
 def test_dry_run_refuses_resume(tmp_path, capsys):
     assert main(["train", "--dry-run", "--resume", str(tmp_path)]) == 2
     assert "--dry-run" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("factory, dim", [("Bogus", "16"), ("PQ7", "-1")])
+def test_dry_run_refuses_a_factory_faiss_cannot_build(tmp_path, capsys, factory, dim):
+    """Was: --dry-run accepted retrieval.factory=Bogus, and FAISS's C++ message came at the run's
+    first validation. Refused in one line naming the key: with the width given before the data is
+    read, with the automatic width (64, which 7 product quantizers do not divide) once it is decided."""
+    overrides = [*TINY_TRAIN_OVERRIDES, f"model.dim={dim}", f"retrieval.factory={factory}", f"output_dir={tmp_path}"]
+    assert main(["train", "--dry-run", "--quiet"] + [a for o in overrides for a in ("--set", o)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"recsys train: error: retrieval.factory: FAISS cannot build {factory!r} over ")
+    assert len(err.splitlines()) == 1 and "Error in" not in err and not any(tmp_path.iterdir())

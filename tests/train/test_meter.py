@@ -1,5 +1,7 @@
 """The progress line's throughput and time left (recsys.train.meter), on a fake clock."""
 
+import math
+
 from recsys.config import TrainConfig
 from recsys.train.meter import Rates, RunMeter
 from recsys.train.plan import TrainPlan
@@ -25,8 +27,9 @@ def _meter(
         targets=0,
         world_size=1,
     )
+    deadline = clock() + 60 * max_minutes if max_minutes else math.inf
     return RunMeter(
-        plan, TrainConfig(patience=patience, max_minutes=max_minutes), start_step=0, samples_per_step=128, clock=clock
+        plan, TrainConfig(patience=patience), start_step=0, samples_per_step=128, clock=clock, deadline=deadline
     )
 
 

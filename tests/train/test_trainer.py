@@ -1,5 +1,6 @@
 """End-to-end training runs on small synthetic data (PyTorch kernels; CPU)."""
 
+import itertools
 import json
 
 import pytest
@@ -50,11 +51,48 @@ def test_resume_reproduces_uninterrupted_run(tmp_path, updates):
 def test_wall_clock_budget_validates_then_stops(tmp_path):
     lines: list[str] = []
     result = train(_cfg(tmp_path, "name=budget", "train.max_minutes=1e-9"), log=lines.append)
-    assert result.steps == 10  # the first logging step is the first check of the clock
+    assert result.steps == 1  # the clock is read after every step
     assert any("train.max_minutes=1e-09 reached" in line for line in lines), lines
     valid = [r for r in RunDir(result.run_dir).read_metrics() if r.get("split") == "valid"]
-    assert [r["step"] for r in valid] == [10] and result.best_step == 10
+    assert [r["step"] for r in valid] == [1] and result.best_step == 1
     assert result.test_metrics["recall@50"] >= 0
+
+
+@pytest.mark.parametrize("data_s", [5.0, 1.0])
+def test_max_minutes_bounds_the_whole_run_on_a_simulated_clock(tmp_path, simulated_clock, data_s):
+    """Was: the clock was read every train.log_every steps and counted the training loop only, so the
+    data, the last steps, the last validation and the test came on top (a 4-minute cap ran 368 s).
+    On a simulated clock (reading the data ``data_s``, a step 1 s, a user evaluated 0.1 s: about
+    6 s a validation, every 20 steps) a 1-minute budget ends within max(5%, one validation) of it,
+    having used it. Reading the data in 1 s puts a validation due at 47 s, after which no time is
+    left for another: it is the last one (was: validated again at the next step)."""
+    simulated_clock.data_s = data_s
+    sets = ("train.max_minutes=1", "train.max_steps=1000", "train.patience=0", "train.log_every=25")
+    start = simulated_clock.now
+    result = train(_cfg(tmp_path, "name=capped", *sets), log=lambda line: None)
+    spent, validation = simulated_clock.now - start, simulated_clock.user_s * simulated_clock.evaluated[0]
+    assert result.out_of_time
+    assert 60 - validation <= spent <= 60 + max(0.05 * 60, validation), (spent, validation)
+    steps = [r["step"] for r in RunDir(result.run_dir).read_metrics() if r.get("split") == "valid"]
+    assert all(b - a > 1 for a, b in itertools.pairwise(steps)), steps
+
+
+def test_a_busy_machine_trains_on_the_cores_left_free(tmp_path, monkeypatch):
+    """Was: torch's default threads (every core) however busy the machine; now the resolved
+    train.cpu_threads, saved with the run and logged."""
+    from recsys.run import settings
+
+    monkeypatch.setattr(settings, "machine_cores", lambda: (2, 1.3))
+    monkeypatch.setattr(settings, "TORCH_THREADS", 2)
+    before = torch.get_num_threads()
+    lines: list[str] = []
+    try:
+        result = train(_cfg(tmp_path, "name=busy", "train.max_steps=2"), log=lines.append)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    assert RunDir(result.run_dir).read_config().train.cpu_threads == 1
+    assert "CPU threads: 1 (train.cpu_threads; this process may run on 2 cores, 1.3 of them busy" in "\n".join(lines)
 
 
 def test_run_directory_is_self_contained(tmp_path):
