@@ -40,7 +40,8 @@ def _files(folder: Path) -> list[str]:
 
 @pytest.fixture
 def run_copy(tiny_run, tmp_path):
-    return shutil.copytree(tiny_run, tmp_path / "run")
+    """A copy of the session's tiny run without the indexes other tests may have saved in it."""
+    return shutil.copytree(tiny_run, tmp_path / "run", ignore=shutil.ignore_patterns("index"))
 
 
 def test_recommend_out_keeps_no_cut_file(tiny_run, tmp_path, monkeypatch, capsys):
