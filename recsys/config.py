@@ -190,6 +190,9 @@ class ModelConfig(_Section):
     block: str = "pre_norm"
     filter_cutoff: int = 5
     filter_alpha: float = 0.7
+    # the filter at each position reads the window that ends there (a causal FIR filter), so the model can train
+    # densely (train.predict_at = "all"); false: BSARec's, over the whole window
+    filter_causal: bool = False
     attention_dropout: float = 0.0
     # transformer encoders' initial weights: scaled (item rows N(0, 1/d), torch's Linear init) | bert (every
     # Linear and embedding N(0, 0.02), zero biases: BERT's, which S3Rec, FMLP-Rec and BSARec keep)

@@ -276,6 +276,8 @@ def test_a_filter_that_reads_the_whole_window_trains_on_the_last_position(name):
     )
     with pytest.raises(ConfigError, match="not causal"):
         resolve(load_config(None, [f"model.name={name}", "model.mixer=frequency", "train.predict_at=all"]), FACTS)
+    causal = resolve(load_config(None, [f"model.name={name}", "model.mixer=hybrid", "model.filter_causal=true"]), FACTS)
+    assert causal.train.predict_at == spec_for(name).automatic.predict_at
 
 
 def test_the_block_settings_belong_to_the_transformers_and_drawing_by_targets_to_last_position_training():

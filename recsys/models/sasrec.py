@@ -31,6 +31,7 @@ def encoder_shape(cfg: ModelConfig) -> EncoderShape:
         block=cfg.block,
         filter_cutoff=cfg.filter_cutoff,
         filter_alpha=cfg.filter_alpha,
+        filter_causal=cfg.filter_causal,
         attention_dropout=cfg.attention_dropout,
         qk_norm=cfg.qk_norm,
         softcap=cfg.softcap,
@@ -147,6 +148,7 @@ TRANSFORMER_SETTINGS = (
     "block",
     "filter_cutoff",
     "filter_alpha",
+    "filter_causal",
     "attention_dropout",
     "init",
 )

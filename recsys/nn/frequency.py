@@ -21,6 +21,13 @@ from the published block, both on purpose:
   within the window. Only a window's last position may be trained (``train.predict_at = "last"``,
   every prefix a sample, as the published recipe does); dense training, where position ``t``
   predicts click ``t + 1``, would read its own target, and is refused (:mod:`recsys.run.settings`).
+
+``causal=True`` (``model.filter_causal``) gives every position what the published filter gives at
+the last row of the ``L``-row window that ends there: the low band at ``t`` is
+``Σ_{s<L} h[s] · x[t - s]`` with ``h`` the band's circular kernel (``irfft`` of the kept bins), a
+causal FIR filter, so a model can train on every position of a window. For one block this is the
+published filter at every prefix exactly; in a stack the lower blocks differ, since there each
+prefix's window would be filtered as a whole.
 """
 
 from __future__ import annotations
@@ -48,19 +55,33 @@ class FrequencyFilter(nn.Module):
     Args:
         dim: width ``d``.
         cutoff: BSARec's ``c`` (its logged Amazon Beauty run: 5, i.e. 3 bins).
+        causal: position ``t`` reads clicks ``<= t`` only (the module docstring).
     """
 
-    def __init__(self, dim: int, cutoff: int):
+    def __init__(self, dim: int, cutoff: int, causal: bool = False):
         super().__init__()
         self.bins = low_band_bins(cutoff)
+        self.causal = causal
         self.sqrt_beta = nn.Parameter(torch.randn(dim))
 
     def forward(self, x: Tensor, lengths: Tensor) -> Tensor:
         seq_len = x.shape[1]
         mask = length_mask(lengths, seq_len)[..., None]  # [B, L, 1]
         wide = x.to(torch.promote_types(x.dtype, torch.float32)) * mask  # padding rows are zero
-        spectrum = torch.fft.rfft(wide, dim=1, norm="ortho")  # [B, L // 2 + 1, d]
-        spectrum = spectrum * (torch.arange(spectrum.shape[1], device=x.device) < self.bins)[None, :, None]
-        low = torch.fft.irfft(spectrum, n=seq_len, dim=1, norm="ortho")  # [B, L, d]
+        if self.causal:
+            low = torch.einsum("ts,bsd->btd", self._causal_band(seq_len, wide), wide)  # [B, L, d]
+        else:
+            spectrum = torch.fft.rfft(wide, dim=1, norm="ortho")  # [B, L // 2 + 1, d]
+            spectrum = spectrum * (torch.arange(spectrum.shape[1], device=x.device) < self.bins)[None, :, None]
+            low = torch.fft.irfft(spectrum, n=seq_len, dim=1, norm="ortho")  # [B, L, d]
         out = low + self.sqrt_beta.square() * (wide - low)
         return (out * mask).to(x.dtype)
+
+    def _causal_band(self, seq_len: int, like: Tensor) -> Tensor:
+        """``[L, L]`` lower-triangular Toeplitz ``T[t, j] = h[t - j]``: the low band of the window
+        ending at ``t``, read at its last row; ``h [L]`` is the band's circular kernel."""
+        kept = (torch.arange(seq_len // 2 + 1, device=like.device) < self.bins).to(like.dtype)
+        kernel = torch.fft.irfft(kept.to(torch.promote_types(like.dtype, torch.complex64)), n=seq_len)  # [L]
+        lag = torch.arange(seq_len, device=like.device)
+        lag = lag[:, None] - lag[None, :]  # [L, L] t - j
+        return torch.where(lag >= 0, kernel[lag.clamp_min(0)], torch.zeros((), dtype=like.dtype, device=like.device))

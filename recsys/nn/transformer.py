@@ -41,6 +41,8 @@ class EncoderShape:
         block: ``"pre_norm" | "post_norm" | "ligr"``.
         filter_cutoff: BSARec's ``c``: the low band keeps ``c // 2 + 1`` frequencies.
         filter_alpha: the hybrid's weight ``α`` of the filter (BSARec's ``alpha``).
+        filter_causal: each position filters the window that ends there (:mod:`recsys.nn.frequency`),
+            so the model can train on every position.
         attention_dropout: attention-probability dropout (training only).
         qk_norm, softcap, backend: those of :class:`MultiHeadAttention`.
     """
@@ -49,6 +51,7 @@ class EncoderShape:
     block: str = "pre_norm"
     filter_cutoff: int = 5
     filter_alpha: float = 0.7
+    filter_causal: bool = False
     attention_dropout: float = 0.0
     qk_norm: str = ""
     softcap: float = 0.0
@@ -64,8 +67,8 @@ class EncoderShape:
 
     @property
     def causal_mixer(self) -> bool:
-        """Whether position ``t``'s output reads clicks ``<= t`` only (the filter reads the whole window)."""
-        return self.mixer == "attention"
+        """Whether position ``t``'s output reads clicks ``<= t`` only (the window filter reads the whole window)."""
+        return self.mixer == "attention" or self.filter_causal
 
 
 class SwiGLU(nn.Module):
@@ -115,7 +118,9 @@ class TransformerBlock(nn.Module):
                 backend=shape.backend,
                 dropout=shape.attention_dropout,
             )
-        self.filter = FrequencyFilter(dim, shape.filter_cutoff) if shape.mixer != "attention" else None
+        self.filter = (
+            FrequencyFilter(dim, shape.filter_cutoff, shape.filter_causal) if shape.mixer != "attention" else None
+        )
         self.norm1 = nn.LayerNorm(dim, eps=eps)  # pre: before the mixer; post: after the attention branch
         self.filter_norm = nn.LayerNorm(dim, eps=eps) if self.post and self.filter is not None else None
         self.norm2 = nn.LayerNorm(dim, eps=eps)

@@ -464,7 +464,7 @@ def trains_densely(model: ModelConfig) -> bool:
     """Whether ``model`` can train on every position of a window: its spec is dense and its output at
     position ``t`` reads clicks ``<= t`` only (a transformer's frequency filter reads the whole window)."""
     spec = spec_for(model.name)
-    return spec.dense and ("mixer" not in spec.settings or model.mixer == "attention")
+    return spec.dense and ("mixer" not in spec.settings or model.mixer == "attention" or model.filter_causal)
 
 
 def unresolved(cfg: Config) -> list[str]:
@@ -520,7 +520,7 @@ def check(cfg: Config) -> None:
     if t.predict_at == "all" and not trains_densely(cfg.model):
         raise ConfigError(
             f'train.predict_at="all": model.mixer={cfg.model.mixer!r} reads the whole window (its filter is not '
-            'causal), so a position would see the click it predicts; use "last" or "auto"'
+            'causal), so a position would see the click it predicts; use "last" or "auto", or model.filter_causal=true'
         )
     if t.draw == "targets" and t.predict_at == "all":
         raise ConfigError(

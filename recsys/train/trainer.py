@@ -39,7 +39,7 @@ from recsys.device import to_device
 from recsys.evaluate.diagnostics import health_with_config
 from recsys.evaluate.evaluator import evaluate_with_config
 from recsys.io import full_disk
-from recsys.models import InterestModel
+from recsys.models import InterestModel, spec_for
 from recsys.models.sequence import SequenceModel
 from recsys.nn.attention import max_attention_logit, set_track_stats
 from recsys.nn.masking import gather_last
@@ -741,8 +741,12 @@ def _model_line(cfg: Config, model: InterestModel) -> str:
     positions = f"every position ({t.windows} windows)" if t.predict_at == "all" else "the last position"
     clicks = f"its next {t.predict_next} clicks" if t.predict_next > 1 else "its next click"
     loss = "exact softmax" if t.full_softmax else f"sampled softmax, {t.num_negatives:,} negatives"
+    blocks = ""
+    if "mixer" in spec_for(m.name).settings and (m.mixer, m.block) != ("attention", "pre_norm"):
+        causal = ", causal" if m.mixer != "attention" and m.filter_causal else ""
+        blocks = f", {m.block} blocks mixing by {m.mixer}{causal}"
     return (
-        f"model: {m.name}, K = {getattr(model, 'num_interests', 1)}, {m.dim} wide, "
+        f"model: {m.name}, K = {getattr(model, 'num_interests', 1)}, {m.dim} wide{blocks}, "
         f"{sum(p.numel() for p in model.parameters()):,} parameters"
         + (f"; {positions} predicts {clicks}; {loss}" if model.trainable else "")
     )

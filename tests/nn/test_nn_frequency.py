@@ -78,3 +78,26 @@ def test_bf16_input_comes_back_bf16_and_close():
 def test_cutoff_below_one_is_refused():
     with pytest.raises(ValueError, match="filter_cutoff"):
         FrequencyFilter(8, 0)
+
+
+@pytest.mark.parametrize("seq_len", [1, 7, 50])
+@pytest.mark.parametrize("cutoff", [1, 5])
+def test_the_causal_filter_gives_every_position_the_published_filter_of_its_prefix(seq_len, cutoff):
+    """Position t of the causal filter = the window filter of clicks 0..t read at its last click."""
+    torch.manual_seed(seq_len + cutoff)
+    causal, window = FrequencyFilter(16, cutoff, causal=True), FrequencyFilter(16, cutoff)
+    window.load_state_dict(causal.state_dict())
+    x = torch.randn(2, seq_len, 16, dtype=torch.float64)
+    causal.double(), window.double()
+    lengths = torch.tensor([seq_len, max(seq_len - 3, 0)])
+    out = causal(x, lengths)
+    for b in range(2):
+        for t in range(int(lengths[b])):
+            prefix = window(x[b : b + 1], torch.tensor([t + 1]))[0, t]
+            torch.testing.assert_close(out[b, t], prefix, rtol=1e-10, atol=1e-10)
+    if lengths[1] < seq_len:
+        assert out[1, int(lengths[1]) :].abs().max() == 0
+    # and it never reads ahead
+    later = x.clone()
+    later[:, -1] += 1.0
+    torch.testing.assert_close(causal(later, lengths)[:, :-1], out[:, :-1])

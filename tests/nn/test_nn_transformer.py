@@ -17,8 +17,9 @@ def _encoder(dropout: float = 0.0, causal: bool = True, **shape) -> TransformerE
 BSAREC = {"mixer": "hybrid", "block": "post_norm", "filter_cutoff": 3, "attention_dropout": 0.5}
 
 
-def test_causal_encoder_never_looks_ahead():
-    enc = _encoder()
+@pytest.mark.parametrize("shape", [{}, {"mixer": "hybrid", "filter_causal": True, "block": "ligr"}])
+def test_causal_encoder_never_looks_ahead(shape):
+    enc = _encoder(**shape)
     h = torch.randn(2, 7, 8)
     lengths = torch.tensor([7, 5])
     base = enc(h, lengths)
