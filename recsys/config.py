@@ -233,6 +233,9 @@ class TrainConfig(_Section):
     sampler_alpha: float = 0.75  # unigram exponent
     logq: bool = True  # subtract log Q(item) from sampled logits
     remove_accidental_hits: bool = True
+    # the training loss (recsys.train.losses): softmax (exact or sampled: train.full_softmax) | bpr (pairs of each
+    # target and the shared negatives) | a loss registered with recsys.train.losses.register_loss
+    loss: str = "softmax"
     # the exact softmax over the whole catalogue (true) or the sampled one (false); "auto" (the default): the
     # model's choice for the catalogue's size and the device (recsys.models.spec: sasrec is exact on small catalogues)
     full_softmax: bool | str = AUTO

@@ -436,7 +436,7 @@ def resolve(cfg: Config, facts: Facts) -> Config:
     _set(out, "train.predict_next", auto.predict_next if facts.tied_share >= TIED_ORDER else 1)
     # hard negatives are a sampling proposal: asking for them asks for the sampled softmax
     limit = FUSED_EXACT_SOFTMAX_ITEMS if fused_exact_softmax(out, facts.device) else EXACT_SOFTMAX_ITEMS
-    _set(out, "train.full_softmax", auto.full_softmax and not t.hard_negatives and n < limit)
+    _set(out, "train.full_softmax", auto.full_softmax and t.loss == "softmax" and not t.hard_negatives and n < limit)
     reads_every_row = t.full_softmax is True or bool(t.hard_negatives)  # the exact softmax, the hard proposal
     _set(out, "train.item_updates", "sparse" if not reads_every_row and n >= SPARSE_ITEMS else "dense")
     several = spec.multi_interest and out.model.num_interests > 1  # a diversity term between interests
@@ -526,6 +526,10 @@ def check(cfg: Config) -> None:
         raise ConfigError(
             'train.draw="targets": dense training windows are drawn by train.windows; it applies to '
             'train.predict_at="last"'
+        )
+    if t.loss != "softmax" and t.full_softmax is True:
+        raise ConfigError(
+            f'train.full_softmax = true: applies to train.loss = "softmax" (got {t.loss!r}); set it to "auto"'
         )
     if t.item_updates == "sparse" and (t.full_softmax is True or t.hard_negatives):
         why = "train.full_softmax = true scores" if t.full_softmax is True else "train.hard_negatives draws from"

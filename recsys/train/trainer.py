@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from recsys.config import Config, automatic_keys, require_resolved
+from recsys.config import Config, ConfigError, automatic_keys, require_resolved
 from recsys.data.batches import TrainSampler, WindowSampler
 from recsys.data.split import Split
 from recsys.data.synthetic import planted_for
@@ -53,15 +53,12 @@ from recsys.train.divergence import DivergenceGuard
 from recsys.train.graphs import DDP_WARMUP_STEPS, WARMUP_STEPS, capturing, launch_line, plan_graph, side_stream
 from recsys.train.losses import (
     LossOutput,
+    LossRows,
     attention_collision,
-    chunked_softmax_loss,
-    draw_from,
     interest_cosine,
-    interest_proposal,
-    make_sampler,
-    mixture_log_expected_count,
+    loss_names,
+    make_loss,
     readout,
-    sampled_softmax_loss,
 )
 from recsys.train.memory import check_fits
 from recsys.train.meter import VALID_SHARE, RunMeter
@@ -112,7 +109,8 @@ def make_optimizer(
 
 
 class TrainStep:
-    """One optimisation step: batch -> interests -> readout -> sampled softmax -> update.
+    """One optimisation step: batch -> interests -> readout -> the loss (``train.loss``,
+    :mod:`recsys.train.losses`) -> backward -> update.
 
     With ``train.cuda_graph`` (``"auto"`` by default; see :mod:`recsys.train.graphs`) the whole
     step (forward, backward, the gradient all-reduce under DDP, clipping, fused Adam) is captured
@@ -152,14 +150,7 @@ class TrainStep:
         self.use_graph, why_not = plan_graph(cfg, device, world_size)
         if not self.use_graph:
             log(launch_line(cfg, False, why_not))
-        self.num_negatives = t.num_negatives
-        self.sampler = (
-            None
-            if t.full_softmax
-            else make_sampler(t.sampler, item_counts.shape[0], item_counts=item_counts, alpha=t.sampler_alpha)
-        )
-        self.num_hard = round(t.hard_negatives * self.num_negatives)  # drawn near the interests
-        self.num_base = self.num_negatives - self.num_hard  # drawn from the sampler
+        self.objective = make_loss(cfg, item_counts, device, generator)  # train.loss
         # train.item_updates = "sparse": the item table's rows update themselves (before DDP and the
         # optimiser are built, which then leave the table alone)
         self.rows = (
@@ -184,7 +175,6 @@ class TrainStep:
                 self.forward = torch.nn.parallel.DistributedDataParallel(
                     model, device_ids=[device.index] if device.type == "cuda" else None
                 )
-        self.generator = generator
         self.soft = torch.zeros((), device=device)  # the readout's soft share, set before every step
         # the soft readout's warm-up (K > 1 only); afterwards the step is rebuilt with the plain argmax
         self.soft_phase = t.soft_readout_steps > 0 and model.num_interests > 1
@@ -203,14 +193,10 @@ class TrainStep:
         self.average = WeightAverage(model, t.ema_decay) if t.ema_decay else None
 
     def negatives(self) -> tuple[Tensor, Tensor]:
-        """``([S_base] ids from the sampler, [S_hard] uniforms for the hard draws)``; both empty
-        with full softmax. Random numbers are drawn outside the step so a CUDA graph replays
-        with fresh ones."""
-        if self.sampler is None:
-            return torch.empty(0, dtype=torch.long, device=self.device), torch.empty(0, device=self.device)
-        base = self.sampler.sample(self.num_base, generator=self.generator, device=self.device)
-        uniforms = torch.rand(self.num_hard, generator=self.generator, device=self.device)
-        return base, uniforms
+        """The loss's random inputs (:meth:`~recsys.train.losses.CatalogueLoss.draw`): ``([S_base]
+        negative ids, [S_hard] uniforms for the hard draws)``, both empty for the exact softmax.
+        Drawn outside the step so a CUDA graph replays with fresh ones."""
+        return self.objective.draw()
 
     def counts(self, lengths: Tensor, targets: Tensor) -> Tensor | None:
         """What the masked means of a step divide by under DDP: ``[2]`` float32, the global batch's
@@ -278,34 +264,18 @@ class TrainStep:
             # each row's next m clicks, read out against the same interests; max-scored negatives
             # take the unrepeated interests and score each row once (recsys.train.losses.negative_logits)
             per_target = interests.repeat_interleave(t.predict_next, dim=0) if t.predict_next > 1 else interests
-            mask = targets > 0 if self.masked else None
-            count = None if counts is None else counts[0]  # the global batch's valid targets, per process
             item_emb = self.model.item_embeddings()  # [N, d]
-            user = readout(per_target, item_emb[targets], soft=soft if self.soft_phase else 0.0)  # [R, d]
-            if self.sampler is None:
-                out = chunked_softmax_loss(
-                    user,
-                    targets,
-                    item_emb,
-                    z_loss=t.z_loss,
-                    interests=interests if self.max_scores else None,
-                    backend=self.cfg.model.backend,
-                    mask=mask,
-                    count=count,
-                )
-            else:
-                out = self._sampled_loss(
-                    user,
-                    targets,
-                    item_emb,
-                    negatives,
-                    hard_uniforms,
-                    interests,
-                    proposal_interests,
-                    mask,
-                    count,
-                    catalogue_ids,
-                )
+            rows = LossRows(
+                user=readout(per_target, item_emb[targets], soft=soft if self.soft_phase else 0.0),  # [R, d]
+                targets=targets,
+                item_emb=item_emb,
+                interests=interests if self.max_scores else None,
+                proposal_interests=proposal_interests,
+                mask=targets > 0 if self.masked else None,
+                count=None if counts is None else counts[0],  # the global batch's valid targets, per process
+                catalogue_ids=catalogue_ids,
+            )
+            out = self.objective(rows, negatives, hard_uniforms)
         if scores is not None:
             out = dataclasses.replace(out, loss=out.loss + t.attention_reg * attention_collision(scores, lengths))
         if t.interest_reg:  # dense: the padding's prefixes have zero interests, which the term skips
@@ -314,54 +284,6 @@ class TrainStep:
             parting = interest_cosine(interests, t.interest_margin, prefixes)
             out = dataclasses.replace(out, loss=out.loss + t.interest_reg * parting)
         return out
-
-    def _sampled_loss(
-        self,
-        user: Tensor,
-        targets: Tensor,
-        item_emb: Tensor,
-        negatives: Tensor,
-        hard_uniforms: Tensor,
-        interests: Tensor,
-        proposal_interests: Tensor,
-        mask: Tensor | None,
-        count: Tensor | None = None,
-        catalogue_ids: tuple[Tensor, Tensor] | None = None,
-    ) -> LossOutput:
-        """Sampled softmax over the base negatives plus, with ``train.hard_negatives``, draws from
-        :func:`interest_proposal` of ``proposal_interests [B, K, d]``; logQ is the exact expected
-        count under the mixture. ``mask [R]`` drops padding rows (dense training) and missing
-        following clicks (``train.predict_next``), ``count`` what its means divide by (:meth:`counts`).
-        ``catalogue_ids``: the catalogue's ids of ``(targets, negatives)`` where those are
-        renumbered rows of a row-sparse step."""
-        t = self.cfg.train
-        sampler = self.sampler
-        assert sampler is not None
-        probs = None
-        if self.num_hard:
-            probs = interest_proposal(proposal_interests, item_emb, t.hard_negative_temperature)  # [N]
-            negatives = torch.cat([negatives, draw_from(probs, hard_uniforms)])
-
-        def log_q(ids: Tensor) -> Tensor:
-            if probs is None:
-                return sampler.log_expected_count(ids, self.num_negatives)
-            return mixture_log_expected_count(ids, sampler, self.num_base, probs, self.num_hard)
-
-        q_targets, q_negatives = catalogue_ids if catalogue_ids is not None else (targets, negatives)
-        return sampled_softmax_loss(
-            user,
-            targets,
-            item_emb,
-            negatives,
-            log_q_target=log_q(q_targets) if t.logq else None,
-            log_q_neg=log_q(q_negatives) if t.logq else None,
-            remove_accidental_hits=t.remove_accidental_hits,
-            z_loss=t.z_loss,
-            interests=interests if self.max_scores else None,
-            backend=self.cfg.model.backend,
-            mask=mask,
-            count=count,
-        )
 
     def _update(
         self, seq: Tensor, lengths: Tensor, targets: Tensor, negatives: Tensor, hard_uniforms: Tensor, soft: Tensor
@@ -690,6 +612,8 @@ def _prepare(
     Raises before any memory is taken where ``train.cuda_graph = true`` cannot capture on this
     device, the model does not fit (:func:`~recsys.train.memory.check_fits`), or the split
     leaves no train, valid or test users."""
+    if cfg.train.loss not in loss_names():
+        raise ConfigError(f"train.loss: unknown loss {cfg.train.loss!r}; known: {', '.join(loss_names())}")
     capture, _ = plan_graph(cfg, dist.device, dist.world_size)  # train.cuda_graph = true that cannot: fail now
     exp = build_experiment(
         cfg,
@@ -741,6 +665,8 @@ def _model_line(cfg: Config, model: InterestModel) -> str:
     positions = f"every position ({t.windows} windows)" if t.predict_at == "all" else "the last position"
     clicks = f"its next {t.predict_next} clicks" if t.predict_next > 1 else "its next click"
     loss = "exact softmax" if t.full_softmax else f"sampled softmax, {t.num_negatives:,} negatives"
+    if t.loss != "softmax":
+        loss = f"{t.loss} loss, {t.num_negatives:,} negatives"
     blocks = ""
     if "mixer" in spec_for(m.name).settings and (m.mixer, m.block) != ("attention", "pre_norm"):
         causal = ", causal" if m.mixer != "attention" and m.filter_causal else ""

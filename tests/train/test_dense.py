@@ -50,7 +50,9 @@ def _step(name: str, targets: str, *extra: str) -> TrainStep:
 
 
 def _negatives(step: TrainStep) -> tuple[torch.Tensor, torch.Tensor]:
-    step.generator.manual_seed(3)
+    generator = getattr(step.objective, "generator", None)  # the exact softmax draws nothing
+    if generator is not None:
+        generator.manual_seed(3)
     return step.negatives()
 
 

@@ -1,5 +1,6 @@
-"""Training losses: ComiRec's readout, negative samplers (and hard negatives), sampled and full
-softmax, z-loss, the attention (routing) regulariser.
+"""The loss functions and their parts: ComiRec's readout, negative samplers (and hard negatives),
+sampled, full and chunked softmax, z-loss, the attention (routing) and interest regularisers. The
+training step reaches them through a :class:`~recsys.train.losses.CatalogueLoss`.
 
 A training step with shared negatives looks like this (no host sync anywhere)::
 
