@@ -135,3 +135,16 @@ def test_bpr_trains_a_run(tmp_path):
     cfg = load_config(None, [*TINY_RUN_OVERRIDES, f"output_dir={tmp_path}", "train.loss=bpr"])
     result = train(cfg, log=lambda line: None)
     assert math.isfinite(result.test_metrics["recall@10"])
+
+
+def test_the_training_guides_own_loss_example_registers_and_trains(tmp_path):
+    """docs/training.md, "Your own loss": its snippet, run as written, then a run with train.loss=hinge."""
+    guide = (TRAINER.parents[2] / "docs" / "training.md").read_text()
+    section = guide.split("### Your own loss", 1)[1]
+    snippet = section.split("```python", 1)[1].split("```", 1)[0]
+    exec(compile(snippet, "docs/training.md", "exec"), {})
+    try:
+        cfg = load_config(None, [*TINY_RUN_OVERRIDES, f"output_dir={tmp_path}", "train.loss=hinge"])
+        assert math.isfinite(train(cfg, log=lambda line: None).test_metrics["recall@10"])
+    finally:
+        _LOSSES.pop("hinge")
