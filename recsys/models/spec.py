@@ -171,6 +171,9 @@ class ModelSpec:
         self_attentive: its interests read the clicks through differentiable attention scores
             (``train.attention_reg`` applies; ``interests_with_attention`` returns them).
         dense: can train with ``train.predict_at = "all"`` (implements ``prefix_interests``).
+        state_interest: interest 0 is the encoder's next-click state: training reads it out against
+            every target by itself (as a single-interest model), and ComiRec's readout picks among
+            the other ``K - 1`` (:func:`recsys.train.losses.readouts`).
         needs_item_counts: ``build`` needs the training click counts.
         trainable: has parameters to learn (MostPopular has none).
         automatic: what its automatic settings become (:class:`Automatic`).
@@ -185,6 +188,7 @@ class ModelSpec:
     multi_interest: bool = False
     self_attentive: bool = False
     dense: bool = False
+    state_interest: bool = False
     needs_item_counts: bool = False
     trainable: bool = True
     automatic: Automatic = Automatic()

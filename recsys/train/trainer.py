@@ -58,7 +58,7 @@ from recsys.train.losses import (
     interest_cosine,
     loss_names,
     make_loss,
-    readout,
+    readouts,
 )
 from recsys.train.memory import check_fits
 from recsys.train.meter import VALID_SHARE, RunMeter
@@ -180,6 +180,8 @@ class TrainStep:
         self.soft_phase = t.soft_readout_steps > 0 and model.num_interests > 1
         # negatives scored by each row's best-matching interest (K > 1 only; for K = 1 the same)
         self.max_scores = t.negative_readout == "max" and model.num_interests > 1
+        # interest 0 is the encoder's next-click state, read out against every target by itself (its spec)
+        self.state_interest = spec_for(cfg.model.name).state_interest and model.num_interests > 1
         self.amp = t.amp and device.type == "cuda"
         self.dense = t.predict_at == "all"  # every position of a window is a target (resolved by the model spec)
         self.masked = self.dense or t.predict_next > 1  # the loss averages over the valid rows only
@@ -265,17 +267,31 @@ class TrainStep:
             # take the unrepeated interests and score each row once (recsys.train.losses.negative_logits)
             per_target = interests.repeat_interleave(t.predict_next, dim=0) if t.predict_next > 1 else interests
             item_emb = self.model.item_embeddings()  # [N, d]
-            rows = LossRows(
-                user=readout(per_target, item_emb[targets], soft=soft if self.soft_phase else 0.0),  # [R, d]
-                targets=targets,
-                item_emb=item_emb,
-                interests=interests if self.max_scores else None,
-                proposal_interests=proposal_interests,
-                mask=targets > 0 if self.masked else None,
-                count=None if counts is None else counts[0],  # the global batch's valid targets, per process
-                catalogue_ids=catalogue_ids,
+            users = readouts(
+                per_target,
+                item_emb[targets],
+                soft=soft if self.soft_phase else 0.0,
+                max_scores=self.max_scores,
+                state_interest=self.state_interest,
             )
-            out = self.objective(rows, negatives, hard_uniforms)
+            outs = [
+                self.objective(
+                    LossRows(
+                        user=user,  # [R, d]
+                        targets=targets,
+                        item_emb=item_emb,
+                        interests=scoring,
+                        proposal_interests=proposal_interests,
+                        mask=targets > 0 if self.masked else None,
+                        count=None if counts is None else counts[0],  # the global batch's valid targets, a process
+                        catalogue_ids=catalogue_ids,
+                    ),
+                    negatives,
+                    hard_uniforms,
+                )
+                for user, scoring in users
+            ]
+            out = outs[0] if len(outs) == 1 else _summed(outs)
         if scores is not None:
             out = dataclasses.replace(out, loss=out.loss + t.attention_reg * attention_collision(scores, lengths))
         if t.interest_reg:  # dense: the padding's prefixes have zero interests, which the term skips
@@ -440,6 +456,15 @@ class TrainStep:
             self.average.load_state_dict(checkpoint["average"])
         if self.rows is not None:
             self.rows.load_state_dict(checkpoint["item_rows"])
+
+
+def _summed(outs: list[LossOutput]) -> LossOutput:
+    """Losses of several readouts of one batch as one: their sum, the first's log-partition, the largest logit."""
+    return LossOutput(
+        loss=torch.stack([o.loss for o in outs]).sum(),
+        log_z=outs[0].log_z,
+        max_logit=torch.stack([o.max_logit for o in outs]).max(),
+    )
 
 
 def _parameter_name(model: torch.nn.Module, param: Tensor) -> str:

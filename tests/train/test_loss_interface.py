@@ -148,3 +148,62 @@ def test_the_training_guides_own_loss_example_registers_and_trains(tmp_path):
         assert math.isfinite(train(cfg, log=lambda line: None).test_metrics["recall@10"])
     finally:
         _LOSSES.pop("hinge")
+
+
+def test_a_state_interest_is_read_out_against_every_target_by_itself():
+    """next_mi's readouts: interest 0 alone (negatives scored by it), ComiRec's readout over the rest."""
+    from recsys.train.losses import readout, readouts
+
+    torch.manual_seed(0)
+    interests, target = torch.randn(6, 4, 8, requires_grad=True), torch.randn(6, 8)
+    plain = readouts(interests, target, max_scores=True)
+    assert len(plain) == 1 and plain[0][1] is interests
+    torch.testing.assert_close(plain[0][0], readout(interests, target))
+    (state, by_state), (rest, by_rest) = readouts(interests, target, max_scores=True, state_interest=True)
+    torch.testing.assert_close(state, interests[:, 0])
+    torch.testing.assert_close(rest, readout(interests[:, 1:], target))
+    assert by_state is None and by_rest.shape == (6, 3, 8)
+    (state.sum() + 0 * rest.sum()).backward()
+    assert interests.grad[:, 0].abs().min() > 0 and interests.grad[:, 1:].abs().max() == 0
+
+
+def test_next_mi_trains_its_state_on_every_target(tmp_path):
+    """In a step of next_mi, interest 0 gets a gradient from every row, whatever the readout picks."""
+    from recsys.models import build_model
+    from recsys.run.settings import Facts, resolve
+    from recsys.train.trainer import TrainStep
+
+    cfg = resolve(
+        load_config(
+            None,
+            # the head's gradient from the readout alone: no max-scored negatives, hinge or soft readout
+            ["model.name=next_mi", "model.dim=8", "model.backend=torch", "train.negative_readout=readout"]
+            + ["train.interest_reg=0", "train.soft_readout_steps=0"],
+        ),
+        Facts.of_lengths([9] * 50, num_items=30),
+    )
+    assert cfg.train.predict_at == "all"
+    torch.manual_seed(0)
+    model = build_model(cfg.model, 30, cfg.data.max_len)
+    step = TrainStep(model, cfg, torch.device("cpu"), torch.ones(30, dtype=torch.long), torch.Generator())
+    assert step.state_interest
+    seq = torch.randint(1, 30, (4, cfg.data.max_len))
+    lengths = torch.tensor([cfg.data.max_len, 5, 2, 1])
+    targets = torch.where(torch.arange(cfg.data.max_len) < lengths[:, None] - 1, torch.randint(1, 30, seq.shape), 0)
+    seen = {}
+    real = model.encode_prefix
+
+    def spy(h, lengths):
+        out = real(h, lengths)
+        out.retain_grad()
+        seen["prefix"] = out
+        return out
+
+    model.encode_prefix = spy
+    out = step.loss(seq, lengths, targets, *step.negatives(), torch.zeros(()))
+    out.loss.backward()
+    grad = seen["prefix"].grad  # [B, L, K, d]
+    valid = targets > 0
+    assert (grad[:, :, 0].abs().sum(-1)[valid] > 0).all()  # the state: every target row
+    picked = (grad[:, :, 1:].abs().sum(-1) > 0)[valid]  # the head: one interest a row (the readout's)
+    assert (picked.sum(-1) == 1).all()

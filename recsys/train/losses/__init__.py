@@ -36,6 +36,7 @@ from recsys.train.losses.functions import (
     mixture_log_expected_count,
     negative_logits,
     readout,
+    readouts,
     sampled_softmax_loss,
 )
 
@@ -62,6 +63,7 @@ __all__ = [
     "mixture_log_expected_count",
     "negative_logits",
     "readout",
+    "readouts",
     "register_loss",
     "sampled_softmax_loss",
 ]

@@ -78,6 +78,28 @@ def readout(interests: Tensor, target_emb: Tensor, soft: Tensor | float = 0.0) -
     return hard + soft * (torch.einsum("bk,bkd->bd", weights, interests) - hard)
 
 
+def readouts(
+    interests: Tensor,
+    target_emb: Tensor,
+    *,
+    soft: Tensor | float = 0.0,
+    max_scores: bool = False,
+    state_interest: bool = False,
+) -> list[tuple[Tensor, Tensor | None]]:
+    """The user vectors a step's loss reads, each with the interests that score its negatives.
+
+    ``interests [R, K, d]``, ``target_emb [R, d]`` -> ``[(user [R, d], interests [R, K', d] or None)]``:
+    one pair, :func:`readout` over the ``K`` interests, whose negatives are scored by their best
+    match where ``max_scores`` (``train.negative_readout = "max"``); with ``state_interest`` two:
+    interest 0 alone (the encoder's next-click state, trained on every target as a single-interest
+    model is, negatives scored by it), then :func:`readout` over interests ``1 .. K - 1``.
+    """
+    if not state_interest:
+        return [(readout(interests, target_emb, soft), interests if max_scores else None)]
+    rest = interests[:, 1:]
+    return [(interests[:, 0], None), (readout(rest, target_emb, soft), rest if max_scores else None)]
+
+
 def attention_collision(scores: Tensor, lengths: Tensor) -> Tensor:
     """Mean over rows and interests of ``sum_l A_bkl²``: the routing regulariser (``train.attention_reg``).
 
