@@ -107,7 +107,7 @@ class TransformerBlock(nn.Module):
         super().__init__()
         self.post = shape.block == "post_norm"
         eps = POST_NORM_EPS if self.post else 1e-5
-        self.alpha = {"attention": 0.0, "frequency": 1.0, "hybrid": shape.filter_alpha}[shape.mixer]
+        self.alpha = shape.filter_alpha  # the hybrid's weight of the filter
         self.attn = None
         if shape.mixer != "frequency":
             self.attn = MultiHeadAttention(
@@ -138,22 +138,24 @@ class TransformerBlock(nn.Module):
         filt = None if self.filter is None else self.filter(x, lengths)
         return attn, filt
 
+    def _mix(self, attn: Tensor | None, filt: Tensor | None) -> Tensor:
+        """``α · filt + (1 - α) · attn`` over the branches the mixer has (one of them alone as it is)."""
+        if filt is None or attn is None:
+            out = attn if filt is None else filt
+            assert out is not None  # a mixer has at least one branch
+            return out
+        return self.alpha * filt + (1 - self.alpha) * attn
+
     def forward(self, x: Tensor, lengths: Tensor, causal: bool) -> Tensor:
         """``x [B, L, d]``, ``lengths [B]`` -> ``[B, L, d]``."""
-        a = self.alpha
         if self.post:
             attn, filt = self._branches(x, lengths, causal)
-            y = 0.0
-            if attn is not None:
-                y = (1 - a) * self.norm1(x + self.drop(attn))
-            if filt is not None and self.filter_norm is not None:
-                y = y + a * self.filter_norm(x + self.drop(filt))
-            assert isinstance(y, Tensor)
+            y = self._mix(
+                None if attn is None else self.norm1(x + self.drop(attn)),
+                None if filt is None or self.filter_norm is None else self.filter_norm(x + self.drop(filt)),
+            )
             return self.norm2(y + self.drop(self.ffn(y)))
-        attn, filt = self._branches(self.norm1(x), lengths, causal)
-        mixed = (1 - a) * attn if attn is not None else 0.0
-        mixed = mixed + a * filt if filt is not None else mixed
-        assert isinstance(mixed, Tensor)
+        mixed = self._mix(*self._branches(self.norm1(x), lengths, causal))
         x = x + _gated(self.mix_gate, x, self.drop(mixed))
         return x + _gated(self.ffn_gate, x, self.drop(self.ffn(self.norm2(x))))
 
