@@ -73,8 +73,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def _reference_child(argv: list[str]) -> None:
-    """Run the reference script ``argv[0]`` (its arguments after it) under leave-one-out."""
+def _reference_child(argv: list[str], rules: str) -> None:
+    """Run the reference script ``argv[0]`` (its arguments after it) under leave-one-out with ``rules``."""
     import recsys.config
     import recsys.evaluate.evaluator as evaluator
 
@@ -82,7 +82,7 @@ def _reference_child(argv: list[str]) -> None:
     last: dict[str, Any] = {}
 
     def loo_config(paths: Any = None, overrides: list[str] | None = None, **kw: Any) -> Any:
-        return load_config(paths, [*(overrides or []), SPLIT], **kw)
+        return load_config(paths, [*(overrides or []), SPLIT, f"data.loo_rules={rules}"], **kw)
 
     def loo_evaluate(model: Any, eval_set: Any, **kw: Any) -> dict[str, float]:
         last.clear()
@@ -133,15 +133,23 @@ def _run(name: str, cmd: list[str], log: Path, out: Path, minutes: float) -> dic
 def main(argv: list[str] | None = None) -> None:
     a = _parse(sys.argv[1:] if argv is None else argv)
     if a.reference_child:
-        _reference_child(a.reference_child)
+        _reference_child(a.reference_child, a.rules)
         return
-    if a.reference and a.rules != "rectools":
-        raise SystemExit("loo_beauty: the reference evaluates under RecTools' rules only; drop --reference or --rules")
     out = Path(a.output_dir) / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True)
     jobs = []
     if a.reference:
-        child = [sys.executable, __file__, "--data", a.data, "--reference-child", a.reference, a.data]
+        child = [
+            sys.executable,
+            __file__,
+            "--data",
+            a.data,
+            "--rules",
+            a.rules,
+            "--reference-child",
+            a.reference,
+            a.data,
+        ]
         jobs.append(("reference", [*child, "--minutes", str(a.reference_minutes)]))
     from recsys.models import model_names
 
