@@ -63,6 +63,7 @@ class FrequencyFilter(nn.Module):
         self.bins = low_band_bins(cutoff)
         self.causal = causal
         self.sqrt_beta = nn.Parameter(torch.randn(dim))
+        self._bands: dict[tuple[int, torch.device, torch.dtype], Tensor] = {}  # causal band per (L, device, dtype)
 
     def forward(self, x: Tensor, lengths: Tensor) -> Tensor:
         seq_len = x.shape[1]
@@ -79,7 +80,14 @@ class FrequencyFilter(nn.Module):
 
     def _causal_band(self, seq_len: int, like: Tensor) -> Tensor:
         """``[L, L]`` lower-triangular Toeplitz ``T[t, j] = h[t - j]``: the low band of the window
-        ending at ``t``, read at its last row; ``h [L]`` is the band's circular kernel."""
+        ending at ``t``, read at its last row; ``h [L]`` is the band's circular kernel. A constant
+        of the shape, built once per window width, device and dtype."""
+        key = (seq_len, like.device, like.dtype)
+        if key not in self._bands:
+            self._bands[key] = self._build_band(seq_len, like)
+        return self._bands[key]
+
+    def _build_band(self, seq_len: int, like: Tensor) -> Tensor:
         kept = (torch.arange(seq_len // 2 + 1, device=like.device) < self.bins).to(like.dtype)
         kernel = torch.fft.irfft(kept.to(torch.promote_types(like.dtype, torch.complex64)), n=seq_len)  # [L]
         lag = torch.arange(seq_len, device=like.device)

@@ -267,6 +267,8 @@ class TrainStep:
             # take the unrepeated interests and score each row once (recsys.train.losses.negative_logits)
             per_target = interests.repeat_interleave(t.predict_next, dim=0) if t.predict_next > 1 else interests
             item_emb = self.model.item_embeddings()  # [N, d]
+            mask = targets > 0 if self.masked else None  # one mask for every readout's rows
+            count = None if counts is None else counts[0]  # the global batch's valid targets, a process
             users = readouts(
                 per_target,
                 item_emb[targets],
@@ -282,8 +284,8 @@ class TrainStep:
                         item_emb=item_emb,
                         interests=scoring,
                         proposal_interests=proposal_interests,
-                        mask=targets > 0 if self.masked else None,
-                        count=None if counts is None else counts[0],  # the global batch's valid targets, a process
+                        mask=mask,
+                        count=count,
                         catalogue_ids=catalogue_ids,
                     ),
                     negatives,
