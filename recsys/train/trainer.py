@@ -769,6 +769,9 @@ def _run(
             if resume:
                 loop.resume()
             state = _optimise(loop)
+            # the step's DDP wrapper must be freed while its process group lives: distributed.cleanup
+            # collects it only once nothing holds it (a reducer outliving its gloo group aborts the exit)
+            del loop
         if dist.is_main and rd.has_best():
             rd.load_best(map_location=dist.device, model=model)
         distributed.broadcast_weights(model)  # the ranks share the test's users
