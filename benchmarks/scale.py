@@ -15,7 +15,7 @@ Each part is chosen with ``--do`` (all three by default; ``--do prepare`` alone 
   where it can) on power-law batches (id ``i`` drawn with probability about ``1 / i``, as the
   most clicked items are numbered first) at each of ``--items`` catalogue sizes, with
   ``train.item_updates = "dense"`` (the whole table through AdamW and the weight average every
-  step) and ``"sparse"`` (only the rows a batch touches, :mod:`recsys.train.sparse_rows`).
+  step) and ``"sparse"`` (only the rows a batch touches, :mod:`recsys.items.row_sparse`).
 - ``train``: ``recsys train`` on the prepared log (comirec_sa at the defaults, no early stop),
   ``--train-steps`` steps with sparse and then dense item updates (``--minutes`` caps each run):
   validation's share of the training loop's wall time (1 - training time / loop time, the

@@ -290,7 +290,7 @@ class TrainConfig(_Section):
     negative_readout: str = AUTO
     hard_negatives: float = 0.0  # share of the sampled negatives drawn near the batch's interests (exact logQ)
     # how a step updates the item table: "sparse" = only the rows its batch touches, with per-row Adam state
-    # (recsys.train.sparse_rows) | "dense" = the whole table through torch.optim | "auto" (the default): sparse
+    # (recsys.items.row_sparse) | "dense" = the whole table through torch.optim | "auto" (the default): sparse
     # where the step samples its negatives and the catalogue is large (recsys.models.spec.SPARSE_ITEMS)
     item_updates: str = AUTO
     hard_negative_temperature: float = 1.0  # the hard proposal is softmax(<interest, item> / temperature)

@@ -6,7 +6,7 @@ itself and units of lower layers; units of one layer are independent of each oth
 
 - ``io``, ``config``, ``progress``, ``extras``, ``text``: the ground floor, importing nothing else of recsys;
 - ``device``, ``data``, ``kernels``, ``retrieval``;
-- ``nn`` (layers on the kernels), then ``models``;
+- ``nn`` (layers on the kernels), then ``items`` (the item table), then ``models``;
 - ``evaluate`` and ``run`` (a run directory builds its experiment from data and models);
 - ``train`` (writes runs, validates with evaluate), then ``tune``, ``serve``, ``plots``;
 - ``api``, then ``cli`` and the package's own ``__init__``, then ``__main__``.
@@ -30,6 +30,7 @@ LAYERS = (
     {"io", "config", "progress", "extras", "text"},
     {"device", "data", "kernels", "retrieval"},
     {"nn"},
+    {"items"},
     {"models"},
     {"evaluate", "run"},
     {"train"},

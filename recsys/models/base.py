@@ -6,6 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from recsys.config import Config, ModelConfig, automatic_keys
+from recsys.items import ItemTable, RowUpdates
 from recsys.models.spec import spec_for
 
 
@@ -38,6 +39,11 @@ class InterestModel(nn.Module):
     def item_embeddings(self) -> Tensor:
         """``[num_items, d]`` output item embeddings (row 0 = padding)."""
         raise NotImplementedError
+
+    def train_items(self, form: str, updates: RowUpdates) -> ItemTable:
+        """Train the model's item table in ``form`` (``train.item_updates``) from now on and return
+        it; a model without a table of its own (MostPopular) has nothing to train."""
+        raise ValueError(f"{type(self).__name__} has no item table to train")
 
     def prefix_interests(self, seq: Tensor, lengths: Tensor) -> Tensor:
         """Interests at every prefix, for dense training (``train.predict_at = "all"``):

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from recsys.config import ModelConfig
+from recsys.items import ItemTable
 from recsys.models.sequence import SequenceModel
 from recsys.models.spec import (
     DROPOUT_SPACE,
@@ -18,9 +19,9 @@ from recsys.models.spec import (
     ModelSpec,
     register,
 )
-from recsys.nn.embeddings import PositionEmbedding
 from recsys.nn.masking import gather_last
 from recsys.nn.multi_interest import SelfAttentiveHead
+from recsys.nn.positions import PositionEmbedding
 from recsys.nn.transformer import EncoderShape, TransformerEncoder
 
 
@@ -65,14 +66,13 @@ def bert_init(model: nn.Module) -> None:
             nn.init.normal_(module.weight, std=BERT_INIT_STD)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding | PositionEmbedding):
+        elif isinstance(module, ItemTable):
+            module.init_normal(BERT_INIT_STD)  # its padding row stays 0
+        elif isinstance(module, PositionEmbedding):
             nn.init.normal_(module.weight, std=BERT_INIT_STD)
         elif isinstance(module, nn.LayerNorm):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
-    if isinstance(model, SequenceModel):
-        with torch.no_grad():
-            model.embedding.table.weight[0].zero_()
 
 
 class SASRec(SequenceModel):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from recsys.items import ItemTable, RowUpdates
 from recsys.models.base import InterestModel
-from recsys.nn.embeddings import ItemEmbedding
 from recsys.nn.masking import check_batch
 
 
@@ -19,12 +19,19 @@ class SequenceModel(InterestModel):
 
     def __init__(self, num_items: int, dim: int, num_interests: int):
         super().__init__()
-        self.embedding = ItemEmbedding(num_items, dim)
+        self.embedding = ItemTable(num_items, dim)
         self.num_interests = num_interests
 
     def item_embeddings(self) -> Tensor:
-        """``[num_items, d]``: the input table itself (tied input/output embeddings)."""
+        """``[num_items, d]``: the input table itself (tied input/output embeddings); inside a
+        training step of a form that gathers rows, the ``[T, d]`` rows the step reads."""
         return self.embedding.weight
+
+    def train_items(self, form: str, updates: RowUpdates) -> ItemTable:
+        """Train the item table in ``form`` (``train.item_updates``) from now on: returns the table
+        in that form, which the model then reads (:meth:`recsys.items.ItemTable.trained_as`)."""
+        self.embedding = self.embedding.trained_as(form, updates, name="embedding.table.weight")
+        return self.embedding
 
     def interests(self, seq: Tensor, lengths: Tensor) -> Tensor:
         check_batch(seq, lengths)

@@ -9,8 +9,8 @@ from torch import Tensor, nn
 
 from recsys.kernels import cap_scores, causal_multi_interest, length_softmax, multi_interest
 from recsys.nn.attention import RecordsMaxLogit
-from recsys.nn.embeddings import POSITIONS
 from recsys.nn.masking import length_mask, recency_index
+from recsys.nn.positions import POSITIONS
 
 
 class SelfAttentiveHead(RecordsMaxLogit):

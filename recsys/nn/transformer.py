@@ -22,9 +22,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from recsys.nn.attention import MultiHeadAttention
-from recsys.nn.embeddings import PositionEmbedding
 from recsys.nn.frequency import FrequencyFilter
 from recsys.nn.masking import length_mask
+from recsys.nn.positions import PositionEmbedding
 
 MIXERS = ("attention", "frequency", "hybrid")
 BLOCKS = ("pre_norm", "post_norm", "ligr")

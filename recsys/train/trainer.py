@@ -39,8 +39,8 @@ from recsys.device import to_device
 from recsys.evaluate.diagnostics import health_with_config
 from recsys.evaluate.evaluator import evaluate_with_config
 from recsys.io import full_disk
+from recsys.items import RowUpdates
 from recsys.models import InterestModel, spec_for
-from recsys.models.sequence import SequenceModel
 from recsys.nn.attention import max_attention_logit, set_track_stats
 from recsys.nn.masking import gather_last
 from recsys.run import Experiment, RunDir, build_experiment, new_run_dir, unfinished_runs
@@ -63,7 +63,6 @@ from recsys.train.losses import (
 from recsys.train.memory import check_fits
 from recsys.train.meter import VALID_SHARE, RunMeter
 from recsys.train.plan import TrainPlan, plan_training
-from recsys.train.sparse_rows import RowSparseTable
 from recsys.train.tracking import track_metrics
 
 if TYPE_CHECKING:
@@ -151,20 +150,17 @@ class TrainStep:
         if not self.use_graph:
             log(launch_line(cfg, False, why_not))
         self.objective = make_loss(cfg, item_counts, device, generator)  # train.loss
-        # train.item_updates = "sparse": the item table's rows update themselves (before DDP and the
-        # optimiser are built, which then leave the table alone)
-        self.rows = (
-            RowSparseTable(
-                model.embedding,
-                _parameter_name(model, model.embedding.table.weight),
+        # the item table in the form train.item_updates trains it with, before DDP and the optimiser
+        # are built: they then train only what the form leaves to them
+        self.items = model.train_items(
+            t.item_updates,
+            RowUpdates(
                 lr=t.lr,
                 weight_decay=weight_decay,
                 decoupled=t.optimizer == "adamw",
                 ema_decay=t.ema_decay,
                 world_size=world_size,
-            )
-            if t.item_updates == "sparse" and isinstance(model, SequenceModel)
-            else None
+            ),
         )
         # warm-up and capture run on this stream; DDP is built on it too (its gradient hooks
         # remember the stream they were made on)
@@ -246,13 +242,9 @@ class TrainStep:
             else contextlib.nullcontext()
         )
         targets = targets.flatten()  # [R] (R = B, or B L dense; times train.predict_next), 0: no click there
-        catalogue_ids: tuple[Tensor, Tensor] | None = None
-        reading: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
-        if self.rows is not None:  # row-sparse: the model reads the gathered rows, ids renumbered to them
-            catalogue_ids = (targets, negatives)  # what the sampler's logQ is a function of
-            seq, targets, negatives = self.rows.gather(seq, targets, negatives)
-            reading = self.rows.reading()
-        with autocast, reading:
+        catalogue_ids = (targets, negatives)  # what the sampler's logQ is a function of
+        # a form that gathers the step's rows gives the model their positions instead of the ids
+        with self.items.step_rows(seq, targets, negatives) as (seq, targets, negatives), autocast:
             if self.dense:
                 prefix = self.forward(seq, lengths, prefix=True)  # [B, L, K, d]
                 proposal_interests = gather_last(prefix.flatten(2), lengths).view(-1, *prefix.shape[2:])  # [B, K, d]
@@ -311,12 +303,10 @@ class TrainStep:
         out = self.loss_fn(seq, lengths, targets, negatives, hard_uniforms, soft, counts)
         out.loss.backward()
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        if self.rows is not None:
-            grads.append(self.rows.collect())  # the touched rows' gradients (every rank's under DDP)
+        grads += self.items.collect()  # the gradients the table applies itself (every rank's under DDP)
         grad_norm = clip_gradients(grads, self.cfg.train.grad_clip) if self.cfg.train.grad_clip > 0 else None
         self.optimizer.step()
-        if self.rows is not None:
-            self.rows.step()
+        self.items.update()
         if self.average is not None:
             self.average.update()
         return out, grad_norm
@@ -334,7 +324,7 @@ class TrainStep:
         self.static_in = tuple(x.clone() for x in batch)
         params = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         average = self.average.state_dict() if self.average is not None else None  # undone like the weights
-        rows = self.rows.state_dict() if self.rows is not None else None  # and the item rows' state
+        items = self.items.train_state()  # and the item table's own
         saved = {
             p: {k: v.clone() for k, v in st.items() if torch.is_tensor(v)} for p, st in self.optimizer.state.items()
         }
@@ -348,8 +338,7 @@ class TrainStep:
                 self.model.load_state_dict(params)
                 if self.average is not None and average is not None:
                     self.average.load_state_dict(average)
-                if self.rows is not None and rows is not None:
-                    self.rows.load_state_dict(rows)
+                self.items.load_train_state(items)
                 for p, st in self.optimizer.state.items():
                     for k, v in st.items():
                         if torch.is_tensor(v):
@@ -419,8 +408,7 @@ class TrainStep:
         captured again at its next call: the graph holds the rate as a constant."""
         for group in self.optimizer.param_groups:
             group["lr"] *= factor
-        if self.rows is not None:
-            self.rows.scale_lr(factor)
+        self.items.scale_lr(factor)
         self.graph = None
 
     @contextlib.contextmanager
@@ -428,16 +416,14 @@ class TrainStep:
         """The model holds the weights validation scores inside the block: every item row brought
         up to the current step (row-sparse), and the weight average where there is one."""
         with contextlib.ExitStack() as stack:
-            if self.rows is not None:
-                stack.enter_context(self.rows.swapped_in())
+            stack.enter_context(self.items.scored())
             if self.average is not None:
                 stack.enter_context(self.average.swapped_in())
             yield
 
     def reset_average(self, step: int) -> None:
         """Average afresh from the current weights after ``step`` (a plateau's lr drop)."""
-        if self.rows is not None:
-            self.rows.reset_average()
+        self.items.reset_average()
         if self.average is not None:
             self.average.reset(step)
 
@@ -448,7 +434,7 @@ class TrainStep:
         return {
             "optimizer": self.optimizer.state_dict(),
             **({"average": self.average.state_dict()} if self.average is not None else {}),
-            **({"item_rows": self.rows.state_dict()} if self.rows is not None else {}),
+            **({"item_rows": items} if (items := self.items.train_state()) else {}),
         }
 
     def load_state_dict(self, checkpoint: dict[str, Any]) -> None:
@@ -456,8 +442,7 @@ class TrainStep:
         self.optimizer.load_state_dict(checkpoint["optimizer"])
         if self.average is not None:
             self.average.load_state_dict(checkpoint["average"])
-        if self.rows is not None:
-            self.rows.load_state_dict(checkpoint["item_rows"])
+        self.items.load_train_state(checkpoint.get("item_rows", {}))
 
 
 def _summed(outs: list[LossOutput]) -> LossOutput:
@@ -467,10 +452,6 @@ def _summed(outs: list[LossOutput]) -> LossOutput:
         log_z=outs[0].log_z,
         max_logit=torch.stack([o.max_logit for o in outs]).max(),
     )
-
-
-def _parameter_name(model: torch.nn.Module, param: Tensor) -> str:
-    return next(name for name, p in model.named_parameters() if p is param)
 
 
 def clip_gradients(grads: list[Tensor], max_norm: float) -> Tensor:

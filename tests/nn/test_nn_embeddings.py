@@ -1,21 +1,12 @@
-"""Item embeddings, masks and the last-click gather."""
+"""Position embeddings, masks and the last-click gather."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from recsys.nn.embeddings import ItemEmbedding, PositionEmbedding
 from recsys.nn.masking import check_batch, gather_last, length_mask, recency_index
-
-
-def test_item_embedding_masks_padding_by_length():
-    emb = ItemEmbedding(10, 4)
-    assert emb.weight[0].abs().max() == 0
-    seq = torch.tensor([[3, 4, 9, 9], [5, 0, 0, 0]])
-    out = emb(seq, torch.tensor([2, 1]))
-    torch.testing.assert_close(out[0, :2], emb.weight[[3, 4]])
-    assert out[0, 2:].abs().max() == 0 and out[1, 1:].abs().max() == 0
+from recsys.nn.positions import PositionEmbedding
 
 
 def test_length_mask_and_gather_last():

@@ -118,22 +118,22 @@ def _sparse_rows_worker(rank: int, world_size: int, port: int, batches: list[tor
 
 
 def _sparse_table(world_size: int):
-    from recsys.nn.embeddings import ItemEmbedding
-    from recsys.train.sparse_rows import RowSparseTable
+    from recsys.items import ItemTable, RowUpdates
 
     torch.manual_seed(0)
-    table = ItemEmbedding(30, 4)
-    return table, RowSparseTable(table, "table.weight", lr=0.05, weight_decay=0.1, ema_decay=0.9, world_size=world_size)
+    table = ItemTable(30, 4)
+    updates = RowUpdates(lr=0.05, weight_decay=0.1, ema_decay=0.9, world_size=world_size)
+    return table, table.trained_as("sparse", updates, "table.weight")
 
 
 def _sparse_rows_step(rows, ids: torch.Tensor) -> None:
     """The mean over this process's ids of a per-occurrence loss (DDP's average of the ranks'
     means is then the global batch's mean)."""
-    (local,) = rows.gather(ids)
-    weight = (1 + ids / 30)[:, None]
-    ((rows.rows[local] - 0.2) * weight).square().sum(dim=1).mean().backward()
+    with rows.step_rows(ids) as (local,):
+        weight = (1 + ids / 30)[:, None]
+        ((rows.weight[local] - 0.2) * weight).square().sum(dim=1).mean().backward()
     rows.collect()
-    rows.step()
+    rows.update()
 
 
 def test_two_gloo_processes_update_the_rows_either_touched_as_one_process_does():

@@ -7,15 +7,15 @@ touches a few thousand rows, so the step slows with the catalogue instead of the
 (docs/results.md, "Training at a million items"). :class:`RowSparseTable` owns the table's
 rows, their Adam moments and their weight average, and a step:
 
-1. :meth:`RowSparseTable.gather` de-duplicates the batch's ids (history, targets, negatives,
+1. :meth:`RowSparseTable.step_rows` de-duplicates the batch's ids (history, targets, negatives,
    with the padding id 0 first) into a fixed number of slots ``T`` by sort and cumulative sum,
    so the step's shapes never change and a CUDA graph replays it; slots past the distinct ids
    hold id 0. Their rows, brought up to the current step (below), become a leaf ``[T, d]``
-   that the model reads (:meth:`recsys.nn.embeddings.ItemEmbedding.reading`), and the batch's
-   ids are renumbered to slots (slot 0 is id 0, so padding and masks keep their meaning).
-2. The backward pass sums each slot's gradient over its occurrences into ``rows.grad``.
+   that the model reads inside the block (:attr:`~recsys.items.table.ItemTable.weight`), and the
+   batch's ids are renumbered to slots (slot 0 is id 0, so padding and masks keep their meaning).
+2. The backward pass sums each slot's gradient over its occurrences into the leaf's ``grad``.
 3. :meth:`RowSparseTable.collect` (under DDP: every rank's slots and gradients, gathered and
-   summed, so every replica applies the same update) and :meth:`RowSparseTable.step`: Adam on
+   summed, so every replica applies the same update) and :meth:`RowSparseTable.update`: Adam on
    the touched rows, with the global step's bias correction, as ``torch.optim.AdamW`` computes it.
 
 **Rows the batch does not touch.** A dense AdamW step still (a) shrinks such a row by the
@@ -41,9 +41,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import Tensor
+from torch import Tensor, nn
 
-from recsys.nn.embeddings import ItemEmbedding
+from recsys.items.table import ItemTable, RowUpdates, register_form
 
 __all__ = ["RowSparseTable", "average_catch_up", "unique_slots"]
 
@@ -104,56 +104,49 @@ def average_catch_up(done: Tensor, k: Tensor, beta: float, shrink: float, ratio:
     return a, b, c
 
 
-class RowSparseTable:
-    """The item table's rows, their Adam moments and weight average, updated row by row.
+@register_form("sparse")
+class RowSparseTable(ItemTable):
+    """The item table's rows, their Adam moments and weight average, updated row by row
+    (``train.item_updates = "sparse"``).
 
-    Takes the table over from the dense optimiser: its parameter stops requiring a gradient (so
-    ``torch.optim`` and DistributedDataParallel leave it alone) and this object updates it in
-    place, so the model's ``state_dict``, evaluation and export see the same tensor as ever.
+    Takes the rows of a dense table over (the same parameter, the same ``state_dict`` name) from
+    the model's optimiser: the parameter stops requiring a gradient (so ``torch.optim`` and
+    DistributedDataParallel leave it alone) and this table updates it in place, so evaluation,
+    checkpoints and export see the same tensor as ever.
 
     Args:
-        embedding: the model's item table.
-        name: its weight's name in the model's ``state_dict`` (the checkpoint's average is keyed by it).
-        lr, betas, eps: Adam's, as the dense optimiser's.
-        weight_decay: AdamW's decoupled decay (``decoupled``) or Adam's L2 term added to the
-            touched rows' gradients (not decoupled; untouched rows then keep their values).
-        ema_decay: the weight average's decay (``train.ema_decay``); 0 keeps none.
-        world_size: processes training together; above 1 :meth:`collect` gathers every rank's rows.
+        table: the dense table whose rows it takes over.
+        updates: Adam's settings, the decay (decoupled, or L2 on the touched rows: untouched rows
+            then keep their values), the average's decay and the processes training together.
+        name: the rows' name in the model's ``state_dict`` (the checkpoint's average is keyed by it).
     """
 
-    def __init__(
-        self,
-        embedding: ItemEmbedding,
-        name: str,
-        *,
-        lr: float,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 0.0,
-        decoupled: bool = True,
-        ema_decay: float = 0.0,
-        world_size: int = 1,
-    ):
-        if not 0.0 <= ema_decay < 1.0:
-            raise ValueError(f"train.ema_decay: must be in [0, 1), got {ema_decay!r}")
-        self.embedding, self.name = embedding, name
-        self.weight = embedding.table.weight  # [N, d], updated in place
-        self.weight.requires_grad_(False)
-        self.lr, (self.beta1, self.beta2), self.eps = lr, betas, eps
-        self.weight_decay, self.decoupled = weight_decay, decoupled
-        self.ema_decay, self.world_size = ema_decay, world_size
-        num_items, device = self.weight.shape[0], self.weight.device
-        self.exp_avg = torch.zeros_like(self.weight)  # [N, d] Adam's first moment, per row
-        self.exp_avg_sq = torch.zeros_like(self.weight)  # [N, d] its second moment
+    def __init__(self, table: ItemTable, updates: RowUpdates, name: str):
+        nn.Module.__init__(self)
+        if not 0.0 <= updates.ema_decay < 1.0:
+            raise ValueError(f"train.ema_decay: must be in [0, 1), got {updates.ema_decay!r}")
+        self.table, self._rows, self.name = table.table, None, name
+        weight = self.table.weight  # [N, d], updated in place
+        weight.requires_grad_(False)
+        self.lr, (self.beta1, self.beta2), self.eps = updates.lr, updates.betas, updates.eps
+        self.weight_decay, self.decoupled = updates.weight_decay, updates.decoupled
+        self.ema_decay, self.world_size = updates.ema_decay, updates.world_size
+        num_items, device = weight.shape[0], weight.device
+        self.exp_avg = torch.zeros_like(weight)  # [N, d] Adam's first moment, per row
+        self.exp_avg_sq = torch.zeros_like(weight)  # [N, d] its second moment
         self.steps = torch.zeros((), dtype=torch.long, device=device)  # optimiser steps taken
         self.current = torch.zeros(num_items, dtype=torch.long, device=device)  # [N] steps each row is up to date with
-        self.average = self.weight.detach().clone() if ema_decay else None  # [N, d] bias-corrected average
+        self.average = weight.detach().clone() if self.ema_decay else None  # [N, d] bias-corrected average
         self.average_start = torch.zeros((), dtype=torch.long, device=device)  # the step the average (re)started at
-        self.rows: Tensor | None = None  # [T, d] this step's gathered rows (a leaf; its .grad after backward)
+        self.gathered: Tensor | None = None  # [T, d] this step's rows (a leaf; its .grad after backward)
         self.ids: Tensor | None = None  # [T] their ids
         self._caught: tuple[Tensor, Tensor, Tensor, Tensor | None]  # their rows, moments, averages before the step
         self.update_ids: Tensor | None = None  # [T] (or [world T]) the ids the update writes ...
         self.update_grad: Tensor | None = None  # ... and their gradients, after collect()
+
+    @classmethod
+    def taking_over(cls, table: ItemTable, updates: RowUpdates, name: str) -> ItemTable:
+        return cls(table, updates, name)
 
     @property
     def shrink(self) -> float:
@@ -181,7 +174,7 @@ class RowSparseTable:
         written = self.current[ids]  # [R] the step each row was last brought to
         k = self.steps - written
         kf, t = k.double(), written.double()
-        rows, exp_avg, exp_avg_sq = self.weight[ids], self.exp_avg[ids], self.exp_avg_sq[ids]
+        rows, exp_avg, exp_avg_sq = self.table.weight[ids], self.exp_avg[ids], self.exp_avg_sq[ids]
         dtype = rows.dtype
         bias1 = (1 - torch.pow(self.beta1, t)).clamp_min(1e-30)[:, None].to(dtype)
         bias2 = (1 - torch.pow(self.beta2, t)).clamp_min(1e-30)[:, None].to(dtype)
@@ -199,34 +192,33 @@ class RowSparseTable:
         average = self.average[ids] * a[:, None].to(dtype) + rows * b[:, None].to(dtype) + offset * c[:, None].to(dtype)
         return moved, exp_avg, exp_avg_sq, average
 
-    def gather(self, *ids: Tensor) -> tuple[Tensor, ...]:
-        """Gather the rows of the step's ``ids`` (tensors of any shape, long) into :attr:`rows`
-        ``[T, d]`` (``T`` = 1 + their sizes) and return the ids renumbered to row positions, in
-        the same shapes."""
+    @contextlib.contextmanager
+    def step_rows(self, *ids: Tensor) -> Iterator[tuple[Tensor, ...]]:
+        """Gather the rows of the step's ``ids`` (tensors of any shape, long) into a leaf ``[T, d]``
+        (``T`` = 1 + their sizes) that the model reads inside the block, and yield the ids
+        renumbered to its row positions, in the same shapes."""
         flat = torch.cat([ids[0].new_zeros(1), *(x.reshape(-1) for x in ids)])  # [T], id 0 first
         self.ids, slot = unique_slots(flat)
         self._caught = self._caught_up(self.ids)  # the update starts from them too (one process)
-        self.rows = self._caught[0].detach().requires_grad_()
+        self.gathered = self._caught[0].detach().requires_grad_()
         out, start = [], 1
         for x in ids:
             out.append(slot[start : start + x.numel()].view(x.shape))
             start += x.numel()
-        return tuple(out)
-
-    @contextlib.contextmanager
-    def reading(self) -> Iterator[None]:
-        """The model reads :attr:`rows` (ids renumbered by :meth:`gather`) inside the block."""
-        assert self.rows is not None, "gather() first"
-        with self.embedding.reading(self.rows):
-            yield
+        self._rows = self.gathered
+        try:
+            yield tuple(out)
+        finally:
+            self._rows = None
 
     @torch.no_grad()
-    def collect(self) -> Tensor:
+    def collect(self) -> list[Tensor]:
         """After the backward pass: the ids and gradients the update applies (under DDP every
         rank's, summed over ranks and divided by their number, as DDP averages dense
         gradients); returns the gradient ``[T', d]`` for clipping, which scales it in place."""
-        assert self.ids is not None and self.rows is not None
-        grad = self.rows.grad if self.rows.grad is not None else torch.zeros_like(self.rows)
+        assert self.ids is not None and self.gathered is not None, "step_rows() first"
+        rows = self.gathered
+        grad = rows.grad if rows.grad is not None else torch.zeros_like(rows)
         ids = self.ids
         if self.world_size > 1:
             every_ids = [torch.empty_like(ids) for _ in range(self.world_size)]
@@ -239,10 +231,10 @@ class RowSparseTable:
             ) / float(self.world_size)
         self.update_ids = ids
         self.update_grad = grad * (ids > 0)[:, None].to(grad.dtype)  # padding never moves
-        return self.update_grad
+        return [self.update_grad]
 
     @torch.no_grad()
-    def step(self) -> None:
+    def update(self) -> None:
         """Adam (with the decoupled decay, or L2) on the collected rows, then the weight average;
         the same arithmetic as ``torch.optim.AdamW`` for a row with a gradient. Capturable: the
         step count lives on the device."""
@@ -260,7 +252,7 @@ class RowSparseTable:
         bias2_sqrt = torch.sqrt(1 - torch.pow(self.beta2, step))
         denom = (exp_avg_sq.sqrt() / bias2_sqrt.to(rows.dtype)).add_(self.eps)
         rows.addcdiv_(exp_avg, denom * (bias1 / self.lr).to(rows.dtype), value=-1.0)
-        self.weight.index_copy_(0, ids, rows)
+        self.table.weight.index_copy_(0, ids, rows)
         self.exp_avg.index_copy_(0, ids, exp_avg)
         self.exp_avg_sq.index_copy_(0, ids, exp_avg_sq)
         if self.average is not None and average is not None:
@@ -274,10 +266,11 @@ class RowSparseTable:
     def sync(self) -> None:
         """Bring every row (and its average) up to the current step, in chunks of
         :data:`SYNC_CHUNK` rows: before the table is read whole (validation, checkpoints, a new rate)."""
-        for start in range(0, self.weight.shape[0], SYNC_CHUNK):
-            ids = torch.arange(start, min(start + SYNC_CHUNK, self.weight.shape[0]), device=self.weight.device)
+        weight = self.table.weight
+        for start in range(0, weight.shape[0], SYNC_CHUNK):
+            ids = torch.arange(start, min(start + SYNC_CHUNK, weight.shape[0]), device=weight.device)
             rows, exp_avg, exp_avg_sq, average = self._caught_up(ids)
-            self.weight[start : start + len(ids)] = rows
+            weight[start : start + len(ids)] = rows
             self.exp_avg[start : start + len(ids)] = exp_avg
             self.exp_avg_sq[start : start + len(ids)] = exp_avg_sq
             if self.average is not None and average is not None:
@@ -285,19 +278,20 @@ class RowSparseTable:
         self.current.copy_(self.steps.expand_as(self.current))
 
     @contextlib.contextmanager
-    def swapped_in(self) -> Iterator[None]:
+    def scored(self) -> Iterator[None]:
         """The table holds the weight average inside the block (after :meth:`sync`) and its own
         rows again after it (also when the block raises); the rows alone without an average."""
         self.sync()
         if self.average is None:
             yield
             return
-        own = self.weight.detach().clone()
-        self.weight.copy_(self.average)
+        weight = self.table.weight
+        own = weight.detach().clone()
+        weight.copy_(self.average)
         try:
             yield
         finally:
-            self.weight.copy_(own)
+            weight.copy_(own)
 
     def scale_lr(self, factor: float) -> None:
         """Multiply the rate by ``factor`` from the next step (the rows are caught up at the old one first)."""
@@ -306,16 +300,16 @@ class RowSparseTable:
 
     @torch.no_grad()
     def reset_average(self) -> None:
-        """Average afresh from the current rows (as :meth:`WeightAverage.reset`)."""
+        """Average afresh from the current rows (as :meth:`recsys.train.averaging.WeightAverage.reset` does)."""
         self.sync()
         if self.average is not None:
-            self.average.copy_(self.weight)
+            self.average.copy_(self.table.weight)
         self.average_start.copy_(self.steps)
 
-    def state_dict(self) -> dict[str, Any]:
+    def train_state(self) -> dict[str, Any]:
         """Plain data for the resume checkpoint (after :meth:`sync`, so every row is current):
         ``weights`` holds the average by the table's parameter name, as
-        :meth:`WeightAverage.state_dict` does."""
+        :meth:`recsys.train.averaging.WeightAverage.state_dict` does."""
         return {
             "exp_avg": self.exp_avg.clone(),
             "exp_avg_sq": self.exp_avg_sq.clone(),
@@ -327,8 +321,13 @@ class RowSparseTable:
         }
 
     @torch.no_grad()
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Put back :meth:`state_dict` (the table's own rows come with the model's weights)."""
+    def load_train_state(self, state: dict[str, Any]) -> None:
+        """Put back :meth:`train_state` (the table's own rows come with the model's weights)."""
+        if not state:
+            raise ValueError(
+                "checkpoint: it holds no row-sparse item table state (saved by a run with "
+                'train.item_updates = "dense"); resume with that setting'
+            )
         averaged = self.name in state["weights"]
         if averaged != (self.average is not None) or state["exp_avg"].shape != self.exp_avg.shape:
             raise ValueError(

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from recsys.nn.embeddings import ItemEmbedding
+from recsys.items import ItemTable, RowSparseTable, RowUpdates
+from recsys.items.row_sparse import average_catch_up, unique_slots
 from recsys.train.averaging import WeightAverage
-from recsys.train.sparse_rows import RowSparseTable, average_catch_up, unique_slots
 
 LR, DECAY, EMA = 0.05, 0.3, 0.9
 
@@ -37,12 +37,12 @@ def test_average_catch_up_equals_folding_the_moving_row_in_one_update_at_a_time(
 
 def _tables(num_items: int = 9, dim: int = 4, ema: float = EMA, betas: tuple[float, float] = (0.9, 0.999)):
     torch.manual_seed(0)
-    dense = ItemEmbedding(num_items, dim)
-    sparse = ItemEmbedding(num_items, dim)
+    dense = ItemTable(num_items, dim)
+    sparse = ItemTable(num_items, dim)
     sparse.load_state_dict(dense.state_dict())
     optimizer = torch.optim.AdamW(dense.parameters(), lr=LR, weight_decay=DECAY, betas=betas)
     average = WeightAverage(dense, ema) if ema else None
-    rows = RowSparseTable(sparse, "table.weight", lr=LR, weight_decay=DECAY, ema_decay=ema, betas=betas)
+    rows = RowSparseTable(sparse, RowUpdates(lr=LR, weight_decay=DECAY, ema_decay=ema, betas=betas), "table.weight")
     return dense, optimizer, average, sparse, rows
 
 
@@ -69,10 +69,10 @@ def _dense_step(dense, optimizer, average, ids, step, loss=_loss):
 
 
 def _sparse_step(rows, ids, step, loss=_loss):
-    (local,) = rows.gather(ids)
-    loss(rows.rows, local, step).backward()
+    with rows.step_rows(ids) as (local,):
+        loss(rows.weight, local, step).backward()
     rows.collect()
-    rows.step()
+    rows.update()
 
 
 def test_rows_touched_every_step_and_rows_never_touched_follow_dense_adamw_and_the_average():
@@ -114,8 +114,8 @@ def test_a_row_read_after_steps_away_sees_the_decay_it_missed():
     for step in range(5):
         _dense_step(dense, optimizer, average, torch.tensor([1, 2]), step)
         _sparse_step(rows, torch.tensor([1, 2]), step)
-    (local,) = rows.gather(torch.tensor([6]))  # untouched for 5 steps: read as dense holds it now
-    torch.testing.assert_close(rows.rows[local], dense.weight[6:7].detach(), rtol=1e-6, atol=1e-7)
+    with rows.step_rows(torch.tensor([6])) as (local,):  # untouched for 5 steps: read as dense holds it now
+        torch.testing.assert_close(rows.weight[local], dense.weight[6:7].detach(), rtol=1e-6, atol=1e-7)
 
 
 def test_the_average_swaps_in_and_out_and_a_new_rate_keeps_the_catch_up_exact():
@@ -131,7 +131,7 @@ def test_the_average_swaps_in_and_out_and_a_new_rate_keeps_the_catch_up_exact():
     rows.sync()
     own = sparse.weight.clone()
     assert average is not None
-    with rows.swapped_in():
+    with rows.scored():
         torch.testing.assert_close(sparse.weight, average.weights[0], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(sparse.weight, own, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(sparse.weight, dense.weight, rtol=1e-5, atol=1e-6)
@@ -144,15 +144,15 @@ def test_state_round_trip_continues_bit_for_bit():
     for step, ids in enumerate(batches[:5]):
         _sparse_step(rows, ids, step)
     rows.sync()
-    state, weights = rows.state_dict(), {k: v.clone() for k, v in sparse.state_dict().items()}
+    state, weights = rows.train_state(), {k: v.clone() for k, v in sparse.state_dict().items()}
     for step, ids in enumerate(batches[5:], start=5):
         _sparse_step(rows, ids, step)
 
     torch.manual_seed(1)  # different initial rows, all overwritten by the state
-    again = ItemEmbedding(9, 4)
+    again = ItemTable(9, 4)
     again.load_state_dict(weights)
-    resumed = RowSparseTable(again, "table.weight", lr=LR, weight_decay=DECAY, ema_decay=EMA)
-    resumed.load_state_dict(state)
+    resumed = RowSparseTable(again, RowUpdates(lr=LR, weight_decay=DECAY, ema_decay=EMA), "table.weight")
+    resumed.load_train_state(state)
     for step, ids in enumerate(batches[5:], start=5):
         _sparse_step(resumed, ids, step)
     assert torch.equal(again.weight, sparse.weight)
@@ -160,36 +160,39 @@ def test_state_round_trip_continues_bit_for_bit():
     assert torch.equal(resumed.average, rows.average) and torch.equal(resumed.exp_avg_sq, rows.exp_avg_sq)
 
 
-def test_a_state_of_another_shape_or_without_an_average_is_refused():
+def test_a_state_of_another_shape_without_an_average_or_of_a_dense_run_is_refused():
     _, _, _, _, rows = _tables()
     _, _, _, _, plain = _tables(ema=0.0)
     with pytest.raises(ValueError, match="without a weight average"):
-        rows.load_state_dict(plain.state_dict())
+        rows.load_train_state(plain.train_state())
     _, _, _, _, wider = _tables(dim=8)
     with pytest.raises(ValueError, match="row-sparse item table"):
-        rows.load_state_dict(wider.state_dict())
+        rows.load_train_state(wider.train_state())
+    with pytest.raises(ValueError, match='item_updates = "dense"'):
+        rows.load_train_state({})  # a dense run's checkpoint has none
 
 
 def test_the_model_reads_the_gathered_rows_and_padding_stays_zero():
-    emb = ItemEmbedding(9, 4)
-    rows = RowSparseTable(emb, "table.weight", lr=LR)
+    emb = ItemTable(9, 4)
     seq = torch.tensor([[5, 2, 0], [7, 0, 0]])
     lengths = torch.tensor([2, 1])
     full = emb(seq, lengths)
-    (local,) = rows.gather(seq)
-    with rows.reading():
-        assert emb.weight is rows.rows
-        torch.testing.assert_close(emb(local, lengths), full)
-    assert emb.weight is emb.table.weight
-    assert not emb.table.weight.requires_grad  # the dense optimiser leaves the table alone
+    rows = emb.trained_as("sparse", RowUpdates(lr=LR), "table.weight")
+    assert isinstance(rows, RowSparseTable) and rows.table is emb.table  # the same rows, the same name
+    with rows.step_rows(seq) as (local,):
+        assert rows.weight is rows.gathered and local.shape == seq.shape
+        torch.testing.assert_close(rows(local, lengths), full)
+    assert rows.weight is rows.table.weight and torch.equal(rows.all(), emb.all())
+    assert not rows.table.weight.requires_grad  # the dense optimiser leaves the table alone
+    assert sorted(rows.state_dict()) == sorted(emb.state_dict()) == ["table.weight"]
 
 
 def test_the_adam_variant_adds_l2_to_touched_rows_only():
     torch.manual_seed(0)
-    dense, sparse = ItemEmbedding(9, 4), ItemEmbedding(9, 4)
+    dense, sparse = ItemTable(9, 4), ItemTable(9, 4)
     sparse.load_state_dict(dense.state_dict())
     optimizer = torch.optim.Adam(dense.parameters(), lr=LR, weight_decay=DECAY)
-    rows = RowSparseTable(sparse, "table.weight", lr=LR, weight_decay=DECAY, decoupled=False)
+    rows = RowSparseTable(sparse, RowUpdates(lr=LR, weight_decay=DECAY, decoupled=False), "table.weight")
     ids = torch.tensor([1, 2, 3])
     untouched = sparse.weight[4:].clone()
     for step in range(4):
