@@ -28,7 +28,7 @@ from recsys.data.batches import TrainSampler
 from recsys.device import to_device
 from recsys.run import build_experiment
 from recsys.run.settings import TORCH_THREADS, cpu_threads, machine_cores
-from recsys.train.trainer import TrainStep
+from recsys.train.step import TrainStep
 
 
 def _trainer(users: int) -> tuple[TrainSampler, TrainStep, int]:

@@ -10,7 +10,7 @@ Each part is chosen with ``--do`` (all three by default; ``--do prepare`` alone 
   data.prepare=disk`` does, in a child process so that its peak RSS
   (``getrusage(RUSAGE_CHILDREN)``) is the preparation's alone, and from scratch (an earlier
   preparation of the same log is removed first).
-- ``throughput``: samples/s of recsys's training step (``recsys.train.trainer.TrainStep``:
+- ``throughput``: samples/s of recsys's training step (``recsys.train.step.TrainStep``:
   comirec_sa at the defaults, batch ``--batch-size`` (128), ``data.max_len`` 20, 128 wide, sampled softmax, CUDA graph
   where it can) on power-law batches (id ``i`` drawn with probability about ``1 / i``, as the
   most clicked items are numbered first) at each of ``--items`` catalogue sizes, with
@@ -57,7 +57,8 @@ from recsys.data import load_dataset, split_dataset
 from recsys.models import build_model
 from recsys.run.layout import RunDir
 from recsys.run.settings import Facts, objective, resolve
-from recsys.train.trainer import TrainStep, train
+from recsys.train.step import TrainStep
+from recsys.train.trainer import train
 
 PARTS = ("prepare", "throughput", "train")
 UPDATES = ("dense", "sparse")

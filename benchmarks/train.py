@@ -2,7 +2,7 @@
 
 Two parts, one run:
 
-1. ``grid``: samples/s of recsys's training step (``recsys.train.trainer.TrainStep``: vectorised
+1. ``grid``: samples/s of recsys's training step (``recsys.train.step.TrainStep``: vectorised
    batches, device-side negatives, fused kernels on CUDA, bf16 autocast, fused Adam, no host
    sync) for comirec_sa at batch 128/1024 x L 20/50, d = 64, K = 4.
 2. ``compare``: on one dataset (default taobao), batch 1024, L = 50, d = 64, K = 4, shared
@@ -38,7 +38,7 @@ from recsys.device import to_device
 from recsys.evaluate.evaluator import evaluate
 from recsys.models import InterestModel
 from recsys.run import Experiment, build_experiment
-from recsys.train.trainer import TrainStep
+from recsys.train.step import TrainStep
 
 
 def _sync(device: torch.device) -> None:

@@ -98,10 +98,10 @@ class SimulatedClock:
 
 @pytest.fixture
 def simulated_clock(monkeypatch):
-    """A :class:`SimulatedClock` that ``recsys.train.trainer`` reads as ``time.perf_counter``."""
+    """A :class:`SimulatedClock` that ``recsys.train.trainer`` and its loop read as ``time.perf_counter``."""
     from types import SimpleNamespace
 
-    from recsys.train import trainer
+    from recsys.train import loop, step, trainer
 
     clock = SimulatedClock()
 
@@ -116,9 +116,10 @@ def simulated_clock(monkeypatch):
         clock.evaluated.append(len(users))
         return clock.user_s * len(users)
 
-    monkeypatch.setattr(trainer, "time", SimpleNamespace(perf_counter=clock))
+    for module in (trainer, loop):
+        monkeypatch.setattr(module, "time", SimpleNamespace(perf_counter=clock))
     monkeypatch.setattr(trainer, "build_experiment", slowed(trainer.build_experiment, lambda *a: clock.data_s))
-    monkeypatch.setattr(trainer.TrainStep, "__call__", slowed(trainer.TrainStep.__call__, lambda *a: clock.step_s))
+    monkeypatch.setattr(step.TrainStep, "__call__", slowed(step.TrainStep.__call__, lambda *a: clock.step_s))
     monkeypatch.setattr(trainer, "evaluate_with_config", slowed(trainer.evaluate_with_config, evaluation))
     return clock
 

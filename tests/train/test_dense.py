@@ -12,7 +12,7 @@ from recsys.config import ConfigError, load_config
 from recsys.data.batches import TrainSampler, WindowSampler
 from recsys.models import build_model, model_names, spec_for
 from recsys.train.losses import interest_cosine
-from recsys.train.trainer import TrainStep
+from recsys.train.step import TrainStep
 from tests.conftest import resolved
 
 DENSE = [name for name in model_names() if spec_for(name).dense]

@@ -103,9 +103,9 @@ def test_a_huge_learning_rate_stops_with_exit_status_2(tmp_path, capsys):
 
 def test_divergence_keeps_the_last_good_checkpoint(tmp_path, monkeypatch, capsys):
     """The loss turns NaN after step 25: the checkpoint of step 20 stays and still evaluates."""
-    from recsys.train import trainer
+    from recsys.train.step import TrainStep
 
-    real_call = trainer.TrainStep.__call__
+    real_call = TrainStep.__call__
 
     def poisoned(self, *batch, step=0):
         out, grad_norm = real_call(self, *batch, step=step)
@@ -113,7 +113,7 @@ def test_divergence_keeps_the_last_good_checkpoint(tmp_path, monkeypatch, capsys
             out.loss.data.fill_(math.nan)
         return out, grad_norm
 
-    monkeypatch.setattr(trainer.TrainStep, "__call__", poisoned)
+    monkeypatch.setattr(TrainStep, "__call__", poisoned)
     run = tmp_path / "run"
     code = main(
         [

@@ -14,7 +14,8 @@ from recsys.config import load_config
 from recsys.run import RunDir
 from recsys.train import distributed
 from recsys.train.graphs import graph_blocker, launch_line, plan_graph
-from recsys.train.trainer import TrainStep, train
+from recsys.train.step import TrainStep
+from recsys.train.trainer import train
 from tests.conftest import resolved
 
 TINY = [

@@ -18,7 +18,7 @@ from recsys.train.losses.softmax import ExactSoftmax, SampledSoftmax
 from recsys.train.trainer import train
 from tests.conftest import TINY_RUN_OVERRIDES
 
-TRAINER = Path(__file__).resolve().parents[2] / "recsys" / "train" / "trainer.py"
+STEP = Path(__file__).resolve().parents[2] / "recsys" / "train" / "step.py"
 
 
 def _config(*extra: str):
@@ -28,10 +28,10 @@ def _config(*extra: str):
     return resolve(cfg, Facts.of_lengths([9] * 50, num_items=30))
 
 
-def test_the_trainer_reaches_losses_only_through_the_registry():
-    """No softmax, sampler or pairwise loss is named in the trainer: it builds train.loss with make_loss."""
+def test_the_step_reaches_losses_only_through_the_registry():
+    """No softmax, sampler or pairwise loss is named in the training step: it builds train.loss with make_loss."""
     names = set()
-    for node in ast.walk(ast.parse(TRAINER.read_text())):
+    for node in ast.walk(ast.parse(STEP.read_text())):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("recsys.train.losses"):
             names |= {alias.name for alias in node.names}
     assert "make_loss" in names
@@ -139,7 +139,7 @@ def test_bpr_trains_a_run(tmp_path):
 
 def test_the_training_guides_own_loss_example_registers_and_trains(tmp_path):
     """docs/training.md, "Your own loss": its snippet, run as written, then a run with train.loss=hinge."""
-    guide = (TRAINER.parents[2] / "docs" / "training.md").read_text()
+    guide = (STEP.parents[2] / "docs" / "training.md").read_text()
     section = guide.split("### Your own loss", 1)[1]
     snippet = section.split("```python", 1)[1].split("```", 1)[0]
     exec(compile(snippet, "docs/training.md", "exec"), {})
@@ -171,7 +171,7 @@ def test_next_mi_trains_its_state_on_every_target(tmp_path):
     """In a step of next_mi, interest 0 gets a gradient from every row, whatever the readout picks."""
     from recsys.models import build_model
     from recsys.run.settings import Facts, resolve
-    from recsys.train.trainer import TrainStep
+    from recsys.train.step import TrainStep
 
     cfg = resolve(
         load_config(

@@ -34,8 +34,9 @@ class LossRows:
         proposal_interests: ``[B, K, d]`` each sample's interests (the hard-negative proposal).
         mask: ``[R]`` bool, False rows left out (padding, missing following clicks), or None.
         count: 0-d, what masked means divide by under DDP (:func:`~recsys.train.losses.functions.masked_mean`).
-        catalogue_ids: ``(targets, negatives)`` as catalogue ids where a row-sparse step renumbered
-            them (what a sampler's probabilities are a function of), else None.
+        catalogue_ids: ``(targets, negatives [S_base])`` as catalogue ids, before a form of the
+            item table that gathers the step's rows renumbered them (what a sampler's
+            probabilities are a function of); None: ``targets`` and the negatives are catalogue ids.
     """
 
     user: Tensor

@@ -149,7 +149,7 @@ def masked_mean(x: Tensor, mask: Tensor, count: Tensor | None = None) -> Tensor:
     over the number of processes (a 0-d device tensor: no host sync), each rank's value is its
     share of the global mean times the number of processes, and DDP's average of the ranks'
     gradients (and the row-sparse table's, :meth:`recsys.items.RowSparseTable.collect`)
-    is the gradient of the global mean (:meth:`recsys.train.trainer.TrainStep.counts`)."""
+    is the gradient of the global mean (:meth:`recsys.train.step.TrainStep.counts`)."""
     return torch.where(mask, x, 0.0).sum() / (mask.sum().clamp(min=1) if count is None else count)
 
 

@@ -81,7 +81,10 @@ class SharedNegatives(CatalogueLoss):
                 return self.sampler.log_expected_count(ids, self.num_negatives)
             return mixture_log_expected_count(ids, self.sampler, self.num_base, probs, self.num_hard)
 
-        q_targets, q_negatives = rows.catalogue_ids if rows.catalogue_ids is not None else (rows.targets, negatives)
+        # logQ is a function of catalogue ids: the base draw's as drawn (a form that gathers rows
+        # renumbers the step's ids), the hard draws' as rows of the whole table they were drawn from
+        q_targets, q_base = rows.catalogue_ids if rows.catalogue_ids is not None else (rows.targets, base)
+        q_negatives = torch.cat([q_base, negatives[self.num_base :]]) if self.num_hard else q_base
         return negatives, log_q(q_targets), log_q(q_negatives)
 
 
