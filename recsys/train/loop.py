@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from recsys.config import Config
 from recsys.data.batches import TrainSampler, WindowSampler
@@ -27,6 +28,7 @@ from recsys.run import Experiment, RunDir
 from recsys.train import distributed
 from recsys.train.checkpoint import capture_rng, make_checkpoint, rank_rng, restore_rank_rng, restore_rng
 from recsys.train.divergence import DivergenceGuard
+from recsys.train.losses import LossOutput
 from recsys.train.meter import RunMeter
 from recsys.train.plan import TrainPlan, plan_training
 from recsys.train.step import Log, TrainStep
@@ -210,21 +212,76 @@ class Loop:
         return verdict
 
 
-def optimise(loop: Loop) -> LoopState:
-    """The optimisation loop with periodic logging, validation, checkpoints and early stopping."""
+class _Window:
+    """The steps since the last log line: their loss, log Z, max logit and gradient norm summed
+    on the device (read once, at the log line), and their training targets counted on the host."""
+
+    def __init__(self, device: torch.device):
+        self.sums = torch.zeros(4, device=device)  # loss, log Z, max logit, grad norm
+        self.steps, self.targets = 0, 0
+
+    def add(self, out: LossOutput, grad_norm: Tensor | None, targets: int) -> None:
+        norm = grad_norm.float() if grad_norm is not None else self.sums.new_zeros(())
+        self.sums += torch.stack([out.loss.detach(), out.log_z, out.max_logit, norm])
+        self.steps += 1
+        self.targets += targets
+
+    def means(self) -> list[float]:
+        """The window's mean loss, log Z, max logit and gradient norm; the ranks' losses and log Z
+        averaged (the global batch's, as one process logs them). The one host sync."""
+        self.sums[:2] = distributed.mean_across_ranks(self.sums[:2])
+        return (self.sums / self.steps).tolist()
+
+    def loss_and_norm(self) -> list[float]:
+        """This rank's mean loss and gradient norm (the divergence guard's)."""
+        return (self.sums[[0, 3]] / self.steps).tolist()
+
+    def clear(self) -> None:
+        self.sums.zero_()
+        self.steps, self.targets = 0, 0
+
+
+def _log_line(loop: Loop, meter: RunMeter, window: _Window) -> None:
+    """Log the window (a metrics row, and rank 0's progress line), check it for divergence and clear it."""
+    t, st, world_size = loop.cfg.train, loop.st, loop.dist.world_size
+    loss, log_z, max_logit, gnorm = window.means()
+    rates = meter.log(window.steps, window.targets * world_size)
+    row = {
+        "step": st.step,
+        "loss": loss,
+        "log_z": log_z,
+        "max_output_logit": max_logit,
+        "grad_norm": gnorm,
+        "samples_per_s": round(rates.samples_per_s, 1),
+        "targets_per_s": round(rates.targets_per_s, 1),
+    }
+    attn = max_attention_logit(loop.model)
+    if attn is not None:
+        row["max_attention_logit"] = float(attn)
+    if loop.dist.is_main:
+        loop.rd.append_metrics(row)
+        left = meter.time_left(
+            st.step, st.last_eval, st.bad_evals, st.last_eval > 0, drops_left=t.lr_drops - st.lr_drops
+        )
+        loop.log(
+            f"step {st.step}/{loop.plan.max_steps}  loss {loss:.4f}  logZ {log_z:.2f}  |g| {gnorm:.2f}  "
+            f"{rates.describe()}  {left}".rstrip()
+        )
+    loop.guard.check(st.step, loss, gnorm)
+    window.clear()
+
+
+def optimise(loop: Loop, *, resume: bool = False) -> LoopState:
+    """The optimisation loop with periodic logging, validation, checkpoints and early stopping;
+    ``resume``: from the run directory's last checkpoint (:meth:`Loop.resume`)."""
+    if resume:
+        loop.resume()
     t, dist, st, device = loop.cfg.train, loop.dist, loop.st, loop.dist.device
-    model, step_fn, guard, plan, log = loop.model, loop.step_fn, loop.guard, loop.plan, loop.log
-    sums = torch.zeros(4, device=device)  # loss, log Z, max logit, grad norm over the log window
+    samples = t.batch_size * dist.world_size
     meter = RunMeter(
-        plan,
-        t,
-        start_step=st.step,
-        samples_per_step=t.batch_size * dist.world_size,
-        clock=time.perf_counter,
-        deadline=loop.deadline,
+        loop.plan, t, start_step=st.step, samples_per_step=samples, clock=time.perf_counter, deadline=loop.deadline
     )
-    window_steps, window_targets = 0, 0
-    max_steps = plan.max_steps
+    window, max_steps = _Window(device), loop.plan.max_steps
 
     def last_minutes(check: bool) -> bool:
         """``train.max_minutes``: whether the time left covers only one last validation and the
@@ -236,74 +293,39 @@ def optimise(loop: Loop) -> LoopState:
 
     while st.step < max_steps:
         log_now = (st.step + 1) % t.log_every == 0 or st.step + 1 == max_steps
-        set_track_stats(model, log_now and not step_fn.use_graph)  # max attention logit, on logging steps
+        set_track_stats(loop.model, log_now and not loop.step_fn.use_graph)  # max attention logit, on logging steps
         batch = loop.batches.sample(t.batch_size)
-        window_targets += int(np.count_nonzero(batch[2]))  # (position, click) pairs, counted on the host copy
-        seq, lengths, targets = to_device(batch, device)
-        out, grad_norm = step_fn(seq, lengths, targets, step=st.step)
-        guard.watch(out.loss)
+        targets = int(np.count_nonzero(batch[2]))  # (position, click) pairs, counted on the host copy
+        seq, lengths, target_ids = to_device(batch, device)
+        out, grad_norm = loop.step_fn(seq, lengths, target_ids, step=st.step)
+        loop.guard.watch(out.loss)
         st.step += 1
-        window_steps += 1
-        sums += torch.stack(
-            [
-                out.loss.detach(),
-                out.log_z,
-                out.max_logit,
-                grad_norm.float() if grad_norm is not None else sums.new_zeros(()),
-            ]
-        )
+        window.add(out, grad_norm, targets)
         if log_now:
-            # the ranks' losses and log Z averaged: the global batch's, as one process logs them
-            sums[:2] = distributed.mean_across_ranks(sums[:2])
-            loss, log_z, max_logit, gnorm = (sums / window_steps).tolist()  # the one host sync
-            rates = meter.log(window_steps, window_targets * dist.world_size)
-            row = {
-                "step": st.step,
-                "loss": loss,
-                "log_z": log_z,
-                "max_output_logit": max_logit,
-                "grad_norm": gnorm,
-                "samples_per_s": round(rates.samples_per_s, 1),
-                "targets_per_s": round(rates.targets_per_s, 1),
-            }
-            attn = max_attention_logit(model)
-            if attn is not None:
-                row["max_attention_logit"] = float(attn)
-            if dist.is_main:
-                loop.rd.append_metrics(row)
-                left = meter.time_left(
-                    st.step, st.last_eval, st.bad_evals, st.last_eval > 0, drops_left=t.lr_drops - st.lr_drops
-                )
-                log(
-                    f"step {st.step}/{max_steps}  loss {loss:.4f}  logZ {log_z:.2f}  |g| {gnorm:.2f}  "
-                    f"{rates.describe()}  {left}".rstrip()
-                )
-            guard.check(st.step, loss, gnorm)
-            sums.zero_()
-            window_steps, window_targets = 0, 0
+            _log_line(loop, meter, window)
         out_of_time = last_minutes(log_now or dist.world_size == 1)  # DDP: agreeing syncs the host
-        due = plan.validates_at(st.step, st.last_eval) and (
+        due = loop.plan.validates_at(st.step, st.last_eval) and (
             st.step >= max_steps or distributed.broadcast_flag(meter.may_validate(), device)  # rank 0's clock
         )
-        if due or out_of_time:
-            if window_steps:  # the steps since the last log line, before their weights are checkpointed
-                guard.check(st.step, *(sums[[0, 3]] / window_steps).tolist())
-            st.last_eval = st.step
-            with meter.paused():  # with budget left to use a lower rate, a plateau may drop it
-                verdict = loop.validation(can_drop=st.step < max_steps and not out_of_time)
-            out_of_time = out_of_time or last_minutes(True)  # no time left for another: this one was the last
-            if out_of_time:
-                log(f"stopped at step {st.step}: train.max_minutes={t.max_minutes:g} reached")
-                st.out_of_time = True
-                break
-            if verdict == "stop":  # every rank's verdict: they scored the same top lists
-                log(f"early stop at step {st.step}: no {loop.key} improvement in {t.patience} evaluations")
-                break
-    set_track_stats(model, False)
-    if window_steps:  # an early stop between log steps
-        meter.log(window_steps, window_targets * dist.world_size)
+        if not (due or out_of_time):
+            continue
+        if window.steps:  # the steps since the last log line, before their weights are checkpointed
+            loop.guard.check(st.step, *window.loss_and_norm())
+        st.last_eval = st.step
+        with meter.paused():  # with budget left to use a lower rate, a plateau may drop it
+            verdict = loop.validation(can_drop=st.step < max_steps and not out_of_time)
+        if out_of_time or last_minutes(True):  # no time left for another: this one was the last
+            loop.log(f"stopped at step {st.step}: train.max_minutes={t.max_minutes:g} reached")
+            st.out_of_time = True
+            break
+        if verdict == "stop":  # every rank's verdict: they scored the same top lists
+            loop.log(f"early stop at step {st.step}: no {loop.key} improvement in {t.patience} evaluations")
+            break
+    set_track_stats(loop.model, False)
+    if window.steps:  # an early stop between log steps
+        meter.log(window.steps, window.targets * dist.world_size)
     st.samples_per_s, st.targets_per_s = dataclasses.astuple(meter.average())  # the run's, not its last window's
-    st.cuda_graph = step_fn.use_graph
+    st.cuda_graph = loop.step_fn.use_graph
     return st
 
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
+
 from recsys.config import Config
 from recsys.data.split import Split
 from recsys.models import InterestModel, spec_for
+from recsys.run import Experiment
 from recsys.run.settings import Facts
 from recsys.text import count
 from recsys.train.meter import VALID_SHARE
@@ -59,3 +62,15 @@ def validation_line(cfg: Config, split: Split, sampled: int) -> str:
         + ("" if cfg.train.eval_every else f", at most {VALID_SHARE:.0%} of the wall time")
         + f"; the test scores all {len(split.test):,} test users"
     )
+
+
+def opening_lines(exp: Experiment, device: torch.device, validated: int) -> list[str]:
+    """The lines a run opens with: the data, the model, on the CPU its threads, and for a trained
+    model who validation scores (``validated`` of the validation users)."""
+    cfg, split, model = exp.cfg, exp.split, exp.model
+    lines = [data_line(exp.dataset, split), model_line(cfg, model)]
+    if device.type == "cpu":
+        lines.append(threads_line(cfg, exp.facts))
+    if model.trainable:
+        lines.append(validation_line(cfg, split, validated))
+    return lines

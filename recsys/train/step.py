@@ -185,16 +185,7 @@ class TrainStep:
         catalogue_ids = (targets, negatives)  # what the sampler's logQ is a function of
         # a form that gathers the step's rows gives the model their positions instead of the ids
         with self.items.step_rows(seq, targets, negatives) as (seq, targets, negatives), autocast:
-            if self.dense:
-                prefix = self.forward(seq, lengths, prefix=True)  # [B, L, K, d]
-                proposal_interests = gather_last(prefix.flatten(2), lengths).view(-1, *prefix.shape[2:])  # [B, K, d]
-                interests, scores = prefix.flatten(0, 1), None  # [B L, K, d]
-            elif t.attention_reg:  # the attention logits [B, L, K] feed the routing regulariser
-                interests, scores = self.forward(seq, lengths, with_attention=True)  # [B, K, d]
-                proposal_interests = interests
-            else:
-                interests, scores = self.forward(seq, lengths), None
-                proposal_interests = interests
+            interests, proposal_interests, scores = self._interests(seq, lengths)
             # each row's next m clicks, read out against the same interests; max-scored negatives
             # take the unrepeated interests and score each row once (recsys.train.losses.negative_logits)
             per_target = interests.repeat_interleave(t.predict_next, dim=0) if t.predict_next > 1 else interests
@@ -208,24 +199,34 @@ class TrainStep:
                 max_scores=self.max_scores,
                 state_interest=self.state_interest,
             )
-            outs = [
-                self.objective(
-                    LossRows(
-                        user=user,  # [R, d]
-                        targets=targets,
-                        item_emb=item_emb,
-                        interests=scoring,
-                        proposal_interests=proposal_interests,
-                        mask=mask,
-                        count=count,
-                        catalogue_ids=catalogue_ids,
-                    ),
-                    negatives,
-                    hard_uniforms,
-                )
+            rows = [  # each readout's rows: its user vectors [R, d] and the interests scoring negatives
+                LossRows(user, targets, item_emb, scoring, proposal_interests, mask, count, catalogue_ids)
                 for user, scoring in users
             ]
-            out = outs[0] if len(outs) == 1 else _summed(outs)
+            outs = [self.objective(r, negatives, hard_uniforms) for r in rows]
+        out = outs[0] if len(outs) == 1 else _summed(outs)
+        return self._regularised(out, interests, scores, lengths, counts)
+
+    def _interests(self, seq: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        """``(interests [R, K, d], the hard-negative proposal's [B, K, d], attention logits [B, L, K]
+        or None)``: dense, the interests at every prefix as ``R = B·L`` rows and the proposal at each
+        window's last prefix; the logits only where the routing regulariser reads them."""
+        if self.dense:
+            prefix = self.forward(seq, lengths, prefix=True)  # [B, L, K, d]
+            proposal = gather_last(prefix.flatten(2), lengths).view(-1, *prefix.shape[2:])  # [B, K, d]
+            return prefix.flatten(0, 1), proposal, None  # [B L, K, d]
+        if self.cfg.train.attention_reg:  # the attention logits [B, L, K] feed the routing regulariser
+            interests, scores = self.forward(seq, lengths, with_attention=True)  # [B, K, d]
+            return interests, interests, scores
+        interests = self.forward(seq, lengths)
+        return interests, interests, None
+
+    def _regularised(
+        self, out: LossOutput, interests: Tensor, scores: Tensor | None, lengths: Tensor, counts: Tensor | None
+    ) -> LossOutput:
+        """``out`` plus the routing regulariser (``train.attention_reg``, on ``scores``) and the
+        interests' parting hinge (``train.interest_reg``)."""
+        t = self.cfg.train
         if scores is not None:
             out = dataclasses.replace(out, loss=out.loss + t.attention_reg * attention_collision(scores, lengths))
         if t.interest_reg:  # dense: the padding's prefixes have zero interests, which the term skips

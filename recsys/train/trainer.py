@@ -22,6 +22,7 @@ import math
 import shutil
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from recsys.config import Config, ConfigError, automatic_keys
-from recsys.data.split import Split
+from recsys.data.split import EvalSet, Split
 from recsys.data.synthetic import planted_for
 from recsys.evaluate.diagnostics import health_with_config
 from recsys.evaluate.evaluator import evaluate_with_config
@@ -45,7 +46,7 @@ from recsys.train.losses import (
 )
 from recsys.train.memory import check_fits
 from recsys.train.plan import plan_training
-from recsys.train.report import data_line, model_line, threads_line, validation_line
+from recsys.train.report import opening_lines
 from recsys.train.step import Log
 from recsys.train.tracking import track_metrics
 
@@ -106,12 +107,9 @@ def train(
     torch.manual_seed(cfg.train.seed + dist.rank)
     t0 = time.perf_counter()
 
-    rd = RunDir(run_dir) if resume and run_dir is not None else None  # (resume without run_dir raised above)
+    rd = _reopened(run_dir, dist) if resume and run_dir is not None else None  # (resume without run_dir raised above)
     rebatched = False  # resumed on another number of processes: config.json gets the new per-process batch
     if rd is not None:
-        rd.require_checkpoint()
-        if dist.is_main:
-            rd.claim()  # a run still training elsewhere is not resumed under it
         kept = _keep_global_batch(cfg, rd.checkpoint_entry("world_size"), dist.world_size, log)
         cfg, rebatched = kept, kept is not cfg
     exp = _prepare(cfg, dist, dataset=rd.load_dataset() if rd else None, clicks=clicks, progress=progress)
@@ -122,41 +120,63 @@ def train(
     created = rd is None and (run_dir is None or not Path(run_dir).exists())
     if run_dir is None and not cfg.name and dist.is_main:
         _mention_unfinished(cfg)
-    if rd is None:  # rank 0 makes the folder; under DDP the other ranks open the same one
-        path = None
-        if dist.is_main:
-            if run_dir is not None:
-                explicit = RunDir.create(run_dir)
-                explicit.claim()
-                path = explicit.path
-            else:
-                path = new_run_dir(cfg.output_dir, cfg.name, model=cfg.model.name, dataset=_data_name(cfg))
-        path = distributed.broadcast_object(path)
-        assert path is not None  # rank 0's folder
-        rd = RunDir(path)
+    rd = rd or _new_run_dir(cfg, run_dir, dist)
     log(f"run directory: {rd.path}")
     if rebatched and dist.is_main:
         rd.save_config(cfg)
     try:
         return _run(exp, rd, dist, resume, t0, log, on_validate, progress=progress)
     except BaseException as err:
-        failure = distributed.rank_failure(err)
-        if dist.is_main and created and not rd.has_checkpoint():  # a folder this call created, with nothing to resume
-            shutil.rmtree(rd.path, ignore_errors=True)
-            log(f"removed {rd.path}: the run stopped before its first checkpoint, so there is nothing to resume")
-        resumes = rd.resume_hint() if rd.has_checkpoint() else None
-        if failure is not None:
-            raise distributed.RankFailure(f"{failure}; {resumes or 'there was no checkpoint yet'}") from err
-        advice = f"free some space; {resumes}" if resumes else "free some space and start the run again"
-        full = full_disk(err, rd.path, advice)  # one line naming the file, and how to go on
-        if full is not None:
-            raise full from err
-        if isinstance(err, KeyboardInterrupt) and resumes:
-            raise KeyboardInterrupt(resumes) from err
+        _stopped(err, rd, dist, created, log)
         raise
     finally:
         if dist.is_main:
             rd.release()
+
+
+def _reopened(run_dir: str | Path, dist: distributed.DistInfo) -> RunDir:
+    """The run directory a resume continues: it must hold a checkpoint, and rank 0 claims it (a run
+    still training elsewhere is not resumed under it)."""
+    rd = RunDir(run_dir)
+    rd.require_checkpoint()
+    if dist.is_main:
+        rd.claim()
+    return rd
+
+
+def _new_run_dir(cfg: Config, run_dir: str | Path | None, dist: distributed.DistInfo) -> RunDir:
+    """The run's new folder: ``run_dir``, or a new one under ``cfg.output_dir``; rank 0 makes (and
+    claims) it, and under DDP the other ranks open the same one."""
+    path = None
+    if dist.is_main:
+        if run_dir is not None:
+            explicit = RunDir.create(run_dir)
+            explicit.claim()
+            path = explicit.path
+        else:
+            path = new_run_dir(cfg.output_dir, cfg.name, model=cfg.model.name, dataset=_data_name(cfg))
+    path = distributed.broadcast_object(path)
+    assert path is not None  # rank 0's folder
+    return RunDir(path)
+
+
+def _stopped(err: BaseException, rd: RunDir, dist: distributed.DistInfo, created: bool, log: Log) -> None:
+    """A run that raised ``err``: remove a folder this call created with nothing to resume in it,
+    and raise what says in one line how to go on (a lost rank, a full disk, an interrupt with a
+    checkpoint); else return, and the caller re-raises ``err``."""
+    failure = distributed.rank_failure(err)
+    if dist.is_main and created and not rd.has_checkpoint():  # a folder this call created, with nothing to resume
+        shutil.rmtree(rd.path, ignore_errors=True)
+        log(f"removed {rd.path}: the run stopped before its first checkpoint, so there is nothing to resume")
+    resumes = rd.resume_hint() if rd.has_checkpoint() else None
+    if failure is not None:
+        raise distributed.RankFailure(f"{failure}; {resumes or 'there was no checkpoint yet'}") from err
+    advice = f"free some space; {resumes}" if resumes else "free some space and start the run again"
+    full = full_disk(err, rd.path, advice)  # one line naming the file, and how to go on
+    if full is not None:
+        raise full from err
+    if isinstance(err, KeyboardInterrupt) and resumes:
+        raise KeyboardInterrupt(resumes) from err
 
 
 def _mention_unfinished(cfg: Config) -> None:
@@ -252,12 +272,9 @@ def dry_run(cfg: Config, *, clicks: pd.DataFrame | None = None, progress: bool =
     finally:
         distributed.cleanup()
     cfg, split, model = exp.cfg, exp.split, exp.model
-    log(data_line(exp.dataset, split))
-    log(model_line(cfg, model))
-    if dist.device.type == "cpu":
-        log(threads_line(cfg, exp.facts))
+    for line in opening_lines(exp, dist.device, len(split.valid.sample(cfg.eval.valid_users, cfg.data.seed))):
+        log(line)
     if model.trainable:
-        log(validation_line(cfg, split, len(split.valid.sample(cfg.eval.valid_users, cfg.data.seed))))
         log(plan_training(cfg.train, exp.facts).describe(cfg.train))
         log(launch_line(cfg, *plan_graph(cfg, dist.device, dist.world_size)))
     return cfg
@@ -280,25 +297,11 @@ def _run(
     if dist.is_main and not resume:
         rd.save_config(cfg)
         rd.save_dataset(ds)
-    log(data_line(ds, split))
-    log(model_line(cfg, model))
-    if dist.device.type == "cpu":
-        log(threads_line(cfg, exp.facts))
     valid = split.valid.sample(cfg.eval.valid_users, cfg.data.seed)  # a fixed sample: its cost stays bounded
-    if model.trainable:
-        log(validation_line(cfg, split, len(valid)))
-    planted = planted_for(cfg, ds.user_raw[valid.users], ds.category_raw)
+    for line in opening_lines(exp, dist.device, len(valid)):
+        log(line)
     bar = progress and dist.is_main
-
-    def validate() -> dict[str, float]:
-        """Every rank's: the ranks share the users; rank 0 adds the interests' health, which it logs."""
-        metrics = evaluate_with_config(
-            model, valid, cfg, item_category=ds.item_category, progress=bar, across_ranks=True
-        )
-        if model.trainable and dist.is_main:  # multi-interest health, logged beside the recall (docs/multi-interest.md)
-            metrics.update(health_with_config(model, valid, cfg, item_category=ds.item_category, planted=planted))
-        return metrics
-
+    validate = _validator(exp, valid, dist.is_main, bar)
     key = cfg.eval.objective
     state = LoopState()
     if model.trainable:
@@ -307,9 +310,7 @@ def _run(
             # train.max_minutes bounds the whole call, from before the data was read to the test
             loop.deadline = t0 + 60 * cfg.train.max_minutes if cfg.train.max_minutes else math.inf
             loop.test_share = len(split.test) / max(len(valid), 1)
-            if resume:
-                loop.resume()
-            state = optimise(loop)
+            state = optimise(loop, resume=resume)
             # the step's DDP wrapper must be freed while its process group lives: distributed.cleanup
             # collects it only once nothing holds it (a reducer outliving its gloo group aborts the exit)
             del loop
@@ -338,6 +339,24 @@ def _run(
         cuda_graph=state.cuda_graph,
         out_of_time=state.out_of_time,
     )
+
+
+def _validator(exp: Experiment, valid: EvalSet, main: bool, bar: bool) -> Callable[[], dict[str, float]]:
+    """The validation of ``exp``'s model on the ``valid`` users, which every rank calls: the ranks
+    share the users; rank 0 (``main``) adds the interests' health, which it logs; ``bar``: a
+    progress bar over the users."""
+    cfg, ds, model = exp.cfg, exp.dataset, exp.model
+    planted = planted_for(cfg, ds.user_raw[valid.users], ds.category_raw)
+
+    def validate() -> dict[str, float]:
+        metrics = evaluate_with_config(
+            model, valid, cfg, item_category=ds.item_category, progress=bar, across_ranks=True
+        )
+        if model.trainable and main:  # multi-interest health, logged beside the recall (docs/multi-interest.md)
+            metrics.update(health_with_config(model, valid, cfg, item_category=ds.item_category, planted=planted))
+        return metrics
+
+    return validate
 
 
 def _check_split(ds: Dataset, split: Split) -> None:
