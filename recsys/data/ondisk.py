@@ -12,7 +12,7 @@ limit, spilling to disk beside the target:
 2. filter: ComiRec's item then user counts (``data.kcore``: until a pass removes nothing), as
    :func:`~recsys.data.prepare.filter_counts`, kept as the sets of surviving items and users;
 3. ids: the kept items and users (a row each, fetched into memory) are numbered by
-   :func:`~recsys.data.prepare.popularity_order` and :func:`~recsys.data.prepare.raw_order`;
+   :func:`~recsys.data.ids.popularity_order` and :func:`~recsys.data.ids.raw_order`;
    a kept item's category is that of its first labelled row;
 4. write: one pass joins the log with the two id tables (which drops the filtered clicks) and
    writes integer clicks ``(user, item, time, rn)`` as Parquet partitioned into buckets of
@@ -40,8 +40,8 @@ import pandas as pd
 
 from recsys.config import DataConfig
 from recsys.data.chunks import ClickSource, open_source, read_chunks
-from recsys.data.ids import WHOLE_PATTERN
-from recsys.data.prepare import PAD, UNKNOWN, Dataset, category_ids, popularity_order, raw_order
+from recsys.data.ids import WHOLE_PATTERN, popularity_order, raw_order
+from recsys.data.prepare import PAD, UNKNOWN, Dataset, category_ids
 from recsys.data.readers import DataError
 from recsys.extras import install_hint
 from recsys.io.files import atomic_folder, save_npy

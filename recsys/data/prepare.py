@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from recsys.config import DataConfig
-from recsys.data.ids import canonical_id, factorize_ids
+from recsys.data.ids import canonical_id, factorize_ids, popularity_order, raw_order
 from recsys.data.readers import DataError
 from recsys.io.files import atomic_folder, link_or_copy, save_npy
 from recsys.text import count
@@ -427,17 +427,6 @@ def category_ids(
     return item_category, np.concatenate([[UNKNOWN], cat_raw[cat_order]])
 
 
-def popularity_order(raw: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Permutation ``[n]`` of raw ids ``[n]`` by falling ``counts [n]``, ties by raw id (:func:`raw_order`'s rule)."""
-    return np.lexsort((*_raw_keys(raw), -counts))
-
-
-def raw_order(raw: np.ndarray) -> np.ndarray:
-    """Permutation ``[n]`` sorting raw ids ``[n]`` (str) numerically when all are non-negative
-    integers, otherwise as text."""
-    return np.lexsort(_raw_keys(raw))
-
-
 def _min(values: np.ndarray) -> int:
     return min(int(block.min()) for block in _blocks(values))
 
@@ -465,11 +454,3 @@ def _mapped(path: Path) -> np.ndarray:
         return np.load(path, mmap_mode="r", allow_pickle=False)
     except ValueError:
         return np.load(path, allow_pickle=False)
-
-
-def _raw_keys(raw: np.ndarray) -> tuple[np.ndarray, ...]:
-    """``np.lexsort`` keys ordering raw ids numerically when all are non-negative integers
-    (by length, then text), otherwise as text."""
-    if len(raw) and np.char.isdigit(raw).all():
-        return raw, np.char.str_len(raw)
-    return (raw,)
