@@ -407,7 +407,9 @@ def _records(cfg: DataConfig, where: np.ndarray, records: list[tuple[Any, dict[s
     problems: dict[int, str] = {}
     for row, (_, values) in enumerate(records):
         for name, value in values.items():
-            if name == cfg.feature_vector_col and value is not None:
+            if name == cfg.feature_vector_col:
+                if value is None:
+                    continue
                 if not isinstance(value, list) or not all(_is_number(v) or v is None for v in value):
                     problems.setdefault(row, f"field {name!r}: expected a list of numbers, found {_shown(value)}")
                     continue

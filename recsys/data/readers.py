@@ -915,9 +915,12 @@ class Skipped:
     clicks: int | None = None  # the clicks the dropped lines held (one-user-per-line files)
 
     def add(self, path: str | Path, spans: _Spans, *, unit: str = "line", clicks: int | None = None) -> None:
-        """Count ``spans`` dropped from ``path`` (and the ``clicks`` they held)."""
+        """Count ``spans`` dropped from ``path`` (and the ``clicks`` they held); a file's spans are
+        kept in file order, whichever check dropped them first."""
         if spans:
-            self.spans.setdefault(str(path), []).extend(spans)
+            kept = self.spans.setdefault(str(path), [])
+            kept.extend(spans)
+            kept.sort()  # two sorted runs: linear
             self.unit = unit
             self.clicks = None if clicks is None else (self.clicks or 0) + clicks
 
