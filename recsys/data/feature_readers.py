@@ -108,7 +108,7 @@ def read_feature_file(cfg: DataConfig) -> RawFeatures:
         elif kind == "movielens":
             genres = movielens_genres(path)
             records = [(item, {MOVIELENS_FIELD: g}) for item, g in zip(genres["item"], genres["genres"])]
-            table = _records(cfg, genres["line"].to_numpy(np.int64), records)
+            table = _records(cfg, genres["line"].to_numpy(np.int64), records, item_label="field 1")
         else:
             table = _read_json(path, cfg, lines=kind == "jsonl")
     raw = table.checked(path, cfg, skipped)
@@ -127,6 +127,7 @@ class _Table:
     locate: Callable[[], np.ndarray]  # -> [n] int64: the line (or row) of each row, for messages
     unit: str = "line"  # "line" or "row" (Parquet)
     noun: str = "column"  # "column" or "field" (JSON)
+    item_label: str = ""  # where the item id is, for messages; "": the noun and data.feature_item_col
     problems: dict[int, str] = field(default_factory=dict)  # row -> why it is malformed, found while reading
     _where: np.ndarray | None = field(default=None, repr=False)
 
@@ -142,7 +143,7 @@ class _Table:
         and counted in ``skipped``."""
         n = len(self.items)
         problems = dict(self.problems)
-        item_col = f"{self.noun} {cfg.feature_item_col!r}"
+        item_col = self.item_label or f"{self.noun} {cfg.feature_item_col!r}"
         for row in np.flatnonzero(np.char.str_len(np.char.strip(self.items)) == 0).tolist():
             problems.setdefault(row, f"empty item ({item_col})")
         problems |= {row: why for row, why in self._vector_problems(cfg).items() if row not in problems}
@@ -321,7 +322,7 @@ def _read_json(path: Path, cfg: DataConfig, *, lines: bool) -> _Table:
     entries = _json_object(path, text)
     where = np.array([bisect_right(starts, at) for at, _, _ in entries], dtype=np.int64)
     records = [(key, value if isinstance(value, dict) else {JSON_FIELD: value}) for _, key, value in entries]
-    return _records(cfg, where, records)
+    return _records(cfg, where, records, item_label="the key")
 
 
 def _json_object(path: Path, text: str) -> list[tuple[int, str, Any]]:
@@ -397,10 +398,12 @@ def _json_lines(path: Path, text: str, cfg: DataConfig) -> _Table:
     return table
 
 
-def _records(cfg: DataConfig, where: np.ndarray, records: list[tuple[Any, dict[str, Any]]]) -> _Table:
-    """Items and their fields as parsed JSON values (``where [n]``: the line of each) -> a table;
-    a value that is neither a value nor a list of values, or a vector that is not a list of
-    numbers, makes its row's problem."""
+def _records(
+    cfg: DataConfig, where: np.ndarray, records: list[tuple[Any, dict[str, Any]]], *, item_label: str = ""
+) -> _Table:
+    """Items and their fields as parsed JSON values (``where [n]``: the line of each; ``item_label``:
+    where the item id is, for messages) -> a table; a value that is neither a value nor a list of
+    values, or a vector that is not a list of numbers, makes its row's problem."""
     fields: dict[str, tuple[list[int], list[str]]] = {}
     lengths = np.full(len(records), -1, dtype=np.int64)
     flat: list[float] = []
@@ -434,6 +437,7 @@ def _records(cfg: DataConfig, where: np.ndarray, records: list[tuple[Any, dict[s
         np.array(flat, dtype=np.float64) if cfg.feature_vector_col else None,
         lambda: where,
         noun="field",
+        item_label=item_label,
         problems=problems,
     )
 

@@ -254,7 +254,7 @@ def error_of(tmp_path: Path, name: str, content: str | bytes | None, **settings)
             '{"i1": [1],\n "i2": [2],\n "i1": [3]}',
             {},
             ":3",
-            "item 'i1' again (field 'item'; its first row is line 1)",
+            "item 'i1' again (the key; its first row is line 1)",
         ),
         ("f.json", '{"i1": [1],\n "i2": [2,}', {}, ":2", "not valid JSON"),
         ("f.json", '[["i1", 1]]', {}, ":1", "expected a JSON object {item: values}"),
