@@ -136,6 +136,12 @@ class DataConfig(_Section):
     time_col: str = "timestamp"  # empty: use row order within a user
     category_col: str = ""
     categories: str = ""  # optional item -> category file for any format
+    # optional item features for any format (recsys.data.features; docs/data.md, "Item features"): a CSV/TSV file
+    # (a cell's several values split at "|"), Parquet, JSON ({"item": [values]}), JSON lines, or MovieLens' u.item
+    # (its genres); items it lists that the prepared clicks lack are new items, numbered after the clicked ones
+    item_features: str = ""
+    feature_item_col: str = "item"  # the item column (JSON lines: field) of data.item_features
+    feature_vector_col: str = ""  # its column of dense vectors (lists of numbers: text embeddings); empty: none
     skip_bad_rows: bool = False  # report and drop malformed rows instead of failing
     min_item_count: int = 5
     min_user_count: int = 5
@@ -747,6 +753,10 @@ def validate(cfg: Config) -> None:
         )
     if cfg.model.dropout >= 1.0:  # negatives other than -1 are refused above
         raise ConfigError(f"model.dropout: must be < 1, got {cfg.model.dropout!r}")
+    if cfg.data.item_features and not cfg.data.feature_item_col:
+        raise ConfigError("data.feature_item_col: names the item column of data.item_features; it is empty")
+    if cfg.data.feature_vector_col and cfg.data.feature_vector_col == cfg.data.feature_item_col:
+        raise ConfigError(f"data.feature_vector_col: {cfg.data.feature_vector_col!r} is data.feature_item_col too")
     if not 0.0 < cfg.data.eval_input_frac < 1.0:
         raise ConfigError(f"data.eval_input_frac: must be in (0, 1), got {cfg.data.eval_input_frac!r}")
     if not 0.0 < cfg.data.time_cutoff_quantile < 1.0:

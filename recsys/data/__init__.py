@@ -18,6 +18,7 @@ import pandas as pd
 
 from recsys.config import Config
 from recsys.data.batches import TrainSampler, pad_sequences
+from recsys.data.features import FeatureField, ItemFeatures
 from recsys.data.prepare import Dataset, prepare
 from recsys.data.readers import DataError, DataWarning, read_frame, read_interactions
 from recsys.data.registry import resolve_source
@@ -37,6 +38,8 @@ __all__ = [
     "DataWarning",
     "Dataset",
     "EvalSet",
+    "FeatureField",
+    "ItemFeatures",
     "Split",
     "TrainSampler",
     "default_cache_dir",
@@ -52,7 +55,7 @@ __all__ = [
 
 IN_MEMORY = "<dataframe>"  # data.source of a run trained on a click table passed in memory
 
-_CACHE_VERSION = 3  # bump when reading or preparation changes what a cached dataset holds
+_CACHE_VERSION = 4  # bump when reading or preparation changes what a cached dataset holds
 DISK_THRESHOLD = 256 * 2**20  # source bytes from which data.prepare = "auto" prepares out of core (~10M clicks)
 _PACKED_RATIO = 4  # a Parquet or compressed byte counts as this many bytes of text: it holds more clicks
 DOMINANT_SHARE = 0.5  # one user above this share of the clicks is warned about (load_dataset)
@@ -181,6 +184,8 @@ def describe(ds: Dataset) -> str:
         ("density", f"{s['density']:.5f}"),
         ("timestamps", "yes" if s["timestamps"] else "no (click order only)"),
     ]
+    if ds.features is not None:
+        rows.append(("features", ds.features.summary()))
     return "\n".join(f"{name:<14}{value}" for name, value in rows)
 
 
@@ -233,6 +238,9 @@ def _cache_path(cfg: Config, root: Path) -> Path:
                 "time_col",
                 "category_col",
                 "categories",
+                "item_features",
+                "feature_item_col",
+                "feature_vector_col",
                 "skip_bad_rows",
                 "min_item_count",
                 "min_user_count",
@@ -244,8 +252,8 @@ def _cache_path(cfg: Config, root: Path) -> Path:
         key["synthetic"] = vars(cfg.synthetic)
         name = "synthetic"
     else:
-        categories = _fingerprint(Path(data.categories)) if data.categories else []
-        key["files"] = _fingerprint(Path(data.source)) + categories
+        extra = [Path(name) for name in (data.categories, data.item_features) if name]
+        key["files"] = _fingerprint(Path(data.source)) + [entry for path in extra for entry in _fingerprint(path)]
         name = Path(data.source).stem or "data"
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return root / f"{name}-{digest}"

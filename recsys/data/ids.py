@@ -10,7 +10,9 @@ a CSV written from such a DataFrame must read back as the DataFrame did.
 
 :func:`factorize_ids` applies the rule where raw ids get their codes
 (:func:`recsys.data.prepare.prepare`), and :func:`canonical_id` where a raw id given later (a
-request, ``Run.recommend(users=...)``) is looked up, so both sides agree.
+request, ``Run.recommend(users=...)``) is looked up, so both sides agree. Where ids are numbered,
+:func:`raw_order` and :func:`popularity_order` order them (numerically when every id is a
+non-negative integer, otherwise as text), so a numbering never depends on the order of rows.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import re
 import numpy as np
 import pandas as pd
 
-__all__ = ["canonical_id", "canonical_ids", "factorize_ids"]
+__all__ = ["canonical_id", "canonical_ids", "factorize_ids", "popularity_order", "raw_order"]
 
 _WHOLE = re.compile(r"(-?\d+)\.0+")
 WHOLE_PATTERN = r"^(-?[0-9]+)\.0+$"  # the same rule in SQL (recsys.data.ondisk)
@@ -47,3 +49,22 @@ def factorize_ids(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     merged, names = pd.factorize(canonical_ids(np.asarray(uniques, dtype=str)))
     codes = np.where(codes >= 0, merged[np.maximum(codes, 0)], -1) if len(merged) else codes
     return codes.astype(np.int64), np.asarray(names, dtype=str)
+
+
+def popularity_order(raw: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Permutation ``[n]`` of raw ids ``[n]`` by falling ``counts [n]``, ties by raw id (:func:`raw_order`'s rule)."""
+    return np.lexsort((*_raw_keys(raw), -counts))
+
+
+def raw_order(raw: np.ndarray) -> np.ndarray:
+    """Permutation ``[n]`` sorting raw ids ``[n]`` (str) numerically when all are non-negative
+    integers, otherwise as text."""
+    return np.lexsort(_raw_keys(raw))
+
+
+def _raw_keys(raw: np.ndarray) -> tuple[np.ndarray, ...]:
+    """``np.lexsort`` keys ordering raw ids numerically when all are non-negative integers
+    (by length, then text), otherwise as text."""
+    if len(raw) and np.char.isdigit(raw).all():
+        return raw, np.char.str_len(raw)
+    return (raw,)

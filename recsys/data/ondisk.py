@@ -12,7 +12,7 @@ limit, spilling to disk beside the target:
 2. filter: ComiRec's item then user counts (``data.kcore``: until a pass removes nothing), as
    :func:`~recsys.data.prepare.filter_counts`, kept as the sets of surviving items and users;
 3. ids: the kept items and users (a row each, fetched into memory) are numbered by
-   :func:`~recsys.data.prepare.popularity_order` and :func:`~recsys.data.prepare.raw_order`;
+   :func:`~recsys.data.ids.popularity_order` and :func:`~recsys.data.ids.raw_order`;
    a kept item's category is that of its first labelled row;
 4. write: one pass joins the log with the two id tables (which drops the filtered clicks) and
    writes integer clicks ``(user, item, time, rn)`` as Parquet partitioned into buckets of
@@ -23,6 +23,8 @@ limit, spilling to disk beside the target:
 
 DuckDB was chosen over Polars' streaming engine and PyArrow datasets by ``benchmarks/prepare.py``
 (docs/results.md): it sorts, joins and groups out of core under a memory limit.
+Item features (``data.item_features``, :mod:`recsys.data.features`) are read before the log, so a
+bad feature file stops before the long passes, and saved with the ids the items got.
 The folder is published atomically (:func:`recsys.io.files.atomic_folder`): a killed preparation
 leaves only a temporary folder that no reader opens and the next preparation removes.
 """
@@ -40,8 +42,10 @@ import pandas as pd
 
 from recsys.config import DataConfig
 from recsys.data.chunks import ClickSource, open_source, read_chunks
-from recsys.data.ids import WHOLE_PATTERN
-from recsys.data.prepare import PAD, UNKNOWN, Dataset, category_ids, popularity_order, raw_order
+from recsys.data.feature_readers import RawFeatures, read_feature_file
+from recsys.data.features import FEATURES, align_features
+from recsys.data.ids import WHOLE_PATTERN, popularity_order, raw_order
+from recsys.data.prepare import PAD, UNKNOWN, Dataset, category_ids
 from recsys.data.readers import DataError
 from recsys.extras import install_hint
 from recsys.io.files import atomic_folder, save_npy
@@ -61,6 +65,7 @@ def prepare_on_disk(cfg: DataConfig, target: str | Path, *, progress: bool = Fal
     """
     duckdb = _duckdb()
     src = open_source(cfg)
+    features = read_feature_file(cfg) if cfg.item_features else None  # its errors before the long passes
     target = Path(target)
     with atomic_folder(target) as out:
         con = duckdb.connect()  # in memory up to the limit, then spilled to the temporary directory
@@ -72,7 +77,7 @@ def prepare_on_disk(cfg: DataConfig, target: str | Path, *, progress: bool = Fal
             con.execute("SET enable_progress_bar = true")  # progress is tracked (query_progress), not printed
             con.execute("SET enable_progress_bar_print = false")
             with_time = _read(con, src, out / "spill", progress)
-            _build(con, cfg, src, out, with_time=with_time, progress=progress)
+            _build(con, cfg, src, out, features, with_time=with_time, progress=progress)
         finally:
             con.close()
         shutil.rmtree(out / "spill", ignore_errors=True)
@@ -165,8 +170,18 @@ def _canonical(column: str) -> str:
     return f'{value} AS "{column}"'
 
 
-def _build(con: Any, cfg: DataConfig, src: ClickSource, out: Path, *, with_time: bool, progress: bool) -> None:
-    """Stages 2-4: filter, ids, categories, sorted clicks -> the dataset files in ``out``.
+def _build(
+    con: Any,
+    cfg: DataConfig,
+    src: ClickSource,
+    out: Path,
+    features: RawFeatures | None,
+    *,
+    with_time: bool,
+    progress: bool,
+) -> None:
+    """Stages 2-4: filter, ids, categories, sorted clicks -> the dataset files in ``out``, with the
+    item ``features`` read from ``data.item_features`` aligned with the items' ids.
     ``with_time``: the clicks have a time column (to sort by; kept unless it is only a position)."""
     has_category = "category" in [row[0] for row in con.execute("DESCRIBE raw").fetchall()]
     with progress_bar(3, "data: filtering", enabled=progress, unit="stage") as bar:
@@ -204,6 +219,8 @@ def _build(con: Any, cfg: DataConfig, src: ClickSource, out: Path, *, with_time:
         ("item_counts", item_counts),
     ):
         save_npy(out / f"{name}.npy", value)
+    if features is not None:
+        align_features(features, item_raw).save(out / FEATURES)
     Dataset.mapped(out, source=str(cfg.source)).write_meta(out)
 
 

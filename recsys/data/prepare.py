@@ -22,7 +22,8 @@ import numpy as np
 import pandas as pd
 
 from recsys.config import DataConfig
-from recsys.data.ids import canonical_id, factorize_ids
+from recsys.data.features import FEATURES, ItemFeatures, read_item_features
+from recsys.data.ids import canonical_id, factorize_ids, popularity_order, raw_order
 from recsys.data.readers import DataError
 from recsys.io.files import atomic_folder, link_or_copy, save_npy
 from recsys.text import count
@@ -120,6 +121,10 @@ class Dataset:
         item_category ``[num_items]`` int64: category id per item (0 = unknown; ``[0] = 0``).
         category_raw ``[num_categories]`` str: raw category names (``[0] = "<unknown>"``).
         item_counts ``[num_items]`` int64: clicks per item after filtering (``[0] = 0``).
+
+    ``features``: the items' attributes and vectors (``data.item_features``,
+    :class:`~recsys.data.features.ItemFeatures`), rows in internal id order and new items (listed
+    by the feature file, absent from the clicks) after ``num_items - 1``; saved in ``features/``.
     """
 
     item_raw: np.ndarray
@@ -131,6 +136,7 @@ class Dataset:
     category_raw: np.ndarray
     item_counts: np.ndarray
     source: str = ""
+    features: ItemFeatures | None = None
 
     @property
     def num_items(self) -> int:
@@ -234,6 +240,8 @@ class Dataset:
                     link_or_copy(Path(value.filename), path)
                 else:
                     save_npy(path, value.astype(str) if value.dtype.kind in "OU" else value)
+            if self.features is not None:
+                self.features.save(tmp / FEATURES)
             self.write_meta(tmp)
 
     def write_meta(self, directory: Path) -> None:
@@ -265,20 +273,26 @@ class Dataset:
     def mapped(cls, directory: str | Path, *, source: str = "") -> Dataset:
         """The ``NAME.npy`` arrays of a saved dataset folder (whether or not its ``dataset.json`` is
         written yet): the clicks (``items``, ``times``) memory-mapped read-only, the arrays of one
-        entry per item, user or category read into memory."""
+        entry per item, user or category read into memory, and the item features when it has them."""
         directory = Path(directory)
         arrays = {
             name: _mapped(path) if name in _CLICK_ARRAYS else np.load(path, allow_pickle=False)
             for name in ARRAYS
             if (path := directory / f"{name}.npy").is_file()
         }
-        return cls._checked(directory, arrays, source)
+        features = ItemFeatures.load(directory / FEATURES) if (directory / FEATURES).is_dir() else None
+        return cls._checked(directory, arrays, source, features)
 
     @classmethod
-    def _checked(cls, directory: Path, arrays: dict[str, np.ndarray], source: str) -> Dataset:
+    def _checked(
+        cls, directory: Path, arrays: dict[str, np.ndarray], source: str, features: ItemFeatures | None = None
+    ) -> Dataset:
         try:
             ds = cls(
-                **{name: arrays[name] for name in ARRAYS if name != "times"}, times=arrays.get("times"), source=source
+                **{name: arrays[name] for name in ARRAYS if name != "times"},
+                times=arrays.get("times"),
+                source=source,
+                features=features,
             )
         except KeyError as err:
             raise DataError(f"{directory}: missing array {err}") from None
@@ -300,6 +314,8 @@ class Dataset:
             problems.append("item_category and item_counts must have num_items entries")
         elif self.item_category.min(initial=0) < 0 or self.item_category.max(initial=0) >= self.num_categories:
             problems.append("item_category must be in 0..num_categories-1")
+        if self.features is not None and self.features.num_known != self.num_items:
+            problems.append("item features must be aligned with num_items (features.num_known)")
         if problems:
             raise DataError(f"{where}: " + "; ".join(problems))
 
@@ -309,7 +325,8 @@ def prepare(df: pd.DataFrame, cfg: DataConfig) -> Dataset:
     :func:`recsys.data.readers.read_interactions`) and build the :class:`Dataset`.
 
     ``times`` is kept unless ``df.attrs["time_is_position"]`` is true. An item's category is
-    the first non-missing one in row order.
+    the first non-missing one in row order. ``cfg.item_features`` is read and aligned with the
+    kept items (:func:`~recsys.data.features.read_item_features`).
     """
     source = df.attrs.get("source") or "click table"  # errors name the file the clicks came from
     missing = [col for col in ("user", "item", "time") if col not in df]
@@ -356,8 +373,9 @@ def prepare(df: pd.DataFrame, cfg: DataConfig) -> Dataset:
         item_category, category_raw = _categories(df["category"], row_items, item_order, item_counts)
     else:
         item_category, category_raw = np.zeros(len(item_counts), dtype=np.int64), np.array([UNKNOWN])
+    kept_raw = np.concatenate([[PAD], item_raw[item_order]])
     return Dataset(
-        item_raw=np.concatenate([[PAD], item_raw[item_order]]),
+        item_raw=kept_raw,
         user_raw=user_raw[user_order],
         indptr=indptr,
         items=items[order],
@@ -366,6 +384,7 @@ def prepare(df: pd.DataFrame, cfg: DataConfig) -> Dataset:
         category_raw=category_raw,
         item_counts=item_counts,
         source=str(df.attrs.get("source", "")),
+        features=read_item_features(cfg, kept_raw),
     )
 
 
@@ -427,17 +446,6 @@ def category_ids(
     return item_category, np.concatenate([[UNKNOWN], cat_raw[cat_order]])
 
 
-def popularity_order(raw: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Permutation ``[n]`` of raw ids ``[n]`` by falling ``counts [n]``, ties by raw id (:func:`raw_order`'s rule)."""
-    return np.lexsort((*_raw_keys(raw), -counts))
-
-
-def raw_order(raw: np.ndarray) -> np.ndarray:
-    """Permutation ``[n]`` sorting raw ids ``[n]`` (str) numerically when all are non-negative
-    integers, otherwise as text."""
-    return np.lexsort(_raw_keys(raw))
-
-
 def _min(values: np.ndarray) -> int:
     return min(int(block.min()) for block in _blocks(values))
 
@@ -465,11 +473,3 @@ def _mapped(path: Path) -> np.ndarray:
         return np.load(path, mmap_mode="r", allow_pickle=False)
     except ValueError:
         return np.load(path, allow_pickle=False)
-
-
-def _raw_keys(raw: np.ndarray) -> tuple[np.ndarray, ...]:
-    """``np.lexsort`` keys ordering raw ids numerically when all are non-negative integers
-    (by length, then text), otherwise as text."""
-    if len(raw) and np.char.isdigit(raw).all():
-        return raw, np.char.str_len(raw)
-    return (raw,)

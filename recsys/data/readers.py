@@ -381,18 +381,23 @@ def _read_movielens(folder: Path, skip: bool, skipped: Skipped, *, with_genres: 
     )
     df = _read_table(folder / "u.data", layout, skip, skipped)
     if with_genres and (folder / "u.item").is_file():
-        df["category"] = df["item"].map(_movielens_genres(folder))
+        table = movielens_genres(folder / "u.item").drop_duplicates("item", keep="first")
+        first = [genres[0] if genres else None for genres in table["genres"]]
+        df["category"] = df["item"].map(pd.Series(first, index=table["item"], dtype="str"))
     return df
 
 
-def _movielens_genres(folder: Path) -> pd.Series:
-    """``u.item`` (``id|title|date|video date|url|flags...``) -> Series item -> first genre."""
+def movielens_genres(path: Path) -> pd.DataFrame:
+    """MovieLens 100K's ``u.item`` (``id|title|date|video date|url|flags...``, latin-1; the genres'
+    names from ``u.genre`` beside it) -> ``[n]`` rows, in file order: ``item`` (str), ``genres`` (the
+    names of the genres flagged, in ``u.genre`` order; the ``unknown`` genre is no genre) and
+    ``line``. A line that is not such a row is a :class:`DataError` naming it."""
     names = None
-    if (folder / "u.genre").is_file():
-        rows = [line.rsplit("|", 1) for line in (folder / "u.genre").read_text("latin-1").splitlines() if line.strip()]
+    genre_file = path.parent / "u.genre"
+    if genre_file.is_file():
+        rows = [line.rsplit("|", 1) for line in genre_file.read_text("latin-1").splitlines() if line.strip()]
         names = [name for name, _ in sorted(rows, key=lambda r: int(r[1]))]
-    path = folder / "u.item"
-    items, genres = [], []
+    items, genres, lines = [], [], []
     for lineno, line in enumerate(path.read_text("latin-1").splitlines(), start=1):
         if not line.strip():
             continue
@@ -402,10 +407,9 @@ def _movielens_genres(folder: Path) -> pd.Series:
         if len(fields) < 5 + nflags or not fields[0].strip() or any(f not in ("0", "1") for f in flags):
             raise DataError(f"{path}:{lineno}: expected 'id|title|date|video date|url' and {nflags} 0/1 genre flags")
         items.append(fields[0].strip())
-        first = next((i for i, flag in enumerate(flags) if flag == "1" and i > 0), None)
-        genres.append(None if first is None else (names[first] if names else f"genre{first}"))
-    genre = pd.Series(genres, index=items, dtype="str")
-    return genre[~genre.index.duplicated(keep="first")]
+        genres.append([names[i] if names else f"genre{i}" for i, flag in enumerate(flags) if flag == "1" and i > 0])
+        lines.append(lineno)
+    return pd.DataFrame({"item": pd.Series(items, dtype="str"), "genres": genres, "line": lines})
 
 
 def _roles(cfg: DataConfig) -> dict[str, str]:
@@ -884,13 +888,16 @@ def _first_record(path: Path, sep: str) -> tuple[int, list[str]]:
 
 
 def _tidy(df: pd.DataFrame) -> pd.DataFrame:
-    """Final dtypes: str ids, float64 time, str category with empty values missing."""
+    """Final dtypes: str ids, float64 time, str category with empty values missing; any other
+    role (the columns of an item feature file, :mod:`recsys.data.feature_readers`) as str."""
     out = pd.DataFrame({role: df[role].astype("str") for role in ("user", "item") if role in df})
     if "time" in df:
         out["time"] = df["time"].to_numpy(np.float64)
     if "category" in df:
         category = df["category"].astype("str")
         out["category"] = category.mask(category.str.strip() == "")
+    for role in df.columns.difference(TIDY_COLUMNS, sort=False):
+        out[role] = df[role].astype("str")
     return out
 
 
@@ -908,9 +915,12 @@ class Skipped:
     clicks: int | None = None  # the clicks the dropped lines held (one-user-per-line files)
 
     def add(self, path: str | Path, spans: _Spans, *, unit: str = "line", clicks: int | None = None) -> None:
-        """Count ``spans`` dropped from ``path`` (and the ``clicks`` they held)."""
+        """Count ``spans`` dropped from ``path`` (and the ``clicks`` they held); a file's spans are
+        kept in file order, whichever check dropped them first."""
         if spans:
-            self.spans.setdefault(str(path), []).extend(spans)
+            kept = self.spans.setdefault(str(path), [])
+            kept.extend(spans)
+            kept.sort()  # two sorted runs: linear
             self.unit = unit
             self.clicks = None if clicks is None else (self.clicks or 0) + clicks
 

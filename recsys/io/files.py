@@ -162,9 +162,10 @@ def atomic_folder(path: str | Path) -> Iterator[Path]:
         tmp.mkdir()
         try:
             yield tmp
-            for file in tmp.iterdir():
-                with open(file, "rb+") as f:
-                    os.fsync(f.fileno())
+            for file in tmp.rglob("*"):  # a saved dataset's features/ folder too
+                if file.is_file():
+                    with open(file, "rb+") as f:
+                        os.fsync(f.fileno())
             old = path.parent / f".{path.name}.old-{os.getpid()}"
             if path.exists():
                 os.replace(path, old)
