@@ -102,7 +102,7 @@ class Run:
             cfg.eval.diversity_lambda = diversity_lambda
         eval_set = self.eval_set(split)
         return evaluate_with_config(
-            self.model, eval_set, cfg, item_category=self.dataset.item_category, progress=progress
+            self.model, eval_set, cfg, item_category=self.dataset.catalogue_category, progress=progress
         )
 
     def health(self, split: str = "test", *, max_users: int = 2048) -> dict[str, float]:
@@ -113,7 +113,7 @@ class Run:
         ds = self.dataset
         planted = planted_for(self.config, ds.user_raw[eval_set.users[:max_users]], ds.category_raw)
         return health_with_config(
-            self.model, eval_set, self.config, max_users=max_users, item_category=ds.item_category, planted=planted
+            self.model, eval_set, self.config, max_users=max_users, item_category=ds.catalogue_category, planted=planted
         )
 
     def draw_interests(self, path: str | Path, split: str = "test", *, users: int = 4) -> Path:
@@ -141,8 +141,9 @@ class Run:
     # -- embeddings -----------------------------------------------------------------------
     def item_embeddings(self) -> tuple[np.ndarray, np.ndarray]:
         """``(raw item ids [N], embeddings [N, d] float32)`` for the N items of the catalogue
-        (padding excluded); scores are inner products with :meth:`interests`."""
-        return self.dataset.item_raw[1:].astype(str), self._run.item_table()[1:]
+        (padding excluded; new items of the item features included); scores are inner products
+        with :meth:`interests`."""
+        return self.dataset.catalogue_raw[1:].astype(str), self._run.item_table()[1:]
 
     def interests(self, sequences: Sequence[Sequence[Any]], *, batch_size: int = 2048) -> np.ndarray:
         """``[N, K, d]`` float32 interests of ``N`` click sequences of raw item ids (oldest
@@ -375,4 +376,6 @@ def evaluate_untrained(cfg: Config, split: str = "test", log: Log = print, progr
     if exp.model.trainable:
         raise ValueError(f"model.name: {cfg.model.name!r} must be trained first (recsys train), then evaluate its run")
     eval_set = sp.test if split == "test" else sp.valid
-    return evaluate_with_config(exp.model.eval(), eval_set, exp.cfg, item_category=ds.item_category, progress=progress)
+    return evaluate_with_config(
+        exp.model.eval(), eval_set, exp.cfg, item_category=ds.catalogue_category, progress=progress
+    )

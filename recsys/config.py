@@ -203,6 +203,9 @@ class ModelConfig(_Section):
     # transformer encoders' initial weights: scaled (item rows N(0, 1/d), torch's Linear init) | bert (every
     # Linear and embedding N(0, 0.02), zero biases: BERT's, which S3Rec, FMLP-Rec and BSARec keep)
     init: str = "scaled"
+    # with data.item_features: each item is its id row plus its features' embeddings, and an item without training
+    # clicks (a new item) is its features alone (recsys.items.features); false: ids alone
+    use_features: bool = True
     # self-attentive models: scores become c*tanh(s/c), so no interest collapses onto one click;
     # 0 disables; -1 (the default): the model's automatic value (recsys.models.spec)
     score_cap: float = -1.0

@@ -144,6 +144,25 @@ class Dataset:
         return len(self.item_raw)
 
     @property
+    def catalogue_size(self) -> int:
+        """Item ids a model of this dataset retrieves: the clicked items' (``num_items``) and, with
+        item features, the feature file's new items' after them (``num_items..catalogue_size-1``)."""
+        return self.num_items + (self.features.num_new if self.features is not None else 0)
+
+    @cached_property
+    def catalogue_raw(self) -> np.ndarray:
+        """``[catalogue_size]`` str: the raw id of every item id, new items included."""
+        if self.features is None or not self.features.num_new:
+            return self.item_raw
+        return np.concatenate([np.asarray(self.item_raw, dtype=str), np.asarray(self.features.new_raw, dtype=str)])
+
+    @cached_property
+    def catalogue_category(self) -> np.ndarray:
+        """``[catalogue_size]`` int64 category ids, 0 (unknown) for new items."""
+        extra = self.catalogue_size - self.num_items
+        return np.concatenate([self.item_category, np.zeros(extra, dtype=np.int64)]) if extra else self.item_category
+
+    @property
     def num_users(self) -> int:
         return len(self.user_raw)
 
@@ -217,8 +236,8 @@ class Dataset:
 
     @cached_property
     def item_map(self) -> IdMap:
-        """Raw item ids <-> internal item ids ``1..num_items-1`` (0 is padding)."""
-        return IdMap(self.item_raw, first=1, kind="item")
+        """Raw item ids <-> internal item ids ``1..catalogue_size-1`` (0 is padding; new items included)."""
+        return IdMap(self.catalogue_raw, first=1, kind="item")
 
     @cached_property
     def user_map(self) -> IdMap:

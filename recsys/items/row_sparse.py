@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import Tensor, nn
+from torch import Tensor
 
 from recsys.items.table import ItemTable, RowUpdates, register_form
 
@@ -122,10 +122,10 @@ class RowSparseTable(ItemTable):
     """
 
     def __init__(self, table: ItemTable, updates: RowUpdates, name: str):
-        nn.Module.__init__(self)
         if not 0.0 <= updates.ema_decay < 1.0:
             raise ValueError(f"train.ema_decay: must be in [0, 1), got {updates.ema_decay!r}")
-        self.table, self._rows, self.name = table.table, None, name
+        self._take_over(table)
+        self.name = name
         weight = self.table.weight  # [N, d], updated in place
         weight.requires_grad_(False)
         self.lr, (self.beta1, self.beta2), self.eps = updates.lr, updates.betas, updates.eps
@@ -205,11 +205,11 @@ class RowSparseTable(ItemTable):
         for x in ids:
             out.append(slot[start : start + x.numel()].view(x.shape))
             start += x.numel()
-        self._rows = self.gathered
+        self._rows, self._row_ids = self.gathered, self.ids
         try:
             yield tuple(out)
         finally:
-            self._rows = None
+            self._rows, self._row_ids = None, None
 
     @torch.no_grad()
     def collect(self) -> list[Tensor]:

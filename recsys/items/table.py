@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from recsys.data.features import ItemFeatures
+from recsys.items.features import FeatureEmbedding
 from recsys.nn.masking import length_mask
 
 __all__ = ["FORMS", "ItemTable", "RowUpdates", "register_form"]
@@ -71,11 +73,16 @@ class ItemTable(nn.Module):
         if num_items < 2:
             raise ValueError(f"num_items must be >= 2 (id 0 is padding), got {num_items}")
         self.table = nn.Embedding(num_items, dim, padding_idx=0)
+        self.features: FeatureEmbedding | None = None  # add_features
+        self.warm: Tensor | None  # [num_items] bool, with features: the items whose id row is read
+        self.register_buffer("warm", None, persistent=False)
         self.init_normal(1.0 / math.sqrt(dim))
-        self._rows: Tensor | None = None  # the rows a step reads instead of the table (other forms)
+        self._rows: Tensor | None = None  # the rows a step reads instead of the table (other forms) ...
+        self._row_ids: Tensor | None = None  # ... and their item ids
 
     @property
     def num_items(self) -> int:
+        """Rows, the padding row and new items included."""
         return self.table.num_embeddings
 
     @property
@@ -84,22 +91,63 @@ class ItemTable(nn.Module):
 
     @property
     def weight(self) -> Tensor:
-        """``[num_items, d]``; inside another form's :meth:`step_rows`, the ``[T, d]`` rows the step reads."""
-        return self.table.weight if self._rows is None else self._rows
+        """``[num_items, d]`` every item's representation; inside another form's :meth:`step_rows`,
+        the ``[T, d]`` rows the step reads."""
+        if self._rows is None:
+            return self.all()
+        return self._represent(self._rows, self._row_ids)
 
     def all(self) -> Tensor:
-        """``[num_items, d]``: every item's row, for retrieval, export and scoring the whole catalogue."""
-        return self.table.weight
+        """``[num_items, d]``: every item's representation, for retrieval, export and scoring the
+        whole catalogue."""
+        return self._represent(self.table.weight, None)
+
+    def _represent(self, rows: Tensor, ids: Tensor | None) -> Tensor:
+        """``rows [R, d]`` id rows of items ``ids [R]`` (None: every item) as representations: the
+        rows themselves, or with features the warm rows plus the feature part
+        (:mod:`recsys.items.features`)."""
+        if self.features is None:
+            return rows
+        assert self.warm is not None
+        ids = torch.arange(rows.shape[0], device=rows.device) if ids is None else ids
+        return rows * self.warm[ids, None].to(rows.dtype) + self.features(ids).to(rows.dtype)
+
+    @torch.no_grad()
+    def add_features(self, features: ItemFeatures, trained: Tensor) -> None:
+        """Represent items by their id rows and their features (:mod:`recsys.items.features`) from now
+        on: the table grows to ``features.num_items`` rows (new items' id rows are zero and never
+        read) and ``trained [num_known]`` (training clicks per item) marks whose id rows are read."""
+        if features.num_known != self.table.num_embeddings or len(trained) != features.num_known:
+            raise ValueError(
+                f"item features: {features.num_known} known items, the table has {self.table.num_embeddings} "
+                f"rows and {len(trained)} training counts"
+            )
+        old = self.table
+        self.table = nn.Embedding(features.num_items, self.dim, padding_idx=0, device=old.weight.device)
+        self.table.weight.zero_()
+        self.table.weight[: old.num_embeddings] = old.weight
+        self.features = FeatureEmbedding(features, self.dim).to(old.weight.device)
+        self.features.init_normal(self._std)
+        warm = torch.zeros(features.num_items, dtype=torch.bool, device=old.weight.device)
+        warm[: len(trained)] = trained.to(warm.device) > 0
+        self.warm = warm
 
     @torch.no_grad()
     def init_normal(self, std: float) -> None:
-        """Draw every row from ``N(0, std²)``; the padding row stays 0."""
+        """Draw every id row (and feature row) from ``N(0, std²)``; the padding row stays 0."""
+        self._std = std
         nn.init.normal_(self.table.weight, std=std)
         self.table.weight[0].zero_()
+        if self.features is not None:
+            self.features.init_normal(std)
 
     def forward(self, seq: Tensor, lengths: Tensor) -> Tensor:
         """``seq [B, L]`` ids, ``lengths [B]`` -> ``[B, L, d]``, zero at padded positions."""
-        h = self.table(seq) if self._rows is None else F.embedding(seq, self._rows)  # [B, L, d]
+        if self._rows is None:
+            h = self._represent(self.table(seq).flatten(0, -2), seq.flatten()).view(*seq.shape, -1)
+        else:  # a step's gathered rows, ``seq`` their positions
+            ids = None if self._row_ids is None else self._row_ids[seq].flatten()
+            h = self._represent(F.embedding(seq, self._rows).flatten(0, -2), ids).view(*seq.shape, -1)
         return h * length_mask(lengths, seq.shape[1]).to(h.dtype)[..., None]
 
     def trained_as(self, form: str, updates: RowUpdates, name: str) -> ItemTable:
@@ -114,6 +162,14 @@ class ItemTable(nn.Module):
     def taking_over(cls, table: ItemTable, updates: RowUpdates, name: str) -> ItemTable:
         """A table of this form over ``table``'s rows (other forms override it)."""
         return table
+
+    def _take_over(self, table: ItemTable) -> None:
+        """Start as a table holding ``table``'s rows and features (the same tensors): the first
+        thing another form's constructor does, instead of drawing rows of its own."""
+        nn.Module.__init__(self)
+        self.table, self.features = table.table, table.features
+        self.register_buffer("warm", table.warm, persistent=False)
+        self._std, self._rows, self._row_ids = table._std, None, None
 
     # The step protocol: what a training step calls on the table, in this order.
 

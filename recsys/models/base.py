@@ -6,6 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from recsys.config import Config, ModelConfig, automatic_keys
+from recsys.data.features import ItemFeatures
 from recsys.items import ItemTable, RowUpdates
 from recsys.models.spec import spec_for
 
@@ -40,6 +41,10 @@ class InterestModel(nn.Module):
         """``[num_items, d]`` output item embeddings (row 0 = padding)."""
         raise NotImplementedError
 
+    def add_item_features(self, features: ItemFeatures, item_counts: torch.Tensor) -> None:
+        """Represent items by their ids and ``features`` from now on (:meth:`recsys.items.ItemTable.add_features`)."""
+        raise ValueError(f"{type(self).__name__} has no item table to add features to")
+
     def train_items(self, form: str, updates: RowUpdates) -> ItemTable:
         """Train the model's item table in ``form`` (``train.item_updates``) from now on and return
         it; a model without a table of its own (MostPopular) has nothing to train."""
@@ -66,7 +71,11 @@ class InterestModel(nn.Module):
 
 
 def build_model(
-    cfg: ModelConfig, num_items: int, max_len: int, item_counts: torch.Tensor | None = None
+    cfg: ModelConfig,
+    num_items: int,
+    max_len: int,
+    item_counts: torch.Tensor | None = None,
+    features: ItemFeatures | None = None,
 ) -> InterestModel:
     """Build ``cfg.name`` for a catalogue of ``num_items`` ids (0 = padding), through its spec
     (:mod:`recsys.models.spec`). ``cfg`` is resolved: :func:`recsys.run.settings.resolve` (or
@@ -74,6 +83,10 @@ def build_model(
     and checked its settings; a value still automatic is a ``ValueError`` naming it.
 
     ``item_counts [num_items]`` (click counts) is passed to models that need it (MostPopular).
+    ``features`` (``data.item_features``, with ``model.use_features``): a learned model's item table
+    represents items by their ids and features, new items by their features alone
+    (:mod:`recsys.items.features`; ``item_counts`` are then the training counts that say which
+    items have id rows worth reading); MostPopular ranks by clicks and reads no features.
     """
     left = [key for key in automatic_keys(Config(model=cfg)) if key.startswith("model.")]
     if left:
@@ -87,4 +100,9 @@ def build_model(
             raise ValueError(f"model {cfg.name!r} needs item_counts (training click counts per item id)")
         if len(item_counts) != num_items:
             raise ValueError(f"item_counts: expected {num_items} entries (one per item id), got {len(item_counts)}")
-    return spec.build(cfg, num_items, max_len, item_counts)
+    model = spec.build(cfg, num_items, max_len, item_counts)
+    if features is not None and cfg.use_features and spec.trainable:
+        if item_counts is None:
+            raise ValueError("item features need item_counts (training click counts per item id)")
+        model.add_item_features(features, item_counts)
+    return model

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from recsys.data.features import ItemFeatures
 from recsys.items import ItemTable, RowUpdates
 from recsys.models.base import InterestModel
 from recsys.nn.masking import check_batch
@@ -26,6 +27,9 @@ class SequenceModel(InterestModel):
         """``[num_items, d]``: the input table itself (tied input/output embeddings); inside a
         training step of a form that gathers rows, the ``[T, d]`` rows the step reads."""
         return self.embedding.weight
+
+    def add_item_features(self, features: ItemFeatures, item_counts: Tensor) -> None:
+        self.embedding.add_features(features, item_counts)
 
     def train_items(self, form: str, updates: RowUpdates) -> ItemTable:
         """Train the item table in ``form`` (``train.item_updates``) from now on: returns the table

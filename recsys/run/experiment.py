@@ -5,6 +5,7 @@ the experiments; :func:`load_run` is the same setup on a saved run plus its best
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ from torch import Tensor
 from recsys.config import Config
 from recsys.data import Dataset, Split, load_dataset, split_dataset
 from recsys.device import model_device, resolve_device, to_device
-from recsys.models import InterestModel, build_model
+from recsys.models import InterestModel, build_model, spec_for
 from recsys.run.layout import RunDir
 from recsys.run.settings import Facts, check, resolve
 
@@ -104,14 +105,20 @@ def build_experiment(
     """
     check(cfg)
     ds = dataset if dataset is not None else load_dataset(cfg, clicks=clicks, progress=progress)
+    if ds.features is not None and not (cfg.model.use_features and spec_for(cfg.model.name).trainable):
+        ds = dataclasses.replace(ds, features=None)  # the run's catalogue is what its model represents
     split = split_dataset(ds, cfg.data)
     facts = Facts.of(ds, split, device, world_size)
     cfg = resolve(cfg, facts)
     counts = train_item_counts(split, ds.num_items)
+
+    def build() -> InterestModel:
+        return build_model(cfg.model, ds.num_items, cfg.data.max_len, item_counts=counts, features=ds.features)
+
     if check_memory is not None:
         with torch.device("meta"):
-            check_memory(cfg, build_model(cfg.model, ds.num_items, cfg.data.max_len, item_counts=counts), ds.num_items)
-    model = build_model(cfg.model, ds.num_items, cfg.data.max_len, item_counts=counts)
+            check_memory(cfg, build(), ds.num_items)
+    model = build()
     return Experiment(cfg, ds, split, counts, model, facts)
 
 

@@ -326,7 +326,7 @@ def open_run_index(
     """
     settings = settings if settings is not None else retrieval_settings(run)
     factory = settings.factory
-    categories = run.dataset.item_category
+    categories = run.dataset.catalogue_category
     with torch.inference_mode():
         live = run.model.item_embeddings().detach()  # [N, d] where the model runs
     if factory.strip() == "Flat" and Retriever.resolve_backend(settings, live) == "torch":

@@ -458,7 +458,7 @@ def run_server(
     sock = bind(cfg.host, cfg.port)
     port = sock.getsockname()[1]
     print(
-        f"serving {run} ({rec.name}, {count(rec.dataset.num_items - 1, 'item')}, index {rec.index_name}) "
+        f"serving {run} ({rec.name}, {count(rec.dataset.catalogue_size - 1, 'item')}, index {rec.index_name}) "
         f"on http://{cfg.host}:{port}",
         flush=True,
     )

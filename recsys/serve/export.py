@@ -119,7 +119,7 @@ def export_run(run: LoadedRun, out: str | Path, fmt: str = "onnx") -> Path:
     net = _torch_twin(run)
     max_len = run.cfg.data.max_len
     table = run.item_table()  # [num_items, d]
-    ids = pd.DataFrame({"id": np.arange(1, run.dataset.num_items), "item": run.dataset.item_raw[1:]})
+    ids = pd.DataFrame({"id": np.arange(1, run.dataset.catalogue_size), "item": run.dataset.catalogue_raw[1:]})
     meta = {
         "format": fmt,
         "network": NETWORK_FILE[fmt],
@@ -127,7 +127,7 @@ def export_run(run: LoadedRun, out: str | Path, fmt: str = "onnx") -> Path:
         "num_interests": int(getattr(run.model, "num_interests", 1)),
         "dim": int(table.shape[1]),
         "max_len": max_len,
-        "num_items": int(run.dataset.num_items),
+        "num_items": int(run.dataset.catalogue_size),
         "inputs": {
             "seq": "[B, L] int64 internal item ids, oldest first, right-padded with 0, 1 <= L <= max_len",
             "lengths": "[B] int64 valid clicks per row (>= 1)",

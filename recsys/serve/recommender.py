@@ -119,8 +119,10 @@ class Recommender:
         index_name: str = "",
         search: str = "",
     ) -> None:
-        if retriever.num_items != dataset.num_items:
-            raise ValueError(f"retriever: indexes {retriever.num_items} ids but the dataset has {dataset.num_items}")
+        if retriever.num_items != dataset.catalogue_size:
+            raise ValueError(
+                f"retriever: indexes {retriever.num_items} ids but the dataset's catalogue has {dataset.catalogue_size}"
+            )
         self.model = model.eval()
         self.dataset = dataset
         self.retriever = retriever
@@ -270,7 +272,7 @@ class Recommender:
         for value in np.unique(lam):
             check_lambda(float(value))
         if exclude is not None:
-            exclude = unique_csr(*exclude, self.dataset.num_items)
+            exclude = unique_csr(*exclude, self.dataset.catalogue_size)
             if len(exclude[0]) != bsz + 1:
                 raise ValueError(f"exclude: CSR indptr must have {bsz + 1} entries, got {len(exclude[0])}")
         n_max = int(n.max())
@@ -296,7 +298,7 @@ class Recommender:
             if value == 0:
                 merged = max_merge(*args, n_max)
             else:
-                merged = diverse_merge(*args, self.dataset.item_category, n_max, float(value))
+                merged = diverse_merge(*args, self.dataset.catalogue_category, n_max, float(value))
             out_ids[rows], out_scores[rows], out_int[rows] = merged
         return self._cut(Recommendations(out_ids, out_scores, out_int), n)
 
@@ -304,7 +306,7 @@ class Recommender:
         """The most clicked items, for ``rows`` requests (``n`` scalar or ``[rows]``), minus
         ``exclude``; scores are click counts, interests ``-1``."""
         n = self._capped(_per_row(n, rows, np.int64, "n"))
-        num_items = self.dataset.num_items
+        num_items = self.dataset.catalogue_size
         extra = 0
         if exclude is not None:
             exclude = unique_csr(*exclude, num_items)
@@ -326,7 +328,7 @@ class Recommender:
         """``n [B]`` checked ``>= 1`` and capped at the catalogue size (no row can hold more)."""
         if n.min() < 1:
             raise ValueError(f"n: must be >= 1, got {int(n.min())}")
-        return np.minimum(n, self.dataset.num_items - 1)
+        return np.minimum(n, self.dataset.catalogue_size - 1)
 
     @staticmethod
     def _cut(recs: Recommendations[np.ndarray], n: np.ndarray) -> Recommendations[np.ndarray]:
@@ -342,7 +344,7 @@ class Recommender:
         return {
             "model": self.name,
             "dataset": self.dataset.source,
-            "items": self.dataset.num_items - 1,
+            "items": self.dataset.catalogue_size - 1,
             "users": self.dataset.num_users,
             "categories": self.dataset.num_categories - 1,
             "index": self.index_name,

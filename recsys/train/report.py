@@ -20,10 +20,11 @@ if TYPE_CHECKING:
 
 
 def data_line(ds: Dataset, split: Split) -> str:
-    """The data's size and the split's users."""
+    """The data's size and the split's users; with item features, what they cover."""
     return (
         f"data: {count(ds.num_users, 'user')}, {count(ds.num_items - 1, 'item')}, {count(len(ds.items), 'click')}; "
         f"train users {len(split.train_users):,}, valid {len(split.valid.users):,}, test {len(split.test.users):,}"
+        + (f"\nitem features: {ds.features.summary()}" if ds.features is not None else "")
     )
 
 

@@ -322,7 +322,7 @@ def _run(
         if dist.is_main:
             rd.save_best(model.state_dict())
     test_metrics = evaluate_with_config(
-        model, split.test, cfg, item_category=ds.item_category, progress=bar, across_ranks=True
+        model, split.test, cfg, item_category=ds.catalogue_category, progress=bar, across_ranks=True
     )
     if dist.is_main:
         rd.save_test_metrics(test_metrics)
@@ -350,10 +350,10 @@ def _validator(exp: Experiment, valid: EvalSet, main: bool, bar: bool) -> Callab
 
     def validate() -> dict[str, float]:
         metrics = evaluate_with_config(
-            model, valid, cfg, item_category=ds.item_category, progress=bar, across_ranks=True
+            model, valid, cfg, item_category=ds.catalogue_category, progress=bar, across_ranks=True
         )
         if model.trainable and main:  # multi-interest health, logged beside the recall (docs/multi-interest.md)
-            metrics.update(health_with_config(model, valid, cfg, item_category=ds.item_category, planted=planted))
+            metrics.update(health_with_config(model, valid, cfg, item_category=ds.catalogue_category, planted=planted))
         return metrics
 
     return validate

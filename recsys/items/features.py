@@ -1,0 +1,96 @@
+"""The feature part of item representations (``data.item_features``): what an item is beside its id.
+
+An item's representation is its id row plus the embeddings of its features:
+
+    item(i) = warm(i) · row(i) + Σ_f mean_{v ∈ values_f(i)} E_f[v] + W · vector(i)
+
+- ``E_f [vocab_f, d]``: one table per categorical field (brand, category levels, genres); an
+  item's field vector is the mean of its values' rows (zero without values), so an item with
+  many values is not louder than one with few.
+- ``W [D, d]``: a linear map of the item's dense vector (text embeddings; zero where missing).
+- ``warm(i)``: 1 for an item with training clicks, 0 for one without (a new item, in the
+  feature file only, or one whose clicks all fall outside training): its id row never learned
+  anything, so it is left out and the item is retrieved by its features alone.
+
+This sum is the simplest form that lets features carry what ids learn (every item sharing a
+brand moves its brand row) and keeps an id model's capacity where clicks exist. Its rows are
+ordinary parameters: the model's optimiser trains them in every form of the table.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import cast
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from recsys.data.features import FeatureField, ItemFeatures
+
+__all__ = ["FeatureEmbedding"]
+
+
+def _padded(field: FeatureField) -> tuple[Tensor, Tensor]:
+    """``(values [N, m] long, 0 past an item's values, 1 / count [N] float, 0 without values)``
+    from the field's CSR rows (``m`` = the most values an item has, at least 1)."""
+    counts = np.diff(field.indptr)  # [N]
+    width = max(int(counts.max(initial=0)), 1)
+    values = np.zeros((len(counts), width), dtype=np.int64)
+    item = np.repeat(np.arange(len(counts)), counts)
+    slot = np.arange(len(field.indices)) - np.repeat(field.indptr[:-1], counts)
+    values[item, slot] = field.indices
+    inverse = np.where(counts > 0, 1.0 / np.maximum(counts, 1), 0.0).astype(np.float32)
+    return torch.from_numpy(values), torch.from_numpy(inverse)
+
+
+class FeatureEmbedding(nn.Module):
+    """``ids [...] -> [..., d]``: the sum of an item's field vectors and its projected dense vector
+    (module docstring); zero for the padding id 0, which has no values and no vector.
+
+    The value lists and vectors are buffers that are not saved with the weights: a saved run
+    rebuilds them from its dataset's features, as it rebuilds the model from its config.
+    """
+
+    def __init__(self, features: ItemFeatures, dim: int):
+        super().__init__()
+        if not features.fields and features.dense is None:
+            raise ValueError(f"item features of {features.source}: no attribute and no vector to embed")
+        self.fields = nn.ModuleList(nn.Embedding(f.vocab_size, dim, padding_idx=0) for f in features.fields)
+        for k, field in enumerate(features.fields):
+            values, inverse = _padded(field)
+            self.register_buffer(f"values_{k}", values, persistent=False)  # [N, m_k]
+            self.register_buffer(f"inverse_{k}", inverse, persistent=False)  # [N]
+        self.project: nn.Linear | None = None
+        if features.dense is not None:
+            self.project = nn.Linear(features.dense.shape[1], dim, bias=False)
+            self.register_buffer("vectors", torch.from_numpy(features.dense), persistent=False)  # [N, D]
+        self.init_normal(1.0 / math.sqrt(dim))
+
+    def _tables(self) -> list[nn.Embedding]:
+        return [cast(nn.Embedding, table) for table in self.fields]
+
+    @torch.no_grad()
+    def init_normal(self, std: float) -> None:
+        """Value rows ``N(0, std²)`` (the none row 0 stays 0); ``W`` so that a unit-variance vector
+        maps to rows of that scale."""
+        for table in self._tables():
+            nn.init.normal_(table.weight, std=std)
+            table.weight[0].zero_()
+        if self.project is not None:
+            nn.init.normal_(self.project.weight, std=std / math.sqrt(self.project.in_features))
+
+    def forward(self, ids: Tensor) -> Tensor:
+        """``ids [...]`` long item ids (new items included) -> ``[..., d]``."""
+        out: Tensor | None = None
+        for k, table in enumerate(self._tables()):
+            values: Tensor = getattr(self, f"values_{k}")[ids]  # [..., m]
+            inverse: Tensor = getattr(self, f"inverse_{k}")[ids]  # [...]
+            part = table(values).sum(-2) * inverse[..., None].to(table.weight.dtype)
+            out = part if out is None else out + part
+        if self.project is not None:
+            vectors = cast(Tensor, self.vectors)
+            part = self.project(vectors[ids].to(self.project.weight.dtype))
+            out = part if out is None else out + part
+        assert out is not None, "features without fields or vectors"
+        return out

@@ -1,0 +1,118 @@
+"""Items represented by their ids and features: the feature part against a double-precision loop,
+new and never-trained items by their features alone, the row-sparse form reading the same
+representations, and a run on a log with a feature file (training, its catalogue, serving)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from recsys.data.features import FeatureField, ItemFeatures
+from recsys.items import ItemTable, RowUpdates
+from recsys.items.features import FeatureEmbedding
+
+# 6 known ids (0 = padding, 1..5 clicked) and 2 new ones (6, 7); two fields, one multi-valued
+GENRES = [[], [1, 2], [2], [], [1, 3], [3], [2, 3], [1]]
+BRAND = [[], [1], [1], [2], [], [2], [1], []]
+
+
+def _field(name: str, rows: list[list[int]], vocab: int) -> FeatureField:
+    indptr = np.cumsum([0, *map(len, rows)]).astype(np.int64)
+    indices = np.array([v for r in rows for v in r], dtype=np.int64)
+    return FeatureField(name, np.array(["<none>", *(f"{name}{v}" for v in range(1, vocab))]), indptr, indices)
+
+
+def _features(dense: bool = True) -> ItemFeatures:
+    vectors = np.random.default_rng(0).normal(size=(8, 3)).astype(np.float32)
+    mask = np.array([False, True, True, False, True, True, False, True])
+    vectors[~mask] = 0
+    return ItemFeatures(
+        fields=[_field("genre", GENRES, 4), _field("brand", BRAND, 3)],
+        dense=vectors if dense else None,
+        dense_mask=mask if dense else None,
+        num_known=6,
+        new_raw=np.array(["n1", "n2"]),
+    )
+
+
+def test_the_feature_part_is_the_mean_of_each_fields_values_plus_the_projected_vector():
+    features = _features()
+    part = FeatureEmbedding(features, 5).double()
+    ids = torch.tensor([[0, 1, 3], [4, 6, 7]])
+    got = part(ids)
+    want = torch.zeros(2, 3, 5, dtype=torch.float64)
+    for b in range(2):
+        for j in range(3):
+            i = int(ids[b, j])
+            for table, rows in zip(part.fields, (GENRES, BRAND)):
+                if rows[i]:
+                    want[b, j] += table.weight[rows[i]].mean(0)
+            want[b, j] += part.project.weight @ torch.from_numpy(features.dense[i]).double()
+    torch.testing.assert_close(got, want)
+    assert (got[0, 0] == 0).all()  # padding: no values, no vector
+
+
+def test_new_and_untrained_items_are_their_features_alone_and_the_rest_add_their_id_rows():
+    table = ItemTable(6, 5)
+    trained = torch.tensor([0, 4, 0, 2, 1, 3])  # item 2 has no training clicks
+    rows_before = table.all().detach().clone()
+    table.add_features(_features(), trained)
+    assert table.num_items == 8 and table.all().shape == (8, 5)
+    feats = table.features(torch.arange(8))
+    warm = torch.tensor([0, 1, 0, 1, 1, 1, 0, 0], dtype=torch.float32)[:, None]
+    id_rows = torch.cat([rows_before, torch.zeros(2, 5)])
+    torch.testing.assert_close(table.all(), warm * id_rows + feats)
+    seq = torch.tensor([[6, 2, 1, 0]])
+    out = table(seq, torch.tensor([3]))
+    torch.testing.assert_close(out[0, :3], table.all()[[6, 2, 1]])
+    assert (out[0, 3] == 0).all()
+
+
+def test_the_row_sparse_form_reads_the_same_representations_and_trains_the_feature_rows():
+    torch.manual_seed(0)
+    table = ItemTable(6, 5)
+    table.add_features(_features(), torch.tensor([0, 4, 1, 2, 1, 3]))
+    full = table.all().detach().clone()
+    sparse = table.trained_as("sparse", RowUpdates(lr=0.1), "table.weight")
+    seq, lengths, targets = torch.tensor([[7, 3, 1], [5, 0, 0]]), torch.tensor([3, 1]), torch.tensor([2, 6])
+    with sparse.step_rows(seq, targets) as (local, local_targets):
+        h = sparse(local, lengths)
+        torch.testing.assert_close(h[0], full[[7, 3, 1]])
+        torch.testing.assert_close(sparse.weight[local_targets], full[[2, 6]])
+        (h.sum() + sparse.weight[local_targets].sum()).backward()
+    assert sparse.features is not None and sparse.features.fields[0].weight.grad is not None
+    assert sparse.collect()[0].abs().sum() > 0
+
+
+def test_a_run_with_a_feature_file_trains_retrieves_new_items_and_ids_alone_leave_them_out(tmp_path):
+    from recsys.api import Run, fit
+
+    clicks = tmp_path / "clicks.csv"
+    rng = np.random.default_rng(1)
+    rows = [f"u{u},i{int(i)}\n" for u in range(60) for i in rng.integers(1, 30, size=12)]
+    clicks.write_text("user,item\n" + "".join(rows))
+    # every item has a genre; i30..i34 are never clicked: new items
+    (tmp_path / "items.csv").write_text("item,genre\n" + "".join(f"i{i},g{i % 4}\n" for i in range(1, 35)))
+    common = {
+        "data.source": str(clicks),
+        "data.time_col": "",
+        "data.min_item_count": 1,
+        "data.item_features": str(tmp_path / "items.csv"),
+        "model.dim": 8,
+        "model.backend": "torch",  # the kernels run interpreted under the tests
+        "train.max_steps": 30,
+        "train.eval_every": 30,
+        "train.device": "cpu",
+        "output_dir": str(tmp_path / "runs"),
+    }
+    run = fit(None, overrides=common, log=None)
+    assert run.dataset.features is not None and run.dataset.catalogue_size == run.dataset.num_items + 5
+    raw, emb = run.item_embeddings()
+    assert len(raw) == len(emb) == run.dataset.catalogue_size - 1 and {f"i{i}" for i in range(30, 35)} <= set(raw)
+    again = Run.load(run.path)
+    torch.testing.assert_close(torch.from_numpy(again.item_embeddings()[1]), torch.from_numpy(emb))
+    recs = again.recommend(sequences=[["i30", "i1"]], n=run.dataset.catalogue_size - 3)  # a new item in a history
+    assert {f"i{i}" for i in range(31, 35)} <= set(recs["item"])  # every other new item is retrievable
+    ids_alone = fit(None, overrides={**common, "model.use_features": False}, log=None)
+    assert ids_alone.dataset.features is None
+    assert len(ids_alone.item_embeddings()[0]) == ids_alone.dataset.num_items - 1
