@@ -39,8 +39,6 @@ AUTO = "auto"  # the value of a setting decided when the experiment is built (AU
 CONFIG_VERSION = 2
 REGISTRY_TABLE = "dataset"  # a dataset registry entry's table (data/<name>.toml); not run config
 TUNE_TABLE = "tune"  # `recsys tune`'s search space (recsys.tune); not run config
-# data.format (or auto): recsys.data.readers
-DATA_FORMATS = ("csv", "tsv", "parquet", "comirec", "movielens", "sequences")
 KERNEL_BACKENDS = ("auto", "triton", "torch")  # model.backend: recsys.kernels.common.backend
 
 
@@ -130,7 +128,9 @@ class DataConfig(_Section):
     """Where the clicks come from and how they are filtered and split."""
 
     source: str = "synthetic"  # "synthetic" or a path to a file or folder
-    format: str = "auto"  # auto | csv | tsv | parquet | comirec | movielens | sequences
+    # auto (detected) | csv | tsv | parquet | comirec | movielens | sequences | a reader registered with
+    # recsys.data.formats.register_reader (an unknown one is refused with the known names: recsys.run.settings.check)
+    format: str = "auto"
     user_col: str = "user"
     item_col: str = "item"
     time_col: str = "timestamp"  # empty: use row order within a user
@@ -553,7 +553,6 @@ def load_config(
 
 
 _CHOICES = {
-    "data.format": ("auto", *DATA_FORMATS),
     "data.split": ("user", "time", "leave_one_out"),
     "data.loo_rules": ("rectools", "every_user"),
     "data.prepare": ("auto", "memory", "disk"),

@@ -19,6 +19,7 @@ import pandas as pd
 from recsys.config import Config
 from recsys.data.batches import TrainSampler, pad_sequences
 from recsys.data.features import FeatureField, ItemFeatures
+from recsys.data.formats import all_readers
 from recsys.data.prepare import Dataset, prepare
 from recsys.data.readers import DataError, DataWarning, read_frame, read_interactions
 from recsys.data.registry import resolve_source
@@ -220,8 +221,8 @@ def _out_of_core(cfg: Config) -> bool:
 
 
 def _packed(path: Path) -> bool:
-    """Whether ``path`` holds its clicks packed: Parquet, or compressed text."""
-    return path.suffix.lower() in (".parquet", ".pq") or data_suffix(path) != path.suffix.lower()
+    """Whether ``path`` holds its clicks packed: compressed, or of a packed format (Parquet)."""
+    return data_suffix(path) != path.suffix.lower() or any(r.packed and r.knows_name(path) for r in all_readers())
 
 
 def _cache_path(cfg: Config, root: Path) -> Path:

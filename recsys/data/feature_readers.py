@@ -46,21 +46,12 @@ import pandas as pd
 
 from recsys.config import DataConfig
 from recsys.data.errors import DataError
+from recsys.data.formats.movielens import movielens_genres
 from recsys.data.ids import canonical_ids
-from recsys.data.readers import (
-    _LINE_BREAK,
-    SKIP_HINT,
-    Skipped,
-    _any,
-    _as_str,
-    _first_record,
-    _invalid_by_role,
-    _Layout,
-    _read_table,
-    _scan,
-    movielens_genres,
-)
+from recsys.data.linescan import LINE_BREAK, Layout, first_record, scan_file
+from recsys.data.rows import SKIP_HINT, Skipped, as_str, flagged, invalid_by_role
 from recsys.data.sources import data_suffix, decoding, open_data
+from recsys.data.tables import read_table
 from recsys.extras import install_hint
 
 __all__ = ["JSON_FIELD", "VALUE_SEPARATOR", "RawFeatures", "read_feature_file"]
@@ -68,8 +59,7 @@ __all__ = ["JSON_FIELD", "VALUE_SEPARATOR", "RawFeatures", "read_feature_file"]
 VALUE_SEPARATOR = "|"  # between the values of one CSV/TSV cell (a value cannot hold it)
 JSON_FIELD = "attributes"  # the field of a JSON object mapping each item to its values
 MOVIELENS_FIELD = "genre"
-_SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".parquet": "parquet", ".pq": "parquet", ".json": "json"}
-_SUFFIXES |= {".jsonl": "jsonl", ".ndjson": "jsonl"}
+_ReadTable = Callable[[Path, DataConfig, Skipped], "_Table"]
 _BLANKS = re.compile(r"[ \t\n\r]*")  # JSON's whitespace
 
 
@@ -95,22 +85,13 @@ def read_feature_file(cfg: DataConfig) -> RawFeatures:
     path = Path(cfg.item_features)
     if not path.is_file():
         raise DataError(f"data.item_features: {path} is not a file")
-    kind = "movielens" if path.name == "u.item" else _SUFFIXES.get(data_suffix(path))
-    if kind is None:
-        names = ", ".join([*_SUFFIXES, "u.item"])
+    read = _read_movielens if path.name == "u.item" else _BY_SUFFIX.get(data_suffix(path))
+    if read is None:
+        names = ", ".join([*_BY_SUFFIX, "u.item"])
         raise DataError(f"{path}: not a feature file recsys reads (by its name: {names}; or .gz, .bz2, .xz of them)")
     skipped = Skipped()
     with decoding(path):
-        if kind in ("csv", "tsv"):
-            table = _read_delimited(path, "\t" if kind == "tsv" else ",", cfg, skipped)
-        elif kind == "parquet":
-            table = _read_parquet(path, cfg)
-        elif kind == "movielens":
-            genres = movielens_genres(path)
-            records = [(item, {MOVIELENS_FIELD: g}) for item, g in zip(genres["item"], genres["genres"])]
-            table = _records(cfg, genres["line"].to_numpy(np.int64), records, item_label="field 1")
-        else:
-            table = _read_json(path, cfg, lines=kind == "jsonl")
+        table = read(path, cfg, skipped)
     raw = table.checked(path, cfg, skipped)
     skipped.warn(path, 1)
     return raw
@@ -213,7 +194,7 @@ class _Table:
 def _read_delimited(path: Path, sep: str, cfg: DataConfig, skipped: Skipped) -> _Table:
     """A CSV or TSV feature file, cut into fields by the click readers' parser and line scan
     (malformed lines raise, or are dropped into ``skipped``, as theirs are)."""
-    lineno, names = _first_record(path, sep)
+    lineno, names = first_record(path, sep)
     header = [name.strip() for name in names]
     for name, setting in ((cfg.feature_item_col, "feature_item_col"), (cfg.feature_vector_col, "feature_vector_col")):
         if name and name not in header:
@@ -222,8 +203,8 @@ def _read_delimited(path: Path, sep: str, cfg: DataConfig, skipped: Skipped) -> 
     if twice:
         raise DataError(f"{path}:{lineno}: the header names column {twice[0]!r} more than once")
     roles = {"item" if name == cfg.feature_item_col else repr(name): i for i, name in enumerate(header)}
-    layout = _Layout(sep=sep, header=True, ncols=len(header), fields=roles, required=("item",))
-    df = _read_table(path, layout, cfg.skip_bad_rows, skipped).reset_index(drop=True)
+    layout = Layout(sep=sep, header=True, ncols=len(header), fields=roles, required=("item",))
+    df = read_table(path, layout, cfg.skip_bad_rows, skipped).reset_index(drop=True)
     vector = repr(cfg.feature_vector_col)
     fields = {
         name: _split_cells(df[repr(name)])
@@ -247,11 +228,11 @@ def _split_cells(cells: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     return values.index.to_numpy(np.int64)[keep], values.to_numpy(dtype=str)[keep]
 
 
-def _lines(path: Path, layout: _Layout) -> np.ndarray:
+def _lines(path: Path, layout: Layout) -> np.ndarray:
     """``[n]`` the line of each row :func:`~recsys.data.readers._read_table` returned: the line scan
     again (only when a message needs a line), its malformed records dropped as the read dropped them."""
-    scan = _scan(path, layout, skip=True)
-    good = ~_any(_invalid_by_role(scan.text, layout.required), len(scan.text))
+    scan = scan_file(path, layout, skip=True)
+    good = ~flagged(invalid_by_role(scan.text, layout.required), len(scan.text))
     return np.asarray(scan.starts, dtype=np.int64)[good]
 
 
@@ -273,7 +254,7 @@ def _read_parquet(path: Path, cfg: DataConfig) -> _Table:
         if name and name not in names:
             raise DataError(f"{path}: no column {name!r} (data.{setting}); the columns are {names}")
     n = table.num_rows
-    items = _as_str(table.column(cfg.feature_item_col).to_pandas()).fillna("").to_numpy(dtype=str)
+    items = as_str(table.column(cfg.feature_item_col).to_pandas()).fillna("").to_numpy(dtype=str)
     fields = {}
     for name in names:
         if name in (cfg.feature_item_col, cfg.feature_vector_col):
@@ -286,7 +267,7 @@ def _read_parquet(path: Path, cfg: DataConfig) -> _Table:
             raise DataError(
                 f"{path}: column {name!r} holds {table.schema.field(name).type}, not values or lists of values"
             )
-        text = _as_str(column.to_pandas()).str.strip()
+        text = as_str(column.to_pandas()).str.strip()
         keep = (text.notna() & (text != "")).to_numpy(bool)
         fields[name] = (np.asarray(rows, dtype=np.int64)[keep], text.to_numpy(dtype=str)[keep])
     lengths = flat = None
@@ -318,7 +299,7 @@ def _read_json(path: Path, cfg: DataConfig, *, lines: bool) -> _Table:
         raise DataError(f"{path}:{line}: not valid utf-8 text") from None
     if lines:
         return _json_lines(path, text, cfg)
-    starts = [0] + [m.end() for m in _LINE_BREAK.finditer(text)]  # where each line starts
+    starts = [0] + [m.end() for m in LINE_BREAK.finditer(text)]  # where each line starts
     entries = _json_object(path, text)
     where = np.array([bisect_right(starts, at) for at, _, _ in entries], dtype=np.int64)
     records = [(key, value if isinstance(value, dict) else {JSON_FIELD: value}) for _, key, value in entries]
@@ -372,7 +353,7 @@ def _json_lines(path: Path, text: str, cfg: DataConfig) -> _Table:
     where: list[int] = []
     records: list[tuple[Any, dict[str, Any]]] = []
     problems: dict[int, str] = {}
-    for lineno, line in enumerate(_LINE_BREAK.split(text), start=1):
+    for lineno, line in enumerate(LINE_BREAK.split(text), start=1):
         if not line.strip():
             continue
         try:
@@ -450,3 +431,22 @@ def _shown(value: object, limit: int = 60) -> str:
     """A JSON value as a message shows it: its JSON, cut at ``limit`` characters."""
     text = json.dumps(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _read_movielens(path: Path, cfg: DataConfig, skipped: Skipped) -> _Table:
+    """MovieLens 100K's ``u.item``: its genres as one multi-valued field."""
+    genres = movielens_genres(path)
+    records = [(item, {MOVIELENS_FIELD: g}) for item, g in zip(genres["item"], genres["genres"])]
+    return _records(cfg, genres["line"].to_numpy(np.int64), records, item_label="field 1")
+
+
+# a feature file's reader by its name's ending (under any compression)
+_BY_SUFFIX: dict[str, _ReadTable] = {
+    ".csv": lambda path, cfg, skipped: _read_delimited(path, ",", cfg, skipped),
+    ".tsv": lambda path, cfg, skipped: _read_delimited(path, "\t", cfg, skipped),
+    ".parquet": lambda path, cfg, skipped: _read_parquet(path, cfg),
+    ".pq": lambda path, cfg, skipped: _read_parquet(path, cfg),
+    ".json": lambda path, cfg, skipped: _read_json(path, cfg, lines=False),
+    ".jsonl": lambda path, cfg, skipped: _read_json(path, cfg, lines=True),
+    ".ndjson": lambda path, cfg, skipped: _read_json(path, cfg, lines=True),
+}

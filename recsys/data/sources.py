@@ -14,8 +14,9 @@ names)::
         part-00000-<uuid>.c000.snappy.parquet    (the same part names in every partition)
 
 Data files are found in the folder and in its ``key=value`` folders at any depth (Hive
-partitioning); names that start with ``_`` or ``.`` (markers, checksums, ``_temporary``) are not
-data, nor are category files and READMEs. A file is known by its whole path, so parts of one name
+partitioning), by the suffixes the formats read (:func:`recsys.data.formats.data_suffixes`);
+names that start with ``_`` or ``.`` (markers, checksums, ``_temporary``) are not data, nor are
+category files and READMEs. A file is known by its whole path, so parts of one name
 in different partitions are different files; they are read in path order.
 
 A ``key=value`` folder gives every row below it the column ``key`` holding the text ``value``,
@@ -31,10 +32,11 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import io
 import lzma
 import re
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -48,12 +50,12 @@ __all__ = [
     "data_files",
     "data_suffix",
     "decoding",
+    "first_lines",
     "open_data",
     "partition_of",
     "written_as_parts",
 ]
 
-DATA_SUFFIXES = {".csv", ".tsv", ".parquet", ".pq", ".txt", ".dat", ""}
 _COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz"}  # suffix -> pandas' name for it
 _OPENERS: dict[str, Callable[..., Any]] = {"gzip": gzip.open, "bz2": bz2.open, "xz": lzma.open}
 _UNREAD = {".zst": "zstd", ".zip": "zip", ".lz4": "lz4", ".snappy": "snappy", ".deflate": "deflate"}
@@ -99,24 +101,25 @@ def decoding(path: Path) -> Iterator[None]:
         raise DataError(f"{path}: not a readable {name} file ({err})") from err
 
 
-def data_files(folder: Path) -> list[Path]:
-    """The data files of ``folder`` and of its ``key=value`` folders at any depth, in path order."""
+def data_files(folder: Path, suffixes: Collection[str]) -> list[Path]:
+    """The data files of ``folder`` and of its ``key=value`` folders at any depth, in path order:
+    files whose :func:`data_suffix` is one of ``suffixes``."""
     found = []
     for path in folder.iterdir():
         if path.name.startswith((".", "_")):
             continue
         if path.is_dir() and _PARTITION.match(path.name):
-            found.extend(data_files(path))
-        elif path.is_file() and _is_data(path):
+            found.extend(data_files(path, suffixes))
+        elif path.is_file() and _is_data(path, suffixes):
             found.append(path)
     return sorted(found)
 
 
-def _is_data(path: Path) -> bool:
+def _is_data(path: Path, suffixes: Collection[str]) -> bool:
     suffix = data_suffix(path)
     compressed = suffix != path.suffix.lower()
     return (
-        suffix in DATA_SUFFIXES
+        suffix in suffixes
         and not (compressed and suffix == "")  # archive.zip: not a compressed data file
         and not _CATEGORY_NAME.search(path.name)
         and path.name.lower() not in ("readme", "license")
@@ -147,3 +150,15 @@ def partition_of(path: Path, root: Path) -> dict[str, tuple[str | None, Path]]:
             value = match.group("value")
             values[unquote(match.group("key"))] = (None if value == HIVE_NULL else unquote(value), folder)
     return values
+
+
+def first_lines(path: Path, n: int) -> list[str | None]:
+    """The first ``n`` non-blank lines of a UTF-8 text file (``None`` past the end)."""
+    out: list[str | None] = []
+    with decoding(path), io.TextIOWrapper(open_data(path), encoding="utf-8-sig", errors="replace") as f:
+        for line in f:
+            if line.strip():
+                out.append(line.rstrip("\r\n"))
+                if len(out) == n:
+                    break
+    return out + [None] * (n - len(out))

@@ -84,6 +84,7 @@ import numpy as np
 import torch
 
 from recsys.config import (
+    AUTO,
     AUTOMATIC,
     CONFIG_VERSION,
     Config,
@@ -96,6 +97,7 @@ from recsys.config import (
     freeze,
     is_automatic,
 )
+from recsys.data.formats import reader_for
 from recsys.models.spec import (
     EXACT_SOFTMAX_ITEMS,
     FUSED_EXACT_SOFTMAX_ITEMS,
@@ -479,8 +481,11 @@ def check(cfg: Config) -> None:
     no K > 1 interests to part, ``train.predict_at = "all"`` on a model
     that cannot train densely, ``train.item_updates = "sparse"`` where every item row is read each
     step, a ``retrieval.factory`` FAISS cannot build over the model's width (which validation would
-    otherwise meet first). Automatic values are skipped (they resolve to what fits), so this runs on
-    the config as written, before the data is read, and again on the resolved one."""
+    otherwise meet first), a ``data.format`` that no reader is registered for. Automatic values are
+    skipped (they resolve to what fits), so this runs on the config as written, before the data is
+    read, and again on the resolved one."""
+    if cfg.data.format != AUTO:
+        reader_for(cfg.data.format)  # the registered formats are data.format's values
     spec = spec_for(cfg.model.name)
     off = dataclasses.replace(ModelConfig(), score_cap=0.0)
     for key in STRICT_SETTINGS:
