@@ -299,8 +299,10 @@ class TrainConfig(_Section):
     negative_readout: str = AUTO
     hard_negatives: float = 0.0  # share of the sampled negatives drawn near the batch's interests (exact logQ)
     # how a step updates the item table: "sparse" = only the rows its batch touches, with per-row Adam state
-    # (recsys.items.row_sparse) | "dense" = the whole table through torch.optim | "auto" (the default): sparse
-    # where the step samples its negatives and the catalogue is large (recsys.models.spec.SPARSE_ITEMS)
+    # (recsys.items.row_sparse) | "sharded" = the same, each torchrun rank keeping the Adam state and average of
+    # its share of the rows (recsys.items.sharded; one process: as "sparse") | "dense" = the whole table through
+    # torch.optim | "auto" (the default): sparse where the step samples its negatives and the catalogue is large
+    # (recsys.models.spec.SPARSE_ITEMS)
     item_updates: str = AUTO
     hard_negative_temperature: float = 1.0  # the hard proposal is softmax(<interest, item> / temperature)
 
@@ -569,7 +571,7 @@ _CHOICES = {
     "train.predict_at": (AUTO, "last", "all"),
     "train.windows": ("tiled", "random"),
     "train.draw": ("users", "targets"),
-    "train.item_updates": (AUTO, "sparse", "dense"),
+    "train.item_updates": (AUTO, "sparse", "sharded", "dense"),
     "train.device": ("auto", "cpu", "cuda"),
     "retrieval.backend": ("auto", "faiss", "torch"),
 }

@@ -1,10 +1,12 @@
 """The item side of a model: its item table, in the forms training updates it with.
 
 :class:`ItemTable` is the table (dense); :mod:`recsys.items.row_sparse` registers the row-sparse
-form. Importing the package registers every form of :data:`FORMS`.
+form and :mod:`recsys.items.sharded` the sharded one, both on the per-row Adam of
+:mod:`recsys.items.row_adam`. Importing the package registers every form of :data:`FORMS`.
 """
 
 from recsys.items.row_sparse import RowSparseTable
+from recsys.items.sharded import ShardedTable
 from recsys.items.table import FORMS, ItemTable, RowUpdates, register_form
 
-__all__ = ["FORMS", "ItemTable", "RowSparseTable", "RowUpdates", "register_form"]
+__all__ = ["FORMS", "ItemTable", "RowSparseTable", "RowUpdates", "ShardedTable", "register_form"]

@@ -479,7 +479,7 @@ def check(cfg: Config) -> None:
     :data:`~recsys.models.spec.STRICT_SETTINGS` its spec does not list, ``train.attention_reg`` on a
     model without attention scores or with dense training, ``train.interest_reg`` where there are
     no K > 1 interests to part, ``train.predict_at = "all"`` on a model
-    that cannot train densely, ``train.item_updates = "sparse"`` where every item row is read each
+    that cannot train densely, ``train.item_updates = "sparse"`` or ``"sharded"`` where every item row is read each
     step, a ``retrieval.factory`` FAISS cannot build over the model's width (which validation would
     otherwise meet first), a ``data.format`` that no reader is registered for. Automatic values are
     skipped (they resolve to what fits), so this runs on the config as written, before the data is
@@ -536,8 +536,10 @@ def check(cfg: Config) -> None:
         raise ConfigError(
             f'train.full_softmax = true: applies to train.loss = "softmax" (got {t.loss!r}); set it to "auto"'
         )
-    if t.item_updates == "sparse" and (t.full_softmax is True or t.hard_negatives):
+    if t.item_updates in ("sparse", "sharded") and (t.full_softmax is True or t.hard_negatives):
         why = "train.full_softmax = true scores" if t.full_softmax is True else "train.hard_negatives draws from"
-        raise ConfigError(f'train.item_updates="sparse": {why} every item row each step; set it to "dense" or "auto"')
+        raise ConfigError(
+            f'train.item_updates="{t.item_updates}": {why} every item row each step; set it to "dense" or "auto"'
+        )
     if not is_automatic(cfg, "model.dim"):
         check_factory(cfg.retrieval.factory, cfg.model.dim)

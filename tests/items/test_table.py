@@ -39,9 +39,9 @@ def test_the_dense_form_is_the_table_itself_and_its_step_protocol_changes_nothin
 
 
 def test_an_unknown_form_is_refused_naming_the_known_ones():
-    assert {"dense", "sparse"} <= set(FORMS)
-    with pytest.raises(ValueError, match="train.item_updates: unknown form 'sharded'.*dense"):
-        ItemTable(9, 4).trained_as("sharded", RowUpdates(lr=0.1), "table.weight")
+    assert {"dense", "sparse", "sharded"} <= set(FORMS)
+    with pytest.raises(ValueError, match="train.item_updates: unknown form 'columns'.*dense"):
+        ItemTable(9, 4).trained_as("columns", RowUpdates(lr=0.1), "table.weight")
 
 
 def test_a_catalogue_without_items_is_refused():

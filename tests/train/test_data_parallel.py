@@ -155,15 +155,16 @@ DENSE_PARTED = ("train.predict_at=all", "train.interest_reg=0.5", "train.interes
     [
         ("dense", 1, ()),
         ("sparse", 2, ()),
+        ("sharded", 1, HORIZON),  # each rank its share of the rows' Adam state and average
         ("dense", 1, EVERY_POSITION),  # sasrec's exact softmax
         ("sparse", 1, HORIZON),
         ("dense", 1, DENSE_PARTED),
     ],
-    ids=["dense", "sparse-two-hosts", "sasrec-every-position", "horizon-2", "every-position-interest-reg"],
+    ids=["dense", "sparse-two-hosts", "sharded", "sasrec-every-position", "horizon-2", "every-position-interest-reg"],
 )
 def test_two_processes_train_what_one_process_trains_at_the_same_global_batch(tmp_path, updates, hosts, objective):
     """Two processes of 16 samples each, on one host or on two, end 8 steps with the weights (and
-    the row-sparse table's Adam moments) of one process at 32, to float rounding; also with the
+    the row-sparse or sharded table's Adam moments) of one process at 32, to float rounding; also with the
     masked objectives (every position, a horizon of 2, the interest term over every prefix),
     whose means are over the global batch's valid rows, however the ranks' shares of them differ."""
     settings = (f"train.item_updates={updates}", *objective)
@@ -182,13 +183,15 @@ def test_two_processes_train_what_one_process_trains_at_the_same_global_batch(tm
     assert _moved(half, one)
 
 
-def test_a_run_resumes_on_another_number_of_processes_as_it_would_have_gone_on(tmp_path):
+@pytest.mark.parametrize("updates", ["sparse", "sharded"])
+def test_a_run_resumes_on_another_number_of_processes_as_it_would_have_gone_on(tmp_path, updates):
     """Checkpointed at step 4 on two processes (16 samples each), resumed on one to step 8, and
     from one process (32) to two: what must hold is that after step 8 the weights and the item
     rows' Adam moments are those of the uninterrupted run at the same global batch of 32, to float
-    rounding; the resumed run takes 32 / its processes samples each, and says so."""
-    reference = _one_process(tmp_path, "one", "train.item_updates=sparse")
-    _torchrun(*_recsys_args(tmp_path, "two-one", 2, "train.item_updates=sparse", "train.max_steps=4"))
+    rounding; the resumed run takes 32 / its processes samples each, and says so. The sharded
+    table's checkpoint holds the whole table's state, which each rank takes its share of."""
+    reference = _one_process(tmp_path, "one", f"train.item_updates={updates}")
+    _torchrun(*_recsys_args(tmp_path, "two-one", 2, f"train.item_updates={updates}", "train.max_steps=4"))
     lines: list[str] = []
     cfg = RunDir(tmp_path / "two-one").read_config()
     cfg.train.max_steps = 8
@@ -197,7 +200,7 @@ def test_a_run_resumes_on_another_number_of_processes_as_it_would_have_gone_on(t
     assert RunDir(tmp_path / "two-one").read_config().train.batch_size == 32
     _assert_same_training(tmp_path / "two-one", reference, steps=8)
 
-    _one_process(tmp_path, "one-two", "train.item_updates=sparse", max_steps=4)
+    _one_process(tmp_path, "one-two", f"train.item_updates={updates}", max_steps=4)
     _torchrun(*RECSYS, "train", "--quiet", "--resume", str(tmp_path / "one-two"), "--set", "train.max_steps=8")
     assert RunDir(tmp_path / "one-two").read_config().train.batch_size == 16
     _assert_same_training(tmp_path / "one-two", reference, steps=8)

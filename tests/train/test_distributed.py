@@ -1,17 +1,15 @@
 """DDP setup: single-process no-op, and two gloo processes on the CPU."""
 
 import os
-import socket
-import time
 
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
 from torch import nn
 
 from recsys.train import distributed
 from recsys.train.distributed import broadcast_flag, setup_distributed, unwrap_model
+from tests.two_processes import run_two as _run_two
 
 _ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 
@@ -93,12 +91,6 @@ def _check_ddp_gradients(rank: int, expected_grads: list[torch.Tensor]) -> None:
         torch.testing.assert_close(p.grad, expected)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _sparse_rows_worker(rank: int, world_size: int, port: int, batches: list[torch.Tensor], expected) -> None:
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
@@ -155,22 +147,6 @@ def test_two_gloo_processes_match_single_process_gradients():
     expected = [p.grad.clone() for p in model.parameters()]
     # DDP's constructor imports torch._dynamo lazily (seconds): once, in the fork server
     _run_two(_worker, (expected,), ["torch", "torch._dynamo", "torch.distributed"])
-
-
-def _run_two(worker, args: tuple, preload: list[str]) -> None:
-    """``worker(rank, 2, port, *args)`` in two processes; fails on an error in either or after 120 s.
-
-    forkserver: one clean process imports ``preload`` once and forks both workers from it; plain
-    fork from the pytest process can deadlock in OpenMP after earlier tests ran parallel ops."""
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(preload)
-    workers = mp.start_processes(worker, args=(2, _free_port(), *args), nprocs=2, join=False, start_method="forkserver")
-    deadline = time.monotonic() + 120
-    while not workers.join(timeout=1):  # raises if a worker failed
-        if time.monotonic() > deadline:
-            for process in workers.processes:
-                process.kill()
-            pytest.fail("distributed workers did not finish within 120 s")
 
 
 def test_the_collective_timeout_comes_from_the_environment(monkeypatch):

@@ -24,7 +24,7 @@ class _Crash(Exception):
     pass
 
 
-@pytest.mark.parametrize("updates", ["dense", "sparse"])
+@pytest.mark.parametrize("updates", ["dense", "sparse", "sharded"])
 def test_resume_reproduces_uninterrupted_run(tmp_path, updates):
     extra = ["model.dropout=0.1", f"train.item_updates={updates}"]
     full = train(_cfg(tmp_path, "name=full", *extra), log=lambda s: None)
@@ -282,11 +282,12 @@ def test_the_automatic_horizon_reads_the_data_s_timestamps(tmp_path):
     assert horizons == {"exact": 1, "weekly": 5}
 
 
-def test_a_row_sparse_run_keeps_the_item_table_s_average_as_its_best_weights(tmp_path):
-    """train.item_updates = "sparse": the item rows and their average live in the checkpoint's
-    item_rows; best.pt holds that average, brought up to the validated step, and a lost best.pt
-    is restored from it."""
-    steps = ["train.max_steps=20", "train.eval_every=20", "train.ema_decay=0.9", "train.item_updates=sparse"]
+@pytest.mark.parametrize("updates", ["sparse", "sharded"])
+def test_a_row_sparse_run_keeps_the_item_table_s_average_as_its_best_weights(tmp_path, updates):
+    """train.item_updates = "sparse" (or "sharded", in one process the same): the item rows and
+    their average live in the checkpoint's item_rows; best.pt holds that average, brought up to the
+    validated step, and a lost best.pt is restored from it."""
+    steps = ["train.max_steps=20", "train.eval_every=20", "train.ema_decay=0.9", f"train.item_updates={updates}"]
     result = train(_cfg(tmp_path, "name=rows", *steps), log=lambda s: None)
     run = RunDir(result.run_dir)
     ck, best = run.load_checkpoint(), run.load_best()
@@ -324,10 +325,11 @@ def test_automatic_item_updates_are_sparse_from_the_measured_catalogue_size(tmp_
     assert resolved(cfg, SPARSE_ITEMS).train.item_updates == "dense"
 
 
-def test_sparse_item_updates_refuse_a_loss_that_reads_every_row(tmp_path):
+@pytest.mark.parametrize("updates", ["sparse", "sharded"])
+def test_sparse_item_updates_refuse_a_loss_that_reads_every_row(tmp_path, updates):
     for override, why in [("train.full_softmax=true", "full_softmax"), ("train.hard_negatives=0.5", "hard_negatives")]:
-        with pytest.raises(ConfigError, match=f'train.item_updates="sparse": train.{why}'):
-            train(_cfg(tmp_path, "train.item_updates=sparse", override), log=lambda s: None)
+        with pytest.raises(ConfigError, match=f'train.item_updates="{updates}": train.{why}'):
+            train(_cfg(tmp_path, f"train.item_updates={updates}", override), log=lambda s: None)
 
 
 def test_validation_scores_a_fixed_sample_of_the_validation_users_and_the_test_all(tmp_path):
