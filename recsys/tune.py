@@ -108,8 +108,15 @@ TRIAL_ERRORS = (ValueError, MemoryError, torch.cuda.OutOfMemoryError, TrialCut)
 
 # keys that act between a user's K > 1 interests: a trial sets them only where its model has K > 1 (Optuna's
 # define-by-run space), since recsys.run.settings.check refuses a cosine hinge with nothing to part and a
-# margin without a hinge means nothing; a search over model.num_interests then never proposes a refused trial
-BETWEEN_INTERESTS = ("train.interest_reg", "train.interest_margin")
+# readout's warm-up or max-scored negatives with one interest, and a margin without a hinge means nothing; a
+# search over model.num_interests then never proposes a refused trial
+BETWEEN_INTERESTS = (
+    "train.interest_reg",
+    "train.interest_margin",
+    "train.soft_readout_steps",
+    "train.negative_readout",
+)
+REFUSED_AT_ONE = ("train.interest_reg", "train.soft_readout_steps", "train.negative_readout")  # check refuses them
 
 # the searched learning rates as multiples of the base's rate (default_space)
 LR_RANGE = (0.3, 3.0)
@@ -223,14 +230,15 @@ class Space:
     def suggest(self, trial: optuna.Trial, base: Config) -> dict[str, Any]:
         """The fixed values and one proposal for every searched key, those of :data:`BETWEEN_INTERESTS`
         only where the trial's model (``base`` with the other values) has K > 1 interests. At K = 1 a
-        hinge that ``base`` sets is left to the model, which has none there."""
+        hinge or readout setting that ``base`` sets is left to the model, which has none there."""
         values = {**self.fixed, **{p.key: p.suggest(trial) for p in self.params if p.key not in BETWEEN_INTERESTS}}
         name = values.get("model.name", base.model.name)
         if spec_for(name).multi_interest and values.get("model.num_interests", base.model.num_interests) > 1:
             return values | {p.key: p.suggest(trial) for p in self.params if p.key in BETWEEN_INTERESTS}
         values = {k: v for k, v in values.items() if k not in BETWEEN_INTERESTS}
-        if not is_automatic(base, "train.interest_reg"):
-            values["train.interest_reg"] = AUTOMATIC["train.interest_reg"]
+        for key in REFUSED_AT_ONE:
+            if not is_automatic(base, key):
+                values[key] = AUTOMATIC[key]
         return values
 
 

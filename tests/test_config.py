@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from recsys.config import Config, ConfigError, config_from_dict, load_config, validate, with_values
-from recsys.models import model_names
+from recsys.models import model_names, spec_for
 from recsys.run.saved_config import run_config_from_dict
 from recsys.run.settings import Facts, resolve
 
@@ -105,8 +105,13 @@ def test_default_config_is_valid():
 def test_automatic_anti_collapse_defaults_resolve_per_model(name, cap, soft):
     cfg = _resolve(load_config(None, [f"model.name={name}"]))
     assert (cfg.model.score_cap, cfg.train.soft_readout_steps) == (cap, soft)
-    explicit = _resolve(load_config(None, [f"model.name={name}", "model.score_cap=0", "train.soft_readout_steps=7"]))
-    assert (explicit.model.score_cap, explicit.train.soft_readout_steps) == (0.0, 7)
+    written = load_config(None, [f"model.name={name}", "model.score_cap=0", "train.soft_readout_steps=7"])
+    if spec_for(name).multi_interest:  # K > 1 interests: the readout's warm-up is theirs to set
+        explicit = _resolve(written)
+        assert (explicit.model.score_cap, explicit.train.soft_readout_steps) == (0.0, 7)
+    else:  # one interest reads itself out: a warm-up would do nothing, so it is refused
+        with pytest.raises(ConfigError, match="train.soft_readout_steps=7 has no effect"):
+            _resolve(written)
     with pytest.raises(ConfigError, match="model.score_cap"):
         load_config(None, ["model.score_cap=-2"])
     with pytest.raises(ConfigError, match="train.soft_readout_steps"):

@@ -405,6 +405,13 @@ def resolve_model(model: ModelConfig, num_items: int, typical_length: int = 0) -
     ids (with padding) and training histories of ``typical_length`` clicks (0: unknown, the least
     score cap) and its settings checked: :func:`resolve`'s model half, for building a model on
     its own (:func:`recsys.models.build_model`)."""
+    out = _resolved_model(model, num_items, typical_length)
+    check(Config(model=out))
+    return out
+
+
+def _resolved_model(model: ModelConfig, num_items: int, typical_length: int) -> ModelConfig:
+    """:func:`resolve_model` without the check (:func:`resolve` checks the whole config once)."""
     cfg = Config(model=dataclasses.replace(model))
     auto = spec_for(model.name).automatic
     large = num_items - 1 >= LARGE_CATALOGUE
@@ -414,7 +421,6 @@ def resolve_model(model: ModelConfig, num_items: int, typical_length: int = 0) -
     _set(cfg, "model.score_cap", length_score_cap(auto.score_cap, typical_length) if follows else auto.score_cap)
     _set(cfg, "model.hidden", HIDDEN_RATIO * cfg.model.dim)
     check_heads(cfg.model)
-    check(cfg)
     return cfg.model
 
 
@@ -426,22 +432,22 @@ def resolve(cfg: Config, facts: Facts) -> Config:
     Raises :class:`ConfigError` naming the key for a setting the model does not read or cannot
     do (:func:`check`).
     """
-    check(cfg)
     out = copy.deepcopy(cfg)
     typical = facts.typical_length(out.data.max_len)
-    out.model = resolve_model(out.model, facts.num_items, typical)
+    out.model = _resolved_model(out.model, facts.num_items, typical)
     spec, t, n = spec_for(out.model.name), out.train, facts.num_items - 1
     auto = spec.automatic
-    _set(out, "train.soft_readout_steps", auto.soft_readout_steps)
+    several = spec.multi_interest and out.model.num_interests > 1  # K > 1 interests: a readout, a term between them
+    # one interest reads itself out: the readout's warm-up and max-scored negatives do nothing there
+    _set(out, "train.soft_readout_steps", auto.soft_readout_steps if several else 0)
     _set(out, "train.predict_at", auto.predict_at if trains_densely(out.model) else "last")
-    _set(out, "train.negative_readout", auto.negative_readout)
+    _set(out, "train.negative_readout", auto.negative_readout if several else "readout")
     _set(out, "train.predict_next", auto.predict_next if facts.tied_share >= TIED_ORDER else 1)
     # hard negatives are a sampling proposal: asking for them asks for the sampled softmax
     limit = FUSED_EXACT_SOFTMAX_ITEMS if fused_exact_softmax(out, facts.device) else EXACT_SOFTMAX_ITEMS
     _set(out, "train.full_softmax", auto.full_softmax and t.loss == "softmax" and not t.hard_negatives and n < limit)
     reads_every_row = t.full_softmax is True or bool(t.hard_negatives)  # the exact softmax, the hard proposal
     _set(out, "train.item_updates", "sparse" if not reads_every_row and n >= SPARSE_ITEMS else "dense")
-    several = spec.multi_interest and out.model.num_interests > 1  # a diversity term between interests
     _set(out, "train.attention_reg", auto.attention_reg if several and t.predict_at == "last" else 0.0)
     parting = length_interest_reg(auto.interest_reg, typical) if auto.follows_length else auto.interest_reg
     _set(out, "train.interest_reg", parting if several else 0.0)
@@ -516,6 +522,17 @@ def check(cfg: Config) -> None:
             f"train.interest_reg={parting:g} has no effect on {cfg.model.name} with "
             f"model.num_interests={cfg.model.num_interests} (it separates K > 1 interests); set it to 0"
         )
+    if not (spec.multi_interest and cfg.model.num_interests > 1):  # one interest reads itself out
+        readout: dict[str, tuple[object, tuple[object, ...], object]] = {
+            "train.soft_readout_steps": (t.soft_readout_steps, (-1, 0), 0),
+            "train.negative_readout": (t.negative_readout, (AUTO, "readout"), "readout"),
+        }
+        for key, (value, idle, neutral) in readout.items():
+            if value not in idle:
+                raise ConfigError(
+                    f"{key}={value!r} has no effect on {cfg.model.name} with model.num_interests="
+                    f"{cfg.model.num_interests} (it reads out K > 1 interests); set it to {neutral!r}"
+                )
     if t.predict_at == "all" and not spec.dense:
         dense = sorted(s.name for s in specs() if s.dense)
         raise ConfigError(

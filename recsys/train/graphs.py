@@ -30,6 +30,7 @@ __all__ = [
     "DDP_WARMUP_STEPS",
     "MIN_NCCL",
     "WARMUP_STEPS",
+    "GraphPlan",
     "capturing",
     "graph_blocker",
     "launch_line",
@@ -71,7 +72,10 @@ def launch_line(cfg: Config, captured: bool, reason: str | None = None) -> str:
     return f"training step: eager launches (train.cuda_graph = {mode}{f': {reason}' if reason else ''})"
 
 
-def plan_graph(cfg: Config, device: torch.device, world_size: int = 1) -> tuple[bool, str | None]:
+GraphPlan = tuple[bool, str | None]  # whether the step is captured, and why not where it is not
+
+
+def plan_graph(cfg: Config, device: torch.device, world_size: int = 1) -> GraphPlan:
     """``(capture?, why not)`` for ``cfg.train.cuda_graph`` on ``device`` with ``world_size``
     processes; ``why not`` is ``None`` when capturing, or when ``train.cuda_graph = false``.
 

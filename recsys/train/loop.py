@@ -28,6 +28,7 @@ from recsys.run import Experiment, RunDir
 from recsys.train import distributed
 from recsys.train.checkpoint import capture_rng, make_checkpoint, rank_rng, restore_rank_rng, restore_rng
 from recsys.train.divergence import DivergenceGuard
+from recsys.train.graphs import GraphPlan
 from recsys.train.losses import LossOutput
 from recsys.train.meter import RunMeter
 from recsys.train.plan import TrainPlan, plan_training
@@ -89,8 +90,11 @@ class Loop:
         key: str,
         log: Log,
         on_validate: OnValidate | None = None,
+        *,
+        graph: GraphPlan | None = None,
     ) -> Loop:
-        """The loop at step 0 for ``exp`` (its model on ``dist.device``); logs the plan."""
+        """The loop at step 0 for ``exp`` (its model on ``dist.device``); logs the plan. ``graph``:
+        the run's CUDA-graph plan (None: the step plans it)."""
         cfg, split, t, device = exp.cfg, exp.split, exp.cfg.train, dist.device
         # one stream of batches and one of negatives, the same on every rank: each rank trains on its
         # slice of the global batch against the shared negatives (docs/training.md, "Several GPUs")
@@ -117,6 +121,7 @@ class Loop:
             world_size=dist.world_size,
             log=log if dist.is_main else lambda line: None,
             weight_decay=plan.weight_decay,
+            graph=graph,
         )
         guard = DivergenceGuard(t, rd, device)
         return cls(cfg, dist, exp.model, step_fn, batches, generator, plan, guard, rd, validate, key, log, on_validate)

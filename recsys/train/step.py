@@ -24,7 +24,15 @@ from recsys.models import InterestModel, spec_for
 from recsys.nn.masking import gather_last
 from recsys.train import distributed
 from recsys.train.averaging import WeightAverage
-from recsys.train.graphs import DDP_WARMUP_STEPS, WARMUP_STEPS, capturing, launch_line, plan_graph, side_stream
+from recsys.train.graphs import (
+    DDP_WARMUP_STEPS,
+    WARMUP_STEPS,
+    GraphPlan,
+    capturing,
+    launch_line,
+    plan_graph,
+    side_stream,
+)
 from recsys.train.losses import LossOutput, LossRows, attention_collision, interest_cosine, make_loss, readouts
 
 Log = Callable[[str], None]
@@ -69,6 +77,7 @@ class TrainStep:
             DistributedDataParallel here (which syncs gradients), on the capture stream.
         log: where the launch line goes.
         weight_decay: the optimiser's (the resolved ``train.weight_decay``, through the plan).
+        graph: the run's :func:`~recsys.train.graphs.plan_graph` (made once a run); None plans here.
     """
 
     def __init__(
@@ -82,11 +91,12 @@ class TrainStep:
         world_size: int = 1,
         log: Log = lambda line: None,
         weight_decay: float = 0.0,
+        graph: GraphPlan | None = None,
     ):
         require_resolved(cfg, "TrainStep")
         self.model, self.cfg, self.device, self.world_size, self.log = model, cfg, device, world_size, log
         t = cfg.train
-        self.use_graph, why_not = plan_graph(cfg, device, world_size)
+        self.use_graph, why_not = graph or plan_graph(cfg, device, world_size)
         if not self.use_graph:
             log(launch_line(cfg, False, why_not))
         self.objective = make_loss(cfg, item_counts, device, generator)  # train.loss

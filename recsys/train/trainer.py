@@ -36,10 +36,9 @@ from recsys.evaluate.diagnostics import health_with_config
 from recsys.evaluate.evaluator import evaluate_with_config
 from recsys.io import full_disk
 from recsys.run import Experiment, RunDir, build_experiment, new_run_dir, unfinished_runs
-from recsys.run.settings import check
 from recsys.text import count
 from recsys.train import distributed
-from recsys.train.graphs import launch_line, plan_graph
+from recsys.train.graphs import GraphPlan, launch_line, plan_graph
 from recsys.train.loop import Loop, LoopState, OnValidate, optimise
 from recsys.train.losses import (
     loss_names,
@@ -101,7 +100,6 @@ def train(
     """
     if resume and run_dir is None:
         raise ValueError("--resume needs the run directory to continue")
-    check(cfg)  # a setting the model does not read fails before anything starts
     dist = distributed.setup_distributed(cfg.train.device, graphs=cfg.train.cuda_graph is not False)
     device = dist.device
     torch.manual_seed(cfg.train.seed + dist.rank)
@@ -112,7 +110,7 @@ def train(
     if rd is not None:
         kept = _keep_global_batch(cfg, rd.checkpoint_entry("world_size"), dist.world_size, log)
         cfg, rebatched = kept, kept is not cfg
-    exp = _prepare(cfg, dist, dataset=rd.load_dataset() if rd else None, clicks=clicks, progress=progress)
+    exp, graph = _prepare(cfg, dist, dataset=rd.load_dataset() if rd else None, clicks=clicks, progress=progress)
     cfg = exp.cfg  # every value resolved
     torch.set_num_threads(cfg.train.cpu_threads)
     exp.model.to(device)
@@ -125,7 +123,7 @@ def train(
     if rebatched and dist.is_main:
         rd.save_config(cfg)
     try:
-        return _run(exp, rd, dist, resume, t0, log, on_validate, progress=progress)
+        return _run(exp, rd, dist, resume, t0, log, on_validate, progress=progress, graph=graph)
     except BaseException as err:
         _stopped(err, rd, dist, created, log)
         raise
@@ -236,9 +234,11 @@ def _prepare(
     dataset: Dataset | None = None,
     clicks: pd.DataFrame | None = None,
     progress: bool = False,
-) -> Experiment:
+) -> tuple[Experiment, GraphPlan]:
     """The experiment a run on ``dist`` trains, with every automatic value of its config decided
-    in ``exp.cfg`` for the data and ``dist``'s device and processes (:func:`recsys.run.build_experiment`).
+    in ``exp.cfg`` for the data and ``dist``'s device and processes (:func:`recsys.run.build_experiment`,
+    which checks the config as written before reading the data, and resolved), and whether its step
+    is captured as a CUDA graph (:func:`~recsys.train.graphs.plan_graph`, made here once a run).
     Both :func:`train` and :func:`dry_run` go through here, so a dry run shows what the run uses.
 
     Raises before any memory is taken where ``train.cuda_graph = true`` cannot capture on this
@@ -246,18 +246,18 @@ def _prepare(
     leaves no train, valid or test users."""
     if cfg.train.loss not in loss_names():
         raise ConfigError(f"train.loss: unknown loss {cfg.train.loss!r}; known: {', '.join(loss_names())}")
-    capture, _ = plan_graph(cfg, dist.device, dist.world_size)  # train.cuda_graph = true that cannot: fail now
+    graph = plan_graph(cfg, dist.device, dist.world_size)  # train.cuda_graph = true that cannot: fail now
     exp = build_experiment(
         cfg,
         dataset=dataset,
         clicks=clicks,
         progress=progress,
-        check_memory=functools.partial(check_fits, device=dist.device, step_kept=capture),
+        check_memory=functools.partial(check_fits, device=dist.device, step_kept=graph[0]),
         device=dist.device,
         world_size=dist.world_size,
     )
     _check_split(exp.dataset, exp.split)
-    return exp
+    return exp, graph
 
 
 def dry_run(cfg: Config, *, clicks: pd.DataFrame | None = None, progress: bool = False, log: Log = print) -> Config:
@@ -265,10 +265,9 @@ def dry_run(cfg: Config, *, clicks: pd.DataFrame | None = None, progress: bool =
     prepares the data, builds the model, logs the lines the run would open its log with (data,
     model, validation, plan, and how the step would launch) and returns the resolved config
     the run would save. ``clicks``, ``progress``: as in :func:`train`."""
-    check(cfg)
     dist = distributed.setup_distributed(cfg.train.device)
     try:
-        exp = _prepare(cfg, dist, clicks=clicks, progress=progress)
+        exp, graph = _prepare(cfg, dist, clicks=clicks, progress=progress)
     finally:
         distributed.cleanup()
     cfg, split, model = exp.cfg, exp.split, exp.model
@@ -276,7 +275,7 @@ def dry_run(cfg: Config, *, clicks: pd.DataFrame | None = None, progress: bool =
         log(line)
     if model.trainable:
         log(plan_training(cfg.train, exp.facts).describe(cfg.train))
-        log(launch_line(cfg, *plan_graph(cfg, dist.device, dist.world_size)))
+        log(launch_line(cfg, *graph))
     return cfg
 
 
@@ -290,9 +289,11 @@ def _run(
     on_validate: OnValidate | None = None,
     *,
     progress: bool = False,
+    graph: GraphPlan = (False, None),
 ) -> TrainResult:
     """:func:`train` once the data, the model (on ``dist.device``) and the run directory exist.
-    ``progress``: rank 0 draws a bar over each validation's and the test's users."""
+    ``progress``: rank 0 draws a bar over each validation's and the test's users; ``graph``: the
+    run's CUDA-graph plan (:func:`_prepare`)."""
     cfg, ds, split, model = exp.cfg, exp.dataset, exp.split, exp.model
     if dist.is_main and not resume:
         rd.save_config(cfg)
@@ -306,7 +307,7 @@ def _run(
     state = LoopState()
     if model.trainable:
         with track_metrics(rd, cfg.train.tensorboard and dist.is_main):
-            loop = Loop.start(exp, dist, rd, validate, key, log, on_validate)
+            loop = Loop.start(exp, dist, rd, validate, key, log, on_validate, graph=graph)
             # train.max_minutes bounds the whole call, from before the data was read to the test
             loop.deadline = t0 + 60 * cfg.train.max_minutes if cfg.train.max_minutes else math.inf
             loop.test_share = len(split.test) / max(len(valid), 1)

@@ -89,3 +89,34 @@ def test_dry_run_refuses_a_factory_faiss_cannot_build(tmp_path, capsys, factory,
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"recsys train: error: retrieval.factory: FAISS cannot build {factory!r} over ")
     assert len(err.splitlines()) == 1 and "Error in" not in err and not any(tmp_path.iterdir())
+
+
+def test_a_run_checks_its_config_as_written_and_as_resolved_and_plans_its_step_once(tmp_path, monkeypatch):
+    """Every decision once: ``recsys train`` checks the written config (before the data is read)
+    and the resolved one, once each, and plans the CUDA graph once; K = 1's saved config holds no
+    readout settings it would ignore."""
+    from recsys.run import experiment, settings
+    from recsys.train import step, trainer
+
+    checked, planned = [], []
+    real_check, real_plan = settings.check, trainer.plan_graph
+
+    def counted_check(cfg):
+        checked.append(automatic_keys(cfg) == [])
+        return real_check(cfg)
+
+    def counted_plan(*args, **kwargs):
+        planned.append(args)
+        return real_plan(*args, **kwargs)
+
+    for module in (settings, experiment):
+        monkeypatch.setattr(module, "check", counted_check)
+    monkeypatch.setattr(trainer, "plan_graph", counted_plan)
+    monkeypatch.setattr(step, "plan_graph", counted_plan)
+    overrides = [*TINY_TRAIN_OVERRIDES, "model.name=youtube_dnn", "train.max_steps=4", f"output_dir={tmp_path}"]
+    args = ["train", "--quiet"] + [a for o in overrides for a in ("--set", o)]
+    assert main(args) == 0
+    assert checked == [False, True] and len(planned) == 1  # written, then resolved
+    (run,) = tmp_path.iterdir()
+    saved = RunDir(run).read_config()
+    assert (saved.train.soft_readout_steps, saved.train.negative_readout) == (0, "readout")
