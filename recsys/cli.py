@@ -331,6 +331,11 @@ def cmd_index(args: argparse.Namespace) -> int:
     """Build and save a FAISS index for a run; report build time and recall against exact search."""
     from recsys.api import Run
 
+    if args.remove_added_items:
+        from recsys.run import RunDir
+
+        removed = RunDir(args.run).remove_added_items()
+        print(f"removed {count(removed, 'addition')} of items to {args.run} (its catalogue is training's again)")
     run = Run.load(args.run, device="cpu")
     if args.item_features:
         run.add_items(args.item_features, log=print)
@@ -569,6 +574,11 @@ def build_parser() -> argparse.ArgumentParser:
         "index's top-N holds this share of exact search's on the test users (default 0.95)",
     )
     _add_item_features(p)
+    p.add_argument(
+        "--remove-added-items",
+        action="store_true",
+        help="first remove every item added to the run after training (before --item-features, if given)",
+    )
     _add_quiet(p)
     p.set_defaults(func=cmd_index)
 

@@ -329,12 +329,25 @@ class RunDir:
         verified against the manifest; ``[]`` when none."""
         from recsys.data.features import ItemFeatures
 
-        advice = "delete the run's added_items/ folder and its manifest entries, then add the items again"
+        advice = f"remove the added items with `recsys index {self.path} --remove-added-items`, then add them again"
         blocks = []
         for folder in self.added_item_folders():
             manifest.verify_tree(self.path, folder, advice)
             blocks.append(ItemFeatures.load(folder))
         return blocks
+
+    def remove_added_items(self) -> int:
+        """Remove every addition (the run's catalogue is training's again); returns how many there
+        were. Their manifest entries go first, so an interrupted removal leaves additions that no
+        longer count rather than missing files the manifest lists."""
+        removed = len(self.added_item_folders())
+        self.claim()  # not while the run trains or items are being added
+        try:
+            manifest.forget_tree(self.path, self.file(ADDED_ITEMS))
+            shutil.rmtree(self.file(ADDED_ITEMS), ignore_errors=True)
+        finally:
+            self.release()
+        return removed
 
     # checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(self, state: dict[str, Any]) -> None:

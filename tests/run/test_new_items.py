@@ -263,3 +263,23 @@ def test_new_items_map_values_into_the_vocabulary_and_append_after_the_catalogue
     assert [list(grown.fields[0].values_of(i)) for i in range(6)] == [[], ["a"], ["b"], [], ["a"], ["b"]]
     with pytest.raises(DataError, match="not rows of these item features"):
         features.appended(features)
+
+
+def test_a_damaged_addition_is_one_line_and_removing_the_additions_restores_trainings_catalogue(
+    run_dir, tmp_path, capsys
+):
+    from recsys.api import Run
+
+    size = Run.load(run_dir, device="cpu").dataset.catalogue_size
+    newer = _newer_file(tmp_path / "v2.csv")
+    assert main(["index", str(run_dir), "--factory", "Flat", "--item-features", str(newer), "--quiet"]) == 0
+    vectors = run_dir / "added_items" / "0001" / "dense.npy"
+    vectors.write_bytes(vectors.read_bytes()[:-4] + b"\0\0\0\0")
+    assert main(["recommend", str(run_dir), "--all", "--out", str(tmp_path / "r.csv")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{vectors}: corrupted" in err and f"recsys index {run_dir} --remove-added-items" in err
+    assert main(["index", str(run_dir), "--factory", "Flat", "--remove-added-items", "--quiet"]) == 0
+    assert "removed 1 addition" in capsys.readouterr().out
+    assert Run.load(run_dir, device="cpu").dataset.catalogue_size == size
+    assert Run.load(run_dir, device="cpu").add_items(newer).num_new == 6  # added again, as 0001
+    assert Run.load(run_dir, device="cpu").dataset.catalogue_size == size + 6
