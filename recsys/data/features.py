@@ -89,7 +89,9 @@ class ItemFeatures:
     fields: the categorical attributes, in the file's column (JSON: first-seen field) order.
     dense ``[num_items, D]`` float32 (zeros where ``dense_mask`` is false) and dense_mask
     ``[num_items]`` bool, or both ``None`` without ``data.feature_vector_col``.
-    num_known: the dataset's ``num_items`` (padding and the clicked items: ids ``0..num_known - 1``).
+    num_known: the dataset's ``num_items`` (padding and the clicked items: ids ``0..num_known - 1``);
+    0 for a block of new items' rows to append (:func:`new_items`, :meth:`appended`), whose row 0 is
+    its first item.
     new_raw ``[num_new]`` str: the raw id of each new item, ids ``num_known..num_items - 1``.
     source: the file read.
     """

@@ -175,18 +175,24 @@ def test_recsys_index_adds_the_items_and_covers_them_and_recommend_returns_them(
     assert list(exported["item"].iloc[-6:]) == ["i35", "i36", "i37", "i38", "i39", "i40"]
 
 
-def test_serve_adds_the_items_before_serving(run_dir, tmp_path):
+def test_serve_adds_the_items_and_the_service_takes_and_returns_their_raw_ids(run_dir, tmp_path):
     from recsys.serve.recommender import Recommender
 
     lines: list[str] = []
-    rec = Recommender.from_run(
-        run_dir, factory="Flat", item_features=_newer_file(tmp_path / "v2.csv"), log=lines.append
-    )
-    assert (
-        lines[0].startswith(f"{tmp_path / 'v2.csv'}: 6 new items")
-        and rec.info()["items"] == rec.dataset.catalogue_size - 1
-    )
-    assert rec.dataset.item_map.lookup(["i40"])[0] == rec.dataset.catalogue_size - 1
+    newer = _newer_file(tmp_path / "v2.csv")
+    rec = Recommender.from_run(run_dir, factory="Flat", item_features=newer, log=lines.append)
+    size = rec.dataset.catalogue_size
+    assert lines[0].startswith(f"{newer}: 6 new items") and rec.info()["items"] == size - 1
+    pytest.importorskip("fastapi", reason="the service needs the serve extra")
+    from fastapi.testclient import TestClient
+
+    from recsys.config import ServeConfig
+    from recsys.serve.app import create_app
+
+    with TestClient(create_app(rec, ServeConfig(max_n=size))) as client:
+        body = client.post("/recommend", json={"items": ["i38", "i2", "nope"], "n": size - 3}).json()
+    returned = {entry["item"] for entry in body["items"]}
+    assert body["unknown_items"] == ["nope"] and {"i35", "i37", "i39", "i40"} <= returned and "i38" not in returned
 
 
 def test_a_file_without_new_items_changes_nothing(run_dir, trained):
