@@ -8,6 +8,7 @@
     run.evaluate()                                    # {"recall@10": ..., "ndcg@10": ..., "mrr@10": ..., ...}
     recs = run.recommend(users=["17", "42"], n=10)    # DataFrame: user, rank, item, score, interest
     run = recsys.Run.load("runs/comirec_sa-...")      # any run directory, e.g. from `recsys train`
+    run.add_items("items-2027.csv")                   # new items of a newer feature file, without retraining
 
 Ids are raw ids throughout (the ones in your data, as strings); the internal ids (1..N-1 by
 falling popularity, 0 = padding) never surface except in exports.
@@ -27,6 +28,7 @@ import torch
 from recsys.config import Config, apply_overrides, load_config, with_values
 from recsys.data import IN_MEMORY, Dataset
 from recsys.data.batches import pad_sequences
+from recsys.data.features import NewItems
 from recsys.data.split import EvalSet
 from recsys.data.synthetic import planted_for
 from recsys.evaluate.diagnostics import health_with_config
@@ -34,7 +36,15 @@ from recsys.evaluate.evaluator import evaluate_with_config
 from recsys.models import InterestModel
 from recsys.retrieval.aggregate import check_lambda
 from recsys.retrieval.index import TARGET_RECALL
-from recsys.run import IndexReport, LoadedRun, build_experiment, build_run_index, load_run, retrieval_settings
+from recsys.run import (
+    IndexReport,
+    LoadedRun,
+    add_items,
+    build_experiment,
+    build_run_index,
+    load_run,
+    retrieval_settings,
+)
 from recsys.serve.batch import recommend_table, resolve_users
 from recsys.serve.recommender import Recommender
 from recsys.text import count
@@ -170,6 +180,25 @@ class Run:
         if len(empty):
             raise ValueError(f"sequences[{empty[0]}]: no item known to the run ({len(empty)} such sequences)")
         return indptr, ids[keep].astype(np.int64)
+
+    # -- new items ----------------------------------------------------------------------
+    def add_items(self, path: str | Path, *, log: Log | None = None) -> NewItems:
+        """Add the items of feature file ``path`` (any format ``data.item_features`` reads, read with
+        the run's ``data`` settings) that the run's catalogue lacks, without retraining: each gets an
+        id after the catalogue's and is represented by the model's feature part alone (its values in
+        the run's trained vocabularies, a value the run never saw contributing nothing; its vector
+        through the trained projection). Items the run has keep their representation (the file's
+        values for them are not read). The addition is saved in the run directory, so every later
+        load sees it; :meth:`recommend` and :meth:`item_embeddings` see it at once, and raw ids of
+        new items work in ``sequences``. Returns what was added (``.num_new``, ``.describe()``,
+        also passed to ``log``); a file without new items changes nothing.
+
+        A run trained without item features raises ``ValueError``: train it with
+        ``data.item_features``. See :mod:`recsys.run.new_items`."""
+        found = add_items(self._run, path, log=log or (lambda _: None))
+        if found.num_new:
+            self._recommender = None  # the next recommend() searches the grown catalogue
+        return found
 
     # -- retrieval ------------------------------------------------------------------------
     def use_index(

@@ -328,7 +328,15 @@ def cmd_index(args: argparse.Namespace) -> int:
     """Build and save a FAISS index for a run; report build time and recall against exact search."""
     from recsys.api import Run
 
-    report = Run.load(args.run, device="cpu").index(
+    if args.remove_added_items:
+        from recsys.run import RunDir
+
+        removed = RunDir(args.run).remove_added_items()
+        print(f"removed {count(removed, 'addition')} of items to {args.run} (its catalogue is training's again)")
+    run = Run.load(args.run, device="cpu")
+    if args.item_features:
+        run.add_items(args.item_features, log=print)
+    report = run.index(
         args.factory,
         nprobe=args.nprobe,
         ef_search=args.ef_search,
@@ -384,9 +392,9 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     if unknown:
         shown = ", ".join(repr(u) for u in unknown[:10]) + (" ..." if len(unknown) > 10 else "")
         print(f"skipped {count(len(unknown), 'unknown user')}: {shown}", file=sys.stderr)
-    if args.n > run.dataset.num_items - 1:
+    if args.n > run.dataset.catalogue_size - 1:
         print(
-            f"--n {args.n:,} is more than the {count(run.dataset.num_items - 1, 'item')} of the catalogue; "
+            f"--n {args.n:,} is more than the {count(run.dataset.catalogue_size - 1, 'item')} of the catalogue; "
             "capped at that"
         )
     path = write_recommendations(table, args.out)
@@ -418,7 +426,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     ] + list(args.overrides)
     apply_overrides(cfg, overrides)
     rec = Recommender.from_run(
-        args.run, factory=args.factory, nprobe=args.nprobe, ef_search=args.ef_search, device=device
+        args.run,
+        factory=args.factory,
+        nprobe=args.nprobe,
+        ef_search=args.ef_search,
+        device=device,
+        item_features=args.item_features,
     )
     run_server(rec, cfg.serve, run=args.run, threads=args.threads, access_log=args.access_log)
     return 0
@@ -434,6 +447,16 @@ def _add_index_args(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--factory", help=f"FAISS index_factory string {what}")
     p.add_argument("--nprobe", type=int, help="IVF lists searched per query")
     p.add_argument("--ef-search", type=int, help="HNSW search beam width")
+
+
+def _add_item_features(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--item-features",
+        metavar="FILE",
+        help="first add the items of this feature file that the run lacks, without retraining (a run trained "
+        "with data.item_features; read as training read its file): each is its features alone, a value the "
+        "run never saw contributing nothing; items the run has keep theirs; saved in the run",
+    )
 
 
 def _add_split(p: argparse.ArgumentParser, verb: str) -> None:
@@ -547,6 +570,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the search setting (--nprobe of IVF, --ef-search of HNSW, when not given) is widened until the "
         "index's top-N holds this share of exact search's on the test users (default 0.95)",
     )
+    _add_item_features(p)
+    p.add_argument(
+        "--remove-added-items",
+        action="store_true",
+        help="first remove every item added to the run after training (before --item-features, if given)",
+    )
     _add_quiet(p)
     p.set_defaults(func=cmd_index)
 
@@ -595,6 +624,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="where the model runs (default cpu)")
     p.add_argument("--threads", type=int, default=1, help="torch/FAISS CPU threads (default 1)")
     p.add_argument("--access-log", action="store_true", help="log every request (slower)")
+    _add_item_features(p)
     p.set_defaults(func=cmd_serve)
     for p in [*sub.choices.values(), *registry_commands.choices.values()]:  # every command: --debug, --verbose
         _add_common_args(p)

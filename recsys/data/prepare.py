@@ -10,6 +10,7 @@ Each user's clicks are sorted by time; equal times keep the source's row order.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import mmap
 import zipfile
@@ -161,6 +162,14 @@ class Dataset:
         """``[catalogue_size]`` int64 category ids, 0 (unknown) for new items."""
         extra = self.catalogue_size - self.num_items
         return np.concatenate([self.item_category, np.zeros(extra, dtype=np.int64)]) if extra else self.item_category
+
+    def with_new_items(self, rows: ItemFeatures) -> Dataset:
+        """This dataset with the new items of ``rows`` (a block of rows,
+        :func:`~recsys.data.features.new_items`) after its catalogue: ids ``catalogue_size..``, in
+        :attr:`catalogue_raw` and :attr:`item_map` from then on; the clicks do not change."""
+        if self.features is None:
+            raise ValueError("a dataset without item features cannot take new items")
+        return dataclasses.replace(self, features=self.features.appended(rows))
 
     @property
     def num_users(self) -> int:

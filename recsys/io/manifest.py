@@ -137,6 +137,17 @@ def record_tree(root: str | Path, folder: str | Path) -> None:
     _write_manifest(root, entries)
 
 
+def forget_tree(root: str | Path, folder: str | Path) -> None:
+    """Drop every entry under ``folder`` from the manifest (before the folder is deleted: a listed
+    file that is missing fails verification, an unlisted one is not checked)."""
+    root = Path(root)
+    prefix = _key(root, Path(folder)) + "/"
+    entries = read_manifest(root)
+    kept = {key: entry for key, entry in entries.items() if not key.startswith(prefix)}
+    if len(kept) < len(entries):
+        _write_manifest(root, kept)
+
+
 def replace_recorded(tmp: str | Path, path: str | Path, root: str | Path) -> Digest:
     """``os.replace(tmp, path)`` with ``path``'s manifest entry moved to ``tmp``'s content,
     crash-safely (see the module docstring). ``tmp`` must be complete and flushed; this is the

@@ -57,15 +57,31 @@ class FeatureEmbedding(nn.Module):
         if not features.fields and features.dense is None:
             raise ValueError(f"item features of {features.source}: no attribute and no vector to embed")
         self.fields = nn.ModuleList(nn.Embedding(f.vocab_size, dim, padding_idx=0) for f in features.fields)
-        for k, field in enumerate(features.fields):
-            values, inverse = _padded(field)
-            self.register_buffer(f"values_{k}", values, persistent=False)  # [N, m_k]
-            self.register_buffer(f"inverse_{k}", inverse, persistent=False)  # [N]
         self.project: nn.Linear | None = None
         if features.dense is not None:
             self.project = nn.Linear(features.dense.shape[1], dim, bias=False)
-            self.register_buffer("vectors", torch.from_numpy(features.dense), persistent=False)  # [N, D]
+        self.set_items(features)
         self.init_normal(1.0 / math.sqrt(dim))
+
+    def set_items(self, features: ItemFeatures) -> None:
+        """Read the items' value lists and vectors from ``features`` (buffers, on the module's
+        device); the value rows and projection stay as they are, so ``features`` must have the same
+        fields, vocabulary sizes and vector width (a catalogue grown by new items:
+        :meth:`recsys.items.ItemTable.add_items`)."""
+        tables = self._tables()
+        if [f.vocab_size for f in features.fields] != [t.num_embeddings for t in tables] or (
+            (features.dense is None) != (self.project is None)
+            or (self.project is not None and features.dim != self.project.in_features)
+        ):
+            raise ValueError(f"item features of {features.source}: other fields or vector width than the model's")
+        device = tables[0].weight.device if tables else cast(nn.Linear, self.project).weight.device
+        for k, field in enumerate(features.fields):
+            values, inverse = _padded(field)
+            self.register_buffer(f"values_{k}", values.to(device), persistent=False)  # [N, m_k]
+            self.register_buffer(f"inverse_{k}", inverse.to(device), persistent=False)  # [N]
+        if features.dense is not None:
+            vectors = torch.from_numpy(features.dense).to(device)
+            self.register_buffer("vectors", vectors, persistent=False)  # [N, D]
 
     def _tables(self) -> list[nn.Embedding]:
         return [cast(nn.Embedding, table) for table in self.fields]

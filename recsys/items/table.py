@@ -133,6 +133,30 @@ class ItemTable(nn.Module):
         self.warm = warm
 
     @torch.no_grad()
+    def add_items(self, features: ItemFeatures) -> None:
+        """Take the new items that ``features`` lists after this table's rows (a trained table's
+        catalogue grown by a feature file: :func:`recsys.run.add_items`): the table grows to
+        ``features.num_items`` rows, each added item's id row zero and never read (it is not warm),
+        so an added item is its feature part alone, through the trained value rows and projection.
+        ``features``' rows before them must be the table's own (the trained features, appended to),
+        so every existing item keeps its representation."""
+        if self.features is None:
+            raise ValueError("the item table has no features: only a table of item features takes new items")
+        if type(self) is not ItemTable:
+            raise ValueError(f"new items join the dense item table (serving), not the {self.form!r} form")
+        if features.num_items < self.num_items:
+            raise ValueError(f"item features: {features.num_items} items, fewer than the table's {self.num_items} rows")
+        assert self.warm is not None
+        self.features.set_items(features)
+        old = self.table
+        self.table = nn.Embedding(features.num_items, self.dim, padding_idx=0, device=old.weight.device)
+        self.table.weight.zero_()
+        self.table.weight[: old.num_embeddings] = old.weight
+        warm = torch.zeros(features.num_items, dtype=torch.bool, device=self.warm.device)
+        warm[: len(self.warm)] = self.warm
+        self.warm = warm
+
+    @torch.no_grad()
     def init_normal(self, std: float) -> None:
         """Draw every id row (and feature row) from ``N(0, std²)``; the padding row stays 0."""
         self._std = std

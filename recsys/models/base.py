@@ -45,6 +45,11 @@ class InterestModel(nn.Module):
         """Represent items by their ids and ``features`` from now on (:meth:`recsys.items.ItemTable.add_features`)."""
         raise ValueError(f"{type(self).__name__} has no item table to add features to")
 
+    def add_new_items(self, features: ItemFeatures) -> None:
+        """Retrieve the new items ``features`` lists after the model's catalogue from now on, by their
+        features alone (:meth:`recsys.items.ItemTable.add_items`); the model does not train."""
+        raise ValueError(f"{type(self).__name__} has no item table to add items to")
+
     def train_items(self, form: str, updates: RowUpdates) -> ItemTable:
         """Train the model's item table in ``form`` (``train.item_updates``) from now on and return
         it; a model without a table of its own (MostPopular) has nothing to train."""

@@ -31,6 +31,9 @@ class SequenceModel(InterestModel):
     def add_item_features(self, features: ItemFeatures, item_counts: Tensor) -> None:
         self.embedding.add_features(features, item_counts)
 
+    def add_new_items(self, features: ItemFeatures) -> None:
+        self.embedding.add_items(features)
+
     def train_items(self, form: str, updates: RowUpdates) -> ItemTable:
         """Train the item table in ``form`` (``train.item_updates``) from now on: returns the table
         in that form, which the model then reads (:meth:`recsys.items.ItemTable.trained_as`)."""

@@ -1,6 +1,7 @@
 """One experiment's setup, written once: load the clicks, split them, count the training
 clicks per item, build the model. Used by training, run loading, indexing, serving, export and
-the experiments; :func:`load_run` is the same setup on a saved run plus its best weights.
+the experiments; :func:`load_run` is the same setup on a saved run plus its best weights and the
+items added to it since (:mod:`recsys.run.new_items`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from recsys.run.settings import Facts, check, resolve
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from recsys.data.features import ItemFeatures
 
 # (the resolved config, the model on the meta device, catalogue size with padding); what it returns is ignored
 CheckMemory = Callable[[Config, InterestModel, int], object]
@@ -127,14 +130,33 @@ class LoadedRun(Experiment):
     """A saved run in memory: its experiment with the best weights (model in eval mode)."""
 
     dir: RunDir
+    additions: int = 0  # the run's additions (recsys.run.new_items) its dataset and model hold
 
     @property
     def path(self) -> Path:
         return self.dir.path
 
+    def take_new_items(self, blocks: list[ItemFeatures]) -> None:
+        """Append the new items of ``blocks`` (each a block of feature rows,
+        :func:`recsys.data.features.new_items`) to the run's catalogue in memory: its dataset's
+        features and its model's item table grow (:meth:`recsys.items.ItemTable.add_items`);
+        nothing is written."""
+        if not blocks:
+            return
+        if self.dataset.features is None:
+            raise ValueError(f"{self.path}: has added items, but its model reads no item features")
+        ds = self.dataset
+        for rows in blocks:
+            ds = ds.with_new_items(rows)
+        assert ds.features is not None
+        self.model.add_new_items(ds.features)
+        self.dataset = ds
+        self.additions += len(blocks)
+
 
 def load_run(path: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
-    """Open run directory ``path`` (written by ``recsys train``) with its best weights.
+    """Open run directory ``path`` (written by ``recsys train``) with its best weights and the
+    items added to it after training (:func:`recsys.run.add_items`).
 
     Raises ``FileNotFoundError`` naming ``path`` when it is not a trained run (nothing is created).
     ``device``: see :func:`recsys.device.resolve_device` (``auto`` = CUDA when available).
@@ -145,5 +167,7 @@ def load_run(path: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
     cfg = rd.read_config()
     exp = build_experiment(cfg, dataset=rd.load_dataset(), device=device)
     rd.load_best(map_location="cpu", model=exp.model)
-    exp.model.to(device).eval()
-    return LoadedRun(exp.cfg, exp.dataset, exp.split, exp.item_counts, exp.model, exp.facts, rd)
+    run = LoadedRun(exp.cfg, exp.dataset, exp.split, exp.item_counts, exp.model, exp.facts, rd)
+    run.take_new_items(rd.load_added_items())
+    run.model.to(device).eval()
+    return run

@@ -58,6 +58,7 @@ from recsys.retrieval.index import (
     write_index,
 )
 from recsys.run.experiment import LoadedRun
+from recsys.text import count
 
 __all__ = ["IndexReport", "build_run_index", "open_run_index", "retrieval_settings"]
 
@@ -342,7 +343,14 @@ def open_run_index(
             retriever = Retriever.from_index(index, as_saved, item_category=categories, item_emb=emb)
             shown = _shown_params(index, _saved_recall(index, meta))
             return retriever, f"{meta['factory']} loaded from {index_file}{shown}"
-        log(f"warning: {index_file} was built from other weights; building {factory!r} in memory instead")
+        built_over = meta.get("num_items")
+        if isinstance(built_over, int) and built_over != len(emb) - 1:  # items added since (recsys.run.new_items)
+            log(
+                f"warning: {index_file} was built over {count(built_over, 'item')}, the run has {len(emb) - 1:,} now; "
+                f"building {factory!r} in memory instead (`recsys index {run.path}` saves one over them all)"
+            )
+        else:
+            log(f"warning: {index_file} was built from other weights; building {factory!r} in memory instead")
     index, built, build_s = _build(emb, settings, log, progress)
     measured = "exact search"  # Flat: nothing to save or measure
     if factory.strip() != "Flat":

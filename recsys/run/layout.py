@@ -5,6 +5,9 @@ A run directory is self-contained::
     runs/comirec_sa-taobao-20261201-143000/
       config.json         the resolved config (plain JSON)
       dataset/            the prepared dataset with its id maps (recsys.data.Dataset.save)
+      added_items/NNNN/   items added after training (`recsys index RUN --item-features FILE`), one
+                          folder an addition in order, each a block of item feature rows
+                          (recsys.data.features.new_items); applied on load (recsys.run.load_run)
       model.pt            resume checkpoint: a plain dict (recsys.train.checkpoint.make_checkpoint)
       best.pt             best weights so far: {"model": state_dict, ...}
       metrics.jsonl       one JSON object per line, appended during training
@@ -59,16 +62,19 @@ from torch import nn
 
 from recsys.config import Config, ConfigError
 from recsys.io import IntegrityError, atomic_save, atomic_torch_save, atomic_write, atomic_write_text, manifest
+from recsys.io.files import atomic_folder
 from recsys.run import checks
 from recsys.run.saved_config import run_config_from_dict
 
 if TYPE_CHECKING:
+    from recsys.data.features import ItemFeatures
     from recsys.data.prepare import Dataset
 
 __all__ = ["RunDir", "RunInUse", "index_slug", "new_run_dir", "unfinished_runs"]
 
 CONFIG = "config.json"
 DATASET = "dataset"
+ADDED_ITEMS = "added_items"
 CHECKPOINT = "model.pt"
 BEST = "best.pt"
 METRICS = "metrics.jsonl"
@@ -295,6 +301,53 @@ class RunDir:
 
         self.verify_tree(DATASET)
         return Dataset.load(self.file(DATASET))
+
+    # items added after training -------------------------------------------------------------
+    def added_item_folders(self) -> list[Path]:
+        """The run's additions (``added_items/NNNN/``) in the order they were made. An addition
+        counts once the manifest records it (:meth:`save_added_items`' last step): a folder it does
+        not list was left by an addition that stopped before that, and is passed over (a run without
+        a manifest counts every folder)."""
+        folder = self.file(ADDED_ITEMS)
+        found = sorted(p for p in folder.iterdir() if p.is_dir() and p.name.isdigit()) if folder.is_dir() else []
+        if not self.file(MANIFEST).is_file():
+            return found
+        listed = manifest.read_manifest(self.path)
+        return [p for p in found if f"{ADDED_ITEMS}/{p.name}/features.json" in listed]
+
+    def save_added_items(self, rows: ItemFeatures) -> None:
+        """Write ``rows`` (a block of new items' feature rows, :func:`recsys.data.features.new_items`)
+        as the run's next addition, ``added_items/NNNN/``: the folder atomically, then its files into
+        the manifest, the step that makes it count."""
+        folder = self.file(ADDED_ITEMS) / f"{len(self.added_item_folders()) + 1:04d}"
+        with atomic_folder(folder) as tmp:
+            rows.save(tmp)
+        manifest.record_tree(self.path, folder)
+
+    def load_added_items(self) -> list[ItemFeatures]:
+        """The run's additions in order (each a block of rows to append to its dataset's features),
+        verified against the manifest; ``[]`` when none."""
+        from recsys.data.features import ItemFeatures
+
+        advice = f"remove the added items with `recsys index {self.path} --remove-added-items`, then add them again"
+        blocks = []
+        for folder in self.added_item_folders():
+            manifest.verify_tree(self.path, folder, advice)
+            blocks.append(ItemFeatures.load(folder))
+        return blocks
+
+    def remove_added_items(self) -> int:
+        """Remove every addition (the run's catalogue is training's again); returns how many there
+        were. Their manifest entries go first, so an interrupted removal leaves additions that no
+        longer count rather than missing files the manifest lists."""
+        removed = len(self.added_item_folders())
+        self.claim()  # not while the run trains or items are being added
+        try:
+            manifest.forget_tree(self.path, self.file(ADDED_ITEMS))
+            shutil.rmtree(self.file(ADDED_ITEMS), ignore_errors=True)
+        finally:
+            self.release()
+        return removed
 
     # checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(self, state: dict[str, Any]) -> None:

@@ -147,14 +147,18 @@ class Recommender:
         ef_search: int | None = None,
         device: str | torch.device = "cpu",
         log: Callable[[str], None] = print,
+        item_features: str | Path | None = None,
     ) -> Recommender:
         """Load run directory ``path`` and its index (``factory`` default: the run's
         ``retrieval.factory``; a saved ``recsys index`` file is reused when it matches; the
         options as :func:`recsys.run.retrieval_settings` takes them; an index built in memory has
-        its search chosen for its recall unless ``nprobe`` or ``ef_search`` is given)."""
-        from recsys.run import load_run, retrieval_settings
+        its search chosen for its recall unless ``nprobe`` or ``ef_search`` is given).
+        ``item_features``: first add that file's new items to the run (:func:`recsys.run.add_items`)."""
+        from recsys.run import add_items, load_run, retrieval_settings
 
         run = load_run(path, device=device)
+        if item_features is not None:
+            add_items(run, item_features, log=log)
         settings = retrieval_settings(run, factory, nprobe=nprobe, ef_search=ef_search)
         return cls.of_run(run, settings, log=log, widen=nprobe is None and ef_search is None)
 
