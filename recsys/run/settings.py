@@ -106,6 +106,7 @@ from recsys.models.spec import (
     SPARSE_ITEMS,
     STRICT_SETTINGS,
     TIED_ORDER,
+    ModelSpec,
     spec_for,
     specs,
 )
@@ -483,16 +484,26 @@ def unresolved(cfg: Config) -> list[str]:
 def check(cfg: Config) -> None:
     """Refuse, naming the key, a value that the model does not read or cannot do: a switch of
     :data:`~recsys.models.spec.STRICT_SETTINGS` its spec does not list, ``train.attention_reg`` on a
-    model without attention scores or with dense training, ``train.interest_reg`` where there are
-    no K > 1 interests to part, ``train.predict_at = "all"`` on a model
-    that cannot train densely, ``train.item_updates = "sparse"`` or ``"sharded"`` where every item row is read each
-    step, a ``retrieval.factory`` FAISS cannot build over the model's width (which validation would
-    otherwise meet first), a ``data.format`` that no reader is registered for. Automatic values are
-    skipped (they resolve to what fits), so this runs on the config as written, before the data is
-    read, and again on the resolved one."""
+    model without attention scores or with dense training, ``train.interest_reg`` (or a readout
+    setting) where there are no K > 1 interests, ``train.predict_at = "all"`` on a model that cannot
+    train densely, ``train.item_updates = "sparse"`` or ``"sharded"`` where every item row is read
+    each step, a ``retrieval.factory`` FAISS cannot build over the model's width (which validation
+    would otherwise meet first), a ``data.format`` that no reader is registered for. Automatic
+    values are skipped (they resolve to what fits), so this runs on the config as written, before
+    the data is read, and again on the resolved one."""
     if cfg.data.format != AUTO:
         reader_for(cfg.data.format)  # the registered formats are data.format's values
     spec = spec_for(cfg.model.name)
+    _check_model_reads(cfg, spec)
+    _check_between_interests(cfg, spec)
+    _check_training_form(cfg, spec)
+    if not is_automatic(cfg, "model.dim"):
+        check_factory(cfg.retrieval.factory, cfg.model.dim)
+
+
+def _check_model_reads(cfg: Config, spec: ModelSpec) -> None:
+    """A model switch (:data:`~recsys.models.spec.STRICT_SETTINGS`) set away from its default on a
+    model whose spec does not read it."""
     off = dataclasses.replace(ModelConfig(), score_cap=0.0)
     for key in STRICT_SETTINGS:
         value, default = getattr(cfg.model, key), getattr(off, key)
@@ -503,12 +514,16 @@ def check(cfg: Config) -> None:
                 f"model.{key}={value!r} has no effect on {cfg.model.name} (only "
                 f"{', '.join(sorted(readers)) or 'no model'} read it); set it to {default!r}"
             )
-    t = cfg.train
+
+
+def _check_between_interests(cfg: Config, spec: ModelSpec) -> None:
+    """The terms that act on attention scores or between K > 1 interests, where there are none."""
+    t, name, k = cfg.train, cfg.model.name, cfg.model.num_interests
     reg = 0.0 if is_automatic(cfg, "train.attention_reg") else t.attention_reg
     if reg and not spec.self_attentive:
         readers = sorted(s.name for s in specs() if s.self_attentive)
         raise ConfigError(
-            f"train.attention_reg={reg:g} has no effect on {cfg.model.name} (only "
+            f"train.attention_reg={reg:g} has no effect on {name} (only "
             f"{' and '.join(readers)} read their clicks through attention scores); set it to 0"
         )
     if reg and t.predict_at == "all":
@@ -516,23 +531,30 @@ def check(cfg: Config) -> None:
             f"train.attention_reg={reg:g}: the attention regulariser reads one history's scores, "
             'which dense training (train.predict_at="all") does not compute; set it to 0 or train.predict_at="last"'
         )
+    if spec.multi_interest and k > 1:
+        return
     parting = 0.0 if is_automatic(cfg, "train.interest_reg") else t.interest_reg
-    if parting and not (spec.multi_interest and cfg.model.num_interests > 1):
+    if parting:
         raise ConfigError(
-            f"train.interest_reg={parting:g} has no effect on {cfg.model.name} with "
-            f"model.num_interests={cfg.model.num_interests} (it separates K > 1 interests); set it to 0"
+            f"train.interest_reg={parting:g} has no effect on {name} with "
+            f"model.num_interests={k} (it separates K > 1 interests); set it to 0"
         )
-    if not (spec.multi_interest and cfg.model.num_interests > 1):  # one interest reads itself out
-        readout: dict[str, tuple[object, tuple[object, ...], object]] = {
-            "train.soft_readout_steps": (t.soft_readout_steps, (-1, 0), 0),
-            "train.negative_readout": (t.negative_readout, (AUTO, "readout"), "readout"),
-        }
-        for key, (value, idle, neutral) in readout.items():
-            if value not in idle:
-                raise ConfigError(
-                    f"{key}={value!r} has no effect on {cfg.model.name} with model.num_interests="
-                    f"{cfg.model.num_interests} (it reads out K > 1 interests); set it to {neutral!r}"
-                )
+    readout: dict[str, tuple[object, tuple[object, ...], object]] = {  # one interest reads itself out
+        "train.soft_readout_steps": (t.soft_readout_steps, (-1, 0), 0),
+        "train.negative_readout": (t.negative_readout, (AUTO, "readout"), "readout"),
+    }
+    for key, (value, idle, neutral) in readout.items():
+        if value not in idle:
+            raise ConfigError(
+                f"{key}={value!r} has no effect on {name} with model.num_interests="
+                f"{k} (it reads out K > 1 interests); set it to {neutral!r}"
+            )
+
+
+def _check_training_form(cfg: Config, spec: ModelSpec) -> None:
+    """Dense training where the model cannot, the draw and the loss where they do not apply, and an
+    item table form that cannot serve a step reading every row."""
+    t = cfg.train
     if t.predict_at == "all" and not spec.dense:
         dense = sorted(s.name for s in specs() if s.dense)
         raise ConfigError(
@@ -558,5 +580,3 @@ def check(cfg: Config) -> None:
         raise ConfigError(
             f'train.item_updates="{t.item_updates}": {why} every item row each step; set it to "dense" or "auto"'
         )
-    if not is_automatic(cfg, "model.dim"):
-        check_factory(cfg.retrieval.factory, cfg.model.dim)

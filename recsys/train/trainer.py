@@ -322,11 +322,7 @@ def _run(
         state.best = validate()[key]
         if dist.is_main:
             rd.save_best(model.state_dict())
-    test_metrics = evaluate_with_config(
-        model, split.test, cfg, item_category=ds.catalogue_category, progress=bar, across_ranks=True
-    )
-    if dist.is_main:
-        rd.save_test_metrics(test_metrics)
+    test_metrics = _tested(exp, rd, dist.is_main, bar)
     distributed.cleanup()
     return TrainResult(
         run_dir=str(rd.path),
@@ -340,6 +336,22 @@ def _run(
         cuda_graph=state.cuda_graph,
         out_of_time=state.out_of_time,
     )
+
+
+def _tested(exp: Experiment, rd: RunDir, main: bool, bar: bool) -> dict[str, float]:
+    """The test of ``exp``'s model (its best weights) on the test users, which every rank calls (the
+    ranks share the users); rank 0 (``main``) saves the metrics; ``bar``: a progress bar."""
+    metrics = evaluate_with_config(
+        exp.model,
+        exp.split.test,
+        exp.cfg,
+        item_category=exp.dataset.catalogue_category,
+        progress=bar,
+        across_ranks=True,
+    )
+    if main:
+        rd.save_test_metrics(metrics)
+    return metrics
 
 
 def _validator(exp: Experiment, valid: EvalSet, main: bool, bar: bool) -> Callable[[], dict[str, float]]:
