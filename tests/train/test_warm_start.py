@@ -167,3 +167,12 @@ def test_init_from_with_resume_or_from_an_untrained_run_is_refused(tmp_path, ear
     with pytest.raises(FileNotFoundError, match=f"--init-from: {untrained} is not a run directory"):
         train(load_config(None, _overrides(tmp_path, later, "warm")), init_from=untrained)
     assert not (tmp_path / "warm").exists()
+
+
+def test_dry_run_checks_the_start_and_a_refused_start_leaves_no_run_directory(tmp_path, earlier, later, capsys):
+    overrides = [f"--set={o}" for o in _overrides(tmp_path, later, "warm")]
+    assert main(["train", "--dry-run", "--init-from", earlier["plain"], *overrides]) == 0
+    assert "30 of 35 items by id, 5 new" in capsys.readouterr().out
+    assert main(["train", "--init-from", earlier["plain"], *overrides, "--set=model.num_interests=2"]) == 2
+    assert "model.num_interests is 4 there, 2 here" in capsys.readouterr().err
+    assert not (tmp_path / "warm").exists()
