@@ -43,8 +43,10 @@ import pandas as pd
 
 from recsys.config import Config, load_config
 from recsys.data import Dataset, load_dataset
-from recsys.run import RunDir
+from recsys.evaluate.evaluator import evaluate_with_config
+from recsys.run import RunDir, build_experiment, load_run
 from recsys.train.trainer import train
+from recsys.train.warm_start import warm_start
 
 
 def cut(ds: Dataset, how: str, earlier: float, input_frac: float) -> pd.DataFrame:
@@ -87,34 +89,48 @@ def valid_curve(rd: RunDir, key: str) -> list[tuple[int, float]]:
     return [(r["step"], r[key]) for r in rd.read_metrics() if r.get("split") == "valid"]
 
 
+def at_start(earlier: RunDir, cold: RunDir) -> float:
+    """The validation objective of the later log's model as the warm run starts it (the earlier run's
+    weights, rows by raw id), on the users the later runs validate on: the warm run's step 0."""
+    cfg = cold.read_config()
+    exp = build_experiment(cfg, dataset=cold.load_dataset())
+    warm_start(exp, load_run(earlier.path))
+    valid = exp.split.valid.sample(cfg.eval.valid_users, cfg.data.seed)
+    metrics = evaluate_with_config(exp.model.eval(), valid, cfg, item_category=exp.dataset.catalogue_category)
+    return metrics[cfg.eval.objective]
+
+
 def first_reaching(curve: list[tuple[int, float]], target: float) -> int | None:
     """The first validation step at or above ``target``, or None."""
     return next((step for step, value in curve if value >= target), None)
 
 
-def summary(cold: RunDir, warm: RunDir) -> tuple[list[dict[str, Any]], str]:
-    """The table's rows and the verdict line of the acceptance test."""
+def summary(earlier: RunDir, cold: RunDir, warm: RunDir) -> tuple[list[dict[str, Any]], str]:
+    """The table's rows and the verdict line of the acceptance test (the warm run's curve starts
+    with its step 0: the earlier run's weights as they are)."""
     cfg = cold.read_config()
     key = cfg.eval.objective
     test_keys = [f"recall@{n}" for n in sorted(cfg.eval.topn)]
-    curves = {"cold": valid_curve(cold, key), "warm": valid_curve(warm, key)}
+    curves = {"cold": valid_curve(cold, key), "warm": [(0, at_start(earlier, cold)), *valid_curve(warm, key)]}
     target = max(value for _, value in curves["cold"])
-    rows = []
+    rows, reached = [], {}
     for label, rd in (("cold", cold), ("warm", warm)):
         curve = curves[label]
         best = max(value for _, value in curve)
+        reached[label] = first_reaching(curve, target)
         tests = rd.read_test_metrics()
         rows.append(
             {
                 "run": label,
                 "steps": curve[-1][0],
-                "reaches cold best at": first_reaching(curve, target),
+                "valid at step 0": curve[0][1] if label == "warm" else None,
+                "reaches cold best at": "not reached" if reached[label] is None else reached[label],
                 f"best valid {key}": best,
                 **{f"test {k}": tests[k] for k in test_keys if k in tests},
             }
         )
-    cold_steps, warm_steps = rows[0]["reaches cold best at"], rows[1]["reaches cold best at"]
-    ratio = warm_steps / cold_steps if warm_steps is not None else math.inf
+    cold_steps, warm_steps = reached["cold"], reached["warm"]
+    ratio = warm_steps / cold_steps if warm_steps is not None and cold_steps else math.inf
     verdict = (
         f"steps to the cold run's best valid {key} ({target:.4f}): warm {warm_steps}, cold {cold_steps}, "
         f"ratio {ratio:.2f} ({'<=' if ratio <= 1 / 3 else '>'} 1/3); warm best valid "
@@ -125,7 +141,7 @@ def summary(cold: RunDir, warm: RunDir) -> tuple[list[dict[str, Any]], str]:
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     heads = list(rows[0])
-    cell = lambda v: f"{v:.4f}" if isinstance(v, float) else ("not reached" if v is None else str(v))  # noqa: E731
+    cell = lambda v: f"{v:.4f}" if isinstance(v, float) else ("-" if v is None else str(v))  # noqa: E731
     lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     return "\n".join(lines + ["| " + " | ".join(cell(r[h]) for h in heads) + " |" for r in rows])
 
@@ -167,7 +183,7 @@ def main() -> None:
     earlier = run(dataclasses.replace(later, data=earlier_data), out, "earlier")
     cold = run(later, out, "cold")
     warm = run(later, out, "warm", init_from=str(earlier.path))
-    rows, verdict = summary(cold, warm)
+    rows, verdict = summary(earlier, cold, warm)
     print()
     print(markdown(rows))
     print(verdict)

@@ -47,6 +47,9 @@ __all__ = ["WarmStart", "follow_model", "open_earlier", "warm_start"]
 # the settings a differing parameter is most likely due to, named first; then the rest of the model's
 SAME = "a warm start needs the same model"
 FIRST_SETTINGS = ("model.name", "model.dim", "model.num_interests", "model.hidden", "model.num_layers", "data.max_len")
+# settings that shape no parameter: never the reason a parameter differs
+SHAPELESS = {"model.dropout", "model.attention_dropout", "model.backend", "model.softcap", "model.score_cap"}
+SHAPELESS |= {"model.routing_iters", "model.init", "model.filter_alpha"}
 
 
 @dataclass(frozen=True)
@@ -174,7 +177,7 @@ def _differs(where: str, cfg: Config, earlier: Config, parameter: str) -> Config
     """The one-line refusal: the first model setting that differs between the runs, both values,
     and the ``parameter`` that showed it."""
     keys = [*FIRST_SETTINGS, *(f"model.{f.name}" for f in dataclasses.fields(cfg.model))]
-    for key in dict.fromkeys(keys):
+    for key in dict.fromkeys(k for k in keys if k not in SHAPELESS):
         mine, theirs = _setting(cfg, key), _setting(earlier, key)
         if mine != theirs:
             shown = f" (parameter {parameter})" if parameter else ""
