@@ -360,6 +360,7 @@ def fit(
     run_dir: str | Path | None = None,
     log: Log | None = print,
     progress: bool = False,
+    init_from: str | Path | Run | None = None,
 ) -> Run:
     """Train a model on ``clicks`` and return the trained :class:`Run` (best weights).
 
@@ -375,6 +376,9 @@ def fit(
         run_dir: where the run is written (default a new folder under ``output_dir``).
         log: where training lines go (``None``: silent).
         progress: progress bars while preparing the data (on a terminal).
+        init_from: a trained run (its directory, or a :class:`Run`) to start from: a warm start on
+            a newer log, the network by name and the item rows by raw item id, with a fresh
+            optimiser (docs/training.md, "Starting from yesterday's run").
     """
     from recsys.train.trainer import train
 
@@ -388,7 +392,8 @@ def fit(
             cfg.data.time_col = "time" if "time" in frame.columns else ""
     elif clicks is not None:
         cfg.data.source = str(clicks)
-    result = train(cfg, run_dir=run_dir, log=log or (lambda _: None), clicks=frame, progress=progress)
+    origin = init_from.path if isinstance(init_from, Run) else init_from
+    result = train(cfg, run_dir=run_dir, log=log or (lambda _: None), clicks=frame, progress=progress, init_from=origin)
     return Run.load(result.run_dir)
 
 

@@ -187,11 +187,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     from recsys.evaluate.evaluator import format_table
     from recsys.train.trainer import dry_run, train
 
+    if args.resume and args.init_from:
+        raise ConfigError("--init-from starts a new run from another run's weights; --resume continues a run: use one")
     if args.dry_run:
         if args.resume:
             raise ConfigError("--dry-run shows a new run; a resumed run goes on with the config it was started with")
         lines: list[str] = []
-        resolved = dry_run(_config(args), progress=_progress(args), log=lines.append)
+        resolved = dry_run(_config(args), progress=_progress(args), log=lines.append, init_from=args.init_from)
         print("# the config this run would use and save, every automatic value resolved\n" + resolved.to_toml())
         print("\n".join(lines))
         return 0
@@ -200,7 +202,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         _show_config(args, cfg, "resumed")
     else:
         cfg = _config(args)
-    result = train(cfg, run_dir=args.resume, resume=bool(args.resume), progress=_progress(args))
+    result = train(
+        cfg, run_dir=args.resume, resume=bool(args.resume), progress=_progress(args), init_from=args.init_from
+    )
     if result.test_metrics:
         print(
             f"\ntest metrics ({cfg.model.name}, best step {result.best_step}, "
@@ -515,6 +519,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="RUN",
         help="continue the run in this directory from its last checkpoint (on the CPU bit for bit as if "
         "uninterrupted only with one thread, train.cpu_threads=1)",
+    )
+    p.add_argument(
+        "--init-from",
+        metavar="RUN",
+        help="start a new run (on its own data and config, e.g. a newer log) from this trained run's best "
+        "weights: the network by name, item rows by raw item id (items new to this log start fresh, or from "
+        "their features), a fresh optimiser; the model must be the same (docs/training.md, "
+        '"Starting from yesterday\'s run")',
     )
     p.add_argument(
         "--dry-run",

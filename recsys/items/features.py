@@ -23,6 +23,7 @@ import math
 from typing import cast
 
 import numpy as np
+import pandas as pd
 import torch
 from torch import Tensor, nn
 
@@ -56,6 +57,8 @@ class FeatureEmbedding(nn.Module):
         super().__init__()
         if not features.fields and features.dense is None:
             raise ValueError(f"item features of {features.source}: no attribute and no vector to embed")
+        self.names = [f.name for f in features.fields]  # each field's name and its values' raw names,
+        self.vocabs = [np.asarray(f.vocab, dtype=str) for f in features.fields]  # what a warm start matches
         self.fields = nn.ModuleList(nn.Embedding(f.vocab_size, dim, padding_idx=0) for f in features.fields)
         self.project: nn.Linear | None = None
         if features.dense is not None:
@@ -95,6 +98,32 @@ class FeatureEmbedding(nn.Module):
             table.weight[0].zero_()
         if self.project is not None:
             nn.init.normal_(self.project.weight, std=std / math.sqrt(self.project.in_features))
+
+    @torch.no_grad()
+    def load_values(self, source: FeatureEmbedding) -> list[tuple[str, int, int]]:
+        """Copy ``source``'s value rows into this embedding's by field name and raw value (a warm
+        start: the same brand keeps its row under this run's value ids), and ``W`` where the
+        vectors have the same width. Values ``source`` lacks keep their fresh rows.
+
+        Returns ``(field, values copied, values here)`` for each field of this embedding, and
+        ``("vectors", 1 or 0, 1)`` for ``W`` where this embedding maps vectors."""
+        theirs = dict(zip(source.names, zip(source.vocabs, source._tables())))
+        copied = []
+        for name, vocab, table in zip(self.names, self.vocabs, self._tables()):
+            found = 0
+            if name in theirs:
+                their_vocab, their_table = theirs[name]
+                at = pd.Index(their_vocab[1:]).get_indexer(vocab[1:])  # value 0 (none) stays 0
+                here = torch.from_numpy(np.flatnonzero(at >= 0) + 1)
+                table.weight[here] = their_table.weight[torch.from_numpy(at[at >= 0] + 1)].to(table.weight)
+                found = len(here)
+            copied.append((name, found, len(vocab) - 1))
+        if self.project is not None:  # the vectors' map, where the vectors are as wide (the same encoder, presumably)
+            same = source.project is not None and source.project.weight.shape == self.project.weight.shape
+            if same:
+                self.project.weight.copy_(cast(nn.Linear, source.project).weight)
+            copied.append(("vectors", int(same), 1))
+        return copied
 
     def forward(self, ids: Tensor) -> Tensor:
         """``ids [...]`` long item ids (new items included) -> ``[..., d]``."""

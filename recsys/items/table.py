@@ -157,6 +157,36 @@ class ItemTable(nn.Module):
         self.warm = warm
 
     @torch.no_grad()
+    def load_rows(self, source: ItemTable, ids_here: Tensor, ids_there: Tensor) -> list[tuple[str, int, int]]:
+        """Start from another run's table (a warm start): this table's rows ``ids_here [n]`` take
+        ``source``'s rows ``ids_there [n]`` (the same items under the two runs' ids), as ``source``
+        reads them (with features, an item whose id row it left out gives a zero row, so the item
+        starts as the same features alone); every other row keeps its fresh initialisation. With
+        features on both sides, the feature value rows are copied by field name and raw value
+        (:meth:`~recsys.items.features.FeatureEmbedding.load_values`), whose summary it returns
+        (``[]`` otherwise).
+
+        A table with features over one without: the feature rows stay fresh. The reverse is
+        refused: ``source``'s items are partly their features, which this table cannot hold."""
+        if source.dim != self.dim:
+            raise ValueError(f"item rows: {source.dim} numbers each there, {self.dim} here")
+        if source.features is not None and self.features is None:
+            raise ValueError("item rows: the earlier table represents items with their features; this one has none")
+        if ids_here.shape != ids_there.shape or ids_here.ndim != 1:
+            raise ValueError(f"item rows: ids_here {tuple(ids_here.shape)} and ids_there {tuple(ids_there.shape)}")
+        if len(ids_here) and (int(ids_here.min()) < 1 or int(ids_there.min()) < 1):
+            raise ValueError("item rows: id 0 is padding on both sides and is never carried")
+        rows = source.table.weight[ids_there]
+        if source.features is not None:
+            assert source.warm is not None
+            rows = rows * source.warm[ids_there, None].to(rows.dtype)
+        weight = self.table.weight
+        weight[ids_here.to(weight.device)] = rows.to(weight)
+        if self.features is None or source.features is None:
+            return []
+        return self.features.load_values(source.features)
+
+    @torch.no_grad()
     def init_normal(self, std: float) -> None:
         """Draw every id row (and feature row) from ``N(0, std²)``; the padding row stays 0."""
         self._std = std

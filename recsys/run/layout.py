@@ -12,6 +12,7 @@ A run directory is self-contained::
       best.pt             best weights so far: {"model": state_dict, ...}
       metrics.jsonl       one JSON object per line, appended during training
       test_metrics.json   final test metrics: the last file a run writes (without it, the run did not finish)
+      init_from.json      a warm start's origin: the run it started from and what it carried (recsys train --init-from)
       tensorboard/        TensorBoard event files of the metrics.jsonl scalars (``train.tensorboard``)
       index/<slug>.faiss  saved ANN indexes (`recsys index`), with <slug>.json describing each
       export/<format>/    the exported network, item table and id maps (`recsys export`)
@@ -79,6 +80,7 @@ CHECKPOINT = "model.pt"
 BEST = "best.pt"
 METRICS = "metrics.jsonl"
 TEST_METRICS = "test_metrics.json"
+ORIGIN = "init_from.json"
 INDEX = "index"
 EXPORT = "export"
 TENSORBOARD = "tensorboard"
@@ -531,6 +533,15 @@ class RunDir:
 
     def read_test_metrics(self) -> dict[str, Any]:
         return self.read_json(TEST_METRICS)
+
+    def save_origin(self, origin: Mapping[str, Any]) -> None:
+        """Write ``init_from.json``: where a warm-started run started (the earlier run's path) and
+        what it carried from it."""
+        self.write_json(ORIGIN, origin)
+
+    def read_origin(self) -> dict[str, Any] | None:
+        """The run's ``init_from.json``, or None for a run that started from fresh weights."""
+        return self.read_json(ORIGIN) if self.file(ORIGIN).is_file() else None
 
     def write_json(self, name: str, obj: Any) -> None:
         """Atomically write ``obj`` as pretty JSON to ``name`` (a path relative to the run)."""

@@ -48,6 +48,7 @@ from recsys.train.plan import plan_training
 from recsys.train.report import opening_lines
 from recsys.train.step import Log
 from recsys.train.tracking import track_metrics
+from recsys.train.warm_start import WarmStart, follow_model, open_earlier, warm_start
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -80,6 +81,7 @@ def train(
     clicks: pd.DataFrame | None = None,
     progress: bool = False,
     on_validate: OnValidate | None = None,
+    init_from: str | Path | None = None,
 ) -> TrainResult:
     """Run a whole experiment (train, validate, early-stop, test). See the module docstring.
 
@@ -97,9 +99,14 @@ def train(
         on_validate: called as ``on_validate(step, metrics)`` after every validation (its row
             and checkpoint already written); an exception it raises stops training and leaves
             ``train`` (e.g. ``optuna.TrialPruned`` from :mod:`recsys.tune`).
+        init_from: a trained run directory to start from (a warm start, :mod:`recsys.train.warm_start`):
+            this run's model starts from its best weights, the network by name and the item rows
+            by raw id, with a fresh optimiser; the run directory records it (``init_from.json``).
     """
     if resume and run_dir is None:
         raise ValueError("--resume needs the run directory to continue")
+    if resume and init_from is not None:
+        raise ValueError("--init-from starts a new run from another run's weights; --resume continues a run: use one")
     dist = distributed.setup_distributed(cfg.train.device, graphs=cfg.train.cuda_graph is not False)
     device = dist.device
     torch.manual_seed(cfg.train.seed + dist.rank)
@@ -110,8 +117,13 @@ def train(
     if rd is not None:
         kept = _keep_global_batch(cfg, rd.checkpoint_entry("world_size"), dist.world_size, log)
         cfg, rebatched = kept, kept is not cfg
+    earlier = open_earlier(init_from) if init_from is not None else None
+    if earlier is not None:
+        cfg = follow_model(cfg, earlier.cfg)
     exp, graph = _prepare(cfg, dist, dataset=rd.load_dataset() if rd else None, clicks=clicks, progress=progress)
     cfg = exp.cfg  # every value resolved
+    origin = warm_start(exp, earlier) if earlier is not None else None
+    del earlier  # its model and dataset
     torch.set_num_threads(cfg.train.cpu_threads)
     exp.model.to(device)
 
@@ -122,8 +134,10 @@ def train(
     log(f"run directory: {rd.path}")
     if rebatched and dist.is_main:
         rd.save_config(cfg)
+    if origin is not None:
+        log(origin.line())
     try:
-        return _run(exp, rd, dist, resume, t0, log, on_validate, progress=progress, graph=graph)
+        return _run(exp, rd, dist, resume, t0, log, on_validate, progress=progress, graph=graph, origin=origin)
     except BaseException as err:
         _stopped(err, rd, dist, created, log)
         raise
@@ -260,17 +274,30 @@ def _prepare(
     return exp, graph
 
 
-def dry_run(cfg: Config, *, clicks: pd.DataFrame | None = None, progress: bool = False, log: Log = print) -> Config:
+def dry_run(
+    cfg: Config,
+    *,
+    clicks: pd.DataFrame | None = None,
+    progress: bool = False,
+    log: Log = print,
+    init_from: str | Path | None = None,
+) -> Config:
     """What :func:`train` would run, without training or writing a run directory: reads and
     prepares the data, builds the model, logs the lines the run would open its log with (data,
     model, validation, plan, and how the step would launch) and returns the resolved config
-    the run would save. ``clicks``, ``progress``: as in :func:`train`."""
+    the run would save. ``clicks``, ``progress``, ``init_from``: as in :func:`train` (a warm start
+    is checked and its line logged)."""
+    earlier = open_earlier(init_from) if init_from is not None else None
+    if earlier is not None:
+        cfg = follow_model(cfg, earlier.cfg)
     dist = distributed.setup_distributed(cfg.train.device)
     try:
         exp, graph = _prepare(cfg, dist, clicks=clicks, progress=progress)
     finally:
         distributed.cleanup()
     cfg, split, model = exp.cfg, exp.split, exp.model
+    if earlier is not None:
+        log(warm_start(exp, earlier).line())
     for line in opening_lines(exp, dist.device, len(split.valid.sample(cfg.eval.valid_users, cfg.data.seed))):
         log(line)
     if model.trainable:
@@ -290,14 +317,18 @@ def _run(
     *,
     progress: bool = False,
     graph: GraphPlan = (False, None),
+    origin: WarmStart | None = None,
 ) -> TrainResult:
     """:func:`train` once the data, the model (on ``dist.device``) and the run directory exist.
     ``progress``: rank 0 draws a bar over each validation's and the test's users; ``graph``: the
-    run's CUDA-graph plan (:func:`_prepare`)."""
+    run's CUDA-graph plan (:func:`_prepare`); ``origin``: the warm start the model's weights came
+    from, recorded in the run directory."""
     cfg, ds, split, model = exp.cfg, exp.dataset, exp.split, exp.model
     if dist.is_main and not resume:
         rd.save_config(cfg)
         rd.save_dataset(ds)
+        if origin is not None:
+            rd.save_origin(origin.record())
     valid = split.valid.sample(cfg.eval.valid_users, cfg.data.seed)  # a fixed sample: its cost stays bounded
     for line in opening_lines(exp, dist.device, len(valid)):
         log(line)
