@@ -117,13 +117,9 @@ def train(
     if rd is not None:
         kept = _keep_global_batch(cfg, rd.checkpoint_entry("world_size"), dist.world_size, log)
         cfg, rebatched = kept, kept is not cfg
-    earlier = open_earlier(init_from) if init_from is not None else None
-    if earlier is not None:
-        cfg = follow_model(cfg, earlier.cfg)
-    exp, graph = _prepare(cfg, dist, dataset=rd.load_dataset() if rd else None, clicks=clicks, progress=progress)
+    dataset = rd.load_dataset() if rd else None
+    exp, graph, origin = _prepare(cfg, dist, dataset=dataset, clicks=clicks, progress=progress, init_from=init_from)
     cfg = exp.cfg  # every value resolved
-    origin = warm_start(exp, earlier) if earlier is not None else None
-    del earlier  # its model and dataset
     torch.set_num_threads(cfg.train.cpu_threads)
     exp.model.to(device)
 
@@ -248,11 +244,13 @@ def _prepare(
     dataset: Dataset | None = None,
     clicks: pd.DataFrame | None = None,
     progress: bool = False,
-) -> tuple[Experiment, GraphPlan]:
+    init_from: str | Path | None = None,
+) -> tuple[Experiment, GraphPlan, WarmStart | None]:
     """The experiment a run on ``dist`` trains, with every automatic value of its config decided
     in ``exp.cfg`` for the data and ``dist``'s device and processes (:func:`recsys.run.build_experiment`,
-    which checks the config as written before reading the data, and resolved), and whether its step
-    is captured as a CUDA graph (:func:`~recsys.train.graphs.plan_graph`, made here once a run).
+    which checks the config as written before reading the data, and resolved), whether its step
+    is captured as a CUDA graph (:func:`~recsys.train.graphs.plan_graph`, made here once a run), and
+    with ``init_from`` the warm start its model's weights came from (:mod:`recsys.train.warm_start`).
     Both :func:`train` and :func:`dry_run` go through here, so a dry run shows what the run uses.
 
     Raises before any memory is taken where ``train.cuda_graph = true`` cannot capture on this
@@ -261,6 +259,9 @@ def _prepare(
     if cfg.train.loss not in loss_names():
         raise ConfigError(f"train.loss: unknown loss {cfg.train.loss!r}; known: {', '.join(loss_names())}")
     graph = plan_graph(cfg, dist.device, dist.world_size)  # train.cuda_graph = true that cannot: fail now
+    earlier = open_earlier(init_from) if init_from is not None else None
+    if earlier is not None:
+        cfg = follow_model(cfg, earlier.cfg)
     exp = build_experiment(
         cfg,
         dataset=dataset,
@@ -271,7 +272,7 @@ def _prepare(
         world_size=dist.world_size,
     )
     _check_split(exp.dataset, exp.split)
-    return exp, graph
+    return exp, graph, warm_start(exp, earlier) if earlier is not None else None
 
 
 def dry_run(
@@ -287,17 +288,14 @@ def dry_run(
     model, validation, plan, and how the step would launch) and returns the resolved config
     the run would save. ``clicks``, ``progress``, ``init_from``: as in :func:`train` (a warm start
     is checked and its line logged)."""
-    earlier = open_earlier(init_from) if init_from is not None else None
-    if earlier is not None:
-        cfg = follow_model(cfg, earlier.cfg)
     dist = distributed.setup_distributed(cfg.train.device)
     try:
-        exp, graph = _prepare(cfg, dist, clicks=clicks, progress=progress)
+        exp, graph, origin = _prepare(cfg, dist, clicks=clicks, progress=progress, init_from=init_from)
     finally:
         distributed.cleanup()
     cfg, split, model = exp.cfg, exp.split, exp.model
-    if earlier is not None:
-        log(warm_start(exp, earlier).line())
+    if origin is not None:
+        log(origin.line())
     for line in opening_lines(exp, dist.device, len(split.valid.sample(cfg.eval.valid_users, cfg.data.seed))):
         log(line)
     if model.trainable:
@@ -323,12 +321,9 @@ def _run(
     ``progress``: rank 0 draws a bar over each validation's and the test's users; ``graph``: the
     run's CUDA-graph plan (:func:`_prepare`); ``origin``: the warm start the model's weights came
     from, recorded in the run directory."""
-    cfg, ds, split, model = exp.cfg, exp.dataset, exp.split, exp.model
+    cfg, split, model = exp.cfg, exp.split, exp.model
     if dist.is_main and not resume:
-        rd.save_config(cfg)
-        rd.save_dataset(ds)
-        if origin is not None:
-            rd.save_origin(origin.record())
+        _save_start(rd, exp, origin)
     valid = split.valid.sample(cfg.eval.valid_users, cfg.data.seed)  # a fixed sample: its cost stays bounded
     for line in opening_lines(exp, dist.device, len(valid)):
         log(line)
@@ -367,6 +362,15 @@ def _run(
         cuda_graph=state.cuda_graph,
         out_of_time=state.out_of_time,
     )
+
+
+def _save_start(rd: RunDir, exp: Experiment, origin: WarmStart | None) -> None:
+    """What a new run is, written before its first step: its resolved config, its prepared data and,
+    for a warm start, the run its weights came from."""
+    rd.save_config(exp.cfg)
+    rd.save_dataset(exp.dataset)
+    if origin is not None:
+        rd.save_origin(origin.record())
 
 
 def _tested(exp: Experiment, rd: RunDir, main: bool, bar: bool) -> dict[str, float]:
