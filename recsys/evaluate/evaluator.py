@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from recsys.data.split import EvalSet
     from recsys.models.base import InterestModel
 
-__all__ = ["TABLE_METRICS", "eval_mode", "evaluate", "evaluate_with_config", "format_table"]
+__all__ = ["TABLE_METRICS", "evaluate", "evaluate_with_config", "format_table"]
 
 TABLE_METRICS = ("recall", "ndcg", "hitrate", "mrr")  # format_table's columns per cutoff
 _TABLE_NAMES = {
