@@ -691,7 +691,26 @@ def require_resolved(cfg: Config, who: str, section: str = "") -> None:
 def validate(cfg: Config) -> None:
     """Check values (not only types) so a bad config fails before any work starts. What depends
     on the model (settings it does not read, its automatic values) is checked by
-    :func:`recsys.run.settings.check` and :func:`recsys.run.settings.resolve`."""
+    :func:`recsys.run.settings.check` and :func:`recsys.run.settings.resolve`.
+
+    The first bad key found raises :class:`ConfigError` naming it."""
+    _check_automatic_keys(cfg)
+    _check_listed_keys(cfg)
+    _check_bounds(cfg)
+    _check_dependent_keys(cfg)
+    _check_data_fractions(cfg)
+    _check_eval(cfg)
+    if cfg.serve.n > cfg.serve.max_n:
+        raise ConfigError(f"serve.n: {cfg.serve.n} exceeds serve.max_n {cfg.serve.max_n}")
+    if not 0 <= cfg.serve.port <= 65535:
+        raise ConfigError(f"serve.port: must be in 0..65535, got {cfg.serve.port}")
+    if not is_automatic(cfg, "model.dim"):
+        check_heads(cfg.model)
+
+
+def _check_automatic_keys(cfg: Config) -> None:
+    """The keys whose sentinel (-1 or 0) means automatic (:data:`AUTOMATIC`) take it or a value in
+    range; ``train.lr`` has no automatic value any more, and says so to a config that writes 0."""
     if cfg.model.dim <= 0 and not is_automatic(cfg, "model.dim"):
         raise ConfigError(f"model.dim: must be > 0 (or -1: automatic), got {cfg.model.dim!r}")
     for path in (
@@ -709,6 +728,10 @@ def validate(cfg: Config) -> None:
     if cfg.train.lr <= 0:
         was = " (0 no longer means automatic: the default, 1e-3, holds at every batch)" if cfg.train.lr == 0 else ""
         raise ConfigError(f"train.lr: must be > 0, got {cfg.train.lr!r}{was}")
+
+
+def _check_listed_keys(cfg: Config) -> None:
+    """The keys of the tables above: one of :data:`_CHOICES`, positive, non-negative."""
     for path, choices in _CHOICES.items():
         if _get(cfg, path) not in choices:
             raise ConfigError(f"{path}: {_get(cfg, path)!r} is not one of {list(choices)}")
@@ -718,6 +741,10 @@ def validate(cfg: Config) -> None:
     for path in _NON_NEGATIVE:
         if _get(cfg, path) < 0:
             raise ConfigError(f"{path}: must be >= 0, got {_get(cfg, path)!r}")
+
+
+def _check_bounds(cfg: Config) -> None:
+    """The values that must lie in an interval or under a cap (and ``train.cuda_graph``, a switch)."""
     if not 0.0 <= cfg.model.filter_alpha <= 1.0:
         raise ConfigError(f"model.filter_alpha: must be in [0, 1], got {cfg.model.filter_alpha!r}")
     if not 0.0 <= cfg.model.attention_dropout < 1.0:
@@ -743,6 +770,12 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"train.lr_drop_factor: must be in (0, 1), got {cfg.train.lr_drop_factor!r}")
     if not 0.0 <= cfg.train.ema_decay < 1.0:
         raise ConfigError(f"train.ema_decay: must be in [0, 1) (0: no averaging), got {cfg.train.ema_decay!r}")
+
+
+def _check_dependent_keys(cfg: Config) -> None:
+    """``train.predict_next``'s range, then the keys that need or rule out another one: the
+    leave-one-out rules, learning-rate drops (need a patience), hard negatives (need sampling; the
+    ``train.full_softmax`` switch checked before), ``model.dropout`` below 1, the item feature columns."""
     if cfg.train.predict_next < 1 and not is_automatic(cfg, "train.predict_next"):
         raise ConfigError(f"train.predict_next: must be >= 1 (or -1: automatic), got {cfg.train.predict_next!r}")
     if cfg.data.loo_rules != "rectools" and cfg.data.split != "leave_one_out":
@@ -761,23 +794,26 @@ def validate(cfg: Config) -> None:
         raise ConfigError("data.feature_item_col: names the item column of data.item_features; it is empty")
     if cfg.data.feature_vector_col and cfg.data.feature_vector_col == cfg.data.feature_item_col:
         raise ConfigError(f"data.feature_vector_col: {cfg.data.feature_vector_col!r} is data.feature_item_col too")
+
+
+def _check_data_fractions(cfg: Config) -> None:
+    """The shares in ``data``: of an evaluation user's clicks that are input, of the clicks before the
+    time split's cut-off, of the users that validate and test."""
     if not 0.0 < cfg.data.eval_input_frac < 1.0:
         raise ConfigError(f"data.eval_input_frac: must be in (0, 1), got {cfg.data.eval_input_frac!r}")
     if not 0.0 < cfg.data.time_cutoff_quantile < 1.0:
         raise ConfigError("data.time_cutoff_quantile: must be in (0, 1)")
     if cfg.data.valid_frac < 0 or cfg.data.test_frac <= 0 or cfg.data.valid_frac + cfg.data.test_frac >= 1:
         raise ConfigError("data.valid_frac/test_frac: need valid >= 0, test > 0, valid + test < 1")
+
+
+def _check_eval(cfg: Config) -> None:
+    """``eval.topn``, ``eval.exclude_history`` and ``eval.objective``."""
     if not cfg.eval.topn or any(n <= 0 for n in cfg.eval.topn):
         raise ConfigError(f"eval.topn: need a non-empty list of positive ints, got {cfg.eval.topn!r}")
     if cfg.eval.exclude_history not in SWITCH_VALUES:
         raise ConfigError(f'eval.exclude_history: must be true, false or "auto", got {cfg.eval.exclude_history!r}')
     _check_objective(cfg)
-    if cfg.serve.n > cfg.serve.max_n:
-        raise ConfigError(f"serve.n: {cfg.serve.n} exceeds serve.max_n {cfg.serve.max_n}")
-    if not 0 <= cfg.serve.port <= 65535:
-        raise ConfigError(f"serve.port: must be in 0..65535, got {cfg.serve.port}")
-    if not is_automatic(cfg, "model.dim"):
-        check_heads(cfg.model)
 
 
 OBJECTIVE_METRICS = ("recall", "ndcg", "hitrate", "mrr")  # eval.objective's metric names (recsys.evaluate.metrics)

@@ -74,19 +74,8 @@ def draw_interests(
     rows = np.flatnonzero(np.asarray(eval_set.lengths) >= min_clicks)[:users]
     if len(rows) == 0:
         raise ValueError(f"no evaluation user has {min_clicks} or more input clicks to draw")
-    device = model_device(model)
-    model.eval()
-    with torch.no_grad():
-        seq = torch.as_tensor(eval_set.inputs[rows], device=device)
-        lengths = torch.as_tensor(eval_set.lengths[rows], device=device)
-        interests, scores = model.interests_with_attention(seq, lengths)  # [U, K, d], [U, L, K]
-        item_emb = model.item_embeddings().float()
-        best = (interests.float() @ item_emb[1:].T).topk(top, dim=2).indices.cpu().numpy() + 1  # [U, K, top]
-        attn, eff = None, None
-        if scores is not None:
-            weights = attention_weights(scores, lengths)  # [U, L, K]
-            attn, eff = weights.cpu().numpy(), effective_clicks(weights).cpu().numpy()  # [U, K]
-    k = interests.shape[1]
+    best, attention = _interest_view(model, eval_set, rows, top)
+    k = best.shape[1]
     fig, axes = plt.subplots(
         len(rows),
         2,
@@ -97,27 +86,9 @@ def draw_interests(
     try:
         has_categories = bool(np.any(np.asarray(ds.item_category) != 0))
         for r, row in enumerate(rows):
-            n = int(eval_set.lengths[row])
-            clicks = np.asarray(eval_set.inputs[row][:n])
-            user = ds.user_raw[eval_set.users[row]]
             heat, text = axes[r]
-            if attn is not None and eff is not None:
-                a = attn[r, :n, :].T  # [K, n]
-                heat.imshow(a, aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
-                heat.set_yticks(range(k), [f"{i} ({e:.1f})" for i, e in enumerate(eff[r])], fontsize=7)
-                heat.set_ylabel("interest (eff. clicks)", fontsize=7)
-            else:
-                heat.text(0.5, 0.5, "no attention over clicks in this model", ha="center", va="center")
-                heat.set_yticks([])
-            labels = [
-                str(ds.category_raw[ds.item_category[i]]) if has_categories else str(ds.item_raw[i]) for i in clicks
-            ]
-            heat.set_xticks(range(n), [lbl[:10] for lbl in labels], rotation=90, fontsize=6)
-            heat.set_title(f"user {user}: {n} input clicks (oldest left)", fontsize=8, loc="left")
-            text.axis("off")
-            lines = [f"{i}: " + ", ".join(_label(ds, int(item)) for item in best[r, i]) for i in range(k)]
-            text.text(0.0, 1.0, "\n".join(lines), va="top", ha="left", fontsize=6.5, family="monospace", wrap=True)
-            text.set_title(f"top {top} items per interest", fontsize=8, loc="left")
+            _draw_attention(heat, ds, eval_set, row, attention[r], has_categories)
+            _draw_top_items(text, ds, best[r], top)
         if title:
             fig.suptitle(title, fontsize=9)
         fig.tight_layout()
@@ -125,6 +96,63 @@ def draw_interests(
     finally:
         plt.close(fig)  # also when drawing or saving fails (pyplot keeps every open figure)
     return path
+
+
+def _interest_view(
+    model: InterestModel, eval_set: EvalSet, rows: np.ndarray, top: int
+) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray] | None]]:
+    """What :func:`draw_interests` shows of the evaluation users ``rows [U]``: each interest's ``top``
+    items by inner product, ``[U, K, top]`` item ids, and per user, for a model whose interests
+    attend over the clicks, the attention ``[L, K]`` with each interest's effective clicks ``[K]``
+    (else None). Leaves the model in eval mode."""
+    device = model_device(model)
+    model.eval()
+    with torch.no_grad():
+        seq = torch.as_tensor(eval_set.inputs[rows], device=device)
+        lengths = torch.as_tensor(eval_set.lengths[rows], device=device)
+        interests, scores = model.interests_with_attention(seq, lengths)  # [U, K, d], [U, L, K]
+        item_emb = model.item_embeddings().float()
+        best = (interests.float() @ item_emb[1:].T).topk(top, dim=2).indices.cpu().numpy() + 1  # [U, K, top]
+        if scores is None:
+            return best, [None] * len(rows)
+        weights = attention_weights(scores, lengths)  # [U, L, K]
+        return best, list(zip(weights.cpu().numpy(), effective_clicks(weights).cpu().numpy()))  # eff: [U, K]
+
+
+def _draw_attention(
+    heat: Any,
+    ds: Dataset,
+    eval_set: EvalSet,
+    row: int,
+    attention: tuple[np.ndarray, np.ndarray] | None,
+    has_categories: bool,
+) -> None:
+    """Draw into axes ``heat`` the attention ``[K, n]`` of evaluation user ``row``'s interests over its
+    ``n`` input clicks (oldest left), from its ``attention``: weights ``[L, K]`` and effective clicks
+    ``[K]``, or None for a model without attention over clicks (a note instead). The clicks are
+    labelled by category, or by raw id where the data has no categories."""
+    n = int(eval_set.lengths[row])
+    clicks = np.asarray(eval_set.inputs[row][:n])
+    user = ds.user_raw[eval_set.users[row]]
+    if attention is not None:
+        weights, eff = attention
+        heat.imshow(weights[:n, :].T, aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
+        heat.set_yticks(range(len(eff)), [f"{i} ({e:.1f})" for i, e in enumerate(eff)], fontsize=7)
+        heat.set_ylabel("interest (eff. clicks)", fontsize=7)
+    else:
+        heat.text(0.5, 0.5, "no attention over clicks in this model", ha="center", va="center")
+        heat.set_yticks([])
+    labels = [str(ds.category_raw[ds.item_category[i]]) if has_categories else str(ds.item_raw[i]) for i in clicks]
+    heat.set_xticks(range(n), [lbl[:10] for lbl in labels], rotation=90, fontsize=6)
+    heat.set_title(f"user {user}: {n} input clicks (oldest left)", fontsize=8, loc="left")
+
+
+def _draw_top_items(text: Any, ds: Dataset, best: np.ndarray, top: int) -> None:
+    """Write into axes ``text`` each interest's top items ``best [K, top]`` (raw ids, with categories)."""
+    text.axis("off")
+    lines = [f"{i}: " + ", ".join(_label(ds, int(item)) for item in best[i]) for i in range(len(best))]
+    text.text(0.0, 1.0, "\n".join(lines), va="top", ha="left", fontsize=6.5, family="monospace", wrap=True)
+    text.set_title(f"top {top} items per interest", fontsize=8, loc="left")
 
 
 def _save(fig: Any, path: str | Path) -> Path:

@@ -357,41 +357,16 @@ def prepare(df: pd.DataFrame, cfg: DataConfig) -> Dataset:
     kept items (:func:`~recsys.data.features.read_item_features`).
     """
     source = df.attrs.get("source") or "click table"  # errors name the file the clicks came from
-    missing = [col for col in ("user", "item", "time") if col not in df]
-    if missing:
-        raise DataError(f"{source}: lacks columns {missing} (has {list(df.columns)})")
-    user_codes, user_uniques = factorize_ids(df["user"])  # the id rule: recsys.data.ids
-    item_codes, item_uniques = factorize_ids(df["item"])
-    time = df["time"].to_numpy(np.float64)
-    for name, codes in (("user", user_codes), ("item", item_codes)):
-        if (codes < 0).any():
-            raise DataError(f"{source}: {count(int((codes < 0).sum()), 'row')} with a missing {name}")
-    if not np.isfinite(time).all():
-        raise DataError(f"{source}: {count(int((~np.isfinite(time)).sum()), 'row')} with a missing or infinite time")
-
-    keep = filter_counts(user_codes, item_codes, cfg.min_item_count, cfg.min_user_count, cfg.kcore)
-    if not keep.any():
-        raise DataError(
-            f"{source}: no clicks left after filtering (data.min_item_count={cfg.min_item_count}, "
-            f"data.min_user_count={cfg.min_user_count}, data.kcore={cfg.kcore})"
-        )
+    user_codes, user_raw, item_codes, item_raw, time = _coded_clicks(df, source)
+    keep = _kept_rows(user_codes, item_codes, cfg, source)
     row_items = item_codes  # [n_rows], for the categories of items
     user_codes, item_codes, time = user_codes[keep], item_codes[keep], time[keep]
 
-    item_raw = np.asarray(item_uniques, dtype=str)
     clicks = np.bincount(item_codes, minlength=len(item_raw))
-    kept_items = np.flatnonzero(clicks)
-    item_order = kept_items[popularity_order(item_raw[kept_items], clicks[kept_items])]
-    new_item = np.zeros(len(item_raw), dtype=np.int64)
-    new_item[item_order] = np.arange(1, len(item_order) + 1)
-
-    user_raw = np.asarray(user_uniques, dtype=str)
-    kept_users = np.flatnonzero(np.bincount(user_codes, minlength=len(user_raw)))
-    user_order = kept_users[raw_order(user_raw[kept_users])]
-    new_user = np.zeros(len(user_raw), dtype=np.int64)
-    new_user[user_order] = np.arange(len(user_order))
-
-    users, items = new_user[user_codes], new_item[item_codes]
+    item_order = _item_order(item_raw, clicks)
+    user_order = _user_order(user_raw, user_codes)
+    users = _renumbering(user_order, len(user_raw), first=0)[user_codes]
+    items = _renumbering(item_order, len(item_raw), first=1)[item_codes]
     order = _time_order(users, time)
     indptr = np.zeros(len(user_order) + 1, dtype=np.int64)
     np.cumsum(np.bincount(users, minlength=len(user_order)), out=indptr[1:])
@@ -414,6 +389,59 @@ def prepare(df: pd.DataFrame, cfg: DataConfig) -> Dataset:
         source=str(df.attrs.get("source", "")),
         features=read_item_features(cfg, kept_raw),
     )
+
+
+def _coded_clicks(df: pd.DataFrame, source: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The rows of ``df`` as ``(user_codes [n], user_raw [n_users], item_codes [n], item_raw [n_items],
+    time [n])``: users and items numbered by the id rule of :mod:`recsys.data.ids` (a code indexes
+    its raw id, as str), times as float64. A missing column, user, item or time raises
+    :class:`DataError` naming ``source``."""
+    missing = [col for col in ("user", "item", "time") if col not in df]
+    if missing:
+        raise DataError(f"{source}: lacks columns {missing} (has {list(df.columns)})")
+    user_codes, user_uniques = factorize_ids(df["user"])  # the id rule: recsys.data.ids
+    item_codes, item_uniques = factorize_ids(df["item"])
+    time = df["time"].to_numpy(np.float64)
+    for name, codes in (("user", user_codes), ("item", item_codes)):
+        if (codes < 0).any():
+            raise DataError(f"{source}: {count(int((codes < 0).sum()), 'row')} with a missing {name}")
+    if not np.isfinite(time).all():
+        raise DataError(f"{source}: {count(int((~np.isfinite(time)).sum()), 'row')} with a missing or infinite time")
+    return user_codes, np.asarray(user_uniques, dtype=str), item_codes, np.asarray(item_uniques, dtype=str), time
+
+
+def _kept_rows(user_codes: np.ndarray, item_codes: np.ndarray, cfg: DataConfig, source: str) -> np.ndarray:
+    """Rows ``[n]`` (bool) that survive the filter of ``cfg`` (:func:`filter_counts`); a
+    :class:`DataError` naming ``source`` and the filter where none does."""
+    keep = filter_counts(user_codes, item_codes, cfg.min_item_count, cfg.min_user_count, cfg.kcore)
+    if not keep.any():
+        raise DataError(
+            f"{source}: no clicks left after filtering (data.min_item_count={cfg.min_item_count}, "
+            f"data.min_user_count={cfg.min_user_count}, data.kcore={cfg.kcore})"
+        )
+    return keep
+
+
+def _item_order(item_raw: np.ndarray, clicks: np.ndarray) -> np.ndarray:
+    """The codes of the items with clicks (``clicks [n_items]``, after filtering) in internal id
+    order: falling clicks, ties by raw id."""
+    kept_items = np.flatnonzero(clicks)
+    return kept_items[popularity_order(item_raw[kept_items], clicks[kept_items])]
+
+
+def _user_order(user_raw: np.ndarray, user_codes: np.ndarray) -> np.ndarray:
+    """The codes of the users with clicks (``user_codes [n]``, after filtering) in internal id
+    order: by raw id."""
+    kept_users = np.flatnonzero(np.bincount(user_codes, minlength=len(user_raw)))
+    return kept_users[raw_order(user_raw[kept_users])]
+
+
+def _renumbering(order: np.ndarray, size: int, first: int) -> np.ndarray:
+    """``[size]`` int64: the new id of each of ``size`` codes, ``first, first + 1, ...`` along
+    ``order`` (the kept codes); 0 for a code that is not kept."""
+    new = np.zeros(size, dtype=np.int64)
+    new[order] = np.arange(first, len(order) + first)
+    return new
 
 
 def _time_order(users: np.ndarray, time: np.ndarray) -> np.ndarray:

@@ -65,15 +65,7 @@ def generate(cfg: SyntheticConfig, return_truth: bool = False) -> pd.DataFrame |
         raise ValueError("synthetic.switch_prob and synthetic.noise must be in [0, 1]")
     rng = np.random.default_rng(cfg.seed)
     n_users, n_items, n_cats, n_int = cfg.num_users, cfg.num_items, cfg.num_categories, cfg.interests_per_user
-
-    item_category = np.empty(n_items, dtype=np.int64)
-    item_category[rng.permutation(n_items)] = np.arange(n_items) % n_cats
-    by_category = np.argsort(item_category, kind="stable")  # [M] items grouped by category
-    block_start = np.searchsorted(item_category[by_category], np.arange(n_cats + 1))  # [C + 1]
-    rank = np.arange(n_items) - block_start[item_category[by_category]]
-    weight = (rank + 1.0) ** -cfg.popularity_alpha
-    weight /= np.bincount(item_category[by_category], weights=weight)[item_category[by_category]]
-    cdf = np.cumsum(weight)  # category c's items span (c, c + 1]
+    catalogue = _catalogue(rng, n_items, n_cats, cfg.popularity_alpha)
 
     interests = _distinct_categories(rng, n_users, n_int, n_cats)  # [U, I]
     weights = rng.dirichlet(np.ones(n_int), size=n_users)  # [U, I]
@@ -84,36 +76,89 @@ def generate(cfg: SyntheticConfig, return_truth: bool = False) -> pd.DataFrame |
     first = np.zeros(len(owner), dtype=bool)
     first[starts] = True
 
-    new_segment = first | (rng.random(len(owner)) < cfg.switch_prob)
-    segment = np.cumsum(new_segment) - 1  # [N] global segment of each click
-    active = _segment_interests(rng, weights, owner[new_segment], first[new_segment])  # [S]
-    category = interests[owner, active[segment]]  # [N]
-
-    u = rng.random(len(owner))
-    pos = np.searchsorted(cdf, category + u)
-    pos = np.clip(pos, block_start[category], block_start[category + 1] - 1)
-    items = by_category[pos]
-    noisy = rng.random(len(owner)) < cfg.noise
-    items[noisy] = rng.integers(0, n_items, size=int(noisy.sum()))
-
-    gaps = rng.exponential(_DAY, size=len(owner))
-    gaps[first] = 0.0
-    clock = np.cumsum(gaps)
-    time = _EPOCH + rng.uniform(0.0, _YEAR, size=n_users)[owner] + clock - clock[starts][owner]
+    category = _click_categories(rng, interests, weights, owner, first, cfg.switch_prob)  # [N]
+    items = _click_items(rng, catalogue, category, cfg.noise)  # [N]
+    time = _click_times(rng, owner, starts, first)  # [N]
 
     df = pd.DataFrame(
         {
             "user": _labels(owner, n_users),
             "item": _labels(items, n_items),
             "time": time,
-            "category": _labels(item_category[items], n_cats),
+            "category": _labels(catalogue.item_category[items], n_cats),
         }
     )
     df.attrs["time_is_position"] = False
     df.attrs["source"] = f"synthetic(seed={cfg.seed}, users={n_users}, items={n_items})"
     if return_truth:
-        return df, SyntheticTruth(user_interests=interests, user_weights=weights, item_category=item_category)
+        truth = SyntheticTruth(user_interests=interests, user_weights=weights, item_category=catalogue.item_category)
+        return df, truth
     return df
+
+
+@dataclass(frozen=True, eq=False)
+class _Catalogue:
+    """The items of :func:`generate`: ``item_category [M]``; ``by_category [M]`` the items grouped
+    by category; ``block_start [C + 1]`` where each category's items begin in ``by_category``; and
+    ``cdf [M]`` along ``by_category``, the cumulative popularity that spans ``(c, c + 1]`` over
+    category ``c``'s items, so that ``c + u`` (``u`` uniform in [0, 1)) picks one of them."""
+
+    item_category: np.ndarray
+    by_category: np.ndarray
+    block_start: np.ndarray
+    cdf: np.ndarray
+
+
+def _catalogue(rng: np.random.Generator, n_items: int, n_cats: int, popularity_alpha: float) -> _Catalogue:
+    """Items split evenly into ``n_cats`` categories at random, with Zipf(``popularity_alpha``)
+    popularity inside each category."""
+    item_category = np.empty(n_items, dtype=np.int64)
+    item_category[rng.permutation(n_items)] = np.arange(n_items) % n_cats
+    by_category = np.argsort(item_category, kind="stable")  # [M] items grouped by category
+    block_start = np.searchsorted(item_category[by_category], np.arange(n_cats + 1))  # [C + 1]
+    rank = np.arange(n_items) - block_start[item_category[by_category]]
+    weight = (rank + 1.0) ** -popularity_alpha
+    weight /= np.bincount(item_category[by_category], weights=weight)[item_category[by_category]]
+    cdf = np.cumsum(weight)  # category c's items span (c, c + 1]
+    return _Catalogue(item_category, by_category, block_start, cdf)
+
+
+def _click_categories(
+    rng: np.random.Generator,
+    interests: np.ndarray,
+    weights: np.ndarray,
+    owner: np.ndarray,
+    first: np.ndarray,
+    switch_prob: float,
+) -> np.ndarray:
+    """``[N]`` the category of each click: its user's (``owner [N]``) active interest, which
+    changes to another of the user's ``interests [U, I]`` with probability ``switch_prob`` after
+    each click (a new segment; ``first [N]``: a user's first click starts one)."""
+    new_segment = first | (rng.random(len(owner)) < switch_prob)
+    segment = np.cumsum(new_segment) - 1  # [N] global segment of each click
+    active = _segment_interests(rng, weights, owner[new_segment], first[new_segment])  # [S]
+    return interests[owner, active[segment]]
+
+
+def _click_items(rng: np.random.Generator, catalogue: _Catalogue, category: np.ndarray, noise: float) -> np.ndarray:
+    """``[N]`` the item of each click: one of its ``category [N]`` by popularity, or, for a
+    ``noise`` share of the clicks, any item uniformly."""
+    u = rng.random(len(category))
+    pos = np.searchsorted(catalogue.cdf, category + u)
+    pos = np.clip(pos, catalogue.block_start[category], catalogue.block_start[category + 1] - 1)
+    items = catalogue.by_category[pos]
+    noisy = rng.random(len(category)) < noise
+    items[noisy] = rng.integers(0, len(catalogue.item_category), size=int(noisy.sum()))
+    return items
+
+
+def _click_times(rng: np.random.Generator, owner: np.ndarray, starts: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """``[N]`` unix seconds of each click: its user (``owner [N]``, whose clicks begin at ``starts
+    [U]``) starts at a uniform moment of one year and clicks at exponential gaps of a day on average."""
+    gaps = rng.exponential(_DAY, size=len(owner))
+    gaps[first] = 0.0
+    clock = np.cumsum(gaps)
+    return _EPOCH + rng.uniform(0.0, _YEAR, size=len(starts))[owner] + clock - clock[starts][owner]
 
 
 def _labels(codes: np.ndarray, n: int) -> pd.Categorical:

@@ -31,7 +31,7 @@ evaluation users (logged to ``metrics.jsonl`` at every validation, printed by
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -40,7 +40,7 @@ from torch import Tensor
 
 from recsys.config import Config, RetrievalConfig, require_resolved
 from recsys.device import model_device
-from recsys.evaluate.evaluator import history_block
+from recsys.evaluate.evaluator import eval_mode, history_block
 from recsys.kernels import length_softmax
 from recsys.nn.multi_interest import interest_cosines
 from recsys.retrieval.index import Retriever
@@ -125,46 +125,41 @@ def interest_health(
     if min(max_users, batch_size, served_n) <= 0:
         got = f"{max_users}, {batch_size}, {served_n}"
         raise ValueError(f"interest_health: max_users, batch_size and served_n must be > 0, got {got}")
-    device = model_device(model)
-    users = min(max_users, len(eval_set.lengths))
-    was_training = model.training
-    model.eval()
     sums: dict[str, Tensor] = {}
 
     def add(name: str, value: Tensor) -> None:
         sums[name] = sums[name] + value if name in sums else value
 
-    try:
-        with torch.no_grad():
-            item_emb = model.item_embeddings()
-            search = Retriever(item_emb, RetrievalConfig(backend="torch"))  # exact, where the model lives
-            cat_t = None if item_category is None else torch.as_tensor(item_category, device=item_emb.device)
-            indptr = np.asarray(eval_set.truth_indptr, dtype=np.int64)
-            for start in range(0, users, batch_size):
-                stop = min(start + batch_size, users)
-                seq = torch.as_tensor(eval_set.inputs[start:stop], device=device)
-                lengths = torch.as_tensor(eval_set.lengths[start:stop], device=device)
-                interests, scores = model.interests_with_attention(seq, lengths)  # [B, K, d], [B, L, K]
-                interests = interests.float()
-                if scores is not None:
-                    _add_attention(add, attention_weights(scores, lengths), lengths)
-                truth = torch.as_tensor(eval_set.truth_items[indptr[start] : indptr[stop]], device=device)
-                owner = torch.repeat_interleave(
-                    torch.arange(stop - start, device=device),
-                    torch.as_tensor(np.diff(indptr[start : stop + 1]), device=device),
-                )
-                best = torch.einsum("tkd,td->tk", interests[owner], item_emb[truth].float()).argmax(dim=1)
-                add("wins", torch.bincount(best, minlength=interests.shape[1]).double())
-                if interests.shape[1] >= 2:
-                    _add_cosine(add, interests)
-                    exclude = history_block(eval_set, start, stop, device) if exclude_history else None
-                    served = search.top_items(interests, served_n, exclude)[2]  # [B, n] each item's interest
-                    add("served", torch.bincount(served[served >= 0], minlength=interests.shape[1]).double())
-                if planted is not None and cat_t is not None:
-                    _add_planted(add, interests, item_emb, cat_t, seq, lengths, planted[start:stop], top_m)
-    finally:
-        model.train(was_training)
+    with eval_mode(model), torch.no_grad():
+        item_emb = model.item_embeddings()
+        search = Retriever(item_emb, RetrievalConfig(backend="torch"))  # exact, where the model lives
+        cat_t = None if item_category is None else torch.as_tensor(item_category, device=item_emb.device)
+        for start, stop, seq, lengths in _batches(eval_set, min(max_users, len(eval_set.lengths)), batch_size, model):
+            interests, scores = model.interests_with_attention(seq, lengths)  # [B, K, d], [B, L, K]
+            interests = interests.float()
+            if scores is not None:
+                _add_attention(add, attention_weights(scores, lengths), lengths)
+            _add_readout(add, interests, item_emb, eval_set, start, stop)
+            if interests.shape[1] >= 2:
+                _add_cosine(add, interests)
+                exclude = history_block(eval_set, start, stop, seq.device) if exclude_history else None
+                _add_served(add, search.top_items(interests, served_n, exclude)[2], interests.shape[1])
+            if planted is not None and cat_t is not None:
+                _add_planted(add, interests, item_emb, cat_t, seq, lengths, planted[start:stop], top_m)
     return _finish(sums)
+
+
+def _batches(
+    eval_set: EvalSet, users: int, batch_size: int, model: InterestModel
+) -> Iterator[tuple[int, int, Tensor, Tensor]]:
+    """The first ``users`` evaluation users, ``batch_size`` at a time: ``(start, stop, seq [B, L],
+    lengths [B])``, the inputs on the model's device."""
+    device = model_device(model)
+    for start in range(0, users, batch_size):
+        stop = min(start + batch_size, users)
+        seq = torch.as_tensor(eval_set.inputs[start:stop], device=device)
+        lengths = torch.as_tensor(eval_set.lengths[start:stop], device=device)
+        yield start, stop, seq, lengths
 
 
 def health_with_config(
@@ -205,6 +200,27 @@ def _add_cosine(add: Add, interests: Tensor) -> None:
     off = (cos.sum(dim=(1, 2)) - cos.diagonal(dim1=1, dim2=2).sum(dim=1)) / (k * (k - 1))  # [B]
     add("cos_rows", ok.sum().double())
     add("cos", off[ok].sum().double())
+
+
+def _add_readout(add: Add, interests: Tensor, item_emb: Tensor, eval_set: EvalSet, start: int, stop: int) -> None:
+    """Accumulate ``wins [K]``: how many truth clicks of users ``start:stop`` each interest reads out
+    (the largest inner product with the clicked item, ComiRec's readout), from ``interests [B, K, d]``
+    and ``item_emb [N, d]``."""
+    device = interests.device
+    indptr = np.asarray(eval_set.truth_indptr, dtype=np.int64)
+    truth = torch.as_tensor(eval_set.truth_items[indptr[start] : indptr[stop]], device=device)
+    owner = torch.repeat_interleave(
+        torch.arange(stop - start, device=device),
+        torch.as_tensor(np.diff(indptr[start : stop + 1]), device=device),
+    )  # [T] the row of each truth click
+    best = torch.einsum("tkd,td->tk", interests[owner], item_emb[truth].float()).argmax(dim=1)
+    add("wins", torch.bincount(best, minlength=interests.shape[1]).double())
+
+
+def _add_served(add: Add, served: Tensor, k: int) -> None:
+    """Accumulate ``served [K]``: how many served items each of the ``k`` interests brought in, from
+    each served item's interest ``[B, n]`` (-1 where a user has fewer than ``n`` items)."""
+    add("served", torch.bincount(served[served >= 0], minlength=k).double())
 
 
 def _add_planted(

@@ -20,8 +20,9 @@ further into blocks of bounded size (:meth:`~recsys.retrieval.index.Retriever.to
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -96,6 +97,28 @@ def evaluate(
         "coverage@20": ..., ..., "users": U}`` as floats, each averaged over the ``U`` users.
     """
     topn = tuple(int(n) for n in topn)
+    _check_arguments(eval_set, topn, batch_size, diversity_lambda, item_category)
+    settings = _index_settings(retrieval, backend)
+    search = _Search(max(topn), batch_size, exclude_history, diversity_lambda)
+    with eval_mode(model), torch.no_grad():
+        retriever = Retriever(model.item_embeddings(), settings, item_category=item_category)
+        ids = _top_lists(model, retriever, eval_set, search, progress=progress, across_ranks=across_ranks)
+    return compute_metrics(
+        _gathered(ids) if across_ranks else ids,
+        eval_set.truth_indptr,
+        eval_set.truth_items,
+        topn=topn,
+        comirec_ndcg=comirec_ndcg,
+        item_category=item_category,
+        num_items=retriever.num_items,
+    )
+
+
+def _check_arguments(
+    eval_set: EvalSet, topn: tuple[int, ...], batch_size: int, diversity_lambda: float, item_category: np.ndarray | None
+) -> None:
+    """Raise ``ValueError`` naming the setting (or the ``eval_set`` arrays) :func:`evaluate` cannot
+    work with, before the model or the index costs anything."""
     if not topn or min(topn) <= 0:
         raise ValueError(f"eval.topn: need positive cutoffs, got {topn}")
     if batch_size <= 0:
@@ -112,42 +135,60 @@ def evaluate(
             f"eval_set: inputs has {len(eval_set.inputs)} rows and truth_indptr {len(eval_set.truth_indptr)} "
             f"entries for {num_users} users (expected {num_users} and {num_users + 1})"
         )
-    n_max = max(topn)
+
+
+def _index_settings(retrieval: RetrievalConfig | None, backend: str | None) -> RetrievalConfig:
+    """The settings of the item index: ``retrieval`` (default: exact search, ``RetrievalConfig()``)
+    with ``backend`` in place of its own where one is given."""
     settings = retrieval if retrieval is not None else RetrievalConfig()
-    if backend is not None:
-        settings = dataclasses.replace(settings, backend=backend)
-    device = model_device(model)
+    return settings if backend is None else dataclasses.replace(settings, backend=backend)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Search:
+    """How :func:`evaluate` searches each batch of users: the ``n`` best ids per user,
+    ``batch_size`` users per model call and search, with or without each user's input clicks
+    (``exclude_history``), merged by max score or by the diversity pick (``diversity_lambda > 0``)."""
+
+    n: int
+    batch_size: int
+    exclude_history: bool
+    diversity_lambda: float
+
+
+@contextlib.contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """``model`` in eval mode (no dropout) for the block, and back in the mode it had after it, also
+    when the block raises: an evaluation in the middle of training leaves the model training."""
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad():
-            item_emb = model.item_embeddings()
-            num_items = int(item_emb.shape[0])
-            retriever = Retriever(item_emb, settings, item_category=item_category)
-            users = _share(num_users) if across_ranks else range(num_users)
-            mine = eval_set.rows(np.arange(users.start, users.stop))
-            with progress_bar(len(users), "evaluate", enabled=progress, unit="users") as bar:  # closed on errors too
-                if not users:
-                    ids = np.zeros((0, n_max), dtype=np.int64)
-                elif retriever.on_device and diversity_lambda == 0:
-                    ids = _top_on_device(model, retriever, mine, n_max, exclude_history, batch_size, device, bar)
-                else:
-                    ids = _top_on_host(
-                        model, retriever, mine, n_max, exclude_history, diversity_lambda, batch_size, device, bar
-                    )
+        yield
     finally:
         model.train(was_training)
-    if across_ranks:
-        ids = _gathered(ids)
-    return compute_metrics(
-        ids,
-        eval_set.truth_indptr,
-        eval_set.truth_items,
-        topn=topn,
-        comirec_ndcg=comirec_ndcg,
-        item_category=item_category,
-        num_items=num_items,
-    )
+
+
+def _top_lists(
+    model: InterestModel,
+    retriever: Retriever,
+    eval_set: EvalSet,
+    search: _Search,
+    *,
+    progress: bool,
+    across_ranks: bool,
+) -> np.ndarray:
+    """``[U_r, n]`` recommended ids of this rank's share of the users (every user without
+    ``across_ranks`` or a process group): searched on the device where the index can search there
+    and no diversity pick is asked for (:func:`_top_on_device`), else on the host (:func:`_top_on_host`)."""
+    users = _share(len(eval_set.lengths)) if across_ranks else range(len(eval_set.lengths))
+    mine = eval_set.rows(np.arange(users.start, users.stop))
+    device = model_device(model)
+    with progress_bar(len(users), "evaluate", enabled=progress, unit="users") as bar:  # closed on errors too
+        if not users:
+            return np.zeros((0, search.n), dtype=np.int64)
+        if retriever.on_device and search.diversity_lambda == 0:
+            return _top_on_device(model, retriever, mine, search, device, bar)
+        return _top_on_host(model, retriever, mine, search, device, bar)
 
 
 def _share(num_users: int) -> range:
@@ -169,22 +210,15 @@ def _gathered(ids: np.ndarray) -> np.ndarray:
 
 
 def _top_on_device(
-    model: InterestModel,
-    retriever: Retriever,
-    eval_set: EvalSet,
-    n: int,
-    exclude_history: bool,
-    batch_size: int,
-    device: torch.device,
-    bar: Any,
+    model: InterestModel, retriever: Retriever, eval_set: EvalSet, search: _Search, device: torch.device, bar: Any
 ) -> np.ndarray:
     """``[U, n]`` recommended ids, searched where the embeddings live: every batch is queued
     without waiting for the GPU (inputs through pinned memory, results kept on the device) and
     the ids come back to the host once."""
     num_users = len(eval_set.lengths)
     out, finite = [], torch.ones((), dtype=torch.bool, device=device)
-    for start in range(0, num_users, batch_size):
-        stop = min(start + batch_size, num_users)
+    for start in range(0, num_users, search.batch_size):
+        stop = min(start + search.batch_size, num_users)
         seq, lengths = to_device(
             (
                 np.asarray(eval_set.inputs[start:stop], dtype=np.int64),
@@ -194,8 +228,8 @@ def _top_on_device(
         )
         interests = model.interests(seq, lengths).float()  # [b, K, d]
         finite &= torch.isfinite(interests).all()
-        exclude = history_block(eval_set, start, stop, device) if exclude_history else None
-        out.append(retriever.top_items(interests, n, exclude)[0])
+        exclude = history_block(eval_set, start, stop, device) if search.exclude_history else None
+        out.append(retriever.top_items(interests, search.n, exclude)[0])
         bar.update(stop - start)
     if not bool(finite):
         raise ValueError("interests: contains NaN or infinite values")
@@ -203,27 +237,19 @@ def _top_on_device(
 
 
 def _top_on_host(
-    model: InterestModel,
-    retriever: Retriever,
-    eval_set: EvalSet,
-    n: int,
-    exclude_history: bool,
-    diversity_lambda: float,
-    batch_size: int,
-    device: torch.device,
-    bar: Any,
+    model: InterestModel, retriever: Retriever, eval_set: EvalSet, search: _Search, device: torch.device, bar: Any
 ) -> np.ndarray:
     """``[U, n]`` recommended ids, searched and merged on the host batch by batch (FAISS, or
     the diversity-controlled pick)."""
     num_users = len(eval_set.lengths)
     out = []
-    for start in range(0, num_users, batch_size):
-        stop = min(start + batch_size, num_users)
+    for start in range(0, num_users, search.batch_size):
+        stop = min(start + search.batch_size, num_users)
         inputs = np.asarray(eval_set.inputs[start:stop], dtype=np.int64)
         seq, lengths = to_device((inputs, np.asarray(eval_set.lengths[start:stop], dtype=np.int64)), device)
         interests = model.interests(seq, lengths).float()  # [b, K, d]
-        exclude = eval_set.history(start, stop) if exclude_history else None  # CSR: every input click
-        out.append(retriever.search(interests, n, exclude, diversity_lambda=diversity_lambda)[0])
+        exclude = eval_set.history(start, stop) if search.exclude_history else None  # CSR: every input click
+        out.append(retriever.search(interests, search.n, exclude, diversity_lambda=search.diversity_lambda)[0])
         bar.update(stop - start)
     return np.concatenate(out)
 

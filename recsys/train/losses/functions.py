@@ -448,6 +448,23 @@ def sampled_softmax_loss(
     rows = item_emb[torch.cat([target, negatives])]  # [B + S, d]
     pos = (user * rows[: target.shape[0]]).sum(dim=1).float()  # [B]
     neg = negative_logits(user, rows[target.shape[0] :], interests, backend=backend)  # [B, S]
+    logits = _sampled_logits(pos, neg, target, negatives, log_q_target, log_q_neg, remove_accidental_hits)
+    return _finish(logits, torch.zeros_like(target), z_loss, mask, count)
+
+
+def _sampled_logits(
+    pos: Tensor,
+    neg: Tensor,
+    target: Tensor,
+    negatives: Tensor,
+    log_q_target: Tensor | None,
+    log_q_neg: Tensor | None,
+    remove_accidental_hits: bool,
+) -> Tensor:
+    """``[B, 1 + S]`` logits of :func:`sampled_softmax_loss`: each row's target logit ``pos [B]``,
+    then its negatives' ``neg [B, S]``, each minus its log expected count where given (the logQ
+    correction of the module docstring) and, with ``remove_accidental_hits``, a negative equal to
+    the row's ``target`` at ``-inf``."""
     if log_q_target is not None:
         if log_q_target.shape != target.shape:
             raise ValueError(f"log_q_target: expected [{target.shape[0]}], got {tuple(log_q_target.shape)}")
@@ -458,8 +475,7 @@ def sampled_softmax_loss(
         neg = neg - log_q_neg.float()[None, :]
     if remove_accidental_hits:
         neg = neg.masked_fill(negatives[None, :] == target[:, None], -math.inf)
-    logits = torch.cat([pos[:, None], neg], dim=1)  # [B, 1 + S]
-    return _finish(logits, torch.zeros_like(target), z_loss, mask, count)
+    return torch.cat([pos[:, None], neg], dim=1)
 
 
 def full_softmax_loss(
