@@ -108,30 +108,22 @@ def train(
     if resume and init_from is not None:
         raise ValueError("--init-from starts a new run from another run's weights; --resume continues a run: use one")
     dist = distributed.setup_distributed(cfg.train.device, graphs=cfg.train.cuda_graph is not False)
-    device = dist.device
     torch.manual_seed(cfg.train.seed + dist.rank)
     t0 = time.perf_counter()
-
     rd = _reopened(run_dir, dist) if resume and run_dir is not None else None  # (resume without run_dir raised above)
-    rebatched = False  # resumed on another number of processes: config.json gets the new per-process batch
-    if rd is not None:
-        kept = _keep_global_batch(cfg, rd.checkpoint_entry("world_size"), dist.world_size, log)
-        cfg, rebatched = kept, kept is not cfg
+    # resumed on another number of processes: config.json gets the new per-process batch
+    kept = _keep_global_batch(cfg, rd.checkpoint_entry("world_size"), dist.world_size, log) if rd else cfg
+    cfg, rebatched = kept, kept is not cfg
     dataset = rd.load_dataset() if rd else None
     exp, graph, origin = _prepare(cfg, dist, dataset=dataset, clicks=clicks, progress=progress, init_from=init_from)
     cfg = exp.cfg  # every value resolved
     torch.set_num_threads(cfg.train.cpu_threads)
-    exp.model.to(device)
-
+    exp.model.to(dist.device)
     created = rd is None and (run_dir is None or not Path(run_dir).exists())
-    if run_dir is None and not cfg.name and dist.is_main:
-        _mention_unfinished(cfg)
     rd = rd or _new_run_dir(cfg, run_dir, dist)
     log(f"run directory: {rd.path}")
     if rebatched and dist.is_main:
         rd.save_config(cfg)
-    if origin is not None:
-        log(origin.line())
     try:
         return _run(exp, rd, dist, resume, t0, log, on_validate, progress=progress, graph=graph, origin=origin)
     except BaseException as err:
@@ -153,8 +145,11 @@ def _reopened(run_dir: str | Path, dist: distributed.DistInfo) -> RunDir:
 
 
 def _new_run_dir(cfg: Config, run_dir: str | Path | None, dist: distributed.DistInfo) -> RunDir:
-    """The run's new folder: ``run_dir``, or a new one under ``cfg.output_dir``; rank 0 makes (and
-    claims) it, and under DDP the other ranks open the same one."""
+    """The run's new folder: ``run_dir``, or a new one under ``cfg.output_dir`` (beside which an
+    unfinished run of the same config is mentioned); rank 0 makes (and claims) it, and under DDP
+    the other ranks open the same one."""
+    if run_dir is None and not cfg.name and dist.is_main:
+        _mention_unfinished(cfg)
     path = None
     if dist.is_main:
         if run_dir is not None:
@@ -324,6 +319,8 @@ def _run(
     cfg, split, model = exp.cfg, exp.split, exp.model
     if dist.is_main and not resume:
         _save_start(rd, exp, origin)
+    if origin is not None:
+        log(origin.line())
     valid = split.valid.sample(cfg.eval.valid_users, cfg.data.seed)  # a fixed sample: its cost stays bounded
     for line in opening_lines(exp, dist.device, len(valid)):
         log(line)
