@@ -62,6 +62,12 @@ def test_the_input_is_left_out_when_asked_and_users_rank_apart(new_items):
     assert top.tolist() == [[2, 5, 6, 4], [4, 1, 3, 5]]
 
 
+def test_candidates_are_the_only_items_ranked(new_items):
+    candidates = np.array([3, 4, 6])
+    top = new_items.attribute_popularity(attributes(), history([1]), POPULARITY, "shared", 3, candidates=candidates)
+    assert top.tolist() == [[6, 4, 3]]  # none shares a with the input: by popularity
+
+
 def test_ties_are_broken_at_random_not_by_id(new_items):
     popularity = np.zeros(7)  # every item ties but on attributes
     firsts = {

@@ -142,7 +142,8 @@ class Split:
 
     The training clicks are not copied: user ``u``'s are ``clicks[clicks_indptr[u]:train_ends[u]]``,
     a prefix of its row in the dataset's own CSR arrays (memory-mapped for a dataset prepared on
-    disk), so a process reads only the rows it samples. ``clicks_indptr [U + 1]``, ``clicks [nnz]``
+    disk), so a process reads only the rows it samples (with held-out items, :func:`hold_out`, they are a
+    copy without those items' clicks). ``clicks_indptr [U + 1]``, ``clicks [nnz]``
     and ``train_ends [U]`` are int64; ``train_users [R]`` are the users with training clicks (the
     others' ``train_ends`` are their rows' starts). ``cutoff`` is the time split's cutoff
     (``None`` otherwise).
