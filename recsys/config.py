@@ -142,6 +142,10 @@ class DataConfig(_Section):
     item_features: str = ""
     feature_item_col: str = "item"  # the item column (JSON lines: field) of data.item_features
     feature_vector_col: str = ""  # its column of dense vectors (lists of numbers: text embeddings); empty: none
+    # optional text file of raw item ids, one a line: every click on them leaves the split's training part (training
+    # users' sequences, leave-one-out's training prefixes) and nothing else, so they train as new items would and
+    # evaluation still sees them in inputs and truth (recsys.data.split; docs/data.md, "Holding items out")
+    held_out_items: str = ""
     skip_bad_rows: bool = False  # report and drop malformed rows instead of failing
     min_item_count: int = 5
     min_user_count: int = 5

@@ -635,11 +635,12 @@ def _tune(cfg: Config, folder: Path, parsed: Space, trials: int, max_minutes: fl
 
 
 def _absolute_paths(cfg: Config) -> Config:
-    """``cfg`` with a relative ``data.source``, ``data.categories`` or ``data.item_features`` file made
-    absolute, so the written config trains from any folder (``synthetic`` and ``dataset:NAME/...`` stay)."""
+    """``cfg`` with a relative ``data.source``, ``data.categories``, ``data.item_features`` or
+    ``data.held_out_items`` file made absolute, so the written config trains from any folder
+    (``synthetic`` and ``dataset:NAME/...`` stay)."""
     paths = {
         f"data.{key}": os.path.abspath(value)
-        for key in ("source", "categories", "item_features")
+        for key in ("source", "categories", "item_features", "held_out_items")
         if (value := getattr(cfg.data, key))
         and value != "synthetic"
         and not value.startswith(SOURCE_PREFIX)

@@ -24,7 +24,7 @@ from recsys.data.prepare import Dataset, prepare
 from recsys.data.readers import DataError, DataWarning, read_frame, read_interactions
 from recsys.data.registry import resolve_source
 from recsys.data.sources import data_suffix
-from recsys.data.split import EvalSet, Split, split_dataset
+from recsys.data.split import EvalSet, Split, read_held_out, split_dataset
 from recsys.data.synthetic import generate
 from recsys.extras import install_hint
 from recsys.io.files import one_at_a_time
@@ -85,10 +85,14 @@ def load_dataset(cfg: Config, *, clicks: pd.DataFrame | None = None, progress: b
     A log that one user dominates (more than :data:`DOMINANT_SHARE` of the clicks after
     filtering: a crawler, a test account, a placeholder id) gives a :class:`DataWarning` naming
     the user and the share: it trains without error, on mostly that user.
+
+    ``cfg.data.held_out_items`` is read last (:func:`~recsys.data.split.read_held_out`) into
+    ``Dataset.held_out``, whose clicks the split keeps out of training.
     """
     ds = _load(cfg, clicks, progress)
     _warn_if_dominated(ds)
-    return ds
+    held = read_held_out(cfg.data, ds)  # after the cache: one prepared dataset serves every held-out set
+    return ds if held is None else dataclasses.replace(ds, held_out=held)
 
 
 def _load(cfg: Config, clicks: pd.DataFrame | None, progress: bool) -> Dataset:
@@ -187,6 +191,9 @@ def describe(ds: Dataset) -> str:
     ]
     if ds.features is not None:
         rows.append(("features", ds.features.summary()))
+    if ds.held_out is not None:
+        clicks = int(ds.item_counts[ds.held_out[ds.held_out < ds.num_items]].sum())
+        rows.append(("held out", f"{count(len(ds.held_out), 'item')}, {count(clicks, 'click')} kept out of training"))
     return "\n".join(f"{name:<14}{value}" for name, value in rows)
 
 

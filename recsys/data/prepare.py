@@ -36,6 +36,7 @@ _FORMAT_VERSION = 2  # one NAME.npy per array
 _NPZ = "dataset.npz"  # format 1 (every array in one archive), still read
 _CLICK_ARRAYS = ("items", "times")  # one entry per click: memory-mapped
 ARRAYS = ("item_raw", "user_raw", "indptr", "items", "times", "item_category", "category_raw", "item_counts")
+HELD_OUT = "held_out"  # the array of the items held out of training (data.held_out_items), when there are any
 
 
 class IdMap:
@@ -126,6 +127,11 @@ class Dataset:
     ``features``: the items' attributes and vectors (``data.item_features``,
     :class:`~recsys.data.features.ItemFeatures`), rows in internal id order and new items (listed
     by the feature file, absent from the clicks) after ``num_items - 1``; saved in ``features/``.
+
+    ``held_out`` ``[h]`` int64: the sorted item ids whose clicks the split keeps out of training
+    (``data.held_out_items``, :func:`~recsys.data.split.read_held_out`), or ``None``; saved as
+    ``held_out.npy``, so a run's split is the same wherever it is loaded. Set on the dataset a run
+    trains on, never on the prepared-data cache (which any held-out set shares).
     """
 
     item_raw: np.ndarray
@@ -138,6 +144,7 @@ class Dataset:
     item_counts: np.ndarray
     source: str = ""
     features: ItemFeatures | None = None
+    held_out: np.ndarray | None = None
 
     @property
     def num_items(self) -> int:
@@ -270,6 +277,8 @@ class Dataset:
                     save_npy(path, value.astype(str) if value.dtype.kind in "OU" else value)
             if self.features is not None:
                 self.features.save(tmp / FEATURES)
+            if self.held_out is not None:
+                save_npy(tmp / f"{HELD_OUT}.npy", self.held_out)
             self.write_meta(tmp)
 
     def write_meta(self, directory: Path) -> None:
@@ -309,11 +318,18 @@ class Dataset:
             if (path := directory / f"{name}.npy").is_file()
         }
         features = ItemFeatures.load(directory / FEATURES) if (directory / FEATURES).is_dir() else None
-        return cls._checked(directory, arrays, source, features)
+        held = directory / f"{HELD_OUT}.npy"
+        held_out = np.load(held, allow_pickle=False) if held.is_file() else None
+        return cls._checked(directory, arrays, source, features, held_out)
 
     @classmethod
     def _checked(
-        cls, directory: Path, arrays: dict[str, np.ndarray], source: str, features: ItemFeatures | None = None
+        cls,
+        directory: Path,
+        arrays: dict[str, np.ndarray],
+        source: str,
+        features: ItemFeatures | None = None,
+        held_out: np.ndarray | None = None,
     ) -> Dataset:
         try:
             ds = cls(
@@ -321,6 +337,7 @@ class Dataset:
                 times=arrays.get("times"),
                 source=source,
                 features=features,
+                held_out=held_out,
             )
         except KeyError as err:
             raise DataError(f"{directory}: missing array {err}") from None
@@ -344,6 +361,13 @@ class Dataset:
             problems.append("item_category must be in 0..num_categories-1")
         if self.features is not None and self.features.num_known != self.num_items:
             problems.append("item features must be aligned with num_items (features.num_known)")
+        held = self.held_out
+        if held is not None and (
+            held.ndim != 1
+            or np.any(held[1:] <= held[:-1])
+            or (len(held) and not (held[0] >= 1 and held[-1] < self.catalogue_size))
+        ):
+            problems.append("held_out must be increasing item ids in 1..catalogue_size-1")
         if problems:
             raise DataError(f"{where}: " + "; ".join(problems))
 

@@ -38,6 +38,16 @@ file whose rows are in the published order the split is the published one. No se
 Evaluation users whose input or truth would be empty (in the user split: users with fewer
 than 2 clicks at the default fraction) are dropped from the evaluation sets.
 
+**Held-out items** (``data.held_out_items``, :func:`read_held_out`, kept as ``Dataset.held_out``):
+after any of the three splits, every click on those items is taken out of the training part (the
+training users' sequences, the time split's clicks before the cutoff, leave-one-out's training
+prefixes), and out of nothing else: the evaluation sets keep them in inputs and truth. Their
+training count is then 0, so a model with item features represents them by their features alone
+(:mod:`recsys.items.features`), as it would items that are new: how to measure new items on a log
+where every item has clicks. Which targets the leave-one-out rules drop is decided on the log before
+the items are held out (a held-out item is not a cold target), so its targets are scored. The
+training rows are then a copy without those clicks (:func:`hold_out`), not read in place.
+
 Every split reads the dataset's clicks in place (they may be memory-mapped): what it computes over
 every click (the time split's cutoff and each user's clicks before it, the leave-one-out's
 training counts and repeated targets) is computed :data:`CLICK_BLOCK` clicks or
@@ -47,8 +57,10 @@ the log. The arrays it keeps are per user, and the evaluation sets' inputs and t
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -130,7 +142,8 @@ class Split:
 
     The training clicks are not copied: user ``u``'s are ``clicks[clicks_indptr[u]:train_ends[u]]``,
     a prefix of its row in the dataset's own CSR arrays (memory-mapped for a dataset prepared on
-    disk), so a process reads only the rows it samples. ``clicks_indptr [U + 1]``, ``clicks [nnz]``
+    disk), so a process reads only the rows it samples (with held-out items, :func:`hold_out`, they are a
+    copy without those items' clicks). ``clicks_indptr [U + 1]``, ``clicks [nnz]``
     and ``train_ends [U]`` are int64; ``train_users [R]`` are the users with training clicks (the
     others' ``train_ends`` are their rows' starts). ``cutoff`` is the time split's cutoff
     (``None`` otherwise).
@@ -191,14 +204,65 @@ def _count_items(
 
 
 def split_dataset(ds: Dataset, cfg: DataConfig) -> Split:
-    """Split ``ds`` as ``cfg.split`` says (see the module docstring); reproducible by ``cfg.seed``."""
+    """Split ``ds`` as ``cfg.split`` says (see the module docstring); reproducible by ``cfg.seed``.
+    The items of ``ds.held_out`` leave the training part (:func:`hold_out`)."""
     if cfg.split == "user":
-        return _user_split(ds, cfg)
-    if cfg.split == "time":
-        return _time_split(ds, cfg)
-    if cfg.split == "leave_one_out":
-        return _leave_one_out_split(ds, cfg)
-    raise DataError(f"data.split: unknown split {cfg.split!r} (user | time | leave_one_out)")
+        split = _user_split(ds, cfg)
+    elif cfg.split == "time":
+        split = _time_split(ds, cfg)
+    elif cfg.split == "leave_one_out":
+        split = _leave_one_out_split(ds, cfg)
+    else:
+        raise DataError(f"data.split: unknown split {cfg.split!r} (user | time | leave_one_out)")
+    return split if ds.held_out is None or not len(ds.held_out) else hold_out(split, ds.held_out)
+
+
+def read_held_out(cfg: DataConfig, ds: Dataset) -> np.ndarray | None:
+    """The sorted item ids ``[h]`` int64 of ``cfg.held_out_items`` (a text file of raw item ids, one a
+    line; blank lines are skipped), or ``None`` without the setting. An id must be one of ``ds``'s
+    items (clicked, or a new item of its features); an unknown one is a :class:`DataError` naming the
+    file and the first few unknown ids."""
+    if not cfg.held_out_items:
+        return None
+    path = Path(cfg.held_out_items)
+    try:
+        raw = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    except (OSError, UnicodeDecodeError) as err:
+        raise DataError(f"data.held_out_items: cannot read {path} ({err})") from err
+    ids, unknown = ds.item_map.encode([r for r in raw if r])
+    if unknown:
+        shown = ", ".join(repr(r) for r in unknown[:5]) + (" ..." if len(unknown) > 5 else "")
+        raise DataError(
+            f"data.held_out_items: {path}: {count(len(unknown), 'item id')} not among the prepared items "
+            f"(never clicked or dropped by the filter, and not in data.item_features): {shown}"
+        )
+    return np.unique(ids)
+
+
+def hold_out(split: Split, items: np.ndarray) -> Split:
+    """``split`` with every click on ``items [h]`` (item ids) removed from its training part: the
+    training rows become a CSR of their own (user ``u``'s kept training clicks, in order, are
+    ``clicks[clicks_indptr[u]:train_ends[u]]``), built :data:`USER_BLOCK` users at a time, and the
+    users left without a training click leave ``train_users``. The evaluation sets are untouched."""
+    users = split.train_users
+    kept, lengths = [], np.zeros(len(users), dtype=np.int64)
+    for first in range(0, len(users), USER_BLOCK):
+        block = users[first : first + USER_BLOCK]
+        indptr, clicks = gather_rows(split.clicks, split.clicks_indptr[block], split.train_ends[block])
+        keep = ~np.isin(clicks, items)
+        row = np.repeat(np.arange(len(block)), np.diff(indptr))
+        lengths[first : first + len(block)] = np.bincount(row[keep], minlength=len(block))
+        kept.append(clicks[keep])
+    per_user = np.zeros(len(split.clicks_indptr) - 1, dtype=np.int64)
+    per_user[users] = lengths
+    indptr = np.concatenate([[0], np.cumsum(per_user)]).astype(np.int64)
+    return dataclasses.replace(
+        split,
+        clicks_indptr=indptr,
+        clicks=np.concatenate(kept) if kept else np.zeros(0, dtype=np.int64),
+        train_ends=indptr[1:].copy(),
+        train_users=users[lengths > 0],
+    )
 
 
 def make_eval_set(
