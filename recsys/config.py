@@ -210,6 +210,9 @@ class ModelConfig(_Section):
     # with data.item_features: each item is its id row plus its features' embeddings, and an item without training
     # clicks (a new item) is its features alone (recsys.items.features); false: ids alone
     use_features: bool = True
+    # with item features: in training, each read of a clicked item leaves its id row out with this probability, so
+    # the features learn to stand for an item alone and new items score on the clicked items' scale; 0: never
+    id_dropout: float = 0.0
     # self-attentive models: scores become c*tanh(s/c), so no interest collapses onto one click;
     # 0 disables; -1 (the default): the model's automatic value (recsys.models.spec)
     score_cap: float = -1.0
@@ -779,7 +782,8 @@ def _check_bounds(cfg: Config) -> None:
 def _check_dependent_keys(cfg: Config) -> None:
     """``train.predict_next``'s range, then the keys that need or rule out another one: the
     leave-one-out rules, learning-rate drops (need a patience), hard negatives (need sampling; the
-    ``train.full_softmax`` switch checked before), ``model.dropout`` below 1, the item feature columns."""
+    ``train.full_softmax`` switch checked before), ``model.dropout`` below 1, ``model.id_dropout``
+    (needs item features), the item feature columns."""
     if cfg.train.predict_next < 1 and not is_automatic(cfg, "train.predict_next"):
         raise ConfigError(f"train.predict_next: must be >= 1 (or -1: automatic), got {cfg.train.predict_next!r}")
     if cfg.data.loo_rules != "rectools" and cfg.data.split != "leave_one_out":
@@ -794,6 +798,13 @@ def _check_dependent_keys(cfg: Config) -> None:
         )
     if cfg.model.dropout >= 1.0:  # negatives other than -1 are refused above
         raise ConfigError(f"model.dropout: must be < 1, got {cfg.model.dropout!r}")
+    if not 0.0 <= cfg.model.id_dropout < 1.0:
+        raise ConfigError(f"model.id_dropout: must be in [0, 1), got {cfg.model.id_dropout!r}")
+    if cfg.model.id_dropout and not (cfg.data.item_features and cfg.model.use_features):
+        raise ConfigError(
+            "model.id_dropout: leaves items' id rows out for their features, so it needs data.item_features "
+            "and model.use_features = true; set it to 0"
+        )
     if cfg.data.item_features and not cfg.data.feature_item_col:
         raise ConfigError("data.feature_item_col: names the item column of data.item_features; it is empty")
     if cfg.data.feature_vector_col and cfg.data.feature_vector_col == cfg.data.feature_item_col:

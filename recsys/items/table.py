@@ -74,6 +74,7 @@ class ItemTable(nn.Module):
             raise ValueError(f"num_items must be >= 2 (id 0 is padding), got {num_items}")
         self.table = nn.Embedding(num_items, dim, padding_idx=0)
         self.features: FeatureEmbedding | None = None  # add_features
+        self.id_dropout = 0.0  # with features: how often a training read leaves a clicked item's id row out
         self.warm: Tensor | None  # [num_items] bool, with features: the items whose id row is read
         self.register_buffer("warm", None, persistent=False)
         self.init_normal(1.0 / math.sqrt(dim))
@@ -110,13 +111,22 @@ class ItemTable(nn.Module):
             return rows
         assert self.warm is not None
         ids = torch.arange(rows.shape[0], device=rows.device) if ids is None else ids
-        return rows * self.warm[ids, None].to(rows.dtype) + self.features(ids).to(rows.dtype)
+        read = self.warm[ids]  # [R] whose id rows are read
+        if self.training and self.id_dropout:
+            read = read & (torch.rand(read.shape, device=read.device) >= self.id_dropout)
+        return rows * read[:, None].to(rows.dtype) + self.features(ids).to(rows.dtype)
 
     @torch.no_grad()
-    def add_features(self, features: ItemFeatures, trained: Tensor) -> None:
+    def add_features(self, features: ItemFeatures, trained: Tensor, id_dropout: float = 0.0) -> None:
         """Represent items by their id rows and their features (:mod:`recsys.items.features`) from now
         on: the table grows to ``features.num_items`` rows (new items' id rows are zero and never
-        read) and ``trained [num_known]`` (training clicks per item) marks whose id rows are read."""
+        read) and ``trained [num_known]`` (training clicks per item) marks whose id rows are read.
+        ``id_dropout`` (``model.id_dropout``): in training, each read of a clicked item leaves its id
+        row out with this probability, so the feature part learns to stand for an item alone and a
+        new item scores on the clicked items' scale (DropoutNet's idea, Volkovs et al. 2017)."""
+        if not 0.0 <= id_dropout < 1.0:
+            raise ValueError(f"model.id_dropout: must be in [0, 1), got {id_dropout!r}")
+        self.id_dropout = id_dropout
         if features.num_known != self.table.num_embeddings or len(trained) != features.num_known:
             raise ValueError(
                 f"item features: {features.num_known} known items, the table has {self.table.num_embeddings} "
@@ -221,7 +231,7 @@ class ItemTable(nn.Module):
         """Start as a table holding ``table``'s rows and features (the same tensors): the first
         thing another form's constructor does, instead of drawing rows of its own."""
         nn.Module.__init__(self)
-        self.table, self.features = table.table, table.features
+        self.table, self.features, self.id_dropout = table.table, table.features, table.id_dropout
         self.register_buffer("warm", table.warm, persistent=False)
         self._std, self._rows, self._row_ids = table._std, None, None
 

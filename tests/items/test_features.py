@@ -5,6 +5,7 @@ representations, and a run on a log with a feature file (training, its catalogue
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from recsys.data.features import FeatureField, ItemFeatures
@@ -116,3 +117,29 @@ def test_a_run_with_a_feature_file_trains_retrieves_new_items_and_ids_alone_leav
     ids_alone = fit(None, overrides={**common, "model.use_features": False}, log=None)
     assert ids_alone.dataset.features is None
     assert len(ids_alone.item_embeddings()[0]) == ids_alone.dataset.num_items - 1
+
+
+def test_id_dropout_leaves_clicked_items_id_rows_out_in_training_only():
+    table = ItemTable(6, 5)
+    table.add_features(_features(), torch.tensor([0, 4, 1, 2, 1, 3]), id_dropout=0.5)
+    table.eval()
+    ids = torch.arange(1, 6).repeat(400)  # clicked items, each read 400 times
+    feats = table.features(ids).detach()
+    with_rows = table._represent(table.table.weight[ids], ids).detach()  # eval: every warm id row read
+    warm = table.warm[ids, None].float()  # an item without training clicks would be its features alone
+    torch.testing.assert_close(with_rows, warm * table.table.weight[ids].detach() + feats)
+    table.train()
+    torch.manual_seed(0)
+    drawn = table._represent(table.table.weight[ids], ids).detach()
+    alone = torch.isclose(drawn, feats).all(-1)  # rows left out: the features alone
+    assert (alone | torch.isclose(drawn, with_rows).all(-1)).all()
+    assert 0.4 < alone.float().mean() < 0.6  # about id_dropout of the reads
+    with pytest.raises(ValueError, match="model.id_dropout"):
+        ItemTable(6, 5).add_features(_features(), torch.ones(6), id_dropout=1.0)
+
+
+def test_id_dropout_without_item_features_is_refused():
+    from recsys.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="model.id_dropout: .* needs data.item_features"):
+        load_config(None, ["model.id_dropout=0.3"])
