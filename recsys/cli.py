@@ -23,7 +23,7 @@ import os
 import sys
 import warnings
 from pathlib import Path
-from typing import TextIO
+from typing import TextIO, TypeAlias
 
 from recsys.config import Config, ConfigError, apply_overrides, load_config
 from recsys.extras import install_hint
@@ -477,13 +477,28 @@ def _add_quiet(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bars (they show only on a terminal anyway)")
 
 
+Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"  # what add_subparsers returns
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="recsys",
         description="Multi-interest sequential retrieval: train, evaluate, index, recommend, export, serve.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    registry_commands = _add_data_commands(sub)
+    _add_train_command(sub)
+    _add_run_commands(sub)
+    _add_index_commands(sub)
+    _add_serving_commands(sub)
+    for p in [*sub.choices.values(), *registry_commands.choices.values()]:  # every command: --debug, --verbose
+        _add_common_args(p)
+    return parser
 
+
+def _add_data_commands(sub: Subcommands) -> Subcommands:
+    """``recsys config`` and ``recsys data``; returns ``data``'s own commands (the registered
+    datasets' ``list`` and ``fetch``)."""
     p = sub.add_parser("config", help="list every config key with its value (defaults, or with --config/--set applied)")
     _add_config_args(p)
     p.set_defaults(func=cmd_config)
@@ -511,7 +526,11 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--force", action="store_true", help="prepare again even if already prepared")
     f.add_argument("--no-progress", action="store_true", help="no download progress bar")
     f.set_defaults(func=cmd_data_registry)
+    return registry_commands
 
+
+def _add_train_command(sub: Subcommands) -> None:
+    """``recsys train``."""
     p = sub.add_parser("train", help="train a model, then evaluate it on the test users")
     _add_config_args(p)
     p.add_argument(
@@ -537,6 +556,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_quiet(p)
     p.set_defaults(func=cmd_train)
 
+
+def _add_run_commands(sub: Subcommands) -> None:
+    """The commands that study runs: ``evaluate``, ``inspect``, ``tune``, ``plot``."""
     p = sub.add_parser("evaluate", help="evaluate a run directory, or an untrained model such as popular")
     p.add_argument("run", nargs="?", help="run directory (omit to evaluate --model on --data)")
     _add_config_args(p)
@@ -572,6 +594,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="curves.png", help="PNG path (default ./curves.png)")
     p.set_defaults(func=cmd_plot)
 
+
+def _add_index_commands(sub: Subcommands) -> None:
+    """``recsys index`` and ``recsys recommend`` (a run's saved index and batch top-N)."""
     p = sub.add_parser("index", help="build and save a FAISS index beside a run; report its recall")
     _add_index_args(p, 'e.g. "HNSW32,Flat", "IVF1024,Flat", "Flat" (default: the run\'s retrieval.factory)')
     p.add_argument("--ef-construction", type=int, help="HNSW build beam (default: the run's retrieval.ef_construction)")
@@ -610,6 +635,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_quiet(p)
     p.set_defaults(func=cmd_recommend)
 
+
+def _add_serving_commands(sub: Subcommands) -> None:
+    """``recsys export`` and ``recsys serve``."""
     p = sub.add_parser("export", help="export a run's network (ONNX or TorchScript), item embeddings and id map")
     p.add_argument("run", help="run directory (written by recsys train)")
     p.add_argument(
@@ -638,9 +666,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--access-log", action="store_true", help="log every request (slower)")
     _add_item_features(p)
     p.set_defaults(func=cmd_serve)
-    for p in [*sub.choices.values(), *registry_commands.choices.values()]:  # every command: --debug, --verbose
-        _add_common_args(p)
-    return parser
 
 
 def _one_line_warning(
