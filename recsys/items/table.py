@@ -132,15 +132,9 @@ class ItemTable(nn.Module):
                 f"item features: {features.num_known} known items, the table has {self.table.num_embeddings} "
                 f"rows and {len(trained)} training counts"
             )
-        old = self.table
-        self.table = nn.Embedding(features.num_items, self.dim, padding_idx=0, device=old.weight.device)
-        self.table.weight.zero_()
-        self.table.weight[: old.num_embeddings] = old.weight
-        self.features = FeatureEmbedding(features, self.dim).to(old.weight.device)
+        self._grow(features.num_items, trained > 0)
+        self.features = FeatureEmbedding(features, self.dim).to(self.table.weight.device)
         self.features.init_normal(self._std)
-        warm = torch.zeros(features.num_items, dtype=torch.bool, device=old.weight.device)
-        warm[: len(trained)] = trained.to(warm.device) > 0
-        self.warm = warm
 
     @torch.no_grad()
     def add_items(self, features: ItemFeatures) -> None:
@@ -158,13 +152,18 @@ class ItemTable(nn.Module):
             raise ValueError(f"item features: {features.num_items} items, fewer than the table's {self.num_items} rows")
         assert self.warm is not None
         self.features.set_items(features)
+        self._grow(features.num_items, self.warm)
+
+    def _grow(self, num_items: int, warm: Tensor) -> None:
+        """The table at ``num_items`` rows: its present rows kept, the added ones zero; ``warm``
+        ``[n <= num_items]`` bool marks the items whose id rows are read (the added ones are not)."""
         old = self.table
-        self.table = nn.Embedding(features.num_items, self.dim, padding_idx=0, device=old.weight.device)
+        self.table = nn.Embedding(num_items, self.dim, padding_idx=0, device=old.weight.device)
         self.table.weight.zero_()
         self.table.weight[: old.num_embeddings] = old.weight
-        warm = torch.zeros(features.num_items, dtype=torch.bool, device=self.warm.device)
-        warm[: len(self.warm)] = self.warm
-        self.warm = warm
+        grown = torch.zeros(num_items, dtype=torch.bool, device=old.weight.device)
+        grown[: len(warm)] = warm.to(grown.device)
+        self.warm = grown
 
     @torch.no_grad()
     def load_rows(self, source: ItemTable, ids_here: Tensor, ids_there: Tensor) -> list[tuple[str, int, int]]:
