@@ -192,10 +192,11 @@ class ModelConfig(_Section):
     head_values: str = "items"
     # transformer encoders (recsys.nn.transformer): the token mixer, attention | frequency (BSARec's low/high-band
     # filter; it reads the whole window, so it trains on the last position only) | hybrid (BSARec's
-    # filter_alpha * filter + (1 - filter_alpha) * attention); the block form, pre_norm | post_norm (BERT's, as
-    # SASRec's code, S3Rec and BSARec) | ligr (pre-norm, sigmoid-gated residuals, SwiGLU: eSASRec's); BSARec's c
-    # (the low band keeps c // 2 + 1 frequencies); dropout on attention probabilities (the kernels have none: it
-    # trains on the PyTorch twin)
+    # filter_alpha * filter + (1 - filter_alpha) * attention) | wavelet (WEARec's: filter_alpha * an adaptive
+    # frequency filter + (1 - filter_alpha) * a Haar wavelet, no attention; it too reads the whole window); the
+    # block form, pre_norm | post_norm (BERT's, as SASRec's code, S3Rec and BSARec) | ligr (pre-norm, sigmoid-gated
+    # residuals, SwiGLU: eSASRec's); BSARec's c (the low band keeps c // 2 + 1 frequencies); dropout on attention
+    # probabilities (the kernels have none: it trains on the PyTorch twin)
     mixer: str = "attention"
     block: str = "pre_norm"
     filter_cutoff: int = 5
@@ -568,7 +569,7 @@ _CHOICES = {
     "model.qk_norm": ("", "rms", "layer"),
     "model.positions": ("recent", "absolute", "alibi", "none"),
     "model.head_values": ("items", "encoded"),
-    "model.mixer": ("attention", "frequency", "hybrid"),
+    "model.mixer": ("attention", "frequency", "hybrid", "wavelet"),
     "model.block": ("pre_norm", "post_norm", "ligr"),
     "model.init": ("scaled", "bert"),
     "model.backend": KERNEL_BACKENDS,
@@ -754,6 +755,8 @@ def _check_bounds(cfg: Config) -> None:
     """The values that must lie in an interval or under a cap (and ``train.cuda_graph``, a switch)."""
     if not 0.0 <= cfg.model.filter_alpha <= 1.0:
         raise ConfigError(f"model.filter_alpha: must be in [0, 1], got {cfg.model.filter_alpha!r}")
+    if cfg.model.filter_causal and cfg.model.mixer == "wavelet":
+        raise ConfigError("model.filter_causal: the wavelet mixer has no causal form; train it on the last position")
     if not 0.0 <= cfg.model.attention_dropout < 1.0:
         raise ConfigError(f"model.attention_dropout: must be in [0, 1), got {cfg.model.attention_dropout!r}")
     if not -1.0 <= cfg.train.interest_margin < 1.0:

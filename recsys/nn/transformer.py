@@ -4,8 +4,9 @@ A block is a token mixer and a feed-forward network, each with a residual and a 
 transformer models choose both parts (``[model]`` settings, one :class:`EncoderShape`):
 
 - the **mixer**: ``"attention"`` (self-attention on our kernels), ``"frequency"`` (BSARec's
-  low/high-band filter, :mod:`recsys.nn.frequency`) or ``"hybrid"`` (BSARec's mix:
-  ``α · filter + (1 - α) · attention``);
+  low/high-band filter, :mod:`recsys.nn.frequency`), ``"hybrid"`` (BSARec's mix:
+  ``α · filter + (1 - α) · attention``) or ``"wavelet"`` (WEARec's adaptive frequency filter and
+  Haar wavelet, no attention: :mod:`recsys.nn.wavelet`);
 - the **block form**: ``"pre_norm"`` (``x + drop(f(LN(x)))``, a final LayerNorm; the default),
   ``"post_norm"`` (``LN(x + drop(f(x)))`` after a LayerNorm of the embeddings, no final norm: BERT's
   form, which SASRec's original code, S3Rec, FMLP-Rec and BSARec use) or ``"ligr"`` (LiGR, Borisyuk
@@ -25,8 +26,9 @@ from recsys.nn.attention import MultiHeadAttention
 from recsys.nn.frequency import FrequencyFilter
 from recsys.nn.masking import length_mask
 from recsys.nn.positions import PositionEmbedding
+from recsys.nn.wavelet import WaveletFilter
 
-MIXERS = ("attention", "frequency", "hybrid")
+MIXERS = ("attention", "frequency", "hybrid", "wavelet")
 BLOCKS = ("pre_norm", "post_norm", "ligr")
 # BERT's LayerNorm epsilon, which the post-norm lineage (S3Rec, FMLP-Rec, BSARec) keeps
 POST_NORM_EPS = 1e-12
@@ -37,10 +39,11 @@ class EncoderShape:
     """How each block is built (the ``[model]`` settings of the transformer family).
 
     Attributes:
-        mixer: ``"attention" | "frequency" | "hybrid"``.
+        mixer: ``"attention" | "frequency" | "hybrid" | "wavelet"``.
         block: ``"pre_norm" | "post_norm" | "ligr"``.
         filter_cutoff: BSARec's ``c``: the low band keeps ``c // 2 + 1`` frequencies.
-        filter_alpha: the hybrid's weight ``α`` of the filter (BSARec's ``alpha``).
+        filter_alpha: the weight ``α`` of the frequency filter: against attention in the hybrid
+            (BSARec's ``alpha``), against the Haar branch in the wavelet mixer (WEARec's ``alpha``).
         filter_causal: each position filters the window that ends there (:mod:`recsys.nn.frequency`),
             so the model can train on every position.
         attention_dropout: attention-probability dropout (training only).
@@ -64,6 +67,8 @@ class EncoderShape:
             raise ValueError(f"model.block: {self.block!r} is not one of {list(BLOCKS)}")
         if not 0.0 <= self.filter_alpha <= 1.0:
             raise ValueError(f"model.filter_alpha: must be in [0, 1], got {self.filter_alpha}")
+        if self.filter_causal and self.mixer == "wavelet":
+            raise ValueError('model.filter_causal: the wavelet mixer has no causal form (recsys.nn.wavelet)')
 
     @property
     def causal_mixer(self) -> bool:
@@ -98,18 +103,27 @@ class TransformerBlock(nn.Module):
 
     Args:
         dim: width ``d``.
-        num_heads: attention heads.
+        num_heads: attention heads (the wavelet mixer's filter heads).
+        max_len: the window's rows (the wavelet mixer's parameters are per row).
         dropout: on each branch's output, before its residual add.
         shape: the mixer and the block form (:class:`EncoderShape`).
     """
 
-    def __init__(self, dim: int, num_heads: int, *, dropout: float = 0.0, shape: EncoderShape = EncoderShape()):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        max_len: int = 0,
+        dropout: float = 0.0,
+        shape: EncoderShape = EncoderShape(),
+    ):
         super().__init__()
         self.post = shape.block == "post_norm"
         eps = POST_NORM_EPS if self.post else 1e-5
         self.alpha = shape.filter_alpha  # the hybrid's weight of the filter
         self.attn = None
-        if shape.mixer != "frequency":
+        if shape.mixer in ("attention", "hybrid"):
             self.attn = MultiHeadAttention(
                 dim,
                 num_heads,
@@ -118,9 +132,7 @@ class TransformerBlock(nn.Module):
                 backend=shape.backend,
                 dropout=shape.attention_dropout,
             )
-        self.filter = (
-            FrequencyFilter(dim, shape.filter_cutoff, shape.filter_causal) if shape.mixer != "attention" else None
-        )
+        self.filter = _filter(dim, num_heads, max_len, shape)
         self.norm1 = nn.LayerNorm(dim, eps=eps)  # pre: before the mixer; post: after the attention branch
         self.filter_norm = nn.LayerNorm(dim, eps=eps) if self.post and self.filter is not None else None
         self.norm2 = nn.LayerNorm(dim, eps=eps)
@@ -158,6 +170,17 @@ class TransformerBlock(nn.Module):
         mixed = self._mix(*self._branches(self.norm1(x), lengths, causal))
         x = x + _gated(self.mix_gate, x, self.drop(mixed))
         return x + _gated(self.ffn_gate, x, self.drop(self.ffn(self.norm2(x))))
+
+
+def _filter(dim: int, num_heads: int, max_len: int, shape: EncoderShape) -> nn.Module | None:
+    """The mixer's filter branch: BSARec's (``frequency``, ``hybrid``), WEARec's (``wavelet``), or none."""
+    if shape.mixer in ("frequency", "hybrid"):
+        return FrequencyFilter(dim, shape.filter_cutoff, shape.filter_causal)
+    if shape.mixer == "wavelet":
+        if max_len < 1:
+            raise ValueError("the wavelet mixer needs the window's max_len")
+        return WaveletFilter(dim, num_heads, max_len, shape.filter_alpha)
+    return None
 
 
 def _gated(gate: nn.Linear | None, stream: Tensor, branch: Tensor) -> Tensor:
@@ -198,7 +221,7 @@ class TransformerEncoder(nn.Module):
         self.embed_norm = nn.LayerNorm(dim, eps=POST_NORM_EPS) if post else None
         self.drop = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(
-            TransformerBlock(dim, num_heads, dropout=dropout, shape=shape) for _ in range(num_layers)
+            TransformerBlock(dim, num_heads, max_len=max_len, dropout=dropout, shape=shape) for _ in range(num_layers)
         )
         self.norm = None if post else nn.LayerNorm(dim)
 

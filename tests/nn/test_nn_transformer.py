@@ -15,6 +15,7 @@ def _encoder(dropout: float = 0.0, causal: bool = True, **shape) -> TransformerE
 
 
 BSAREC = {"mixer": "hybrid", "block": "post_norm", "filter_cutoff": 3, "attention_dropout": 0.5}
+WEAREC = {"mixer": "wavelet", "block": "post_norm", "filter_alpha": 0.2}
 
 
 @pytest.mark.parametrize("shape", [{}, {"mixer": "hybrid", "filter_causal": True, "block": "ligr"}])
@@ -42,7 +43,14 @@ def test_bidirectional_encoder_does_look_ahead():
 
 @pytest.mark.parametrize(
     ("causal", "shape"),
-    [(True, {}), (False, {}), (True, BSAREC), (True, {"mixer": "frequency"}), (True, {"block": "post_norm"})],
+    [
+        (True, {}),
+        (False, {}),
+        (True, BSAREC),
+        (True, {"mixer": "frequency"}),
+        (True, {"block": "post_norm"}),
+        (True, WEAREC),
+    ],
 )
 def test_padding_is_ignored_and_zeroed(causal, shape):
     enc = _encoder(causal=causal, **shape)
@@ -57,7 +65,7 @@ def test_padding_is_ignored_and_zeroed(causal, shape):
     assert base[0, 3:].abs().max() == 0 and base[2, 1:].abs().max() == 0
 
 
-@pytest.mark.parametrize("shape", [{}, BSAREC, {"mixer": "frequency"}])
+@pytest.mark.parametrize("shape", [{}, BSAREC, {"mixer": "frequency"}, WEAREC])
 def test_empty_and_single_rows_have_finite_outputs_and_gradients(shape):
     enc = _encoder(dropout=0.1, **shape).train()
     h = torch.randn(2, 7, 8, requires_grad=True)
@@ -74,16 +82,17 @@ def test_too_long_sequence_names_max_len():
         _encoder()(torch.randn(1, 8, 8), torch.tensor([8]))
 
 
-def test_the_filter_reads_the_whole_window_so_it_is_not_causal():
-    """BSARec's filter mixes later clicks into earlier positions (recsys.nn.frequency): only a
-    window's last position may be trained, which the resolver enforces."""
-    enc = _encoder(**BSAREC)
+@pytest.mark.parametrize("shape", [BSAREC, WEAREC])
+def test_the_filter_reads_the_whole_window_so_it_is_not_causal(shape):
+    """BSARec's and WEARec's filters mix later clicks into earlier positions (recsys.nn.frequency,
+    recsys.nn.wavelet): only a window's last position may be trained, which the resolver enforces."""
+    enc = _encoder(**shape)
     h = torch.randn(1, 7, 8)
     lengths = torch.tensor([7])
     changed = h.clone()
     changed[:, 6] += torch.randn(8)
     assert (enc(changed, lengths)[:, 0] - enc(h, lengths)[:, 0]).abs().max() > 1e-4
-    assert not EncoderShape(**BSAREC).causal_mixer and EncoderShape().causal_mixer
+    assert not EncoderShape(**shape).causal_mixer and EncoderShape().causal_mixer
 
 
 def test_pre_norm_attention_block_keeps_its_parameter_names():
@@ -91,6 +100,11 @@ def test_pre_norm_attention_block_keeps_its_parameter_names():
     keys = set(_encoder().state_dict())
     assert {"blocks.0.norm1.weight", "blocks.0.attn.qkv.weight", "blocks.0.norm2.bias", "norm.weight"} <= keys
     assert not any("filter" in k or "embed_norm" in k for k in keys)
+
+
+def test_the_wavelet_mixer_has_no_causal_form():
+    with pytest.raises(ValueError, match="filter_causal"):
+        EncoderShape(mixer="wavelet", filter_causal=True)
 
 
 @pytest.mark.parametrize("field", ["mixer", "block"])
