@@ -353,6 +353,22 @@ def test_a_row_sparse_item_table_keeps_no_gradient_in_the_memory_estimate():
     assert saved == 10**6 * (64 * 4 - 8)
 
 
+def test_a_sharded_item_table_keeps_its_share_of_the_optimiser_state_in_the_memory_estimate():
+    """Each of 4 processes keeps 1/4 of the rows' two moments, average and step counter: 3/4 of
+    those of the row-sparse form are not there (recsys.items.sharded)."""
+    from recsys.train.memory import estimate_bytes
+
+    cfg = load_config(None, ["model.dim=64"])
+    sparse, sharded, alone = (
+        estimate_bytes(_resolve(with_values(cfg, {"train.item_updates": u}), 10**6), 10**7, 10**6, 4, world)[
+            "parameters and optimizer state"
+        ]
+        for u, world in (("sparse", 4), ("sharded", 4), ("sharded", 1))
+    )
+    assert sparse - sharded == 10**6 * 3 // 4 * (3 * 64 * 4 + 8)  # the default keeps a weight average
+    assert alone == sparse
+
+
 def test_saved_runs_without_item_updates_or_a_validation_sample_load_as_trained():
     saved = Config().to_dict()
     del saved["train"]["item_updates"], saved["eval"]["valid_users"]

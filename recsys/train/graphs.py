@@ -57,6 +57,11 @@ def graph_blocker(cfg: Config, device: torch.device, world_size: int = 1) -> str
         return f"training runs on {device.type}; CUDA graphs need a CUDA device"
     if cfg.train.compile:
         return "train.compile = true (torch.compile launches the step its own way)"
+    if world_size > 1 and cfg.train.item_updates == "sharded":
+        return (
+            'train.item_updates = "sharded" under torchrun: its exchanges of ids and rows between processes '
+            "(recsys.items.sharded) are not captured"
+        )
     if world_size > 1 and _nccl_version() < MIN_NCCL:
         have = ".".join(map(str, _nccl_version()))
         return f"NCCL {have} cannot capture the gradient all-reduce (needs >= {'.'.join(map(str, MIN_NCCL))})"

@@ -24,7 +24,9 @@ _FLOAT = 4  # bytes
 _GIB = 1024**3
 
 
-def estimate_bytes(cfg: Config, num_params: int, num_items: int, num_interests: int) -> dict[str, int]:
+def estimate_bytes(
+    cfg: Config, num_params: int, num_items: int, num_interests: int, world_size: int = 1
+) -> dict[str, int]:
     """The largest memory users of training and evaluation, in bytes, by name, on each process
     (the resolved ``train.num_negatives`` is the global batch's, which the processes share).
 
@@ -32,9 +34,11 @@ def estimate_bytes(cfg: Config, num_params: int, num_items: int, num_interests: 
         cfg: the resolved run config (batch sizes, ``max_len``, dim, hidden, negatives, top-N).
         num_params: trainable parameters of the built model (weights, gradients and two Adam
             moments are kept for each, and their average with ``train.ema_decay``; a row-sparse
-            item table keeps no gradient).
+            item table keeps no gradient, and a sharded one keeps its moments and average for
+            ``1 / world_size`` of its rows).
         num_items: catalogue size (with padding).
         num_interests: K of the built model (1 for single-interest models).
+        world_size: the torchrun processes sharing a sharded item table's optimiser state.
     """
     require_resolved(cfg, "estimate_bytes")
     m, t, e = cfg.model, cfg.train, cfg.eval
@@ -56,9 +60,12 @@ def estimate_bytes(cfg: Config, num_params: int, num_items: int, num_interests: 
     if t.hard_negatives and not t.full_softmax:
         step += 2 * b * k * num_items  # the hard-negative proposal's scores and softmax over the catalogue
     eval_batch = e.batch_size * k * (d + 3 * max(e.topn))  # interests and per-interest search results
-    state = (5 if t.ema_decay else 4) * num_params * _FLOAT
-    if t.item_updates == "sparse":  # the item table keeps no gradient, but a step counter per row
+    per_param = 5 if t.ema_decay else 4  # weight, gradient, two Adam moments, the average
+    state = per_param * num_params * _FLOAT
+    if t.item_updates in ("sparse", "sharded"):  # the item table keeps no gradient, but a step counter per row
         state += num_items * (8 - d * _FLOAT)
+    if t.item_updates == "sharded":  # each process keeps its 1 / world_size of the rows' moments, average, counters
+        state -= round(num_items * (1 - 1 / world_size) * ((per_param - 2) * d * _FLOAT + 8))
     return {
         "parameters and optimizer state": state,
         "training step activations": (step + negatives * d) * _FLOAT,
@@ -86,15 +93,17 @@ def check_fits(
     available: int | None = None,
     *,
     step_kept: bool = False,
+    world_size: int = 1,
 ) -> int:
     """Raise :class:`ConfigError` when :func:`estimate_bytes` for ``model`` (``cfg`` resolved) exceeds the memory
     ``available`` on ``device`` (default: :func:`available_bytes`); returns the estimate.
 
     ``step_kept``: the training step's memory stays allocated during evaluation (a captured
-    CUDA graph keeps its memory pool), so the two add up instead of taking turns.
+    CUDA graph keeps its memory pool), so the two add up instead of taking turns. ``world_size``:
+    the processes sharing a sharded item table (:func:`estimate_bytes`).
     """
     num_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    parts = estimate_bytes(cfg, num_params, num_items, int(getattr(model, "num_interests", 1)))
+    parts = estimate_bytes(cfg, num_params, num_items, int(getattr(model, "num_interests", 1)), world_size)
     step, evaluation = parts["training step activations"], parts["evaluation batch"]
     total = parts["parameters and optimizer state"] + (step + evaluation if step_kept else max(step, evaluation))
     available = available_bytes(device) if available is None else available

@@ -47,6 +47,10 @@ def test_auto_plans_a_graph_on_cuda_and_says_why_not_elsewhere():
     assert not capture and "train.compile" in why
     assert plan_graph(load_config(None, ["train.cuda_graph=false"]), CUDA) == (False, None)
     assert graph_blocker(cfg, CUDA) is None
+    sharded = load_config(None, ["train.item_updates=sharded"])
+    assert graph_blocker(sharded, CUDA) is None  # one process: it is the row-sparse step, captured
+    capture, why = plan_graph(sharded, CUDA, world_size=2)
+    assert not capture and 'train.item_updates = "sharded" under torchrun' in why
 
 
 @pytest.mark.parametrize(
