@@ -3,14 +3,16 @@
 # user scored: data.loo_rules = "every_user"), beside recsys's sasrec at its defaults under the same rules (seeds 42, 1, 2)
 # (docs/results.md, "The BSARec lineage's rules"):
 #
-#   bash experiments/reproduce_bsarec.sh [DATA] [OUT_DIR] [MINUTES] [all|recipe]
+#   bash experiments/reproduce_bsarec.sh [DATA] [OUT_DIR] [MINUTES] [all|recipe|wearec]
 #
 # DATA: Amazon Beauty's interactions.csv (default ../shared/data/amazon-beauty/interactions.csv);
 # OUT_DIR: tables, logs and runs (default /tmp/reproduce_bsarec); MINUTES: each run's training cap
 # (default 8). The recipe (experiments/configs/recipes/bsarec.toml) runs at seeds 42, 1 and 2, and
 # at seed 42 three ablations: attention alone (the lineage's SASRec), no attention dropout (attention on
 # the kernels), and fp32 (no bf16 autocast). All runs share the machine, one process each; "recipe" runs
-# the recipe's three seeds alone (each then gets a third of the GPU instead of a ninth).
+# the recipe's three seeds alone (each then gets a third of the GPU instead of a ninth); "wearec" runs
+# WEARec's recipe (experiments/configs/recipes/wearec.toml: its wavelet block in the same pipeline) at the
+# same three seeds alone.
 set -uo pipefail
 data=${1:-../shared/data/amazon-beauty/interactions.csv}
 out=${2:-/tmp/reproduce_bsarec}
@@ -22,6 +24,13 @@ ablations=()
 [ "$mode" = all ] && ablations=(--variant attention_only_s42 model.mixer=attention
     --variant no_attention_dropout_s42 model.attention_dropout=0 --variant fp32_s42 train.amp=false)
 common=(--data "$data" --models "" --rules every_user --set "train.max_minutes=$minutes")
+seeds=(--variant s42 train.seed=42 --variant s1 train.seed=1 --variant s2 train.seed=2)
+if [ "$mode" = wearec ]; then
+    python3 experiments/loo_beauty.py "${common[@]}" --config experiments/configs/recipes/wearec.toml --jobs 3 \
+        --output-dir "$out/wearec" --results "$out/wearec.md" "${seeds[@]}" > "$out/wearec.log" 2>&1
+    cat "$out/wearec.md"
+    exit 0
+fi
 python3 experiments/loo_beauty.py "${common[@]}" --config experiments/configs/recipes/bsarec.toml --jobs 6 \
     --output-dir "$out/recipe" --results "$out/recipe.md" \
     --variant bsarec_s42 train.seed=42 --variant bsarec_s1 train.seed=1 --variant bsarec_s2 train.seed=2 \
