@@ -198,6 +198,25 @@ def within_held(run: Any, subset: EvalSet, held: np.ndarray) -> dict[str, float]
     return compute_metrics(held[top], subset.truth_indptr, subset.truth_items, topn=TOPN)
 
 
+def attribute_mean_row(run: Any, subset: EvalSet, held: np.ndarray, trained: dict[str, Any]) -> dict[str, Any]:
+    """The same run's weights scored with ``model.cold_rows = "attribute_mean"`` (each item without
+    clicks plus the mean id row of the clicked items sharing its attributes: nothing retrained), on
+    the held-out targets, within the held-out items and on every test target."""
+    run.model.embedding.cold_rows = "attribute_mean"
+    try:
+        return {
+            "steps": trained["steps"],
+            "ended": trained["ended"],
+            "held": evaluate_with_config(run.model, subset, run.cfg, item_category=run.dataset.catalogue_category),
+            "within": within_held(run, subset, held),
+            "all": evaluate_with_config(
+                run.model, run.split.test, run.cfg, item_category=run.dataset.catalogue_category
+            ),
+        }
+    finally:
+        run.model.embedding.cold_rows = "zero"
+
+
 def _parse(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", help="the Amazon Beauty interactions.csv")
@@ -275,6 +294,10 @@ def score_all(out: Path) -> str:
             row["all"] = RunDir(path).read_test_metrics()
             model, label, _ = path.name.rsplit("-", 2)
             table.setdefault(f"{model}, {label.replace('_', ' ')}", []).append(row)
+            if run.cfg.model.use_features and run.cfg.model.cold_rows == "zero":
+                table.setdefault(f"{model}, {label.replace('_', ' ')}, attribute-mean rows", []).append(
+                    attribute_mean_row(run, mine, held, row)
+                )
         if subset is None:
             continue
         ds = load_dataset(cfg)  # the features and held-out items of the runs' config

@@ -214,6 +214,10 @@ class ModelConfig(_Section):
     # with item features: in training, each read of a clicked item leaves its id row out with this probability, so
     # the features learn to stand for an item alone and new items score on the clicked items' scale; 0: never
     id_dropout: float = 0.0
+    # with item features: outside training, an item without training clicks (a new item) is its features alone
+    # (zero) | its features plus the mean id row of the clicked items sharing its attribute values (attribute_mean:
+    # its score the expected score of a clicked item of its kind; recsys.items.features)
+    cold_rows: str = "zero"
     # self-attentive models: scores become c*tanh(s/c), so no interest collapses onto one click;
     # 0 disables; -1 (the default): the model's automatic value (recsys.models.spec)
     score_cap: float = -1.0
@@ -570,6 +574,7 @@ _CHOICES = {
     "model.positions": ("recent", "absolute", "alibi", "none"),
     "model.head_values": ("items", "encoded"),
     "model.mixer": ("attention", "frequency", "hybrid", "wavelet"),
+    "model.cold_rows": ("zero", "attribute_mean"),
     "model.block": ("pre_norm", "post_norm", "ligr"),
     "model.init": ("scaled", "bert"),
     "model.backend": KERNEL_BACKENDS,
@@ -807,6 +812,11 @@ def _check_dependent_keys(cfg: Config) -> None:
         raise ConfigError(
             "model.id_dropout: leaves items' id rows out for their features, so it needs data.item_features "
             "and model.use_features = true; set it to 0"
+        )
+    if cfg.model.cold_rows != "zero" and not (cfg.data.item_features and cfg.model.use_features):
+        raise ConfigError(
+            f"model.cold_rows={cfg.model.cold_rows!r}: reads the attributes of items without clicks, so it needs "
+            'data.item_features and model.use_features = true; leave it "zero"'
         )
     if cfg.data.item_features and not cfg.data.feature_item_col:
         raise ConfigError("data.feature_item_col: names the item column of data.item_features; it is empty")

@@ -10,7 +10,9 @@ An item's representation is its id row plus the embeddings of its features:
 - ``W [D, d]``: a linear map of the item's dense vector (text embeddings; zero where missing).
 - ``warm(i)``: 1 for an item with training clicks, 0 for one without (a new item, in the
   feature file only, or one whose clicks all fall outside training): its id row never learned
-  anything, so it is left out and the item is retrieved by its features alone.
+  anything, so it is left out and the item is retrieved by its features alone
+  (``model.cold_rows = "zero"``), or by its features plus the id row its attributes predict
+  (``"attribute_mean"``: :meth:`FeatureEmbedding.attribute_means`).
 
 This sum is the simplest form that lets features carry what ids learn (every item sharing a
 brand moves its brand row) and keeps an id model's capacity where clicks exist. Its rows are
@@ -124,6 +126,29 @@ class FeatureEmbedding(nn.Module):
                 self.project.weight.copy_(cast(nn.Linear, source.project).weight)
             copied.append(("vectors", int(same), 1))
         return copied
+
+    def attribute_means(self, rows: Tensor, warm: Tensor) -> Tensor:
+        """``rows [N, d]`` id rows, ``warm [N]`` bool -> ``[N, d]``: the id row each item's attributes
+        predict, the mean over its fields (those where it has values) of the mean over its values of
+        ``mean {rows[j] : j warm, j has the value}``; zero for an item without categorical values.
+
+        An item without clicks has no id row of its own; what the clicked items sharing its brand
+        and categories learned in theirs is the best guess of it (the rows' mean given the
+        attributes), and it puts the item on the clicked items' scale: its score is the expected
+        score of a clicked item of its kind plus what its own feature part adds."""
+        out = torch.zeros_like(rows)
+        fields = torch.zeros(rows.shape[0], device=rows.device, dtype=rows.dtype)  # [N] fields with values
+        for k, table in enumerate(self._tables()):
+            values: Tensor = getattr(self, f"values_{k}")  # [N, m]
+            inverse: Tensor = getattr(self, f"inverse_{k}").to(rows.dtype)  # [N]
+            pairs = (values > 0) & warm[:, None]  # [N, m] a warm item's value
+            item = torch.arange(rows.shape[0], device=rows.device)[:, None].expand_as(values)[pairs]
+            sums = rows.new_zeros(table.num_embeddings, rows.shape[1]).index_add_(0, values[pairs], rows[item])
+            counts = torch.bincount(values[pairs], minlength=table.num_embeddings).to(rows.dtype)
+            means = sums / counts.clamp_min(1)[:, None]  # [vocab, d]; 0 for a value no warm item has
+            out += (means[values] * (values > 0)[..., None].to(rows.dtype)).sum(1) * inverse[:, None]
+            fields += (inverse > 0).to(rows.dtype)
+        return out / fields.clamp_min(1)[:, None]
 
     def forward(self, ids: Tensor) -> Tensor:
         """``ids [...]`` long item ids (new items included) -> ``[..., d]``."""

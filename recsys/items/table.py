@@ -29,7 +29,9 @@ from recsys.data.features import ItemFeatures
 from recsys.items.features import FeatureEmbedding
 from recsys.nn.masking import length_mask
 
-__all__ = ["FORMS", "ItemTable", "RowUpdates", "register_form"]
+__all__ = ["COLD_ROWS", "FORMS", "ItemTable", "RowUpdates", "register_form"]
+
+COLD_ROWS = ("zero", "attribute_mean")  # model.cold_rows: what stands for a clickless item's id row
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,8 @@ class ItemTable(nn.Module):
         self.table = nn.Embedding(num_items, dim, padding_idx=0)
         self.features: FeatureEmbedding | None = None  # add_features
         self.id_dropout = 0.0  # with features: how often a training read leaves a clicked item's id row out
+        self.cold_rows = "zero"  # with features: what stands for the id row of an item without clicks
+        self._cold: tuple[tuple[int, int, int], Tensor] | None = None  # its attribute-mean rows, by the table's version
         self.warm: Tensor | None  # [num_items] bool, with features: the items whose id row is read
         self.register_buffer("warm", None, persistent=False)
         self.init_normal(1.0 / math.sqrt(dim))
@@ -114,19 +118,41 @@ class ItemTable(nn.Module):
         read = self.warm[ids]  # [R] whose id rows are read
         if self.training and self.id_dropout:
             read = read & (torch.rand(read.shape, device=read.device) >= self.id_dropout)
-        return rows * read[:, None].to(rows.dtype) + self.features(ids).to(rows.dtype)
+        out = rows * read[:, None].to(rows.dtype) + self.features(ids).to(rows.dtype)
+        if self.cold_rows == "attribute_mean" and not self.training:
+            cold = ~self.warm[ids]  # [R] items without clicks: the row their attributes predict
+            out = out + self._attribute_means()[ids] * cold[:, None].to(rows.dtype)
+        return out
+
+    def _attribute_means(self) -> Tensor:
+        """``[num_items, d]`` :meth:`~recsys.items.features.FeatureEmbedding.attribute_means` of the
+        current rows, kept until the rows change (evaluation and serving read it per batch)."""
+        assert self.features is not None and self.warm is not None
+        weight = self.table.weight
+        key = (weight.data_ptr(), weight._version, weight.shape[0])
+        if self._cold is None or self._cold[0] != key:
+            with torch.no_grad():
+                self._cold = key, self.features.attribute_means(weight.detach(), self.warm)
+        return self._cold[1]
 
     @torch.no_grad()
-    def add_features(self, features: ItemFeatures, trained: Tensor, id_dropout: float = 0.0) -> None:
+    def add_features(
+        self, features: ItemFeatures, trained: Tensor, id_dropout: float = 0.0, cold_rows: str = "zero"
+    ) -> None:
         """Represent items by their id rows and their features (:mod:`recsys.items.features`) from now
         on: the table grows to ``features.num_items`` rows (new items' id rows are zero and never
         read) and ``trained [num_known]`` (training clicks per item) marks whose id rows are read.
         ``id_dropout`` (``model.id_dropout``): in training, each read of a clicked item leaves its id
         row out with this probability, so the feature part learns to stand for an item alone and a
-        new item scores on the clicked items' scale (DropoutNet's idea, Volkovs et al. 2017)."""
+        new item scores on the clicked items' scale (DropoutNet's idea, Volkovs et al. 2017).
+        ``cold_rows`` (``model.cold_rows``): outside training, an item without clicks is its feature
+        part alone (``"zero"``) or that plus the id row its attributes predict (``"attribute_mean"``,
+        :meth:`~recsys.items.features.FeatureEmbedding.attribute_means`)."""
         if not 0.0 <= id_dropout < 1.0:
             raise ValueError(f"model.id_dropout: must be in [0, 1), got {id_dropout!r}")
-        self.id_dropout = id_dropout
+        if cold_rows not in COLD_ROWS:
+            raise ValueError(f"model.cold_rows: {cold_rows!r} is not one of {list(COLD_ROWS)}")
+        self.id_dropout, self.cold_rows = id_dropout, cold_rows
         if features.num_known != self.table.num_embeddings or len(trained) != features.num_known:
             raise ValueError(
                 f"item features: {features.num_known} known items, the table has {self.table.num_embeddings} "
@@ -231,6 +257,7 @@ class ItemTable(nn.Module):
         thing another form's constructor does, instead of drawing rows of its own."""
         nn.Module.__init__(self)
         self.table, self.features, self.id_dropout = table.table, table.features, table.id_dropout
+        self.cold_rows, self._cold = table.cold_rows, None
         self.register_buffer("warm", table.warm, persistent=False)
         self._std, self._rows, self._row_ids = table._std, None, None
 

@@ -41,7 +41,9 @@ class InterestModel(nn.Module):
         """``[num_items, d]`` output item embeddings (row 0 = padding)."""
         raise NotImplementedError
 
-    def add_item_features(self, features: ItemFeatures, item_counts: torch.Tensor, id_dropout: float = 0.0) -> None:
+    def add_item_features(
+        self, features: ItemFeatures, item_counts: torch.Tensor, id_dropout: float = 0.0, cold_rows: str = "zero"
+    ) -> None:
         """Represent items by their ids and ``features`` from now on (:meth:`recsys.items.ItemTable.add_features`)."""
         raise ValueError(f"{type(self).__name__} has no item table to add features to")
 
@@ -109,5 +111,5 @@ def build_model(
     if features is not None and cfg.use_features and spec.trainable:
         if item_counts is None:
             raise ValueError("item features need item_counts (training click counts per item id)")
-        model.add_item_features(features, item_counts, cfg.id_dropout)
+        model.add_item_features(features, item_counts, cfg.id_dropout, cfg.cold_rows)
     return model

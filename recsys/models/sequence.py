@@ -28,8 +28,10 @@ class SequenceModel(InterestModel):
         training step of a form that gathers rows, the ``[T, d]`` rows the step reads."""
         return self.embedding.weight
 
-    def add_item_features(self, features: ItemFeatures, item_counts: Tensor, id_dropout: float = 0.0) -> None:
-        self.embedding.add_features(features, item_counts, id_dropout)
+    def add_item_features(
+        self, features: ItemFeatures, item_counts: Tensor, id_dropout: float = 0.0, cold_rows: str = "zero"
+    ) -> None:
+        self.embedding.add_features(features, item_counts, id_dropout, cold_rows)
 
     def add_new_items(self, features: ItemFeatures) -> None:
         self.embedding.add_items(features)

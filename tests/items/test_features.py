@@ -143,3 +143,47 @@ def test_id_dropout_without_item_features_is_refused():
 
     with pytest.raises(ConfigError, match="model.id_dropout: .* needs data.item_features"):
         load_config(None, ["model.id_dropout=0.3"])
+
+
+def test_attribute_mean_rows_stand_for_clickless_items_outside_training():
+    """model.cold_rows = "attribute_mean": an item without training clicks adds, outside training,
+    the mean over its fields of the mean id row of the clicked items sharing each of its values
+    (a double-precision loop), recomputed when the rows change; clicked items are unchanged."""
+    table = ItemTable(6, 5).double()
+    trained = torch.tensor([0, 4, 0, 2, 1, 3])  # items 1, 3, 4, 5 clicked; 2 (and the new 6, 7) not
+    table.add_features(_features(dense=False), trained, cold_rows="attribute_mean")
+    table.double().eval()
+    rows = table.table.weight.detach()
+    warm = [i for i in range(8) if table.warm[i]]
+    want_rows = torch.zeros(8, 5, dtype=torch.float64)
+    for i in range(8):
+        if table.warm[i]:
+            want_rows[i] = rows[i]
+            continue
+        parts = []
+        for field in (GENRES, BRAND):
+            if field[i]:
+                means = [
+                    rows[[j for j in warm if v in field[j]]].mean(0) if any(v in field[j] for j in warm) else 0 * rows[0]
+                    for v in field[i]
+                ]
+                parts.append(torch.stack(means).mean(0))
+        if parts:
+            want_rows[i] = torch.stack(parts).mean(0)
+    feats = table.features(torch.arange(8)).detach()
+    torch.testing.assert_close(table.all().detach(), want_rows + feats)
+    assert (want_rows[6] != 0).any() and (want_rows[2] != 0).any()  # new item 6 and untrained 2 both have a row
+    with torch.no_grad():
+        table.table.weight[1] += 1.0  # a clicked item's row moves: the predicted rows follow
+    assert not torch.allclose(table.all()[6].detach(), want_rows[6] + feats[6])
+    table.train()  # in training a clickless item stays its features alone
+    torch.testing.assert_close(table.all()[[2, 6, 7]].detach(), feats[[2, 6, 7]])
+    with pytest.raises(ValueError, match="model.cold_rows"):
+        ItemTable(6, 5).add_features(_features(), torch.ones(6), cold_rows="bogus")
+
+
+def test_cold_rows_without_item_features_is_refused():
+    from recsys.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="model.cold_rows='attribute_mean': .* needs data.item_features"):
+        load_config(None, ["model.cold_rows=attribute_mean"])
