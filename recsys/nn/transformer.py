@@ -68,7 +68,7 @@ class EncoderShape:
         if not 0.0 <= self.filter_alpha <= 1.0:
             raise ValueError(f"model.filter_alpha: must be in [0, 1], got {self.filter_alpha}")
         if self.filter_causal and self.mixer == "wavelet":
-            raise ValueError('model.filter_causal: the wavelet mixer has no causal form (recsys.nn.wavelet)')
+            raise ValueError("model.filter_causal: the wavelet mixer has no causal form (recsys.nn.wavelet)")
 
     @property
     def causal_mixer(self) -> bool:

@@ -262,9 +262,7 @@ def _prepare(
         dataset=dataset,
         clicks=clicks,
         progress=progress,
-        check_memory=functools.partial(
-            check_fits, device=dist.device, step_kept=graph[0], world_size=dist.world_size
-        ),
+        check_memory=functools.partial(check_fits, device=dist.device, step_kept=graph[0], world_size=dist.world_size),
         device=dist.device,
         world_size=dist.world_size,
     )

@@ -163,10 +163,8 @@ def test_attribute_mean_rows_stand_for_clickless_items_outside_training():
         parts = []
         for field in (GENRES, BRAND):
             if field[i]:
-                means = [
-                    rows[[j for j in warm if v in field[j]]].mean(0) if any(v in field[j] for j in warm) else 0 * rows[0]
-                    for v in field[i]
-                ]
+                sharing = [[j for j in warm if v in field[j]] for v in field[i]]
+                means = [rows[js].mean(0) if js else torch.zeros(5, dtype=torch.float64) for js in sharing]
                 parts.append(torch.stack(means).mean(0))
         if parts:
             want_rows[i] = torch.stack(parts).mean(0)
