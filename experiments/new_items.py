@@ -198,23 +198,26 @@ def within_held(run: Any, subset: EvalSet, held: np.ndarray) -> dict[str, float]
     return compute_metrics(held[top], subset.truth_indptr, subset.truth_items, topn=TOPN)
 
 
-def attribute_mean_row(run: Any, subset: EvalSet, held: np.ndarray, trained: dict[str, Any]) -> dict[str, Any]:
-    """The same run's weights scored with ``model.cold_rows = "attribute_mean"`` (each item without
-    clicks plus the mean id row of the clicked items sharing its attributes: nothing retrained), on
-    the held-out targets, within the held-out items and on every test target."""
-    run.model.embedding.cold_rows = "attribute_mean"
+def scored_as(
+    run: Any, subset: EvalSet, held: np.ndarray, trained: dict[str, Any], form: str, scale: float
+) -> dict[str, Any]:
+    """The same run's weights scored with ``model.cold_rows = form`` and ``model.cold_scale = scale``
+    (both read outside training only, so nothing is retrained), on the held-out targets, within the
+    held-out items and on every test target."""
+    table = run.model.embedding
+    kept = table.cold_rows, table.cold_scale
+    table.cold_rows, table.cold_scale = form, scale
     try:
+        category = run.dataset.catalogue_category
         return {
             "steps": trained["steps"],
             "ended": trained["ended"],
-            "held": evaluate_with_config(run.model, subset, run.cfg, item_category=run.dataset.catalogue_category),
+            "held": evaluate_with_config(run.model, subset, run.cfg, item_category=category),
             "within": within_held(run, subset, held),
-            "all": evaluate_with_config(
-                run.model, run.split.test, run.cfg, item_category=run.dataset.catalogue_category
-            ),
+            "all": evaluate_with_config(run.model, run.split.test, run.cfg, item_category=category),
         }
     finally:
-        run.model.embedding.cold_rows = "zero"
+        table.cold_rows, table.cold_scale = kept
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -230,6 +233,13 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--set", dest="overrides", action="append", default=[], help="an extra --set for every run")
     ap.add_argument("--output-dir", default="/tmp/new_items_runs", help="where the runs, logs and held-out files go")
     ap.add_argument("--score", metavar="DIR", help="score the runs an earlier call wrote to DIR, training nothing")
+    ap.add_argument(
+        "--score-as",
+        action="append",
+        metavar="ROWS:SCALE",
+        help="also score each feature run with model.cold_rows=ROWS and model.cold_scale=SCALE (repeatable; "
+        "default attribute_mean:1)",
+    )
     a = ap.parse_args(argv)
     if not a.score and not (a.data and a.features):
         ap.error("--data and --features are needed to train (or --score DIR)")
@@ -270,7 +280,7 @@ def train_all(a: argparse.Namespace, out: Path) -> None:
                 print(f"trained {stem.name}: test R@50 {result.test_metrics[KEY]:.4f}", flush=True)
 
 
-def score_all(out: Path) -> str:
+def score_all(out: Path, score_as: list[tuple[str, float]]) -> str:
     """Score every run under ``out`` (written by :func:`train_all`) and the baselines on each seed's
     held-out targets; the tables."""
     table: dict[str, list[dict[str, Any]]] = {}
@@ -294,10 +304,10 @@ def score_all(out: Path) -> str:
             row["all"] = RunDir(path).read_test_metrics()
             model, label, _ = path.name.rsplit("-", 2)
             table.setdefault(f"{model}, {label.replace('_', ' ')}", []).append(row)
-            if run.cfg.model.use_features and run.cfg.model.cold_rows == "zero":
-                table.setdefault(f"{model}, {label.replace('_', ' ')}, attribute-mean rows", []).append(
-                    attribute_mean_row(run, mine, held, row)
-                )
+            if run.cfg.model.use_features:
+                for form, scale in score_as:
+                    name = f"{model}, {label.replace('_', ' ')}, scored with {form} rows, ×{scale:g}"
+                    table.setdefault(name, []).append(scored_as(run, mine, held, row, form, scale))
         if subset is None:
             continue
         ds = load_dataset(cfg)  # the features and held-out items of the runs' config
@@ -336,7 +346,8 @@ def main(argv: list[str] | None = None) -> None:
         out = Path(a.output_dir) / time.strftime("%Y%m%d-%H%M%S")
         out.mkdir(parents=True)
         train_all(a, out)
-    print(score_all(out))
+    score_as = [(rows, float(scale)) for rows, scale in (v.split(":") for v in a.score_as or ["attribute_mean:1"])]
+    print(score_all(out, score_as))
 
 
 def _mean(rows: list[dict[str, float]], key: str) -> str:

@@ -218,6 +218,9 @@ class ModelConfig(_Section):
     # (zero) | its features plus the mean id row of the clicked items sharing its attribute values (attribute_mean:
     # its score the expected score of a clicked item of its kind; recsys.items.features)
     cold_rows: str = "zero"
+    # with item features: outside training, an item without training clicks is scaled by this (above 1: new items
+    # rank higher against the clicked ones, at a cost to the clicked items' recall; docs/results.md, "New items")
+    cold_scale: float = 1.0
     # self-attentive models: scores become c*tanh(s/c), so no interest collapses onto one click;
     # 0 disables; -1 (the default): the model's automatic value (recsys.models.spec)
     score_cap: float = -1.0
@@ -812,6 +815,13 @@ def _check_dependent_keys(cfg: Config) -> None:
         raise ConfigError(
             "model.id_dropout: leaves items' id rows out for their features, so it needs data.item_features "
             "and model.use_features = true; set it to 0"
+        )
+    if not cfg.model.cold_scale > 0:
+        raise ConfigError(f"model.cold_scale: must be > 0, got {cfg.model.cold_scale!r}")
+    if cfg.model.cold_scale != 1.0 and not (cfg.data.item_features and cfg.model.use_features):
+        raise ConfigError(
+            f"model.cold_scale={cfg.model.cold_scale:g}: scales items without clicks, which only item features "
+            "represent; it needs data.item_features and model.use_features = true; leave it 1"
         )
     if cfg.model.cold_rows != "zero" and not (cfg.data.item_features and cfg.model.use_features):
         raise ConfigError(

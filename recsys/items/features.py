@@ -12,7 +12,8 @@ An item's representation is its id row plus the embeddings of its features:
   feature file only, or one whose clicks all fall outside training): its id row never learned
   anything, so it is left out and the item is retrieved by its features alone
   (``model.cold_rows = "zero"``), or by its features plus the id row its attributes predict
-  (``"attribute_mean"``: :meth:`FeatureEmbedding.attribute_means`).
+  (``"attribute_mean"``: :meth:`FeatureEmbedding.attribute_means`); ``model.cold_scale`` scales
+  such items for retrieval (:meth:`recsys.items.ItemTable.all`).
 
 This sum is the simplest form that lets features carry what ids learn (every item sharing a
 brand moves its brand row) and keeps an id model's capacity where clicks exist. Its rows are

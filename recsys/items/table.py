@@ -78,6 +78,7 @@ class ItemTable(nn.Module):
         self.features: FeatureEmbedding | None = None  # add_features
         self.id_dropout = 0.0  # with features: how often a training read leaves a clicked item's id row out
         self.cold_rows = "zero"  # with features: what stands for the id row of an item without clicks
+        self.cold_scale = 1.0  # with features: outside training, an item without clicks is scaled by it
         self._cold: tuple[tuple[int, int, int], Tensor] | None = None  # its attribute-mean rows, by the table's version
         self.warm: Tensor | None  # [num_items] bool, with features: the items whose id row is read
         self.register_buffer("warm", None, persistent=False)
@@ -104,8 +105,12 @@ class ItemTable(nn.Module):
 
     def all(self) -> Tensor:
         """``[num_items, d]``: every item's representation, for retrieval, export and scoring the
-        whole catalogue."""
-        return self._represent(self.table.weight, None)
+        whole catalogue (outside training, items without clicks scaled by ``cold_scale``; a history
+        reads them unscaled)."""
+        out = self._represent(self.table.weight, None)
+        if self.training or self.cold_scale == 1.0 or self.warm is None:
+            return out
+        return out * torch.where(self.warm, 1.0, self.cold_scale)[:, None].to(out.dtype)
 
     def _represent(self, rows: Tensor, ids: Tensor | None) -> Tensor:
         """``rows [R, d]`` id rows of items ``ids [R]`` (None: every item) as representations: the
@@ -119,9 +124,8 @@ class ItemTable(nn.Module):
         if self.training and self.id_dropout:
             read = read & (torch.rand(read.shape, device=read.device) >= self.id_dropout)
         out = rows * read[:, None].to(rows.dtype) + self.features(ids).to(rows.dtype)
-        if self.cold_rows == "attribute_mean" and not self.training:
-            cold = ~self.warm[ids]  # [R] items without clicks: the row their attributes predict
-            out = out + self._attribute_means()[ids] * cold[:, None].to(rows.dtype)
+        if self.cold_rows == "attribute_mean" and not self.training:  # the row their attributes predict
+            out = out + self._attribute_means()[ids] * (~self.warm[ids])[:, None].to(rows.dtype)
         return out
 
     def _attribute_means(self) -> Tensor:
@@ -137,7 +141,12 @@ class ItemTable(nn.Module):
 
     @torch.no_grad()
     def add_features(
-        self, features: ItemFeatures, trained: Tensor, id_dropout: float = 0.0, cold_rows: str = "zero"
+        self,
+        features: ItemFeatures,
+        trained: Tensor,
+        id_dropout: float = 0.0,
+        cold_rows: str = "zero",
+        cold_scale: float = 1.0,
     ) -> None:
         """Represent items by their id rows and their features (:mod:`recsys.items.features`) from now
         on: the table grows to ``features.num_items`` rows (new items' id rows are zero and never
@@ -147,12 +156,16 @@ class ItemTable(nn.Module):
         new item scores on the clicked items' scale (DropoutNet's idea, Volkovs et al. 2017).
         ``cold_rows`` (``model.cold_rows``): outside training, an item without clicks is its feature
         part alone (``"zero"``) or that plus the id row its attributes predict (``"attribute_mean"``,
-        :meth:`~recsys.items.features.FeatureEmbedding.attribute_means`)."""
+        :meth:`~recsys.items.features.FeatureEmbedding.attribute_means`), scaled by ``cold_scale``
+        (``model.cold_scale``: above 1, items without clicks rank higher against the clicked ones:
+        a boost for new items, which costs the clicked items' recall)."""
         if not 0.0 <= id_dropout < 1.0:
             raise ValueError(f"model.id_dropout: must be in [0, 1), got {id_dropout!r}")
         if cold_rows not in COLD_ROWS:
             raise ValueError(f"model.cold_rows: {cold_rows!r} is not one of {list(COLD_ROWS)}")
-        self.id_dropout, self.cold_rows = id_dropout, cold_rows
+        if not cold_scale > 0:
+            raise ValueError(f"model.cold_scale: must be > 0, got {cold_scale!r}")
+        self.id_dropout, self.cold_rows, self.cold_scale = id_dropout, cold_rows, cold_scale
         if features.num_known != self.table.num_embeddings or len(trained) != features.num_known:
             raise ValueError(
                 f"item features: {features.num_known} known items, the table has {self.table.num_embeddings} "
@@ -257,7 +270,7 @@ class ItemTable(nn.Module):
         thing another form's constructor does, instead of drawing rows of its own."""
         nn.Module.__init__(self)
         self.table, self.features, self.id_dropout = table.table, table.features, table.id_dropout
-        self.cold_rows, self._cold = table.cold_rows, None
+        self.cold_rows, self.cold_scale, self._cold = table.cold_rows, table.cold_scale, None
         self.register_buffer("warm", table.warm, persistent=False)
         self._std, self._rows, self._row_ids = table._std, None, None
 

@@ -42,7 +42,12 @@ class InterestModel(nn.Module):
         raise NotImplementedError
 
     def add_item_features(
-        self, features: ItemFeatures, item_counts: torch.Tensor, id_dropout: float = 0.0, cold_rows: str = "zero"
+        self,
+        features: ItemFeatures,
+        item_counts: torch.Tensor,
+        id_dropout: float = 0.0,
+        cold_rows: str = "zero",
+        cold_scale: float = 1.0,
     ) -> None:
         """Represent items by their ids and ``features`` from now on (:meth:`recsys.items.ItemTable.add_features`)."""
         raise ValueError(f"{type(self).__name__} has no item table to add features to")
@@ -111,5 +116,5 @@ def build_model(
     if features is not None and cfg.use_features and spec.trainable:
         if item_counts is None:
             raise ValueError("item features need item_counts (training click counts per item id)")
-        model.add_item_features(features, item_counts, cfg.id_dropout, cfg.cold_rows)
+        model.add_item_features(features, item_counts, cfg.id_dropout, cfg.cold_rows, cfg.cold_scale)
     return model

@@ -29,9 +29,14 @@ class SequenceModel(InterestModel):
         return self.embedding.weight
 
     def add_item_features(
-        self, features: ItemFeatures, item_counts: Tensor, id_dropout: float = 0.0, cold_rows: str = "zero"
+        self,
+        features: ItemFeatures,
+        item_counts: Tensor,
+        id_dropout: float = 0.0,
+        cold_rows: str = "zero",
+        cold_scale: float = 1.0,
     ) -> None:
-        self.embedding.add_features(features, item_counts, id_dropout, cold_rows)
+        self.embedding.add_features(features, item_counts, id_dropout, cold_rows, cold_scale)
 
     def add_new_items(self, features: ItemFeatures) -> None:
         self.embedding.add_items(features)

@@ -180,8 +180,28 @@ def test_attribute_mean_rows_stand_for_clickless_items_outside_training():
         ItemTable(6, 5).add_features(_features(), torch.ones(6), cold_rows="bogus")
 
 
+def test_cold_scale_scales_clickless_items_outside_training_only():
+    table = ItemTable(6, 5)
+    table.add_features(_features(), torch.tensor([0, 4, 0, 2, 1, 3]), cold_scale=1.5)
+    table.eval()
+    boosted = table.all().detach()
+    table.cold_scale = 1.0
+    plain = table.all().detach()
+    scale = torch.tensor([1, 1, 1.5, 1, 1, 1, 1.5, 1.5])[:, None]  # 2 untrained, 6 and 7 new
+    torch.testing.assert_close(boosted, plain * scale)
+    table.cold_scale = 1.5
+    seq = torch.tensor([[6, 2, 1]])  # a history holding new items reads them as they are
+    torch.testing.assert_close(table(seq, torch.tensor([3]))[0].detach(), plain[[6, 2, 1]])
+    table.train()
+    torch.testing.assert_close(table.all().detach(), plain)
+    with pytest.raises(ValueError, match="model.cold_scale"):
+        ItemTable(6, 5).add_features(_features(), torch.ones(6), cold_scale=0.0)
+
+
 def test_cold_rows_without_item_features_is_refused():
     from recsys.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match="model.cold_rows='attribute_mean': .* needs data.item_features"):
         load_config(None, ["model.cold_rows=attribute_mean"])
+    with pytest.raises(ConfigError, match="model.cold_scale=1.5: .* needs data.item_features"):
+        load_config(None, ["model.cold_scale=1.5"])
