@@ -214,10 +214,10 @@ class ModelConfig(_Section):
     # with item features: in training, each read of a clicked item leaves its id row out with this probability, so
     # the features learn to stand for an item alone and new items score on the clicked items' scale; 0: never
     id_dropout: float = 0.0
-    # with item features: outside training, an item without training clicks (a new item) is its features alone
-    # (zero) | its features plus the mean id row of the clicked items sharing its attribute values (attribute_mean:
-    # its score the expected score of a clicked item of its kind; recsys.items.features)
-    cold_rows: str = "zero"
+    # with item features: outside training, an item without training clicks (a new item) is its features plus the
+    # mean id row of the clicked items sharing its attribute values (attribute_mean: its score the expected score of
+    # a clicked item of its kind; recsys.items.features; docs/results.md, "New items") | its features alone (zero)
+    cold_rows: str = "attribute_mean"
     # with item features: outside training, an item without training clicks is scaled by this (above 1: new items
     # rank higher against the clicked ones, at a cost to the clicked items' recall; docs/results.md, "New items")
     cold_scale: float = 1.0
@@ -822,11 +822,6 @@ def _check_dependent_keys(cfg: Config) -> None:
         raise ConfigError(
             f"model.cold_scale={cfg.model.cold_scale:g}: scales items without clicks, which only item features "
             "represent; it needs data.item_features and model.use_features = true; leave it 1"
-        )
-    if cfg.model.cold_rows != "zero" and not (cfg.data.item_features and cfg.model.use_features):
-        raise ConfigError(
-            f"model.cold_rows={cfg.model.cold_rows!r}: reads the attributes of items without clicks, so it needs "
-            'data.item_features and model.use_features = true; leave it "zero"'
         )
     if cfg.data.item_features and not cfg.data.feature_item_col:
         raise ConfigError("data.feature_item_col: names the item column of data.item_features; it is empty")

@@ -145,7 +145,7 @@ class ItemTable(nn.Module):
         features: ItemFeatures,
         trained: Tensor,
         id_dropout: float = 0.0,
-        cold_rows: str = "zero",
+        cold_rows: str = "attribute_mean",
         cold_scale: float = 1.0,
     ) -> None:
         """Represent items by their id rows and their features (:mod:`recsys.items.features`) from now

@@ -46,7 +46,7 @@ class InterestModel(nn.Module):
         features: ItemFeatures,
         item_counts: torch.Tensor,
         id_dropout: float = 0.0,
-        cold_rows: str = "zero",
+        cold_rows: str = "attribute_mean",
         cold_scale: float = 1.0,
     ) -> None:
         """Represent items by their ids and ``features`` from now on (:meth:`recsys.items.ItemTable.add_features`)."""

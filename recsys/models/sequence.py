@@ -33,7 +33,7 @@ class SequenceModel(InterestModel):
         features: ItemFeatures,
         item_counts: Tensor,
         id_dropout: float = 0.0,
-        cold_rows: str = "zero",
+        cold_rows: str = "attribute_mean",
         cold_scale: float = 1.0,
     ) -> None:
         self.embedding.add_features(features, item_counts, id_dropout, cold_rows, cold_scale)

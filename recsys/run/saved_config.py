@@ -21,6 +21,7 @@ key missing from the file dates the run; the values that were in force then fill
 - no ``train.item_updates``: every step updated the whole item table (``"dense"``);
 - no ``train.interest_reg``: no cosine hinge between interests (0; its margin then 0.5);
 - no ``eval.valid_users``: validation scored every validation user (0);
+- no ``model.cold_rows``: an item without clicks was its features alone (``"zero"``);
 - and what the model's own spec says (:attr:`recsys.models.spec.ModelSpec.saved_defaults`).
 """
 
@@ -59,6 +60,7 @@ def run_config_from_dict(values: dict[str, Any]) -> Config:
     train = dict(values.get("train", {}))
     spec = spec_for(model.get("name", ModelConfig().name))
     model.setdefault("score_cap", 0.0)
+    model.setdefault("cold_rows", "zero")  # items without clicks were their features alone
     for key, value in _TRAIN_DEFAULTS.items():
         train.setdefault(key, value)
     if "positions" not in model and "positions" in spec.settings:

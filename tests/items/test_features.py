@@ -57,7 +57,7 @@ def test_new_and_untrained_items_are_their_features_alone_and_the_rest_add_their
     table = ItemTable(6, 5)
     trained = torch.tensor([0, 4, 0, 2, 1, 3])  # item 2 has no training clicks
     rows_before = table.all().detach().clone()
-    table.add_features(_features(), trained)
+    table.add_features(_features(), trained, cold_rows="zero")
     assert table.num_items == 8 and table.all().shape == (8, 5)
     feats = table.features(torch.arange(8))
     warm = torch.tensor([0, 1, 0, 1, 1, 1, 0, 0], dtype=torch.float32)[:, None]
@@ -182,7 +182,7 @@ def test_attribute_mean_rows_stand_for_clickless_items_outside_training():
 
 def test_cold_scale_scales_clickless_items_outside_training_only():
     table = ItemTable(6, 5)
-    table.add_features(_features(), torch.tensor([0, 4, 0, 2, 1, 3]), cold_scale=1.5)
+    table.add_features(_features(), torch.tensor([0, 4, 0, 2, 1, 3]), cold_rows="zero", cold_scale=1.5)
     table.eval()
     boosted = table.all().detach()
     table.cold_scale = 1.0
@@ -198,10 +198,12 @@ def test_cold_scale_scales_clickless_items_outside_training_only():
         ItemTable(6, 5).add_features(_features(), torch.ones(6), cold_scale=0.0)
 
 
-def test_cold_rows_without_item_features_is_refused():
-    from recsys.config import ConfigError, load_config
+def test_a_cold_scale_without_item_features_is_refused_and_old_runs_keep_zero_rows():
+    from recsys.config import Config, ConfigError, load_config
+    from recsys.run.saved_config import run_config_from_dict
 
-    with pytest.raises(ConfigError, match="model.cold_rows='attribute_mean': .* needs data.item_features"):
-        load_config(None, ["model.cold_rows=attribute_mean"])
+    saved = Config().to_dict()
+    del saved["model"]["cold_rows"]
+    assert run_config_from_dict(saved).model.cold_rows == "zero" and Config().model.cold_rows == "attribute_mean"
     with pytest.raises(ConfigError, match="model.cold_scale=1.5: .* needs data.item_features"):
         load_config(None, ["model.cold_scale=1.5"])

@@ -58,9 +58,15 @@ def trained(tmp_path_factory) -> dict[str, Path]:
         "output_dir": str(root / "runs"),
     }
     features = _feature_file(root / "items.csv", _training_items())
-    with_features = fit(
+    with_features = fit(  # new items as their feature part alone, which the tests below rebuild by hand
         None,
-        overrides={**common, "data.item_features": str(features), "data.feature_vector_col": "emb", "name": "feat"},
+        overrides={
+            **common,
+            "data.item_features": str(features),
+            "data.feature_vector_col": "emb",
+            "model.cold_rows": "zero",
+            "name": "feat",
+        },
         log=None,
     )
     without = fit(None, overrides={**common, "name": "ids"}, log=None)
@@ -126,6 +132,14 @@ def test_new_items_are_their_feature_part_after_the_catalogue_and_the_rest_is_un
         genres = ["g0", "g1", "g2"] if i == 38 else [f"g{i % GENRES}"]
         want = _feature_part_by_hand(run, f"i{i}", genres, [f"b{i % 3}"], [float(x) for x in _vector(i).split("|")])
         torch.testing.assert_close(torch.from_numpy(emb[size + i - 36]).double(), want, rtol=1e-5, atol=1e-6)
+
+    run.model.embedding.cold_rows = "attribute_mean"  # the default: the new items also take their attributes' mean row
+    _, predicted = run.item_embeddings()
+    warm = run.model.embedding.warm.numpy()[1:]  # the embeddings leave the padding row out
+    np.testing.assert_array_equal(predicted[warm], emb[warm])  # clicked items unchanged; i30..i34 are clickless too
+    assert np.abs(predicted[size + 1 :] - emb[size + 1 :]).max(axis=1).min() > 0  # each known-valued new item moves
+    np.testing.assert_array_equal(predicted[size], 0)  # i36: nothing the run knows, no attribute either
+    run.model.embedding.cold_rows = "zero"
 
     recs = run.recommend(sequences=[["i37", "i2"]], n=run.dataset.catalogue_size - 3)  # a new item in a history
     assert {"i35", "i38", "i39", "i40"} <= set(recs["item"]) and "i37" not in set(recs["item"])
