@@ -29,9 +29,37 @@ from recsys.data.features import ItemFeatures
 from recsys.items.features import FeatureEmbedding
 from recsys.nn.masking import length_mask
 
-__all__ = ["COLD_ROWS", "FORMS", "ItemTable", "RowUpdates", "register_form"]
+__all__ = ["COLD_ROWS", "FORMS", "FeatureUse", "ItemTable", "RowUpdates", "register_form"]
 
 COLD_ROWS = ("zero", "attribute_mean")  # model.cold_rows: what stands for a clickless item's id row
+
+
+@dataclass(frozen=True)
+class FeatureUse:
+    """How a table reads its item features (the ``model`` settings of the same names).
+
+    Attributes:
+        id_dropout: in training, each read of a clicked item leaves its id row out with this
+            probability, so the feature part learns to stand for an item alone (DropoutNet's idea,
+            Volkovs et al. 2017).
+        cold_rows: outside training, an item without clicks is its feature part alone (``"zero"``)
+            or that plus the id row its attributes predict (``"attribute_mean"``,
+            :meth:`~recsys.items.features.FeatureEmbedding.attribute_means`).
+        cold_scale: outside training, retrieval scales an item without clicks by it (above 1, new
+            items rank higher against the clicked ones: a boost, which costs the clicked items' recall).
+    """
+
+    id_dropout: float = 0.0
+    cold_rows: str = "attribute_mean"
+    cold_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.id_dropout < 1.0:
+            raise ValueError(f"model.id_dropout: must be in [0, 1), got {self.id_dropout!r}")
+        if self.cold_rows not in COLD_ROWS:
+            raise ValueError(f"model.cold_rows: {self.cold_rows!r} is not one of {list(COLD_ROWS)}")
+        if not self.cold_scale > 0:
+            raise ValueError(f"model.cold_scale: must be > 0, got {self.cold_scale!r}")
 
 
 @dataclass(frozen=True)
@@ -140,32 +168,12 @@ class ItemTable(nn.Module):
         return self._cold[1]
 
     @torch.no_grad()
-    def add_features(
-        self,
-        features: ItemFeatures,
-        trained: Tensor,
-        id_dropout: float = 0.0,
-        cold_rows: str = "attribute_mean",
-        cold_scale: float = 1.0,
-    ) -> None:
+    def add_features(self, features: ItemFeatures, trained: Tensor, use: FeatureUse = FeatureUse()) -> None:
         """Represent items by their id rows and their features (:mod:`recsys.items.features`) from now
         on: the table grows to ``features.num_items`` rows (new items' id rows are zero and never
-        read) and ``trained [num_known]`` (training clicks per item) marks whose id rows are read.
-        ``id_dropout`` (``model.id_dropout``): in training, each read of a clicked item leaves its id
-        row out with this probability, so the feature part learns to stand for an item alone and a
-        new item scores on the clicked items' scale (DropoutNet's idea, Volkovs et al. 2017).
-        ``cold_rows`` (``model.cold_rows``): outside training, an item without clicks is its feature
-        part alone (``"zero"``) or that plus the id row its attributes predict (``"attribute_mean"``,
-        :meth:`~recsys.items.features.FeatureEmbedding.attribute_means`), scaled by ``cold_scale``
-        (``model.cold_scale``: above 1, items without clicks rank higher against the clicked ones:
-        a boost for new items, which costs the clicked items' recall)."""
-        if not 0.0 <= id_dropout < 1.0:
-            raise ValueError(f"model.id_dropout: must be in [0, 1), got {id_dropout!r}")
-        if cold_rows not in COLD_ROWS:
-            raise ValueError(f"model.cold_rows: {cold_rows!r} is not one of {list(COLD_ROWS)}")
-        if not cold_scale > 0:
-            raise ValueError(f"model.cold_scale: must be > 0, got {cold_scale!r}")
-        self.id_dropout, self.cold_rows, self.cold_scale = id_dropout, cold_rows, cold_scale
+        read) and ``trained [num_known]`` (training clicks per item) marks whose id rows are read;
+        ``use`` says how the features stand in for missing id rows (:class:`FeatureUse`)."""
+        self.id_dropout, self.cold_rows, self.cold_scale = use.id_dropout, use.cold_rows, use.cold_scale
         if features.num_known != self.table.num_embeddings or len(trained) != features.num_known:
             raise ValueError(
                 f"item features: {features.num_known} known items, the table has {self.table.num_embeddings} "

@@ -7,7 +7,7 @@ from torch import Tensor, nn
 
 from recsys.config import Config, ModelConfig, automatic_keys
 from recsys.data.features import ItemFeatures
-from recsys.items import ItemTable, RowUpdates
+from recsys.items import FeatureUse, ItemTable, RowUpdates
 from recsys.models.spec import spec_for
 
 
@@ -41,14 +41,7 @@ class InterestModel(nn.Module):
         """``[num_items, d]`` output item embeddings (row 0 = padding)."""
         raise NotImplementedError
 
-    def add_item_features(
-        self,
-        features: ItemFeatures,
-        item_counts: torch.Tensor,
-        id_dropout: float = 0.0,
-        cold_rows: str = "attribute_mean",
-        cold_scale: float = 1.0,
-    ) -> None:
+    def add_item_features(self, features: ItemFeatures, item_counts: Tensor, use: FeatureUse = FeatureUse()) -> None:
         """Represent items by their ids and ``features`` from now on (:meth:`recsys.items.ItemTable.add_features`)."""
         raise ValueError(f"{type(self).__name__} has no item table to add features to")
 
@@ -116,5 +109,5 @@ def build_model(
     if features is not None and cfg.use_features and spec.trainable:
         if item_counts is None:
             raise ValueError("item features need item_counts (training click counts per item id)")
-        model.add_item_features(features, item_counts, cfg.id_dropout, cfg.cold_rows, cfg.cold_scale)
+        model.add_item_features(features, item_counts, FeatureUse(cfg.id_dropout, cfg.cold_rows, cfg.cold_scale))
     return model

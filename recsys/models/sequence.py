@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from recsys.data.features import ItemFeatures
-from recsys.items import ItemTable, RowUpdates
+from recsys.items import FeatureUse, ItemTable, RowUpdates
 from recsys.models.base import InterestModel
 from recsys.nn.masking import check_batch
 
@@ -28,15 +28,8 @@ class SequenceModel(InterestModel):
         training step of a form that gathers rows, the ``[T, d]`` rows the step reads."""
         return self.embedding.weight
 
-    def add_item_features(
-        self,
-        features: ItemFeatures,
-        item_counts: Tensor,
-        id_dropout: float = 0.0,
-        cold_rows: str = "attribute_mean",
-        cold_scale: float = 1.0,
-    ) -> None:
-        self.embedding.add_features(features, item_counts, id_dropout, cold_rows, cold_scale)
+    def add_item_features(self, features: ItemFeatures, item_counts: Tensor, use: FeatureUse = FeatureUse()) -> None:
+        self.embedding.add_features(features, item_counts, use)
 
     def add_new_items(self, features: ItemFeatures) -> None:
         self.embedding.add_items(features)

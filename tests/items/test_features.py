@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from recsys.data.features import FeatureField, ItemFeatures
-from recsys.items import ItemTable, RowUpdates
+from recsys.items import FeatureUse, ItemTable, RowUpdates
 from recsys.items.features import FeatureEmbedding
 
 # 6 known ids (0 = padding, 1..5 clicked) and 2 new ones (6, 7); two fields, one multi-valued
@@ -57,7 +57,7 @@ def test_new_and_untrained_items_are_their_features_alone_and_the_rest_add_their
     table = ItemTable(6, 5)
     trained = torch.tensor([0, 4, 0, 2, 1, 3])  # item 2 has no training clicks
     rows_before = table.all().detach().clone()
-    table.add_features(_features(), trained, cold_rows="zero")
+    table.add_features(_features(), trained, FeatureUse(cold_rows="zero"))
     assert table.num_items == 8 and table.all().shape == (8, 5)
     feats = table.features(torch.arange(8))
     warm = torch.tensor([0, 1, 0, 1, 1, 1, 0, 0], dtype=torch.float32)[:, None]
@@ -121,7 +121,7 @@ def test_a_run_with_a_feature_file_trains_retrieves_new_items_and_ids_alone_leav
 
 def test_id_dropout_leaves_clicked_items_id_rows_out_in_training_only():
     table = ItemTable(6, 5)
-    table.add_features(_features(), torch.tensor([0, 4, 1, 2, 1, 3]), id_dropout=0.5)
+    table.add_features(_features(), torch.tensor([0, 4, 1, 2, 1, 3]), FeatureUse(id_dropout=0.5))
     table.eval()
     ids = torch.arange(1, 6).repeat(400)  # clicked items, each read 400 times
     feats = table.features(ids).detach()
@@ -135,7 +135,7 @@ def test_id_dropout_leaves_clicked_items_id_rows_out_in_training_only():
     assert (alone | torch.isclose(drawn, with_rows).all(-1)).all()
     assert 0.4 < alone.float().mean() < 0.6  # about id_dropout of the reads
     with pytest.raises(ValueError, match="model.id_dropout"):
-        ItemTable(6, 5).add_features(_features(), torch.ones(6), id_dropout=1.0)
+        FeatureUse(id_dropout=1.0)
 
 
 def test_id_dropout_without_item_features_is_refused():
@@ -151,7 +151,7 @@ def test_attribute_mean_rows_stand_for_clickless_items_outside_training():
     (a double-precision loop), recomputed when the rows change; clicked items are unchanged."""
     table = ItemTable(6, 5).double()
     trained = torch.tensor([0, 4, 0, 2, 1, 3])  # items 1, 3, 4, 5 clicked; 2 (and the new 6, 7) not
-    table.add_features(_features(dense=False), trained, cold_rows="attribute_mean")
+    table.add_features(_features(dense=False), trained, FeatureUse(cold_rows="attribute_mean"))
     table.double().eval()
     rows = table.table.weight.detach()
     warm = [i for i in range(8) if table.warm[i]]
@@ -177,12 +177,12 @@ def test_attribute_mean_rows_stand_for_clickless_items_outside_training():
     table.train()  # in training a clickless item stays its features alone
     torch.testing.assert_close(table.all()[[2, 6, 7]].detach(), feats[[2, 6, 7]])
     with pytest.raises(ValueError, match="model.cold_rows"):
-        ItemTable(6, 5).add_features(_features(), torch.ones(6), cold_rows="bogus")
+        FeatureUse(cold_rows="bogus")
 
 
 def test_cold_scale_scales_clickless_items_outside_training_only():
     table = ItemTable(6, 5)
-    table.add_features(_features(), torch.tensor([0, 4, 0, 2, 1, 3]), cold_rows="zero", cold_scale=1.5)
+    table.add_features(_features(), torch.tensor([0, 4, 0, 2, 1, 3]), FeatureUse(cold_rows="zero", cold_scale=1.5))
     table.eval()
     boosted = table.all().detach()
     table.cold_scale = 1.0
@@ -195,7 +195,7 @@ def test_cold_scale_scales_clickless_items_outside_training_only():
     table.train()
     torch.testing.assert_close(table.all().detach(), plain)
     with pytest.raises(ValueError, match="model.cold_scale"):
-        ItemTable(6, 5).add_features(_features(), torch.ones(6), cold_scale=0.0)
+        FeatureUse(cold_scale=0.0)
 
 
 def test_a_cold_scale_without_item_features_is_refused_and_old_runs_keep_zero_rows():
