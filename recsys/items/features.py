@@ -128,27 +128,39 @@ class FeatureEmbedding(nn.Module):
             copied.append(("vectors", int(same), 1))
         return copied
 
-    def attribute_means(self, rows: Tensor, warm: Tensor) -> Tensor:
-        """``rows [N, d]`` id rows, ``warm [N]`` bool -> ``[N, d]``: the id row each item's attributes
+    def value_means(self, rows: Tensor, warm: Tensor) -> list[Tensor]:
+        """``rows [N, d]`` id rows, ``warm [N]`` bool -> for each field, ``[vocab, d]``: the mean id row
+        of the warm items having each value (zero for a value no warm item has). What
+        :meth:`attribute_means` reads; a table keeps it (a few rows a value, not one a catalogue item)."""
+        means = []
+        for k, table in enumerate(self._tables()):
+            values: Tensor = getattr(self, f"values_{k}")  # [N, m]
+            pairs = (values > 0) & warm[:, None]  # [N, m] a warm item's value
+            item = torch.arange(rows.shape[0], device=rows.device)[:, None].expand_as(values)[pairs]
+            sums = rows.new_zeros(table.num_embeddings, rows.shape[1]).index_add_(0, values[pairs], rows[item])
+            counts = torch.bincount(values[pairs], minlength=table.num_embeddings).to(rows.dtype)
+            means.append(sums / counts.clamp_min(1)[:, None])
+        return means
+
+    def attribute_means(self, means: list[Tensor], ids: Tensor) -> Tensor:
+        """``means`` (:meth:`value_means`), ``ids [R]`` -> ``[R, d]``: the id row each item's attributes
         predict, the mean over its fields (those where it has values) of the mean over its values of
-        ``mean {rows[j] : j warm, j has the value}``; zero for an item without categorical values.
+        ``means``; zero for an item without categorical values (``means`` must hold a field).
 
         An item without clicks has no id row of its own; what the clicked items sharing its brand
         and categories learned in theirs is the best guess of it (the rows' mean given the
         attributes), and it puts the item on the clicked items' scale: its score is the expected
         score of a clicked item of its kind plus what its own feature part adds."""
-        out = torch.zeros_like(rows)
-        fields = torch.zeros(rows.shape[0], device=rows.device, dtype=rows.dtype)  # [N] fields with values
-        for k, table in enumerate(self._tables()):
-            values: Tensor = getattr(self, f"values_{k}")  # [N, m]
-            inverse: Tensor = getattr(self, f"inverse_{k}").to(rows.dtype)  # [N]
-            pairs = (values > 0) & warm[:, None]  # [N, m] a warm item's value
-            item = torch.arange(rows.shape[0], device=rows.device)[:, None].expand_as(values)[pairs]
-            sums = rows.new_zeros(table.num_embeddings, rows.shape[1]).index_add_(0, values[pairs], rows[item])
-            counts = torch.bincount(values[pairs], minlength=table.num_embeddings).to(rows.dtype)
-            means = sums / counts.clamp_min(1)[:, None]  # [vocab, d]; 0 for a value no warm item has
-            out += (means[values] * (values > 0)[..., None].to(rows.dtype)).sum(1) * inverse[:, None]
-            fields += (inverse > 0).to(rows.dtype)
+        out: Tensor | None = None
+        fields: Tensor | None = None  # [R] fields with values
+        for k, field_means in enumerate(means):
+            values: Tensor = getattr(self, f"values_{k}")[ids]  # [R, m]
+            inverse: Tensor = getattr(self, f"inverse_{k}")[ids].to(field_means.dtype)  # [R]
+            part = (field_means[values] * (values > 0)[..., None].to(field_means.dtype)).sum(1) * inverse[:, None]
+            out = part if out is None else out + part
+            has = (inverse > 0).to(field_means.dtype)
+            fields = has if fields is None else fields + has
+        assert out is not None and fields is not None, "attribute means need at least one categorical field"
         return out / fields.clamp_min(1)[:, None]
 
     def forward(self, ids: Tensor) -> Tensor:

@@ -107,7 +107,7 @@ class ItemTable(nn.Module):
         self.id_dropout = 0.0  # with features: how often a training read leaves a clicked item's id row out
         self.cold_rows = "zero"  # with features: what stands for the id row of an item without clicks
         self.cold_scale = 1.0  # with features: outside training, an item without clicks is scaled by it
-        self._cold: tuple[tuple[int, int, int], Tensor] | None = None  # its attribute-mean rows, by the table's version
+        self._cold: tuple[tuple[int, int, int], list[Tensor]] | None = None  # value means, by the rows' version
         self.warm: Tensor | None  # [num_items] bool, with features: the items whose id row is read
         self.register_buffer("warm", None, persistent=False)
         self.init_normal(1.0 / math.sqrt(dim))
@@ -153,18 +153,20 @@ class ItemTable(nn.Module):
             read = read & (torch.rand(read.shape, device=read.device) >= self.id_dropout)
         out = rows * read[:, None].to(rows.dtype) + self.features(ids).to(rows.dtype)
         if self.cold_rows == "attribute_mean" and not self.training:  # the row their attributes predict
-            out = out + self._attribute_means()[ids] * (~self.warm[ids])[:, None].to(rows.dtype)
+            means = self._value_means()
+            if means:
+                out = out + self.features.attribute_means(means, ids) * (~self.warm[ids])[:, None].to(rows.dtype)
         return out
 
-    def _attribute_means(self) -> Tensor:
-        """``[num_items, d]`` :meth:`~recsys.items.features.FeatureEmbedding.attribute_means` of the
-        current rows, kept until the rows change (evaluation and serving read it per batch)."""
+    def _value_means(self) -> list[Tensor]:
+        """:meth:`~recsys.items.features.FeatureEmbedding.value_means` of the current rows (``[vocab, d]``
+        a field), kept until the rows change: evaluation and serving read them every batch."""
         assert self.features is not None and self.warm is not None
         weight = self.table.weight
         key = (weight.data_ptr(), weight._version, weight.shape[0])
         if self._cold is None or self._cold[0] != key:
             with torch.no_grad():
-                self._cold = key, self.features.attribute_means(weight.detach(), self.warm)
+                self._cold = key, self.features.value_means(weight.detach(), self.warm)
         return self._cold[1]
 
     @torch.no_grad()
