@@ -88,7 +88,9 @@ class WaveletFilter(nn.Module):
         """The per-user frequency filter of ``heads [B, H, W, dh]``; ``window [B, W, d]`` feeds its MLP."""
         batch = heads.shape[0]
         spectrum = torch.fft.rfft(heads, dim=2, norm="ortho")  # [B, H, F, dh]
-        adapt = self.adapt(window.mean(dim=1)).to(heads.dtype)  # [B, H·F·2]
+        first = self.adapt[0]
+        assert isinstance(first, nn.Linear)
+        adapt = self.adapt(window.mean(dim=1).to(first.weight.dtype)).to(heads.dtype)  # [B, H·F·2]
         scale, shift = adapt.view(batch, self.heads, self.bins, 2).unbind(-1)  # [B, H, F] each
         spectrum = spectrum * (self.base_scale * (1 + scale[..., None])) + (self.base_shift + shift[..., None])
         return torch.fft.irfft(spectrum, n=self.width, dim=2, norm="ortho")  # [B, H, W, dh]
