@@ -149,12 +149,6 @@ def test_the_checks_find_an_upward_import_and_a_circle(tiny_package):
 
 
 MAX_FUNCTION_LINES = 60  # from ``def`` to the function's last line, docstring included
-# The functions outside the kernels that are longer still, each to be split into named steps (issue 57).
-# Take a function off as it is split: the test fails while a function here is no longer long (or gone).
-LONG_FUNCTIONS_ALLOWED = {
-    "recsys/serve/recommender.py::Recommender.recommend",
-    "recsys/run/index.py::build_run_index",
-}
 
 
 def qualified_functions(
@@ -191,16 +185,8 @@ LONG = long_functions()
 
 
 def test_no_function_outside_the_kernels_is_longer_than_a_screen():
-    new = {name: lines for name, lines in LONG.items() if name not in LONG_FUNCTIONS_ALLOWED}
-    assert not new, f"functions over {MAX_FUNCTION_LINES} lines (split them into named steps): " + ", ".join(
-        f"{name} ({lines})" for name, lines in sorted(new.items())
-    )
-
-
-def test_the_allowed_long_functions_are_still_long():
-    stale = sorted(LONG_FUNCTIONS_ALLOWED - set(LONG))
-    assert not stale, (
-        f"no longer over {MAX_FUNCTION_LINES} lines (or gone): take them off LONG_FUNCTIONS_ALLOWED: {stale}"
+    assert not LONG, f"functions over {MAX_FUNCTION_LINES} lines (split them into named steps): " + ", ".join(
+        f"{name} ({lines})" for name, lines in sorted(LONG.items())
     )
 
 

@@ -237,10 +237,7 @@ def build_run_index(
     built, calibration = _calibrated(
         index, built, interests[sample], exact_ids[sample], target=target, widen=widen, log=log
     )
-    index_file, meta_file = run.dir.index_files(settings.factory)
-    index_file.parent.mkdir(parents=True, exist_ok=True)
-    run.dir.save_file(index_file.relative_to(run.dir.path), lambda tmp: write_index(index, tmp))
-
+    index_file, meta_file = _save_index(run, settings.factory, index)
     ann = Retriever.from_index(index)  # no embeddings: the index's own answers, short lists unfilled
     ann_ids, ann_s = _timed_search(ann, batches, n)
     users = len(exact_ids)
@@ -268,6 +265,15 @@ def build_run_index(
     )
     run.dir.write_json(meta_file.relative_to(run.path).as_posix(), asdict(report))
     return report
+
+
+def _save_index(run: LoadedRun, factory: str, index: Any) -> tuple[Path, Path]:
+    """Write ``index`` into the run's ``index/`` folder (through the manifest); the paths of the
+    index file and of its description (``<slug>.json``, written by the caller)."""
+    index_file, meta_file = run.dir.index_files(factory)
+    index_file.parent.mkdir(parents=True, exist_ok=True)
+    run.dir.save_file(index_file.relative_to(run.dir.path), lambda tmp: write_index(index, tmp))
+    return index_file, meta_file
 
 
 def _rebuild_advice(run: LoadedRun, factory: str | None) -> str:

@@ -262,24 +262,8 @@ class Recommender:
 
         Returns :class:`Recommendations` of width ``max(n)``.
         """
-        inputs = np.asarray(inputs, dtype=np.int64)
-        lengths = np.asarray(lengths, dtype=np.int64)
-        bsz = len(lengths)
-        if inputs.ndim != 2 or len(inputs) != bsz:
-            raise ValueError(f"inputs: expected [B={bsz}, L], got {inputs.shape}")
-        if bsz == 0:
-            raise ValueError("inputs: no sequences")
-        if lengths.min() < 1:
-            raise ValueError("lengths: every sequence needs at least one known item")
-        n = self._capped(_per_row(n, bsz, np.int64, "n"))
-        lam = _per_row(diversity_lambda, bsz, np.float64, "diversity_lambda")
-        for value in np.unique(lam):
-            check_lambda(float(value))
-        if exclude is not None:
-            exclude = unique_csr(*exclude, self.dataset.catalogue_size)
-            if len(exclude[0]) != bsz + 1:
-                raise ValueError(f"exclude: CSR indptr must have {bsz + 1} entries, got {len(exclude[0])}")
-        n_max = int(n.max())
+        inputs, lengths, n, lam, exclude = self._request(inputs, lengths, n, diversity_lambda, exclude)
+        bsz, n_max = len(lengths), int(n.max())
         device_search = self.retriever.on_device and not lam.any()
         dense = _dense(exclude) if device_search and exclude is not None else np.zeros((bsz, 0), dtype=np.int64)
         with torch.inference_mode():
@@ -292,7 +276,41 @@ class Recommender:
                     top[0].masked_fill(past, -1), top[1].masked_fill(past, -torch.inf), top[2].masked_fill(past, -1)
                 )
                 return recs if on_device else Recommendations.concat([recs])
-        ids, scores, interest_of = self.retriever.candidates(interests, n, exclude)  # each row to its own depth
+        candidates = self.retriever.candidates(interests, n, exclude)  # each row to its own depth
+        return self._cut(self._merged(candidates, lam, n_max), n)
+
+    def _request(
+        self, inputs: np.ndarray, lengths: np.ndarray, n: int | np.ndarray, lam: float | np.ndarray, exclude: CSR | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, CSR | None]:
+        """:meth:`recommend`'s arguments checked and in their working form: ``inputs [B, L]`` and
+        ``lengths [B]`` int64, ``n [B]`` capped at the catalogue, ``λ [B]`` float64 and ``exclude``
+        deduplicated, each wrong shape or value a ``ValueError`` naming the argument."""
+        inputs = np.asarray(inputs, dtype=np.int64)
+        lengths = np.asarray(lengths, dtype=np.int64)
+        bsz = len(lengths)
+        if inputs.ndim != 2 or len(inputs) != bsz:
+            raise ValueError(f"inputs: expected [B={bsz}, L], got {inputs.shape}")
+        if bsz == 0:
+            raise ValueError("inputs: no sequences")
+        if lengths.min() < 1:
+            raise ValueError("lengths: every sequence needs at least one known item")
+        n_rows = self._capped(_per_row(n, bsz, np.int64, "n"))
+        lam_rows = _per_row(lam, bsz, np.float64, "diversity_lambda")
+        for value in np.unique(lam_rows):
+            check_lambda(float(value))
+        if exclude is not None:
+            exclude = unique_csr(*exclude, self.dataset.catalogue_size)
+            if len(exclude[0]) != bsz + 1:
+                raise ValueError(f"exclude: CSR indptr must have {bsz + 1} entries, got {len(exclude[0])}")
+        return inputs, lengths, n_rows, lam_rows, exclude
+
+    def _merged(
+        self, candidates: tuple[np.ndarray, np.ndarray, np.ndarray], lam: np.ndarray, n_max: int
+    ) -> Recommendations[np.ndarray]:
+        """The interests' candidate lists ``(ids, scores, interest) [B, K·n]`` merged into ``n_max``
+        a row: by best score where ``λ [B]`` is 0, by ComiRec's diversity pick elsewhere."""
+        ids, scores, interest_of = candidates
+        bsz = len(lam)
         out_ids = np.full((bsz, n_max), -1, dtype=np.int64)
         out_scores = np.full((bsz, n_max), -np.inf, dtype=np.float32)
         out_int = np.full((bsz, n_max), -1, dtype=np.int64)
@@ -304,7 +322,7 @@ class Recommender:
             else:
                 merged = diverse_merge(*args, self.dataset.catalogue_category, n_max, float(value))
             out_ids[rows], out_scores[rows], out_int[rows] = merged
-        return self._cut(Recommendations(out_ids, out_scores, out_int), n)
+        return Recommendations(out_ids, out_scores, out_int)
 
     def popular(self, n: int | np.ndarray, *, exclude: CSR | None = None, rows: int = 1) -> Recommendations[np.ndarray]:
         """The most clicked items, for ``rows`` requests (``n`` scalar or ``[rows]``), minus
