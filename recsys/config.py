@@ -219,8 +219,9 @@ class ModelConfig(_Section):
     # a clicked item of its kind; recsys.items.features; docs/results.md, "New items") | its features alone (zero)
     cold_rows: str = "attribute_mean"
     # with item features: outside training, an item without training clicks is scaled by this (above 1: new items
-    # rank higher against the clicked ones, at a cost to the clicked items' recall; docs/results.md, "New items")
-    cold_scale: float = 1.0
+    # rank higher against the clicked ones, which can cost the clicked items' recall; docs/results.md, "New items");
+    # -1 (the default): the largest scale that costs no validation recall, chosen once trained (recsys.train.cold_scale)
+    cold_scale: float = -1.0
     # self-attentive models: scores become c*tanh(s/c), so no interest collapses onto one click;
     # 0 disables; -1 (the default): the model's automatic value (recsys.models.spec)
     score_cap: float = -1.0
@@ -816,12 +817,12 @@ def _check_dependent_keys(cfg: Config) -> None:
             "model.id_dropout: leaves items' id rows out for their features, so it needs data.item_features "
             "and model.use_features = true; set it to 0"
         )
-    if not cfg.model.cold_scale > 0:
-        raise ConfigError(f"model.cold_scale: must be > 0, got {cfg.model.cold_scale!r}")
-    if cfg.model.cold_scale != 1.0 and not (cfg.data.item_features and cfg.model.use_features):
+    if not (cfg.model.cold_scale > 0 or cfg.model.cold_scale == -1.0):
+        raise ConfigError(f"model.cold_scale: must be > 0 (or -1: chosen on validation), got {cfg.model.cold_scale!r}")
+    if cfg.model.cold_scale not in (1.0, -1.0) and not (cfg.data.item_features and cfg.model.use_features):
         raise ConfigError(
             f"model.cold_scale={cfg.model.cold_scale:g}: scales items without clicks, which only item features "
-            "represent; it needs data.item_features and model.use_features = true; leave it 1"
+            "represent; it needs data.item_features and model.use_features = true; leave it -1 (the default)"
         )
     if cfg.data.item_features and not cfg.data.feature_item_col:
         raise ConfigError("data.feature_item_col: names the item column of data.item_features; it is empty")

@@ -29,9 +29,10 @@ from recsys.data.features import ItemFeatures
 from recsys.items.features import FeatureEmbedding
 from recsys.nn.masking import length_mask
 
-__all__ = ["COLD_ROWS", "FORMS", "FeatureUse", "ItemTable", "RowUpdates", "register_form"]
+__all__ = ["CHOOSE_COLD_SCALE", "COLD_ROWS", "FORMS", "FeatureUse", "ItemTable", "RowUpdates", "register_form"]
 
 COLD_ROWS = ("zero", "attribute_mean")  # model.cold_rows: what stands for a clickless item's id row
+CHOOSE_COLD_SCALE = -1.0  # model.cold_scale: chosen on validation once trained (recsys.train.cold_scale); 1 until then
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,9 @@ class FeatureUse:
             or that plus the id row its attributes predict (``"attribute_mean"``,
             :meth:`~recsys.items.features.FeatureEmbedding.attribute_means`).
         cold_scale: outside training, retrieval scales an item without clicks by it (above 1, new
-            items rank higher against the clicked ones: a boost, which costs the clicked items' recall).
+            items rank higher against the clicked ones: a boost, which can cost the clicked items'
+            recall); :data:`CHOOSE_COLD_SCALE`: 1 until the trainer chooses it on validation
+            (:mod:`recsys.train.cold_scale`).
     """
 
     id_dropout: float = 0.0
@@ -58,8 +61,8 @@ class FeatureUse:
             raise ValueError(f"model.id_dropout: must be in [0, 1), got {self.id_dropout!r}")
         if self.cold_rows not in COLD_ROWS:
             raise ValueError(f"model.cold_rows: {self.cold_rows!r} is not one of {list(COLD_ROWS)}")
-        if not self.cold_scale > 0:
-            raise ValueError(f"model.cold_scale: must be > 0, got {self.cold_scale!r}")
+        if not (self.cold_scale > 0 or self.cold_scale == CHOOSE_COLD_SCALE):
+            raise ValueError(f"model.cold_scale: must be > 0 (or -1: chosen on validation), got {self.cold_scale!r}")
 
 
 @dataclass(frozen=True)
@@ -175,7 +178,8 @@ class ItemTable(nn.Module):
         on: the table grows to ``features.num_items`` rows (new items' id rows are zero and never
         read) and ``trained [num_known]`` (training clicks per item) marks whose id rows are read;
         ``use`` says how the features stand in for missing id rows (:class:`FeatureUse`)."""
-        self.id_dropout, self.cold_rows, self.cold_scale = use.id_dropout, use.cold_rows, use.cold_scale
+        self.id_dropout, self.cold_rows = use.id_dropout, use.cold_rows
+        self.cold_scale = 1.0 if use.cold_scale == CHOOSE_COLD_SCALE else use.cold_scale
         if features.num_known != self.table.num_embeddings or len(trained) != features.num_known:
             raise ValueError(
                 f"item features: {features.num_known} known items, the table has {self.table.num_embeddings} "

@@ -22,6 +22,7 @@ key missing from the file dates the run; the values that were in force then fill
 - no ``train.interest_reg``: no cosine hinge between interests (0; its margin then 0.5);
 - no ``eval.valid_users``: validation scored every validation user (0);
 - no ``model.cold_rows``: an item without clicks was its features alone (``"zero"``);
+- no ``model.cold_scale``: an item without clicks scored as trained (1);
 - and what the model's own spec says (:attr:`recsys.models.spec.ModelSpec.saved_defaults`).
 """
 
@@ -61,6 +62,7 @@ def run_config_from_dict(values: dict[str, Any]) -> Config:
     spec = spec_for(model.get("name", ModelConfig().name))
     model.setdefault("score_cap", 0.0)
     model.setdefault("cold_rows", "zero")  # items without clicks were their features alone
+    model.setdefault("cold_scale", 1.0)  # ... and scored as trained
     for key, value in _TRAIN_DEFAULTS.items():
         train.setdefault(key, value)
     if "positions" not in model and "positions" in spec.settings:

@@ -38,6 +38,7 @@ from recsys.io import full_disk
 from recsys.run import Experiment, RunDir, build_experiment, new_run_dir, unfinished_runs
 from recsys.text import count
 from recsys.train import distributed
+from recsys.train.cold_scale import choose_cold_scale
 from recsys.train.graphs import GraphPlan, launch_line, plan_graph
 from recsys.train.loop import Loop, LoopState, OnValidate, optimise
 from recsys.train.losses import (
@@ -338,9 +339,7 @@ def _run(
             # the step's DDP wrapper must be freed while its process group lives: distributed.cleanup
             # collects it only once nothing holds it (a reducer outliving its gloo group aborts the exit)
             del loop
-        if dist.is_main and rd.has_best():
-            rd.load_best(map_location=dist.device, model=model)
-        distributed.broadcast_weights(model)  # the ranks share the test's users
+        _take_best(exp, rd, dist, valid, log)
     else:
         state.best = validate()[key]
         if dist.is_main:
@@ -359,6 +358,18 @@ def _run(
         cuda_graph=state.cuda_graph,
         out_of_time=state.out_of_time,
     )
+
+
+def _take_best(exp: Experiment, rd: RunDir, dist: distributed.DistInfo, valid: EvalSet, log: Log) -> None:
+    """Put the best weights into ``exp``'s model on every rank (the ranks share the test's users),
+    then choose on them what is chosen once trained: the boost of items without clicks
+    (:mod:`recsys.train.cold_scale`), which the run's ``config.json`` then records."""
+    if dist.is_main and rd.has_best():
+        rd.load_best(map_location=dist.device, model=exp.model)
+    distributed.broadcast_weights(exp.model)
+    chosen = choose_cold_scale(exp.model, valid, exp.cfg, exp.dataset.catalogue_category, log)
+    if chosen is not None and dist.is_main:
+        rd.save_config(dataclasses.replace(exp.cfg, model=dataclasses.replace(exp.cfg.model, cold_scale=chosen)))
 
 
 def _save_start(rd: RunDir, exp: Experiment, origin: WarmStart | None) -> None:
