@@ -210,6 +210,7 @@ def scored_as(
     try:
         category = run.dataset.catalogue_category
         return {
+            "scale": scale,
             "steps": trained["steps"],
             "ended": trained["ended"],
             "held": evaluate_with_config(run.model, subset, run.cfg, item_category=category),
@@ -298,7 +299,7 @@ def score_all(out: Path, score_as: list[tuple[str, float]]) -> str:
             if subset is None:
                 subset, cfg = mine, run.cfg
             assert np.array_equal(mine.users, subset.users), "every run scores the same users"
-            row = _steps(path)
+            row = {**_steps(path), "scale": run.cfg.model.cold_scale}  # chosen on validation by default
             row["held"] = evaluate_with_config(run.model, mine, run.cfg, item_category=run.dataset.catalogue_category)
             row["within"] = within_held(run, mine, held)
             row["all"] = RunDir(path).read_test_metrics()
@@ -367,16 +368,18 @@ def _tables(table: dict[str, list[dict[str, Any]]], base: dict[str, list[dict[st
     (best_name, best), (within_name, best_within) = _best(base, "all"), _best(base, "within")
     lines = [
         "| model | R@50 held-out | HR@50 held-out | × best baseline | within held-out: R@50, × best | R@50 all targets "
-        "| best/steps | ended by |",
-        "|---|---:|---:|---:|---:|---:|---|---|",
+        "| cold_scale | best/steps | ended by |",
+        "|---|---:|---:|---:|---:|---:|---|---|---|",
     ]
     for name, rows in table.items():
         held, within = [r["held"] for r in rows], [r["within"] for r in rows]
         ratio = np.mean([h[KEY] for h in held]) / best if best > 0 else float("inf")
         ratio_within = np.mean([h[KEY] for h in within]) / best_within if best_within > 0 else float("inf")
+        scales = ", ".join(f"{r['scale']:g}" for r in rows)
         lines.append(
             f"| {name} | {_mean(held, KEY)} | {_mean(held, HIT)} | {ratio:.2f} | {_mean(within, KEY)}, "
-            f"{ratio_within:.2f} | {_mean([r['all'] for r in rows], KEY)} | {', '.join(r['steps'] for r in rows)} | "
+            f"{ratio_within:.2f} | {_mean([r['all'] for r in rows], KEY)} | {scales} | "
+            f"{', '.join(r['steps'] for r in rows)} | "
             f"{', '.join(r['ended'] for r in rows)} |"
         )
     lines += [
