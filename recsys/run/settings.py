@@ -54,6 +54,10 @@ The rules, each with the measurement behind it beside its constant in :mod:`recs
   where a descheduled one holds up the rest (``benchmarks/cpu_threads.py`` measures it).
 - ``eval.objective``: ``recall@max(eval.topn)``; ``eval.exclude_history``: true under
   ``data.split = "leave_one_out"`` (the papers' protocol), else false.
+- ``model.cold_scale`` (-1): 1 without item features (no item is scored without its clicks); with
+  them it stays -1 here and the trainer chooses it on validation once the run has trained
+  (:mod:`recsys.train.cold_scale`), the one setting decided after training: it needs the trained
+  weights.
 
 What stays ``"auto"`` is not a value waiting to be decided but a policy that acts where it is
 used, and nothing else reads it: ``train.device`` (:func:`recsys.device.resolve_device`, the one
@@ -98,6 +102,7 @@ from recsys.config import (
     is_automatic,
 )
 from recsys.data.formats import reader_for
+from recsys.items import CHOOSE_COLD_SCALE
 from recsys.models.spec import (
     EXACT_SOFTMAX_ITEMS,
     FUSED_EXACT_SOFTMAX_ITEMS,
@@ -438,6 +443,8 @@ def resolve(cfg: Config, facts: Facts) -> Config:
     out.model = _resolved_model(out.model, facts.num_items, typical)
     spec, t, n = spec_for(out.model.name), out.train, facts.num_items - 1
     auto = spec.automatic
+    if out.model.cold_scale == CHOOSE_COLD_SCALE and not (out.data.item_features and out.model.use_features):
+        out.model.cold_scale = 1.0  # no feature table, no item scored without clicks: nothing to choose once trained
     several = spec.multi_interest and out.model.num_interests > 1  # K > 1 interests: a readout, a term between them
     # one interest reads itself out: the readout's warm-up and max-scored negatives do nothing there
     _set(out, "train.soft_readout_steps", auto.soft_readout_steps if several else 0)
