@@ -120,6 +120,9 @@ def test_automatic_model_settings_follow_the_earlier_run(earlier):
     followed = follow_model(given, RunDir(earlier["plain"]).read_config())
     assert (followed.model.dim, followed.model.hidden) == (8, 32)
     assert given.model.dim == -1  # the config given is not changed
+    assert followed.train.soft_readout_steps == 0  # the interests have formed: no readout warm-up
+    chosen = load_config(None, ["model.backend=torch", "train.soft_readout_steps=300"])
+    assert follow_model(chosen, RunDir(earlier["plain"]).read_config()).train.soft_readout_steps == 300
 
 
 def test_feature_values_are_carried_by_name(tmp_path, earlier, later):
