@@ -169,6 +169,9 @@ class DataConfig(_Section):
     prepare: str = "auto"
 
 
+CHOOSE_COLD_SCALE = -1.0  # model.cold_scale: chosen on validation once trained (recsys.train.cold_scale)
+
+
 @dataclass
 class ModelConfig(_Section):
     """Which encoder turns a click sequence into K interests, and its sizes."""
@@ -221,7 +224,7 @@ class ModelConfig(_Section):
     # with item features: outside training, an item without training clicks is scaled by this (above 1: new items
     # rank higher against the clicked ones, which can cost the clicked items' recall; docs/results.md, "New items");
     # -1 (the default): the largest scale that costs no validation recall, chosen once trained (recsys.train.cold_scale)
-    cold_scale: float = -1.0
+    cold_scale: float = CHOOSE_COLD_SCALE
     # self-attentive models: scores become c*tanh(s/c), so no interest collapses onto one click;
     # 0 disables; -1 (the default): the model's automatic value (recsys.models.spec)
     score_cap: float = -1.0
@@ -817,9 +820,9 @@ def _check_dependent_keys(cfg: Config) -> None:
             "model.id_dropout: leaves items' id rows out for their features, so it needs data.item_features "
             "and model.use_features = true; set it to 0"
         )
-    if not (cfg.model.cold_scale > 0 or cfg.model.cold_scale == -1.0):
+    if not (cfg.model.cold_scale > 0 or cfg.model.cold_scale == CHOOSE_COLD_SCALE):
         raise ConfigError(f"model.cold_scale: must be > 0 (or -1: chosen on validation), got {cfg.model.cold_scale!r}")
-    if cfg.model.cold_scale not in (1.0, -1.0) and not (cfg.data.item_features and cfg.model.use_features):
+    if cfg.model.cold_scale not in (1.0, CHOOSE_COLD_SCALE) and not (cfg.data.item_features and cfg.model.use_features):
         raise ConfigError(
             f"model.cold_scale={cfg.model.cold_scale:g}: scales items without clicks, which only item features "
             "represent; it needs data.item_features and model.use_features = true; leave it -1 (the default)"

@@ -5,6 +5,7 @@
 """
 
 import os
+from pathlib import Path
 
 import torch
 
@@ -33,6 +34,23 @@ TINY_RUN_OVERRIDES = [
 
 
 # a few-second training run on small synthetic data, for the trainer's own tests
+def tiny_clicks_overrides(clicks: Path, runs: Path, steps: int) -> dict[str, str | int]:
+    """The overrides of a tiny CPU run on a ``user,item`` click file without times: every item kept,
+    8 wide, the kernels' torch twins (they run interpreted under the tests), ``steps`` steps and one
+    validation at the end, runs written under ``runs``."""
+    return {
+        "data.source": str(clicks),
+        "data.time_col": "",
+        "data.min_item_count": 1,
+        "model.dim": 8,
+        "model.backend": "torch",
+        "train.max_steps": steps,
+        "train.eval_every": steps,
+        "train.device": "cpu",
+        "output_dir": str(runs),
+    }
+
+
 TINY_TRAIN_OVERRIDES = [
     "synthetic.num_users=600",
     "synthetic.num_items=300",

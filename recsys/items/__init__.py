@@ -7,15 +7,15 @@ form and :mod:`recsys.items.sharded` the sharded one, both on the per-row Adam o
 
 from recsys.items.row_sparse import RowSparseTable
 from recsys.items.sharded import ShardedTable
-from recsys.items.table import CHOOSE_COLD_SCALE, FORMS, FeatureUse, ItemTable, RowUpdates, register_form
+from recsys.items.table import FORMS, FeatureUse, ItemTable, RowUpdates, find_item_table, register_form
 
 __all__ = [
-    "CHOOSE_COLD_SCALE",
     "FORMS",
     "FeatureUse",
     "ItemTable",
     "RowSparseTable",
     "RowUpdates",
     "ShardedTable",
+    "find_item_table",
     "register_form",
 ]

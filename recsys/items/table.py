@@ -25,14 +25,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from recsys.config import CHOOSE_COLD_SCALE
 from recsys.data.features import ItemFeatures
 from recsys.items.features import FeatureEmbedding
 from recsys.nn.masking import length_mask
 
-__all__ = ["CHOOSE_COLD_SCALE", "COLD_ROWS", "FORMS", "FeatureUse", "ItemTable", "RowUpdates", "register_form"]
+__all__ = ["COLD_ROWS", "FORMS", "FeatureUse", "ItemTable", "RowUpdates", "find_item_table", "register_form"]
 
 COLD_ROWS = ("zero", "attribute_mean")  # model.cold_rows: what stands for a clickless item's id row
-CHOOSE_COLD_SCALE = -1.0  # model.cold_scale: chosen on validation once trained (recsys.train.cold_scale); 1 until then
 
 
 @dataclass(frozen=True)
@@ -338,3 +338,12 @@ def register_form(form: str) -> Callable[[type[ItemTable]], type[ItemTable]]:
         return cls
 
     return register
+
+
+def find_item_table(model: nn.Module) -> tuple[ItemTable, str] | None:
+    """The item table inside ``model`` and the prefix of its entries in ``model.state_dict()``, or
+    None for a model without one (MostPopular)."""
+    for name, module in model.named_modules():
+        if isinstance(module, ItemTable):
+            return module, f"{name}."
+    return None

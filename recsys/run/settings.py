@@ -90,6 +90,7 @@ import torch
 from recsys.config import (
     AUTO,
     AUTOMATIC,
+    CHOOSE_COLD_SCALE,
     CONFIG_VERSION,
     Config,
     ConfigError,
@@ -102,7 +103,6 @@ from recsys.config import (
     is_automatic,
 )
 from recsys.data.formats import reader_for
-from recsys.items import CHOOSE_COLD_SCALE
 from recsys.models.spec import (
     EXACT_SOFTMAX_ITEMS,
     FUSED_EXACT_SOFTMAX_ITEMS,

@@ -22,10 +22,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from recsys.config import Config
+from recsys.config import CHOOSE_COLD_SCALE, Config
 from recsys.data import EvalSet
 from recsys.evaluate.evaluator import evaluate_with_config
-from recsys.items import CHOOSE_COLD_SCALE, ItemTable
+from recsys.items import find_item_table
 from recsys.models.base import InterestModel
 
 __all__ = ["GRID", "TOLERANCE", "choose_cold_scale"]
@@ -45,7 +45,8 @@ def choose_cold_scale(
     """The scale for ``model``'s items without clicks (module docstring), set on its item table, or
     None where there is nothing to choose: ``model.cold_scale`` was given, the model has no feature
     table, or every item has clicks. Every rank calls it (the validation users are shared)."""
-    table = _feature_table(model)
+    found = find_item_table(model)
+    table = found[0] if found is not None and found[0].features is not None else None
     if cfg.model.cold_scale != CHOOSE_COLD_SCALE or table is None or table.warm is None or bool(table.warm[1:].all()):
         return None
     cold = ~table.warm.cpu().numpy()
@@ -62,7 +63,6 @@ def choose_cold_scale(
         best = max(scores.values())
         if scores[scale] < best * (1.0 - GIVE_UP):
             break
-    best = max(scores.values())
     chosen = max(s for s, v in scores.items() if v >= best * (1.0 - TOLERANCE))
     table.cold_scale = chosen
     tried = ", ".join(f"{s:g}: {v:.4f}" for s, v in scores.items())
@@ -71,11 +71,3 @@ def choose_cold_scale(
         f"best validation {key} ({tried})"
     )
     return chosen
-
-
-def _feature_table(model: InterestModel) -> ItemTable | None:
-    """The model's item table where it represents items with features, else None."""
-    for module in model.modules():
-        if isinstance(module, ItemTable):
-            return module if module.features is not None else None
-    return None

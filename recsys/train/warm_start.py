@@ -35,11 +35,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from torch import nn
 
 from recsys.config import Config, ConfigError, automatic_keys, is_automatic
 from recsys.data import Dataset
-from recsys.items import ItemTable
+from recsys.items import find_item_table
 from recsys.run import Experiment, LoadedRun, load_run
 from recsys.text import count
 
@@ -105,9 +104,8 @@ def follow_model(cfg: Config, earlier: Config) -> Config:
 
     The readout's warm-up (``train.soft_readout_steps``), when automatic, is 0: it exists to let a
     fresh model's K interests form before the argmax readout picks among them, and the earlier
-    run's interests have formed; rerunning it blends them again (Amazon Beauty cut by time, to the
-    plateau: the warm run ended 0.991× the cold run's best validation recall with it, 1.031×
-    without: docs/results.md, "The item side")."""
+    run's interests have formed; rerunning it blends them again (measured: docs/results.md, "The
+    item side")."""
     leaves = {key.split(".", 1)[1] for key in automatic_keys(cfg) if key.startswith("model.")}
     if cfg.model.name != earlier.model.name:
         return cfg  # another model: warm_start refuses it, naming model.name
@@ -125,8 +123,10 @@ def warm_start(exp: Experiment, earlier: LoadedRun) -> WarmStart:
     where = f"--init-from {earlier.path}"
     if not (exp.model.trainable and earlier.model.trainable):
         raise ConfigError(f"{where}: model.name {exp.cfg.model.name!r} has no weights to start from")
-    here_table, here_prefix = _item_table(exp.model)
-    there_table, there_prefix = _item_table(earlier.model)
+    here, there = find_item_table(exp.model), find_item_table(earlier.model)
+    if here is None or there is None:
+        raise ConfigError(f"{where}: {type(exp.model if here is None else earlier.model).__name__} has no item table")
+    (here_table, here_prefix), (there_table, there_prefix) = here, there
     ours = {k: v for k, v in exp.model.state_dict().items() if not k.startswith(here_prefix)}
     theirs = {k: v for k, v in earlier.model.state_dict().items() if not k.startswith(there_prefix)}
     _check_same_model(where, exp.cfg, earlier.cfg, ours, theirs)
@@ -160,14 +160,6 @@ def matched_items(here: Dataset, there: Dataset) -> tuple[np.ndarray, np.ndarray
     )
     found = at >= 0
     return (np.flatnonzero(found) + 1).astype(np.int64), (at[found] + 1).astype(np.int64)
-
-
-def _item_table(model: nn.Module) -> tuple[ItemTable, str]:
-    """The model's item table and the prefix of its entries in the model's ``state_dict``."""
-    for name, module in model.named_modules():
-        if isinstance(module, ItemTable):
-            return module, f"{name}."
-    raise ConfigError(f"{type(model).__name__} has no item table to start from")
 
 
 def _check_same_model(

@@ -11,6 +11,7 @@ import torch
 from recsys.data.features import FeatureField, ItemFeatures
 from recsys.items import FeatureUse, ItemTable, RowUpdates
 from recsys.items.features import FeatureEmbedding
+from tests.conftest import tiny_clicks_overrides
 
 # 6 known ids (0 = padding, 1..5 clicked) and 2 new ones (6, 7); two fields, one multi-valued
 GENRES = [[], [1, 2], [2], [], [1, 3], [3], [2, 3], [1]]
@@ -94,18 +95,7 @@ def test_a_run_with_a_feature_file_trains_retrieves_new_items_and_ids_alone_leav
     clicks.write_text("user,item\n" + "".join(rows))
     # every item has a genre; i30..i34 are never clicked: new items
     (tmp_path / "items.csv").write_text("item,genre\n" + "".join(f"i{i},g{i % 4}\n" for i in range(1, 35)))
-    common = {
-        "data.source": str(clicks),
-        "data.time_col": "",
-        "data.min_item_count": 1,
-        "data.item_features": str(tmp_path / "items.csv"),
-        "model.dim": 8,
-        "model.backend": "torch",  # the kernels run interpreted under the tests
-        "train.max_steps": 30,
-        "train.eval_every": 30,
-        "train.device": "cpu",
-        "output_dir": str(tmp_path / "runs"),
-    }
+    common = {**tiny_clicks_overrides(clicks, tmp_path / "runs", 30), "data.item_features": str(tmp_path / "items.csv")}
     run = fit(None, overrides=common, log=None)
     assert run.dataset.features is not None and run.dataset.catalogue_size == run.dataset.num_items + 5
     raw, emb = run.item_embeddings()

@@ -17,6 +17,7 @@ from recsys.cli import main
 from recsys.data.errors import DataError
 from recsys.data.feature_readers import RawFeatures
 from recsys.data.features import FeatureField, ItemFeatures, new_items
+from tests.conftest import tiny_clicks_overrides
 
 GENRES = 4
 
@@ -46,17 +47,7 @@ def trained(tmp_path_factory) -> dict[str, Path]:
     clicks = root / "clicks.csv"
     rng = np.random.default_rng(1)
     clicks.write_text("user,item\n" + "".join(f"u{u},i{int(i)}\n" for u in range(60) for i in rng.integers(1, 30, 12)))
-    common = {
-        "data.source": str(clicks),
-        "data.time_col": "",
-        "data.min_item_count": 1,
-        "model.dim": 8,
-        "model.backend": "torch",  # the kernels run interpreted under the tests
-        "train.max_steps": 20,
-        "train.eval_every": 20,
-        "train.device": "cpu",
-        "output_dir": str(root / "runs"),
-    }
+    common = tiny_clicks_overrides(clicks, root / "runs", 20)
     features = _feature_file(root / "items.csv", _training_items())
     with_features = fit(  # new items as their feature part alone, which the tests below rebuild by hand
         None,

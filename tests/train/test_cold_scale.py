@@ -16,9 +16,10 @@ from recsys.items import ItemTable
 from recsys.run import load_run
 from recsys.train import cold_scale as chooser
 from recsys.train.cold_scale import GRID, TOLERANCE, choose_cold_scale
+from tests.conftest import tiny_clicks_overrides
 
 
-def _write(root: Path) -> dict[str, str]:
+def _write(root: Path) -> dict[str, str | int]:
     """A small log whose items i3 and i5 are held out of training (their attributes kept), so they
     are items without clicks that validation users click."""
     rng = np.random.default_rng(3)
@@ -27,17 +28,9 @@ def _write(root: Path) -> dict[str, str]:
     (root / "items.csv").write_text("item,genre\n" + "".join(f"i{i},g{i % 4}\n" for i in range(1, 25)))
     (root / "held.txt").write_text("i3\ni5\n")
     return {
-        "data.source": str(root / "clicks.csv"),
-        "data.time_col": "",
-        "data.min_item_count": 1,
+        **tiny_clicks_overrides(root / "clicks.csv", root / "runs", 10),
         "data.item_features": str(root / "items.csv"),
         "data.held_out_items": str(root / "held.txt"),
-        "model.dim": 8,
-        "model.backend": "torch",  # the kernels run interpreted under the tests
-        "train.max_steps": 10,
-        "train.eval_every": 10,
-        "train.device": "cpu",
-        "output_dir": str(root / "runs"),
     }
 
 
