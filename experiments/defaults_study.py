@@ -12,7 +12,7 @@ Usage::
         --data ml-100k=../shared/data/ml-100k --models popular,youtube_dnn,comirec_sa,sasrec_mi \\
         --variant "wd 0.2" train.optimizer=adamw train.weight_decay=0.2 \\
         [--checkout 4dfa8c8=/tmp/at-4dfa8c8] [--seeds 42,1,2] \\
-        [--set train.cuda_graph=true] [--jobs 8] [--logs DIR] [--results FILE]
+        [--set train.cuda_graph=true] [--jobs 8] [--logs DIR] [--results FILE] [--runs-json FILE]
 
 The first column is always the defaults (no ``--set`` beyond the common ones); ``popular`` has
 nothing to train and runs under the defaults only. ``--checkout LABEL=DIR`` adds a column of the
@@ -24,6 +24,7 @@ paths are made absolute. ``--seeds`` runs every cell at each ``train.seed`` and 
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import time
@@ -89,6 +90,7 @@ def main() -> None:
     ap.add_argument("--output-dir", default="runs/defaults_study")
     ap.add_argument("--logs", default="runs/defaults_study/logs")
     ap.add_argument("--results", help="append the tables to this Markdown file")
+    ap.add_argument("--runs-json", help="write every run (data, model, variant, seed: test metrics, steps) here")
     args = ap.parse_args()
 
     datasets = {name: _absolute(path) for name, path in (d.split("=", 1) for d in args.data)}
@@ -123,6 +125,8 @@ def main() -> None:
             for j in jobs
         }
         runs = {j: f.result() for j, f in futures.items()}
+    if args.runs_json:
+        Path(args.runs_json).write_text(json.dumps([{"run": list(j), **r} for j, r in runs.items()], indent=1))
     results = {cell: _mean([runs[(*cell, seed)] for seed in seeds]) for cell in {j[:3] for j in jobs}}
 
     lines = [

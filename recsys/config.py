@@ -207,6 +207,11 @@ class ModelConfig(_Section):
     # the filter at each position reads the window that ends there (a causal FIR filter), so the model can train
     # densely (train.predict_at = "all"); false: BSARec's, over the whole window
     filter_causal: bool = False
+    # what the whole-window filters (frequency, hybrid, wavelet) read at the window's padding rows: zero (recsys's:
+    # a user's representation does not depend on their padding) | window (the published blocks': the rows the
+    # encoder computed there, placed as in a left-padded window, so a short history's low band carries learned
+    # position terms; recsys.nn.frequency)
+    filter_padding: str = "zero"
     attention_dropout: float = 0.0
     # transformer encoders' initial weights: scaled (item rows N(0, 1/d), torch's Linear init) | bert (every
     # Linear and embedding N(0, 0.02), zero biases: BERT's, which S3Rec, FMLP-Rec and BSARec keep)
@@ -583,6 +588,7 @@ _CHOICES = {
     "model.mixer": ("attention", "frequency", "hybrid", "wavelet"),
     "model.cold_rows": ("zero", "attribute_mean"),
     "model.block": ("pre_norm", "post_norm", "ligr"),
+    "model.filter_padding": ("zero", "window"),
     "model.init": ("scaled", "bert"),
     "model.backend": KERNEL_BACKENDS,
     "train.optimizer": ("adam", "adamw"),
@@ -769,6 +775,10 @@ def _check_bounds(cfg: Config) -> None:
         raise ConfigError(f"model.filter_alpha: must be in [0, 1], got {cfg.model.filter_alpha!r}")
     if cfg.model.filter_causal and cfg.model.mixer == "wavelet":
         raise ConfigError("model.filter_causal: the wavelet mixer has no causal form; train it on the last position")
+    if cfg.model.filter_causal and cfg.model.filter_padding == "window":
+        raise ConfigError(
+            'model.filter_padding="window" reads the padding rows of a whole window; the causal filter reads none'
+        )
     if not 0.0 <= cfg.model.attention_dropout < 1.0:
         raise ConfigError(f"model.attention_dropout: must be in [0, 1), got {cfg.model.attention_dropout!r}")
     if not -1.0 <= cfg.train.interest_margin < 1.0:

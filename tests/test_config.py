@@ -53,6 +53,7 @@ def test_file_then_overrides(tmp_path):
         ("train.lr=-0.1", "train.lr"),
         ("train.sampler=zipf", "train.sampler"),
         ("model.dropout=1.5", "model.dropout"),
+        ("model.filter_padding=left", "model.filter_padding"),
         ("no_equals_sign", "no_equals_sign"),
     ],
 )
@@ -383,3 +384,11 @@ def test_saved_runs_without_a_horizon_load_as_trained(name):
     saved["model"]["name"] = name
     del saved["train"]["predict_next"]
     assert run_config_from_dict(saved).train.predict_next == 1
+
+
+def test_window_padding_with_the_causal_filter_is_refused():
+    """The causal filter reads no padding row, so reading the padding as the published block does cannot apply."""
+    with pytest.raises(ConfigError, match='model.filter_padding="window"'):
+        load_config(
+            None, ["model.name=sasrec", "model.mixer=hybrid", "model.filter_causal=true", "model.filter_padding=window"]
+        )

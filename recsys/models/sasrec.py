@@ -33,6 +33,7 @@ def encoder_shape(cfg: ModelConfig) -> EncoderShape:
         filter_cutoff=cfg.filter_cutoff,
         filter_alpha=cfg.filter_alpha,
         filter_causal=cfg.filter_causal,
+        filter_padding=cfg.filter_padding,
         attention_dropout=cfg.attention_dropout,
         qk_norm=cfg.qk_norm,
         softcap=cfg.softcap,
@@ -197,6 +198,7 @@ TRANSFORMER_SETTINGS = (
     "filter_cutoff",
     "filter_alpha",
     "filter_causal",
+    "filter_padding",
     "attention_dropout",
     "init",
 )

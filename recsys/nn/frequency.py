@@ -10,24 +10,35 @@ residual, the norm, and the mix with attention.
 Padding and causality. The published block filters a left-padded window of ``L = max_len`` rows,
 padding rows included, and is trained on the window's last position only. The low band is a
 circulant operator along the sequence (it keeps the frequencies ``0, ±1, ..., ±(c - 1)`` of a
-length-``L`` DFT), so it commutes with rotations: filtering the right-padded window gives, at
-every valid position, what filtering the left-padded one gives at the same click. Two things differ
-from the published block, both on purpose:
+length-``L`` DFT), so it commutes with rotations. Rotating a left-padded window by its padding puts
+the clicks first and the padding rows after them, in their order: recsys's right-padded layout,
+where a padding row's position counts on around the window (:func:`recsys.nn.masking.recency_index`).
+So, where the rows hold the same values, filtering the right-padded window gives at every row what
+the published filter gives at the same row of the left-padded one. What the padding rows hold is
+one setting (``model.filter_padding``, ``pads`` here):
 
-- padding rows are zeroed before the filter (the published block filters the padding rows'
-  LayerNorm'd position embeddings too), so a user's representation does not depend on what sits in
-  their padding;
-- like the published block, the filter is **not causal**: position ``t`` reads clicks after ``t``
-  within the window. Only a window's last position may be trained (``train.predict_at = "last"``,
-  every prefix a sample, as the published recipe does); dense training, where position ``t``
-  predicts click ``t + 1``, would read its own target, and is refused (:mod:`recsys.run.settings`).
+- ``"zero"`` (the default): padding rows are zeroed before the filter and in its output, so a
+  user's representation does not depend on what sits in their padding. For a history of ``n <
+  L`` clicks the low band is then mostly the clicks' mean scaled by ``n / L``.
+- ``"window"``: the filter reads the rows the encoder computed at the padding, as the published
+  block does: in the first block the LayerNorm'd position embedding of each padding row, in later
+  blocks the previous block's output there, so a short history's low band carries learned
+  position terms. What still differs from the published block is the attention branch at a
+  padding row: the published one (an additive -10000 on every key) spreads it over the whole
+  window by raw scores; recsys's kernels give such a row no key, so the hybrid's attention branch
+  is zero there.
+
+Like the published block, the filter is **not causal**: position ``t`` reads clicks after ``t``
+within the window. Only a window's last position may be trained (``train.predict_at = "last"``,
+every prefix a sample, as the published recipe does); dense training, where position ``t`` predicts
+click ``t + 1``, would read its own target, and is refused (:mod:`recsys.run.settings`).
 
 ``causal=True`` (``model.filter_causal``) gives every position what the published filter gives at
 the last row of the ``L``-row window that ends there: the low band at ``t`` is
 ``Σ_{s<L} h[s] · x[t - s]`` with ``h`` the band's circular kernel (``irfft`` of the kept bins), a
 causal FIR filter, so a model can train on every position of a window. For one block this is the
 published filter at every prefix exactly; in a stack the lower blocks differ, since there each
-prefix's window would be filtered as a whole.
+prefix's window would be filtered as a whole. It reads no padding row, so it has no ``"window"`` form.
 """
 
 from __future__ import annotations
@@ -46,7 +57,8 @@ def low_band_bins(cutoff: int) -> int:
 
 
 class FrequencyFilter(nn.Module):
-    """``x [B, L, d]``, ``lengths [B]`` -> ``low + β² ⊙ (x - low)`` ``[B, L, d]``, 0 at padded rows.
+    """``x [B, L, d]``, ``lengths [B]`` -> ``low + β² ⊙ (x - low)`` ``[B, L, d]``, 0 at padded rows
+    (filtered there too with ``pads``).
 
     ``low`` keeps the lowest ``cutoff // 2 + 1`` rfft bins of each feature along the sequence
     (orthonormal FFT of length ``L``, the tensor's width); ``β [d]`` starts at ``N(0, 1)`` as in
@@ -56,19 +68,24 @@ class FrequencyFilter(nn.Module):
         dim: width ``d``.
         cutoff: BSARec's ``c`` (its logged Amazon Beauty run: 5, i.e. 3 bins).
         causal: position ``t`` reads clicks ``<= t`` only (the module docstring).
+        pads: read the padding rows as they are (``model.filter_padding = "window"``) instead of zeros.
     """
 
-    def __init__(self, dim: int, cutoff: int, causal: bool = False):
+    def __init__(self, dim: int, cutoff: int, causal: bool = False, *, pads: bool = False):
         super().__init__()
+        if causal and pads:
+            raise ValueError("the causal filter reads no padding row: it has no filter_padding='window' form")
         self.bins = low_band_bins(cutoff)
         self.causal = causal
+        self.pads = pads
         self.sqrt_beta = nn.Parameter(torch.randn(dim))
         self._bands: dict[tuple[int, torch.device, torch.dtype], Tensor] = {}  # causal band per (L, device, dtype)
 
     def forward(self, x: Tensor, lengths: Tensor) -> Tensor:
         seq_len = x.shape[1]
-        mask = length_mask(lengths, seq_len)[..., None]  # [B, L, 1]
-        wide = x.to(torch.promote_types(x.dtype, torch.float32)) * mask  # padding rows are zero
+        wide = x.to(torch.promote_types(x.dtype, torch.float32))
+        mask = None if self.pads else length_mask(lengths, seq_len)[..., None]  # [B, L, 1]
+        wide = wide if mask is None else wide * mask  # padding rows are zero unless they are read
         if self.causal:
             low = torch.einsum("ts,bsd->btd", self._causal_band(seq_len, wide), wide)  # [B, L, d]
         else:
@@ -76,7 +93,7 @@ class FrequencyFilter(nn.Module):
             spectrum = spectrum * (torch.arange(spectrum.shape[1], device=x.device) < self.bins)[None, :, None]
             low = torch.fft.irfft(spectrum, n=seq_len, dim=1, norm="ortho")  # [B, L, d]
         out = low + self.sqrt_beta.square() * (wide - low)
-        return (out * mask).to(x.dtype)
+        return (out if mask is None else out * mask).to(x.dtype)
 
     def _causal_band(self, seq_len: int, like: Tensor) -> Tensor:
         """``[L, L]`` lower-triangular Toeplitz ``T[t, j] = h[t - j]``: the low band of the window

@@ -32,10 +32,13 @@ def length_mask(lengths: Tensor, seq_len: int) -> Tensor:
 
 def recency_index(lengths: Tensor, seq_len: int) -> Tensor:
     """``[B, seq_len]`` long: valid position ``i`` of a row -> ``length - 1 - i`` (clicks back
-    from its most recent one); padded positions keep ``i``, so each row is a permutation."""
+    from its most recent one); the count goes on around the window at padded positions
+    (``length - 1 - i + seq_len``), so each row is a permutation and a padding row gets the
+    position it has in the left-padded window of ``seq_len`` rows (what the whole-window filters
+    read there: :mod:`recsys.nn.frequency`)."""
     i = torch.arange(seq_len, device=lengths.device)[None, :]
     back = lengths[:, None].long() - 1 - i
-    return torch.where(back >= 0, back, i)
+    return torch.where(back >= 0, back, back + seq_len)
 
 
 def gather_last(x: Tensor, lengths: Tensor) -> Tensor:

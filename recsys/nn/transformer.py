@@ -30,6 +30,7 @@ from recsys.nn.wavelet import WaveletFilter
 
 MIXERS = ("attention", "frequency", "hybrid", "wavelet")
 BLOCKS = ("pre_norm", "post_norm", "ligr")
+FILTER_PADDING = ("zero", "window")
 # BERT's LayerNorm epsilon, which the post-norm lineage (S3Rec, FMLP-Rec, BSARec) keeps
 POST_NORM_EPS = 1e-12
 
@@ -46,6 +47,9 @@ class EncoderShape:
             (BSARec's ``alpha``), against the Haar branch in the wavelet mixer (WEARec's ``alpha``).
         filter_causal: each position filters the window that ends there (:mod:`recsys.nn.frequency`),
             so the model can train on every position.
+        filter_padding: ``"zero"`` (the whole-window filters read zeros at padding rows) or
+            ``"window"`` (they read the rows the encoder computed there, as the published blocks do:
+            :mod:`recsys.nn.frequency`).
         attention_dropout: attention-probability dropout (training only).
         qk_norm, softcap, backend: those of :class:`MultiHeadAttention`.
     """
@@ -55,6 +59,7 @@ class EncoderShape:
     filter_cutoff: int = 5
     filter_alpha: float = 0.7
     filter_causal: bool = False
+    filter_padding: str = "zero"
     attention_dropout: float = 0.0
     qk_norm: str = ""
     softcap: float = 0.0
@@ -69,6 +74,10 @@ class EncoderShape:
             raise ValueError(f"model.filter_alpha: must be in [0, 1], got {self.filter_alpha}")
         if self.filter_causal and self.mixer == "wavelet":
             raise ValueError("model.filter_causal: the wavelet mixer has no causal form (recsys.nn.wavelet)")
+        if self.filter_padding not in FILTER_PADDING:
+            raise ValueError(f"model.filter_padding: {self.filter_padding!r} is not one of {list(FILTER_PADDING)}")
+        if self.filter_causal and self.filter_padding == "window":
+            raise ValueError('model.filter_padding="window" reads a whole window; the causal filter has no such form')
 
     @property
     def causal_mixer(self) -> bool:
@@ -175,11 +184,11 @@ class TransformerBlock(nn.Module):
 def _filter(dim: int, num_heads: int, max_len: int, shape: EncoderShape) -> nn.Module | None:
     """The mixer's filter branch: BSARec's (``frequency``, ``hybrid``), WEARec's (``wavelet``), or none."""
     if shape.mixer in ("frequency", "hybrid"):
-        return FrequencyFilter(dim, shape.filter_cutoff, shape.filter_causal)
+        return FrequencyFilter(dim, shape.filter_cutoff, shape.filter_causal, pads=shape.filter_padding == "window")
     if shape.mixer == "wavelet":
         if max_len < 1:
             raise ValueError("the wavelet mixer needs the window's max_len")
-        return WaveletFilter(dim, num_heads, max_len, shape.filter_alpha)
+        return WaveletFilter(dim, num_heads, max_len, shape.filter_alpha, pads=shape.filter_padding == "window")
     return None
 
 
@@ -227,9 +236,11 @@ class TransformerEncoder(nn.Module):
 
     def forward(self, h: Tensor, lengths: Tensor) -> Tensor:
         seq_len = h.shape[1]
+        mask = length_mask(lengths, seq_len).to(h.dtype)[..., None]  # [B, L, 1]
+        h = h * mask  # padding rows hold their positions only (what a filter reading them sees)
         x = h if self.pos is None else h + self.pos(lengths, seq_len)  # [B, L, d]
         x = self.drop(x if self.embed_norm is None else self.embed_norm(x))
         for block in self.blocks:
             x = block(x, lengths, self.causal)
         x = x if self.norm is None else self.norm(x)
-        return x * length_mask(lengths, seq_len).to(x.dtype)[..., None]
+        return x * mask.to(x.dtype)

@@ -19,7 +19,10 @@ click gets what the published block computes for it. What differs, on purpose:
 
 - padding rows are zero (the published window carries LayerNorm'd position embeddings there), so a
   user's representation does not depend on what sits in their padding; the MLP's mean row is the
-  clicks' sum over ``max_len``;
+  clicks' sum over ``max_len``. ``model.filter_padding = "window"`` (``pads``) reads them as the
+  published block does instead: the window's padding rows are the right-padded tensor's padding
+  rows in their order (the rows the encoder computed there, positioned as in a left-padded window:
+  :mod:`recsys.nn.frequency`), and the filter's output at each of them goes back there;
 - an odd ``max_len`` gets one more zero row at the window's start, so the latest click is always in
   a pair (the published block drops the last row of an odd window, which left-padded is the latest click).
 
@@ -34,7 +37,8 @@ from torch import Tensor, nn
 
 
 class WaveletFilter(nn.Module):
-    """``x [B, L, d]``, ``lengths [B]`` -> ``α · global(x) + (1 - α) · haar(x)`` ``[B, L, d]``, 0 at padding.
+    """``x [B, L, d]``, ``lengths [B]`` -> ``α · global(x) + (1 - α) · haar(x)`` ``[B, L, d]``, 0 at padding
+    (filtered there too with ``pads``).
 
     Computed in at least float32 (``torch.fft`` has no bf16) on the left-padded window of
     ``max_len`` rows (rounded up to even), returned in ``x``'s dtype and right-padded layout.
@@ -44,9 +48,10 @@ class WaveletFilter(nn.Module):
         num_heads: WEARec's heads: the global filter has one scale and shift per head and bin.
         max_len: the window's rows (``data.max_len``); ``L <= max_len``.
         alpha: the global branch's weight (WEARec's ``alpha``; ``model.filter_alpha``).
+        pads: read the padding rows as they are (``model.filter_padding = "window"``) instead of zeros.
     """
 
-    def __init__(self, dim: int, num_heads: int, max_len: int, alpha: float):
+    def __init__(self, dim: int, num_heads: int, max_len: int, alpha: float, *, pads: bool = False):
         super().__init__()
         if dim % num_heads:
             raise ValueError(f"model.dim ({dim}) must be a multiple of model.num_heads ({num_heads})")
@@ -54,6 +59,7 @@ class WaveletFilter(nn.Module):
         self.width = max_len + max_len % 2  # the window's rows, even
         self.bins = self.width // 2 + 1
         self.alpha = alpha
+        self.pads = pads
         head_dim = dim // num_heads
         self.detail_scale = nn.Parameter(torch.randn(num_heads, self.width // 2, head_dim) * 0.02)
         self.base_scale = nn.Parameter(torch.ones(num_heads, self.bins, 1))
@@ -65,24 +71,27 @@ class WaveletFilter(nn.Module):
         if seq_len > self.width:
             raise ValueError(f"a window of {seq_len} rows is longer than the filter's {self.width} (data.max_len)")
         wide = x.to(torch.promote_types(x.dtype, torch.float32))
-        rows = self._left_rows(lengths)  # [B, W]: the right-padded row at each window row, -1 for none
+        rows = self._left_rows(lengths, seq_len)  # [B, W]: the right-padded row at each window row, -1 for none
         window = torch.where(
             rows[..., None] >= 0, wide.gather(1, rows.clamp_min(0)[..., None].expand(-1, -1, dim)), 0.0
         )  # [B, W, d]
         heads = window.view(batch, self.width, self.heads, -1).transpose(1, 2)  # [B, H, W, dh]
         mixed = self.alpha * self._global(heads, window) + (1 - self.alpha) * self._haar(heads)
         mixed = mixed.transpose(1, 2).reshape(batch, self.width, dim)  # [B, W, d]
-        back = self.width - lengths[:, None] + torch.arange(seq_len, device=x.device)  # [B, L]: each click's window row
-        valid = torch.arange(seq_len, device=x.device)[None] < lengths[:, None]  # [B, L]
-        out = mixed.gather(1, back.clamp(0, self.width - 1)[..., None].expand(-1, -1, dim))  # [B, L, d]
-        return torch.where(valid[..., None], out, 0.0).to(x.dtype)
+        row = torch.arange(seq_len, device=x.device)[None]  # [1, L]
+        valid = row < lengths[:, None]  # [B, L]
+        back = torch.where(valid, self.width - lengths[:, None] + row, row - lengths[:, None])  # [B, L]: window row
+        out = mixed.gather(1, back[..., None].expand(-1, -1, dim))  # [B, L, d]
+        return (out if self.pads else torch.where(valid[..., None], out, 0.0)).to(x.dtype)
 
-    def _left_rows(self, lengths: Tensor) -> Tensor:
+    def _left_rows(self, lengths: Tensor, seq_len: int) -> Tensor:
         """``[B, W]``: for each row ``p`` of the left-padded window, the right-padded row holding its
-        click (``p - (W - length)``), or -1 where the window is padding."""
+        click (``p - (W - length)``); at the window's padding the right-padded padding row in its
+        order (``length + p``) with ``pads``, and -1 (a zero row) where there is none or without."""
         pos = torch.arange(self.width, device=lengths.device)[None]  # [1, W]
         src = pos - (self.width - lengths[:, None])
-        return torch.where(src >= 0, src, -1)
+        pad = lengths[:, None] + pos if self.pads else torch.full_like(src, -1)
+        return torch.where(src >= 0, src, torch.where(pad < seq_len, pad, -1))
 
     def _global(self, heads: Tensor, window: Tensor) -> Tensor:
         """The per-user frequency filter of ``heads [B, H, W, dh]``; ``window [B, W, d]`` feeds its MLP."""

@@ -30,7 +30,8 @@ def test_check_batch_names_the_argument():
 
 def test_recency_index_counts_back_from_the_latest_click():
     idx = recency_index(torch.tensor([3, 0, 5]), 5)
-    assert idx.tolist() == [[2, 1, 0, 3, 4], [0, 1, 2, 3, 4], [4, 3, 2, 1, 0]]
+    # padding rows: their place in the left-padded window (3 clicks: rows [pad, pad, c0, c1, c2] count back 4..0)
+    assert idx.tolist() == [[2, 1, 0, 4, 3], [4, 3, 2, 1, 0], [4, 3, 2, 1, 0]]
     assert (idx.sort(dim=1).values == torch.arange(5)).all()  # each row a permutation
 
 

@@ -19,9 +19,12 @@ def _low_band_matrix(seq_len: int, bins: int) -> torch.Tensor:
     return torch.cos(phase).sum(0) / seq_len
 
 
-def _published(x: torch.Tensor, lengths: torch.Tensor, beta: torch.Tensor, bins: int) -> torch.Tensor:
-    """The published block's filter on the LEFT-padded window (padding rows zero), then moved back
-    to the right-padded layout: what BSARec computes at every valid click."""
+def _published(
+    x: torch.Tensor, lengths: torch.Tensor, beta: torch.Tensor, bins: int, pads: bool = False
+) -> torch.Tensor:
+    """The published block's filter on the LEFT-padded window, then moved back to the right-padded
+    layout: what BSARec computes at every valid click. Its padding rows are zero, or with ``pads``
+    the right-padded tensor's padding rows in their order (and read back there too)."""
     b, seq_len, _ = x.shape
     out = torch.zeros_like(x, dtype=torch.float64)
     band = _low_band_matrix(seq_len, bins)
@@ -29,9 +32,13 @@ def _published(x: torch.Tensor, lengths: torch.Tensor, beta: torch.Tensor, bins:
         n = int(lengths[i])
         left = torch.zeros(seq_len, x.shape[2], dtype=torch.float64)
         left[seq_len - n :] = x[i, :n].double()
+        if pads:
+            left[: seq_len - n] = x[i, n:].double()
         low = band @ left
         filtered = low + beta.double() ** 2 * (left - low)
         out[i, :n] = filtered[seq_len - n :]
+        if pads:
+            out[i, n:] = filtered[: seq_len - n]
     return out
 
 
@@ -47,6 +54,28 @@ def test_filter_matches_the_published_left_padded_filter_in_fp64(seq_len, cutoff
     ref = _published(x, lengths, f.sqrt_beta.detach(), low_band_bins(cutoff))
     assert torch.linalg.vector_norm(out.double() - ref) <= 1e-5 * torch.linalg.vector_norm(ref) + 1e-12
     assert out[3].abs().max() == 0  # a fully padded row is zero
+
+
+@pytest.mark.parametrize("seq_len", [1, 7, 50, 129])
+@pytest.mark.parametrize("dim", [16, 128])
+def test_window_padding_is_the_published_filter_of_the_whole_left_padded_window(seq_len, dim):
+    """``pads``: the padding rows are read as they are, placed as in a left-padded window."""
+    torch.manual_seed(seq_len + dim)
+    f = FrequencyFilter(dim, 5, pads=True)
+    x = torch.randn(4, seq_len, dim)
+    lengths = torch.tensor([seq_len, max(seq_len // 2, 1), 1, 0])
+    out = f(x, lengths)
+    ref = _published(x, lengths, f.sqrt_beta.detach(), low_band_bins(5), pads=True)
+    assert torch.linalg.vector_norm(out.double() - ref) <= 1e-5 * torch.linalg.vector_norm(ref)
+    if seq_len > 1:  # the padding changes what the clicks get
+        zero = FrequencyFilter(dim, 5)
+        zero.load_state_dict(f.state_dict())
+        assert not torch.allclose(zero(x, lengths)[1, : lengths[1]], out[1, : lengths[1]])
+
+
+def test_the_causal_filter_has_no_window_padding():
+    with pytest.raises(ValueError, match="padding"):
+        FrequencyFilter(8, 5, causal=True, pads=True)
 
 
 def test_a_full_band_filter_is_a_rescaling_by_beta_squared():

@@ -16,6 +16,7 @@ def _encoder(dropout: float = 0.0, causal: bool = True, **shape) -> TransformerE
 
 BSAREC = {"mixer": "hybrid", "block": "post_norm", "filter_cutoff": 3, "attention_dropout": 0.5}
 WEAREC = {"mixer": "wavelet", "block": "post_norm", "filter_alpha": 0.2}
+WINDOW = {"filter_padding": "window"}
 
 
 @pytest.mark.parametrize("shape", [{}, {"mixer": "hybrid", "filter_causal": True, "block": "ligr"}])
@@ -50,6 +51,8 @@ def test_bidirectional_encoder_does_look_ahead():
         (True, {"mixer": "frequency"}),
         (True, {"block": "post_norm"}),
         (True, WEAREC),
+        (True, {**BSAREC, **WINDOW}),
+        (True, {**WEAREC, **WINDOW}),
     ],
 )
 def test_padding_is_ignored_and_zeroed(causal, shape):
@@ -65,7 +68,9 @@ def test_padding_is_ignored_and_zeroed(causal, shape):
     assert base[0, 3:].abs().max() == 0 and base[2, 1:].abs().max() == 0
 
 
-@pytest.mark.parametrize("shape", [{}, BSAREC, {"mixer": "frequency"}, WEAREC])
+@pytest.mark.parametrize(
+    "shape", [{}, BSAREC, {"mixer": "frequency"}, WEAREC, {**BSAREC, **WINDOW}, {**WEAREC, **WINDOW}]
+)
 def test_empty_and_single_rows_have_finite_outputs_and_gradients(shape):
     enc = _encoder(dropout=0.1, **shape).train()
     h = torch.randn(2, 7, 8, requires_grad=True)
@@ -95,6 +100,34 @@ def test_the_filter_reads_the_whole_window_so_it_is_not_causal(shape):
     assert not EncoderShape(**shape).causal_mixer and EncoderShape().causal_mixer
 
 
+@pytest.mark.parametrize("mixer", ["frequency", "wavelet"])
+def test_window_padding_gives_the_clicks_what_the_whole_left_padded_window_gives(mixer):
+    """``filter_padding = "window"``: a right-padded row's clicks get what the published encoder gives
+    them in its left-padded window, whose padding rows hold their positions' embeddings: here the
+    same encoder on the left-padded window read as a full one (zero item rows at the padding)."""
+    torch.manual_seed(3)
+    shape = EncoderShape(mixer=mixer, block="post_norm", filter_padding="window", backend="torch")
+    enc = TransformerEncoder(8, 2, 2, 8, causal=True, shape=shape).eval()
+    lengths = torch.tensor([8, 5, 1])
+    h = torch.randn(3, 8, 8) * (torch.arange(8)[None, :] < lengths[:, None])[..., None]
+    out = enc(h, lengths)
+    for b, n in enumerate(lengths.tolist()):
+        left = torch.zeros(1, 8, 8)
+        left[0, 8 - n :] = h[b, :n]
+        full = enc(left, torch.tensor([8]))[0, 8 - n :]
+        torch.testing.assert_close(out[b, :n], full, rtol=1e-5, atol=1e-5)
+    zero = TransformerEncoder(
+        8, 2, 2, 8, causal=True, shape=EncoderShape(mixer=mixer, block="post_norm", backend="torch")
+    )
+    zero.load_state_dict(enc.state_dict())
+    assert not torch.allclose(zero.eval()(h, lengths)[1, :5], out[1, :5], atol=1e-4)
+
+
+def test_window_padding_has_no_causal_form():
+    with pytest.raises(ValueError, match="filter_padding"):
+        EncoderShape(mixer="hybrid", filter_causal=True, filter_padding="window")
+
+
 def test_pre_norm_attention_block_keeps_its_parameter_names():
     """Saved sasrec runs load: the default block's state-dict keys are the ones they were saved with."""
     keys = set(_encoder().state_dict())
@@ -107,7 +140,7 @@ def test_the_wavelet_mixer_has_no_causal_form():
         EncoderShape(mixer="wavelet", filter_causal=True)
 
 
-@pytest.mark.parametrize("field", ["mixer", "block"])
+@pytest.mark.parametrize("field", ["mixer", "block", "filter_padding"])
 def test_unknown_shape_names_its_setting(field):
     with pytest.raises(ValueError, match=f"model.{field}"):
         EncoderShape(**{field: "bogus"})

@@ -32,7 +32,9 @@ def _global_branch(window: torch.Tensor, scale: torch.Tensor, shift: torch.Tenso
 
 def _published(f: WaveletFilter, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """What the published block computes at every valid click: each row's clicks at the end of a
-    left-padded window of ``f.width`` zero rows, both branches per head, read back at the clicks."""
+    left-padded window of ``f.width`` rows, both branches per head, read back at the clicks. The
+    window's padding rows are zero, or with ``f.pads`` the right-padded tensor's padding rows in
+    their order (zero past its width), read back there too."""
     b, seq_len, dim = x.shape
     heads, width = f.heads, f.width
     dh = dim // heads
@@ -42,6 +44,8 @@ def _published(f: WaveletFilter, x: torch.Tensor, lengths: torch.Tensor) -> torc
         n = int(lengths[i])
         window = torch.zeros(width, dim, dtype=torch.float64)
         window[width - n :] = x[i, :n].double()
+        if f.pads:
+            window[: seq_len - n] = x[i, n:].double()
         hidden = mlp[0](window.mean(0))
         adapt = mlp[1](0.5 * hidden * (1 + torch.erf(hidden / math.sqrt(2)))).view(heads, width // 2 + 1, 2)
         mixed = torch.zeros(width, dim, dtype=torch.float64)
@@ -57,11 +61,13 @@ def _published(f: WaveletFilter, x: torch.Tensor, lengths: torch.Tensor) -> torc
                 haar[2 * j], haar[2 * j + 1] = approx + detail, approx - detail
             mixed[:, h * dh : (h + 1) * dh] = f.alpha * glob + (1 - f.alpha) * haar
         out[i, :n] = mixed[width - n :]
+        if f.pads:
+            out[i, n:] = mixed[: seq_len - n]
     return out
 
 
-def _filter(dim: int, heads: int, max_len: int, alpha: float = 0.3) -> WaveletFilter:
-    f = WaveletFilter(dim, heads, max_len, alpha)
+def _filter(dim: int, heads: int, max_len: int, alpha: float = 0.3, pads: bool = False) -> WaveletFilter:
+    f = WaveletFilter(dim, heads, max_len, alpha, pads=pads)
     with torch.no_grad():  # away from the start's near-identity, so every parameter shows
         f.detail_scale.normal_()
         f.base_scale.uniform_(0.5, 1.5)
@@ -81,6 +87,23 @@ def test_matches_the_published_left_padded_block_in_fp64(seq_len, dim, heads):
     ref = _published(f, x, lengths)
     assert torch.linalg.vector_norm(out - ref) <= 1e-10 * torch.linalg.vector_norm(ref)
     assert out[3].abs().max() == 0  # a fully padded row is zero
+
+
+@pytest.mark.parametrize("seq_len", [1, 7, 50, 129])
+@pytest.mark.parametrize(("dim", "heads"), [(16, 1), (128, 8)])
+def test_window_padding_is_the_published_block_of_the_whole_left_padded_window(seq_len, dim, heads):
+    """``pads``: the padding rows are read as they are, placed as in a left-padded window."""
+    torch.manual_seed(seq_len * 7 + heads)
+    max_len = seq_len + (seq_len % 3)
+    f = _filter(dim, heads, max_len, pads=True).double()
+    x = torch.randn(4, seq_len, dim, dtype=torch.float64)
+    lengths = torch.tensor([seq_len, max(seq_len // 2, 1), 1, 0])
+    out = f(x, lengths)
+    ref = _published(f, x, lengths)
+    assert torch.linalg.vector_norm(out - ref) <= 1e-10 * torch.linalg.vector_norm(ref)
+    if seq_len > 1:  # the padding changes what the clicks get
+        f.pads = False
+        assert not torch.allclose(f(x, lengths)[1, : lengths[1]], out[1, : lengths[1]])
 
 
 def test_float32_is_close_to_the_fp64_reference():
