@@ -59,6 +59,7 @@ from recsys.data import Dataset, EvalSet, load_dataset, split_dataset
 from recsys.evaluate.evaluator import evaluate_with_config
 from recsys.evaluate.metrics import compute_metrics
 from recsys.run import RunDir, load_run
+from recsys.train.new_items import choose_for_new_items
 from recsys.train.trainer import train
 
 TOPN = (20, 50)
@@ -199,26 +200,41 @@ def within_held(run: Any, subset: EvalSet, held: np.ndarray) -> dict[str, float]
 
 
 def scored_as(
-    run: Any, subset: EvalSet, held: np.ndarray, trained: dict[str, Any], form: str, scale: float
+    run: Any, subset: EvalSet, held: np.ndarray, trained: dict[str, Any], form: str, scale: float, share: float
 ) -> dict[str, Any]:
-    """The same run's weights scored with ``model.cold_rows = form`` and ``model.cold_scale = scale``
-    (both read outside training only, so nothing is retrained), on the held-out targets, within the
-    held-out items and on every test target."""
+    """The same run's weights scored with ``model.cold_rows = form``, ``model.cold_scale = scale``
+    and ``retrieval.new_item_share = share`` (all read outside training only, so nothing is
+    retrained), on the held-out targets, within the held-out items and on every test target."""
     table = run.model.embedding
     kept = table.cold_rows, table.cold_scale
     table.cold_rows, table.cold_scale = form, scale
+    cfg = dataclasses.replace(run.cfg, retrieval=dataclasses.replace(run.cfg.retrieval, new_item_share=share))
     try:
         category = run.dataset.catalogue_category
         return {
-            "scale": scale,
+            "scale": f"{scale:g}, {share:g}",
             "steps": trained["steps"],
             "ended": trained["ended"],
-            "held": evaluate_with_config(run.model, subset, run.cfg, item_category=category),
+            "held": evaluate_with_config(run.model, subset, cfg, item_category=category),
             "within": within_held(run, subset, held),
-            "all": evaluate_with_config(run.model, run.split.test, run.cfg, item_category=category),
+            "all": evaluate_with_config(run.model, run.split.test, cfg, item_category=category),
         }
     finally:
         table.cold_rows, table.cold_scale = kept
+
+
+def chosen_again(run: Any, log: Any = print) -> tuple[float, float]:
+    """The ``model.cold_scale`` and ``retrieval.new_item_share`` a run's training chooses today
+    (:func:`recsys.train.new_items.choose_for_new_items` on its validation sample), whatever the run
+    saved (one trained before either was chosen loads 1 and 0)."""
+    cfg = dataclasses.replace(
+        run.cfg,
+        model=dataclasses.replace(run.cfg.model, cold_scale=-1.0),
+        retrieval=dataclasses.replace(run.cfg.retrieval, new_item_share=-1.0),
+    )
+    valid = run.split.valid.sample(cfg.eval.valid_users, cfg.data.seed)  # the trainer's sample
+    chosen = choose_for_new_items(run.model, valid, cfg, run.dataset.catalogue_category, log)
+    return (cfg.model.cold_scale, 0.0) if chosen is None else (chosen.model.cold_scale, chosen.retrieval.new_item_share)
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -237,9 +253,15 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument(
         "--score-as",
         action="append",
-        metavar="ROWS:SCALE",
-        help="also score each feature run with model.cold_rows=ROWS and model.cold_scale=SCALE (repeatable; "
-        "default attribute_mean:1)",
+        metavar="ROWS:SCALE[:SHARE]",
+        help="also score each feature run with model.cold_rows=ROWS, model.cold_scale=SCALE and "
+        "retrieval.new_item_share=SHARE (default 0) (repeatable; default attribute_mean:1)",
+    )
+    ap.add_argument(
+        "--choose-again",
+        action="store_true",
+        help="also score each feature run at the values its training would choose today (a run saved before "
+        "retrieval.new_item_share was chosen gets it chosen on its validation users)",
     )
     a = ap.parse_args(argv)
     if not a.score and not (a.data and a.features):
@@ -281,7 +303,7 @@ def train_all(a: argparse.Namespace, out: Path) -> None:
                 print(f"trained {stem.name}: test R@50 {result.test_metrics[KEY]:.4f}", flush=True)
 
 
-def score_all(out: Path, score_as: list[tuple[str, float]]) -> str:
+def score_all(out: Path, score_as: list[tuple[str, float, float]], choose_again: bool = False) -> str:
     """Score every run under ``out`` (written by :func:`train_all`) and the baselines on each seed's
     held-out targets; the tables."""
     table: dict[str, list[dict[str, Any]]] = {}
@@ -299,16 +321,23 @@ def score_all(out: Path, score_as: list[tuple[str, float]]) -> str:
             if subset is None:
                 subset, cfg = mine, run.cfg
             assert np.array_equal(mine.users, subset.users), "every run scores the same users"
-            row = {**_steps(path), "scale": run.cfg.model.cold_scale}  # chosen on validation by default
+            # chosen on validation by default
+            row = {**_steps(path), "scale": f"{run.cfg.model.cold_scale:g}, {run.cfg.retrieval.new_item_share:g}"}
             row["held"] = evaluate_with_config(run.model, mine, run.cfg, item_category=run.dataset.catalogue_category)
             row["within"] = within_held(run, mine, held)
             row["all"] = RunDir(path).read_test_metrics()
             model, label, _ = path.name.rsplit("-", 2)
             table.setdefault(f"{model}, {label.replace('_', ' ')}", []).append(row)
             if run.cfg.model.use_features:
-                for form, scale in score_as:
-                    name = f"{model}, {label.replace('_', ' ')}, scored with {form} rows, ×{scale:g}"
-                    table.setdefault(name, []).append(scored_as(run, mine, held, row, form, scale))
+                for form, scale, share in score_as:
+                    name = f"{model}, {label.replace('_', ' ')}, scored with {form} rows, ×{scale:g}, share {share:g}"
+                    table.setdefault(name, []).append(scored_as(run, mine, held, row, form, scale, share))
+                if choose_again:
+                    scale, share = chosen_again(run)
+                    name = f"{model}, {label.replace('_', ' ')}, as chosen on validation"
+                    table.setdefault(name, []).append(
+                        scored_as(run, mine, held, row, run.cfg.model.cold_rows, scale, share)
+                    )
         if subset is None:
             continue
         ds = load_dataset(cfg)  # the features and held-out items of the runs' config
@@ -347,8 +376,14 @@ def main(argv: list[str] | None = None) -> None:
         out = Path(a.output_dir) / time.strftime("%Y%m%d-%H%M%S")
         out.mkdir(parents=True)
         train_all(a, out)
-    score_as = [(rows, float(scale)) for rows, scale in (v.split(":") for v in a.score_as or ["attribute_mean:1"])]
-    print(score_all(out, score_as))
+    score_as = [_score_as(v) for v in a.score_as or ["attribute_mean:1"]]
+    print(score_all(out, score_as, a.choose_again))
+
+
+def _score_as(value: str) -> tuple[str, float, float]:
+    """``ROWS:SCALE[:SHARE]`` as ``(rows, scale, share)``."""
+    rows, scale, *share = value.split(":")
+    return rows, float(scale), float(share[0]) if share else 0.0
 
 
 def _mean(rows: list[dict[str, float]], key: str) -> str:
@@ -368,14 +403,14 @@ def _tables(table: dict[str, list[dict[str, Any]]], base: dict[str, list[dict[st
     (best_name, best), (within_name, best_within) = _best(base, "all"), _best(base, "within")
     lines = [
         "| model | R@50 held-out | HR@50 held-out | × best baseline | within held-out: R@50, × best | R@50 all targets "
-        "| cold_scale | best/steps | ended by |",
+        "| cold_scale, new_item_share | best/steps | ended by |",
         "|---|---:|---:|---:|---:|---:|---|---|---|",
     ]
     for name, rows in table.items():
         held, within = [r["held"] for r in rows], [r["within"] for r in rows]
         ratio = np.mean([h[KEY] for h in held]) / best if best > 0 else float("inf")
         ratio_within = np.mean([h[KEY] for h in within]) / best_within if best_within > 0 else float("inf")
-        scales = ", ".join(f"{r['scale']:g}" for r in rows)
+        scales = "; ".join(r["scale"] for r in rows)
         lines.append(
             f"| {name} | {_mean(held, KEY)} | {_mean(held, HIT)} | {ratio:.2f} | {_mean(within, KEY)}, "
             f"{ratio_within:.2f} | {_mean([r['all'] for r in rows], KEY)} | {scales} | "

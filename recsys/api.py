@@ -207,6 +207,7 @@ class Run:
         *,
         nprobe: int | None = None,
         ef_search: int | None = None,
+        new_item_share: float | None = None,
         log: Log | None = None,
         progress: bool = False,
     ) -> Run:
@@ -214,8 +215,12 @@ class Run:
         index, else its ``retrieval.factory``): the saved index when it matches the weights, else
         built in memory; searched with the saved index's ``nprobe`` / ``ef_search`` (chosen by
         :meth:`index` for its recall), or for one built in memory the values chosen the same way,
-        unless given here. :attr:`search` then says which search answers. Returns ``self``."""
-        settings = retrieval_settings(self._run, factory, nprobe=nprobe, ef_search=ef_search)
+        unless given here; ``new_item_share``: the share of each list kept for items without clicks
+        (default the run's ``retrieval.new_item_share``, chosen when it trained). :attr:`search`
+        then says which search answers. Returns ``self``."""
+        settings = retrieval_settings(
+            self._run, factory, nprobe=nprobe, ef_search=ef_search, new_item_share=new_item_share
+        )
         self._recommender = Recommender.of_run(
             self._run,
             settings,

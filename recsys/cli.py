@@ -381,7 +381,12 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     _check_out(args.out)
     raw = None if args.all else read_user_file(args.users)
     run = Run.load(args.run, device="cpu").use_index(
-        args.factory, nprobe=args.nprobe, ef_search=args.ef_search, log=print, progress=_progress(args)
+        args.factory,
+        nprobe=args.nprobe,
+        ef_search=args.ef_search,
+        new_item_share=args.new_item_share,
+        log=print,
+        progress=_progress(args),
     )
     table = run.recommend(
         users=raw,
@@ -436,6 +441,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ef_search=args.ef_search,
         device=device,
         item_features=args.item_features,
+        new_item_share=args.new_item_share,
     )
     run_server(rec, cfg.serve, run=args.run, threads=args.threads, access_log=args.access_log)
     return 0
@@ -451,6 +457,16 @@ def _add_index_args(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--factory", help=f"FAISS index_factory string {what}")
     p.add_argument("--nprobe", type=int, help="IVF lists searched per query")
     p.add_argument("--ef-search", type=int, help="HNSW search beam width")
+
+
+def _add_new_item_share(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--new-item-share",
+        type=float,
+        metavar="F",
+        help="keep this share of each list for items without training clicks where fewer earn a place by score "
+        "(default: the run's retrieval.new_item_share, chosen on validation when it trained)",
+    )
 
 
 def _add_item_features(p: argparse.ArgumentParser) -> None:
@@ -618,6 +634,7 @@ def _add_index_commands(sub: Subcommands) -> None:
 
     p = sub.add_parser("recommend", help="batch top-N for many users of a run, to Parquet or CSV")
     _add_index_args(p, SEARCH_FACTORY)
+    _add_new_item_share(p)
     who = p.add_mutually_exclusive_group(required=True)
     who.add_argument("--users", metavar="FILE", help="raw user ids, one per line")
     who.add_argument("--all", action="store_true", help="every user of the run's dataset")
@@ -651,6 +668,7 @@ def _add_serving_commands(sub: Subcommands) -> None:
 
     p = sub.add_parser("serve", help="serve a run over HTTP (POST /recommend, GET /health, GET /info)")
     _add_index_args(p, SEARCH_FACTORY)
+    _add_new_item_share(p)
     p.add_argument("--host", help="bind address (default: serve.host, 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default: serve.port, 8000)")
     p.add_argument(

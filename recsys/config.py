@@ -169,7 +169,8 @@ class DataConfig(_Section):
     prepare: str = "auto"
 
 
-CHOOSE_COLD_SCALE = -1.0  # model.cold_scale: chosen on validation once trained (recsys.train.cold_scale)
+CHOOSE_COLD_SCALE = -1.0  # model.cold_scale: chosen on validation once trained (recsys.train.new_items)
+CHOOSE_NEW_ITEM_SHARE = -1.0  # retrieval.new_item_share: chosen on validation once trained (recsys.train.new_items)
 
 
 @dataclass
@@ -228,7 +229,7 @@ class ModelConfig(_Section):
     cold_rows: str = "attribute_mean"
     # with item features: outside training, an item without training clicks is scaled by this (above 1: new items
     # rank higher against the clicked ones, which can cost the clicked items' recall; docs/results.md, "New items");
-    # -1 (the default): the largest scale that costs no validation recall, chosen once trained (recsys.train.cold_scale)
+    # -1 (the default): the largest scale that costs no validation recall, chosen once trained (recsys.train.new_items)
     cold_scale: float = CHOOSE_COLD_SCALE
     # self-attentive models: scores become c*tanh(s/c), so no interest collapses onto one click;
     # 0 disables; -1 (the default): the model's automatic value (recsys.models.spec)
@@ -359,6 +360,10 @@ class RetrievalConfig(_Section):
     nprobe: int = 16
     ef_search: int = 128
     ef_construction: int = 80  # HNSW build beam (FAISS's own default, 40, loses recall on 1M items)
+    # with item features: the share of each top-n list that items without training clicks (new items) may take
+    # where fewer of them earn a place by score (recsys.retrieval.new_items); 0: none; -1 (the default): the
+    # largest share that costs no validation recall, chosen once trained (recsys.train.new_items)
+    new_item_share: float = CHOOSE_NEW_ITEM_SHARE
 
 
 @dataclass
@@ -836,6 +841,14 @@ def _check_dependent_keys(cfg: Config) -> None:
         raise ConfigError(
             f"model.cold_scale={cfg.model.cold_scale:g}: scales items without clicks, which only item features "
             "represent; it needs data.item_features and model.use_features = true; leave it -1 (the default)"
+        )
+    share = cfg.retrieval.new_item_share
+    if not (0.0 <= share < 1.0 or share == CHOOSE_NEW_ITEM_SHARE):
+        raise ConfigError(f"retrieval.new_item_share: must be in [0, 1) (or -1: chosen on validation), got {share!r}")
+    if share > 0 and not (cfg.data.item_features and cfg.model.use_features):
+        raise ConfigError(
+            f"retrieval.new_item_share={share:g}: reserves places for items without clicks, which only item "
+            "features represent; it needs data.item_features and model.use_features = true; leave it -1 (the default)"
         )
     if cfg.data.item_features and not cfg.data.feature_item_col:
         raise ConfigError("data.feature_item_col: names the item column of data.item_features; it is empty")

@@ -433,3 +433,10 @@ def test_a_resumed_run_may_change_its_cpu_threads(run_copy):
     sets = ["--set", "train.max_steps=30", "--set", "train.cpu_threads=1"]
     assert main(["train", "--resume", str(run_copy), *sets]) == 0
     assert RunDir(run_copy).read_config().train.cpu_threads == 1
+
+
+def test_a_new_item_share_needs_a_run_with_item_features(tiny_run, tmp_path, capsys):
+    assert main(["recommend", tiny_run, "--all", "--new-item-share", "0.1", "--out", str(tmp_path / "r.csv")]) == 2
+    assert "retrieval.new_item_share=0.1: reserves places for items without clicks" in capsys.readouterr().err
+    assert main(["serve", tiny_run, "--new-item-share", "1.5"]) == 2
+    assert "retrieval.new_item_share: must be in [0, 1)" in capsys.readouterr().err

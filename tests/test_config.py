@@ -127,6 +127,15 @@ def test_saved_runs_without_the_anti_collapse_keys_load_as_trained():
     assert cfg.model.score_cap == 0.0 and cfg.train.soft_readout_steps == 0
 
 
+def test_saved_runs_without_the_new_items_settings_load_as_trained():
+    """A config.json written before model.cold_scale / retrieval.new_item_share existed: items without
+    clicks scored as trained, no places kept for them."""
+    saved = Config().to_dict()
+    del saved["model"]["cold_scale"], saved["retrieval"]["new_item_share"]
+    cfg = run_config_from_dict(saved)
+    assert (cfg.model.cold_scale, cfg.retrieval.new_item_share) == (1.0, 0.0)
+
+
 def test_saved_runs_without_the_interest_hinge_load_as_trained():
     """A config.json written before train.interest_reg existed trained without the hinge."""
     saved = Config().to_dict()

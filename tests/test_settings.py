@@ -417,3 +417,14 @@ def test_the_machine_counts_other_processes_busy(steady_machine):
             p.wait()
     assert measured == cores and busy >= cores - 0.5, busy
     assert cpu_threads(measured, busy, cores) == 1
+
+
+def test_how_items_without_clicks_rank_is_left_to_the_run_only_with_item_features():
+    """Without features no item is scored without its clicks: the scale is 1 and no place is kept;
+    with them both stay -1 for the trainer to choose (recsys.train.new_items); given values stay."""
+    plain = resolve(load_config(None, []), FACTS)
+    assert (plain.model.cold_scale, plain.retrieval.new_item_share) == (1.0, 0.0)
+    featured = resolve(load_config(None, ["data.item_features=items.csv"]), FACTS)
+    assert (featured.model.cold_scale, featured.retrieval.new_item_share) == (-1.0, -1.0)
+    given = resolve(load_config(None, ["data.item_features=items.csv", "retrieval.new_item_share=0.1"]), FACTS)
+    assert given.retrieval.new_item_share == 0.1

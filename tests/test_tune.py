@@ -65,8 +65,8 @@ def test_tune_prunes_resumes_and_writes_a_config_that_trains(tmp_path, capsys):
     expected = best_cfg.to_dict()
     saved = retrained.read_config().to_dict()
     assert automatic_keys(retrained.read_config()) == []  # the run decided every automatic value ...
-    # ... which best.toml leaves to the data, as written, like the boost of items without clicks (1 here: no features)
-    for key in [*automatic_keys(best_cfg), "model.cold_scale"]:
+    # ... which best.toml leaves to the data, as written, like how items without clicks rank (1 and 0: no features)
+    for key in [*automatic_keys(best_cfg), "model.cold_scale", "retrieval.new_item_share"]:
         section, leaf = key.split(".")
         expected[section][leaf] = saved[section][leaf]
     assert saved == expected

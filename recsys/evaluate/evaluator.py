@@ -33,6 +33,7 @@ from recsys.config import Config, RetrievalConfig, require_resolved
 from recsys.data.batches import pad_sequences
 from recsys.device import model_device, to_device
 from recsys.evaluate.metrics import compute_metrics
+from recsys.items import new_items
 from recsys.progress import progress_bar
 from recsys.retrieval.index import Retriever
 
@@ -98,10 +99,10 @@ def evaluate(
     """
     topn = tuple(int(n) for n in topn)
     _check_arguments(eval_set, topn, batch_size, diversity_lambda, item_category)
-    settings = _index_settings(retrieval, backend)
     search = _Search(max(topn), batch_size, exclude_history, diversity_lambda)
     with eval_mode(model), torch.no_grad():
-        retriever = Retriever(model.item_embeddings(), settings, item_category=item_category)
+        emb, fresh = model.item_embeddings(), new_items(model)
+        retriever = Retriever(emb, _index_settings(retrieval, backend), item_category=item_category, new_items=fresh)
         ids = _top_lists(model, retriever, eval_set, search, progress=progress, across_ranks=across_ranks)
     return compute_metrics(
         _gathered(ids) if across_ranks else ids,

@@ -7,7 +7,7 @@ form and :mod:`recsys.items.sharded` the sharded one, both on the per-row Adam o
 
 from recsys.items.row_sparse import RowSparseTable
 from recsys.items.sharded import ShardedTable
-from recsys.items.table import FORMS, FeatureUse, ItemTable, RowUpdates, find_item_table, register_form
+from recsys.items.table import FORMS, FeatureUse, ItemTable, RowUpdates, find_item_table, new_items, register_form
 
 __all__ = [
     "FORMS",
@@ -17,5 +17,6 @@ __all__ = [
     "RowUpdates",
     "ShardedTable",
     "find_item_table",
+    "new_items",
     "register_form",
 ]

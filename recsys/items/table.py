@@ -49,7 +49,7 @@ class FeatureUse:
         cold_scale: outside training, retrieval scales an item without clicks by it (above 1, new
             items rank higher against the clicked ones: a boost, which can cost the clicked items'
             recall); :data:`CHOOSE_COLD_SCALE`: 1 until the trainer chooses it on validation
-            (:mod:`recsys.train.cold_scale`).
+            (:mod:`recsys.train.new_items`).
     """
 
     id_dropout: float = 0.0
@@ -347,3 +347,16 @@ def find_item_table(model: nn.Module) -> tuple[ItemTable, str] | None:
         if isinstance(module, ItemTable):
             return module, f"{name}."
     return None
+
+
+def new_items(model: nn.Module) -> Tensor | None:
+    """``[num_items]`` bool: the items ``model`` retrieves by their features alone (no training
+    click: the new items of a feature file), or None for a model without item features or where
+    every item has clicks. Row 0 (padding) is never one."""
+    found = find_item_table(model)
+    table = found[0] if found is not None else None
+    if table is None or table.features is None or table.warm is None:
+        return None
+    mask = ~table.warm.detach()
+    mask[0] = False
+    return mask if bool(mask.any()) else None

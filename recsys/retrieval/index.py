@@ -43,6 +43,7 @@ from recsys.config import ConfigError, RetrievalConfig
 from recsys.io import atomic_save
 from recsys.progress import progress_bar
 from recsys.retrieval.aggregate import diverse_merge, max_merge
+from recsys.retrieval.new_items import keep_new_items, reserved_places
 from recsys.text import count
 
 __all__ = [
@@ -65,6 +66,9 @@ __all__ = [
     "with_search",
     "write_index",
 ]
+
+
+_Top = tuple[Any, Any, Any]  # ids, scores, interest_of [B, W]: numpy on the host path, torch on the device one
 
 
 @runtime_checkable
@@ -409,6 +413,10 @@ class Retriever:
             the search settings of IVF / HNSW indexes and the HNSW build beam (see
             :func:`build_index`); default ``RetrievalConfig()``, exact search.
         item_category: ``[num_items]`` int categories, needed for ``diversity_lambda > 0``.
+        new_items: ``[num_items]`` bool, the items without training clicks
+            (:func:`recsys.items.new_items`): with ``settings.new_item_share > 0`` every list keeps
+            that share of its places for them (:mod:`recsys.retrieval.new_items`), searched
+            exactly over their rows of ``item_emb``.
     """
 
     def __init__(
@@ -417,6 +425,7 @@ class Retriever:
         settings: RetrievalConfig | None = None,
         *,
         item_category: np.ndarray | None = None,
+        new_items: np.ndarray | torch.Tensor | None = None,
     ) -> None:
         settings = settings if settings is not None else RetrievalConfig()
         if item_emb.ndim != 2 or item_emb.shape[0] < 2:
@@ -430,6 +439,7 @@ class Retriever:
         if backend == "faiss":
             self.index = build_index(item_emb, settings)
         self._emb: torch.Tensor | None = _exact_table(item_emb)
+        self._new = _NewItems.of(self._emb, new_items, settings.new_item_share)
 
     @staticmethod
     def resolve_backend(settings: RetrievalConfig, item_emb: np.ndarray | torch.Tensor) -> str:
@@ -454,12 +464,14 @@ class Retriever:
         *,
         item_category: np.ndarray | None = None,
         item_emb: np.ndarray | torch.Tensor | None = None,
+        new_items: np.ndarray | torch.Tensor | None = None,
     ) -> Retriever:
         """Wrap a FAISS index from :func:`build_index` / :func:`load_index`, searched with
         ``settings``' ``nprobe`` / ``ef_search`` (default: the index's own); ``settings.factory``
         should be the string the index was built from (kept for display). ``item_emb [N, d]``,
         the embeddings the index was built over, lets :meth:`candidates` fill the rows an
-        approximate index leaves short by exact search; without it such rows stay short."""
+        approximate index leaves short by exact search; without it such rows stay short. It is
+        needed for ``new_items`` (the constructor's) with ``settings.new_item_share > 0``."""
         self = cls.__new__(cls)
         if settings is not None:
             set_search_params(index, settings)
@@ -472,6 +484,7 @@ class Retriever:
             )
         self._emb = None if item_emb is None else _exact_table(item_emb)
         self.item_category = _check_categories(item_category, self.num_items)
+        self._new = _NewItems.of(self._emb, new_items, 0.0 if settings is None else settings.new_item_share)
         return self
 
     def save(self, path: str | Path) -> None:
@@ -513,7 +526,11 @@ class Retriever:
         return self.index is None and self._emb is not None
 
     def top_items(
-        self, interests: torch.Tensor, n: int, exclude: torch.Tensor | None = None
+        self,
+        interests: torch.Tensor,
+        n: int,
+        exclude: torch.Tensor | None = None,
+        rows_n: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """:meth:`search` without leaving the device (torch backend only): nothing here waits
         for the GPU, so a loop over batches queues its work and reads the results back once.
@@ -524,7 +541,8 @@ class Retriever:
         / -1`` where fewer than ``n`` items are left. Each item scores its best inner product over
         the ``K`` interests, as :func:`~recsys.retrieval.aggregate.max_merge` of the per-interest
         hits does (the same items up to ties). Unlike :meth:`search` the interests are not checked
-        for NaN (that needs the host); check them when the results are read.
+        for NaN (that needs the host); check them when the results are read. ``rows_n [B]``
+        (default ``n`` each): the length each row will be cut to, which new items' places follow.
         """
         emb = self._emb
         if emb is None or not self.on_device:
@@ -555,7 +573,33 @@ class Retriever:
             top_ids = torch.nn.functional.pad(top_ids, pad, value=-1)
             top_scores = torch.nn.functional.pad(top_scores, pad, value=-torch.inf)
             top_k = torch.nn.functional.pad(top_k, pad, value=-1)
-        return top_ids, top_scores, top_k
+        return self.keep_new_items(interests, (top_ids, top_scores, top_k), n if rows_n is None else rows_n, exclude)
+
+    def keep_new_items(
+        self, interests: torch.Tensor | np.ndarray, top: _Top, n: int | Any, exclude: Exclude = None
+    ) -> _Top:
+        """``top``, merged lists ``[B, W]`` (numpy or torch, as :meth:`search` and :meth:`top_items`
+        return them) for ``interests [B, K, d]``, with the places kept for new items filled
+        (:func:`~recsys.retrieval.new_items.keep_new_items`): ``n`` (a scalar or ``[B]``) is each
+        row's length and ``exclude`` (as :meth:`candidates` takes it) what the row never returns.
+        ``top`` itself where the retriever keeps no places."""
+        if self._new is None:
+            return top
+        host = isinstance(top[0], np.ndarray)
+        device = self._new.is_new.device
+        bsz = top[0].shape[0]
+        lengths = torch.as_tensor(np.asarray(n) if not isinstance(n, torch.Tensor) else n).to(device)
+        lengths = torch.broadcast_to(lengths.long(), (bsz,))
+        places = reserved_places(self._new.share, lengths)
+        if bsz == 0 or int(places.max()) == 0:
+            return top
+        q = interests if isinstance(interests, torch.Tensor) else torch.from_numpy(np.asarray(interests))
+        new_top = self._new.top(q, int(places.max()), self._new.exclusions(exclude, bsz, self.num_items))
+        lists = tuple(torch.as_tensor(a).to(device) for a in top)
+        out = keep_new_items((lists[0], lists[1], lists[2]), new_top, self._new.is_new, lengths, places)
+        if host:
+            return out[0].cpu().numpy(), out[1].cpu().numpy(), out[2].cpu().numpy()
+        return out
 
     def candidates(
         self, interests: torch.Tensor | np.ndarray, n: int | np.ndarray, exclude: Exclude = None
@@ -639,10 +683,71 @@ class Retriever:
         if diversity_lambda > 0:
             if self.item_category is None:
                 raise ValueError("diversity_lambda > 0 needs item categories: pass item_category to Retriever")
-            return diverse_merge(ids, scores, interest_of, self.item_category, n, diversity_lambda)
+            picked = diverse_merge(ids, scores, interest_of, self.item_category, n, diversity_lambda)
+            return self.keep_new_items(interests, picked, n, exclude)
         if diversity_lambda < 0:
             raise ValueError(f"diversity_lambda: must be >= 0, got {diversity_lambda}")
-        return max_merge(ids, scores, interest_of, n)
+        return self.keep_new_items(interests, max_merge(ids, scores, interest_of, n), n, exclude)
+
+
+@dataclass
+class _NewItems:
+    """The items without training clicks, searched apart for the places a list keeps for them."""
+
+    share: float  # the share of each list's places kept for them
+    is_new: torch.Tensor  # [num_items] bool, on the embeddings' device
+    ids: torch.Tensor  # [h + 1] int64: row j of ``search`` is item ids[j] (row 0: padding, -1)
+    position: torch.Tensor  # [num_items] int64: an item's row in ``search``, 0 for the others
+    search: Retriever  # exact search over [padding, their h rows]
+
+    @classmethod
+    def of(
+        cls, emb: torch.Tensor | None, new_items: np.ndarray | torch.Tensor | None, share: float
+    ) -> _NewItems | None:
+        """None where no place is kept (no share, no new item); ``emb`` ``[num_items, d]`` is needed otherwise."""
+        if new_items is None or share <= 0:
+            return None
+        mask = torch.as_tensor(np.asarray(new_items) if not isinstance(new_items, torch.Tensor) else new_items)
+        mask = mask.detach().cpu().bool().clone()
+        if emb is None:
+            raise ValueError("new_items: keeping places for them needs the item embeddings (item_emb)")
+        if mask.shape != (emb.shape[0],):
+            raise ValueError(f"new_items: expected [{emb.shape[0]}] bool like the embeddings, got {tuple(mask.shape)}")
+        mask[0] = False
+        ids = torch.nonzero(mask).squeeze(1)  # [h]
+        if not len(ids):
+            return None
+        position = torch.zeros(len(mask), dtype=torch.int64)
+        position[ids] = torch.arange(1, len(ids) + 1)
+        rows = torch.cat([emb.new_zeros(1, emb.shape[1]), emb[ids.to(emb.device)]])  # [h + 1, d]
+        return cls(
+            share,
+            mask.to(emb.device),
+            torch.cat([ids.new_full((1,), -1), ids]).to(emb.device),
+            position.to(emb.device),
+            Retriever(rows, RetrievalConfig(backend="torch")),
+        )
+
+    def exclusions(self, exclude: Exclude, bsz: int, num_items: int) -> torch.Tensor | None:
+        """``exclude`` (as :meth:`Retriever.candidates` takes it) as ``[B, E]`` rows of ``search``, padded with 0."""
+        if exclude is None:
+            return None
+        if isinstance(exclude, torch.Tensor) and exclude.ndim == 2:
+            return self.position[exclude.to(self.position.device).clamp_min(0)]
+        keys = _exclude_keys(exclude, bsz, num_items)
+        rows, items = keys // num_items, keys % num_items
+        sub = self.position.cpu().numpy()[items]
+        rows, sub = rows[sub > 0], sub[sub > 0]
+        counts = np.bincount(rows, minlength=bsz)
+        col = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)  # keys are sorted by row
+        dense = np.zeros((bsz, max(1, int(counts.max(initial=0)))), dtype=np.int64)
+        dense[rows, col] = sub
+        return torch.from_numpy(dense).to(self.position.device)
+
+    def top(self, interests: torch.Tensor, m: int, exclude: torch.Tensor | None) -> _Top:
+        """The best ``m`` new items per row, as item ids (``[B, m]`` each, ``-1 / -inf / -1`` past the last)."""
+        ids, scores, which = self.search.top_items(interests, m, exclude)
+        return torch.where(ids > 0, self.ids[ids.clamp_min(0)], -1), scores, which
 
 
 def _exact_table(item_emb: np.ndarray | torch.Tensor) -> torch.Tensor:

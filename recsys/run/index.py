@@ -42,6 +42,7 @@ import torch
 
 from recsys.config import RetrievalConfig, with_values
 from recsys.io import IntegrityError
+from recsys.items import new_items
 from recsys.retrieval.index import (
     TARGET_RECALL,
     Calibration,
@@ -121,6 +122,7 @@ def retrieval_settings(
     nprobe: int | None = None,
     ef_search: int | None = None,
     ef_construction: int | None = None,
+    new_item_share: float | None = None,
     saved: bool = True,
 ) -> RetrievalConfig:
     """The settings a request for ``factory`` means: the run's ``retrieval`` section; with
@@ -136,7 +138,8 @@ def retrieval_settings(
     values: dict[str, Any] = {"factory": factory}
     if saved:
         values.update(_saved_settings(run, factory))
-    given = {"nprobe": nprobe, "ef_search": ef_search, "ef_construction": ef_construction}
+    given: dict[str, float | None] = {"nprobe": nprobe, "ef_search": ef_search, "ef_construction": ef_construction}
+    given["new_item_share"] = new_item_share
     values.update({key: value for key, value in given.items() if value is not None})
     return with_values(run.cfg, {f"retrieval.{key}": value for key, value in values.items()}).retrieval
 
@@ -333,11 +336,11 @@ def open_run_index(
     """
     settings = settings if settings is not None else retrieval_settings(run)
     factory = settings.factory
-    categories = run.dataset.catalogue_category
+    items: dict[str, Any] = {"item_category": run.dataset.catalogue_category, "new_items": new_items(run.model)}
     with torch.inference_mode():
         live = run.model.item_embeddings().detach()  # [N, d] where the model runs
     if factory.strip() == "Flat" and Retriever.resolve_backend(settings, live) == "torch":
-        retriever = Retriever(live, dataclasses.replace(settings, backend="torch"), item_category=categories)
+        retriever = Retriever(live, dataclasses.replace(settings, backend="torch"), **items)
         return retriever, f"Flat: exact search with torch on {live.device}"
     emb = run.item_table()
     index_file, meta_file = run.dir.index_files(factory)
@@ -346,7 +349,7 @@ def open_run_index(
         if meta.get("embedding_sha1") == embedding_hash(emb):
             as_saved = dataclasses.replace(settings, factory=meta["factory"])
             index = load()
-            retriever = Retriever.from_index(index, as_saved, item_category=categories, item_emb=emb)
+            retriever = Retriever.from_index(index, as_saved, item_emb=emb, **items)
             shown = _shown_params(index, _saved_recall(index, meta))
             return retriever, f"{meta['factory']} loaded from {index_file}{shown}"
         built_over = meta.get("num_items")
@@ -366,7 +369,7 @@ def open_run_index(
         exact_ids = Retriever(emb, RetrievalConfig(factory="Flat", backend="faiss")).search(interests, RECALL_N)[0]
         built, calibration = _calibrated(index, built, interests, exact_ids, target=TARGET_RECALL, widen=widen, log=log)
         measured = f"{calibration.describe()}; save it with `recsys index`"
-    retriever = Retriever.from_index(index, built, item_category=categories, item_emb=emb)
+    retriever = Retriever.from_index(index, built, item_emb=emb, **items)
     return retriever, f"{built.factory} built in memory in {build_s:.1f}s{_shown_params(index, measured)}"
 
 

@@ -23,6 +23,7 @@ key missing from the file dates the run; the values that were in force then fill
 - no ``eval.valid_users``: validation scored every validation user (0);
 - no ``model.cold_rows``: an item without clicks was its features alone (``"zero"``);
 - no ``model.cold_scale``: an item without clicks scored as trained (1);
+- no ``retrieval.new_item_share``: no places kept for items without clicks (0);
 - and what the model's own spec says (:attr:`recsys.models.spec.ModelSpec.saved_defaults`).
 """
 
@@ -69,7 +70,9 @@ def run_config_from_dict(values: dict[str, Any]) -> Config:
         model["positions"] = "absolute"
     evaluation = dict(values.get("eval", {}))
     evaluation.setdefault("valid_users", 0)
-    sections = {"model": model, "train": train, "eval": evaluation}
+    retrieval = dict(values.get("retrieval", {}))
+    retrieval.setdefault("new_item_share", 0.0)
+    sections = {"model": model, "train": train, "eval": evaluation, "retrieval": retrieval}
     for missing, then in spec.saved_defaults.items():
         section, key = missing.split(".")
         if key not in values.get(section, {}):

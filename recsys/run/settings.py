@@ -54,10 +54,10 @@ The rules, each with the measurement behind it beside its constant in :mod:`recs
   where a descheduled one holds up the rest (``benchmarks/cpu_threads.py`` measures it).
 - ``eval.objective``: ``recall@max(eval.topn)``; ``eval.exclude_history``: true under
   ``data.split = "leave_one_out"`` (the papers' protocol), else false.
-- ``model.cold_scale`` (-1): 1 without item features (no item is scored without its clicks); with
-  them it stays -1 here and the trainer chooses it on validation once the run has trained
-  (:mod:`recsys.train.cold_scale`), the one setting decided after training: it needs the trained
-  weights.
+- ``model.cold_scale`` (-1) and ``retrieval.new_item_share`` (-1): 1 and 0 without item features
+  (no item is scored without its clicks); with them they stay -1 here and the trainer chooses them
+  on validation once the run has trained (:mod:`recsys.train.new_items`), the two settings decided
+  after training: they need the trained weights.
 
 What stays ``"auto"`` is not a value waiting to be decided but a policy that acts where it is
 used, and nothing else reads it: ``train.device`` (:func:`recsys.device.resolve_device`, the one
@@ -91,6 +91,7 @@ from recsys.config import (
     AUTO,
     AUTOMATIC,
     CHOOSE_COLD_SCALE,
+    CHOOSE_NEW_ITEM_SHARE,
     CONFIG_VERSION,
     Config,
     ConfigError,
@@ -443,8 +444,10 @@ def resolve(cfg: Config, facts: Facts) -> Config:
     out.model = _resolved_model(out.model, facts.num_items, typical)
     spec, t, n = spec_for(out.model.name), out.train, facts.num_items - 1
     auto = spec.automatic
-    if out.model.cold_scale == CHOOSE_COLD_SCALE and not (out.data.item_features and out.model.use_features):
-        out.model.cold_scale = 1.0  # no feature table, no item scored without clicks: nothing to choose once trained
+    if not (out.data.item_features and out.model.use_features):  # no item scored without clicks: nothing to choose
+        out.model.cold_scale = 1.0 if out.model.cold_scale == CHOOSE_COLD_SCALE else out.model.cold_scale
+        share = out.retrieval.new_item_share
+        out.retrieval.new_item_share = 0.0 if share == CHOOSE_NEW_ITEM_SHARE else share
     several = spec.multi_interest and out.model.num_interests > 1  # K > 1 interests: a readout, a term between them
     # one interest reads itself out: the readout's warm-up and max-scored negatives do nothing there
     _set(out, "train.soft_readout_steps", auto.soft_readout_steps if several else 0)

@@ -148,18 +148,21 @@ class Recommender:
         device: str | torch.device = "cpu",
         log: Callable[[str], None] = print,
         item_features: str | Path | None = None,
+        new_item_share: float | None = None,
     ) -> Recommender:
         """Load run directory ``path`` and its index (``factory`` default: the run's
         ``retrieval.factory``; a saved ``recsys index`` file is reused when it matches; the
         options as :func:`recsys.run.retrieval_settings` takes them; an index built in memory has
         its search chosen for its recall unless ``nprobe`` or ``ef_search`` is given).
-        ``item_features``: first add that file's new items to the run (:func:`recsys.run.add_items`)."""
+        ``item_features``: first add that file's new items to the run (:func:`recsys.run.add_items`);
+        ``new_item_share``: the share of each list kept for items without clicks (default the run's
+        ``retrieval.new_item_share``)."""
         from recsys.run import add_items, load_run, retrieval_settings
 
         run = load_run(path, device=device)
         if item_features is not None:
             add_items(run, item_features, log=log)
-        settings = retrieval_settings(run, factory, nprobe=nprobe, ef_search=ef_search)
+        settings = retrieval_settings(run, factory, nprobe=nprobe, ef_search=ef_search, new_item_share=new_item_share)
         return cls.of_run(run, settings, log=log, widen=nprobe is None and ef_search is None)
 
     @classmethod
@@ -270,14 +273,16 @@ class Recommender:
             seq, lens, dense_t, n_t = to_device((inputs, lengths, dense, n), self.device)
             interests = self.model.interests(seq, lens).float()
             if device_search:
-                top = self.retriever.top_items(interests, n_max, dense_t if exclude is not None else None)
+                top = self.retriever.top_items(interests, n_max, dense_t if exclude is not None else None, n_t)
                 past = torch.arange(n_max, device=top[0].device)[None, :] >= n_t.to(top[0].device)[:, None]
                 recs = Recommendations(
                     top[0].masked_fill(past, -1), top[1].masked_fill(past, -torch.inf), top[2].masked_fill(past, -1)
                 )
                 return recs if on_device else Recommendations.concat([recs])
         candidates = self.retriever.candidates(interests, n, exclude)  # each row to its own depth
-        return self._cut(self._merged(candidates, lam, n_max), n)
+        m = self._merged(candidates, lam, n_max)
+        merged = self.retriever.keep_new_items(interests, (m.ids, m.scores, m.interest_of), n, exclude)
+        return self._cut(Recommendations(*merged), n)
 
     def _request(
         self, inputs: np.ndarray, lengths: np.ndarray, n: int | np.ndarray, lam: float | np.ndarray, exclude: CSR | None

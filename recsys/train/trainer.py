@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from recsys.config import Config, ConfigError, automatic_keys
+from recsys.config import Config, ConfigError, automatic_keys, freeze
 from recsys.data.split import EvalSet, Split
 from recsys.data.synthetic import planted_for
 from recsys.evaluate.diagnostics import health_with_config
@@ -38,13 +38,13 @@ from recsys.io import full_disk
 from recsys.run import Experiment, RunDir, build_experiment, new_run_dir, unfinished_runs
 from recsys.text import count
 from recsys.train import distributed
-from recsys.train.cold_scale import choose_cold_scale
 from recsys.train.graphs import GraphPlan, launch_line, plan_graph
 from recsys.train.loop import Loop, LoopState, OnValidate, optimise
 from recsys.train.losses import (
     loss_names,
 )
 from recsys.train.memory import check_fits
+from recsys.train.new_items import choose_for_new_items
 from recsys.train.plan import plan_training
 from recsys.train.report import opening_lines
 from recsys.train.step import Log
@@ -362,14 +362,17 @@ def _run(
 
 def _take_best(exp: Experiment, rd: RunDir, dist: distributed.DistInfo, valid: EvalSet, log: Log) -> None:
     """Put the best weights into ``exp``'s model on every rank (the ranks share the test's users),
-    then choose on them what is chosen once trained: the boost of items without clicks
-    (:mod:`recsys.train.cold_scale`), which the run's ``config.json`` then records."""
+    then choose on them what is chosen once trained: how items without clicks rank
+    (:mod:`recsys.train.new_items`), set in ``exp.cfg`` (the test reads it) and recorded in the
+    run's ``config.json``."""
     if dist.is_main and rd.has_best():
         rd.load_best(map_location=dist.device, model=exp.model)
     distributed.broadcast_weights(exp.model)
-    chosen = choose_cold_scale(exp.model, valid, exp.cfg, exp.dataset.catalogue_category, log)
-    if chosen is not None and dist.is_main:
-        rd.save_config(dataclasses.replace(exp.cfg, model=dataclasses.replace(exp.cfg.model, cold_scale=chosen)))
+    chosen = choose_for_new_items(exp.model, valid, exp.cfg, exp.dataset.catalogue_category, log)
+    if chosen is not None:
+        exp.cfg = freeze(chosen)
+        if dist.is_main:
+            rd.save_config(exp.cfg)
 
 
 def _save_start(rd: RunDir, exp: Experiment, origin: WarmStart | None) -> None:
