@@ -7,9 +7,11 @@ An export folder holds everything a server needs besides recsys::
                                     [B, K, d] float32; B and L are dynamic (1 <= L <= max_len)
     item_embeddings.npy             [num_items, d] float32: row i = internal item id i (row 0 =
                                     padding, never to be retrieved)
-    items.csv                       the id map: columns id (internal, 1..num_items-1), item (raw id)
+    items.csv                       the id map: columns id (internal, 1..num_items-1), item (raw id),
+                                    new (true: an item without training clicks, scored by its features)
     export.json                     what it is: format, model, K, d, max_len, num_items, inputs,
-                                    outputs, and how interests are scored against items
+                                    outputs, how interests are scored against items, and the
+                                    share of each list the run keeps for new items (new_item_share)
 
 The folder is published whole (:func:`recsys.io.files.atomic_folder`: written beside it, then
 renamed into place), so an interrupted export or a full disk leaves the earlier export, or
@@ -33,6 +35,7 @@ from torch import Tensor, nn
 
 from recsys.extras import install_hint
 from recsys.io.files import atomic_folder, save_npy
+from recsys.items import new_items
 from recsys.models import InterestModel
 from recsys.run import LoadedRun, build_experiment
 
@@ -119,7 +122,9 @@ def export_run(run: LoadedRun, out: str | Path, fmt: str = "onnx") -> Path:
     net = _torch_twin(run)
     max_len = run.cfg.data.max_len
     table = run.item_table()  # [num_items, d]
+    fresh = new_items(run.model)
     ids = pd.DataFrame({"id": np.arange(1, run.dataset.catalogue_size), "item": run.dataset.catalogue_raw[1:]})
+    ids["new"] = False if fresh is None else fresh[1:].cpu().numpy()
     meta = {
         "format": fmt,
         "network": NETWORK_FILE[fmt],
@@ -133,7 +138,10 @@ def export_run(run: LoadedRun, out: str | Path, fmt: str = "onnx") -> Path:
             "lengths": "[B] int64 valid clicks per row (>= 1)",
         },
         "outputs": {"interests": "[B, K, d] float32"},
-        "scoring": "score(item i) = max over the K interests of <interest, item_embeddings[i]>; skip row 0",
+        "scoring": "score(item i) = max over the K interests of <interest, item_embeddings[i]>; skip row 0; "
+        "in a top n, where fewer than floor(new_item_share * n) items of items.csv's new = true rank there, the best "
+        "of them take the places of the lowest others (recsys.retrieval.new_items)",
+        "new_item_share": run.cfg.retrieval.new_item_share,
         "source_run": str(run.path),
         **({"opset": OPSET} if fmt == "onnx" else {}),
     }

@@ -178,6 +178,11 @@ def test_recsys_index_adds_the_items_and_covers_them_and_recommend_returns_them(
     assert main(["export", str(run_dir), "--format", "torchscript"]) == 0
     exported = pd.read_csv(run_dir / "export" / "torchscript" / "items.csv", dtype=str)
     assert list(exported["item"].iloc[-6:]) == ["i35", "i36", "i37", "i38", "i39", "i40"]
+    from recsys.items import new_items
+    from recsys.run import load_run
+
+    fresh = new_items(load_run(run_dir).model)  # the added items and training's own new ones
+    assert list(exported["new"] == "True") == fresh[1:].tolist() and fresh[-6:].all() and not fresh[1:].all()
 
 
 def test_serve_adds_the_items_and_the_service_takes_and_returns_their_raw_ids(run_dir, tmp_path):
