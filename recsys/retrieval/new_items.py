@@ -6,7 +6,10 @@ against the clicked items: features order new items among themselves well, yet f
 the whole catalogue (docs/results.md, "New items"). Reserving a share of each list for them is how
 retrieval systems give fresh items their first exposure. A list keeps every new item that earns
 its place by score; where fewer than ``⌊share · n⌋`` do, the best-scoring new items the user has not
-excluded take the places of the weakest clicked ones. The list stays in score order.
+excluded take the places of the last clicked ones. The items kept stay in their order and the new
+items added follow them, best first: a list merged by score stays in score order (an added item
+scores below every item of the list it joins, or it would have been in it), and ComiRec's
+diversity pick keeps its own order.
 """
 
 from __future__ import annotations
@@ -36,9 +39,10 @@ def keep_new_items(top: TopList, new_top: TopList, is_new: Tensor, n: Tensor, pl
         places: ``[B]`` int64, the new items each row keeps at least.
 
     Returns:
-        ``(ids, scores, interest_of)`` ``[B, W]`` in score order: the row's new items of ``top``
-        and of ``new_top`` (up to ``max(places, new items already listed)``, ``n`` at most), then
-        its best other items of ``top`` in the places left; ``-1 / -inf / -1`` after them.
+        ``(ids, scores, interest_of)`` ``[B, W]``: the row's new items of ``top`` and its first other
+        items of ``top`` in the places left, in their order, then the new items of ``new_top`` it
+        adds (up to ``max(places, new items already listed)`` new items in all, ``n`` at most);
+        ``-1 / -inf / -1`` after them.
     """
     ids, scores, which = top
     width = ids.shape[1]
@@ -52,11 +56,11 @@ def keep_new_items(top: TopList, new_top: TopList, is_new: Tensor, n: Tensor, pl
     others = listed & ~new_listed
     others &= torch.cumsum(others.long(), 1) <= (n - count - extra.sum(1))[:, None]
     keep = torch.cat([new_listed | others, extra], dim=1)  # [B, W + M]
-    merged = torch.where(keep, torch.cat([scores, new_top[1]], dim=1), -torch.inf)
-    order = torch.sort(merged, dim=1, descending=True, stable=True).indices[:, :width]
+    place = torch.arange(keep.shape[1], device=ids.device).expand_as(keep)  # the list's order, then the added
+    order = torch.sort(torch.where(keep, place, keep.shape[1]), dim=1, stable=True).indices[:, :width]
     kept = keep.gather(1, order)
     return (
         torch.where(kept, torch.cat([ids, new_top[0]], dim=1).gather(1, order), -1),
-        torch.where(kept, merged.gather(1, order), -torch.inf),
+        torch.where(kept, torch.cat([scores, new_top[1]], dim=1).gather(1, order), -torch.inf),
         torch.where(kept, torch.cat([which, new_top[2]], dim=1).gather(1, order), -1),
     )

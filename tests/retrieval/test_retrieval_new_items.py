@@ -83,3 +83,20 @@ def test_a_saved_index_without_the_embeddings_cannot_keep_places():
         Retriever.from_index(index, RetrievalConfig(new_item_share=0.1), new_items=is_new)
     with pytest.raises(ValueError, match=r"new_items: expected \[60\]"):
         Retriever(emb, RetrievalConfig(new_item_share=0.1), new_items=is_new[:10])
+
+
+def test_a_diversity_pick_keeps_its_order_and_the_new_items_follow_it():
+    emb, is_new, interests = _setup(6)
+    category = np.arange(NUM_ITEMS) % 4
+    settings = RetrievalConfig(backend="torch", new_item_share=0.25)
+    plain = Retriever(emb, RetrievalConfig(backend="torch"), item_category=category)
+    picked = plain.search(interests, 20, diversity_lambda=0.5)[0]
+    kept = Retriever(emb, settings, item_category=category, new_items=is_new).search(
+        interests, 20, diversity_lambda=0.5
+    )[0]
+    for before, after in zip(picked, kept):
+        listed = [i for i in after if i in set(before)]
+        assert listed == [i for i in before if i in set(after)]  # the pick's order, what stays of it
+        added = [i for i in after if i not in set(before)]
+        assert all(is_new[i] for i in added) and list(after[len(after) - len(added) :]) == added  # after it
+        assert sum(bool(is_new[i]) for i in after) >= 5
