@@ -295,7 +295,9 @@ class TrainConfig(_Section):
     windows: str = "tiled"
     # how last-position training (predict_at = "last") draws its samples: "users" = a uniform user, then a uniform
     # target of theirs (ComiRec's sampler) | "targets" = every training target equally likely, as an epoch over
-    # every prefix of every user does (the S3Rec / BSARec lineage's training set)
+    # every prefix of every user does (the S3Rec / BSARec lineage's training set), each draw independent |
+    # "epochs" = every training target exactly once an epoch, in a fresh random order each epoch (that lineage's
+    # data loader; recsys.data.batches.TrainSampler)
     draw: str = "users"
     # how many following clicks each predicting position predicts (formerly train.horizon): 1 = the next one |
     # m > 1 = each of the next m clicks, read out against the same interests (PinnerFormer's all-action
@@ -601,7 +603,7 @@ _CHOICES = {
     "train.negative_readout": (AUTO, "readout", "max"),
     "train.predict_at": (AUTO, "last", "all"),
     "train.windows": ("tiled", "random"),
-    "train.draw": ("users", "targets"),
+    "train.draw": ("users", "targets", "epochs"),
     "train.item_updates": (AUTO, "sparse", "sharded", "dense"),
     "train.device": ("auto", "cpu", "cuda"),
     "retrieval.backend": ("auto", "faiss", "torch"),

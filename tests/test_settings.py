@@ -284,10 +284,11 @@ def test_the_block_settings_belong_to_the_transformers_and_drawing_by_targets_to
     for key in ("model.mixer=hybrid", "model.block=post_norm", "model.attention_dropout=0.5"):
         with pytest.raises(ConfigError, match=key.split("=")[0]):
             resolve(load_config(None, ["model.name=comirec_sa", key]), FACTS)
-    with pytest.raises(ConfigError, match='train.draw="targets"'):
-        resolve(load_config(None, ["model.name=sasrec", "train.predict_at=all", "train.draw=targets"]), FACTS)
-    last = resolve(load_config(None, ["model.name=comirec_sa", "train.draw=targets"]), FACTS)
-    assert last.train.draw == "targets" and last.train.predict_at == "last"
+    for draw in ("targets", "epochs"):
+        with pytest.raises(ConfigError, match=f'train.draw="{draw}"'):
+            resolve(load_config(None, ["model.name=sasrec", "train.predict_at=all", f"train.draw={draw}"]), FACTS)
+        last = resolve(load_config(None, ["model.name=comirec_sa", f"train.draw={draw}"]), FACTS)
+        assert last.train.draw == draw and last.train.predict_at == "last"
 
 
 def test_saved_configs_carry_their_version():

@@ -7,6 +7,7 @@ zeros after.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -132,6 +133,7 @@ class _SequenceSampler:
             raise ValueError(f"{name}: no training sequence has {why}")
         self.rng = np.random.default_rng(seed)
         self.weights: np.ndarray | None = None  # [U] cumulative targets of self.users, where rows draw by targets
+        self.epoch: _Epoch | None = None  # where every target is drawn once an epoch: the epoch's order
 
     @property
     def num_users(self) -> int:
@@ -145,6 +147,13 @@ class _SequenceSampler:
         or with ``stride`` s > 0 a uniform one of ``hi, hi - s, hi - 2s, ... >= low`` where
         ``hi = n + past_end - 1``. Only the slice's clicks are read afterwards."""
         draws = batch_size * self.world_size
+        if self.epoch is not None and self.weights is not None:  # the next targets of the epoch's order
+            picks = self._next_targets(draws)
+            index = np.searchsorted(self.weights, picks, "right")
+            rows = self.users[index]
+            first = picks - np.concatenate([[0], self.weights[:-1]])[index]  # the target's place in its row
+            mine = slice(self.rank * batch_size, (self.rank + 1) * batch_size)
+            return rows[mine], self.indptr[rows][mine], self.ends[rows][mine], (low + first)[mine]
         if self.weights is None:
             rows = self.users[self.rng.integers(0, len(self.users), size=draws)]
         else:  # a row as often as it has targets: with the uniform position below, every target equally likely
@@ -159,6 +168,20 @@ class _SequenceSampler:
         mine = slice(self.rank * batch_size, (self.rank + 1) * batch_size)
         return rows[mine], starts[mine], ends[mine], at[mine]
 
+    def _next_targets(self, draws: int) -> np.ndarray:
+        """``[draws]`` int64: the next global target indices of the epoch's order (0 ..
+        ``weights[-1] - 1``), a fresh order drawn each time one runs out."""
+        assert self.epoch is not None and self.weights is not None
+        out = []
+        while draws:
+            if self.epoch.cursor == len(self.epoch.order):
+                self.epoch = _Epoch.drawn(self.rng, int(self.weights[-1]))
+            take = self.epoch.order[self.epoch.cursor : self.epoch.cursor + draws]
+            self.epoch.cursor += len(take)
+            draws -= len(take)
+            out.append(take)
+        return np.concatenate(out)
+
     def get_state(self) -> dict[str, Any]:
         """The random stream's state (plain dict of str/int), for checkpoints."""
         return dict(self.rng.bit_generator.state)
@@ -166,6 +189,36 @@ class _SequenceSampler:
     def set_state(self, state: dict) -> None:
         """Resume the random stream from :meth:`get_state`'s result."""
         self.rng.bit_generator.state = state
+
+    def epoch_state(self) -> dict[str, Any] | None:
+        """Where targets are drawn by epochs: the stream's state when the epoch's order was drawn
+        and how far the order has been read (plain data, for checkpoints); else None."""
+        return None if self.epoch is None else {"drawn_from": self.epoch.drawn_from, "cursor": self.epoch.cursor}
+
+    def restore_epoch(self, state: dict[str, Any] | None) -> None:
+        """Draw the epoch's order again from :meth:`epoch_state`'s result and read on from where it
+        was; the stream itself is left as it is (:meth:`set_state` restores it). None: nothing to do."""
+        if state is None or self.epoch is None or self.weights is None:
+            return
+        now = dict(self.rng.bit_generator.state)
+        self.rng.bit_generator.state = state["drawn_from"]
+        self.epoch = _Epoch.drawn(self.rng, int(self.weights[-1]))
+        self.epoch.cursor = int(state["cursor"])
+        self.rng.bit_generator.state = now
+
+
+@dataclass
+class _Epoch:
+    """One epoch's order of every training target, and how far it has been read."""
+
+    order: np.ndarray  # [T] int64, a permutation of the global target indices
+    cursor: int  # targets already drawn
+    drawn_from: dict[str, Any]  # the stream's state before the order was drawn (a checkpoint draws it again)
+
+    @classmethod
+    def drawn(cls, rng: np.random.Generator, targets: int) -> _Epoch:
+        start = dict(rng.bit_generator.state)
+        return cls(rng.permutation(targets).astype(np.int64), 0, start)
 
 
 class TrainSampler(_SequenceSampler):
@@ -177,11 +230,16 @@ class TrainSampler(_SequenceSampler):
     ComiRec protocol scores (the whole rest of a sequence) than the next click alone.
 
     With ``by_targets`` the user is drawn as often as they have targets instead (``n - min_target``),
-    so every training target is equally likely: what an epoch over every prefix of every user draws
-    (the training set of S3Rec's pipeline, which BSARec and its successors share).
+    so every training target is equally likely, as in an epoch over every prefix of every user (the
+    training set of S3Rec's pipeline, which BSARec and its successors share); each draw is
+    independent, so in one epoch's worth of draws some targets come twice and about a third not at
+    all. With ``epochs`` they are drawn as that pipeline's data loader draws them instead: every
+    target exactly once an epoch, in a fresh random order each epoch (an epoch's tail and the next
+    one's start may share a batch).
 
     Args: those of :class:`_SequenceSampler`, ``min_target``: the earliest target position (default 1:
-    any click with a history; ComiRec's reference code uses 4), and ``by_targets`` (default False).
+    any click with a history; ComiRec's reference code uses 4), ``by_targets`` (default False) and
+    ``epochs`` (default False; implies ``by_targets``).
     """
 
     def __init__(
@@ -197,14 +255,18 @@ class TrainSampler(_SequenceSampler):
         world_size: int = 1,
         ends: np.ndarray | None = None,
         by_targets: bool = False,
+        epochs: bool = False,
     ) -> None:
         if min_target < 1:
             raise ValueError(f"TrainSampler: min_target must be >= 1, got {min_target}")
         self.min_target = min_target
         why = f"more than {min_target} clicks"
         super().__init__(indptr, items, max_len, seed, users, predict_next, min_target + 1, why, rank, world_size, ends)
-        if by_targets:
+        if by_targets or epochs:
             self.weights = np.cumsum((self.ends - self.indptr[:-1])[self.users] - min_target)
+        if epochs:
+            assert self.weights is not None
+            self.epoch = _Epoch.drawn(self.rng, int(self.weights[-1]))
 
     def sample(self, batch_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """This rank's ``B = batch_size`` samples of the global batch: ``seq [B, max_len]`` int64

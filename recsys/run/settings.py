@@ -576,9 +576,9 @@ def _check_training_form(cfg: Config, spec: ModelSpec) -> None:
             f'train.predict_at="all": model.mixer={cfg.model.mixer!r} reads the whole window (its filter is not '
             'causal), so a position would see the click it predicts; use "last" or "auto", or model.filter_causal=true'
         )
-    if t.draw == "targets" and t.predict_at == "all":
+    if t.draw != "users" and t.predict_at == "all":
         raise ConfigError(
-            'train.draw="targets": dense training windows are drawn by train.windows; it applies to '
+            f'train.draw="{t.draw}": dense training windows are drawn by train.windows; it applies to '
             'train.predict_at="last"'
         )
     if t.loss != "softmax" and t.full_softmax is True:

@@ -108,7 +108,8 @@ class Loop:
         if t.predict_at == "all":
             batches = WindowSampler(*rows, tiled=t.windows == "tiled", **part)
         else:
-            batches = TrainSampler(*rows, min_target=t.min_target, by_targets=t.draw == "targets", **part)
+            by_targets, epochs = t.draw == "targets", t.draw == "epochs"
+            batches = TrainSampler(*rows, min_target=t.min_target, by_targets=by_targets, epochs=epochs, **part)
         plan = plan_training(t, exp.facts)
         if dist.is_main:
             log(plan.describe(t))
@@ -136,6 +137,7 @@ class Loop:
             ck["step"], ck["best"], ck["best_step"], ck["bad_evals"], ck.get("lr_drops", 0), last_eval=ck["step"]
         )
         restore_rng(ck["rng"], {"batches": self.batches.rng}, {"neg": self.generator})
+        self.batches.restore_epoch(ck.get("batches_epoch"))  # an epoch's order, where targets are drawn by epochs
         streams, rank = ck.get("rank_rng", []), self.dist.rank
         if len(streams) == self.dist.world_size:  # each rank its own dropout streams back
             restore_rank_rng(streams[rank])
@@ -208,6 +210,7 @@ class Loop:
                 world_size=self.dist.world_size,  # a resume on another number keeps the global batch
                 **self.step_fn.state_dict(),
                 rng=capture_rng({"batches": self.batches.rng}, {"neg": self.generator}),
+                batches_epoch=self.batches.epoch_state(),
                 rank_rng=streams,
                 **self.guard.state(),
             )

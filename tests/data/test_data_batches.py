@@ -160,3 +160,40 @@ def test_the_ranks_slices_make_the_batch_one_process_draws(sampler):
     assert not np.array_equal(parts[0][2], parts[1][2])
     with pytest.raises(ValueError, match="rank must be in \\[0, world_size\\), got rank 2 of 2"):
         sampler(indptr, items, 5, seed=3, rank=2, world_size=2)
+
+
+def _epoch_csr():
+    """Three users (2, 5 and 4 clicks; the last one's training part ends a click early) with unique
+    items, so a target names its row and position; 1 + 4 + 2 = 7 targets at min_target 1."""
+    indptr = np.array([0, 2, 7, 11])
+    ends = np.array([2, 7, 10])
+    return indptr, np.arange(1, 12), ends
+
+
+def test_drawing_by_epochs_gives_every_target_once_an_epoch_in_a_fresh_order():
+    indptr, items, ends = _epoch_csr()
+    sampler = TrainSampler(indptr, items, max_len=5, seed=3, ends=ends, epochs=True)
+    drawn = np.concatenate([sampler.sample(3)[2] for _ in range(7)])  # 21 targets: three epochs of 7
+    every = [2, 4, 5, 6, 7, 9, 10]  # each row's clicks after its first, inside its training part
+    epochs = [sorted(drawn[i : i + 7]) for i in (0, 7, 14)]
+    assert epochs == [every] * 3  # batches of 3 run across the epochs' edges
+    assert len({tuple(drawn[i : i + 7]) for i in (0, 7, 14)}) > 1  # each epoch in its own order
+    seq, lengths, targets = sampler.sample(7)
+    np.testing.assert_array_equal(seq[np.arange(7), lengths - 1], targets - 1)  # the click before each
+
+
+def test_an_epoch_order_resumes_from_its_state_and_ranks_share_it():
+    indptr, items, ends = _epoch_csr()
+    a = TrainSampler(indptr, items, max_len=5, seed=3, ends=ends, epochs=True)
+    a.sample(5)
+    state, epoch = a.get_state(), a.epoch_state()
+    after = [a.sample(4)[2] for _ in range(4)]
+    b = TrainSampler(indptr, items, max_len=5, seed=9, ends=ends, epochs=True)
+    b.set_state(state)
+    b.restore_epoch(epoch)
+    assert all((x == b.sample(4)[2]).all() for x in after)
+    whole = TrainSampler(indptr, items, max_len=5, seed=3, ends=ends, epochs=True).sample(6)[2]
+    halves = [
+        TrainSampler(indptr, items, 5, 3, ends=ends, epochs=True, rank=r, world_size=2).sample(3)[2] for r in (0, 1)
+    ]
+    np.testing.assert_array_equal(np.concatenate(halves), whole)

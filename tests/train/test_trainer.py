@@ -24,9 +24,10 @@ class _Crash(Exception):
     pass
 
 
-@pytest.mark.parametrize("updates", ["dense", "sparse", "sharded"])
+@pytest.mark.parametrize("updates", ["dense", "sparse", "sharded", "dense, by epochs"])
 def test_resume_reproduces_uninterrupted_run(tmp_path, updates):
-    extra = ["model.dropout=0.1", f"train.item_updates={updates}"]
+    extra = ["model.dropout=0.1", f"train.item_updates={updates.split(',')[0]}"]
+    extra += ["train.draw=epochs"] if "epochs" in updates else []  # the epoch's order resumes where it was
     full = train(_cfg(tmp_path, "name=full", *extra), log=lambda s: None)
 
     def crash_after_first_checkpoint(line: str) -> None:
