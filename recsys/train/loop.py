@@ -199,7 +199,15 @@ class Loop:
                 f"plateau at step {st.step}: back to the best weights (step {st.best_step}), lr "
                 f"{self.step_fn.optimizer.param_groups[0]['lr']:.3g} (drop {st.lr_drops} of {t.lr_drops})"
             )
-        rd.save_checkpoint(
+        self._save_checkpoint(streams)
+        if self.on_validate is not None:
+            self.on_validate(st.step, metrics)
+        return verdict
+
+    def _save_checkpoint(self, streams: list[Any]) -> None:
+        """Everything :meth:`resume` reads, at this step; ``streams``: every rank's dropout streams."""
+        st = self.st
+        self.rd.save_checkpoint(
             make_checkpoint(
                 self.model,
                 step=st.step,
@@ -215,9 +223,6 @@ class Loop:
                 **self.guard.state(),
             )
         )
-        if self.on_validate is not None:
-            self.on_validate(st.step, metrics)
-        return verdict
 
 
 class _Window:
