@@ -588,13 +588,12 @@ class Retriever:
         host = isinstance(top[0], np.ndarray)
         device = self._new.is_new.device
         bsz = top[0].shape[0]
-        lengths = torch.as_tensor(np.asarray(n) if not isinstance(n, torch.Tensor) else n).to(device)
-        lengths = torch.broadcast_to(lengths.long(), (bsz,))
+        lengths = torch.broadcast_to(torch.as_tensor(n).to(device).long(), (bsz,))
         places = reserved_places(self._new.share, lengths)
         if bsz == 0 or int(places.max()) == 0:
             return top
-        q = interests if isinstance(interests, torch.Tensor) else torch.from_numpy(np.asarray(interests))
-        new_top = self._new.top(q, int(places.max()), self._new.exclusions(exclude, bsz, self.num_items))
+        exclusions = self._new.exclusions(exclude, bsz, self.num_items)
+        new_top = self._new.top(torch.as_tensor(interests), int(places.max()), exclusions)
         lists = tuple(torch.as_tensor(a).to(device) for a in top)
         out = keep_new_items((lists[0], lists[1], lists[2]), new_top, self._new.is_new, lengths, places)
         if host:
@@ -707,8 +706,7 @@ class _NewItems:
         """None where no place is kept (no share, no new item); ``emb`` ``[num_items, d]`` is needed otherwise."""
         if new_items is None or share <= 0:
             return None
-        mask = torch.as_tensor(np.asarray(new_items) if not isinstance(new_items, torch.Tensor) else new_items)
-        mask = mask.detach().cpu().bool().clone()
+        mask = torch.as_tensor(new_items).detach().cpu().bool().clone()
         if emb is None:
             raise ValueError("new_items: keeping places for them needs the item embeddings (item_emb)")
         if mask.shape != (emb.shape[0],):
