@@ -183,7 +183,7 @@ class ModelConfig(_Section):
     num_interests: int = 4
     hidden: int = 0  # self-attentive hidden size; 0 (the default): 4 * dim, as ComiRec
     num_layers: int = 2  # transformer encoders
-    num_heads: int = 2
+    num_heads: int = -1  # -1 (the default): the model's automatic value (recsys.models.spec)
     dropout: float = -1.0  # transformer encoders; -1 (the default): the model's automatic value (recsys.models.spec)
     routing_iters: int = 3  # capsule models
     qk_norm: str = ""  # "" | rms | layer
@@ -200,11 +200,13 @@ class ModelConfig(_Section):
     # frequency filter + (1 - filter_alpha) * a Haar wavelet, no attention; it too reads the whole window); the
     # block form, pre_norm | post_norm (BERT's, as SASRec's code, S3Rec and BSARec) | ligr (pre-norm, sigmoid-gated
     # residuals, SwiGLU: eSASRec's); BSARec's c (the low band keeps c // 2 + 1 frequencies); dropout on attention
-    # probabilities (the kernels have none: it trains on the PyTorch twin)
-    mixer: str = "attention"
-    block: str = "pre_norm"
+    # probabilities (the kernels have none: it trains on the PyTorch twin). mixer, block, filter_alpha,
+    # attention_dropout and init: "auto" / -1 (the default) is the model's own (recsys.models.spec): sasrec's
+    # attention in pre-norm blocks, bsarec's and wearec's published blocks
+    mixer: str = AUTO
+    block: str = AUTO
     filter_cutoff: int = 5
-    filter_alpha: float = 0.7
+    filter_alpha: float = -1.0
     # the filter at each position reads the window that ends there (a causal FIR filter), so the model can train
     # densely (train.predict_at = "all"); false: BSARec's, over the whole window
     filter_causal: bool = False
@@ -213,10 +215,10 @@ class ModelConfig(_Section):
     # encoder computed there, placed as in a left-padded window, so a short history's low band carries learned
     # position terms; recsys.nn.frequency)
     filter_padding: str = "zero"
-    attention_dropout: float = 0.0
+    attention_dropout: float = -1.0
     # transformer encoders' initial weights: scaled (item rows N(0, 1/d), torch's Linear init) | bert (every
     # Linear and embedding N(0, 0.02), zero biases: BERT's, which S3Rec, FMLP-Rec and BSARec keep)
-    init: str = "scaled"
+    init: str = AUTO
     # with data.item_features: each item is its id row plus its features' embeddings, and an item without training
     # clicks (a new item) is its features alone (recsys.items.features); false: ids alone
     use_features: bool = True
@@ -241,9 +243,10 @@ class TrainConfig(_Section):
     """The optimisation loop."""
 
     optimizer: str = "adamw"  # adamw | adam
-    # the same at every batch: raising it with the batch (the square-root rule) lost recall at 2,048 and 4,096
-    # (docs/defaults.md, "Batch and learning rate on large logs")
-    lr: float = 1e-3
+    # -1 (the default): the model's rate (recsys.models.spec; 1e-3, the lineage's models 5e-4), the same at every
+    # batch: raising it with the batch (the square-root rule) lost recall at 2,048 and 4,096 (docs/defaults.md,
+    # "Batch and learning rate on large logs")
+    lr: float = -1.0
     weight_decay: float = -1.0  # -1: a fixed shrinkage per epoch, from the data's size (recsys.run.settings)
     # samples a step on each process; 0 (the default): 128, larger on logs whose epoch at 128 would pass
     # 20,000 steps (recsys.run.settings)
@@ -283,7 +286,9 @@ class TrainConfig(_Section):
     device: str = "auto"  # auto | cpu | cuda
     seed: int = 42
     log_every: int = 100
-    min_target: int = 4  # earliest target position in a training sequence (ComiRec's code: 4)
+    # earliest target position in a training sequence; -1 (the default): the model's (recsys.models.spec: 4 as
+    # ComiRec's code, 1 for the lineage's models, whose epoch trains every prefix)
+    min_target: int = -1
     # which positions of a training window predict (formerly train.targets): "last" = the last one, one target
     # per sampled history (ComiRec's sampler) | "all" = every position predicts what follows it (dense) |
     # "auto" = the model's default (its spec)
@@ -297,8 +302,8 @@ class TrainConfig(_Section):
     # target of theirs (ComiRec's sampler) | "targets" = every training target equally likely, as an epoch over
     # every prefix of every user does (the S3Rec / BSARec lineage's training set), each draw independent |
     # "epochs" = every training target exactly once an epoch, in a fresh random order each epoch (that lineage's
-    # data loader; recsys.data.batches.TrainSampler)
-    draw: str = "users"
+    # data loader; recsys.data.batches.TrainSampler) | "auto" (the default): the model's (recsys.models.spec)
+    draw: str = AUTO
     # how many following clicks each predicting position predicts (formerly train.horizon): 1 = the next one |
     # m > 1 = each of the next m clicks, read out against the same interests (PinnerFormer's all-action
     # objective) | -1 (the default): the model's value where the data's timestamps leave the order of
@@ -592,18 +597,18 @@ _CHOICES = {
     "model.qk_norm": ("", "rms", "layer"),
     "model.positions": ("recent", "absolute", "alibi", "none"),
     "model.head_values": ("items", "encoded"),
-    "model.mixer": ("attention", "frequency", "hybrid", "wavelet"),
+    "model.mixer": (AUTO, "attention", "frequency", "hybrid", "wavelet"),
     "model.cold_rows": ("zero", "attribute_mean"),
-    "model.block": ("pre_norm", "post_norm", "ligr"),
+    "model.block": (AUTO, "pre_norm", "post_norm", "ligr"),
     "model.filter_padding": ("zero", "window"),
-    "model.init": ("scaled", "bert"),
+    "model.init": (AUTO, "scaled", "bert"),
     "model.backend": KERNEL_BACKENDS,
     "train.optimizer": ("adam", "adamw"),
     "train.sampler": ("uniform", "log_uniform", "unigram"),
     "train.negative_readout": (AUTO, "readout", "max"),
     "train.predict_at": (AUTO, "last", "all"),
     "train.windows": ("tiled", "random"),
-    "train.draw": ("users", "targets", "epochs"),
+    "train.draw": (AUTO, "users", "targets", "epochs"),
     "train.item_updates": (AUTO, "sparse", "sharded", "dense"),
     "train.device": ("auto", "cpu", "cuda"),
     "retrieval.backend": ("auto", "faiss", "torch"),
@@ -617,12 +622,10 @@ _POSITIVE = (
     "data.max_len",
     "model.num_interests",
     "model.num_layers",
-    "model.num_heads",
     "model.routing_iters",
     "model.filter_cutoff",
     "train.max_epochs",
     "train.log_every",
-    "train.min_target",
     "eval.batch_size",
     "synthetic.num_users",
     "synthetic.num_items",
@@ -668,6 +671,15 @@ def _get(cfg: Config, path: str) -> Any:
 # nothing else reads these values (tests/test_settings.py walks the code for a comparison with them)
 AUTOMATIC: dict[str, Any] = {
     "model.dim": -1,
+    "model.num_heads": -1,
+    "model.mixer": AUTO,
+    "model.block": AUTO,
+    "model.filter_alpha": -1.0,
+    "model.attention_dropout": -1.0,
+    "model.init": AUTO,
+    "train.lr": -1.0,
+    "train.min_target": -1,
+    "train.draw": AUTO,
     "model.dropout": -1.0,
     "model.score_cap": -1.0,
     "model.hidden": 0,
@@ -737,15 +749,16 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"serve.n: {cfg.serve.n} exceeds serve.max_n {cfg.serve.max_n}")
     if not 0 <= cfg.serve.port <= 65535:
         raise ConfigError(f"serve.port: must be in 0..65535, got {cfg.serve.port}")
-    if not is_automatic(cfg, "model.dim"):
+    if not (is_automatic(cfg, "model.dim") or is_automatic(cfg, "model.num_heads")):
         check_heads(cfg.model)
 
 
 def _check_automatic_keys(cfg: Config) -> None:
     """The keys whose sentinel (-1 or 0) means automatic (:data:`AUTOMATIC`) take it or a value in
-    range; ``train.lr`` has no automatic value any more, and says so to a config that writes 0."""
-    if cfg.model.dim <= 0 and not is_automatic(cfg, "model.dim"):
-        raise ConfigError(f"model.dim: must be > 0 (or -1: automatic), got {cfg.model.dim!r}")
+    range; ``train.lr``'s automatic value is -1, not 0 (its automatic value once), which it names."""
+    for path in ("model.dim", "model.num_heads", "train.min_target"):
+        if _get(cfg, path) <= 0 and not is_automatic(cfg, path):
+            raise ConfigError(f"{path}: must be > 0 (or -1: automatic), got {_get(cfg, path)!r}")
     for path in (
         "model.score_cap",
         "model.dropout",
@@ -756,11 +769,15 @@ def _check_automatic_keys(cfg: Config) -> None:
     ):
         if _get(cfg, path) < 0 and not is_automatic(cfg, path):
             raise ConfigError(f"{path}: must be >= 0 (or -1: automatic), got {_get(cfg, path)!r}")
+    alpha, attention = _get(cfg, "model.filter_alpha"), _get(cfg, "model.attention_dropout")
+    if not 0.0 <= alpha <= 1.0 and not is_automatic(cfg, "model.filter_alpha"):
+        raise ConfigError(f"model.filter_alpha: must be in [0, 1] (or -1: automatic), got {alpha!r}")
+    if not 0.0 <= attention < 1.0 and not is_automatic(cfg, "model.attention_dropout"):
+        raise ConfigError(f"model.attention_dropout: must be in [0, 1) (or -1: automatic), got {attention!r}")
     if (batch := _get(cfg, "train.batch_size")) < 0:
         raise ConfigError(f"train.batch_size: must be > 0 (or 0: automatic), got {batch!r}")
-    if cfg.train.lr <= 0:
-        was = " (0 no longer means automatic: the default, 1e-3, holds at every batch)" if cfg.train.lr == 0 else ""
-        raise ConfigError(f"train.lr: must be > 0, got {cfg.train.lr!r}{was}")
+    if cfg.train.lr <= 0 and not is_automatic(cfg, "train.lr"):
+        raise ConfigError(f"train.lr: must be > 0 (or -1: the model's rate), got {cfg.train.lr!r}")
 
 
 def _check_listed_keys(cfg: Config) -> None:
@@ -778,16 +795,12 @@ def _check_listed_keys(cfg: Config) -> None:
 
 def _check_bounds(cfg: Config) -> None:
     """The values that must lie in an interval or under a cap (and ``train.cuda_graph``, a switch)."""
-    if not 0.0 <= cfg.model.filter_alpha <= 1.0:
-        raise ConfigError(f"model.filter_alpha: must be in [0, 1], got {cfg.model.filter_alpha!r}")
     if cfg.model.filter_causal and cfg.model.mixer == "wavelet":
         raise ConfigError("model.filter_causal: the wavelet mixer has no causal form; train it on the last position")
     if cfg.model.filter_causal and cfg.model.filter_padding == "window":
         raise ConfigError(
             'model.filter_padding="window" reads the padding rows of a whole window; the causal filter reads none'
         )
-    if not 0.0 <= cfg.model.attention_dropout < 1.0:
-        raise ConfigError(f"model.attention_dropout: must be in [0, 1), got {cfg.model.attention_dropout!r}")
     if not -1.0 <= cfg.train.interest_margin < 1.0:
         raise ConfigError(f"train.interest_margin: a cosine in [-1, 1), got {cfg.train.interest_margin!r}")
     if cfg.model.num_interests > MAX_NUM_INTERESTS:

@@ -126,8 +126,10 @@ def default_space(cfg: Config) -> dict[str, Any]:
     """The search space for ``cfg``'s model, in the ``[tune]`` table's format: the shared
     optimisation ranges plus the model spec's own (:attr:`recsys.models.spec.ModelSpec.tune_space`).
 
-    ``train.lr`` ranges over the base's rate times :data:`LR_RANGE`: 3e-4..3e-3 at the default."""
-    spec, lr = spec_for(cfg.model.name), cfg.train.lr
+    ``train.lr`` ranges over the base's rate (the model's where it is automatic) times
+    :data:`LR_RANGE`: 3e-4..3e-3 at sasrec's 1e-3."""
+    spec = spec_for(cfg.model.name)
+    lr = spec.automatic.lr if is_automatic(cfg, "train.lr") else cfg.train.lr
     space: dict[str, Any] = {
         "train.optimizer": "adamw",
         "train.lr": {"low": _digits(lr * LR_RANGE[0]), "high": _digits(lr * LR_RANGE[1]), "log": True},

@@ -136,6 +136,26 @@ def test_saved_runs_without_the_new_items_settings_load_as_trained():
     assert (cfg.model.cold_scale, cfg.retrieval.new_item_share) == (1.0, 0.0)
 
 
+def test_saved_runs_without_the_model_owned_settings_load_as_trained():
+    """A config.json written before the block settings, the first target and the draw became each
+    model's own: the values every model had then."""
+    saved = Config().to_dict()
+    for key in ("mixer", "block", "init", "num_heads", "filter_alpha", "attention_dropout"):
+        del saved["model"][key]
+    del saved["train"]["min_target"], saved["train"]["draw"]
+    cfg = run_config_from_dict(saved)
+    m = cfg.model
+    assert (m.mixer, m.block, m.init, m.num_heads, m.filter_alpha, m.attention_dropout) == (
+        "attention",
+        "pre_norm",
+        "scaled",
+        2,
+        0.7,
+        0.0,
+    )
+    assert (cfg.train.min_target, cfg.train.draw) == (4, "users")
+
+
 def test_saved_runs_without_the_interest_hinge_load_as_trained():
     """A config.json written before train.interest_reg existed trained without the hinge."""
     saved = Config().to_dict()

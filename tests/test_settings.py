@@ -229,8 +229,57 @@ def test_a_rate_or_a_batch_set_by_hand_is_kept():
     assert (both.train.batch_size, both.train.lr) == (128, 0.003)
     small = Facts.of_lengths([20] * 100, num_items=1001)
     assert resolve(load_config(None, ["train.batch_size=512"]), small).train.lr == 1e-3
-    with pytest.raises(ConfigError, match=r"train.lr: must be > 0, got 0.0 \(0 no longer means automatic"):
+    with pytest.raises(ConfigError, match=r"train.lr: must be > 0 \(or -1: the model's rate\), got 0.0"):
         load_config(None, ["train.lr=0"])
+
+
+def test_the_lineage_models_resolve_to_their_published_recipes():
+    """bsarec and wearec take their papers' blocks and recipe as automatic values; sasrec keeps its
+    own; a value set by hand wins over the model's; a model that does not read a block setting
+    resolves it to the neutral value, and setting it by hand is refused."""
+    beauty = Facts.of_lengths([9] * 22_000, num_items=12_102)
+    got = {name: resolve(load_config(None, [f"model.name={name}"]), beauty) for name in ("sasrec", "bsarec", "wearec")}
+    m, t = got["wearec"].model, got["wearec"].train
+    assert (m.mixer, m.block, m.num_heads, m.filter_alpha, m.init, m.dropout) == (
+        "wavelet",
+        "post_norm",
+        8,
+        0.2,
+        "bert",
+        0.5,
+    )
+    assert (t.lr, t.batch_size, t.draw, t.min_target, t.predict_at, t.weight_decay) == (
+        5e-4,
+        256,
+        "epochs",
+        1,
+        "last",
+        0,
+    )
+    m = got["bsarec"].model
+    assert (m.mixer, m.num_heads, m.filter_alpha, m.attention_dropout) == ("hybrid", 1, 0.7, 0.5)
+    assert got["bsarec"].train.predict_at == "last"  # its filter reads the whole window
+    m, t = got["sasrec"].model, got["sasrec"].train
+    assert (m.mixer, m.block, m.num_heads, m.init, t.lr, t.draw, t.predict_at) == (
+        "attention",
+        "pre_norm",
+        2,
+        "scaled",
+        1e-3,
+        "users",
+        "all",
+    )
+    causal = ["model.name=sasrec", "model.mixer=hybrid", "model.filter_causal=true"]  # BSARec's block, densely
+    dense = resolve(load_config(None, causal), beauty)
+    assert dense.train.predict_at == "all" and dense.train.draw == "users"
+    with pytest.raises(ConfigError, match='train.predict_at="all": bsarec cannot train on every position'):
+        resolve(load_config(None, ["model.name=bsarec", "train.predict_at=all"]), beauty)
+    mine = resolve(load_config(None, ["model.name=wearec", "model.block=pre_norm", "train.lr=0.001"]), beauty)
+    assert (mine.model.block, mine.train.lr, mine.model.mixer) == ("pre_norm", 1e-3, "wavelet")
+    sa = resolve(load_config(None, ["model.name=comirec_sa"]), beauty)
+    assert (sa.model.mixer, sa.model.block, sa.train.min_target, sa.train.draw) == ("attention", "pre_norm", 4, "users")
+    with pytest.raises(ConfigError, match="model.mixer='wavelet' has no effect on comirec_sa"):
+        resolve(load_config(None, ["model.name=comirec_sa", "model.mixer=wavelet"]), beauty)
 
 
 @pytest.mark.parametrize("name", ["comirec_sa", "sasrec_mi"])

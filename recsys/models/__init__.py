@@ -1,6 +1,15 @@
 """Models: sequence -> K interests. Importing this package registers every built-in model's spec."""
 
-from recsys.models import comirec_dr, comirec_sa, gru4rec, mind, popular, sasrec, youtube_dnn  # noqa: F401  (register)
+from recsys.models import (  # noqa: F401  (register)
+    comirec_dr,
+    comirec_sa,
+    gru4rec,
+    lineage,
+    mind,
+    popular,
+    sasrec,
+    youtube_dnn,
+)
 from recsys.models.base import InterestModel, build_model
 from recsys.models.spec import Automatic, ModelSpec, model_names, register, spec_for
 

@@ -89,6 +89,7 @@ class SASRec(SequenceModel):
     def __init__(self, num_items: int, cfg: ModelConfig, max_len: int):
         super().__init__(num_items, cfg.dim, num_interests=1)
         self.encoder = _encoder(cfg, max_len)
+        self.mixer, self.causal = cfg.mixer, encoder_shape(cfg).causal_mixer
         if cfg.init == "bert":
             bert_init(self)
 
@@ -96,6 +97,8 @@ class SASRec(SequenceModel):
         return gather_last(self.encoder(h, lengths), lengths)[:, None]  # [B, 1, d]
 
     def encode_prefix(self, h: Tensor, lengths: Tensor) -> Tensor:
+        if not self.causal:  # a whole-window filter: position t would read the clicks after it
+            raise NotImplementedError(f"model.mixer={self.mixer!r} reads the whole window: no prefix_interests")
         return self.encoder(h, lengths)[:, :, None]  # [B, L, 1, d]; causal, 0 at padding
 
 

@@ -120,6 +120,14 @@ class Automatic:
         soft_readout_steps: ``train.soft_readout_steps``.
         epoch_decay: the AdamW shrinkage per pass over the data that the automatic
             ``train.weight_decay`` gives (:func:`recsys.run.settings.resolve`).
+        batch: ``train.batch_size`` a process while an epoch at it stays short
+            (:func:`recsys.run.settings.scaled_batch`).
+        lr: ``train.lr``.
+        draw: ``train.draw`` (how last-position training draws its samples).
+        min_target: ``train.min_target``.
+        num_heads, mixer, block, filter_alpha, attention_dropout, init: the transformer family's
+            ``model.*`` block settings (read by the models that list them in ``settings``; the
+            others resolve to these neutral values).
     """
 
     dim: int = 64
@@ -136,6 +144,16 @@ class Automatic:
     interest_reg: float = 0.0
     soft_readout_steps: int = 0
     epoch_decay: float = 0.15
+    batch: int = 128
+    lr: float = 1e-3
+    draw: str = "users"
+    min_target: int = 4
+    num_heads: int = 2
+    mixer: str = "attention"
+    block: str = "pre_norm"
+    filter_alpha: float = 0.7
+    attention_dropout: float = 0.0
+    init: str = "scaled"
 
 
 # the self-attentive multi-interest models' shared defaults against collapse (comirec_sa, sasrec_mi), which

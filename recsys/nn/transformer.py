@@ -70,7 +70,7 @@ class EncoderShape:
             raise ValueError(f"model.mixer: {self.mixer!r} is not one of {list(MIXERS)}")
         if self.block not in BLOCKS:
             raise ValueError(f"model.block: {self.block!r} is not one of {list(BLOCKS)}")
-        if not 0.0 <= self.filter_alpha <= 1.0:
+        if abs(self.filter_alpha - 0.5) > 0.5:  # outside [0, 1]
             raise ValueError(f"model.filter_alpha: must be in [0, 1], got {self.filter_alpha}")
         if self.filter_causal and self.mixer == "wavelet":
             raise ValueError("model.filter_causal: the wavelet mixer has no causal form (recsys.nn.wavelet)")

@@ -24,6 +24,10 @@ key missing from the file dates the run; the values that were in force then fill
 - no ``model.cold_rows``: an item without clicks was its features alone (``"zero"``);
 - no ``model.cold_scale``: an item without clicks scored as trained (1);
 - no ``retrieval.new_item_share``: no places kept for items without clicks (0);
+- no ``model.mixer``, ``model.block``, ``model.init``, ``model.num_heads``, ``model.filter_alpha``,
+  ``model.attention_dropout``, ``train.min_target`` or ``train.draw``: the values every model had
+  before they became the model's own (attention in pre-norm blocks, torch's start, 2 heads, 0.7, 0,
+  4 and ComiRec's user-then-target draw);
 - and what the model's own spec says (:attr:`recsys.models.spec.ModelSpec.saved_defaults`).
 """
 
@@ -46,6 +50,17 @@ _TRAIN_DEFAULTS = {
     "item_updates": "dense",
     "interest_reg": 0.0,
     "interest_margin": 0.5,
+    "min_target": 4,
+    "draw": "users",
+}
+# the [model] values every model had before they became each model's own (recsys.run.settings.MODEL_OWNED)
+_MODEL_DEFAULTS = {
+    "mixer": "attention",
+    "block": "pre_norm",
+    "init": "scaled",
+    "num_heads": 2,
+    "filter_alpha": 0.7,
+    "attention_dropout": 0.0,
 }
 
 
@@ -64,6 +79,8 @@ def run_config_from_dict(values: dict[str, Any]) -> Config:
     model.setdefault("score_cap", 0.0)
     model.setdefault("cold_rows", "zero")  # items without clicks were their features alone
     model.setdefault("cold_scale", 1.0)  # ... and scored as trained
+    for key, value in _MODEL_DEFAULTS.items():
+        model.setdefault(key, value)
     for key, value in _TRAIN_DEFAULTS.items():
         train.setdefault(key, value)
     if "positions" not in model and "positions" in spec.settings:

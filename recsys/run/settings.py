@@ -19,6 +19,11 @@ The rules, each with the measurement behind it beside its constant in :mod:`recs
   :data:`~recsys.models.spec.LARGE_CATALOGUE` items on; ``model.score_cap``: the spec's, or where it
   follows the length, :func:`length_score_cap` of the median training history (:meth:`Facts.typical_length`);
   ``model.hidden``: :data:`~recsys.models.spec.HIDDEN_RATIO` times the width.
+- :data:`MODEL_OWNED` (``model.num_heads``, ``model.mixer``, ``model.block``, ``model.filter_alpha``,
+  ``model.attention_dropout``, ``model.init``, ``train.lr``, ``train.min_target``): the spec's own
+  value, nothing more: sasrec's attention in pre-norm blocks at 1e-3, bsarec's and wearec's
+  published blocks and recipe (:mod:`recsys.models.lineage`); ``train.draw``: the spec's under
+  last-position training, ``"users"`` under dense training (whose windows ``train.windows`` draws).
 - ``train.predict_at``, ``train.negative_readout``, ``train.soft_readout_steps``: the spec's;
   ``train.attention_reg``: the spec's for ``K > 1`` and last-position training, else 0;
   ``train.interest_reg``: the spec's for ``K > 1``, else 0; where it follows the length,
@@ -112,6 +117,7 @@ from recsys.models.spec import (
     SPARSE_ITEMS,
     STRICT_SETTINGS,
     TIED_ORDER,
+    Automatic,
     ModelSpec,
     spec_for,
     specs,
@@ -126,6 +132,7 @@ __all__ = [
     "EPOCH_STEPS",
     "MAX_BATCH",
     "MAX_DENSE_BATCH",
+    "MODEL_OWNED",
     "NEGATIVES_PER_ROW",
     "Facts",
     "check",
@@ -146,7 +153,7 @@ __all__ = [
 NEGATIVES_PER_ROW = 10  # the automatic train.num_negatives: shared sampled negatives per row of a batch
 # the automatic train.batch_size (scaled_batch); the GPU measurements behind it:
 # docs/defaults.md, "Batch and learning rate on large logs"
-BASE_BATCH = 128  # samples a step on each process, on every log whose epoch at this batch is short enough
+BASE_BATCH = Automatic().batch  # samples a step on each process, on every log whose epoch at this batch is short enough
 EPOCH_STEPS = 20_000  # ... at most this many steps (at the global batch of BASE_BATCH a process)
 MAX_BATCH = 4096  # the largest automatic batch a process
 # ... where every position of a sample is a target (train.predict_at = "all"): a row of up to data.max_len
@@ -162,6 +169,17 @@ LOAD_SAMPLE_S = 0.1
 # which torchrun sets to 1 for several processes a host), read when recsys is imported, before any run sets it
 TORCH_THREADS = torch.get_num_threads()
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /proc/stat's unit
+# the automatic keys that are the model's own value, nothing more: each takes the spec's Automatic field of its name
+MODEL_OWNED = (
+    "model.num_heads",
+    "model.mixer",
+    "model.block",
+    "model.filter_alpha",
+    "model.attention_dropout",
+    "model.init",
+    "train.lr",
+    "train.min_target",
+)
 
 
 @dataclass(frozen=True)
@@ -344,13 +362,13 @@ def length_interest_reg(weight: float, typical_length: int) -> float:
     return round(weight * min(1.0, max(HINGE_FLOOR, typical_length / HINGE_LENGTH)), 2)
 
 
-def scaled_batch(targets: int, world_size: int = 1, most: int = MAX_BATCH) -> int:
+def scaled_batch(targets: int, world_size: int = 1, most: int = MAX_BATCH, base: int = BASE_BATCH) -> int:
     """The automatic ``train.batch_size`` (a process's) for ``targets`` training targets an epoch
-    on ``world_size`` processes: :data:`BASE_BATCH` while an epoch at the global batch of
-    ``BASE_BATCH * world_size`` is at most :data:`EPOCH_STEPS` steps, else the smallest power of two
-    of at least ``targets / (EPOCH_STEPS * world_size)``, at most ``most``."""
-    if targets <= EPOCH_STEPS * BASE_BATCH * world_size:
-        return BASE_BATCH
+    on ``world_size`` processes: ``base`` (the spec's :attr:`~recsys.models.spec.Automatic.batch`)
+    while an epoch at the global batch of ``base * world_size`` is at most :data:`EPOCH_STEPS` steps,
+    else the smallest power of two of at least ``targets / (EPOCH_STEPS * world_size)``, at most ``most``."""
+    if targets <= EPOCH_STEPS * base * world_size:
+        return base
     need = math.ceil(targets / (EPOCH_STEPS * world_size))
     return min(most, 1 << (need - 1).bit_length())
 
@@ -368,12 +386,15 @@ def rules(model: str) -> dict[str, str]:
     weight = "" if auto.interest_reg == 1 else f"{auto.interest_reg:g} x "
     reg = f"{weight}median history / {HINGE_LENGTH} within [{HINGE_FLOOR:g}, 1]"
     reg = reg if auto.follows_length else f"{auto.interest_reg:g}"
+    owned = {key: repr(getattr(auto, key.split(".")[1])) for key in MODEL_OWNED}
     return {
+        **owned,
+        "train.draw": f"{auto.draw!r} training the last position, else 'users'",
         "model.dim": by_size(auto.dim, auto.large_dim),
         "model.dropout": by_size(auto.dropout, auto.large_dropout),
         "model.score_cap": cap,
         "model.hidden": f"{HIDDEN_RATIO} x model.dim",
-        "train.batch_size": f"{BASE_BATCH} a process; where an epoch would pass {EPOCH_STEPS:,} steps, the power "
+        "train.batch_size": f"{auto.batch} a process; where an epoch would pass {EPOCH_STEPS:,} steps, the power "
         f"of two that keeps it there, at most {MAX_BATCH:,} ({MAX_DENSE_BATCH} training every position)",
         "train.weight_decay": f"shrinks the weights by {auto.epoch_decay:g} an epoch with AdamW (0 with Adam)"
         if auto.epoch_decay
@@ -421,6 +442,9 @@ def _resolved_model(model: ModelConfig, num_items: int, typical_length: int) -> 
     """:func:`resolve_model` without the check (:func:`resolve` checks the whole config once)."""
     cfg = Config(model=dataclasses.replace(model))
     auto = spec_for(model.name).automatic
+    for key in MODEL_OWNED:
+        if key.startswith("model."):
+            _set(cfg, key, getattr(auto, key.split(".")[1]))
     large = num_items - 1 >= LARGE_CATALOGUE
     _set(cfg, "model.dim", auto.large_dim if large and auto.large_dim is not None else auto.dim)
     _set(cfg, "model.dropout", auto.large_dropout if large and auto.large_dropout is not None else auto.dropout)
@@ -448,10 +472,14 @@ def resolve(cfg: Config, facts: Facts) -> Config:
         out.model.cold_scale = 1.0 if out.model.cold_scale == CHOOSE_COLD_SCALE else out.model.cold_scale
         share = out.retrieval.new_item_share
         out.retrieval.new_item_share = 0.0 if share == CHOOSE_NEW_ITEM_SHARE else share
+    for key in MODEL_OWNED:
+        if key.startswith("train."):
+            _set(out, key, getattr(auto, key.split(".")[1]))
     several = spec.multi_interest and out.model.num_interests > 1  # K > 1 interests: a readout, a term between them
     # one interest reads itself out: the readout's warm-up and max-scored negatives do nothing there
     _set(out, "train.soft_readout_steps", auto.soft_readout_steps if several else 0)
     _set(out, "train.predict_at", auto.predict_at if trains_densely(out.model) else "last")
+    _set(out, "train.draw", auto.draw if t.predict_at == "last" else "users")  # dense windows: train.windows
     _set(out, "train.negative_readout", auto.negative_readout if several else "readout")
     _set(out, "train.predict_next", auto.predict_next if facts.tied_share >= TIED_ORDER else 1)
     # hard negatives are a sampling proposal: asking for them asks for the sampled softmax
@@ -464,7 +492,7 @@ def resolve(cfg: Config, facts: Facts) -> Config:
     _set(out, "train.interest_reg", parting if several else 0.0)
     # the batch follows the targets (predict_at resolved above); then what reads it
     most = MAX_DENSE_BATCH if t.predict_at == "all" else MAX_BATCH
-    _set(out, "train.batch_size", scaled_batch(facts.targets(min_target(t)), facts.world_size, most))
+    _set(out, "train.batch_size", scaled_batch(facts.targets(min_target(t)), facts.world_size, most, auto.batch))
     # the processes share one draw of negatives: as many as one process draws at the same global batch
     _set(out, "train.num_negatives", NEGATIVES_PER_ROW * t.batch_size * facts.world_size)
     decay = auto.epoch_decay / (t.lr * facts.epoch_steps(t)) if t.optimizer == "adamw" else 0.0
@@ -483,7 +511,8 @@ def trains_densely(model: ModelConfig) -> bool:
     """Whether ``model`` can train on every position of a window: its spec is dense and its output at
     position ``t`` reads clicks ``<= t`` only (a transformer's frequency filter reads the whole window)."""
     spec = spec_for(model.name)
-    return spec.dense and ("mixer" not in spec.settings or model.mixer == "attention" or model.filter_causal)
+    mixer = spec.automatic.mixer if model.mixer == AUTOMATIC["model.mixer"] else model.mixer
+    return spec.dense and ("mixer" not in spec.settings or mixer == "attention" or model.filter_causal)
 
 
 def unresolved(cfg: Config) -> list[str]:
@@ -514,9 +543,11 @@ def check(cfg: Config) -> None:
 def _check_model_reads(cfg: Config, spec: ModelSpec) -> None:
     """A model switch (:data:`~recsys.models.spec.STRICT_SETTINGS`) set away from its default on a
     model whose spec does not read it."""
+    neutral = Automatic()  # what a model-owned switch resolves to on a model that does not read it
     off = dataclasses.replace(ModelConfig(), score_cap=0.0)
     for key in STRICT_SETTINGS:
-        value, default = getattr(cfg.model, key), getattr(off, key)
+        value = getattr(cfg.model, key)
+        default = getattr(neutral, key) if f"model.{key}" in MODEL_OWNED else getattr(off, key)
         automatic = f"model.{key}" in AUTOMATIC and is_automatic(cfg, f"model.{key}")
         if key not in spec.settings and value != default and not automatic:
             readers = [s.name for s in specs() if key in s.settings]

@@ -189,7 +189,7 @@ def test_settings_a_model_does_not_read_are_refused_naming_the_key(toy):
         resolve_model(ModelConfig(name="toy_last_click", qk_norm="rms"), 10)
     with pytest.raises(ConfigError, match="train.attention_reg=1 has no effect on toy_last_click"):
         _resolve(load_config(None, ["model.name=toy_last_click", "train.attention_reg=1"]))
-    with pytest.raises(ValueError, match="model.dim, model.dropout, model.score_cap, model.hidden still automatic"):
+    with pytest.raises(ValueError, match="model.dim, model.num_heads, model.mixer, .*, model.hidden still automatic"):
         build_model(ModelConfig(name="toy_last_click"), 10, 5)  # a model is built from resolved settings
     with pytest.raises(ConfigError, match="model.name: unknown model 'nope'"):
         spec_for("nope")
@@ -228,8 +228,8 @@ def test_bert_init_starts_every_table_and_linear_at_two_hundredths(name):
     from recsys.models.sasrec import BERT_INIT_STD, SASRec, SASRecMI
 
     torch.manual_seed(0)
-    cfg = load_config(None, [f"model.name={name}", "model.dim=64", "model.dropout=0.1", "model.init=bert"]).model
-    cfg.score_cap = 1.0
+    given = load_config(None, [f"model.name={name}", "model.dim=64", "model.dropout=0.1", "model.init=bert"]).model
+    cfg = resolve_model(given, 500)
     model = (SASRec if name == "sasrec" else SASRecMI)(500, cfg, 50)
     table = model.embedding.table.weight
     assert table[0].abs().max() == 0  # padding stays zero

@@ -43,7 +43,8 @@ def test_dry_run_prints_every_value_the_data_decides(tmp_path, capsys, name):
     assert _sentinels(resolved) <= DEVICE_KEYS | READER_KEYS
     assert resolved["model"]["dim"] > 0 and resolved["train"]["weight_decay"] >= 0
     assert f"model: {name}, " in plan
-    assert ("plan: batch 32, lr 0.001; up to 40 steps" in plan) == spec_for(name).trainable
+    spec = spec_for(name)
+    assert (f"plan: batch 32, lr {spec.automatic.lr:g}; up to 40 steps" in plan) == spec.trainable
     assert not (tmp_path / "runs").exists()
 
 
