@@ -43,9 +43,12 @@ prefix's window would be filtered as a whole. It reads no padding row, so it has
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
+from recsys.nn.dft import dft_tables, irfft_rows, rfft_rows
 from recsys.nn.masking import length_mask
 
 
@@ -60,38 +63,47 @@ class FrequencyFilter(nn.Module):
     """``x [B, L, d]``, ``lengths [B]`` -> ``low + β² ⊙ (x - low)`` ``[B, L, d]``, 0 at padded rows
     (filtered there too with ``pads``).
 
-    ``low`` keeps the lowest ``cutoff // 2 + 1`` rfft bins of each feature along the sequence
-    (orthonormal FFT of length ``L``, the tensor's width); ``β [d]`` starts at ``N(0, 1)`` as in
-    BSARec. Computed in at least float32 (``torch.fft`` has no bf16), returned in ``x``'s dtype.
+    ``low`` keeps the lowest ``cutoff // 2 + 1`` rfft bins of each feature along the window
+    (orthonormal, ``width`` rows: the model's ``data.max_len``, so a narrower batch is filtered as
+    its rows zero-padded to the full window, as training saw them; the tensor's width without it);
+    ``β [d]`` starts at ``N(0, 1)`` as in BSARec. Computed in at least float32 (the transforms are
+    products with DFT tables, :mod:`recsys.nn.dft`), returned in ``x``'s dtype.
 
     Args:
         dim: width ``d``.
         cutoff: BSARec's ``c`` (its logged Amazon Beauty run: 5, i.e. 3 bins).
         causal: position ``t`` reads clicks ``<= t`` only (the module docstring).
         pads: read the padding rows as they are (``model.filter_padding = "window"``) instead of zeros.
+        width: the window's rows (``data.max_len``); ``None``: each input's width.
     """
 
-    def __init__(self, dim: int, cutoff: int, causal: bool = False, *, pads: bool = False):
+    def __init__(self, dim: int, cutoff: int, causal: bool = False, *, pads: bool = False, width: int | None = None):
         super().__init__()
         if causal and pads:
             raise ValueError("the causal filter reads no padding row: it has no filter_padding='window' form")
         self.bins = low_band_bins(cutoff)
         self.causal = causal
         self.pads = pads
+        self.width = width
         self.sqrt_beta = nn.Parameter(torch.randn(dim))
         self._bands: dict[tuple[int, torch.device, torch.dtype], Tensor] = {}  # causal band per (L, device, dtype)
 
     def forward(self, x: Tensor, lengths: Tensor) -> Tensor:
         seq_len = x.shape[1]
+        width = seq_len if self.width is None else self.width
+        if seq_len > width:
+            raise ValueError(f"a window of {seq_len} rows is longer than the filter's {width} (data.max_len)")
         wide = x.to(torch.promote_types(x.dtype, torch.float32))
         mask = None if self.pads else length_mask(lengths, seq_len)[..., None]  # [B, L, 1]
         wide = wide if mask is None else wide * mask  # padding rows are zero unless they are read
         if self.causal:
-            low = torch.einsum("ts,bsd->btd", self._causal_band(seq_len, wide), wide)  # [B, L, d]
+            band = self._causal_band(width, wide)[:seq_len, :seq_len]
+            low = torch.einsum("ts,bsd->btd", band, wide)  # [B, L, d]
         else:
-            spectrum = torch.fft.rfft(wide, dim=1, norm="ortho")  # [B, L // 2 + 1, d]
-            spectrum = spectrum * (torch.arange(spectrum.shape[1], device=x.device) < self.bins)[None, :, None]
-            low = torch.fft.irfft(spectrum, n=seq_len, dim=1, norm="ortho")  # [B, L, d]
+            cos, sin = dft_tables(width, x.device, wide.dtype)
+            real, imag = rfft_rows(wide, cos, sin)  # [B, W // 2 + 1, d] each
+            kept = (torch.arange(real.shape[1], device=x.device) < self.bins)[:, None]  # [W // 2 + 1, 1]
+            low = irfft_rows(real * kept, imag * kept, cos, sin, seq_len)  # [B, L, d]
         out = low + self.sqrt_beta.square() * (wide - low)
         return (out if mask is None else out * mask).to(x.dtype)
 
@@ -105,8 +117,9 @@ class FrequencyFilter(nn.Module):
         return self._bands[key]
 
     def _build_band(self, seq_len: int, like: Tensor) -> Tensor:
-        kept = (torch.arange(seq_len // 2 + 1, device=like.device) < self.bins).to(like.dtype)
-        kernel = torch.fft.irfft(kept.to(torch.promote_types(like.dtype, torch.complex64)), n=seq_len)  # [L]
+        cos, sin = dft_tables(seq_len, like.device, like.dtype)
+        kept = (torch.arange(seq_len // 2 + 1, device=like.device) < self.bins).to(like.dtype)[:, None]
+        kernel = irfft_rows(kept, torch.zeros_like(kept), cos, sin)[:, 0] / math.sqrt(seq_len)  # [L], irfft's scale
         lag = torch.arange(seq_len, device=like.device)
         lag = lag[:, None] - lag[None, :]  # [L, L] t - j
         return torch.where(lag >= 0, kernel[lag.clamp_min(0)], torch.zeros((), dtype=like.dtype, device=like.device))

@@ -184,7 +184,8 @@ class TransformerBlock(nn.Module):
 def _filter(dim: int, num_heads: int, max_len: int, shape: EncoderShape) -> nn.Module | None:
     """The mixer's filter branch: BSARec's (``frequency``, ``hybrid``), WEARec's (``wavelet``), or none."""
     if shape.mixer in ("frequency", "hybrid"):
-        return FrequencyFilter(dim, shape.filter_cutoff, shape.filter_causal, pads=shape.filter_padding == "window")
+        pads, width = shape.filter_padding == "window", max_len if max_len >= 1 else None
+        return FrequencyFilter(dim, shape.filter_cutoff, shape.filter_causal, pads=pads, width=width)
     if shape.mixer == "wavelet":
         if max_len < 1:
             raise ValueError("the wavelet mixer needs the window's max_len")

@@ -35,12 +35,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from recsys.nn.dft import dft_tables, irfft_rows, rfft_rows
+
 
 class WaveletFilter(nn.Module):
     """``x [B, L, d]``, ``lengths [B]`` -> ``α · global(x) + (1 - α) · haar(x)`` ``[B, L, d]``, 0 at padding
     (filtered there too with ``pads``).
 
-    Computed in at least float32 (``torch.fft`` has no bf16) on the left-padded window of
+    Computed in at least float32 (DFT tables, :mod:`recsys.nn.dft`) on the left-padded window of
     ``max_len`` rows (rounded up to even), returned in ``x``'s dtype and right-padded layout.
 
     Args:
@@ -96,13 +98,15 @@ class WaveletFilter(nn.Module):
     def _global(self, heads: Tensor, window: Tensor) -> Tensor:
         """The per-user frequency filter of ``heads [B, H, W, dh]``; ``window [B, W, d]`` feeds its MLP."""
         batch = heads.shape[0]
-        spectrum = torch.fft.rfft(heads, dim=2, norm="ortho")  # [B, H, F, dh]
+        cos, sin = dft_tables(self.width, heads.device, heads.dtype)
+        real, imag = rfft_rows(heads, cos, sin)  # [B, H, F, dh] each
         first = self.adapt[0]
         assert isinstance(first, nn.Linear)
         adapt = self.adapt(window.mean(dim=1).to(first.weight.dtype)).to(heads.dtype)  # [B, H·F·2]
         scale, shift = adapt.view(batch, self.heads, self.bins, 2).unbind(-1)  # [B, H, F] each
-        spectrum = spectrum * (self.base_scale * (1 + scale[..., None])) + (self.base_shift + shift[..., None])
-        return torch.fft.irfft(spectrum, n=self.width, dim=2, norm="ortho")  # [B, H, W, dh]
+        gain = self.base_scale * (1 + scale[..., None])  # [B, H, F, 1]: a real rescale of each bin
+        shift = self.base_shift + shift[..., None]  # ... and a real shift
+        return irfft_rows(real * gain + shift, imag * gain, cos, sin)  # [B, H, W, dh]
 
     def _haar(self, heads: Tensor) -> Tensor:
         """One Haar level of ``heads [B, H, W, dh]`` with learned detail weights, rebuilt."""

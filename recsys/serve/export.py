@@ -77,22 +77,16 @@ def _write_network(net: _InterestNet, path: Path, fmt: str, max_len: int) -> Non
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # tracer and exporter deprecation notes, not problems
         if fmt == "onnx":
-            try:
-                torch.onnx.export(
-                    net,
-                    example,
-                    path,
-                    input_names=["seq", "lengths"],
-                    output_names=["interests"],
-                    dynamic_axes={"seq": {0: "batch", 1: "length"}, "lengths": {0: "batch"}, "interests": {0: "batch"}},
-                    opset_version=OPSET,
-                    dynamo=False,
-                )
-            except torch.onnx.errors.UnsupportedOperatorError as err:  # the filter blocks' FFT (bsarec, wearec)
-                raise ValueError(
-                    f"export --format onnx: this model computes an operator ONNX opset {OPSET} cannot express "
-                    f"({err}); export it with --format torchscript"
-                ) from None
+            torch.onnx.export(
+                net,
+                example,
+                path,
+                input_names=["seq", "lengths"],
+                output_names=["interests"],
+                dynamic_axes={"seq": {0: "batch", 1: "length"}, "lengths": {0: "batch"}, "interests": {0: "batch"}},
+                opset_version=OPSET,
+                dynamo=False,
+            )
         else:
             torch.jit.save(torch.jit.trace(net, example, check_trace=False), path)
 

@@ -130,3 +130,19 @@ def test_the_causal_filter_gives_every_position_the_published_filter_of_its_pref
     later = x.clone()
     later[:, -1] += 1.0
     torch.testing.assert_close(causal(later, lengths)[:, :-1], out[:, :-1])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seq_len", [1, 7, 29])
+def test_a_narrower_batch_is_filtered_as_its_rows_in_the_whole_window(seq_len, causal):
+    """With the model's window (``width``), an input narrower than it gives what its rows give
+    zero-padded to the whole window, so a user's interests do not follow the batch's width."""
+    torch.manual_seed(seq_len)
+    width, dim = 30, 6
+    f = FrequencyFilter(dim, 5, causal, width=width).double()
+    x, lengths = torch.randn(3, seq_len, dim, dtype=torch.float64), torch.tensor([seq_len, 1, 0])
+    wide = torch.cat([x, torch.zeros(3, width - seq_len, dim, dtype=torch.float64)], dim=1)
+    torch.testing.assert_close(f(x, lengths), f(wide, lengths)[:, :seq_len])
+    assert f(x, lengths)[2].abs().max() == 0  # a fully padded row stays zero
+    with pytest.raises(ValueError, match="longer than the filter's 30"):
+        f(torch.randn(1, 31, dim, dtype=torch.float64), torch.tensor([31]))

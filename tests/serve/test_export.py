@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from recsys.config import load_config
-from recsys.models import model_names, spec_for
+from recsys.models import model_names
 from recsys.run import RunDir, build_experiment, load_run
 from recsys.serve.export import export_run
 
@@ -35,31 +35,20 @@ def _tiny_run(path, name: str):
     return load_run(path)
 
 
-FFT_MIXERS = ("frequency", "hybrid", "wavelet")  # blocks that filter the window through torch.fft
-
-
 @pytest.mark.parametrize("name", [m for m in model_names() if m != "popular"])
 def test_export_matches_pytorch_for_every_model(name, tmp_path, random_batches):
-    """Every model exports as TorchScript; as ONNX every model but those whose blocks take an FFT
-    (bsarec, wearec: opset 17 has no rfft), which are refused naming the format that works."""
     ort = pytest.importorskip("onnxruntime")
     run = _tiny_run(tmp_path / "run", name)
+    onnx = ort.InferenceSession(str(export_run(run, tmp_path / "onnx", "onnx") / "interests.onnx"))
     script = torch.jit.load(str(export_run(run, tmp_path / "ts", "torchscript") / "interests.pt"))
-    if run.cfg.model.mixer in FFT_MIXERS and "mixer" in spec_for(name).settings:
-        with pytest.raises(ValueError, match="cannot express .*fft_rfft.*; export it with --format torchscript"):
-            export_run(run, tmp_path / "onnx", "onnx")
-        onnx = None
-    else:
-        onnx = ort.InferenceSession(str(export_run(run, tmp_path / "onnx", "onnx") / "interests.onnx"))
     for seq, lengths in random_batches(run.dataset.num_items, run.cfg.data.max_len):
         with torch.no_grad():
             want = run.model.interests(torch.from_numpy(seq), torch.from_numpy(lengths)).numpy()
             got_ts = script(torch.from_numpy(seq), torch.from_numpy(lengths)).numpy()
-        assert got_ts.shape == want.shape == (len(seq), run.model.num_interests, 8)
+        (got_onnx,) = onnx.run(None, {"seq": seq, "lengths": lengths})
+        assert got_onnx.shape == want.shape == (len(seq), run.model.num_interests, 8)
+        np.testing.assert_allclose(got_onnx, want, atol=1e-4, rtol=0)
         np.testing.assert_allclose(got_ts, want, atol=1e-4, rtol=0)
-        if onnx is not None:
-            (got_onnx,) = onnx.run(None, {"seq": seq, "lengths": lengths})
-            np.testing.assert_allclose(got_onnx, want, atol=1e-4, rtol=0)
 
 
 def test_popular_is_refused(tmp_path):
