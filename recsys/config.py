@@ -777,7 +777,8 @@ def _check_automatic_keys(cfg: Config) -> None:
     if (batch := _get(cfg, "train.batch_size")) < 0:
         raise ConfigError(f"train.batch_size: must be > 0 (or 0: automatic), got {batch!r}")
     if cfg.train.lr <= 0 and not is_automatic(cfg, "train.lr"):
-        raise ConfigError(f"train.lr: must be > 0 (or -1: the model's rate), got {cfg.train.lr!r}")
+        was = " (0 no longer means automatic: it once followed the batch)" if cfg.train.lr == 0 else ""
+        raise ConfigError(f"train.lr: must be > 0 (or -1: the model's rate), got {cfg.train.lr!r}{was}")
 
 
 def _check_listed_keys(cfg: Config) -> None:

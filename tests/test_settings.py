@@ -229,7 +229,9 @@ def test_a_rate_or_a_batch_set_by_hand_is_kept():
     assert (both.train.batch_size, both.train.lr) == (128, 0.003)
     small = Facts.of_lengths([20] * 100, num_items=1001)
     assert resolve(load_config(None, ["train.batch_size=512"]), small).train.lr == 1e-3
-    with pytest.raises(ConfigError, match=r"train.lr: must be > 0 \(or -1: the model's rate\), got 0.0"):
+    with pytest.raises(
+        ConfigError, match=r"train.lr: must be > 0 \(or -1: the model's rate\), got 0.0 \(0 no longer means automatic"
+    ):
         load_config(None, ["train.lr=0"])
 
 

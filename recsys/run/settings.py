@@ -607,7 +607,7 @@ def _check_training_form(cfg: Config, spec: ModelSpec) -> None:
             f'train.predict_at="all": model.mixer={cfg.model.mixer!r} reads the whole window (its filter is not '
             'causal), so a position would see the click it predicts; use "last" or "auto", or model.filter_causal=true'
         )
-    if t.draw != "users" and t.predict_at == "all":
+    if t.draw != "users" and not is_automatic(cfg, "train.draw") and t.predict_at == "all":
         raise ConfigError(
             f'train.draw="{t.draw}": dense training windows are drawn by train.windows; it applies to '
             'train.predict_at="last"'

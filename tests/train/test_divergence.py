@@ -68,12 +68,15 @@ def test_a_resumed_run_keeps_the_start_of_the_uninterrupted_one(tmp_path):
 
 
 def test_a_rate_that_is_not_positive_is_refused(capsys):
-    """A negative rate is an error naming the key; so is 0, which once meant "follow the batch"
-    and now says so."""
+    """A negative rate other than -1 (the model's) is an error naming the key; so is 0, which once
+    meant "follow the batch" and now says so."""
     assert main(["train", "--set", "train.lr=-0.001"]) == 2
-    assert "train.lr: must be > 0, got -0.001\n" in capsys.readouterr().err
+    assert "train.lr: must be > 0 (or -1: the model's rate), got -0.001\n" in capsys.readouterr().err
     assert main(["train", "--set", "train.lr=0"]) == 2
-    assert "train.lr: must be > 0, got 0.0 (0 no longer means automatic" in capsys.readouterr().err
+    assert (
+        "train.lr: must be > 0 (or -1: the model's rate), got 0.0 (0 no longer means automatic"
+        in capsys.readouterr().err
+    )
 
 
 def test_a_huge_learning_rate_stops_with_exit_status_2(tmp_path, capsys):

@@ -116,7 +116,7 @@ def test_describe_opens_with_the_batch_and_the_rate_and_says_why_the_rule_scaled
     assert _plan(small, *mine).describe(_train(*mine)).startswith("plan: batch 512, lr 0.004; ")
     two = _plan(large, world_size=2).describe(_train(lengths=large, world_size=2))
     assert two.startswith("plan: batch 2 × 2,048 (for 73.6M targets), lr 0.001; ")
-    with pytest.raises(ValueError, match="TrainPlan.describe: train.batch_size"):
+    with pytest.raises(ValueError, match="TrainPlan.describe: .*train.batch_size"):
         _plan(small).describe(load_config(None, []).train)
 
 

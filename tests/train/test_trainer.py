@@ -112,7 +112,7 @@ def test_run_directory_is_self_contained(tmp_path):
 
 @pytest.mark.parametrize(
     "override, key",
-    [("train.lr=-1", "train.lr"), ("model.name=nope", "model.name"), ("train.sampler=zipf", "train.sampler")],
+    [("train.lr=-0.5", "train.lr"), ("model.name=nope", "model.name"), ("train.sampler=zipf", "train.sampler")],
 )
 def test_bad_config_fails_before_training(tmp_path, capsys, override, key):
     code = main(["train", "--set", f"output_dir={tmp_path}", "--set", override])
