@@ -9,8 +9,8 @@ once an epoch in a fresh order (``train.draw = "epochs"``: the lineage's data lo
 click on (``train.min_target = 1``), with the exact softmax over the catalogue where it is cheap.
 Where recsys differs from the published runs (docs/models.md, "Transformer blocks"): padding rows
 are zeros in the filters (``model.filter_padding``), the weights are averaged
-(``train.ema_decay``, recsys's default: +2.5% R@10 over the last weights on Amazon Beauty, three seeds)
-and the run stops on recsys's validation cadence.
+(``train.ema_decay``, recsys's default, which gained over the last weights) and the run stops on
+recsys's validation cadence.
 
 - **bsarec** (Shin et al., AAAI 2024): ``model.filter_alpha`` (0.7) x a low/high-band frequency
   filter (its ``c`` = ``model.filter_cutoff``, 5) + 0.3 x attention, one head, dropout 0.5 on the
@@ -18,11 +18,8 @@ and the run stops on recsys's validation cadence.
 - **wearec** (AAAI 2026): 0.2 x an adaptive frequency filter + 0.8 x a Haar wavelet, eight filter
   heads, no attention, otherwise as bsarec.
 
-Measured (docs/results.md, "Under the BSARec lineage's rules"): on Amazon Beauty under
-leave-one-out with the lineage's rules, wearec's recipe reached 0.981x / 0.991x WEARec's logged
-R@10 / NDCG@10 (three seeds, H100), and with the file's brands and categories
-(``data.item_features``) 1.024x / 1.022x; under ComiRec's protocol it reached 1.16x sasrec's test
-Recall@50 on Amazon Beauty and 1.19x on taobao (one seed each).
+How they compare with the published runs and with sasrec: docs/results.md, "Under the BSARec
+lineage's rules".
 """
 
 from __future__ import annotations
