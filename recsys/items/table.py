@@ -249,6 +249,26 @@ class ItemTable(nn.Module):
         return self.features.load_values(source.features)
 
     @torch.no_grad()
+    def start_as_means(self, targets: Tensor, sources: Tensor, chunk: int = 1 << 20) -> int:
+        """Each item of ``targets [p]`` starts as the mean of the id rows of its ``sources [p]`` (pair
+        ``j``: ``targets[j]`` reads ``sources[j]``'s row), read before any of them changes; returns how
+        many rows started so. A warm start gives its new items the rows of the known items clicked
+        beside them (:func:`recsys.train.warm_start.neighbour_pairs`). ``chunk`` pairs are read at a time."""
+        if targets.shape != sources.shape or targets.ndim != 1:
+            raise ValueError(f"item rows: targets {tuple(targets.shape)} and sources {tuple(sources.shape)}")
+        if not len(targets):
+            return 0
+        weight = self.table.weight
+        started, slot = torch.unique(targets.to(weight.device), return_inverse=True)
+        sums = torch.zeros(len(started), self.dim, dtype=torch.float32, device=weight.device)
+        for at in range(0, len(targets), chunk):
+            rows = weight[sources[at : at + chunk].to(weight.device)].float()
+            sums.index_add_(0, slot[at : at + chunk], rows)
+        counts = torch.bincount(slot, minlength=len(started)).to(sums)
+        weight[started] = (sums / counts[:, None]).to(weight.dtype)
+        return len(started)
+
+    @torch.no_grad()
     def init_normal(self, std: float) -> None:
         """Draw every id row (and feature row) from ``N(0, std²)``; the padding row stays 0."""
         self._std = std

@@ -1,4 +1,5 @@
-"""BSARec and WEARec: sasrec's encoder with the S3Rec lineage's filter blocks, at their published recipes.
+"""BSARec and WEARec: sasrec's encoder with the S3Rec lineage's filter blocks, at their published recipes;
+next_mi: K interests on WEARec's encoder and recipe.
 
 Both are :class:`~recsys.models.sasrec.SASRec` (one interest, the encoder's output at the last
 click) whose automatic settings are what each paper's logged Amazon Beauty run used, so that
@@ -17,6 +18,10 @@ recsys's validation cadence.
   hidden states and the attention probabilities, post-norm blocks, BERT's start, Adam at 5e-4.
 - **wearec** (AAAI 2026): 0.2 x an adaptive frequency filter + 0.8 x a Haar wavelet, eight filter
   heads, no attention, otherwise as bsarec.
+- **next_mi** (:class:`~recsys.models.sasrec.NextMI`): wearec's encoder and recipe for interest 0,
+  the encoder's state at the last click, trained on every target as wearec is; ComiRec-SA's
+  self-attentive head over the same states for the other ``K - 1``, with the head's score cap,
+  cosine hinge and soft readout.
 
 How they compare with the published runs and with sasrec: docs/results.md, "Under the BSARec
 lineage's rules".
@@ -26,8 +31,16 @@ from __future__ import annotations
 
 import dataclasses
 
-from recsys.models.sasrec import TRANSFORMER_SETTINGS, build_sasrec
-from recsys.models.spec import DROPOUT_SPACE, Automatic, ModelSpec, register
+from recsys.models.sasrec import TRANSFORMER_SETTINGS, build_next_mi, build_sasrec
+from recsys.models.spec import (
+    DROPOUT_SPACE,
+    MULTI_INTEREST_SPACE,
+    SELF_ATTENTIVE_MULTI_INTEREST,
+    SELF_ATTENTIVE_SPACE,
+    Automatic,
+    ModelSpec,
+    register,
+)
 
 # what the two published runs share (their logged arguments), in recsys's automatic settings
 LINEAGE_RECIPE = Automatic(
@@ -57,12 +70,36 @@ BSAREC = register(
 )
 # WEARec's blocks have no attention: its switches would change nothing
 ATTENTION_ONLY = ("qk_norm", "softcap", "attention_dropout")
+WEAREC_BLOCKS = dataclasses.replace(LINEAGE_RECIPE, mixer="wavelet", filter_alpha=0.2, num_heads=8)
 WEAREC = register(
     ModelSpec(
         name="wearec",
         build=build_sasrec,
         settings=tuple(key for key in TRANSFORMER_SETTINGS if key not in ATTENTION_ONLY),
         tune_space=DROPOUT_SPACE,
-        automatic=dataclasses.replace(LINEAGE_RECIPE, mixer="wavelet", filter_alpha=0.2, num_heads=8),
+        automatic=WEAREC_BLOCKS,
+    )
+)
+NEXT_MI = register(
+    ModelSpec(
+        name="next_mi",
+        build=build_next_mi,
+        settings=(*TRANSFORMER_SETTINGS, "num_interests", "hidden", "score_cap"),
+        multi_interest=True,
+        self_attentive=True,
+        dense=True,  # with a causal mixer (model.mixer = "attention") it can train every position
+        state_interest=True,
+        # wearec's blocks and recipe for its state (the best one-vector model under both protocols);
+        # the self-attentive head's cap, hinge and soft readout for the other K - 1 interests
+        automatic=dataclasses.replace(
+            WEAREC_BLOCKS,
+            score_cap=SELF_ATTENTIVE_MULTI_INTEREST.score_cap,
+            follows_length=SELF_ATTENTIVE_MULTI_INTEREST.follows_length,
+            interest_reg=SELF_ATTENTIVE_MULTI_INTEREST.interest_reg,
+            soft_readout_steps=SELF_ATTENTIVE_MULTI_INTEREST.soft_readout_steps,
+            negative_readout=SELF_ATTENTIVE_MULTI_INTEREST.negative_readout,
+            predict_next=1,
+        ),
+        tune_space={**MULTI_INTEREST_SPACE, **SELF_ATTENTIVE_SPACE, **DROPOUT_SPACE},
     )
 )

@@ -148,10 +148,13 @@ class NextMI(SequenceModel):
     item embeddings as :class:`SASRecMI` does.
 
     Training (its spec's ``state_interest``) reads interest 0 out against every target by itself,
-    at every prefix as sasrec trains, and ComiRec's readout picks among the head's interests, so
-    the state stays a full next-click ranker while the head's interests win the targets it misses.
+    as a one-vector model trains, and ComiRec's readout picks among the head's interests, so the
+    state stays a full next-click ranker while the head's interests win the targets it misses.
     Retrieval searches all ``K`` and merges the lists as for any multi-interest model.
-    ``K = 1`` is sasrec itself (no head).
+    ``K = 1`` is the encoder alone (no head). Its blocks are the config's: the automatic ones are
+    wearec's (:mod:`recsys.models.lineage`), which read the whole window and so train the last
+    position of every prefix; with causal attention (``model.mixer = "attention"``) it can train
+    every position, as sasrec does.
     """
 
     def __init__(self, num_items: int, cfg: ModelConfig, max_len: int):
@@ -233,28 +236,6 @@ def build_next_mi(cfg: ModelConfig, num_items: int, max_len: int, item_counts: T
     return NextMI(num_items, cfg, max_len)
 
 
-NEXT_MI = register(
-    ModelSpec(
-        name="next_mi",
-        build=build_next_mi,
-        settings=(*TRANSFORMER_SETTINGS, "num_interests", "hidden", "score_cap"),
-        multi_interest=True,
-        self_attentive=True,
-        dense=True,
-        state_interest=True,
-        # sasrec's objective for its state (every position, the exact softmax where cheap, dropout); the
-        # self-attentive head's cap, hinge and soft readout for the rest. Not yet chosen on any log.
-        automatic=dataclasses.replace(
-            SELF_ATTENTIVE_MULTI_INTEREST,
-            predict_at="all",
-            predict_next=1,
-            dropout=0.4,
-            full_softmax=True,
-            epoch_decay=0.0,
-        ),
-        tune_space={**MULTI_INTEREST_SPACE, **SELF_ATTENTIVE_SPACE, **DROPOUT_SPACE},
-    )
-)
 SASREC_MI = register(
     ModelSpec(
         name="sasrec_mi",

@@ -74,6 +74,14 @@ class EncoderShape:
             raise ValueError(f"model.filter_alpha: must be in [0, 1], got {self.filter_alpha}")
         if self.filter_causal and self.mixer == "wavelet":
             raise ValueError("model.filter_causal: the wavelet mixer has no causal form (recsys.nn.wavelet)")
+        if self.mixer in ("frequency", "wavelet"):  # no attention: its switches would silently do nothing
+            for key, value in (
+                ("qk_norm", self.qk_norm),
+                ("softcap", self.softcap),
+                ("attention_dropout", self.attention_dropout),
+            ):
+                if value:
+                    raise ValueError(f"model.{key}: model.mixer={self.mixer!r} has no attention to apply it to")
         if self.filter_padding not in FILTER_PADDING:
             raise ValueError(f"model.filter_padding: {self.filter_padding!r} is not one of {list(FILTER_PADDING)}")
         if self.filter_causal and self.filter_padding == "window":

@@ -11,10 +11,14 @@ Only its starting weights come from the earlier run:
   so a log that grew past a size rule keeps the model it continues, and the readout's warm-up
   (``train.soft_readout_steps``) is skipped where automatic: the interests have formed;
 - **the item rows** are matched by raw item id (the two runs number items by their own popularity
-  order): an item of both logs keeps its row, an item new to this log keeps the new model's fresh
-  row (with item features, its features carry it), an item the new log dropped is gone
-  (:meth:`recsys.items.ItemTable.load_rows`). With features on both sides each field's value rows are
-  copied by raw value (a brand keeps its row), and the vectors' map where they are as wide;
+  order): an item of both logs keeps its row, an item the new log dropped is gone
+  (:meth:`recsys.items.ItemTable.load_rows`). An item new to this log starts as the mean row of the
+  known items clicked right before and after it in the training sequences
+  (:func:`neighbour_pairs`), a row near what it will learn where a fresh row would be learned from
+  its clicks alone, as in a cold run; one never clicked beside a known item keeps the new model's
+  fresh row (with item features, its features carry it as well). With features on both sides each
+  field's value rows are copied by raw value (a brand keeps its row), and the vectors' map where
+  they are as wide;
 - **the optimiser starts fresh**: Adam's moments estimate the earlier log's gradients at the
   earlier weights' last steps, and its bias correction restarts with them, so the first steps are
   as small as a fresh run's (no learning-rate warm-up is needed). The weight average
@@ -38,11 +42,13 @@ import torch
 
 from recsys.config import Config, ConfigError, automatic_keys, is_automatic
 from recsys.data import Dataset
+from recsys.data.batches import gather_rows
+from recsys.data.split import Split
 from recsys.items import find_item_table
 from recsys.run import Experiment, LoadedRun, load_run
 from recsys.text import count
 
-__all__ = ["WarmStart", "follow_model", "open_earlier", "warm_start"]
+__all__ = ["WarmStart", "follow_model", "neighbour_pairs", "open_earlier", "warm_start"]
 
 # the settings a differing parameter is most likely due to, named first; then the rest of the model's
 SAME = "a warm start needs the same model"
@@ -56,7 +62,8 @@ SHAPELESS |= {"model.routing_iters", "model.init", "model.filter_alpha"}
 class WarmStart:
     """What a warm start carried: the earlier run, the items matched by raw id (``known``) among
     this run's ``items``, the earlier run's items this log lacks (``dropped``), the network's
-    tensors copied (``parameters``) and, with features, ``(field, values copied, values here)``."""
+    tensors copied (``parameters``), with features ``(field, values copied, values here)``, and the
+    new items that started from the rows of the items clicked beside them (``from_neighbours``)."""
 
     run: str
     known: int
@@ -64,6 +71,7 @@ class WarmStart:
     dropped: int
     parameters: int
     values: tuple[tuple[str, int, int], ...] = ()
+    from_neighbours: int = 0
 
     @property
     def new(self) -> int:
@@ -73,10 +81,10 @@ class WarmStart:
     def line(self) -> str:
         """The log's one line: ``initialised from RUN: 11,873 of 12,101 items by id, 228 new, 14
         parameters copied`` (and what the earlier run had that this log lacks, and the feature values)."""
-        text = (
-            f"initialised from {self.run}: {self.known:,} of {count(self.items, 'item')} by id, {self.new:,} new, "
-            f"{count(self.parameters, 'parameter')} copied"
-        )
+        text = f"initialised from {self.run}: {self.known:,} of {count(self.items, 'item')} by id, {self.new:,} new"
+        if self.new:
+            text += f" ({self.from_neighbours:,} from the known items clicked beside them)"
+        text += f", {count(self.parameters, 'parameter')} copied"
         if self.dropped:
             text += f"; {self.dropped:,} of its items are not in this log"
         if self.values:
@@ -141,6 +149,10 @@ def warm_start(exp: Experiment, earlier: LoadedRun) -> WarmStart:
     assert not unexpected and all(k.startswith(here_prefix) for k in missing), (missing, unexpected)
     here_ids, there_ids = matched_items(exp.dataset, earlier.dataset)
     values = here_table.load_rows(there_table, torch.from_numpy(here_ids), torch.from_numpy(there_ids))
+    new = np.ones(exp.dataset.catalogue_size, dtype=bool)
+    new[0], new[here_ids] = False, False
+    targets, sources = neighbour_pairs(exp.split, new)
+    started = here_table.start_as_means(torch.from_numpy(targets), torch.from_numpy(sources))
     return WarmStart(
         run=str(earlier.path),
         known=len(here_ids),
@@ -148,7 +160,28 @@ def warm_start(exp: Experiment, earlier: LoadedRun) -> WarmStart:
         dropped=earlier.dataset.catalogue_size - 1 - len(there_ids),
         parameters=len(theirs),
         values=tuple(values),
+        from_neighbours=started,
     )
+
+
+def neighbour_pairs(split: Split, new: np.ndarray, users: int = 1 << 20) -> tuple[np.ndarray, np.ndarray]:
+    """``(targets [p], sources [p])`` int64: every pair of clicks next to each other in a training
+    sequence of which one is a ``new`` item (``new [num_items]`` bool) and the other is not, the new
+    one as the target; read ``users`` sequences at a time (the training clicks stay where they are)."""
+    targets, sources = [], []
+    starts, ends = split.clicks_indptr[split.train_users], split.train_ends[split.train_users]
+    for at in range(0, len(starts), users):
+        indptr, items = gather_rows(split.clicks, starts[at : at + users], ends[at : at + users])
+        inside = np.ones(max(len(items) - 1, 0), dtype=bool)  # pair (j, j + 1) within one sequence
+        inside[indptr[1:-1][(indptr[1:-1] > 0) & (indptr[1:-1] < len(items))] - 1] = False
+        before, after = items[:-1][inside], items[1:][inside]
+        for target, source in ((after, before), (before, after)):
+            pick = new[target] & ~new[source]
+            targets.append(target[pick])
+            sources.append(source[pick])
+    if not targets:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    return np.concatenate(targets).astype(np.int64), np.concatenate(sources).astype(np.int64)
 
 
 def matched_items(here: Dataset, there: Dataset) -> tuple[np.ndarray, np.ndarray]:

@@ -158,7 +158,9 @@ def test_sasrec_interest_is_the_encoder_state_at_the_last_click():
 
 @pytest.mark.parametrize("name", QUERY_KEY)
 def test_stability_switches_reach_every_attention_layer(name):
-    model = _build(name, qk_norm="layer", softcap=7.5)
+    # next_mi's automatic blocks (wearec's) have no attention
+    attention = {"mixer": "attention"} if spec_for(name).automatic.mixer == "wavelet" else {}
+    model = _build(name, qk_norm="layer", softcap=7.5, **attention)
     layers = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
     assert len(layers) == 2
     assert all(m.softcap == 7.5 and isinstance(m.q_norm, torch.nn.LayerNorm) for m in layers)
@@ -170,6 +172,13 @@ def test_switches_rejected_where_there_is_no_query_key_attention(name):
         _build(name, qk_norm="rms")
     with pytest.raises(ValueError, match="model.softcap"):
         _build(name, softcap=10.0)
+
+
+@pytest.mark.parametrize("mixer", ["frequency", "wavelet"])
+@pytest.mark.parametrize("switch", [{"qk_norm": "layer"}, {"softcap": 7.5}, {"attention_dropout": 0.1}])
+def test_attention_switches_refused_on_blocks_without_attention(mixer, switch):
+    with pytest.raises(ValueError, match=f"model.{next(iter(switch))}: .*no attention"):
+        _build("sasrec", mixer=mixer, **switch)
 
 
 @pytest.mark.parametrize("name", ["comirec_sa", "sasrec", "sasrec_mi"])

@@ -24,6 +24,8 @@ NUM_ITEMS, MAX_LEN = 40, 7
 
 
 def _step(name: str, targets: str, *extra: str) -> TrainStep:
+    # causal attention blocks where the model's automatic ones read the whole window (next_mi's)
+    causal = ["model.mixer=attention"] if spec_for(name).automatic.mixer == "wavelet" else []
     cfg = resolved(
         load_config(
             None,
@@ -38,6 +40,7 @@ def _step(name: str, targets: str, *extra: str) -> TrainStep:
                 "train.num_negatives=12",
                 "train.attention_reg=0",  # last-position only: dense training does not compute it
                 "train.predict_next=1",  # automatic: follows the data's timestamps
+                *causal,
                 *extra,
             ],
         ),

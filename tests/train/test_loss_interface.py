@@ -168,7 +168,8 @@ def test_a_state_interest_is_read_out_against_every_target_by_itself():
 
 
 def test_next_mi_trains_its_state_on_every_target(tmp_path):
-    """In a step of next_mi, interest 0 gets a gradient from every row, whatever the readout picks."""
+    """In a dense step of next_mi (causal attention blocks), interest 0 gets a gradient from every row,
+    whatever the readout picks."""
     from recsys.models import build_model
     from recsys.run.settings import Facts, resolve
     from recsys.train.step import TrainStep
@@ -178,7 +179,7 @@ def test_next_mi_trains_its_state_on_every_target(tmp_path):
             None,
             # the head's gradient from the readout alone: no max-scored negatives, hinge or soft readout
             ["model.name=next_mi", "model.dim=8", "model.backend=torch", "train.negative_readout=readout"]
-            + ["train.interest_reg=0", "train.soft_readout_steps=0"],
+            + ["train.interest_reg=0", "train.soft_readout_steps=0", "model.mixer=attention", "train.predict_at=all"],
         ),
         Facts.of_lengths([9] * 50, num_items=30),
     )

@@ -1,6 +1,8 @@
 """Warm start (recsys train --init-from RUN): a run on a newer log starts from an earlier run's best
 weights, the network by name and the item rows by raw item id, with a fresh optimiser."""
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -70,6 +72,37 @@ def later(tmp_path):
     return _log(tmp_path / "later.csv", range(6, 41), popular_last=True, seed=2)
 
 
+def _clicked_beside(split, known: set[int]) -> dict[int, list[int]]:
+    """Each item outside ``known``: the known items next to it in the training sequences, once a pair."""
+    out: dict[int, list[int]] = {}
+    for user in split.train_users:
+        row = [int(i) for i in split.clicks[split.clicks_indptr[user] : split.train_ends[user]]]
+        for a, b in itertools.pairwise(row):
+            if (a in known) != (b in known):
+                new, old = (b, a) if a in known else (a, b)
+                out.setdefault(new, []).append(old)
+    return out
+
+
+def test_neighbour_pairs_stay_inside_each_sequence():
+    from types import SimpleNamespace
+
+    from recsys.train.warm_start import neighbour_pairs
+
+    # users 0 and 2 have sequences [1, 5] and [5, 2, 3]; user 1 none; item 5 is new
+    split = SimpleNamespace(
+        clicks=np.array([1, 5, 9, 5, 2, 3]),
+        clicks_indptr=np.array([0, 2, 3, 6]),
+        train_ends=np.array([2, 2, 6]),
+        train_users=np.array([0, 2]),
+    )
+    new = np.zeros(10, dtype=bool)
+    new[5] = True
+    for users in (1, 2, 8):  # read one, two or all sequences at a time
+        targets, sources = neighbour_pairs(split, new, users=users)
+        assert sorted(zip(targets.tolist(), sources.tolist())) == [(5, 1), (5, 2)]  # not (5, 5) or across users
+
+
 def _non_item(model):
     return {k: v for k, v in model.state_dict().items() if not k.startswith("embedding.")}
 
@@ -81,19 +114,25 @@ def test_rows_follow_raw_ids_across_renumbered_logs_and_the_network_is_copied(tm
     done = warm_start(exp, old)
     assert (done.known, done.new, done.dropped, done.items) == (30, 5, 5, 35)
     assert done.parameters == len(_non_item(old.model)) > 0
-    assert "30 of 35 items by id, 5 new" in done.line()
+    assert done.from_neighbours == 5
+    assert "30 of 35 items by id, 5 new (5 from the known items clicked beside them)" in done.line()
     after, theirs = exp.model.item_embeddings().detach(), old.model.item_embeddings().detach()
     there = old.dataset.item_map
     raw_here = exp.dataset.catalogue_raw
+    known = {i for i in range(1, exp.dataset.catalogue_size) if int(str(raw_here[i])[1:]) <= 35}
+    beside = _clicked_beside(exp.split, known)
     moved = 0
     for i in range(1, exp.dataset.catalogue_size):
         raw = str(raw_here[i])
-        if int(raw[1:]) <= 35:
+        if i in known:
             j = int(there.lookup([raw])[0])
             moved += j != i
             torch.testing.assert_close(after[i], theirs[j], rtol=0, atol=0, msg=raw)
-        else:  # new to this log: the fresh row
-            torch.testing.assert_close(after[i], before[i], rtol=0, atol=0, msg=raw)
+        else:  # new to this log: the mean row of the known items clicked right before and after it
+            assert beside[i], raw
+            want = torch.stack([after[j] for j in beside[i]]).mean(0)
+            torch.testing.assert_close(after[i], want, msg=raw)
+            assert not torch.equal(after[i], before[i])
     assert moved > 20  # the logs number their items differently
     torch.testing.assert_close(after[0], torch.zeros_like(after[0]))  # padding stays 0
     for name, tensor in _non_item(old.model).items():
@@ -146,7 +185,7 @@ def test_cli_init_from_trains_records_the_start_and_starts_the_optimiser_fresh(t
     args = ["train", "--init-from", earlier["plain"], "--quiet"]
     assert main(args + [f"--set={o}" for o in _overrides(tmp_path, later, "warm")]) == 0
     out = capsys.readouterr().out
-    assert f"initialised from {earlier['plain']}: 30 of 35 items by id, 5 new," in out
+    assert f"initialised from {earlier['plain']}: 30 of 35 items by id, 5 new (5 from" in out
     run = RunDir(tmp_path / "warm")
     origin = run.read_origin()
     assert origin is not None and (origin["run"], origin["known"], origin["new"]) == (earlier["plain"], 30, 5)
