@@ -47,3 +47,19 @@ def test_an_unknown_form_is_refused_naming_the_known_ones():
 def test_a_catalogue_without_items_is_refused():
     with pytest.raises(ValueError, match="num_items must be >= 2"):
         ItemTable(1, 4)
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 100])
+def test_start_as_means_reads_every_source_before_any_row_changes(chunk):
+    table = ItemTable(6, 3)
+    before = table.table.weight.detach().clone()
+    # item 4 reads 1, 2 and 2; item 5 reads 4 (whose old row is read, not its new mean)
+    started = table.start_as_means(torch.tensor([4, 4, 5, 4]), torch.tensor([1, 2, 4, 2]), chunk=chunk)
+    after = table.table.weight.detach()
+    assert started == 2
+    torch.testing.assert_close(after[4], (before[1] + 2 * before[2]) / 3)
+    torch.testing.assert_close(after[5], before[4])
+    torch.testing.assert_close(after[:4], before[:4], rtol=0, atol=0)  # no other row moves
+    assert table.start_as_means(torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)) == 0
+    with pytest.raises(ValueError, match="targets"):
+        table.start_as_means(torch.tensor([4]), torch.tensor([1, 2]))
