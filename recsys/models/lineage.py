@@ -31,16 +31,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from recsys.models.sasrec import TRANSFORMER_SETTINGS, build_next_mi, build_sasrec
-from recsys.models.spec import (
-    DROPOUT_SPACE,
-    MULTI_INTEREST_SPACE,
-    SELF_ATTENTIVE_MULTI_INTEREST,
-    SELF_ATTENTIVE_SPACE,
-    Automatic,
-    ModelSpec,
-    register,
+from recsys.models.sasrec import (
+    SELF_ATTENTIVE_TRANSFORMER_SPACE,
+    TRANSFORMER_SETTINGS,
+    build_next_mi,
+    build_sasrec,
 )
+from recsys.models.spec import DROPOUT_SPACE, SELF_ATTENTIVE_MULTI_INTEREST, Automatic, ModelSpec, register
+from recsys.nn.transformer import ATTENTION_SWITCHES
 
 # what the two published runs share (their logged arguments), in recsys's automatic settings
 LINEAGE_RECIPE = Automatic(
@@ -68,14 +66,13 @@ BSAREC = register(
         ),
     )
 )
-# WEARec's blocks have no attention: its switches would change nothing
-ATTENTION_ONLY = ("qk_norm", "softcap", "attention_dropout")
 WEAREC_BLOCKS = dataclasses.replace(LINEAGE_RECIPE, mixer="wavelet", filter_alpha=0.2, num_heads=8)
 WEAREC = register(
     ModelSpec(
         name="wearec",
         build=build_sasrec,
-        settings=tuple(key for key in TRANSFORMER_SETTINGS if key not in ATTENTION_ONLY),
+        # its blocks have no attention: the attention's switches are not its settings
+        settings=tuple(key for key in TRANSFORMER_SETTINGS if key not in ATTENTION_SWITCHES),
         tune_space=DROPOUT_SPACE,
         automatic=WEAREC_BLOCKS,
     )
@@ -100,6 +97,6 @@ NEXT_MI = register(
             negative_readout=SELF_ATTENTIVE_MULTI_INTEREST.negative_readout,
             predict_next=1,
         ),
-        tune_space={**MULTI_INTEREST_SPACE, **SELF_ATTENTIVE_SPACE, **DROPOUT_SPACE},
+        tune_space=SELF_ATTENTIVE_TRANSFORMER_SPACE,
     )
 )

@@ -210,6 +210,10 @@ TRANSFORMER_SETTINGS = (
 )
 
 
+# what `recsys tune` ranges for a transformer encoder feeding the self-attentive head (sasrec_mi, next_mi)
+SELF_ATTENTIVE_TRANSFORMER_SPACE = {**MULTI_INTEREST_SPACE, **SELF_ATTENTIVE_SPACE, **DROPOUT_SPACE}
+
+
 def build_sasrec(cfg: ModelConfig, num_items: int, max_len: int, item_counts: Tensor | None = None) -> SASRec:
     return SASRec(num_items, cfg, max_len)
 
@@ -248,7 +252,7 @@ SASREC_MI = register(
         # on a large catalogue comirec_sa's width with dropout 0.2, its best there: docs/defaults.md, "Width and
         # dropout of the multi-interest models"
         automatic=dataclasses.replace(SELF_ATTENTIVE_MULTI_INTEREST, dropout=0.3, large_dropout=0.2),
-        tune_space={**MULTI_INTEREST_SPACE, **SELF_ATTENTIVE_SPACE, **DROPOUT_SPACE},
+        tune_space=SELF_ATTENTIVE_TRANSFORMER_SPACE,
         saved_defaults={"model.head_values": {"model.head_values": "encoded"}},  # its head pooled the encoder outputs
     )
 )

@@ -29,6 +29,9 @@ from recsys.nn.positions import PositionEmbedding
 from recsys.nn.wavelet import WaveletFilter
 
 MIXERS = ("attention", "frequency", "hybrid", "wavelet")
+ATTENTION_MIXERS = ("attention", "hybrid")  # the mixers with an attention branch
+# settings that act on the attention branch alone: a mixer without one refuses them
+ATTENTION_SWITCHES = ("qk_norm", "softcap", "attention_dropout")
 BLOCKS = ("pre_norm", "post_norm", "ligr")
 FILTER_PADDING = ("zero", "window")
 # BERT's LayerNorm epsilon, which the post-norm lineage (S3Rec, FMLP-Rec, BSARec) keeps
@@ -74,13 +77,9 @@ class EncoderShape:
             raise ValueError(f"model.filter_alpha: must be in [0, 1], got {self.filter_alpha}")
         if self.filter_causal and self.mixer == "wavelet":
             raise ValueError("model.filter_causal: the wavelet mixer has no causal form (recsys.nn.wavelet)")
-        if self.mixer in ("frequency", "wavelet"):  # no attention: its switches would silently do nothing
-            for key, value in (
-                ("qk_norm", self.qk_norm),
-                ("softcap", self.softcap),
-                ("attention_dropout", self.attention_dropout),
-            ):
-                if value:
+        if self.mixer not in ATTENTION_MIXERS:  # its switches would silently do nothing
+            for key in ATTENTION_SWITCHES:
+                if getattr(self, key):
                     raise ValueError(f"model.{key}: model.mixer={self.mixer!r} has no attention to apply it to")
         if self.filter_padding not in FILTER_PADDING:
             raise ValueError(f"model.filter_padding: {self.filter_padding!r} is not one of {list(FILTER_PADDING)}")
@@ -140,7 +139,7 @@ class TransformerBlock(nn.Module):
         eps = POST_NORM_EPS if self.post else 1e-5
         self.alpha = shape.filter_alpha  # the hybrid's weight of the filter
         self.attn = None
-        if shape.mixer in ("attention", "hybrid"):
+        if shape.mixer in ATTENTION_MIXERS:
             self.attn = MultiHeadAttention(
                 dim,
                 num_heads,

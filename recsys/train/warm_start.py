@@ -172,8 +172,8 @@ def neighbour_pairs(split: Split, new: np.ndarray, users: int = 1 << 20) -> tupl
     starts, ends = split.clicks_indptr[split.train_users], split.train_ends[split.train_users]
     for at in range(0, len(starts), users):
         indptr, items = gather_rows(split.clicks, starts[at : at + users], ends[at : at + users])
-        inside = np.ones(max(len(items) - 1, 0), dtype=bool)  # pair (j, j + 1) within one sequence
-        inside[indptr[1:-1][(indptr[1:-1] > 0) & (indptr[1:-1] < len(items))] - 1] = False
+        row = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))  # [n] the sequence of each click
+        inside = row[:-1] == row[1:]  # [n - 1] clicks j and j + 1 in one sequence
         before, after = items[:-1][inside], items[1:][inside]
         for target, source in ((after, before), (before, after)):
             pick = new[target] & ~new[source]

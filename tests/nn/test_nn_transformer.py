@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from recsys.nn.transformer import EncoderShape, TransformerEncoder
+from recsys.nn.transformer import ATTENTION_MIXERS, EncoderShape, TransformerEncoder
 
 
 def _encoder(dropout: float = 0.0, causal: bool = True, **shape) -> TransformerEncoder:
     torch.manual_seed(0)
     # the attention's stability switches where there is attention (the filters alone refuse them)
-    switches = {"qk_norm": "rms", "softcap": 5.0} if shape.get("mixer", "attention") in ("attention", "hybrid") else {}
+    switches = {"qk_norm": "rms", "softcap": 5.0} if shape.get("mixer", "attention") in ATTENTION_MIXERS else {}
     shape = {**switches, "backend": "torch", **shape}
     return TransformerEncoder(8, 2, 2, 7, dropout=dropout, causal=causal, shape=EncoderShape(**shape)).eval()
 
